@@ -1,0 +1,1 @@
+//! cairn-bench: an etcd v3 load generator.

@@ -1,0 +1,1 @@
+//! Cairn's peer transport: framed TCP connections between members, without copying payloads.

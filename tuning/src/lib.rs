@@ -1,0 +1,1 @@
+//! cairn-tune: the fsync tuning lab.

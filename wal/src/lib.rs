@@ -1,0 +1,1 @@
+//! Cairn's write-ahead log: one log per core, shared by the shards on that core.
