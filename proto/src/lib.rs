@@ -2,3 +2,18 @@
 //! in this directory: the Raft messages exchanged between members and the etcd v3
 //! gRPC API served to clients. Message, field and service names and numbers of the
 //! etcd API follow etcd's wire format so etcd clients work unchanged.
+
+/// etcd's key-value and event records (`proto/etcd/kv.proto`).
+pub mod mvccpb {
+    include!(concat!(env!("OUT_DIR"), "/mvccpb.rs"));
+}
+
+/// etcd's users, roles and permissions (`proto/etcd/auth.proto`).
+pub mod authpb {
+    include!(concat!(env!("OUT_DIR"), "/authpb.rs"));
+}
+
+/// The etcd v3 gRPC services and messages (`proto/etcd/rpc.proto`), clients and servers.
+pub mod etcdserverpb {
+    include!(concat!(env!("OUT_DIR"), "/etcdserverpb.rs"));
+}
