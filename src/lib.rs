@@ -1,3 +1,6 @@
 //! The Cairn daemon: Raft consensus per shard, thread-per-core, serving the etcd v3 API.
 
+pub mod config;
 pub mod raft;
+pub mod routing;
+pub mod runtime;

@@ -1,0 +1,725 @@
+//! The daemon's configuration: command-line flags with etcd's names, the same keys
+//! in an optional TOML file (`--config-file`), and built-in defaults that start a
+//! single member on 127.0.0.1 with data in `./default.cairn`.
+//!
+//! Precedence is flag, then file, then default. Every value is checked in
+//! [`Config::validate`] and a bad one is refused with a message naming it.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+
+use clap::Parser;
+use serde::Deserialize;
+
+/// etcd's default `--max-request-bytes` (1.5 MiB).
+pub const DEFAULT_MAX_REQUEST_BYTES: usize = 3 * 512 * 1024;
+/// etcd's default `--max-txn-ops`.
+pub const DEFAULT_MAX_TXN_OPS: usize = 128;
+/// etcd's default `--quota-backend-bytes` (2 GiB).
+pub const DEFAULT_QUOTA_BACKEND_BYTES: u64 = 2 * 1024 * 1024 * 1024;
+/// Upper bound on `--cores` and `--shards`: routing tables and per-core channels are
+/// sized by these, and a typo such as `--shards 100000` should be refused, not obeyed.
+pub const MAX_CORES: usize = 256;
+pub const MAX_SHARDS: usize = 1024;
+/// etcd refuses requests above 10 MiB whatever the flag says; so do we, since
+/// every request is held whole in memory and in one Raft entry.
+pub const MAX_REQUEST_BYTES_LIMIT: usize = 10 * 1024 * 1024;
+pub const DEFAULT_WAL_SEGMENT_SIZE_BYTES: u64 = 64 * 1024 * 1024;
+
+const _: () = assert!(DEFAULT_MAX_REQUEST_BYTES <= MAX_REQUEST_BYTES_LIMIT);
+const _: () = assert!(MAX_CORES <= MAX_SHARDS);
+
+/// Flags as given on the command line or in the config file; every one optional so
+/// that the three sources can be merged.
+#[derive(Parser, Deserialize, Debug, Default, Clone)]
+#[command(
+    name = "cairn",
+    version,
+    about = "Cairn: a replicated key-value store for cluster metadata, serving the etcd v3 API",
+    long_about = "Cairn: a replicated key-value store for cluster metadata, serving the etcd v3 API.\n\n\
+        With no flags it starts a single member: client API on 127.0.0.1:2379, peer port \
+        127.0.0.1:2380, data in ./default.cairn. Flags follow etcd's names and meaning; every \
+        flag can also be set in the TOML file given by --config-file, with the same name as key \
+        (WAL settings go in a [wal] table without the `wal-` prefix). A flag wins over the file."
+)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct Flags {
+    /// TOML file with any of these settings; flags given on the command line win.
+    #[arg(long, value_name = "FILE")]
+    #[serde(skip)]
+    pub config_file: Option<PathBuf>,
+
+    /// Human-readable name of this member (default "default").
+    #[arg(long)]
+    pub name: Option<String>,
+
+    /// Directory for the WAL and the stores (default "./<name>.cairn").
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+
+    /// Comma-separated URLs to serve clients on (default http://127.0.0.1:2379).
+    #[arg(long, value_name = "URLS")]
+    pub listen_client_urls: Option<String>,
+
+    /// Comma-separated client URLs advertised to the cluster (default: the listen URLs).
+    #[arg(long, value_name = "URLS")]
+    pub advertise_client_urls: Option<String>,
+
+    /// Comma-separated URLs to listen on for peer traffic (default http://127.0.0.1:2380).
+    #[arg(long, value_name = "URLS")]
+    pub listen_peer_urls: Option<String>,
+
+    /// Comma-separated peer URLs advertised to the cluster (default: the peer listen URLs).
+    #[arg(long, value_name = "URLS")]
+    pub initial_advertise_peer_urls: Option<String>,
+
+    /// Initial cluster: "name=peer-url,name=peer-url,..." (default "<name>=<advertise peer url>").
+    #[arg(long, value_name = "CLUSTER")]
+    pub initial_cluster: Option<String>,
+
+    /// "new" to bootstrap a cluster, "existing" to join one (default "new").
+    #[arg(long, value_name = "STATE")]
+    pub initial_cluster_state: Option<String>,
+
+    /// Token that makes cluster and member ids unique per bootstrap (default "cairn-cluster").
+    #[arg(long, value_name = "TOKEN")]
+    pub initial_cluster_token: Option<String>,
+
+    /// Number of cores to run on, one pinned thread each (default: all available).
+    #[arg(long, value_name = "N")]
+    pub cores: Option<usize>,
+
+    /// Number of shards (Raft groups) the keyspace is split into (default: --cores).
+    /// Every member of a cluster must use the same value.
+    #[arg(long, value_name = "N")]
+    pub shards: Option<usize>,
+
+    /// Largest client request accepted, in bytes (default 1572864, etcd's).
+    #[arg(long, value_name = "BYTES")]
+    pub max_request_bytes: Option<usize>,
+
+    /// Most operations in one txn (default 128, etcd's).
+    #[arg(long, value_name = "N")]
+    pub max_txn_ops: Option<usize>,
+
+    /// Backend size at which a NOSPACE alarm is raised, in bytes (default 2 GiB).
+    #[arg(long, value_name = "BYTES")]
+    pub quota_backend_bytes: Option<u64>,
+
+    /// Raft heartbeat interval in milliseconds (default 100, etcd's).
+    #[arg(long, value_name = "MS")]
+    pub heartbeat_interval: Option<u64>,
+
+    /// Raft election timeout in milliseconds (default 1000, etcd's).
+    #[arg(long, value_name = "MS")]
+    pub election_timeout: Option<u64>,
+
+    /// Applied entries between two store snapshots that allow log release (default 100000).
+    #[arg(long, value_name = "N")]
+    pub snapshot_count: Option<u64>,
+
+    /// Comma-separated URLs to serve /metrics and health on (default: none; the client
+    /// port serves them too).
+    #[arg(long, value_name = "URLS")]
+    pub listen_metrics_urls: Option<String>,
+
+    /// Log level: error, warn, info, debug or trace (default info).
+    #[arg(long, value_name = "LEVEL")]
+    pub log_level: Option<String>,
+
+    /// Log format: "text" for people (default) or "json".
+    #[arg(long, value_name = "FORMAT")]
+    pub log_format: Option<String>,
+
+    #[command(flatten)]
+    #[serde(default)]
+    pub wal: WalFlags,
+}
+
+/// WAL settings: `--wal-*` flags, or the `[wal]` table of the config file.
+#[derive(clap::Args, Deserialize, Debug, Default, Clone)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct WalFlags {
+    /// WAL I/O backend: "auto" (io_uring where available), "uring" or "sync".
+    #[arg(long = "wal-backend", value_name = "BACKEND")]
+    pub backend: Option<String>,
+
+    /// Size of each preallocated WAL segment file in bytes (default 64 MiB).
+    #[arg(long = "wal-segment-size-bytes", value_name = "BYTES")]
+    pub segment_size_bytes: Option<u64>,
+
+    /// Write the WAL with O_DIRECT where the filesystem allows it (default true).
+    #[arg(long = "wal-direct-io", value_name = "BOOL")]
+    pub direct_io: Option<bool>,
+
+    /// How an append is made durable: "fdatasync" (default), "dsync" (O_DSYNC /
+    /// RWF_DSYNC writes) or "linked" (write and fdatasync submitted as one chain).
+    #[arg(long = "wal-sync-mode", value_name = "MODE")]
+    pub sync_mode: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClusterState {
+    New,
+    Existing,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WalBackendChoice {
+    Auto,
+    Uring,
+    Sync,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WalSyncMode {
+    Fdatasync,
+    Dsync,
+    Linked,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WalSettings {
+    pub backend: WalBackendChoice,
+    pub segment_size_bytes: u64,
+    pub direct_io: bool,
+    pub sync_mode: WalSyncMode,
+}
+
+/// One member of `--initial-cluster`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InitialMember {
+    pub name: String,
+    pub peer_urls: Vec<String>,
+}
+
+/// The validated configuration the daemon runs with.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub name: String,
+    pub data_dir: PathBuf,
+    pub listen_client_addrs: Vec<SocketAddr>,
+    pub advertise_client_urls: Vec<String>,
+    pub listen_peer_addrs: Vec<SocketAddr>,
+    pub initial_advertise_peer_urls: Vec<String>,
+    pub initial_cluster: Vec<InitialMember>,
+    pub initial_cluster_state: ClusterState,
+    pub initial_cluster_token: String,
+    pub cores: usize,
+    pub shards: usize,
+    pub max_request_bytes: usize,
+    pub max_txn_ops: usize,
+    pub quota_backend_bytes: u64,
+    pub heartbeat_interval_ms: u64,
+    pub election_timeout_ms: u64,
+    pub snapshot_count: u64,
+    pub listen_metrics_addrs: Vec<SocketAddr>,
+    pub log_level: String,
+    pub log_format: LogFormat,
+    pub wal: WalSettings,
+}
+
+/// A setting that cannot be used, naming the flag it came from.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    #[error("--{flag}: {reason}")]
+    Invalid { flag: &'static str, reason: String },
+    #[error("--config-file {path}: {reason}")]
+    File { path: PathBuf, reason: String },
+}
+
+fn invalid(flag: &'static str, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        flag,
+        reason: reason.into(),
+    }
+}
+
+impl Flags {
+    /// Reads the config file named by `--config-file`, if any, and fills every value
+    /// not given on the command line from it.
+    pub fn merge_file(self) -> Result<Flags, ConfigError> {
+        let Some(path) = self.config_file.clone() else {
+            return Ok(self);
+        };
+        let file = Flags::from_file(&path)?;
+        Ok(self.or(file))
+    }
+
+    pub fn from_file(path: &Path) -> Result<Flags, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::File {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+        toml::from_str(&text).map_err(|e| ConfigError::File {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })
+    }
+
+    /// Values of `self` where given, else those of `other`.
+    fn or(self, other: Flags) -> Flags {
+        Flags {
+            config_file: self.config_file,
+            name: self.name.or(other.name),
+            data_dir: self.data_dir.or(other.data_dir),
+            listen_client_urls: self.listen_client_urls.or(other.listen_client_urls),
+            advertise_client_urls: self.advertise_client_urls.or(other.advertise_client_urls),
+            listen_peer_urls: self.listen_peer_urls.or(other.listen_peer_urls),
+            initial_advertise_peer_urls: self
+                .initial_advertise_peer_urls
+                .or(other.initial_advertise_peer_urls),
+            initial_cluster: self.initial_cluster.or(other.initial_cluster),
+            initial_cluster_state: self.initial_cluster_state.or(other.initial_cluster_state),
+            initial_cluster_token: self.initial_cluster_token.or(other.initial_cluster_token),
+            cores: self.cores.or(other.cores),
+            shards: self.shards.or(other.shards),
+            max_request_bytes: self.max_request_bytes.or(other.max_request_bytes),
+            max_txn_ops: self.max_txn_ops.or(other.max_txn_ops),
+            quota_backend_bytes: self.quota_backend_bytes.or(other.quota_backend_bytes),
+            heartbeat_interval: self.heartbeat_interval.or(other.heartbeat_interval),
+            election_timeout: self.election_timeout.or(other.election_timeout),
+            snapshot_count: self.snapshot_count.or(other.snapshot_count),
+            listen_metrics_urls: self.listen_metrics_urls.or(other.listen_metrics_urls),
+            log_level: self.log_level.or(other.log_level),
+            log_format: self.log_format.or(other.log_format),
+            wal: WalFlags {
+                backend: self.wal.backend.or(other.wal.backend),
+                segment_size_bytes: self.wal.segment_size_bytes.or(other.wal.segment_size_bytes),
+                direct_io: self.wal.direct_io.or(other.wal.direct_io),
+                sync_mode: self.wal.sync_mode.or(other.wal.sync_mode),
+            },
+        }
+    }
+}
+
+/// Splits a comma-separated list, dropping empty items.
+fn split_list(s: &str) -> Vec<String> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+/// Resolves an etcd-style URL (`http://host:port`) to socket addresses. Only plain
+/// http is served; https would need TLS, which Cairn does not terminate.
+pub fn url_to_addrs(flag: &'static str, url: &str) -> Result<Vec<SocketAddr>, ConfigError> {
+    let rest = url
+        .strip_prefix("http://")
+        .ok_or_else(|| invalid(flag, format!("{url:?}: only http:// URLs are supported")))?;
+    let hostport = rest.trim_end_matches('/');
+    if hostport.contains('/') {
+        return Err(invalid(flag, format!("{url:?}: a URL here has no path")));
+    }
+    let addrs: Vec<SocketAddr> = hostport
+        .to_socket_addrs()
+        .map_err(|e| invalid(flag, format!("{url:?}: {e}")))?
+        .collect();
+    if addrs.is_empty() {
+        return Err(invalid(flag, format!("{url:?}: resolves to no address")));
+    }
+    Ok(addrs)
+}
+
+fn urls_to_addrs(flag: &'static str, urls: &[String]) -> Result<Vec<SocketAddr>, ConfigError> {
+    let mut out = Vec::new();
+    for url in urls {
+        // A host name such as localhost may resolve to both families; listen on the first.
+        out.push(url_to_addrs(flag, url)?[0]);
+    }
+    Ok(out)
+}
+
+/// Parses `--initial-cluster` ("a=http://h:1,b=http://h:2"); a name may repeat to
+/// give one member several peer URLs, as in etcd.
+pub fn parse_initial_cluster(s: &str) -> Result<Vec<InitialMember>, ConfigError> {
+    let mut members: Vec<InitialMember> = Vec::new();
+    for item in split_list(s) {
+        let (name, url) = item.split_once('=').ok_or_else(|| {
+            invalid(
+                "initial-cluster",
+                format!("{item:?}: expected name=url, e.g. infra0=http://127.0.0.1:2380"),
+            )
+        })?;
+        if name.is_empty() {
+            return Err(invalid("initial-cluster", format!("{item:?}: empty name")));
+        }
+        url_to_addrs("initial-cluster", url)?;
+        match members.iter_mut().find(|m| m.name == name) {
+            Some(m) => m.peer_urls.push(url.to_string()),
+            None => members.push(InitialMember {
+                name: name.to_string(),
+                peer_urls: vec![url.to_string()],
+            }),
+        }
+    }
+    if members.is_empty() {
+        return Err(invalid("initial-cluster", "no members given"));
+    }
+    Ok(members)
+}
+
+fn available_cores() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+}
+
+impl Config {
+    /// Parses the process's arguments and config file into a validated config.
+    pub fn from_args() -> Result<Config, ConfigError> {
+        Config::from_flags(Flags::parse().merge_file()?)
+    }
+
+    /// Applies defaults to the merged flags and validates the result.
+    pub fn from_flags(f: Flags) -> Result<Config, ConfigError> {
+        let name = f.name.unwrap_or_else(|| "default".to_string());
+        let data_dir = f
+            .data_dir
+            .unwrap_or_else(|| PathBuf::from(format!("{name}.cairn")));
+        let listen_client_urls = split_list(
+            f.listen_client_urls
+                .as_deref()
+                .unwrap_or("http://127.0.0.1:2379"),
+        );
+        let advertise_client_urls = match f.advertise_client_urls.as_deref() {
+            Some(s) => split_list(s),
+            None => listen_client_urls.clone(),
+        };
+        let listen_peer_urls = split_list(
+            f.listen_peer_urls
+                .as_deref()
+                .unwrap_or("http://127.0.0.1:2380"),
+        );
+        let initial_advertise_peer_urls = match f.initial_advertise_peer_urls.as_deref() {
+            Some(s) => split_list(s),
+            None => listen_peer_urls.clone(),
+        };
+        let initial_cluster = match f.initial_cluster.as_deref() {
+            Some(s) => parse_initial_cluster(s)?,
+            None => vec![InitialMember {
+                name: name.clone(),
+                peer_urls: initial_advertise_peer_urls.clone(),
+            }],
+        };
+        let initial_cluster_state = match f.initial_cluster_state.as_deref().unwrap_or("new") {
+            "new" => ClusterState::New,
+            "existing" => ClusterState::Existing,
+            other => {
+                return Err(invalid(
+                    "initial-cluster-state",
+                    format!("{other:?}: expected \"new\" or \"existing\""),
+                ))
+            }
+        };
+        let cores = f.cores.unwrap_or_else(available_cores);
+        let shards = f.shards.unwrap_or(cores);
+        let log_format = match f.log_format.as_deref().unwrap_or("text") {
+            "text" => LogFormat::Text,
+            "json" => LogFormat::Json,
+            other => {
+                return Err(invalid(
+                    "log-format",
+                    format!("{other:?}: expected \"text\" or \"json\""),
+                ))
+            }
+        };
+        let wal = WalSettings {
+            backend: match f.wal.backend.as_deref().unwrap_or("auto") {
+                "auto" => WalBackendChoice::Auto,
+                "uring" | "io_uring" => WalBackendChoice::Uring,
+                "sync" => WalBackendChoice::Sync,
+                other => {
+                    return Err(invalid(
+                        "wal-backend",
+                        format!("{other:?}: expected \"auto\", \"uring\" or \"sync\""),
+                    ))
+                }
+            },
+            segment_size_bytes: f
+                .wal
+                .segment_size_bytes
+                .unwrap_or(DEFAULT_WAL_SEGMENT_SIZE_BYTES),
+            direct_io: f.wal.direct_io.unwrap_or(true),
+            sync_mode: match f.wal.sync_mode.as_deref().unwrap_or("fdatasync") {
+                "fdatasync" => WalSyncMode::Fdatasync,
+                "dsync" => WalSyncMode::Dsync,
+                "linked" => WalSyncMode::Linked,
+                other => {
+                    return Err(invalid(
+                        "wal-sync-mode",
+                        format!("{other:?}: expected \"fdatasync\", \"dsync\" or \"linked\""),
+                    ))
+                }
+            },
+        };
+        let config = Config {
+            listen_client_addrs: urls_to_addrs("listen-client-urls", &listen_client_urls)?,
+            listen_peer_addrs: urls_to_addrs("listen-peer-urls", &listen_peer_urls)?,
+            listen_metrics_addrs: match f.listen_metrics_urls.as_deref() {
+                Some(s) => urls_to_addrs("listen-metrics-urls", &split_list(s))?,
+                None => Vec::new(),
+            },
+            name,
+            data_dir,
+            advertise_client_urls,
+            initial_advertise_peer_urls,
+            initial_cluster,
+            initial_cluster_state,
+            initial_cluster_token: f
+                .initial_cluster_token
+                .unwrap_or_else(|| "cairn-cluster".to_string()),
+            cores,
+            shards,
+            max_request_bytes: f.max_request_bytes.unwrap_or(DEFAULT_MAX_REQUEST_BYTES),
+            max_txn_ops: f.max_txn_ops.unwrap_or(DEFAULT_MAX_TXN_OPS),
+            quota_backend_bytes: f.quota_backend_bytes.unwrap_or(DEFAULT_QUOTA_BACKEND_BYTES),
+            heartbeat_interval_ms: f.heartbeat_interval.unwrap_or(100),
+            election_timeout_ms: f.election_timeout.unwrap_or(1000),
+            snapshot_count: f.snapshot_count.unwrap_or(100_000),
+            log_level: f.log_level.unwrap_or_else(|| "info".to_string()),
+            log_format,
+            wal,
+        };
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks every limit and every relation between settings.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.name.is_empty() {
+            return Err(invalid("name", "must not be empty"));
+        }
+        if self.listen_client_addrs.is_empty() {
+            return Err(invalid("listen-client-urls", "no URL given"));
+        }
+        if self.listen_peer_addrs.is_empty() {
+            return Err(invalid("listen-peer-urls", "no URL given"));
+        }
+        for url in &self.advertise_client_urls {
+            url_to_addrs("advertise-client-urls", url)?;
+        }
+        for url in &self.initial_advertise_peer_urls {
+            url_to_addrs("initial-advertise-peer-urls", url)?;
+        }
+        let me = self
+            .initial_cluster
+            .iter()
+            .find(|m| m.name == self.name)
+            .ok_or_else(|| {
+                invalid(
+                    "initial-cluster",
+                    format!("does not name this member ({:?})", self.name),
+                )
+            })?;
+        let mut mine = me.peer_urls.clone();
+        let mut advertised = self.initial_advertise_peer_urls.clone();
+        mine.sort();
+        advertised.sort();
+        if mine != advertised {
+            return Err(invalid(
+                "initial-cluster",
+                format!(
+                    "lists {:?} for {:?}, but --initial-advertise-peer-urls is {:?}",
+                    me.peer_urls, self.name, self.initial_advertise_peer_urls
+                ),
+            ));
+        }
+        if self.cores == 0 || self.cores > MAX_CORES {
+            return Err(invalid("cores", format!("must be 1..={MAX_CORES}")));
+        }
+        if self.shards == 0 || self.shards > MAX_SHARDS {
+            return Err(invalid("shards", format!("must be 1..={MAX_SHARDS}")));
+        }
+        if self.max_request_bytes == 0 || self.max_request_bytes > MAX_REQUEST_BYTES_LIMIT {
+            return Err(invalid(
+                "max-request-bytes",
+                format!("must be 1..={MAX_REQUEST_BYTES_LIMIT}"),
+            ));
+        }
+        if self.max_txn_ops == 0 {
+            return Err(invalid("max-txn-ops", "must be at least 1"));
+        }
+        if self.heartbeat_interval_ms == 0 {
+            return Err(invalid("heartbeat-interval", "must be at least 1 ms"));
+        }
+        // etcd's rule: the election timeout must be at least five heartbeats so a
+        // single lost heartbeat never starts an election.
+        if self.election_timeout_ms < 5 * self.heartbeat_interval_ms {
+            return Err(invalid(
+                "election-timeout",
+                format!(
+                    "{} ms must be at least 5 times --heartbeat-interval ({} ms)",
+                    self.election_timeout_ms, self.heartbeat_interval_ms
+                ),
+            ));
+        }
+        if self.snapshot_count == 0 {
+            return Err(invalid("snapshot-count", "must be at least 1"));
+        }
+        const MIN_SEGMENT_BYTES: u64 = 1024 * 1024;
+        if self.wal.segment_size_bytes < MIN_SEGMENT_BYTES
+            || !self.wal.segment_size_bytes.is_multiple_of(4096)
+        {
+            return Err(invalid(
+                "wal-segment-size-bytes",
+                format!("must be a multiple of 4096 and at least {MIN_SEGMENT_BYTES}"),
+            ));
+        }
+        if self.wal.segment_size_bytes <= self.max_request_bytes as u64 * 2 {
+            return Err(invalid(
+                "wal-segment-size-bytes",
+                "must be more than twice --max-request-bytes so any entry fits in a segment",
+            ));
+        }
+        if !["error", "warn", "info", "debug", "trace"].contains(&self.log_level.as_str()) {
+            return Err(invalid(
+                "log-level",
+                format!(
+                    "{:?}: expected error, warn, info, debug or trace",
+                    self.log_level
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Config, ConfigError> {
+        let mut all = vec!["cairn"];
+        all.extend_from_slice(args);
+        Config::from_flags(Flags::try_parse_from(all).expect("clap").merge_file()?)
+    }
+
+    #[test]
+    fn no_flags_start_a_single_member_on_loopback() {
+        let c = parse(&[]).unwrap();
+        assert_eq!(c.name, "default");
+        assert_eq!(c.data_dir, PathBuf::from("default.cairn"));
+        assert_eq!(
+            c.listen_client_addrs,
+            vec!["127.0.0.1:2379".parse().unwrap()]
+        );
+        assert_eq!(c.listen_peer_addrs, vec!["127.0.0.1:2380".parse().unwrap()]);
+        assert_eq!(c.initial_cluster.len(), 1);
+        assert_eq!(
+            c.initial_cluster[0].peer_urls,
+            vec!["http://127.0.0.1:2380"]
+        );
+        assert_eq!(c.max_request_bytes, 1_572_864);
+        assert_eq!(c.max_txn_ops, 128);
+        assert!(c.cores >= 1 && c.shards == c.cores);
+    }
+
+    #[test]
+    fn three_member_cluster_flags() {
+        let c = parse(&[
+            "--name",
+            "b",
+            "--listen-client-urls",
+            "http://127.0.0.1:22379",
+            "--listen-peer-urls",
+            "http://127.0.0.1:22380",
+            "--initial-advertise-peer-urls",
+            "http://127.0.0.1:22380",
+            "--initial-cluster",
+            "a=http://127.0.0.1:12380,b=http://127.0.0.1:22380,c=http://127.0.0.1:32380",
+            "--initial-cluster-state",
+            "new",
+            "--shards",
+            "4",
+        ])
+        .unwrap();
+        assert_eq!(c.initial_cluster.len(), 3);
+        assert_eq!(c.initial_cluster[1].name, "b");
+        assert_eq!(c.shards, 4);
+        assert_eq!(c.data_dir, PathBuf::from("b.cairn"));
+    }
+
+    #[test]
+    fn bad_values_name_their_flag() {
+        let cases: &[(&[&str], &str)] = &[
+            (
+                &["--initial-cluster-state", "old"],
+                "--initial-cluster-state",
+            ),
+            (
+                &["--listen-client-urls", "https://127.0.0.1:1"],
+                "--listen-client-urls",
+            ),
+            (
+                &["--listen-client-urls", "http://127.0.0.1:notaport"],
+                "--listen-client-urls",
+            ),
+            (&["--shards", "0"], "--shards"),
+            (&["--cores", "100000"], "--cores"),
+            (&["--max-request-bytes", "99999999"], "--max-request-bytes"),
+            (&["--election-timeout", "200"], "--election-timeout"),
+            (&["--log-format", "xml"], "--log-format"),
+            (&["--log-level", "loud"], "--log-level"),
+            (&["--wal-backend", "magic"], "--wal-backend"),
+            (
+                &["--wal-segment-size-bytes", "1000"],
+                "--wal-segment-size-bytes",
+            ),
+            (
+                &["--initial-cluster", "x=http://127.0.0.1:2380"],
+                "--initial-cluster",
+            ),
+            (&["--initial-cluster", "garbage"], "--initial-cluster"),
+        ];
+        for (args, flag) in cases {
+            let err = parse(args).expect_err(&format!("{args:?} must be refused"));
+            assert!(
+                err.to_string().starts_with(flag),
+                "{args:?}: error {err} should name {flag}"
+            );
+        }
+    }
+
+    #[test]
+    fn unknown_flag_is_refused_by_the_parser() {
+        assert!(Flags::try_parse_from(["cairn", "--no-such-flag"]).is_err());
+    }
+
+    #[test]
+    fn config_file_fills_what_flags_leave_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cairn.toml");
+        std::fs::write(
+            &path,
+            "name = \"filed\"\nshards = 3\nmax-txn-ops = 64\n\
+             initial-cluster = \"filed=http://127.0.0.1:2380\"\n\
+             [wal]\nbackend = \"sync\"\nsegment-size-bytes = 8388608\n",
+        )
+        .unwrap();
+        let c = parse(&["--config-file", path.to_str().unwrap(), "--shards", "5"]).unwrap();
+        assert_eq!(c.name, "filed");
+        assert_eq!(c.shards, 5, "the flag wins over the file");
+        assert_eq!(c.max_txn_ops, 64);
+        assert_eq!(c.wal.backend, WalBackendChoice::Sync);
+        assert_eq!(c.wal.segment_size_bytes, 8 * 1024 * 1024);
+    }
+
+    #[test]
+    fn config_file_with_unknown_key_is_refused_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bad.toml");
+        std::fs::write(&path, "nmae = \"typo\"\n").unwrap();
+        let err = parse(&["--config-file", path.to_str().unwrap()]).unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("bad.toml") && msg.contains("nmae"), "{msg}");
+    }
+}

@@ -1,0 +1,237 @@
+//! Thread-per-core: one pinned OS thread per core, each running its own
+//! single-threaded tokio runtime with a `LocalSet`, so per-core state can be `Rc`
+//! and `RefCell` and never crosses a thread.
+//!
+//! Other cores reach a core's state only by message: each core has a mailbox of
+//! closures to run on it, and a closure that cannot be delivered (the core is gone)
+//! is handed back to the sender.
+
+use std::future::Future;
+use std::thread::JoinHandle;
+
+use tokio::sync::{mpsc, oneshot};
+
+/// Work sent to a core: runs on the core's thread, inside its `LocalSet`, so it may
+/// `tokio::task::spawn_local`.
+pub type CoreJob = Box<dyn FnOnce() + Send + 'static>;
+
+/// Upper bound on jobs queued for one core before senders wait; keeps a burst of
+/// cross-core requests from growing memory without bound.
+pub const CORE_MAILBOX_JOBS: usize = 65_536;
+
+/// A cheap, cloneable way to reach one core from any thread.
+#[derive(Clone)]
+pub struct CoreHandle {
+    id: usize,
+    mailbox: mpsc::Sender<CoreJob>,
+}
+
+impl std::fmt::Debug for CoreHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CoreHandle").field("id", &self.id).finish()
+    }
+}
+
+/// The core has stopped; the job that could not be delivered comes back.
+pub struct CoreGone(pub CoreJob);
+
+impl std::fmt::Debug for CoreGone {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CoreGone")
+    }
+}
+
+impl CoreHandle {
+    pub fn id(&self) -> usize {
+        self.id
+    }
+
+    /// Queues `job` to run on this core, waiting for room in its mailbox.
+    pub async fn send(&self, job: CoreJob) -> Result<(), CoreGone> {
+        self.mailbox.send(job).await.map_err(|e| CoreGone(e.0))
+    }
+
+    /// Runs `f` on this core and returns its result. `f` builds a future there,
+    /// which may use the core's `!Send` state; only `T` crosses back.
+    pub async fn call<F, Fut, T>(&self, f: F) -> Option<T>
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = T> + 'static,
+        T: Send + 'static,
+    {
+        let (tx, rx) = oneshot::channel();
+        let job: CoreJob = Box::new(move || {
+            tokio::task::spawn_local(async move {
+                let _ = tx.send(f().await);
+            });
+        });
+        self.send(job).await.ok()?;
+        rx.await.ok()
+    }
+}
+
+/// The running cores of this process.
+pub struct Cores {
+    handles: Vec<CoreHandle>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+/// What a core's main future is given.
+pub struct CoreContext {
+    pub id: usize,
+    /// Handles of every core, this one included, indexed by core id.
+    pub cores: Vec<CoreHandle>,
+}
+
+/// Pins the calling thread to `cpu`. Failure (a cpuset that excludes it, a
+/// container without the permission) is logged and otherwise ignored: pinning is an
+/// optimisation, not a correctness requirement.
+fn pin_to_cpu(cpu: usize) {
+    // SAFETY: cpu_set_t is a plain bitmask, valid when zeroed; CPU_SET writes
+    // within it for cpu < CPU_SETSIZE (checked), and sched_setaffinity(0, ...)
+    // reads exactly size_of::<cpu_set_t>() bytes from the set we own.
+    let rc = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if cpu >= libc::CPU_SETSIZE as usize {
+            return;
+        }
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
+    };
+    if rc != 0 {
+        tracing::warn!(
+            cpu,
+            error = %std::io::Error::last_os_error(),
+            "could not pin core thread; running unpinned"
+        );
+    }
+}
+
+/// The CPUs this process may run on, in order.
+fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: as in pin_to_cpu; sched_getaffinity fills the set we own, and
+    // CPU_ISSET reads within it for i < CPU_SETSIZE.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return Vec::new();
+        }
+        (0..libc::CPU_SETSIZE as usize)
+            .filter(|&i| libc::CPU_ISSET(i, &set))
+            .collect()
+    }
+}
+
+impl Cores {
+    /// Starts `count` core threads. Each pins itself (when `pin`), builds a
+    /// current-thread runtime and `LocalSet`, starts serving its mailbox, and runs
+    /// `main(ctx)` to completion; the thread ends when `main` returns.
+    pub fn start<M, Fut>(count: usize, pin: bool, main: M) -> std::io::Result<Cores>
+    where
+        M: Fn(CoreContext) -> Fut + Send + Sync + Clone + 'static,
+        Fut: Future<Output = ()> + 'static,
+    {
+        assert!(count >= 1, "at least one core");
+        let cpus = allowed_cpus();
+        let mut receivers = Vec::with_capacity(count);
+        let mut handles = Vec::with_capacity(count);
+        for id in 0..count {
+            let (tx, rx) = mpsc::channel(CORE_MAILBOX_JOBS);
+            handles.push(CoreHandle { id, mailbox: tx });
+            receivers.push(rx);
+        }
+        let mut threads = Vec::with_capacity(count);
+        for (id, mut mailbox) in receivers.into_iter().enumerate() {
+            let ctx = CoreContext {
+                id,
+                cores: handles.clone(),
+            };
+            let main = main.clone();
+            let cpu = (!cpus.is_empty()).then(|| cpus[id % cpus.len()]);
+            let thread = std::thread::Builder::new()
+                .name(format!("cairn-core-{id}"))
+                .spawn(move || {
+                    if let (true, Some(cpu)) = (pin, cpu) {
+                        pin_to_cpu(cpu);
+                    }
+                    let rt = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .expect("build core runtime");
+                    let local = tokio::task::LocalSet::new();
+                    local.block_on(&rt, async move {
+                        tokio::task::spawn_local(async move {
+                            while let Some(job) = mailbox.recv().await {
+                                job();
+                            }
+                        });
+                        main(ctx).await;
+                    });
+                })?;
+            threads.push(thread);
+        }
+        Ok(Cores { handles, threads })
+    }
+
+    pub fn handles(&self) -> &[CoreHandle] {
+        &self.handles
+    }
+
+    /// Waits for every core's main future to finish.
+    pub fn join(self) {
+        drop(self.handles);
+        for t in self.threads {
+            if let Err(panic) = t.join() {
+                std::panic::resume_unwind(panic);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+    use std::rc::Rc;
+
+    #[test]
+    fn each_core_runs_on_its_own_thread_and_answers_calls() {
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let done_rx = std::sync::Arc::new(std::sync::Mutex::new(done_rx));
+        let cores = Cores::start(2, false, move |ctx| {
+            let done_rx = done_rx.clone();
+            async move {
+                // Per-core state that is not Send lives here.
+                let counter = Rc::new(Cell::new(0u32));
+                let _ = counter;
+                if ctx.id == 0 {
+                    // Ask core 1 for its thread name from core 0.
+                    let name = ctx.cores[1]
+                        .call(|| async { std::thread::current().name().map(str::to_string) })
+                        .await
+                        .flatten();
+                    assert_eq!(name.as_deref(), Some("cairn-core-1"));
+                }
+                // Park until the test says stop.
+                let rx = done_rx.clone();
+                tokio::task::spawn_blocking(move || {
+                    let _ = rx.lock().unwrap().recv();
+                })
+                .await
+                .unwrap();
+            }
+        })
+        .unwrap();
+        let h = cores.handles()[0].clone();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let name =
+            rt.block_on(h.call(|| async { std::thread::current().name().map(str::to_string) }));
+        assert_eq!(name.flatten().as_deref(), Some("cairn-core-0"));
+        done_tx.send(()).unwrap();
+        done_tx.send(()).unwrap();
+        cores.join();
+    }
+}
