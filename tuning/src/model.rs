@@ -1,0 +1,262 @@
+//! The dimensions of an experiment and the outcome of running one.
+
+use serde::Serialize;
+use std::fmt;
+
+/// The I/O engine that performs the durable appends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, PartialOrd, Ord)]
+#[serde(rename_all = "kebab-case")]
+pub enum Engine {
+    /// The lab's own io_uring loop on the `io-uring` crate: the floor under the WAL.
+    RawUring,
+    /// The lab's own pwrite/pwritev2 loop: the floor under the sync backend.
+    RawPwrite,
+    /// tokio-uring, as an outside reference.
+    TokioUring,
+    /// glommio's DMA (and buffered) files, as an outside reference.
+    Glommio,
+}
+
+impl Engine {
+    pub const ALL: [Engine; 4] = [
+        Engine::RawUring,
+        Engine::RawPwrite,
+        Engine::TokioUring,
+        Engine::Glommio,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Engine::RawUring => "raw-uring",
+            Engine::RawPwrite => "raw-pwrite",
+            Engine::TokioUring => "tokio-uring",
+            Engine::Glommio => "glommio",
+        }
+    }
+
+    /// Whether the engine is built on io_uring (and so fails where io_uring is disabled).
+    pub fn uses_io_uring(self) -> bool {
+        !matches!(self, Engine::RawPwrite)
+    }
+
+    /// The durability mechanisms the engine's API can express at all. A mode missing
+    /// here is left out of the matrix rather than reported as a failure.
+    pub fn sync_modes(self) -> &'static [SyncMode] {
+        use SyncMode::*;
+        match self {
+            Engine::RawUring => &[Fdatasync, Fsync, ODsync, RwfDsync, Linked],
+            Engine::RawPwrite => &[Fdatasync, Fsync, ODsync, RwfDsync],
+            // tokio-uring has sync_data/sync_all and open flags, but neither RWF
+            // flags nor linked submissions.
+            Engine::TokioUring => &[Fdatasync, Fsync, ODsync],
+            // glommio files expose only fdatasync, plus open flags.
+            Engine::Glommio => &[Fdatasync, ODsync],
+        }
+    }
+
+    /// Whether more than one write may be in flight at once through this engine's
+    /// single writer (the queue-depth dimension).
+    pub fn supports_queue_depth(self) -> bool {
+        matches!(self, Engine::RawUring)
+    }
+}
+
+impl fmt::Display for Engine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Whether writes go through the page cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, PartialOrd, Ord)]
+#[serde(rename_all = "kebab-case")]
+pub enum IoMode {
+    Buffered,
+    Direct,
+}
+
+impl IoMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            IoMode::Buffered => "buffered",
+            IoMode::Direct => "direct",
+        }
+    }
+}
+
+/// How an append is made durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, PartialOrd, Ord)]
+#[serde(rename_all = "kebab-case")]
+pub enum SyncMode {
+    /// write, then fdatasync.
+    Fdatasync,
+    /// write, then fsync.
+    Fsync,
+    /// The file is opened with O_DSYNC: every write returns once durable.
+    ODsync,
+    /// Each write carries RWF_DSYNC.
+    RwfDsync,
+    /// One io_uring submission of a write linked to an fdatasync.
+    Linked,
+}
+
+impl SyncMode {
+    pub const ALL: [SyncMode; 5] = [
+        SyncMode::Fdatasync,
+        SyncMode::Fsync,
+        SyncMode::ODsync,
+        SyncMode::RwfDsync,
+        SyncMode::Linked,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            SyncMode::Fdatasync => "fdatasync",
+            SyncMode::Fsync => "fsync",
+            SyncMode::ODsync => "o_dsync",
+            SyncMode::RwfDsync => "rwf_dsync",
+            SyncMode::Linked => "linked",
+        }
+    }
+
+    /// Whether every single write is durable on completion (no separate sync call).
+    pub fn durable_per_write(self) -> bool {
+        matches!(
+            self,
+            SyncMode::ODsync | SyncMode::RwfDsync | SyncMode::Linked
+        )
+    }
+}
+
+/// How the file is prepared before the appends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, PartialOrd, Ord)]
+#[serde(rename_all = "kebab-case")]
+pub enum Prealloc {
+    /// An empty file that grows with each append (a data sync must also log the size).
+    None,
+    /// fallocate: extents reserved but unwritten, so the first write of each converts it.
+    Fallocate,
+    /// Written with zeros and synced: appends overwrite allocated, written blocks.
+    ZeroFill,
+}
+
+impl Prealloc {
+    pub const ALL: [Prealloc; 3] = [Prealloc::None, Prealloc::Fallocate, Prealloc::ZeroFill];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Prealloc::None => "none",
+            Prealloc::Fallocate => "fallocate",
+            Prealloc::ZeroFill => "zero-fill",
+        }
+    }
+}
+
+/// One point of the matrix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+pub struct Experiment {
+    pub engine: Engine,
+    pub io_mode: IoMode,
+    pub sync_mode: SyncMode,
+    pub prealloc: Prealloc,
+    /// Bytes per append (one write).
+    pub block_size_bytes: usize,
+    /// Writes in flight at once from one writer (raw io_uring only).
+    pub queue_depth: u32,
+    /// Concurrent appenders (group commit, through Cairn's WAL).
+    pub writers: u32,
+    /// Most appends one group-commit flush may carry.
+    pub batch_max_appends: u32,
+}
+
+impl Experiment {
+    /// A short, stable label used in tables, plots and file names.
+    pub fn label(&self) -> String {
+        format!(
+            "{} {} {} prealloc={} bs={} qd={} writers={} batch={}",
+            self.engine.name(),
+            self.io_mode.name(),
+            self.sync_mode.name(),
+            self.prealloc.name(),
+            self.block_size_bytes,
+            self.queue_depth,
+            self.writers,
+            self.batch_max_appends
+        )
+    }
+}
+
+/// Latency figures of one experiment, in microseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Default)]
+pub struct LatencySummary {
+    pub p50_us: f64,
+    pub p90_us: f64,
+    pub p99_us: f64,
+    pub p999_us: f64,
+    pub max_us: f64,
+    pub mean_us: f64,
+}
+
+/// What a measured experiment produced.
+#[derive(Debug, Clone, Serialize)]
+pub struct Measurement {
+    pub appends: u64,
+    pub elapsed_secs: f64,
+    pub appends_per_sec: f64,
+    /// Durability operations issued (syncs, or durable writes): shows batching.
+    pub syncs: u64,
+    pub latency: LatencySummary,
+    /// Points of the latency CDF: (latency in µs, fraction of appends at or below).
+    pub cdf: Vec<(f64, f64)>,
+    /// Whether the bytes read back after the run matched what was written.
+    pub verified: bool,
+}
+
+/// How an experiment ended.
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "status", rename_all = "kebab-case")]
+pub enum Outcome {
+    Measured(Measurement),
+    /// The mode cannot run here (O_DIRECT on tmpfs, io_uring disabled, ...).
+    Unsupported {
+        reason: String,
+    },
+    /// The disk filled up.
+    NoSpace {
+        reason: String,
+    },
+    /// Any other I/O error, reported for this experiment only.
+    Failed {
+        reason: String,
+    },
+    /// Ctrl-C arrived.
+    Interrupted,
+}
+
+impl Outcome {
+    pub fn measurement(&self) -> Option<&Measurement> {
+        match self {
+            Outcome::Measured(m) => Some(m),
+            _ => None,
+        }
+    }
+
+    pub fn status(&self) -> String {
+        match self {
+            Outcome::Measured(m) if m.verified => "ok".to_string(),
+            Outcome::Measured(_) => "UNSAFE: read-back mismatch".to_string(),
+            Outcome::Unsupported { reason } => format!("unsupported: {reason}"),
+            Outcome::NoSpace { reason } => format!("no space: {reason}"),
+            Outcome::Failed { reason } => format!("failed: {reason}"),
+            Outcome::Interrupted => "interrupted".to_string(),
+        }
+    }
+}
+
+/// An experiment and its outcome.
+#[derive(Debug, Clone, Serialize)]
+pub struct ExperimentResult {
+    pub experiment: Experiment,
+    pub label: String,
+    pub outcome: Outcome,
+}
