@@ -17,3 +17,8 @@ pub mod authpb {
 pub mod etcdserverpb {
     include!(concat!(env!("OUT_DIR"), "/etcdserverpb.rs"));
 }
+
+/// Cairn's Raft messages, entries, hard state and membership (`proto/raftpb.proto`).
+pub mod raftpb {
+    include!(concat!(env!("OUT_DIR"), "/raftpb.rs"));
+}

@@ -1,0 +1,7 @@
+//! Scenario tests of the Raft core, one file per feature, each test citing the
+//! part of the Raft paper or thesis it checks. They guard against regressions
+//! in the safety and liveness rules that the simulator only finds by chance.
+
+mod election;
+mod harness;
+mod replication;
