@@ -22,3 +22,8 @@ pub mod etcdserverpb {
 pub mod raftpb {
     include!(concat!(env!("OUT_DIR"), "/raftpb.rs"));
 }
+
+/// What a shard's Raft log carries: replicated client requests (`proto/cairn/internal.proto`).
+pub mod cairnpb {
+    include!(concat!(env!("OUT_DIR"), "/cairnpb.rs"));
+}

@@ -1,0 +1,156 @@
+//! The errors the client API returns, with etcd's gRPC codes and messages for the
+//! same conditions, so that clients which match on them (etcdctl, clientv3's
+//! retry logic, Kubernetes' storage layer) behave as they do against etcd.
+
+use tonic::{Code, Status};
+
+/// A request failed; each variant maps to the status etcd returns.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ApiError {
+    #[error("etcdserver: key is not provided")]
+    EmptyKey,
+    #[error("etcdserver: value is provided")]
+    ValueProvided,
+    #[error("etcdserver: lease is provided")]
+    LeaseProvided,
+    #[error("etcdserver: too many operations in txn request")]
+    TooManyOps,
+    #[error("etcdserver: duplicate key given in txn request")]
+    DuplicateKey,
+    #[error("etcdserver: invalid sort option")]
+    InvalidSortOption,
+    #[error("etcdserver: mvcc: required revision has been compacted")]
+    Compacted,
+    #[error("etcdserver: mvcc: required revision is a future revision")]
+    FutureRev,
+    #[error("etcdserver: mvcc: database space exceeded")]
+    NoSpace,
+    #[error("etcdserver: requested lease not found")]
+    LeaseNotFound,
+    #[error("etcdserver: lease already exists")]
+    LeaseExist,
+    #[error("etcdserver: too large lease TTL")]
+    LeaseTtlTooLarge,
+    #[error("etcdserver: request is too large")]
+    RequestTooLarge,
+    #[error("etcdserver: too many requests")]
+    TooManyRequests,
+    #[error("etcdserver: no leader")]
+    NoLeader,
+    #[error("etcdserver: leader changed")]
+    LeaderChanged,
+    #[error("etcdserver: server stopped")]
+    Stopped,
+    #[error("etcdserver: request timed out")]
+    Timeout,
+    #[error("etcdserver: member not found")]
+    MemberNotFound,
+    #[error("etcdserver: member ID already exist")]
+    MemberExist,
+    #[error("etcdserver: Peer URLs already exists")]
+    PeerUrlExist,
+    #[error("etcdserver: given member URLs are invalid")]
+    MemberBadUrls,
+    #[error("etcdserver: can only promote a learner member")]
+    MemberNotLearner,
+    #[error("etcdserver: can only promote a learner member which is in sync with leader")]
+    LearnerNotReady,
+    #[error("etcdserver: bad leader transferee")]
+    BadLeaderTransferee,
+    #[error("etcdserver: corrupt cluster")]
+    Corrupt,
+    /// A txn whose keys live on different shards: Cairn runs one Raft group per
+    /// shard and does not commit across groups.
+    #[error(
+        "cairn: txn keys span shards {shards:?}; the keys of one txn must route to one shard \
+         (keys sharing the prefix up to their second '/' do)"
+    )]
+    CrossShardTxn { shards: Vec<u32> },
+    #[error("cairn: {0} is not supported")]
+    Unsupported(&'static str),
+    /// The local store failed (I/O error, poisoned after a failed sync): the member
+    /// stops serving writes on that shard until restarted.
+    #[error("cairn: shard {shard}: storage failure: {reason}")]
+    Storage { shard: u32, reason: String },
+}
+
+impl ApiError {
+    /// The gRPC code etcd uses for the same condition.
+    pub fn code(&self) -> Code {
+        use ApiError::*;
+        match self {
+            EmptyKey | ValueProvided | LeaseProvided | TooManyOps | DuplicateKey
+            | InvalidSortOption | RequestTooLarge | MemberBadUrls => Code::InvalidArgument,
+            Compacted | FutureRev | LeaseTtlTooLarge => Code::OutOfRange,
+            NoSpace | TooManyRequests => Code::ResourceExhausted,
+            LeaseNotFound | MemberNotFound => Code::NotFound,
+            LeaseExist
+            | MemberExist
+            | PeerUrlExist
+            | MemberNotLearner
+            | LearnerNotReady
+            | BadLeaderTransferee
+            | CrossShardTxn { .. } => Code::FailedPrecondition,
+            NoLeader | LeaderChanged | Stopped | Timeout => Code::Unavailable,
+            Corrupt => Code::DataLoss,
+            Unsupported(_) => Code::Unimplemented,
+            Storage { .. } => Code::Internal,
+        }
+    }
+}
+
+impl From<ApiError> for Status {
+    fn from(e: ApiError) -> Status {
+        Status::new(e.code(), e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_and_messages_match_etcd() {
+        let cases = [
+            (
+                ApiError::EmptyKey,
+                Code::InvalidArgument,
+                "etcdserver: key is not provided",
+            ),
+            (
+                ApiError::Compacted,
+                Code::OutOfRange,
+                "etcdserver: mvcc: required revision has been compacted",
+            ),
+            (
+                ApiError::FutureRev,
+                Code::OutOfRange,
+                "etcdserver: mvcc: required revision is a future revision",
+            ),
+            (
+                ApiError::TooManyOps,
+                Code::InvalidArgument,
+                "etcdserver: too many operations in txn request",
+            ),
+            (
+                ApiError::RequestTooLarge,
+                Code::InvalidArgument,
+                "etcdserver: request is too large",
+            ),
+            (
+                ApiError::NoLeader,
+                Code::Unavailable,
+                "etcdserver: no leader",
+            ),
+        ];
+        for (e, code, msg) in cases {
+            let s = Status::from(e);
+            assert_eq!(s.code(), code);
+            assert_eq!(s.message(), msg);
+        }
+        let s = Status::from(ApiError::CrossShardTxn { shards: vec![0, 3] });
+        assert_eq!(s.code(), Code::FailedPrecondition);
+        assert!(s.message().contains("[0, 3]"), "{}", s.message());
+    }
+}

@@ -1,0 +1,249 @@
+//! The etcd v3 KV service: Range, Put, DeleteRange, Txn, Compact.
+//!
+//! Requests are checked here (etcd's checks, etcd's errors), routed to the shards
+//! that own their keys, and answered with etcd's response header. A range over
+//! several shards is answered by all of them and merged in key order; a txn over
+//! several shards is refused.
+
+use std::sync::Arc;
+
+use cairn_proto::cairnpb::shard_request::Request as ShardReq;
+use cairn_proto::etcdserverpb::kv_server::Kv;
+use cairn_proto::etcdserverpb::{
+    CompactionRequest, CompactionResponse, DeleteRangeRequest, DeleteRangeResponse, PutRequest,
+    PutResponse, RangeRequest, RangeResponse, ResponseHeader, TxnRequest, TxnResponse,
+};
+use futures::future::join_all;
+use prost::Message;
+use tonic::{Request, Response, Status};
+
+use super::errors::ApiError;
+use super::merge::merge_ranges;
+use super::router::{Router, WriteResult};
+use super::validate;
+
+/// Who is answering: stamped into every response header.
+#[derive(Debug, Clone)]
+pub struct Identity {
+    pub cluster_id: u64,
+    pub member_id: u64,
+}
+
+impl Identity {
+    pub fn header(&self, revision: i64, raft_term: u64) -> ResponseHeader {
+        ResponseHeader {
+            cluster_id: self.cluster_id,
+            member_id: self.member_id,
+            revision,
+            raft_term,
+        }
+    }
+
+    /// Fills in the member fields of a header a shard produced.
+    pub fn stamp(&self, header: &mut Option<ResponseHeader>) {
+        let h = header.get_or_insert_with(Default::default);
+        h.cluster_id = self.cluster_id;
+        h.member_id = self.member_id;
+    }
+}
+
+/// Request limits, etcd's flags.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub max_request_bytes: usize,
+    pub max_txn_ops: usize,
+}
+
+#[derive(Clone)]
+pub struct KvService {
+    pub router: Arc<Router>,
+    pub identity: Identity,
+    pub limits: Limits,
+}
+
+fn unexpected(what: &str) -> Status {
+    Status::internal(format!(
+        "cairn: shard answered {what} with the wrong result kind"
+    ))
+}
+
+impl KvService {
+    fn check_size(&self, m: &impl Message) -> Result<(), ApiError> {
+        if m.encoded_len() > self.limits.max_request_bytes {
+            return Err(ApiError::RequestTooLarge);
+        }
+        Ok(())
+    }
+
+    pub async fn range_across(&self, req: RangeRequest) -> Result<RangeResponse, ApiError> {
+        validate::check_range(&req)?;
+        let shards = self
+            .router
+            .routing
+            .shards_for_range(&req.key, &req.range_end);
+        let mut resp = if shards.len() == 1 {
+            self.router.range(shards[0], req).await?
+        } else {
+            let parts = join_all(shards.iter().map(|&s| self.router.range(s, req.clone()))).await;
+            let parts: Result<Vec<_>, _> = parts.into_iter().collect();
+            merge_ranges(&req, parts?)
+        };
+        self.identity.stamp(&mut resp.header);
+        Ok(resp)
+    }
+
+    async fn delete_across(
+        &self,
+        req: DeleteRangeRequest,
+    ) -> Result<DeleteRangeResponse, ApiError> {
+        validate::check_delete(&req)?;
+        self.check_size(&req)?;
+        let shards = self
+            .router
+            .routing
+            .shards_for_range(&req.key, &req.range_end);
+        // Each shard deletes its part at its own revision: a delete spanning
+        // shards is one revision per shard, not one for the whole range.
+        let parts = join_all(
+            shards
+                .iter()
+                .map(|&s| self.router.write(s, ShardReq::DeleteRange(req.clone()))),
+        )
+        .await;
+        let mut merged = DeleteRangeResponse::default();
+        for part in parts {
+            match part? {
+                WriteResult::DeleteRange(r) => {
+                    merged.deleted += r.deleted;
+                    merged.prev_kvs.extend(r.prev_kvs);
+                    let rev = r.header.as_ref().map_or(0, |h| h.revision);
+                    if merged.header.as_ref().is_none_or(|h| rev > h.revision) {
+                        merged.header = r.header;
+                    }
+                }
+                _ => {
+                    return Err(ApiError::Storage {
+                        shard: 0,
+                        reason: "delete answered with another result kind".into(),
+                    })
+                }
+            }
+        }
+        merged.prev_kvs.sort_by(|a, b| a.key.cmp(&b.key));
+        self.identity.stamp(&mut merged.header);
+        Ok(merged)
+    }
+
+    async fn compact_all(&self, req: CompactionRequest) -> Result<CompactionResponse, ApiError> {
+        // Every shard has its own revision counter. A compaction names a revision
+        // some shard has reached; shards that have not reached it compact up to
+        // their current revision. With --shards 1 this is exactly etcd.
+        let statuses = join_all(
+            self.router
+                .routing
+                .shard_ids()
+                .map(|s| self.router.status(s)),
+        )
+        .await;
+        let statuses: Vec<_> = statuses.into_iter().collect::<Result<_, _>>()?;
+        let max_rev = statuses.iter().map(|s| s.revision).max().unwrap_or(0);
+        if req.revision > max_rev {
+            return Err(ApiError::FutureRev);
+        }
+        let parts = join_all(statuses.iter().map(|st| {
+            let mut r = req;
+            r.revision = r.revision.min(st.revision);
+            self.router.write(st.shard, ShardReq::Compaction(r))
+        }))
+        .await;
+        let mut header = None;
+        let mut any_ok = false;
+        let mut first_err = None;
+        for part in parts {
+            match part {
+                Ok(WriteResult::Compaction(r)) => {
+                    any_ok = true;
+                    let rev = r.header.as_ref().map_or(0, |h| h.revision);
+                    if header
+                        .as_ref()
+                        .is_none_or(|h: &ResponseHeader| rev > h.revision)
+                    {
+                        header = r.header;
+                    }
+                }
+                // A shard already compacted at or past this revision is not an
+                // error for the cluster unless every shard says so.
+                Err(ApiError::Compacted) => first_err = first_err.or(Some(ApiError::Compacted)),
+                Err(e) => return Err(e),
+                Ok(_) => {
+                    return Err(ApiError::Storage {
+                        shard: 0,
+                        reason: "compaction answered with another result kind".into(),
+                    })
+                }
+            }
+        }
+        if !any_ok {
+            return Err(first_err.unwrap_or(ApiError::Compacted));
+        }
+        let mut resp = CompactionResponse { header };
+        self.identity.stamp(&mut resp.header);
+        Ok(resp)
+    }
+}
+
+#[tonic::async_trait]
+impl Kv for KvService {
+    async fn range(
+        &self,
+        request: Request<RangeRequest>,
+    ) -> Result<Response<RangeResponse>, Status> {
+        Ok(Response::new(
+            self.range_across(request.into_inner()).await?,
+        ))
+    }
+
+    async fn put(&self, request: Request<PutRequest>) -> Result<Response<PutResponse>, Status> {
+        let req = request.into_inner();
+        validate::check_put(&req)?;
+        self.check_size(&req)?;
+        let shard = self.router.routing.shard_for_key(&req.key);
+        match self.router.write(shard, ShardReq::Put(req)).await? {
+            WriteResult::Put(mut r) => {
+                self.identity.stamp(&mut r.header);
+                Ok(Response::new(r))
+            }
+            _ => Err(unexpected("put")),
+        }
+    }
+
+    async fn delete_range(
+        &self,
+        request: Request<DeleteRangeRequest>,
+    ) -> Result<Response<DeleteRangeResponse>, Status> {
+        Ok(Response::new(
+            self.delete_across(request.into_inner()).await?,
+        ))
+    }
+
+    async fn txn(&self, request: Request<TxnRequest>) -> Result<Response<TxnResponse>, Status> {
+        let req = request.into_inner();
+        validate::check_txn(&req, self.limits.max_txn_ops)?;
+        self.check_size(&req)?;
+        let shard = validate::txn_shard(&req, &self.router.routing)?;
+        match self.router.write(shard, ShardReq::Txn(req)).await? {
+            WriteResult::Txn(mut r) => {
+                self.identity.stamp(&mut r.header);
+                Ok(Response::new(r))
+            }
+            _ => Err(unexpected("txn")),
+        }
+    }
+
+    async fn compact(
+        &self,
+        request: Request<CompactionRequest>,
+    ) -> Result<Response<CompactionResponse>, Status> {
+        Ok(Response::new(self.compact_all(request.into_inner()).await?))
+    }
+}

@@ -1,0 +1,270 @@
+//! The etcd v3 Maintenance and Cluster services.
+//!
+//! A member runs several shards; etcd's per-member answers are built from all of
+//! them: sizes are summed, Raft indexes are summed (a monotonic measure of
+//! progress), the leader and term reported are shard 0's, and HashKV combines the
+//! shards' hashes in shard order. With `--shards 1` every figure is exactly etcd's.
+
+use std::sync::{Arc, RwLock};
+
+use cairn_proto::etcdserverpb::cluster_server::Cluster;
+use cairn_proto::etcdserverpb::maintenance_server::Maintenance;
+use cairn_proto::etcdserverpb::{
+    alarm_request, AlarmMember, AlarmRequest, AlarmResponse, AlarmType, DefragmentRequest,
+    DefragmentResponse, DowngradeRequest, DowngradeResponse, HashKvRequest, HashKvResponse,
+    HashRequest, HashResponse, Member as PbMember, MemberAddRequest, MemberAddResponse,
+    MemberListRequest, MemberListResponse, MemberPromoteRequest, MemberPromoteResponse,
+    MemberRemoveRequest, MemberRemoveResponse, MemberUpdateRequest, MemberUpdateResponse,
+    MoveLeaderRequest, MoveLeaderResponse, SnapshotRequest, SnapshotResponse, StatusRequest,
+    StatusResponse,
+};
+use futures::future::join_all;
+use tonic::{Request, Response, Status};
+
+use super::errors::ApiError;
+use super::kv::Identity;
+use super::members::Membership;
+use super::router::{Router, ShardHash, ShardStatus};
+
+/// The etcd API level Cairn serves, reported as the server version: clients use it
+/// to decide which RPCs they may call.
+pub const ETCD_API_VERSION: &str = "3.4.0";
+
+#[derive(Clone)]
+pub struct MaintenanceService {
+    pub router: Arc<Router>,
+    pub identity: Identity,
+    pub membership: Arc<RwLock<Membership>>,
+}
+
+impl MaintenanceService {
+    async fn all_status(&self) -> Result<Vec<ShardStatus>, ApiError> {
+        join_all(
+            self.router
+                .routing
+                .shard_ids()
+                .map(|s| self.router.status(s)),
+        )
+        .await
+        .into_iter()
+        .collect()
+    }
+
+    /// Combines per-shard hashes into one member hash. One shard: its hash as is.
+    fn combine(hashes: &[ShardHash]) -> u32 {
+        if hashes.len() == 1 {
+            return hashes[0].hash;
+        }
+        let mut h = crc32fast::Hasher::new();
+        for s in hashes {
+            h.update(&s.hash.to_le_bytes());
+        }
+        h.finalize()
+    }
+
+    async fn all_hashes(&self, revision: i64) -> Result<Vec<ShardHash>, ApiError> {
+        join_all(
+            self.router
+                .routing
+                .shard_ids()
+                .map(|s| self.router.hash_kv(s, revision)),
+        )
+        .await
+        .into_iter()
+        .collect()
+    }
+}
+
+fn summary_header(
+    identity: &Identity,
+    statuses: &[ShardStatus],
+) -> cairn_proto::etcdserverpb::ResponseHeader {
+    let revision = statuses.iter().map(|s| s.revision).max().unwrap_or(0);
+    let term = statuses.first().map_or(0, |s| s.term);
+    identity.header(revision, term)
+}
+
+#[tonic::async_trait]
+impl Maintenance for MaintenanceService {
+    async fn alarm(
+        &self,
+        request: Request<AlarmRequest>,
+    ) -> Result<Response<AlarmResponse>, Status> {
+        let req = request.into_inner();
+        let statuses = self.all_status().await?;
+        let action = alarm_request::AlarmAction::try_from(req.action)
+            .map_err(|_| Status::invalid_argument("etcdserver: unknown alarm action"))?;
+        match action {
+            alarm_request::AlarmAction::Get => {}
+            // Raising an alarm by hand, or disarming one, goes through each
+            // shard's log so every member agrees.
+            alarm_request::AlarmAction::Activate | alarm_request::AlarmAction::Deactivate => {
+                let results = join_all(self.router.routing.shard_ids().map(|s| {
+                    self.router
+                        .write(s, cairn_proto::cairnpb::shard_request::Request::Alarm(req))
+                }))
+                .await;
+                for r in results {
+                    r?;
+                }
+            }
+        }
+        let statuses = if action == alarm_request::AlarmAction::Get {
+            statuses
+        } else {
+            self.all_status().await?
+        };
+        let alarms = if statuses.iter().any(|s| s.nospace_alarm) {
+            vec![AlarmMember {
+                member_id: self.identity.member_id,
+                alarm: AlarmType::Nospace as i32,
+            }]
+        } else {
+            Vec::new()
+        };
+        Ok(Response::new(AlarmResponse {
+            header: Some(summary_header(&self.identity, &statuses)),
+            alarms,
+        }))
+    }
+
+    async fn status(&self, _: Request<StatusRequest>) -> Result<Response<StatusResponse>, Status> {
+        let statuses = self.all_status().await?;
+        let first = statuses.first().cloned().unwrap_or_default();
+        let mut errors = Vec::new();
+        if statuses.iter().any(|s| s.nospace_alarm) {
+            errors.push(
+                "memberID:".to_string() + &format!("{:x} alarm:NOSPACE ", self.identity.member_id),
+            );
+        }
+        Ok(Response::new(StatusResponse {
+            header: Some(summary_header(&self.identity, &statuses)),
+            version: ETCD_API_VERSION.to_string(),
+            db_size: statuses.iter().map(|s| s.db_size_bytes as i64).sum(),
+            leader: first.leader,
+            raft_index: statuses.iter().map(|s| s.commit_index).sum(),
+            raft_term: first.term,
+            raft_applied_index: statuses.iter().map(|s| s.applied_index).sum(),
+            errors,
+            db_size_in_use: statuses.iter().map(|s| s.db_size_in_use_bytes as i64).sum(),
+            is_learner: first.is_learner,
+        }))
+    }
+
+    async fn defragment(
+        &self,
+        _: Request<DefragmentRequest>,
+    ) -> Result<Response<DefragmentResponse>, Status> {
+        Err(ApiError::Unsupported("Defragment (the store reuses freed pages online)").into())
+    }
+
+    async fn hash(&self, _: Request<HashRequest>) -> Result<Response<HashResponse>, Status> {
+        let hashes = self.all_hashes(0).await?;
+        let statuses = self.all_status().await?;
+        Ok(Response::new(HashResponse {
+            header: Some(summary_header(&self.identity, &statuses)),
+            hash: Self::combine(&hashes),
+        }))
+    }
+
+    async fn hash_kv(
+        &self,
+        request: Request<HashKvRequest>,
+    ) -> Result<Response<HashKvResponse>, Status> {
+        let req = request.into_inner();
+        let hashes = self.all_hashes(req.revision).await?;
+        let statuses = self.all_status().await?;
+        Ok(Response::new(HashKvResponse {
+            header: Some(summary_header(&self.identity, &statuses)),
+            hash: Self::combine(&hashes),
+            compact_revision: hashes.iter().map(|h| h.compact_revision).max().unwrap_or(0),
+            hash_revision: hashes.iter().map(|h| h.revision).max().unwrap_or(0),
+        }))
+    }
+
+    type SnapshotStream = futures::stream::BoxStream<'static, Result<SnapshotResponse, Status>>;
+
+    async fn snapshot(
+        &self,
+        _: Request<SnapshotRequest>,
+    ) -> Result<Response<Self::SnapshotStream>, Status> {
+        Err(ApiError::Unsupported("Snapshot").into())
+    }
+
+    async fn move_leader(
+        &self,
+        _: Request<MoveLeaderRequest>,
+    ) -> Result<Response<MoveLeaderResponse>, Status> {
+        Err(ApiError::Unsupported("MoveLeader").into())
+    }
+
+    async fn downgrade(
+        &self,
+        _: Request<DowngradeRequest>,
+    ) -> Result<Response<DowngradeResponse>, Status> {
+        Err(ApiError::Unsupported("Downgrade").into())
+    }
+}
+
+#[derive(Clone)]
+pub struct ClusterService {
+    pub identity: Identity,
+    pub membership: Arc<RwLock<Membership>>,
+}
+
+impl ClusterService {
+    fn members(&self) -> Vec<PbMember> {
+        let m = self.membership.read().expect("membership lock");
+        m.members
+            .iter()
+            .map(|m| PbMember {
+                id: m.id,
+                name: m.name.clone(),
+                peer_ur_ls: m.peer_urls.clone(),
+                client_ur_ls: m.client_urls.clone(),
+                is_learner: m.is_learner,
+            })
+            .collect()
+    }
+}
+
+#[tonic::async_trait]
+impl Cluster for ClusterService {
+    async fn member_add(
+        &self,
+        _: Request<MemberAddRequest>,
+    ) -> Result<Response<MemberAddResponse>, Status> {
+        Err(ApiError::Unsupported("MemberAdd").into())
+    }
+
+    async fn member_remove(
+        &self,
+        _: Request<MemberRemoveRequest>,
+    ) -> Result<Response<MemberRemoveResponse>, Status> {
+        Err(ApiError::Unsupported("MemberRemove").into())
+    }
+
+    async fn member_update(
+        &self,
+        _: Request<MemberUpdateRequest>,
+    ) -> Result<Response<MemberUpdateResponse>, Status> {
+        Err(ApiError::Unsupported("MemberUpdate").into())
+    }
+
+    async fn member_list(
+        &self,
+        _: Request<MemberListRequest>,
+    ) -> Result<Response<MemberListResponse>, Status> {
+        Ok(Response::new(MemberListResponse {
+            header: Some(self.identity.header(0, 0)),
+            members: self.members(),
+        }))
+    }
+
+    async fn member_promote(
+        &self,
+        _: Request<MemberPromoteRequest>,
+    ) -> Result<Response<MemberPromoteResponse>, Status> {
+        Err(ApiError::Unsupported("MemberPromote").into())
+    }
+}

@@ -1,0 +1,325 @@
+//! Request checks done before a request reaches Raft, as etcd does them in its
+//! gRPC layer: a malformed request is refused at once with etcd's error, and never
+//! costs a log entry.
+
+use std::collections::BTreeSet;
+
+use cairn_proto::etcdserverpb::{
+    range_request, request_op, Compare, DeleteRangeRequest, PutRequest, RangeRequest, RequestOp,
+    TxnRequest,
+};
+
+use super::errors::ApiError;
+use crate::routing::{RoutingTable, ShardId};
+
+pub fn check_range(r: &RangeRequest) -> Result<(), ApiError> {
+    if r.key.is_empty() {
+        return Err(ApiError::EmptyKey);
+    }
+    if range_request::SortOrder::try_from(r.sort_order).is_err()
+        || range_request::SortTarget::try_from(r.sort_target).is_err()
+    {
+        return Err(ApiError::InvalidSortOption);
+    }
+    Ok(())
+}
+
+pub fn check_put(r: &PutRequest) -> Result<(), ApiError> {
+    if r.key.is_empty() {
+        return Err(ApiError::EmptyKey);
+    }
+    if r.ignore_value && !r.value.is_empty() {
+        return Err(ApiError::ValueProvided);
+    }
+    if r.ignore_lease && r.lease != 0 {
+        return Err(ApiError::LeaseProvided);
+    }
+    Ok(())
+}
+
+pub fn check_delete(r: &DeleteRangeRequest) -> Result<(), ApiError> {
+    if r.key.is_empty() {
+        return Err(ApiError::EmptyKey);
+    }
+    Ok(())
+}
+
+fn check_compare(c: &Compare) -> Result<(), ApiError> {
+    if c.key.is_empty() {
+        return Err(ApiError::EmptyKey);
+    }
+    Ok(())
+}
+
+fn check_op(op: &RequestOp, max_txn_ops: usize) -> Result<(), ApiError> {
+    match &op.request {
+        Some(request_op::Request::RequestRange(r)) => check_range(r),
+        Some(request_op::Request::RequestPut(r)) => check_put(r),
+        Some(request_op::Request::RequestDeleteRange(r)) => check_delete(r),
+        Some(request_op::Request::RequestTxn(t)) => check_txn(t, max_txn_ops),
+        // etcd treats an empty op as a no-op that yields an empty response.
+        None => Ok(()),
+    }
+}
+
+/// etcd's txn checks: op counts, empty keys, and no key written twice in one
+/// branch (a put and a delete, or two puts, of the same key).
+pub fn check_txn(t: &TxnRequest, max_txn_ops: usize) -> Result<(), ApiError> {
+    if t.compare.len() > max_txn_ops
+        || t.success.len() > max_txn_ops
+        || t.failure.len() > max_txn_ops
+    {
+        return Err(ApiError::TooManyOps);
+    }
+    for c in &t.compare {
+        check_compare(c)?;
+    }
+    for op in t.success.iter().chain(&t.failure) {
+        check_op(op, max_txn_ops)?;
+    }
+    check_no_duplicate_writes(&t.success)?;
+    check_no_duplicate_writes(&t.failure)?;
+    Ok(())
+}
+
+/// Written keys and deleted ranges of one branch, nested txns included.
+fn collect_writes(ops: &[RequestOp], puts: &mut Vec<Vec<u8>>, dels: &mut Vec<(Vec<u8>, Vec<u8>)>) {
+    for op in ops {
+        match &op.request {
+            Some(request_op::Request::RequestPut(p)) => puts.push(p.key.to_vec()),
+            Some(request_op::Request::RequestDeleteRange(d)) => {
+                dels.push((d.key.to_vec(), d.range_end.to_vec()))
+            }
+            Some(request_op::Request::RequestTxn(t)) => {
+                // Only one branch of a nested txn runs; etcd checks each against
+                // the outer writes, which the union below over-approximates safely
+                // for puts and exactly for the common cases.
+                collect_writes(&t.success, puts, dels);
+                collect_writes(&t.failure, puts, dels);
+            }
+            _ => {}
+        }
+    }
+}
+
+fn in_range(key: &[u8], start: &[u8], end: &[u8]) -> bool {
+    if end.is_empty() {
+        return key == start;
+    }
+    if end == b"\0" {
+        return key >= start;
+    }
+    key >= start && key < end
+}
+
+fn check_no_duplicate_writes(ops: &[RequestOp]) -> Result<(), ApiError> {
+    let mut puts = Vec::new();
+    let mut dels = Vec::new();
+    // Nested txns may legitimately write the same key in their two branches, so
+    // count duplicates only among the direct ops and between direct puts and
+    // direct deletes, as etcd does.
+    for op in ops {
+        match &op.request {
+            Some(request_op::Request::RequestPut(p)) => puts.push(p.key.to_vec()),
+            Some(request_op::Request::RequestDeleteRange(d)) => {
+                dels.push((d.key.to_vec(), d.range_end.to_vec()))
+            }
+            _ => {}
+        }
+    }
+    let mut seen = BTreeSet::new();
+    for k in &puts {
+        if !seen.insert(k.clone()) {
+            return Err(ApiError::DuplicateKey);
+        }
+    }
+    for (start, end) in &dels {
+        if puts.iter().any(|k| in_range(k, start, end)) {
+            return Err(ApiError::DuplicateKey);
+        }
+    }
+    // Writes inside nested txns must not collide with this level's direct puts.
+    for op in ops {
+        if let Some(request_op::Request::RequestTxn(t)) = &op.request {
+            for branch in [&t.success, &t.failure] {
+                let mut inner_puts = Vec::new();
+                let mut inner_dels = Vec::new();
+                collect_writes(branch, &mut inner_puts, &mut inner_dels);
+                if inner_puts.iter().any(|k| seen.contains(k))
+                    || inner_dels
+                        .iter()
+                        .any(|(s, e)| puts.iter().any(|k| in_range(k, s, e)))
+                {
+                    return Err(ApiError::DuplicateKey);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Every shard a txn touches: compares and ops of both branches, nested txns
+/// included. A txn must stay on one shard.
+pub fn txn_shards(t: &TxnRequest, routing: &RoutingTable) -> BTreeSet<ShardId> {
+    let mut shards = BTreeSet::new();
+    add_txn_shards(t, routing, &mut shards);
+    shards
+}
+
+fn add_txn_shards(t: &TxnRequest, routing: &RoutingTable, out: &mut BTreeSet<ShardId>) {
+    for c in &t.compare {
+        out.extend(routing.shards_for_range(&c.key, &c.range_end));
+    }
+    for op in t.success.iter().chain(&t.failure) {
+        match &op.request {
+            Some(request_op::Request::RequestRange(r)) => {
+                out.extend(routing.shards_for_range(&r.key, &r.range_end))
+            }
+            Some(request_op::Request::RequestPut(p)) => {
+                out.insert(routing.shard_for_key(&p.key));
+            }
+            Some(request_op::Request::RequestDeleteRange(d)) => {
+                out.extend(routing.shards_for_range(&d.key, &d.range_end))
+            }
+            Some(request_op::Request::RequestTxn(inner)) => add_txn_shards(inner, routing, out),
+            None => {}
+        }
+    }
+}
+
+/// The shard of a txn that touches no key at all (only empty ops): any shard
+/// answers it; shard 0 does.
+pub fn txn_shard(t: &TxnRequest, routing: &RoutingTable) -> Result<ShardId, ApiError> {
+    let shards = txn_shards(t, routing);
+    match shards.len() {
+        0 => Ok(0),
+        1 => Ok(*shards.iter().next().expect("one shard")),
+        _ => Err(ApiError::CrossShardTxn {
+            shards: shards.into_iter().collect(),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+
+    fn put(k: &str) -> RequestOp {
+        RequestOp {
+            request: Some(request_op::Request::RequestPut(PutRequest {
+                key: Bytes::copy_from_slice(k.as_bytes()),
+                ..Default::default()
+            })),
+        }
+    }
+
+    fn del(k: &str, end: &str) -> RequestOp {
+        RequestOp {
+            request: Some(request_op::Request::RequestDeleteRange(
+                DeleteRangeRequest {
+                    key: Bytes::copy_from_slice(k.as_bytes()),
+                    range_end: Bytes::copy_from_slice(end.as_bytes()),
+                    ..Default::default()
+                },
+            )),
+        }
+    }
+
+    #[test]
+    fn empty_keys_are_refused() {
+        assert_eq!(
+            check_range(&RangeRequest::default()),
+            Err(ApiError::EmptyKey)
+        );
+        assert_eq!(check_put(&PutRequest::default()), Err(ApiError::EmptyKey));
+        assert_eq!(
+            check_delete(&DeleteRangeRequest::default()),
+            Err(ApiError::EmptyKey)
+        );
+    }
+
+    #[test]
+    fn put_flags_conflicting_with_payload_are_refused() {
+        let p = PutRequest {
+            key: Bytes::from_static(b"k"),
+            value: Bytes::from_static(b"v"),
+            ignore_value: true,
+            ..Default::default()
+        };
+        assert_eq!(check_put(&p), Err(ApiError::ValueProvided));
+        let p = PutRequest {
+            key: Bytes::from_static(b"k"),
+            lease: 7,
+            ignore_lease: true,
+            ..Default::default()
+        };
+        assert_eq!(check_put(&p), Err(ApiError::LeaseProvided));
+    }
+
+    #[test]
+    fn bad_sort_option_is_refused() {
+        let r = RangeRequest {
+            key: Bytes::from_static(b"k"),
+            sort_order: 9,
+            ..Default::default()
+        };
+        assert_eq!(check_range(&r), Err(ApiError::InvalidSortOption));
+    }
+
+    #[test]
+    fn txn_limits_and_duplicates() {
+        let t = TxnRequest {
+            success: (0..129).map(|i| put(&format!("k{i}"))).collect(),
+            ..Default::default()
+        };
+        assert_eq!(check_txn(&t, 128), Err(ApiError::TooManyOps));
+        let t = TxnRequest {
+            success: vec![put("a"), put("a")],
+            ..Default::default()
+        };
+        assert_eq!(check_txn(&t, 128), Err(ApiError::DuplicateKey));
+        let t = TxnRequest {
+            success: vec![put("b"), del("a", "c")],
+            ..Default::default()
+        };
+        assert_eq!(check_txn(&t, 128), Err(ApiError::DuplicateKey));
+        // The same key in the two branches is fine: only one runs.
+        let t = TxnRequest {
+            success: vec![put("a")],
+            failure: vec![put("a")],
+            ..Default::default()
+        };
+        assert_eq!(check_txn(&t, 128), Ok(()));
+    }
+
+    #[test]
+    fn txn_across_shards_is_refused_naming_them() {
+        let routing = RoutingTable::new(8, 2);
+        let mut a = 0;
+        let mut b = 0;
+        // Find two keys on different shards.
+        for i in 0..100 {
+            let s = routing.shard_for_key(format!("/x{i}/").as_bytes());
+            if i == 0 {
+                a = s;
+            } else if s != a {
+                b = i;
+                break;
+            }
+        }
+        let t = TxnRequest {
+            success: vec![put("/x0/k"), put(&format!("/x{b}/k"))],
+            ..Default::default()
+        };
+        match txn_shard(&t, &routing) {
+            Err(ApiError::CrossShardTxn { shards }) => assert_eq!(shards.len(), 2),
+            other => panic!("expected a cross-shard refusal, got {other:?}"),
+        }
+        let t = TxnRequest {
+            success: vec![put("/x0/k"), put("/x0/j")],
+            ..Default::default()
+        };
+        assert_eq!(txn_shard(&t, &routing), Ok(a));
+    }
+}
