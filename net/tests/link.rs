@@ -1,0 +1,343 @@
+//! Guards the links between members over real loopback sockets: frames must
+//! arrive intact, in order, coalesced into few writes and as slices of the
+//! receive buffer; a dialer must reconnect after its peer restarts; a full
+//! queue must be refused at once without a dead peer holding up others; and
+//! streams must arrive verified, starting over after a lost connection.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use cairn_net::{
+    dial, serve_accepted, BytesSource, Config, Inbound, InboundReceiver, Link, SendError,
+    HEADER_BYTES,
+};
+use common::{config, listener, listener_with, run_local};
+
+/// Dials member 1 from member 2 on `lane` and returns both ends.
+async fn connected_pair(lane: u32) -> (Link, InboundReceiver, Link, InboundReceiver) {
+    let mut listener = listener(1, &[2], 4).await;
+    let addr = listener.local_addr().unwrap();
+    let (client, client_rx) = dial(&config(2), 1, addr, lane).unwrap();
+    let accepted = listener.accept().await.unwrap();
+    assert_eq!(accepted.hello.member_id, 2);
+    assert_eq!(accepted.hello.lane, lane);
+    let (server, server_rx) = serve_accepted(accepted, &config(1)).unwrap();
+    client.wait_connected().await.unwrap();
+    (client, client_rx, server, server_rx)
+}
+
+fn message(payload: &Inbound) -> (u32, u16, &Bytes) {
+    match payload {
+        Inbound::Message {
+            shard_id,
+            flags,
+            payload,
+        } => (*shard_id, *flags, payload),
+        other => panic!("expected a message, got {other:?}"),
+    }
+}
+
+#[test]
+fn messages_round_trip_both_ways() {
+    run_local(async {
+        let (client, mut client_rx, server, mut server_rx) = connected_pair(3).await;
+        let sizes = [0usize, 1, 19, 20, 21, 255, 4096, 100_000, 1 << 20];
+        for (i, size) in sizes.iter().enumerate() {
+            let payload = Bytes::from((0..*size).map(|b| (b + i) as u8).collect::<Vec<u8>>());
+            client.send_wait(i as u32, i as u16, payload).await.unwrap();
+        }
+        // A message of several parts arrives as one payload.
+        client
+            .send_parts(
+                99,
+                0,
+                vec![
+                    Bytes::from_static(b"head:"),
+                    Bytes::from_static(b"entry-data"),
+                ],
+            )
+            .unwrap();
+        for (i, size) in sizes.iter().enumerate() {
+            let item = server_rx.recv().await.unwrap();
+            let (shard, flags, payload) = message(&item);
+            assert_eq!((shard, flags, payload.len()), (i as u32, i as u16, *size));
+            assert!(payload.iter().enumerate().all(|(b, v)| *v == (b + i) as u8));
+        }
+        let item = server_rx.recv().await.unwrap();
+        assert_eq!(&message(&item).2[..], b"head:entry-data");
+
+        server.send(7, 0, Bytes::from_static(b"reply")).unwrap();
+        let item = client_rx.recv().await.unwrap();
+        assert_eq!(message(&item), (7, 0, &Bytes::from_static(b"reply")));
+
+        let sent = client.counters().snapshot();
+        let received = server.counters().snapshot();
+        assert_eq!(sent.frames_sent, sizes.len() as u64 + 1);
+        assert_eq!(received.frames_received, sent.frames_sent);
+        assert_eq!(received.bytes_received, sent.bytes_sent);
+    });
+}
+
+#[test]
+fn queued_frames_coalesce_into_one_write_and_arrive_as_buffer_slices() {
+    run_local(async {
+        let (client, _client_rx, _server, mut server_rx) = connected_pair(0).await;
+        let before = client.counters().snapshot();
+        const FRAMES: usize = 200;
+        const PAYLOAD_BYTES: usize = 40;
+        // Queued without yielding, as a core queues one Ready's messages.
+        for i in 0..FRAMES {
+            client
+                .send(1, 0, Bytes::from(vec![i as u8; PAYLOAD_BYTES]))
+                .unwrap();
+        }
+        let mut payloads = Vec::new();
+        let mut batches = Vec::new();
+        while payloads.len() < FRAMES {
+            let batch = server_rx.recv_batch().await.unwrap();
+            batches.push(batch.len());
+            for item in batch {
+                payloads.push(message(&item).2.clone());
+            }
+        }
+        let after = client.counters().snapshot();
+        assert_eq!(after.frames_sent - before.frames_sent, FRAMES as u64);
+        assert_eq!(
+            after.writes - before.writes,
+            1,
+            "200 queued frames go out in one writev"
+        );
+        // Frames that arrived in one read are consecutive slices of one buffer:
+        // each payload starts right after the previous payload and a header.
+        let mut index = 0;
+        for batch_len in batches {
+            for pair in payloads[index..index + batch_len].windows(2) {
+                assert_eq!(
+                    pair[1].as_ptr() as usize,
+                    pair[0].as_ptr() as usize + PAYLOAD_BYTES + HEADER_BYTES,
+                    "payloads are slices of the receive buffer, not copies"
+                );
+            }
+            index += batch_len;
+        }
+        for (i, payload) in payloads.iter().enumerate() {
+            assert_eq!(&payload[..], &vec![i as u8; PAYLOAD_BYTES][..]);
+        }
+    });
+}
+
+#[test]
+fn dialer_reconnects_after_the_peer_restarts() {
+    run_local(async {
+        let mut first = listener(1, &[2], 1).await;
+        let addr = first.local_addr().unwrap();
+        let (client, _client_rx) = dial(&config(2), 1, addr, 0).unwrap();
+        let (server, mut server_rx) =
+            serve_accepted(first.accept().await.unwrap(), &config(1)).unwrap();
+        client.send(1, 0, Bytes::from_static(b"before")).unwrap();
+        assert_eq!(&message(&server_rx.recv().await.unwrap()).2[..], b"before");
+
+        // The peer goes away: connection and listener both.
+        server.close();
+        drop(first);
+        assert!(server_rx.recv().await.is_none());
+        while client.is_connected() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // Let a few dials fail against the closed port.
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        assert!(client.counters().snapshot().connect_failures >= 1);
+        // Queued while down, delivered once the peer is back.
+        client
+            .send(1, 0, Bytes::from_static(b"while-down"))
+            .unwrap();
+
+        let mut second = common::listener_at(addr, 1, &[2], 1).await;
+        let (_server, mut server_rx) =
+            serve_accepted(second.accept().await.unwrap(), &config(1)).unwrap();
+        client.wait_connected().await.unwrap();
+        client.send(1, 0, Bytes::from_static(b"after")).unwrap();
+        assert_eq!(
+            &message(&server_rx.recv().await.unwrap()).2[..],
+            b"while-down"
+        );
+        assert_eq!(&message(&server_rx.recv().await.unwrap()).2[..], b"after");
+        assert_eq!(client.counters().snapshot().reconnects, 1);
+    });
+}
+
+#[test]
+fn full_queue_is_refused_at_once_and_a_dead_peer_blocks_no_one() {
+    run_local(async {
+        // A peer that completes the handshake and then never reads.
+        let mut dead = listener(1, &[2], 1).await;
+        let dead_addr = dead.local_addr().unwrap();
+        let small_queue = Config {
+            max_frame_payload_bytes: 64 * 1024,
+            send_queue_max_bytes: 256 * 1024,
+            send_queue_max_frames: 64,
+            stream_chunk_bytes: 32 * 1024,
+            ..config(2)
+        };
+        let (to_dead, _rx) = dial(&small_queue, 1, dead_addr, 0).unwrap();
+        let _dead_conn = dead.accept().await.unwrap(); // held open, never read
+        to_dead.wait_connected().await.unwrap();
+
+        let (to_live, _live_rx, _live_server, mut live_rx) = connected_pair(0).await;
+
+        let payload = Bytes::from(vec![0xAB; 60 * 1024]);
+        let mut refused = None;
+        for i in 0..10_000 {
+            let started = Instant::now();
+            match to_dead.send(0, 0, payload.clone()) {
+                Ok(()) => {}
+                Err(err) => {
+                    assert!(
+                        started.elapsed() < Duration::from_millis(5),
+                        "refusal must be immediate"
+                    );
+                    refused = Some(err);
+                    break;
+                }
+            }
+            if i % 4 == 0 {
+                tokio::task::yield_now().await;
+            }
+        }
+        let refused = refused.expect("the queue to a peer that never reads must fill");
+        assert!(
+            matches!(refused, SendError::QueueFull { peer_member: 1, .. }),
+            "{refused}"
+        );
+        assert!(to_dead.queued_bytes() <= 256 * 1024);
+        assert!(to_dead.counters().snapshot().queue_full_drops >= 1);
+
+        // The other peer is unaffected.
+        for i in 0..100u32 {
+            to_live.send(i, 0, Bytes::from(vec![1; 1000])).unwrap();
+        }
+        for i in 0..100u32 {
+            assert_eq!(message(&live_rx.recv().await.unwrap()).0, i);
+        }
+    });
+}
+
+#[test]
+fn stream_arrives_verified_and_in_order() {
+    run_local(async {
+        let stream_config = Config {
+            stream_chunk_bytes: 64 * 1024,
+            stream_window_chunks: 4,
+            ..config(2)
+        };
+        let mut listener = listener(1, &[2], 1).await;
+        let (client, _client_rx) =
+            dial(&stream_config, 1, listener.local_addr().unwrap(), 0).unwrap();
+        let (_server, mut server_rx) =
+            serve_accepted(listener.accept().await.unwrap(), &config(1)).unwrap();
+        let data = Bytes::from(
+            (0..3_000_000u32)
+                .map(|i| (i % 251) as u8)
+                .collect::<Vec<u8>>(),
+        );
+        let expected = data.clone();
+        let receiver = tokio::task::spawn_local(async move {
+            let mut got = Vec::new();
+            loop {
+                match server_rx.recv().await.unwrap() {
+                    Inbound::StreamStart {
+                        attempt, shard_id, ..
+                    } => assert_eq!((attempt, shard_id), (1, 5)),
+                    Inbound::StreamChunk { data, .. } => got.extend_from_slice(&data),
+                    Inbound::StreamEnd { total_bytes, .. } => {
+                        assert_eq!(total_bytes, got.len() as u64);
+                        return got;
+                    }
+                    other => panic!("unexpected {other:?}"),
+                }
+            }
+        });
+        let report = client
+            .send_stream(5, &mut BytesSource::new(data))
+            .await
+            .unwrap();
+        assert_eq!(report.attempts, 1);
+        assert_eq!(report.total_bytes, 3_000_000);
+        assert_eq!(report.chunks, 3_000_000u64.div_ceil(64 * 1024));
+        assert_eq!(receiver.await.unwrap(), expected);
+        // A message sent after the stream still flows.
+        client
+            .send(1, 0, Bytes::from_static(b"after-stream"))
+            .unwrap();
+    });
+}
+
+#[test]
+fn stream_starts_over_after_the_connection_is_lost() {
+    run_local(async {
+        let stream_config = Config {
+            stream_chunk_bytes: 16 * 1024,
+            stream_window_chunks: 2,
+            ..config(2)
+        };
+        let mut listener = listener(1, &[2], 1).await;
+        let (client, _client_rx) =
+            dial(&stream_config, 1, listener.local_addr().unwrap(), 0).unwrap();
+        let data = Bytes::from(
+            (0..500_000u32)
+                .map(|i| (i % 253) as u8)
+                .collect::<Vec<u8>>(),
+        );
+        let expected = data.clone();
+        let receiver = tokio::task::spawn_local(async move {
+            // First connection: take two chunks, then drop the connection.
+            let (server, mut rx) =
+                serve_accepted(listener.accept().await.unwrap(), &config(1)).unwrap();
+            let mut chunks = 0;
+            while chunks < 2 {
+                if let Inbound::StreamChunk { .. } = rx.recv().await.unwrap() {
+                    chunks += 1;
+                }
+            }
+            server.close();
+            drop(rx);
+            // Second connection: the stream starts over from byte 0.
+            let (_server, mut rx) =
+                serve_accepted(listener.accept().await.unwrap(), &config(1)).unwrap();
+            let mut got = Vec::new();
+            loop {
+                match rx.recv().await.unwrap() {
+                    Inbound::StreamStart { attempt, .. } => {
+                        assert!(attempt >= 2, "a fresh attempt after the loss");
+                        got.clear();
+                    }
+                    Inbound::StreamChunk { data, .. } => got.extend_from_slice(&data),
+                    Inbound::StreamEnd { .. } => return got,
+                    other => panic!("unexpected {other:?}"),
+                }
+            }
+        });
+        let report = client
+            .send_stream(9, &mut BytesSource::new(data))
+            .await
+            .unwrap();
+        assert!(report.attempts >= 2, "{report:?}");
+        assert_eq!(receiver.await.unwrap(), expected);
+        assert!(client.counters().snapshot().reconnects >= 1);
+    });
+}
+
+#[test]
+fn config_is_validated_before_dialing() {
+    run_local(async {
+        let bad = Config {
+            send_queue_max_frames: 0,
+            ..config(2)
+        };
+        let err = dial(&bad, 1, "127.0.0.1:1".parse().unwrap(), 0).unwrap_err();
+        assert!(err.to_string().contains("send_queue_max_frames"), "{err}");
+        let _ = listener_with(config(1), &[], 1).await;
+    });
+}
