@@ -1,0 +1,204 @@
+//! WAL settings and their limits.
+
+use std::path::PathBuf;
+
+use crate::buf::BLOCK_BYTES;
+use crate::record::{encoded_len, HARD_STATE_BYTES, RECORD_HEADER_BYTES, SEGMENT_DATA_OFFSET};
+use crate::storage::SyncOptions;
+use crate::uring::UringOptions;
+
+pub const DEFAULT_SEGMENT_SIZE_BYTES: u64 = 64 << 20;
+/// Smallest segment accepted: header block plus a few data blocks (tests use small ones).
+pub const MIN_SEGMENT_SIZE_BYTES: u64 = 16 * BLOCK_BYTES as u64;
+/// Largest payload of one record. etcd caps requests at 1.5 MiB; an entry
+/// carries a request plus a small envelope.
+pub const DEFAULT_MAX_RECORD_PAYLOAD_BYTES: usize = 2 << 20;
+/// Largest single flush (one write + one data sync).
+pub const DEFAULT_MAX_BATCH_BYTES: usize = 4 << 20;
+/// Bytes accepted but not yet durable before appends wait (backpressure).
+pub const DEFAULT_MAX_QUEUED_BYTES: usize = 32 << 20;
+pub const DEFAULT_TAIL_CACHE_BYTES: usize = 64 << 20;
+pub const DEFAULT_SPARE_SEGMENTS: usize = 1;
+pub const DEFAULT_MAX_SPARE_SEGMENTS: usize = 4;
+pub const DEFAULT_MAX_SHARDS: usize = 1024;
+/// Zero-filling writes go out in chunks of this size so they never hold the
+/// disk for long in front of a flush.
+pub const DEFAULT_ZERO_CHUNK_BYTES: usize = 1 << 20;
+/// Reads of cold entries are coalesced up to this size per I/O.
+pub const MAX_READ_BYTES: usize = 4 << 20;
+
+/// Room a flush may need to end on a block boundary: a pad header, possibly spilling into another block.
+pub(crate) const PAD_RESERVE_BYTES: usize = RECORD_HEADER_BYTES + BLOCK_BYTES;
+
+const _: () = assert!(
+    DEFAULT_MAX_BATCH_BYTES >= encoded_len(DEFAULT_MAX_RECORD_PAYLOAD_BYTES) + PAD_RESERVE_BYTES
+);
+const _: () = assert!(DEFAULT_SEGMENT_SIZE_BYTES >= MIN_SEGMENT_SIZE_BYTES);
+const _: () = assert!(MAX_READ_BYTES >= encoded_len(DEFAULT_MAX_RECORD_PAYLOAD_BYTES));
+const _: () = assert!(DEFAULT_ZERO_CHUNK_BYTES.is_multiple_of(BLOCK_BYTES));
+
+/// Which I/O backend the WAL uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BackendChoice {
+    /// io_uring when the kernel offers and allows it, else the sync backend;
+    /// one log line says which and why.
+    #[default]
+    Auto,
+    Uring(UringOptions),
+    Sync(SyncOptions),
+}
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub dir: PathBuf,
+    pub backend: BackendChoice,
+    pub segment_size_bytes: u64,
+    /// Zero-filled segments kept ready ahead of need.
+    pub spare_segments: usize,
+    /// Released segments kept for reuse; beyond this they are deleted.
+    pub max_spare_segments: usize,
+    pub max_record_payload_bytes: usize,
+    pub max_batch_bytes: usize,
+    pub max_queued_bytes: usize,
+    /// Recent entry payloads kept in memory for `entries`.
+    pub tail_cache_bytes: usize,
+    /// Distinct shards one WAL accepts (each costs a hard-state record per segment).
+    pub max_shards: usize,
+    pub zero_chunk_bytes: usize,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ConfigError {
+    #[error("wal config: {field} = {value}: {why}")]
+    Invalid {
+        field: &'static str,
+        value: u64,
+        why: String,
+    },
+}
+
+impl Config {
+    pub fn new(dir: impl Into<PathBuf>) -> Config {
+        Config {
+            dir: dir.into(),
+            backend: BackendChoice::Auto,
+            segment_size_bytes: DEFAULT_SEGMENT_SIZE_BYTES,
+            spare_segments: DEFAULT_SPARE_SEGMENTS,
+            max_spare_segments: DEFAULT_MAX_SPARE_SEGMENTS,
+            max_record_payload_bytes: DEFAULT_MAX_RECORD_PAYLOAD_BYTES,
+            max_batch_bytes: DEFAULT_MAX_BATCH_BYTES,
+            max_queued_bytes: DEFAULT_MAX_QUEUED_BYTES,
+            tail_cache_bytes: DEFAULT_TAIL_CACHE_BYTES,
+            max_shards: DEFAULT_MAX_SHARDS,
+            zero_chunk_bytes: DEFAULT_ZERO_CHUNK_BYTES,
+        }
+    }
+
+    /// Bytes a fresh segment spends before its first appended record:
+    /// the header block and one hard-state record per shard.
+    pub(crate) fn segment_overhead_bytes(&self) -> u64 {
+        (SEGMENT_DATA_OFFSET + self.max_shards * encoded_len(HARD_STATE_BYTES)) as u64
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |field, value: u64, why: String| Err(ConfigError::Invalid { field, value, why });
+        let block = BLOCK_BYTES as u64;
+        if self.segment_size_bytes < MIN_SEGMENT_SIZE_BYTES
+            || !self.segment_size_bytes.is_multiple_of(block)
+        {
+            return bad(
+                "segment_size_bytes",
+                self.segment_size_bytes,
+                format!("must be a multiple of {block} and at least {MIN_SEGMENT_SIZE_BYTES}"),
+            );
+        }
+        if self.max_record_payload_bytes == 0
+            || self.max_record_payload_bytes > u32::MAX as usize / 2
+        {
+            return bad(
+                "max_record_payload_bytes",
+                self.max_record_payload_bytes as u64,
+                "must be between 1 and 2^31".into(),
+            );
+        }
+        let record = encoded_len(self.max_record_payload_bytes) as u64;
+        let need = self.segment_overhead_bytes() + record + 2 * PAD_RESERVE_BYTES as u64;
+        if self.segment_size_bytes < need {
+            return bad(
+                "segment_size_bytes",
+                self.segment_size_bytes,
+                format!(
+                    "must hold the header, {} hard states and a largest record: at least {need}",
+                    self.max_shards
+                ),
+            );
+        }
+        if self.max_batch_bytes < record as usize + PAD_RESERVE_BYTES
+            || !self.max_batch_bytes.is_multiple_of(BLOCK_BYTES)
+        {
+            return bad(
+                "max_batch_bytes",
+                self.max_batch_bytes as u64,
+                format!(
+                    "must be a multiple of {BLOCK_BYTES} holding a largest record and a pad: at least {}",
+                    record as usize + PAD_RESERVE_BYTES
+                ),
+            );
+        }
+        if self.max_queued_bytes < self.max_batch_bytes {
+            return bad(
+                "max_queued_bytes",
+                self.max_queued_bytes as u64,
+                format!(
+                    "must be at least max_batch_bytes ({})",
+                    self.max_batch_bytes
+                ),
+            );
+        }
+        if self.spare_segments == 0 || self.max_spare_segments < self.spare_segments {
+            return bad(
+                "spare_segments",
+                self.spare_segments as u64,
+                format!(
+                    "must be at least 1 and at most max_spare_segments ({})",
+                    self.max_spare_segments
+                ),
+            );
+        }
+        if self.max_shards == 0 {
+            return bad("max_shards", 0, "must be at least 1".into());
+        }
+        if self.zero_chunk_bytes == 0
+            || !self.zero_chunk_bytes.is_multiple_of(BLOCK_BYTES)
+            || self.zero_chunk_bytes as u64 > self.segment_size_bytes
+        {
+            return bad(
+                "zero_chunk_bytes",
+                self.zero_chunk_bytes as u64,
+                format!("must be a non-zero multiple of {BLOCK_BYTES} no larger than a segment"),
+            );
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_validate_and_limits_are_checked() {
+        let c = Config::new("/x");
+        assert_eq!(c.validate(), Ok(()));
+        let mut c2 = c.clone();
+        c2.segment_size_bytes = 1 << 20 | 1;
+        assert!(c2.validate().is_err());
+        let mut c3 = c.clone();
+        c3.max_batch_bytes = 4096;
+        assert!(c3.validate().is_err());
+        let mut c4 = c;
+        c4.spare_segments = 0;
+        assert!(c4.validate().is_err());
+    }
+}

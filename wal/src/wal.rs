@@ -1,0 +1,1470 @@
+//! The log itself: group commit, segments, reads, release and recovery.
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::io;
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use hdrhistogram::Histogram;
+use tokio::sync::{watch, Notify};
+use tokio::task::JoinHandle;
+use tracing::{debug, error, info, warn};
+
+use crate::buf::{align_down, AlignedBuf, BLOCK_BYTES};
+use crate::config::{BackendChoice, Config, PAD_RESERVE_BYTES};
+use crate::error::{AppendError, OpenError, Poison, ReadError};
+use crate::record::{
+    self, pad_end, Decoded, Entry, HardState, Invalid, Lsn, Record, SegmentHeader, ShardId,
+    RECORD_HEADER_BYTES, SEGMENT_DATA_OFFSET,
+};
+use crate::storage::{Storage, StorageFile, SyncStorage};
+use crate::uring::{Uring, UringStorage};
+
+/// File name of segment `seq` whose first record has LSN `first_lsn`:
+/// `{seq:016x}-{first_lsn:016x}.wal`, so a directory listing sorts in log order.
+pub fn segment_name(seq: u64, first_lsn: Lsn) -> String {
+    format!("{seq:016x}-{first_lsn:016x}.wal")
+}
+
+pub(crate) fn parse_segment_name(name: &str) -> Option<(u64, Lsn)> {
+    let stem = name.strip_suffix(".wal")?;
+    let (a, b) = stem.split_once('-')?;
+    if a.len() != 16 || b.len() != 16 {
+        return None;
+    }
+    Some((
+        u64::from_str_radix(a, 16).ok()?,
+        u64::from_str_radix(b, 16).ok()?,
+    ))
+}
+
+fn spare_name(id: u64) -> String {
+    format!("spare-{id:016x}.tmp")
+}
+
+fn parse_spare_name(name: &str) -> Option<u64> {
+    let hex = name.strip_prefix("spare-")?.strip_suffix(".tmp")?;
+    (hex.len() == 16).then(|| u64::from_str_radix(hex, 16).ok())?
+}
+
+/// What recovery found for one shard.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecoveredShard {
+    /// The last hard state written, if any.
+    pub hard_state: Option<HardState>,
+    /// Live entries in index order: truncated suffixes removed.
+    pub entries: Vec<Entry>,
+}
+
+/// What `open` found on disk.
+#[derive(Debug, Default)]
+pub struct Recovered {
+    pub shards: BTreeMap<ShardId, RecoveredShard>,
+    /// LSN of the last record recovered (0: empty log).
+    pub last_lsn: Lsn,
+    /// Where a torn tail was cut, if one was: (file, offset, reason).
+    pub torn_tail: Option<(PathBuf, u64, String)>,
+}
+
+/// Counters and histograms of the flush path, for a metrics layer.
+#[derive(Debug, Clone)]
+pub struct WalMetrics {
+    pub appends: u64,
+    pub records: u64,
+    pub flushes: u64,
+    pub bytes_written: u64,
+    pub segments_started: u64,
+    pub segments_recycled: u64,
+    /// Duration of each flush, write submitted to data durable, in microseconds.
+    pub flush_latency_us: Histogram<u64>,
+    /// Appends completed per flush.
+    pub batch_appends: Histogram<u64>,
+    /// Bytes written per flush.
+    pub batch_bytes: Histogram<u64>,
+}
+
+impl WalMetrics {
+    fn new() -> WalMetrics {
+        let h = |max| Histogram::new_with_bounds(1, max, 3).expect("histogram bounds are valid");
+        WalMetrics {
+            appends: 0,
+            records: 0,
+            flushes: 0,
+            bytes_written: 0,
+            segments_started: 0,
+            segments_recycled: 0,
+            flush_latency_us: h(60_000_000),
+            batch_appends: h(1 << 24),
+            batch_bytes: h(1 << 32),
+        }
+    }
+}
+
+/// A callback run after every durable flush (metrics layers hook in here).
+pub type FlushObserver = Box<dyn FnMut(&FlushEvent)>;
+
+/// Reported to the flush observer after each durable flush.
+#[derive(Debug, Clone, Copy)]
+pub struct FlushEvent {
+    pub appends: u32,
+    pub records: u32,
+    pub bytes: usize,
+    pub latency: Duration,
+    pub durable_lsn: Lsn,
+}
+
+#[derive(Clone)]
+struct Durable {
+    lsn: Lsn,
+    poison: Option<Rc<Poison>>,
+}
+
+#[derive(Clone)]
+struct EntryMeta {
+    index: u64,
+    term: u64,
+    lsn: Lsn,
+    seq: u64,
+    offset: u64,
+    len: u32,
+    data: Option<Bytes>,
+}
+
+#[derive(Default)]
+struct ShardLog {
+    hard_state: Option<HardState>,
+    entries: VecDeque<EntryMeta>,
+    released: u64,
+}
+
+impl ShardLog {
+    fn last_index(&self) -> Option<u64> {
+        self.entries.back().map(|e| e.index)
+    }
+}
+
+struct SegMeta {
+    name: String,
+    file: Option<Rc<dyn StorageFile>>,
+    /// Highest live entry index per shard in this segment.
+    max_index: HashMap<ShardId, u64>,
+    sealed: bool,
+}
+
+struct Batch {
+    seq: u64,
+    start: u64,
+    buf: AlignedBuf,
+    last_lsn: Lsn,
+    /// Set on the first batch of a segment: the name it gets.
+    new_segment: Option<String>,
+    seal: bool,
+    closed: bool,
+    appends: u32,
+    records: u32,
+}
+
+struct Cursor {
+    seq: u64,
+    /// Next free byte of segment `seq`.
+    offset: u64,
+    /// Whether segment `seq` has its header and hard states queued.
+    started: bool,
+}
+
+struct State {
+    next_lsn: Lsn,
+    durable_lsn: Lsn,
+    cursor: Cursor,
+    batches: VecDeque<Batch>,
+    segments: BTreeMap<u64, SegMeta>,
+    shards: HashMap<ShardId, ShardLog>,
+    cache_fifo: VecDeque<(ShardId, u64, Lsn)>,
+    cache_bytes: usize,
+    spares: VecDeque<String>,
+    next_spare_id: u64,
+    spare_error: Option<io::Error>,
+    to_recycle: VecDeque<String>,
+    poison: Option<Rc<Poison>>,
+    closed: bool,
+    metrics: WalMetrics,
+    buf_pool: Vec<AlignedBuf>,
+}
+
+const BUF_POOL_MAX: usize = 4;
+const INITIAL_BATCH_CAPACITY_BYTES: usize = 64 << 10;
+
+struct Inner {
+    cfg: Config,
+    storage: Rc<dyn Storage>,
+    st: RefCell<State>,
+    durable_tx: watch::Sender<Durable>,
+    flush_wake: Notify,
+    space_wake: Notify,
+    spare_ready: Notify,
+    maint_wake: Notify,
+    observer: RefCell<Option<FlushObserver>>,
+}
+
+/// One core's write-ahead log. Not `Send`: it lives on its core's `LocalSet`
+/// (its flush and maintenance tasks are spawned there at open).
+pub struct Wal {
+    inner: Rc<Inner>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+/// Picks the backend for `cfg`, logging one line with the choice and why.
+pub fn select_storage(cfg: &Config) -> Result<Rc<dyn Storage>, OpenError> {
+    let io = |source| OpenError::Io {
+        path: cfg.dir.clone(),
+        source,
+    };
+    match cfg.backend {
+        BackendChoice::Sync(opts) => {
+            info!(backend = "sync", reason = "configured", dir = %cfg.dir.display(), "wal I/O backend");
+            Ok(Rc::new(SyncStorage::new(&cfg.dir, opts).map_err(io)?))
+        }
+        BackendChoice::Uring(opts) => {
+            let ring = if opts.ring_entries == crate::uring::DEFAULT_RING_ENTRIES {
+                Uring::for_this_core()
+            } else {
+                Uring::new(opts.ring_entries)
+            }
+            .map_err(|e| OpenError::UringUnavailable {
+                dir: cfg.dir.clone(),
+                reason: uring_reason(&e),
+            })?;
+            info!(backend = "uring", reason = "configured", dir = %cfg.dir.display(), "wal I/O backend");
+            Ok(Rc::new(
+                UringStorage::new(&cfg.dir, ring, opts).map_err(io)?,
+            ))
+        }
+        BackendChoice::Auto => match Uring::for_this_core() {
+            Ok(ring) => {
+                info!(backend = "uring", reason = "io_uring available", dir = %cfg.dir.display(), "wal I/O backend");
+                Ok(Rc::new(
+                    UringStorage::new(&cfg.dir, ring, Default::default()).map_err(io)?,
+                ))
+            }
+            Err(e) => {
+                let reason = uring_reason(&e);
+                info!(backend = "sync", reason = %reason, dir = %cfg.dir.display(), "wal I/O backend");
+                Ok(Rc::new(
+                    SyncStorage::new(&cfg.dir, Default::default()).map_err(io)?,
+                ))
+            }
+        },
+    }
+}
+
+/// Why io_uring cannot be used, in an operator's words.
+fn uring_reason(e: &io::Error) -> String {
+    let sysctl = std::fs::read_to_string("/proc/sys/kernel/io_uring_disabled")
+        .ok()
+        .map(|s| s.trim().to_string());
+    match e.raw_os_error() {
+        Some(libc::ENOSYS) => "kernel has no io_uring (ENOSYS: too old or built without it)".into(),
+        Some(libc::EPERM) | Some(libc::EACCES) => match sysctl.as_deref() {
+            Some(v @ ("1" | "2")) => {
+                format!("io_uring disabled by sysctl kernel.io_uring_disabled={v}")
+            }
+            _ => {
+                format!("io_uring forbidden ({e}): a seccomp profile or security policy blocks it")
+            }
+        },
+        _ => format!("io_uring setup failed: {e}"),
+    }
+}
+
+impl Wal {
+    /// Opens (or creates) the WAL in `cfg.dir` with the configured backend and
+    /// recovers its contents. Must be called inside a `LocalSet`.
+    pub async fn open(cfg: Config) -> Result<(Wal, Recovered), OpenError> {
+        cfg.validate()?;
+        let storage = select_storage(&cfg)?;
+        Wal::open_with_storage(cfg, storage).await
+    }
+
+    /// Opens over a given storage (tests, the tuning lab).
+    pub async fn open_with_storage(
+        cfg: Config,
+        storage: Rc<dyn Storage>,
+    ) -> Result<(Wal, Recovered), OpenError> {
+        cfg.validate()?;
+        let (state, recovered) = recover(&cfg, storage.as_ref()).await?;
+        info!(
+            backend = %storage.describe(),
+            dir = %cfg.dir.display(),
+            last_lsn = recovered.last_lsn,
+            shards = recovered.shards.len(),
+            segments = state.segments.len(),
+            "wal opened"
+        );
+        let durable = state.durable_lsn;
+        let (durable_tx, _) = watch::channel(Durable {
+            lsn: durable,
+            poison: None,
+        });
+        let inner = Rc::new(Inner {
+            cfg,
+            storage,
+            st: RefCell::new(state),
+            durable_tx,
+            flush_wake: Notify::new(),
+            space_wake: Notify::new(),
+            spare_ready: Notify::new(),
+            maint_wake: Notify::new(),
+            observer: RefCell::new(None),
+        });
+        let tasks = vec![
+            tokio::task::spawn_local(flusher(inner.clone())),
+            tokio::task::spawn_local(maintenance(inner.clone())),
+        ];
+        Ok((Wal { inner, tasks }, recovered))
+    }
+
+    /// Appends `records` and resolves once all of them are durable, with the
+    /// LSN of the last one. Concurrent appends share flushes (group commit).
+    pub async fn append(&self, records: &[Record]) -> Result<Lsn, AppendError> {
+        let inner = &self.inner;
+        for r in records {
+            if r.payload_len() > inner.cfg.max_record_payload_bytes {
+                return Err(AppendError::RecordTooLarge {
+                    shard: r.shard(),
+                    bytes: r.payload_len(),
+                    max_bytes: inner.cfg.max_record_payload_bytes,
+                });
+            }
+        }
+        loop {
+            {
+                let st = inner.st.borrow();
+                if let Some(p) = &st.poison {
+                    return Err(AppendError::from(p.as_ref()));
+                }
+                if st.closed {
+                    return Err(AppendError::Closed);
+                }
+                if st.queued_bytes() < inner.cfg.max_queued_bytes {
+                    break;
+                }
+            }
+            inner.space_wake.notified().await;
+        }
+        let target = {
+            let mut st = inner.st.borrow_mut();
+            let new_shards = records
+                .iter()
+                .map(|r| r.shard())
+                .filter(|s| !st.shards.contains_key(s))
+                .collect::<std::collections::BTreeSet<_>>();
+            if st.shards.len() + new_shards.len() > inner.cfg.max_shards {
+                let shard = *new_shards.iter().next().expect("a new shard");
+                return Err(AppendError::TooManyShards {
+                    shard,
+                    max_shards: inner.cfg.max_shards,
+                });
+            }
+            for r in records {
+                st.push_record(&inner.cfg, r);
+            }
+            st.metrics.appends += 1;
+            st.metrics.records += records.len() as u64;
+            if let Some(b) = st.batches.back_mut() {
+                b.appends += 1;
+            }
+            st.next_lsn - 1
+        };
+        inner.flush_wake.notify_one();
+        let mut rx = inner.durable_tx.subscribe();
+        let d = rx
+            .wait_for(|d| d.lsn >= target || d.poison.is_some())
+            .await
+            .map(|d| d.clone())
+            .map_err(|_| AppendError::Closed)?;
+        if d.lsn >= target {
+            Ok(target)
+        } else {
+            let p = d.poison.expect("woken without durability means poisoned");
+            Err(AppendError::from(p.as_ref()))
+        }
+    }
+
+    /// LSN of the last durable record.
+    pub fn durable_lsn(&self) -> Lsn {
+        self.inner.st.borrow().durable_lsn
+    }
+
+    /// LSN of the last appended record (durable or not).
+    pub fn last_lsn(&self) -> Lsn {
+        self.inner.st.borrow().next_lsn - 1
+    }
+
+    /// A watch of the durable LSN, for tasks that wait on durability without appending.
+    pub fn durable_watch(&self) -> DurableWatch {
+        DurableWatch {
+            rx: self.inner.durable_tx.subscribe(),
+        }
+    }
+
+    /// Why the log refuses appends, if it does.
+    pub fn poisoned(&self) -> Option<Poison> {
+        self.inner.st.borrow().poison.as_deref().cloned()
+    }
+
+    /// First and last index of `shard`'s retained entries, if it has any.
+    pub fn index_range(&self, shard: ShardId) -> Option<(u64, u64)> {
+        let st = self.inner.st.borrow();
+        let log = st.shards.get(&shard)?;
+        Some((log.entries.front()?.index, log.entries.back()?.index))
+    }
+
+    /// The last hard state appended for `shard`.
+    pub fn hard_state(&self, shard: ShardId) -> Option<HardState> {
+        self.inner.st.borrow().shards.get(&shard)?.hard_state
+    }
+
+    /// Entries `lo..hi` of `shard`, from the tail cache or the segments.
+    /// Entries not yet durable are served from memory.
+    pub async fn entries(&self, shard: ShardId, lo: u64, hi: u64) -> Result<Vec<Entry>, ReadError> {
+        if lo >= hi {
+            return Ok(Vec::new());
+        }
+        let (metas, files) = {
+            let st = self.inner.st.borrow();
+            let Some(log) = st.shards.get(&shard).filter(|l| !l.entries.is_empty()) else {
+                return Err(ReadError::Unavailable {
+                    shard,
+                    index: lo,
+                    last_index: 0,
+                });
+            };
+            let first = log.entries.front().expect("non-empty").index;
+            let last = log.entries.back().expect("non-empty").index;
+            if lo < first {
+                return Err(ReadError::Compacted {
+                    shard,
+                    index: lo,
+                    first_index: first,
+                });
+            }
+            if hi > last + 1 {
+                return Err(ReadError::Unavailable {
+                    shard,
+                    index: hi - 1,
+                    last_index: last,
+                });
+            }
+            let metas: Vec<EntryMeta> = log
+                .entries
+                .range((lo - first) as usize..(hi - first) as usize)
+                .cloned()
+                .collect();
+            let mut files = HashMap::new();
+            for m in metas.iter().filter(|m| m.data.is_none()) {
+                if let std::collections::hash_map::Entry::Vacant(v) = files.entry(m.seq) {
+                    let seg = st.segments.get(&m.seq).unwrap_or_else(|| {
+                        panic!(
+                            "shard {shard} entry {} points at released segment {}",
+                            m.index, m.seq
+                        )
+                    });
+                    let file = seg.file.clone().unwrap_or_else(|| {
+                        panic!(
+                            "shard {shard} entry {} evicted before segment {} was written",
+                            m.index, m.seq
+                        )
+                    });
+                    v.insert((seg.name.clone(), file));
+                }
+            }
+            (metas, files)
+        };
+        let mut out = Vec::with_capacity(metas.len());
+        let mut i = 0;
+        while i < metas.len() {
+            if let Some(d) = &metas[i].data {
+                out.push(Entry {
+                    index: metas[i].index,
+                    term: metas[i].term,
+                    data: d.clone(),
+                });
+                i += 1;
+                continue;
+            }
+            // Coalesce a run of cold entries that sit back to back in one segment.
+            let start = metas[i].offset;
+            let mut j = i + 1;
+            let mut end = start + metas[i].len as u64;
+            while j < metas.len()
+                && metas[j].data.is_none()
+                && metas[j].seq == metas[i].seq
+                && metas[j].offset >= end
+                && metas[j].offset + metas[j].len as u64 - start
+                    <= crate::config::MAX_READ_BYTES as u64
+            {
+                end = metas[j].offset + metas[j].len as u64;
+                j += 1;
+            }
+            let (name, file) = &files[&metas[i].seq];
+            let path = self.inner.storage.path_of(name);
+            let bytes = file
+                .read_at(start, (end - start) as usize)
+                .await
+                .map_err(|source| ReadError::Io {
+                    file: path.clone(),
+                    offset: start,
+                    source,
+                })?;
+            let bytes = Bytes::from(bytes);
+            for m in &metas[i..j] {
+                let at = (m.offset - start) as usize;
+                let corrupt = |reason: String| ReadError::Corrupt {
+                    file: path.clone(),
+                    offset: m.offset,
+                    reason,
+                };
+                match record::decode(m.seq, &bytes, at) {
+                    Ok((
+                        Decoded::Record(Record::Entry {
+                            shard: s,
+                            index,
+                            term,
+                            data,
+                        }),
+                        _,
+                    )) if s == shard && index == m.index && term == m.term => {
+                        out.push(Entry { index, term, data })
+                    }
+                    Ok((other, _)) => {
+                        return Err(corrupt(format!(
+                            "expected shard {shard} entry {} term {}, found {other:?}",
+                            m.index, m.term
+                        )))
+                    }
+                    Err(inv) => return Err(corrupt(inv.to_string())),
+                }
+            }
+            i = j;
+        }
+        Ok(out)
+    }
+
+    /// Says `shard` no longer needs entries up to `index` (applied and
+    /// snapshotted). Segments every shard has moved past are recycled.
+    pub fn release(&self, shard: ShardId, index: u64) {
+        let mut st = self.inner.st.borrow_mut();
+        let Some(log) = st.shards.get_mut(&shard) else {
+            return;
+        };
+        if index <= log.released {
+            return;
+        }
+        log.released = index;
+        let mut freed = 0usize;
+        while log.entries.front().is_some_and(|e| e.index <= index) {
+            let e = log.entries.pop_front().expect("front exists");
+            freed += e.data.map_or(0, |d| d.len());
+        }
+        st.cache_bytes -= freed;
+        if st.collect_releasable() > 0 {
+            self.inner.maint_wake.notify_one();
+        }
+    }
+
+    /// A copy of the flush metrics.
+    pub fn metrics(&self) -> WalMetrics {
+        self.inner.st.borrow().metrics.clone()
+    }
+
+    /// Calls `observer` after every durable flush (replacing any previous one).
+    pub fn set_flush_observer(&self, observer: FlushObserver) {
+        *self.inner.observer.borrow_mut() = Some(observer);
+    }
+
+    /// Human description of the backend in use.
+    pub fn backend(&self) -> String {
+        self.inner.storage.describe()
+    }
+
+    /// Segment file names in log order (for operators and tests).
+    pub fn segment_names(&self) -> Vec<String> {
+        self.inner
+            .st
+            .borrow()
+            .segments
+            .values()
+            .map(|s| s.name.clone())
+            .collect()
+    }
+
+    /// Spare segment names ready for use.
+    pub fn spare_names(&self) -> Vec<String> {
+        self.inner.st.borrow().spares.iter().cloned().collect()
+    }
+
+    /// Waits until background work (recycling, zero-filling spares) is idle.
+    pub async fn settle(&self) {
+        loop {
+            {
+                let st = self.inner.st.borrow();
+                let idle = st.to_recycle.is_empty()
+                    && (st.spares.len() >= self.inner.cfg.spare_segments
+                        || st.spare_error.is_some()
+                        || st.poison.is_some());
+                if idle && st.batches.is_empty() {
+                    return;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    /// Flushes what is queued and stops the background tasks.
+    pub async fn close(mut self) {
+        self.inner.st.borrow_mut().closed = true;
+        self.inner.flush_wake.notify_one();
+        self.inner.maint_wake.notify_one();
+        self.inner.spare_ready.notify_one();
+        for t in self.tasks.drain(..) {
+            let _ = t.await;
+        }
+    }
+}
+
+impl Drop for Wal {
+    fn drop(&mut self) {
+        self.inner.st.borrow_mut().closed = true;
+        self.inner.flush_wake.notify_one();
+        self.inner.maint_wake.notify_one();
+        self.inner.spare_ready.notify_one();
+    }
+}
+
+/// Follows the durable LSN.
+pub struct DurableWatch {
+    rx: watch::Receiver<Durable>,
+}
+
+impl DurableWatch {
+    pub fn durable_lsn(&self) -> Lsn {
+        self.rx.borrow().lsn
+    }
+    /// Resolves when `lsn` is durable; `false` if the log was poisoned first.
+    pub async fn wait_for(&mut self, lsn: Lsn) -> bool {
+        match self
+            .rx
+            .wait_for(|d| d.lsn >= lsn || d.poison.is_some())
+            .await
+        {
+            Ok(d) => d.lsn >= lsn,
+            Err(_) => false,
+        }
+    }
+}
+
+impl State {
+    fn queued_bytes(&self) -> usize {
+        self.batches.iter().map(|b| b.buf.len()).sum()
+    }
+
+    fn take_buf(&mut self) -> AlignedBuf {
+        self.buf_pool
+            .pop()
+            .unwrap_or_else(|| AlignedBuf::with_capacity(INITIAL_BATCH_CAPACITY_BYTES))
+    }
+
+    fn open_batch(&mut self) -> &mut Batch {
+        let open = self
+            .batches
+            .back()
+            .is_some_and(|b| !b.closed && b.seq == self.cursor.seq);
+        if !open {
+            let buf = self.take_buf();
+            self.batches.push_back(Batch {
+                seq: self.cursor.seq,
+                start: self.cursor.offset,
+                buf,
+                last_lsn: 0,
+                new_segment: None,
+                seal: false,
+                closed: false,
+                appends: 0,
+                records: 0,
+            });
+        }
+        self.batches.back_mut().expect("batch just ensured")
+    }
+
+    /// Closes the open batch: pads it to a block boundary.
+    fn close_open_batch(&mut self) {
+        if let Some(b) = self.batches.back_mut().filter(|b| !b.closed) {
+            record::encode_pad(&mut b.buf, b.seq, b.start as usize);
+            b.closed = true;
+            self.cursor.offset = b.start + b.buf.len() as u64;
+        }
+    }
+
+    fn start_segment(&mut self, cfg: &Config) {
+        debug_assert!(!self.cursor.started);
+        self.close_open_batch();
+        let seq = self.cursor.seq;
+        let first_lsn = self.next_lsn;
+        let name = segment_name(seq, first_lsn);
+        self.cursor.offset = 0;
+        let b = self.open_batch();
+        b.new_segment = Some(name.clone());
+        SegmentHeader {
+            seq,
+            first_lsn,
+            segment_size_bytes: cfg.segment_size_bytes,
+        }
+        .encode(&mut b.buf);
+        self.cursor.offset = SEGMENT_DATA_OFFSET as u64;
+        self.cursor.started = true;
+        self.segments.insert(
+            seq,
+            SegMeta {
+                name,
+                file: None,
+                max_index: HashMap::new(),
+                sealed: false,
+            },
+        );
+        self.metrics.segments_started += 1;
+        // Every segment restates each shard's hard state, so releasing older
+        // segments never loses the latest one.
+        let mut states: Vec<(ShardId, HardState)> = self
+            .shards
+            .iter()
+            .filter_map(|(s, l)| l.hard_state.map(|h| (*s, h)))
+            .collect();
+        states.sort_unstable_by_key(|(s, _)| *s);
+        for (shard, state) in states {
+            let rec = Record::HardState { shard, state };
+            let b = self.batches.back_mut().expect("segment batch open");
+            record::encode(&mut b.buf, seq, &rec);
+            b.records += 1;
+            b.last_lsn = self.next_lsn;
+            self.cursor.offset += rec.encoded_len() as u64;
+            self.next_lsn += 1;
+        }
+    }
+
+    fn seal_segment(&mut self) {
+        let seq = self.cursor.seq;
+        let b = self.open_batch();
+        let base = b.start as usize;
+        record::encode_seal(&mut b.buf, seq, base);
+        b.seal = true;
+        b.closed = true;
+        self.cursor = Cursor {
+            seq: seq + 1,
+            offset: 0,
+            started: false,
+        };
+    }
+
+    /// Encodes `rec` into the open batch and updates the in-memory index.
+    fn push_record(&mut self, cfg: &Config, rec: &Record) -> Lsn {
+        let size = rec.encoded_len();
+        let seg_size = cfg.segment_size_bytes as usize;
+        loop {
+            if !self.cursor.started {
+                self.start_segment(cfg);
+            }
+            let off = self.cursor.offset as usize;
+            if pad_end(off + size) + RECORD_HEADER_BYTES > seg_size {
+                assert!(
+                    off as u64 > cfg.segment_overhead_bytes(),
+                    "record of {size} bytes does not fit an empty segment of {seg_size} bytes"
+                );
+                self.seal_segment();
+                continue;
+            }
+            let full = self.batches.back().is_some_and(|b| {
+                !b.closed && b.buf.len() + size + PAD_RESERVE_BYTES > cfg.max_batch_bytes
+            });
+            if full {
+                self.close_open_batch();
+                continue;
+            }
+            break;
+        }
+        let seq = self.cursor.seq;
+        let offset = self.cursor.offset;
+        let lsn = self.next_lsn;
+        let b = self.open_batch();
+        record::encode(&mut b.buf, seq, rec);
+        b.records += 1;
+        b.last_lsn = lsn;
+        self.cursor.offset += size as u64;
+        self.next_lsn += 1;
+        self.apply(rec, lsn, seq, offset, size as u32, true);
+        lsn
+    }
+
+    /// Applies a record to the shard index (appends and recovery alike).
+    fn apply(&mut self, rec: &Record, lsn: Lsn, seq: u64, offset: u64, len: u32, cache: bool) {
+        match rec {
+            Record::Entry {
+                shard,
+                index,
+                term,
+                data,
+            } => {
+                let log = self.shards.entry(*shard).or_default();
+                match log.last_index() {
+                    Some(last) if *index <= last => self.truncate(*shard, *index),
+                    Some(last) if *index > last + 1 => self.truncate(*shard, 0),
+                    _ => {}
+                }
+                let log = self.shards.get_mut(shard).expect("shard exists");
+                let data = cache.then(|| data.clone());
+                if let Some(d) = &data {
+                    self.cache_bytes += d.len();
+                    self.cache_fifo.push_back((*shard, *index, lsn));
+                }
+                log.entries.push_back(EntryMeta {
+                    index: *index,
+                    term: *term,
+                    lsn,
+                    seq,
+                    offset,
+                    len,
+                    data,
+                });
+                let seg = self
+                    .segments
+                    .get_mut(&seq)
+                    .expect("segment of a new record exists");
+                let m = seg.max_index.entry(*shard).or_insert(0);
+                *m = (*m).max(*index);
+            }
+            Record::HardState { shard, state } => {
+                self.shards.entry(*shard).or_default().hard_state = Some(*state);
+            }
+            Record::Truncate { shard, index } => {
+                self.shards.entry(*shard).or_default();
+                self.truncate(*shard, *index);
+            }
+        }
+    }
+
+    /// Drops `shard`'s entries at and above `index`.
+    fn truncate(&mut self, shard: ShardId, index: u64) {
+        let log = self.shards.get_mut(&shard).expect("shard exists");
+        let mut freed = 0;
+        while log.entries.back().is_some_and(|e| e.index >= index) {
+            let e = log.entries.pop_back().expect("back exists");
+            freed += e.data.map_or(0, |d| d.len());
+        }
+        self.cache_bytes -= freed;
+        // Entries past the cut no longer hold their segments.
+        let cap = index.saturating_sub(1);
+        for seg in self.segments.values_mut() {
+            if let Some(m) = seg.max_index.get_mut(&shard) {
+                *m = (*m).min(cap);
+            }
+        }
+    }
+
+    fn evict_cache(&mut self, budget: usize) {
+        while self.cache_bytes > budget {
+            let Some(&(shard, index, lsn)) = self.cache_fifo.front() else {
+                break;
+            };
+            if lsn > self.durable_lsn {
+                break;
+            }
+            self.cache_fifo.pop_front();
+            let Some(log) = self.shards.get_mut(&shard) else {
+                continue;
+            };
+            let Some(first) = log.entries.front().map(|e| e.index) else {
+                continue;
+            };
+            if index < first {
+                continue;
+            }
+            if let Some(e) = log.entries.get_mut((index - first) as usize) {
+                if e.lsn == lsn {
+                    if let Some(d) = e.data.take() {
+                        self.cache_bytes -= d.len();
+                    }
+                }
+            }
+        }
+    }
+
+    /// Moves sealed segments that no shard needs any more to the recycle queue.
+    fn collect_releasable(&mut self) -> usize {
+        let mut n = 0;
+        while let Some((&seq, seg)) = self.segments.first_key_value() {
+            let needed = seg
+                .max_index
+                .iter()
+                .any(|(s, &max)| self.shards.get(s).is_some_and(|l| l.released < max));
+            if !seg.sealed || needed {
+                break;
+            }
+            let seg = self.segments.remove(&seq).expect("first segment exists");
+            debug!(segment = %seg.name, "wal segment released");
+            self.to_recycle.push_back(seg.name);
+            n += 1;
+        }
+        n
+    }
+}
+
+impl Inner {
+    fn poison(&self, file: PathBuf, offset: u64, e: &io::Error) {
+        let p = Rc::new(Poison {
+            file: file.clone(),
+            offset,
+            errno: e.raw_os_error(),
+            message: e.to_string(),
+        });
+        error!(file = %file.display(), offset, error = %e, "wal write failed; refusing appends until reopened");
+        {
+            let mut st = self.st.borrow_mut();
+            if st.poison.is_none() {
+                st.poison = Some(p.clone());
+            }
+            st.batches.clear();
+        }
+        self.durable_tx.send_modify(|d| {
+            if d.poison.is_none() {
+                d.poison = Some(p);
+            }
+        });
+        self.space_wake.notify_waiters();
+    }
+
+    /// The file a batch goes to, turning a spare into the segment on its first batch.
+    async fn batch_file(&self, batch: &Batch) -> Result<Rc<dyn StorageFile>, (PathBuf, io::Error)> {
+        let Some(name) = &batch.new_segment else {
+            let st = self.st.borrow();
+            let seg = st
+                .segments
+                .get(&batch.seq)
+                .expect("segment of a queued batch");
+            return Ok(seg.file.clone().expect("segment opened by its first batch"));
+        };
+        let path = self.storage.path_of(name);
+        let spare = loop {
+            {
+                let mut st = self.st.borrow_mut();
+                if let Some(s) = st.spares.pop_front() {
+                    break s;
+                }
+                if let Some(e) = st.spare_error.take() {
+                    return Err((path, e));
+                }
+                if st.poison.is_some() {
+                    return Err((path, io::Error::other("wal poisoned")));
+                }
+            }
+            self.maint_wake.notify_one();
+            debug!(segment = %name, "wal flush waits for a spare segment");
+            self.spare_ready.notified().await;
+        };
+        self.maint_wake.notify_one();
+        self.storage
+            .rename(&spare, name)
+            .map_err(|e| (path.clone(), e))?;
+        // The name must be durable before acknowledged records depend on it.
+        self.storage
+            .sync_dir()
+            .await
+            .map_err(|e| (path.clone(), e))?;
+        let file = self
+            .storage
+            .open(name, false)
+            .map_err(|e| (path.clone(), e))?;
+        self.st
+            .borrow_mut()
+            .segments
+            .get_mut(&batch.seq)
+            .expect("segment of a queued batch")
+            .file = Some(file.clone());
+        info!(segment = %name, "wal segment started");
+        Ok(file)
+    }
+
+    async fn prepare_spare(&self) -> io::Result<String> {
+        let name = {
+            let mut st = self.st.borrow_mut();
+            st.next_spare_id += 1;
+            spare_name(st.next_spare_id)
+        };
+        let result = async {
+            let file = self.storage.open(&name, true)?;
+            file.set_len(self.cfg.segment_size_bytes)?;
+            // Writing real zeros (not just fallocate) means a later data sync
+            // never converts extents or changes metadata.
+            let mut zeros = AlignedBuf::with_capacity(self.cfg.zero_chunk_bytes);
+            zeros.extend_zeros(self.cfg.zero_chunk_bytes);
+            let mut off = 0u64;
+            while off < self.cfg.segment_size_bytes {
+                let n = (self.cfg.segment_size_bytes - off).min(self.cfg.zero_chunk_bytes as u64);
+                zeros.set_len(n as usize);
+                let (b, r) = file.write_at(off, zeros).await;
+                zeros = b;
+                r?;
+                off += n;
+                if self.st.borrow().closed {
+                    return Err(io::Error::other("wal closing"));
+                }
+            }
+            file.sync_data().await?;
+            self.storage.sync_dir().await?;
+            Ok(())
+        }
+        .await;
+        match result {
+            Ok(()) => Ok(name),
+            Err(e) => {
+                let _ = self.storage.remove(&name);
+                Err(e)
+            }
+        }
+    }
+}
+
+async fn flusher(inner: Rc<Inner>) {
+    loop {
+        let batch = {
+            let mut st = inner.st.borrow_mut();
+            if st.poison.is_some() {
+                return;
+            }
+            if st.batches.is_empty() {
+                if st.closed {
+                    return;
+                }
+                None
+            } else {
+                if st.batches.len() == 1 {
+                    st.close_open_batch();
+                }
+                st.batches.pop_front()
+            }
+        };
+        let Some(batch) = batch else {
+            inner.flush_wake.notified().await;
+            continue;
+        };
+        debug_assert!(batch.closed && batch.buf.len() % BLOCK_BYTES == 0);
+        let file = match inner.batch_file(&batch).await {
+            Ok(f) => f,
+            Err((path, e)) => {
+                inner.poison(path, 0, &e);
+                return;
+            }
+        };
+        let bytes = batch.buf.len();
+        let t0 = Instant::now();
+        let (buf, res) = file.write_durable(batch.start, batch.buf).await;
+        let latency = t0.elapsed();
+        if let Err(e) = res {
+            let name = inner
+                .st
+                .borrow()
+                .segments
+                .get(&batch.seq)
+                .map(|s| s.name.clone());
+            let path = inner.storage.path_of(&name.unwrap_or_default());
+            inner.poison(path, batch.start, &e);
+            return;
+        }
+        let event = {
+            let mut st = inner.st.borrow_mut();
+            if st.buf_pool.len() < BUF_POOL_MAX && buf.capacity() <= inner.cfg.max_batch_bytes * 2 {
+                let mut buf = buf;
+                buf.clear();
+                st.buf_pool.push(buf);
+            }
+            st.durable_lsn = st.durable_lsn.max(batch.last_lsn);
+            let m = &mut st.metrics;
+            m.flushes += 1;
+            m.bytes_written += bytes as u64;
+            m.flush_latency_us
+                .saturating_record(latency.as_micros() as u64);
+            m.batch_appends.saturating_record(batch.appends as u64);
+            m.batch_bytes.saturating_record(bytes as u64);
+            if batch.seal {
+                if let Some(seg) = st.segments.get_mut(&batch.seq) {
+                    seg.sealed = true;
+                }
+                if st.collect_releasable() > 0 {
+                    inner.maint_wake.notify_one();
+                }
+            }
+            st.evict_cache(inner.cfg.tail_cache_bytes);
+            FlushEvent {
+                appends: batch.appends,
+                records: batch.records,
+                bytes,
+                latency,
+                durable_lsn: st.durable_lsn,
+            }
+        };
+        let lsn = event.durable_lsn;
+        inner.durable_tx.send_modify(|d| d.lsn = lsn);
+        inner.space_wake.notify_waiters();
+        if let Some(obs) = inner.observer.borrow_mut().as_mut() {
+            obs(&event);
+        }
+    }
+}
+
+async fn maintenance(inner: Rc<Inner>) {
+    // After a failed preparation, try again only when woken (by the flusher
+    // needing a segment, or by a release that may have freed space).
+    let mut retry = false;
+    loop {
+        let (closed, recycle, want_spare) = {
+            let mut st = inner.st.borrow_mut();
+            let closed = st.closed || st.poison.is_some();
+            let recycle = st.to_recycle.pop_front();
+            let want =
+                st.spares.len() < inner.cfg.spare_segments && (st.spare_error.is_none() || retry);
+            (closed, recycle, want)
+        };
+        if closed {
+            return;
+        }
+        if let Some(name) = recycle {
+            recycle_segment(&inner, name).await;
+            continue;
+        }
+        if want_spare {
+            retry = false;
+            match inner.prepare_spare().await {
+                Ok(name) => {
+                    debug!(spare = %name, "wal spare segment zero-filled");
+                    let mut st = inner.st.borrow_mut();
+                    st.spares.push_back(name);
+                    st.spare_error = None;
+                }
+                Err(e) => {
+                    if !inner.st.borrow().closed {
+                        warn!(error = %e, dir = %inner.cfg.dir.display(), "wal could not prepare a spare segment");
+                    }
+                    inner.st.borrow_mut().spare_error = Some(e);
+                }
+            }
+            inner.spare_ready.notify_one();
+            continue;
+        }
+        inner.maint_wake.notified().await;
+        retry = true;
+    }
+}
+
+async fn recycle_segment(inner: &Inner, name: String) {
+    let keep = inner.st.borrow().spares.len() < inner.cfg.max_spare_segments;
+    let r = if keep {
+        let spare = {
+            let mut st = inner.st.borrow_mut();
+            st.next_spare_id += 1;
+            spare_name(st.next_spare_id)
+        };
+        match inner.storage.rename(&name, &spare) {
+            // One rename per directory sync: a crash never leaves a gap in
+            // the sequence of segments.
+            Ok(()) => inner.storage.sync_dir().await.map(|()| Some(spare)),
+            Err(e) => Err(e),
+        }
+    } else {
+        match inner.storage.remove(&name) {
+            Ok(()) => inner.storage.sync_dir().await.map(|()| None),
+            Err(e) => Err(e),
+        }
+    };
+    match r {
+        Ok(spare) => {
+            let mut st = inner.st.borrow_mut();
+            st.metrics.segments_recycled += 1;
+            if let Some(s) = spare {
+                debug!(segment = %name, spare = %s, "wal segment recycled");
+                st.spares.push_back(s);
+                st.spare_error = None;
+                drop(st);
+                inner.spare_ready.notify_one();
+            }
+        }
+        Err(e) => {
+            // Later segments stay in place; recycling resumes at the next open.
+            warn!(segment = %name, error = %e, "wal could not recycle segment");
+            inner.st.borrow_mut().to_recycle.clear();
+        }
+    }
+}
+
+/// The last segment when it has no seal: (seq, name, file, contents, end of valid records).
+type UnsealedTail = (u64, String, Rc<dyn StorageFile>, Bytes, usize);
+
+struct FoundSegment {
+    seq: u64,
+    first_lsn: Lsn,
+    name: String,
+}
+
+async fn recover(cfg: &Config, storage: &dyn Storage) -> Result<(State, Recovered), OpenError> {
+    let io_err = |name: &str| {
+        let path = storage.path_of(name);
+        move |source| OpenError::Io { path, source }
+    };
+    let names = storage.list().map_err(io_err(""))?;
+    let mut found = Vec::new();
+    let mut spares = Vec::new();
+    let mut max_spare_id = 0;
+    for n in names {
+        if let Some((seq, first_lsn)) = parse_segment_name(&n) {
+            found.push(FoundSegment {
+                seq,
+                first_lsn,
+                name: n,
+            });
+        } else if let Some(id) = parse_spare_name(&n) {
+            max_spare_id = max_spare_id.max(id);
+            spares.push(n);
+        }
+    }
+    found.sort_by_key(|f| f.seq);
+    for w in found.windows(2) {
+        if w[1].seq != w[0].seq + 1 {
+            return Err(OpenError::MissingSegment {
+                expected_seq: w[0].seq + 1,
+                before: storage.path_of(&w[0].name),
+                after: storage.path_of(&w[1].name),
+            });
+        }
+    }
+
+    let mut st = State {
+        next_lsn: 1,
+        durable_lsn: 0,
+        cursor: Cursor {
+            seq: 1,
+            offset: 0,
+            started: false,
+        },
+        batches: VecDeque::new(),
+        segments: BTreeMap::new(),
+        shards: HashMap::new(),
+        cache_fifo: VecDeque::new(),
+        cache_bytes: 0,
+        spares: VecDeque::new(),
+        next_spare_id: max_spare_id,
+        spare_error: None,
+        to_recycle: VecDeque::new(),
+        poison: None,
+        closed: false,
+        metrics: WalMetrics::new(),
+        buf_pool: Vec::new(),
+    };
+    let mut rec = Recovered::default();
+    let mut recovered_entries: BTreeMap<ShardId, Vec<Entry>> = BTreeMap::new();
+    let count = found.len();
+    let mut expected_lsn: Option<Lsn> = None;
+    let mut empty_tail: Option<String> = None;
+    let mut unsealed_tail: Option<UnsealedTail> = None;
+
+    for (i, f) in found.iter().enumerate() {
+        let is_last = i + 1 == count;
+        let path = storage.path_of(&f.name);
+        let corrupt = |offset: u64, reason: String| OpenError::Corrupt {
+            file: path.clone(),
+            offset,
+            reason,
+        };
+        let file = storage.open(&f.name, false).map_err(io_err(&f.name))?;
+        let len = file.size_bytes().map_err(io_err(&f.name))?;
+        let bytes = Bytes::from(
+            file.read_at(0, len as usize)
+                .await
+                .map_err(io_err(&f.name))?,
+        );
+        let header = SegmentHeader::decode(&bytes);
+        let header = match header {
+            Ok(h) => h,
+            Err(why) => {
+                let has_records = bytes.len() > SEGMENT_DATA_OFFSET
+                    && record::decode(f.seq, &bytes, SEGMENT_DATA_OFFSET).is_ok();
+                if is_last && !has_records {
+                    // Named but never written: the crash came between naming
+                    // the segment and its first flush. It holds nothing.
+                    info!(segment = %f.name, "wal tail segment was never written; recycling it");
+                    empty_tail = Some(f.name.clone());
+                    continue;
+                }
+                return Err(corrupt(0, format!("segment header: {why}")));
+            }
+        };
+        if header.seq != f.seq || header.first_lsn != f.first_lsn {
+            return Err(corrupt(
+                0,
+                format!(
+                    "header says segment {:016x} first lsn {} but the name says {:016x} / {}",
+                    header.seq, header.first_lsn, f.seq, f.first_lsn
+                ),
+            ));
+        }
+        if header.segment_size_bytes != len {
+            return Err(corrupt(
+                0,
+                format!(
+                    "header says {} bytes but the file has {len}",
+                    header.segment_size_bytes
+                ),
+            ));
+        }
+        if let Some(exp) = expected_lsn {
+            if header.first_lsn != exp {
+                return Err(corrupt(
+                    0,
+                    format!(
+                        "first lsn {} but the previous segment ends before lsn {exp}",
+                        header.first_lsn
+                    ),
+                ));
+            }
+        }
+        st.segments.insert(
+            f.seq,
+            SegMeta {
+                name: f.name.clone(),
+                file: Some(file.clone()),
+                max_index: HashMap::new(),
+                sealed: false,
+            },
+        );
+        let mut lsn = header.first_lsn;
+        let mut off = SEGMENT_DATA_OFFSET;
+        let mut sealed = false;
+        loop {
+            match record::decode(f.seq, &bytes, off) {
+                Ok((Decoded::Record(r), n)) => {
+                    st.apply(&r, lsn, f.seq, off as u64, n as u32, false);
+                    apply_recovered(&mut recovered_entries, &mut rec, &r);
+                    lsn += 1;
+                    off += n;
+                }
+                Ok((Decoded::Pad, n)) => off += n,
+                Ok((Decoded::Seal, _)) => {
+                    sealed = true;
+                    break;
+                }
+                Err(inv) => {
+                    if !is_last {
+                        let reason = match inv {
+                            Invalid::Zeroed | Invalid::ShortHeader => {
+                                format!("sealed segment ends without a seal record ({inv})")
+                            }
+                            _ => format!("damaged record in a sealed segment: {inv}"),
+                        };
+                        return Err(corrupt(off as u64, reason));
+                    }
+                    if inv != Invalid::Zeroed {
+                        warn!(segment = %f.name, offset = off, reason = %inv, "wal torn tail cut");
+                        rec.torn_tail = Some((path.clone(), off as u64, inv.to_string()));
+                    }
+                    break;
+                }
+            }
+        }
+        st.segments.get_mut(&f.seq).expect("inserted above").sealed = sealed;
+        expected_lsn = Some(lsn);
+        st.next_lsn = lsn;
+        st.cursor.seq = f.seq + 1;
+        if !sealed {
+            unsealed_tail = Some((f.seq, f.name.clone(), file, bytes.clone(), off));
+        }
+    }
+    if let Some(name) = empty_tail {
+        let spare = {
+            st.next_spare_id += 1;
+            spare_name(st.next_spare_id)
+        };
+        storage.rename(&name, &spare).map_err(io_err(&name))?;
+        storage.sync_dir().await.map_err(io_err(""))?;
+        spares.push(spare);
+        if let Some(f) = found.last() {
+            st.cursor.seq = f.seq;
+            if expected_lsn.is_none() {
+                st.next_lsn = f.first_lsn;
+            }
+        }
+    }
+    // The previous process's tail is sealed where its valid records end, so new
+    // appends never share a segment with bytes of an unknown (torn) state.
+    if let Some((seq, name, file, bytes, off)) = unsealed_tail {
+        let base = align_down(off, BLOCK_BYTES);
+        let mut buf = AlignedBuf::with_capacity(BLOCK_BYTES * 2);
+        buf.extend_from_slice(&bytes[base..off]);
+        record::encode_seal(&mut buf, seq, base);
+        let (_, r) = file.write_durable(base as u64, buf).await;
+        r.map_err(io_err(&name))?;
+        st.segments.get_mut(&seq).expect("tail segment").sealed = true;
+        debug!(segment = %name, offset = off, "wal tail segment sealed at open");
+    }
+    st.durable_lsn = st.next_lsn - 1;
+    rec.last_lsn = st.durable_lsn;
+    for s in spares {
+        let ok = match storage.open(&s, false) {
+            Ok(f) => f.size_bytes().ok() == Some(cfg.segment_size_bytes),
+            Err(_) => false,
+        };
+        if ok && st.spares.len() < cfg.max_spare_segments {
+            st.spares.push_back(s);
+            continue;
+        }
+        storage.remove(&s).map_err(io_err(&s))?;
+    }
+    for (shard, entries) in recovered_entries {
+        rec.shards.entry(shard).or_default().entries = entries;
+    }
+    for (shard, log) in &st.shards {
+        if log.hard_state.is_some() || !log.entries.is_empty() {
+            rec.shards.entry(*shard).or_default().hard_state = log.hard_state;
+        }
+    }
+    Ok((st, rec))
+}
+
+fn apply_recovered(out: &mut BTreeMap<ShardId, Vec<Entry>>, rec: &mut Recovered, r: &Record) {
+    match r {
+        Record::Entry {
+            shard,
+            index,
+            term,
+            data,
+        } => {
+            let v = out.entry(*shard).or_default();
+            if let Some(last) = v.last().map(|e| e.index) {
+                if *index <= last {
+                    v.retain(|e| e.index < *index);
+                } else if *index > last + 1 {
+                    v.clear();
+                }
+            }
+            v.push(Entry {
+                index: *index,
+                term: *term,
+                data: Bytes::copy_from_slice(data),
+            });
+        }
+        Record::HardState { shard, .. } => {
+            rec.shards.entry(*shard).or_default();
+        }
+        Record::Truncate { shard, index } => {
+            out.entry(*shard).or_default().retain(|e| e.index < *index);
+        }
+    }
+}
