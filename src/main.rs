@@ -1,4 +1,67 @@
+//! The `cairn` daemon. With no flags it starts a single member: client API on
+//! 127.0.0.1:2379, peer port 127.0.0.1:2380, data in ./default.cairn.
+
+use cairn::config::{Config, LogFormat};
+use cairn::ops::logging;
+use cairn::server::node::Node;
+
 fn main() {
-    eprintln!("cairn: the daemon is not built yet");
-    std::process::exit(2);
+    let config = match Config::from_args() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("cairn: {e}");
+            std::process::exit(2);
+        }
+    };
+    let format = match config.log_format {
+        LogFormat::Text => logging::LogFormat::Human,
+        LogFormat::Json => logging::LogFormat::Json,
+    };
+    if let Err(e) = logging::init_logging(format, &config.log_level) {
+        eprintln!("cairn: --log-level/--log-format: {e}");
+        std::process::exit(2);
+    }
+    tracing::info!(
+        name = %config.name,
+        data_dir = %config.data_dir.display(),
+        cores = config.cores,
+        shards = config.shards,
+        "starting"
+    );
+    let node = match Node::start(config) {
+        Ok(n) => n,
+        Err(e) => {
+            tracing::error!(error = %e, "start failed");
+            eprintln!("cairn: {e}");
+            std::process::exit(1);
+        }
+    };
+    tracing::info!(
+        member_id = format_args!("{:x}", node.member_id),
+        cluster_id = format_args!("{:x}", node.cluster_id),
+        client = ?node.client_addrs,
+        peer = %node.peer_addr,
+        "serving"
+    );
+    wait_for_signal();
+    tracing::info!("shutting down");
+    node.stop();
+    tracing::info!("stopped");
+}
+
+/// Blocks until SIGTERM or SIGINT.
+fn wait_for_signal() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("signal runtime");
+    rt.block_on(async {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+        let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+    });
 }

@@ -1,9 +1,13 @@
 //! The member: shards, the etcd v3 gRPC services, and how they meet.
 
+pub mod convert;
+pub mod entry;
 pub mod errors;
 pub mod kv;
 pub mod maintenance;
 pub mod members;
 pub mod merge;
+pub mod node;
 pub mod router;
+pub mod shard;
 pub mod validate;

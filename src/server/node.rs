@@ -1,0 +1,634 @@
+//! A running member: the data directory, the cores, their WALs and shards, the
+//! peer transport, and the client API listeners.
+//!
+//! # Data directory
+//! ```text
+//! <data-dir>/member.toml        identity and layout, written once at bootstrap
+//! <data-dir>/wal/lane-<i>/      the WAL of core i (shards s with s % lanes == i)
+//! <data-dir>/shard-<s>/         shard s: its store file and raft-snapshot metadata
+//! ```
+//! The layout (shard count, WAL lanes) is fixed when the member is created: a
+//! restart with other `--shards` or `--cores` is refused with a message saying
+//! what the directory holds.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use cairn_proto::etcdserverpb::cluster_server::ClusterServer;
+use cairn_proto::etcdserverpb::kv_server::KvServer;
+use cairn_proto::etcdserverpb::maintenance_server::MaintenanceServer;
+use prost::Message as _;
+use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, watch};
+
+use super::kv::{Identity, KvService, Limits};
+use super::maintenance::{ClusterService, MaintenanceService};
+use super::members::{Member, Membership};
+use super::router::{Router, ShardCommand, SHARD_QUEUE_COMMANDS};
+use super::shard::{PeerSender, Shard, ShardSetup};
+use crate::config::{ClusterState, Config, WalBackendChoice, WalSyncMode};
+use crate::raft;
+use crate::routing::{RoutingTable, ShardId};
+use crate::runtime::{CoreContext, Cores};
+
+/// Raft messages queued for one shard from the network before the reader waits
+/// (and TCP pushes back on the peer).
+pub const SHARD_INBOUND_MESSAGES: usize = 8_192;
+
+const MEMBER_FILE: &str = "member.toml";
+const LAYOUT_VERSION: u32 = 1;
+
+/// What `member.toml` records.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct MemberFile {
+    pub layout_version: u32,
+    pub name: String,
+    pub member_id: u64,
+    pub cluster_id: u64,
+    pub shards: u32,
+    pub wal_lanes: u32,
+    pub members: Vec<MemberEntry>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct MemberEntry {
+    pub id: u64,
+    pub name: String,
+    pub peer_urls: Vec<String>,
+}
+
+/// Why the member could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StartError {
+    #[error("data dir {dir}: {reason}")]
+    DataDir { dir: PathBuf, reason: String },
+    #[error("binding {what} on {addr}: {source}")]
+    Bind {
+        what: &'static str,
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Other(String),
+}
+
+fn data_dir_error(dir: &Path, reason: impl Into<String>) -> StartError {
+    StartError::DataDir {
+        dir: dir.to_path_buf(),
+        reason: reason.into(),
+    }
+}
+
+/// Reads `member.toml`, or creates it for a new member. Checks that the
+/// directory's layout matches the flags.
+pub fn prepare_data_dir(config: &Config) -> Result<(MemberFile, Membership), StartError> {
+    let dir = &config.data_dir;
+    std::fs::create_dir_all(dir).map_err(|e| data_dir_error(dir, e.to_string()))?;
+    let path = dir.join(MEMBER_FILE);
+    let file = match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            let file: MemberFile = toml::from_str(&text)
+                .map_err(|e| data_dir_error(dir, format!("{MEMBER_FILE}: {e}")))?;
+            if file.layout_version != LAYOUT_VERSION {
+                return Err(data_dir_error(
+                    dir,
+                    format!(
+                        "layout version {} is not {LAYOUT_VERSION}, the one this build reads",
+                        file.layout_version
+                    ),
+                ));
+            }
+            if file.shards as usize != config.shards {
+                return Err(data_dir_error(
+                    dir,
+                    format!(
+                        "holds {} shards; start with --shards {} (the shard count is fixed when a member is created)",
+                        file.shards, file.shards
+                    ),
+                ));
+            }
+            if file.wal_lanes as usize != config.cores {
+                return Err(data_dir_error(
+                    dir,
+                    format!(
+                        "was created with --cores {}; start with --cores {}",
+                        file.wal_lanes, file.wal_lanes
+                    ),
+                ));
+            }
+            if file.name != config.name {
+                return Err(data_dir_error(
+                    dir,
+                    format!("belongs to member {:?}, not {:?}", file.name, config.name),
+                ));
+            }
+            file
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if config.initial_cluster_state == ClusterState::Existing {
+                return Err(data_dir_error(
+                    dir,
+                    "is empty and --initial-cluster-state is existing: joining a running \
+                     cluster needs MemberAdd, which this version does not serve yet",
+                ));
+            }
+            let m = Membership::bootstrap(config);
+            let file = MemberFile {
+                layout_version: LAYOUT_VERSION,
+                name: config.name.clone(),
+                member_id: m.local_id,
+                cluster_id: m.cluster_id,
+                shards: config.shards as u32,
+                wal_lanes: config.cores as u32,
+                members: m
+                    .members
+                    .iter()
+                    .map(|m| MemberEntry {
+                        id: m.id,
+                        name: m.name.clone(),
+                        peer_urls: m.peer_urls.clone(),
+                    })
+                    .collect(),
+            };
+            let text = toml::to_string(&file).map_err(|e| StartError::Other(e.to_string()))?;
+            let tmp = dir.join("member.toml.tmp");
+            std::fs::write(&tmp, text).map_err(|e| data_dir_error(dir, e.to_string()))?;
+            std::fs::File::open(&tmp)
+                .and_then(|f| f.sync_all())
+                .map_err(|e| data_dir_error(dir, e.to_string()))?;
+            std::fs::rename(&tmp, &path).map_err(|e| data_dir_error(dir, e.to_string()))?;
+            file
+        }
+        Err(e) => return Err(data_dir_error(dir, format!("{MEMBER_FILE}: {e}"))),
+    };
+    let membership = Membership {
+        cluster_id: file.cluster_id,
+        local_id: file.member_id,
+        members: file
+            .members
+            .iter()
+            .map(|m| Member {
+                id: m.id,
+                name: m.name.clone(),
+                peer_urls: m.peer_urls.clone(),
+                client_urls: if m.id == file.member_id {
+                    config.advertise_client_urls.clone()
+                } else {
+                    Vec::new()
+                },
+                is_learner: false,
+            })
+            .collect(),
+    };
+    Ok((file, membership))
+}
+
+fn wal_config(config: &Config, lane: usize) -> cairn_wal::Config {
+    let mut wal = cairn_wal::Config::new(config.data_dir.join("wal").join(format!("lane-{lane}")));
+    wal.segment_size_bytes = config.wal.segment_size_bytes;
+    wal.max_shards = config.shards.max(1);
+    wal.max_record_payload_bytes = wal
+        .max_record_payload_bytes
+        .max(config.max_request_bytes + 64 * 1024);
+    let direct = if config.wal.direct_io {
+        cairn_wal::DirectIo::Auto
+    } else {
+        cairn_wal::DirectIo::Off
+    };
+    wal.backend = match config.wal.backend {
+        WalBackendChoice::Auto
+            if direct == cairn_wal::DirectIo::Auto
+                && config.wal.sync_mode == WalSyncMode::Linked =>
+        {
+            cairn_wal::BackendChoice::Auto
+        }
+        WalBackendChoice::Sync => cairn_wal::BackendChoice::Sync(cairn_wal::SyncOptions {
+            direct: config.wal.direct_io,
+            ..cairn_wal::SyncOptions::default()
+        }),
+        WalBackendChoice::Auto | WalBackendChoice::Uring => {
+            cairn_wal::BackendChoice::Uring(cairn_wal::UringOptions {
+                direct,
+                sync_mode: match config.wal.sync_mode {
+                    WalSyncMode::Fdatasync => cairn_wal::SyncMode::Fdatasync,
+                    WalSyncMode::Linked => cairn_wal::SyncMode::LinkedFdatasync,
+                    WalSyncMode::Dsync => cairn_wal::SyncMode::RwfDsync,
+                },
+                ..cairn_wal::UringOptions::default()
+            })
+        }
+    };
+    wal
+}
+
+/// The outbound links of one core: one per (shard, peer member).
+struct CorePeers {
+    links: RefCell<HashMap<(ShardId, u64), cairn_net::Link>>,
+}
+
+impl PeerSender for CorePeers {
+    fn send(&self, shard: ShardId, msg: raft::Message) -> bool {
+        let links = self.links.borrow();
+        let Some(link) = links.get(&(shard, msg.to)) else {
+            return false;
+        };
+        let payload = Bytes::from(msg.encode_to_vec());
+        link.send(shard, 0, payload).is_ok()
+    }
+}
+
+/// Decodes Raft messages from an inbound link and hands them to their shard.
+async fn forward_inbound(
+    mut rx: cairn_net::InboundReceiver,
+    inbound: Arc<Vec<mpsc::Sender<raft::Message>>>,
+    peer: u64,
+) {
+    while let Some(item) = rx.recv().await {
+        if let cairn_net::Inbound::Message {
+            shard_id, payload, ..
+        } = item
+        {
+            let Some(tx) = inbound.get(shard_id as usize) else {
+                tracing::warn!(
+                    peer,
+                    shard = shard_id,
+                    "message for an unknown shard dropped"
+                );
+                continue;
+            };
+            match raft::Message::decode(payload) {
+                Ok(m) => {
+                    if tx.send(m).await.is_err() {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(peer, shard = shard_id, error = %e, "undecodable raft message dropped");
+                }
+            }
+        }
+    }
+}
+
+fn bind_reuseport(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    let domain = if addr.is_ipv4() {
+        socket2::Domain::IPV4
+    } else {
+        socket2::Domain::IPV6
+    };
+    let socket = socket2::Socket::new(domain, socket2::Type::STREAM, Some(socket2::Protocol::TCP))?;
+    socket.set_reuse_address(true)?;
+    socket.set_reuse_port(true)?;
+    socket.set_tcp_nodelay(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(1024)?;
+    socket.set_nonblocking(true)?;
+    Ok(socket.into())
+}
+
+/// Everything shared by the cores, built before they start.
+struct Shared {
+    config: Config,
+    membership: Arc<RwLock<Membership>>,
+    routing: RoutingTable,
+    router: Arc<Router>,
+    identity: Identity,
+    net: cairn_net::Config,
+    /// Receivers of every shard's command channel, taken by the owning core.
+    commands: Vec<std::sync::Mutex<Option<mpsc::Receiver<ShardCommand>>>>,
+    inbound_tx: Arc<Vec<mpsc::Sender<raft::Message>>>,
+    inbound_rx: Vec<std::sync::Mutex<Option<mpsc::Receiver<raft::Message>>>>,
+    client_listeners: Vec<std::sync::Mutex<Vec<std::net::TcpListener>>>,
+    peer_listener: std::sync::Mutex<Option<std::net::TcpListener>>,
+    shutdown: watch::Receiver<bool>,
+    ready_cores: std::sync::atomic::AtomicUsize,
+}
+
+/// A started member.
+pub struct Node {
+    cores: Cores,
+    shutdown: watch::Sender<bool>,
+    pub member_id: u64,
+    pub cluster_id: u64,
+    pub client_addrs: Vec<SocketAddr>,
+    pub peer_addr: SocketAddr,
+}
+
+impl Node {
+    /// Opens the data directory, binds every port, and starts the cores.
+    pub fn start(config: Config) -> Result<Node, StartError> {
+        let (file, membership) = prepare_data_dir(&config)?;
+        let routing = RoutingTable::new(config.shards, config.cores);
+        let mut senders = Vec::new();
+        let mut commands = Vec::new();
+        let mut inbound_tx = Vec::new();
+        let mut inbound_rx = Vec::new();
+        for _ in 0..config.shards {
+            let (tx, rx) = mpsc::channel(SHARD_QUEUE_COMMANDS);
+            senders.push(tx);
+            commands.push(std::sync::Mutex::new(Some(rx)));
+            let (tx, rx) = mpsc::channel(SHARD_INBOUND_MESSAGES);
+            inbound_tx.push(tx);
+            inbound_rx.push(std::sync::Mutex::new(Some(rx)));
+        }
+        let router = Router::new(routing.clone(), senders);
+        let identity = Identity {
+            cluster_id: file.cluster_id,
+            member_id: file.member_id,
+        };
+
+        // Bind everything before any core starts, so a port in use fails the
+        // start with a clear error instead of a half-started member.
+        let mut client_listeners: Vec<Vec<std::net::TcpListener>> =
+            (0..config.cores).map(|_| Vec::new()).collect();
+        let mut client_addrs = Vec::new();
+        for &addr in &config.listen_client_addrs {
+            let first = bind_reuseport(addr).map_err(|source| StartError::Bind {
+                what: "the client port",
+                addr,
+                source,
+            })?;
+            let bound = first
+                .local_addr()
+                .map_err(|e| StartError::Other(e.to_string()))?;
+            client_addrs.push(bound);
+            client_listeners[0].push(first);
+            for listeners in client_listeners.iter_mut().skip(1) {
+                listeners.push(bind_reuseport(bound).map_err(|source| StartError::Bind {
+                    what: "the client port",
+                    addr: bound,
+                    source,
+                })?);
+            }
+        }
+        let peer_addr = config.listen_peer_addrs[0];
+        let peer_listener =
+            std::net::TcpListener::bind(peer_addr).map_err(|source| StartError::Bind {
+                what: "the peer port",
+                addr: peer_addr,
+                source,
+            })?;
+        peer_listener
+            .set_nonblocking(true)
+            .map_err(|e| StartError::Other(e.to_string()))?;
+        let peer_addr = peer_listener
+            .local_addr()
+            .map_err(|e| StartError::Other(e.to_string()))?;
+
+        let net = cairn_net::Config {
+            cluster_id: file.cluster_id,
+            member_id: file.member_id,
+            ..cairn_net::Config::default()
+        };
+        let (shutdown_tx, shutdown_rx) = watch::channel(false);
+        let shared = Arc::new(Shared {
+            membership: Arc::new(RwLock::new(membership)),
+            routing,
+            router,
+            identity,
+            net,
+            commands,
+            inbound_tx: Arc::new(inbound_tx),
+            inbound_rx,
+            client_listeners: client_listeners
+                .into_iter()
+                .map(std::sync::Mutex::new)
+                .collect(),
+            peer_listener: std::sync::Mutex::new(Some(peer_listener)),
+            shutdown: shutdown_rx,
+            config: config.clone(),
+            ready_cores: std::sync::atomic::AtomicUsize::new(0),
+        });
+        let cores = Cores::start(config.cores, true, move |ctx| {
+            let shared = shared.clone();
+            async move {
+                if let Err(e) = run_core(ctx, shared).await {
+                    tracing::error!(error = %e, "core failed to start; stopping");
+                    std::process::exit(1);
+                }
+            }
+        })
+        .map_err(|e| StartError::Other(format!("starting core threads: {e}")))?;
+        Ok(Node {
+            cores,
+            shutdown: shutdown_tx,
+            member_id: file.member_id,
+            cluster_id: file.cluster_id,
+            client_addrs,
+            peer_addr,
+        })
+    }
+
+    /// Stops accepting, lets in-flight work finish, syncs, and waits for every
+    /// core to stop.
+    pub fn stop(self) {
+        let _ = self.shutdown.send(true);
+        self.cores.join();
+    }
+}
+
+async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartError> {
+    let config = &shared.config;
+    let core = ctx.id;
+    let my_shards: Vec<ShardId> = shared
+        .routing
+        .shard_ids()
+        .filter(|&s| shared.routing.core_for_shard(s) == core)
+        .collect();
+
+    let (wal, mut recovered) = cairn_wal::Wal::open(wal_config(config, core))
+        .await
+        .map_err(|e| StartError::Other(format!("core {core}: opening its WAL: {e}")))?;
+    if let Some((file, offset, reason)) = &recovered.torn_tail {
+        tracing::warn!(core, file = %file.display(), offset, reason = %reason, "WAL torn tail cut");
+    }
+    tracing::info!(core, backend = %wal.backend(), shards = ?my_shards, "core started");
+    let wal = Rc::new(wal);
+
+    // Outbound links for this core's shards to every other member.
+    let membership = shared.membership.read().expect("membership").clone();
+    let peers = Rc::new(CorePeers {
+        links: RefCell::new(HashMap::new()),
+    });
+    for &shard in &my_shards {
+        for m in &membership.members {
+            if m.id == membership.local_id {
+                continue;
+            }
+            let Some(url) = m.peer_urls.first() else {
+                continue;
+            };
+            let addr = crate::config::url_to_addrs("initial-cluster", url)
+                .map_err(|e| StartError::Other(e.to_string()))?[0];
+            let (link, rx) = cairn_net::dial(&shared.net, m.id, addr, shard)
+                .map_err(|e| StartError::Other(format!("peer transport config: {e}")))?;
+            tokio::task::spawn_local(forward_inbound(rx, shared.inbound_tx.clone(), m.id));
+            peers.links.borrow_mut().insert((shard, m.id), link);
+        }
+    }
+
+    let tick = Duration::from_millis(config.heartbeat_interval_ms);
+    let election_ticks = (config.election_timeout_ms / config.heartbeat_interval_ms).max(2);
+    for &shard in &my_shards {
+        let commands = shared.commands[shard as usize]
+            .lock()
+            .expect("commands")
+            .take()
+            .expect("each shard's commands are taken once");
+        let inbound = shared.inbound_rx[shard as usize]
+            .lock()
+            .expect("inbound")
+            .take()
+            .expect("each shard's inbound is taken once");
+        let mut setup = ShardSetup {
+            shard,
+            member_id: membership.local_id,
+            initial_voters: membership.voter_ids(),
+            dir: config.data_dir.join(format!("shard-{shard}")),
+            wal: wal.clone(),
+            recovered: recovered
+                .shards
+                .remove(&u64::from(shard))
+                .unwrap_or_default(),
+            peers: peers.clone(),
+            commands,
+            inbound,
+            tick,
+            election_ticks,
+            quota_backend_bytes: config.quota_backend_bytes,
+            snapshot_count: config.snapshot_count,
+            max_request_bytes: config.max_request_bytes,
+            max_txn_ops: config.max_txn_ops,
+            shutdown: shared.shutdown.clone(),
+        };
+        let driver = Shard::open(&mut setup).map_err(|e| StartError::Other(e.to_string()))?;
+        tokio::task::spawn_local(driver.run(setup));
+    }
+
+    // Core 0 accepts peer connections and hands each to the core of its lane.
+    if core == 0 {
+        let listener = shared
+            .peer_listener
+            .lock()
+            .expect("peer listener")
+            .take()
+            .expect("taken once");
+        let listener = tokio::net::TcpListener::from_std(listener)
+            .map_err(|e| StartError::Other(format!("peer listener: {e}")))?;
+        let policy = cairn_net::AcceptPolicy {
+            config: shared.net.clone(),
+            members: cairn_net::MemberSet::new(membership.members.iter().map(|m| m.id)),
+            lane_count: config.shards as u32,
+        };
+        let mut peer_listener = cairn_net::PeerListener::from_listener(listener, policy);
+        let cores = ctx.cores.clone();
+        let shared2 = shared.clone();
+        let mut stop = shared.shutdown.clone();
+        tokio::task::spawn_local(async move {
+            loop {
+                let accepted = tokio::select! {
+                    _ = stop.changed() => return,
+                    a = peer_listener.accept() => a,
+                };
+                let accepted = match accepted {
+                    Ok(a) => a,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "peer accept failed");
+                        continue;
+                    }
+                };
+                let lane = accepted.hello.lane;
+                let target = shared2.routing.core_for_shard(lane);
+                let shared3 = shared2.clone();
+                let job: crate::runtime::CoreJob = Box::new(move || {
+                    let peer = accepted.hello.member_id;
+                    match cairn_net::serve_accepted(accepted, &shared3.net) {
+                        Ok((_link, rx)) => {
+                            tokio::task::spawn_local(forward_inbound(
+                                rx,
+                                shared3.inbound_tx.clone(),
+                                peer,
+                            ));
+                        }
+                        Err(e) => tracing::warn!(error = %e, "could not serve a peer connection"),
+                    }
+                });
+                if cores[target].send(job).await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
+
+    // The client API on this core's SO_REUSEPORT listeners.
+    let listeners = std::mem::take(&mut *shared.client_listeners[core].lock().expect("listeners"));
+    let limits = Limits {
+        max_request_bytes: config.max_request_bytes,
+        max_txn_ops: config.max_txn_ops,
+    };
+    // gRPC's own cap sits above etcd's request limit (as etcd's does) so an
+    // oversize request gets etcd's "request is too large" error, not a transport error.
+    let max_message_bytes = config.max_request_bytes + 512 * 1024;
+    for listener in listeners {
+        let listener = tokio::net::TcpListener::from_std(listener)
+            .map_err(|e| StartError::Other(format!("client listener: {e}")))?;
+        let kv = KvService {
+            router: shared.router.clone(),
+            identity: shared.identity.clone(),
+            limits,
+        };
+        let maintenance = MaintenanceService {
+            router: shared.router.clone(),
+            identity: shared.identity.clone(),
+            membership: shared.membership.clone(),
+        };
+        let cluster = ClusterService {
+            identity: shared.identity.clone(),
+            membership: shared.membership.clone(),
+        };
+        let mut stop = shared.shutdown.clone();
+        let server = tonic::transport::Server::builder()
+            .add_service(
+                KvServer::new(kv)
+                    .max_decoding_message_size(max_message_bytes)
+                    .max_encoding_message_size(usize::MAX),
+            )
+            .add_service(MaintenanceServer::new(maintenance))
+            .add_service(ClusterServer::new(cluster))
+            .serve_with_incoming_shutdown(
+                tokio_stream::wrappers::TcpListenerStream::new(listener),
+                async move {
+                    let _ = stop.changed().await;
+                },
+            );
+        tokio::task::spawn_local(async move {
+            if let Err(e) = server.await {
+                tracing::error!(error = %e, "client API server failed");
+            }
+        });
+    }
+    shared
+        .ready_cores
+        .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+
+    let mut stop = shared.shutdown.clone();
+    let _ = stop.changed().await;
+    // Let the shard drivers see the signal and write their last commit.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    match Rc::try_unwrap(wal) {
+        Ok(wal) => wal.close().await,
+        Err(wal) => wal.settle().await,
+    }
+    drop(peers);
+    Ok(())
+}

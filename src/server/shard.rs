@@ -1,0 +1,965 @@
+//! The shard driver: one task per shard on the core that owns it, carrying out
+//! what its Raft node asks (persist to the core's WAL, send to peers, apply to the
+//! shard's MVCC store) and serving the shard's client commands.
+//!
+//! # One turn of the loop
+//! 1. Take input: peer messages, client commands, ticks.
+//! 2. Pending linearizable reads of this turn become one ReadIndex round.
+//! 3. While Raft has a Ready: send the messages that may leave now (the
+//!    leader's appends go out while it writes), append entries and hard state to
+//!    the WAL and wait until durable (one group fsync shared with the core's
+//!    other shards), send the messages that had to wait (votes, append
+//!    acknowledgements), apply committed entries to the store and answer their
+//!    clients, serve reads whose index is applied, advance.
+//!
+//! A write is acknowledged only after it is committed by a quorum (Raft) and
+//! durable in this member's WAL (step 3 persists before it applies).
+//!
+//! # Back of the envelope
+//! A durable append costs ~0.1 ms on the reference disk and a loopback hop
+//! ~30 µs, so a 3-member write is about one fsync on the leader in parallel
+//! with one on a follower, plus two hops: ~0.25 ms. Everything that arrives
+//! during one turn rides the same fsync, so throughput grows with concurrency
+//! until the CPU, not the disk, is the limit.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use cairn_mvcc as mvcc;
+use cairn_proto::cairnpb::{shard_request, ShardRequest};
+use cairn_proto::etcdserverpb::{self as pb, RangeRequest, RangeResponse};
+use prost::Message as _;
+use tokio::sync::{mpsc, watch};
+
+use super::convert;
+use super::entry;
+use super::errors::ApiError;
+use super::router::{Reply, ShardCommand, ShardHash, ShardStatus, WriteResult, REQUEST_TIMEOUT};
+use crate::raft::{
+    self, ConfChange, ConfState, EntryType, HardState, MemStorage, RawNode, Ready, Snapshot,
+    SnapshotMetadata, StateRole,
+};
+use crate::routing::ShardId;
+
+/// Inputs drained per turn before Raft's Ready is processed: bounds the time one
+/// turn takes, so ticks are not starved by a flood of messages.
+pub const MAX_INPUTS_PER_TURN: usize = 1024;
+
+/// Entries kept in memory behind the applied index after a log compaction, so a
+/// follower that is a little behind catches up from the log, not by snapshot
+/// (etcd keeps 5,000).
+pub const CATCH_UP_ENTRIES: u64 = 5_000;
+
+/// Applied bytes after which the store commits at once rather than on the next
+/// tick: bounds the store's uncommitted batch.
+pub const STORE_COMMIT_PENDING_BYTES: usize = 16 * 1024 * 1024;
+
+/// Longest time applied entries wait for a store commit; also how much a
+/// restart may have to replay from the WAL.
+pub const STORE_COMMIT_INTERVAL: Duration = Duration::from_millis(100);
+
+/// How the driver sends Raft messages to the other members of its shard.
+pub trait PeerSender {
+    /// Queues `msg` for its `to` member. Returns false when it could not be
+    /// queued (peer unknown, queue full, link closed): Raft tolerates a lost
+    /// message, and the driver reports the peer unreachable.
+    fn send(&self, shard: ShardId, msg: raft::Message) -> bool;
+}
+
+/// Everything a shard driver starts from.
+pub struct ShardSetup {
+    pub shard: ShardId,
+    pub member_id: u64,
+    /// Voters of a new cluster; ignored when the log already has a membership.
+    pub initial_voters: Vec<u64>,
+    /// Directory of the shard's store and snapshot metadata.
+    pub dir: PathBuf,
+    pub wal: Rc<cairn_wal::Wal>,
+    pub recovered: cairn_wal::RecoveredShard,
+    pub peers: Rc<dyn PeerSender>,
+    pub commands: mpsc::Receiver<ShardCommand>,
+    pub inbound: mpsc::Receiver<raft::Message>,
+    pub tick: Duration,
+    pub election_ticks: u64,
+    pub quota_backend_bytes: u64,
+    pub snapshot_count: u64,
+    pub max_request_bytes: usize,
+    pub max_txn_ops: usize,
+    pub shutdown: watch::Receiver<bool>,
+}
+
+/// Why a shard could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ShardOpenError {
+    #[error("shard {shard}: opening its store in {dir}: {source}")]
+    Store {
+        shard: ShardId,
+        dir: PathBuf,
+        #[source]
+        source: mvcc::OpenError,
+    },
+    #[error(transparent)]
+    Entry(#[from] entry::EntryDecodeError),
+    #[error("shard {shard}: {what}")]
+    Recovery { shard: ShardId, what: String },
+    #[error("shard {shard}: starting raft: {source}")]
+    Raft {
+        shard: ShardId,
+        #[source]
+        source: raft::RaftError,
+    },
+    #[error("shard {shard}: snapshot metadata {path}: {reason}")]
+    SnapshotMeta {
+        shard: ShardId,
+        path: PathBuf,
+        reason: String,
+    },
+}
+
+/// Snapshot metadata of the shard's log: the index and term the log starts
+/// after, and the membership then. Kept in `<shard dir>/raft-snapshot`, written
+/// atomically (temporary file, sync, rename) whenever the log is compacted or a
+/// snapshot installed, since the WAL has no entry at that index to give its term.
+fn snapshot_meta_path(dir: &std::path::Path) -> PathBuf {
+    dir.join("raft-snapshot")
+}
+
+fn read_snapshot_meta(
+    shard: ShardId,
+    dir: &std::path::Path,
+) -> Result<Option<SnapshotMetadata>, ShardOpenError> {
+    let path = snapshot_meta_path(dir);
+    match std::fs::read(&path) {
+        Ok(bytes) => {
+            // 4-byte little-endian CRC32 of the rest, then the encoded metadata.
+            let bad = |reason: &str| ShardOpenError::SnapshotMeta {
+                shard,
+                path: path.clone(),
+                reason: reason.to_string(),
+            };
+            if bytes.len() < 4 {
+                return Err(bad("shorter than its checksum"));
+            }
+            let (crc, body) = bytes.split_at(4);
+            if u32::from_le_bytes(crc.try_into().expect("4 bytes")) != crc32fast::hash(body) {
+                return Err(bad("checksum mismatch"));
+            }
+            SnapshotMetadata::decode(body)
+                .map(Some)
+                .map_err(|e| bad(&e.to_string()))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(ShardOpenError::SnapshotMeta {
+            shard,
+            path,
+            reason: e.to_string(),
+        }),
+    }
+}
+
+fn write_snapshot_meta(dir: &std::path::Path, md: &SnapshotMetadata) -> std::io::Result<()> {
+    use std::io::Write;
+    let body = md.encode_to_vec();
+    let mut bytes = crc32fast::hash(&body).to_le_bytes().to_vec();
+    bytes.extend_from_slice(&body);
+    let tmp = dir.join("raft-snapshot.tmp");
+    {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(&bytes)?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, snapshot_meta_path(dir))?;
+    std::fs::File::open(dir)?.sync_all()
+}
+
+/// A linearizable read waiting for its ReadIndex round and then for apply.
+struct PendingRead {
+    request: RangeRequest,
+    reply: Reply<RangeResponse>,
+}
+
+struct Waiter {
+    since: Instant,
+    reply: Reply<WriteResult>,
+}
+
+struct ReadRound {
+    since: Instant,
+    reads: Vec<PendingRead>,
+}
+
+pub struct Shard {
+    id: ShardId,
+    member_id: u64,
+    node: RawNode<MemStorage>,
+    store: mvcc::Store,
+    dir: PathBuf,
+    wal: Rc<cairn_wal::Wal>,
+    peers: Rc<dyn PeerSender>,
+    waiters: HashMap<u64, Waiter>,
+    next_request_id: u64,
+    /// Reads collected this turn, sent as one ReadIndex round.
+    reads_this_turn: Vec<PendingRead>,
+    /// Rounds sent, by context, awaiting their read state.
+    read_rounds: HashMap<u64, ReadRound>,
+    next_read_ctx: u64,
+    /// Confirmed reads by the index that must be applied first.
+    confirmed_reads: BTreeMap<u64, Vec<PendingRead>>,
+    /// A hard state that changed only in its commit index is not synced on its
+    /// own (Raft does not need it durable); it rides with the next append.
+    unsynced_hard_state: Option<HardState>,
+    snapshot_meta: SnapshotMetadata,
+    quota_backend_bytes: u64,
+    snapshot_count: u64,
+    nospace_alarm: bool,
+    /// Set once the store or WAL failed: the shard refuses writes until restart.
+    failed: Option<String>,
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+impl Shard {
+    /// Opens the shard's store, rebuilds its Raft log from the snapshot
+    /// metadata and the WAL, and starts its Raft node.
+    pub fn open(setup: &mut ShardSetup) -> Result<Shard, ShardOpenError> {
+        let shard = setup.shard;
+        std::fs::create_dir_all(&setup.dir).map_err(|e| ShardOpenError::Recovery {
+            shard,
+            what: format!("creating {}: {e}", setup.dir.display()),
+        })?;
+        let store_cfg = mvcc::Config {
+            max_request_bytes: setup.max_request_bytes,
+            max_txn_ops: setup.max_txn_ops,
+            ..mvcc::Config::default()
+        };
+        let store = mvcc::Store::open(&setup.dir, shard, store_cfg).map_err(|source| {
+            ShardOpenError::Store {
+                shard,
+                dir: setup.dir.clone(),
+                source,
+            }
+        })?;
+        let applied = store.applied_index();
+
+        let meta = read_snapshot_meta(shard, &setup.dir)?;
+        let snapshot_meta = meta.unwrap_or_else(|| SnapshotMetadata {
+            conf_state: Some(ConfState {
+                voters: setup.initial_voters.clone(),
+                learners: Vec::new(),
+            }),
+            index: 0,
+            term: 0,
+        });
+        let conf_state = snapshot_meta.conf_state.clone().unwrap_or_default();
+        let mut storage = MemStorage::new_with_conf_state(conf_state);
+        if snapshot_meta.index > 0 {
+            storage
+                .apply_snapshot(Snapshot {
+                    data: Bytes::new(),
+                    metadata: Some(snapshot_meta.clone()),
+                })
+                .map_err(|e| ShardOpenError::Recovery {
+                    shard,
+                    what: format!("installing snapshot metadata: {e}"),
+                })?;
+        }
+        let recovered = std::mem::take(&mut setup.recovered);
+        let mut entries = Vec::with_capacity(recovered.entries.len());
+        for e in recovered.entries {
+            if e.index > snapshot_meta.index {
+                entries.push(entry::from_wal(shard, e)?);
+            }
+        }
+        if let Some(first) = entries.first() {
+            if first.index != snapshot_meta.index + 1 {
+                return Err(ShardOpenError::Recovery {
+                    shard,
+                    what: format!(
+                        "the WAL's entries start at {} but the log is compacted only to {}: \
+                         entries in between are missing",
+                        first.index, snapshot_meta.index
+                    ),
+                });
+            }
+        }
+        let last_index = entries.last().map_or(snapshot_meta.index, |e| e.index);
+        if applied > last_index {
+            return Err(ShardOpenError::Recovery {
+                shard,
+                what: format!(
+                    "the store has applied index {applied} but the log ends at {last_index}: \
+                     the WAL lost entries the store had applied"
+                ),
+            });
+        }
+        storage.append(&entries);
+        let mut hs = recovered
+            .hard_state
+            .map(|h| HardState {
+                term: h.term,
+                vote: h.vote,
+                commit: h.commit,
+            })
+            .unwrap_or_default();
+        // Commit-only hard states are not synced on their own; whatever the store
+        // applied was committed.
+        hs.commit = hs
+            .commit
+            .max(applied)
+            .max(snapshot_meta.index)
+            .min(last_index);
+        storage.set_hard_state(hs);
+
+        let mut cfg = raft::Config::new(setup.member_id);
+        cfg.group_id = u64::from(shard);
+        cfg.election_timeout_ticks = setup.election_ticks;
+        cfg.heartbeat_timeout_ticks = 1;
+        cfg.applied_index = applied.max(snapshot_meta.index);
+        cfg.seed = setup.member_id ^ (u64::from(shard) << 32) ^ now_ms();
+        let node =
+            RawNode::new(&cfg, storage).map_err(|source| ShardOpenError::Raft { shard, source })?;
+        tracing::info!(
+            shard,
+            applied,
+            last_index,
+            term = hs.term,
+            commit = hs.commit,
+            "shard recovered"
+        );
+        Ok(Shard {
+            id: shard,
+            member_id: setup.member_id,
+            node,
+            store,
+            dir: setup.dir.clone(),
+            wal: setup.wal.clone(),
+            peers: setup.peers.clone(),
+            waiters: HashMap::new(),
+            // Ids stay unique across restarts: they start from the clock.
+            next_request_id: now_ms() << 16,
+            reads_this_turn: Vec::new(),
+            read_rounds: HashMap::new(),
+            next_read_ctx: 1,
+            confirmed_reads: BTreeMap::new(),
+            unsynced_hard_state: None,
+            snapshot_meta,
+            quota_backend_bytes: setup.quota_backend_bytes,
+            snapshot_count: setup.snapshot_count,
+            nospace_alarm: false,
+            failed: None,
+        })
+    }
+
+    /// Runs the shard until shutdown is signalled.
+    pub async fn run(mut self, mut setup: ShardSetup) {
+        let mut ticker = tokio::time::interval(setup.tick);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last_commit = Instant::now();
+        loop {
+            tokio::select! {
+                biased;
+                _ = setup.shutdown.changed() => break,
+                Some(msg) = setup.inbound.recv() => {
+                    self.step(msg);
+                    for _ in 0..MAX_INPUTS_PER_TURN {
+                        match setup.inbound.try_recv() {
+                            Ok(m) => self.step(m),
+                            Err(_) => break,
+                        }
+                    }
+                }
+                Some(cmd) = setup.commands.recv() => {
+                    self.handle(cmd);
+                    for _ in 0..MAX_INPUTS_PER_TURN {
+                        match setup.commands.try_recv() {
+                            Ok(c) => self.handle(c),
+                            Err(_) => break,
+                        }
+                    }
+                }
+                _ = ticker.tick() => {
+                    if self.failed.is_none() {
+                        self.node.tick();
+                        if last_commit.elapsed() >= STORE_COMMIT_INTERVAL {
+                            self.commit_store();
+                            last_commit = Instant::now();
+                        }
+                    }
+                    self.expire();
+                }
+            }
+            if self.failed.is_some() {
+                // A failed shard takes no further part in Raft: it cannot make
+                // anything durable. Clients get the failure as their answer.
+                for r in self.reads_this_turn.drain(..) {
+                    let _ = r.reply.send(Err(ApiError::Storage {
+                        shard: self.id,
+                        reason: self.failed.clone().unwrap_or_default(),
+                    }));
+                }
+                continue;
+            }
+            self.start_read_round();
+            while self.node.has_ready() && self.failed.is_none() {
+                let rd = self.node.ready();
+                self.handle_ready(rd).await;
+            }
+        }
+        if self.failed.is_none() {
+            self.commit_store();
+        }
+        tracing::info!(shard = self.id, "shard stopped");
+    }
+
+    fn step(&mut self, msg: raft::Message) {
+        if self.failed.is_some() {
+            return;
+        }
+        if let Err(e) = self.node.step(msg) {
+            tracing::debug!(shard = self.id, error = %e, "raft refused a peer message");
+        }
+    }
+
+    fn header(&self, revision: i64) -> pb::ResponseHeader {
+        pb::ResponseHeader {
+            cluster_id: 0,
+            member_id: 0,
+            revision,
+            raft_term: self.node.term(),
+        }
+    }
+
+    fn status(&self) -> ShardStatus {
+        ShardStatus {
+            shard: self.id,
+            leader: self.node.leader_id(),
+            term: self.node.term(),
+            commit_index: self.node.committed_index(),
+            applied_index: self.node.applied_index(),
+            revision: self.store.current_revision(),
+            compact_revision: self.store.compact_revision(),
+            db_size_bytes: self.store.size_bytes(),
+            db_size_in_use_bytes: self.store.size_in_use_bytes(),
+            is_learner: self
+                .node
+                .status()
+                .conf_state
+                .learners
+                .contains(&self.member_id),
+            nospace_alarm: self.nospace_alarm,
+        }
+    }
+
+    fn handle(&mut self, cmd: ShardCommand) {
+        match cmd {
+            ShardCommand::Write { request, reply } => self.propose(request, reply),
+            ShardCommand::Range { request, reply } => {
+                if request.serializable {
+                    let _ = reply.send(self.serve_range(&request));
+                } else {
+                    self.reads_this_turn.push(PendingRead { request, reply });
+                }
+            }
+            ShardCommand::Status { reply } => {
+                let _ = reply.send(Ok(self.status()));
+            }
+            ShardCommand::HashKv { revision, reply } => {
+                let result = self
+                    .store
+                    .hash_kv(revision)
+                    .map(|h| ShardHash {
+                        hash: h.hash,
+                        revision: h.hash_revision,
+                        compact_revision: h.compact_revision,
+                    })
+                    .map_err(|e| self.read_error(e));
+                let _ = reply.send(result);
+            }
+        }
+    }
+
+    /// True for requests that may add data, which a NOSPACE alarm refuses.
+    fn adds_data(request: &shard_request::Request) -> bool {
+        matches!(
+            request,
+            shard_request::Request::Put(_)
+                | shard_request::Request::Txn(_)
+                | shard_request::Request::LeaseGrant(_)
+        )
+    }
+
+    fn propose(&mut self, request: shard_request::Request, reply: Reply<WriteResult>) {
+        if let Some(reason) = &self.failed {
+            let _ = reply.send(Err(ApiError::Storage {
+                shard: self.id,
+                reason: reason.clone(),
+            }));
+            return;
+        }
+        if self.nospace_alarm && Self::adds_data(&request) {
+            let _ = reply.send(Err(ApiError::NoSpace));
+            return;
+        }
+        self.next_request_id += 1;
+        let id = self.next_request_id;
+        let data = ShardRequest {
+            id,
+            member: self.member_id,
+            request: Some(request),
+        }
+        .encode_to_vec();
+        match self.node.propose(Bytes::from(data)) {
+            Ok(()) => {
+                self.waiters.insert(
+                    id,
+                    Waiter {
+                        since: Instant::now(),
+                        reply,
+                    },
+                );
+            }
+            Err(e) => {
+                let _ = reply.send(Err(match e {
+                    raft::RaftError::NoLeader { .. } | raft::RaftError::NotMember { .. } => {
+                        ApiError::NoLeader
+                    }
+                    raft::RaftError::TransferInProgress { .. } => ApiError::LeaderChanged,
+                    raft::RaftError::UncommittedLimit { .. } => ApiError::TooManyRequests,
+                    other => ApiError::Storage {
+                        shard: self.id,
+                        reason: other.to_string(),
+                    },
+                }));
+            }
+        }
+    }
+
+    fn start_read_round(&mut self) {
+        if self.reads_this_turn.is_empty() {
+            return;
+        }
+        let reads = std::mem::take(&mut self.reads_this_turn);
+        let ctx = self.next_read_ctx;
+        self.next_read_ctx += 1;
+        match self
+            .node
+            .read_index(Bytes::copy_from_slice(&ctx.to_le_bytes()))
+        {
+            Ok(()) => {
+                self.read_rounds.insert(
+                    ctx,
+                    ReadRound {
+                        since: Instant::now(),
+                        reads,
+                    },
+                );
+            }
+            Err(_) => {
+                for r in reads {
+                    let _ = r.reply.send(Err(ApiError::NoLeader));
+                }
+            }
+        }
+    }
+
+    /// Answers requests that waited too long: their clients have given up.
+    fn expire(&mut self) {
+        let now = Instant::now();
+        self.waiters
+            .retain(|_, w| now.duration_since(w.since) < REQUEST_TIMEOUT && !w.reply.is_closed());
+        let expired: Vec<u64> = self
+            .read_rounds
+            .iter()
+            .filter(|(_, r)| now.duration_since(r.since) >= REQUEST_TIMEOUT)
+            .map(|(&ctx, _)| ctx)
+            .collect();
+        for ctx in expired {
+            if let Some(round) = self.read_rounds.remove(&ctx) {
+                for r in round.reads {
+                    let _ = r.reply.send(Err(ApiError::Timeout));
+                }
+            }
+        }
+    }
+
+    fn read_error(&self, e: mvcc::ReadError) -> ApiError {
+        match e {
+            mvcc::ReadError::Compacted { .. } => ApiError::Compacted,
+            mvcc::ReadError::FutureRevision { .. } => ApiError::FutureRev,
+            mvcc::ReadError::EmptyKey => ApiError::EmptyKey,
+            other => ApiError::Storage {
+                shard: self.id,
+                reason: other.to_string(),
+            },
+        }
+    }
+
+    fn serve_range(&self, request: &RangeRequest) -> Result<RangeResponse, ApiError> {
+        self.store
+            .range(&convert::range_from_pb(request))
+            .map(|r| convert::range_to_pb(r, self.header(0)))
+            .map_err(|e| self.read_error(e))
+    }
+
+    fn serve_confirmed_reads(&mut self) {
+        let applied = self.node.applied_index();
+        while let Some(entry) = self.confirmed_reads.first_entry() {
+            if *entry.key() > applied {
+                break;
+            }
+            for r in entry.remove() {
+                let _ = r.reply.send(self.serve_range(&r.request));
+            }
+        }
+    }
+
+    async fn handle_ready(&mut self, mut rd: Ready) {
+        if let Some(ss) = rd.soft_state {
+            tracing::info!(
+                shard = self.id,
+                term = self.node.term(),
+                leader = ss.leader_id,
+                role = ?ss.role,
+                "raft role changed"
+            );
+            if ss.role != StateRole::Leader {
+                // Proposals this member made may still commit under the new
+                // leader; their waiters stay and are answered on apply or expire.
+            }
+        }
+        for m in std::mem::take(&mut rd.messages) {
+            self.send(m);
+        }
+        if !self.persist(&mut rd).await {
+            // Nothing of this Ready is durable: none of it may take effect.
+            return;
+        }
+        for m in std::mem::take(&mut rd.persisted_messages) {
+            self.send(m);
+        }
+        if let Some(snapshot) = rd.snapshot.take() {
+            self.install_snapshot(snapshot);
+        }
+        // Applied by reference: `advance` reads the committed entries to learn
+        // how far the state machine got.
+        self.apply(&rd.committed_entries);
+        for rs in std::mem::take(&mut rd.read_states) {
+            let ctx = rs
+                .request_ctx
+                .as_ref()
+                .try_into()
+                .map(u64::from_le_bytes)
+                .unwrap_or(0);
+            if let Some(round) = self.read_rounds.remove(&ctx) {
+                self.confirmed_reads
+                    .entry(rs.index)
+                    .or_default()
+                    .extend(round.reads);
+            }
+        }
+        self.node.advance(rd);
+        self.serve_confirmed_reads();
+        self.maybe_compact_log();
+    }
+
+    fn send(&mut self, m: raft::Message) {
+        let to = m.to;
+        if !self.peers.send(self.id, m) {
+            self.node.report_unreachable(to);
+        }
+    }
+
+    /// Makes the Ready's entries and hard state durable in the WAL, then hands
+    /// them to the in-memory log Raft reads from.
+    async fn persist(&mut self, rd: &mut Ready) -> bool {
+        let mut records = Vec::with_capacity(rd.entries.len() + 1);
+        for e in &rd.entries {
+            records.push(entry::to_wal(self.id, e));
+        }
+        if let Some(hs) = rd.hard_state {
+            self.unsynced_hard_state = Some(hs);
+        }
+        let need_sync = rd.must_sync || !records.is_empty();
+        if need_sync {
+            if let Some(hs) = self.unsynced_hard_state.take() {
+                records.push(cairn_wal::Record::HardState {
+                    shard: u64::from(self.id),
+                    state: cairn_wal::HardState {
+                        term: hs.term,
+                        vote: hs.vote,
+                        commit: hs.commit,
+                    },
+                });
+            }
+        }
+        if !records.is_empty() {
+            if let Err(e) = self.wal.append(&records).await {
+                // The WAL is poisoned: nothing more can be made durable. Stop
+                // acknowledging anything; the member must be restarted.
+                self.fail(format!("WAL append failed: {e}"));
+                return false;
+            }
+        }
+        let store = self.node.store_mut();
+        if let Some(hs) = rd.hard_state {
+            store.set_hard_state(hs);
+        }
+        if !rd.entries.is_empty() {
+            store.append(&rd.entries);
+        }
+        true
+    }
+
+    fn fail(&mut self, reason: String) {
+        tracing::error!(shard = self.id, reason = %reason, "shard failed; restart the member");
+        for (_, w) in self.waiters.drain() {
+            let _ = w.reply.send(Err(ApiError::Storage {
+                shard: self.id,
+                reason: reason.clone(),
+            }));
+        }
+        self.failed = Some(reason);
+    }
+
+    fn install_snapshot(&mut self, snapshot: Snapshot) {
+        // Restoring the store from a peer's snapshot stream is not wired yet: a
+        // member that needs a snapshot cannot catch up, and says so.
+        let index = snapshot.metadata.as_ref().map_or(0, |m| m.index);
+        self.fail(format!(
+            "a snapshot at index {index} is needed to catch up, and snapshot transfer is not available"
+        ));
+    }
+
+    fn apply(&mut self, entries: &[raft::Entry]) {
+        if entries.is_empty() {
+            return;
+        }
+        for e in entries {
+            if self.failed.is_some() {
+                return;
+            }
+            match EntryType::try_from(e.entry_type) {
+                Ok(EntryType::EntryConfChange) => {
+                    match ConfChange::decode(e.data.clone()) {
+                        Ok(cc) => {
+                            self.node.apply_conf_change(&cc);
+                        }
+                        Err(err) => self.fail(format!(
+                            "conf change entry {} does not decode: {err}",
+                            e.index
+                        )),
+                    }
+                    self.store.set_applied_index(e.index);
+                }
+                _ => self.apply_normal(e),
+            }
+        }
+        if self.store.pending_bytes() >= STORE_COMMIT_PENDING_BYTES {
+            self.commit_store();
+        }
+        self.check_quota();
+    }
+
+    /// Writes what was applied since the last commit to the store file. Off the
+    /// write path: the WAL already made every applied entry durable, so a commit
+    /// only bounds how much a restart replays.
+    fn commit_store(&mut self) {
+        let started = Instant::now();
+        match self.store.commit() {
+            Ok(wrote) => {
+                if wrote {
+                    tracing::trace!(
+                        shard = self.id,
+                        applied = self.store.applied_index(),
+                        took_us = started.elapsed().as_micros() as u64,
+                        "store committed"
+                    );
+                }
+            }
+            Err(e) => self.fail(format!("store commit failed: {e}")),
+        }
+    }
+
+    fn check_quota(&mut self) {
+        if !self.nospace_alarm && self.store.size_in_use_bytes() > self.quota_backend_bytes {
+            tracing::warn!(
+                shard = self.id,
+                size_bytes = self.store.size_in_use_bytes(),
+                quota_bytes = self.quota_backend_bytes,
+                "backend quota exceeded: NOSPACE alarm raised; compact, then disarm the alarm"
+            );
+            self.nospace_alarm = true;
+        }
+    }
+
+    fn apply_normal(&mut self, e: &raft::Entry) {
+        if e.data.is_empty() {
+            self.store.set_applied_index(e.index);
+            return;
+        }
+        let req = match ShardRequest::decode(e.data.clone()) {
+            Ok(r) => r,
+            Err(err) => {
+                self.fail(format!("entry {} does not decode: {err}", e.index));
+                return;
+            }
+        };
+        let mine = req.member == self.member_id;
+        let result = match req.request {
+            Some(r) => self.apply_request(e.index, r),
+            None => {
+                self.store.set_applied_index(e.index);
+                Ok(WriteResult::Applied {
+                    revision: self.store.current_revision(),
+                })
+            }
+        };
+        if mine {
+            if let Some(w) = self.waiters.remove(&req.id) {
+                let _ = w.reply.send(result);
+            }
+        }
+    }
+
+    fn apply_error(&mut self, e: mvcc::ApplyError) -> ApiError {
+        match e {
+            mvcc::ApplyError::Compacted { .. } => ApiError::Compacted,
+            mvcc::ApplyError::FutureRevision { .. } => ApiError::FutureRev,
+            mvcc::ApplyError::EmptyKey => ApiError::EmptyKey,
+            mvcc::ApplyError::LeaseNotFound { .. } => ApiError::LeaseNotFound,
+            mvcc::ApplyError::LeaseExists { .. } => ApiError::LeaseExist,
+            mvcc::ApplyError::ValueProvided => ApiError::ValueProvided,
+            mvcc::ApplyError::LeaseProvided => ApiError::LeaseProvided,
+            mvcc::ApplyError::DuplicateKey => ApiError::DuplicateKey,
+            mvcc::ApplyError::TooManyOps { .. } => ApiError::TooManyOps,
+            mvcc::ApplyError::RequestTooLarge { .. } => ApiError::RequestTooLarge,
+            mvcc::ApplyError::Read(r) => self.read_error(r),
+            other if other.is_request_error() => ApiError::Storage {
+                shard: self.id,
+                reason: other.to_string(),
+            },
+            other => {
+                let reason = other.to_string();
+                self.fail(reason.clone());
+                ApiError::Storage {
+                    shard: self.id,
+                    reason,
+                }
+            }
+        }
+    }
+
+    fn apply_request(
+        &mut self,
+        index: u64,
+        r: shard_request::Request,
+    ) -> Result<WriteResult, ApiError> {
+        use shard_request::Request as R;
+        let op = match r {
+            R::Put(p) => mvcc::Op::Put(convert::put_from_pb(&p)),
+            R::DeleteRange(d) => mvcc::Op::DeleteRange(convert::delete_from_pb(&d)),
+            R::Txn(t) => mvcc::Op::Txn(convert::txn_from_pb(&t)),
+            R::Compaction(c) => mvcc::Op::Compact(mvcc::CompactionRequest {
+                revision: c.revision,
+            }),
+            R::LeaseGrant(g) => mvcc::Op::LeaseGrant {
+                id: g.id,
+                ttl_secs: g.ttl,
+            },
+            R::LeaseRevoke(g) => mvcc::Op::LeaseRevoke { id: g.id },
+            R::Alarm(a) => {
+                self.store.set_applied_index(index);
+                if a.alarm == pb::AlarmType::Nospace as i32 {
+                    match pb::alarm_request::AlarmAction::try_from(a.action) {
+                        Ok(pb::alarm_request::AlarmAction::Activate) => self.nospace_alarm = true,
+                        Ok(pb::alarm_request::AlarmAction::Deactivate) => {
+                            self.nospace_alarm = false
+                        }
+                        _ => {}
+                    }
+                }
+                return Ok(WriteResult::Applied {
+                    revision: self.store.current_revision(),
+                });
+            }
+            R::ConfChange(_) => {
+                // Conf changes arrive as conf change entries; one inside a
+                // normal entry is a proposer bug, recorded and skipped.
+                tracing::error!(
+                    shard = self.id,
+                    index,
+                    "conf change inside a normal entry skipped"
+                );
+                self.store.set_applied_index(index);
+                return Err(ApiError::Unsupported("conf change as a normal entry"));
+            }
+        };
+        match self.store.apply(index, &op) {
+            Ok(result) => {
+                let header = self.header(0);
+                Ok(match result {
+                    mvcc::OpResult::Put(r) => WriteResult::Put(convert::put_to_pb(r, header)),
+                    mvcc::OpResult::DeleteRange(r) => {
+                        WriteResult::DeleteRange(convert::delete_to_pb(r, header))
+                    }
+                    mvcc::OpResult::Txn(r) => WriteResult::Txn(convert::txn_to_pb(r, header)),
+                    mvcc::OpResult::Compact(r) => WriteResult::Compaction(pb::CompactionResponse {
+                        header: Some(self.header(r.revision)),
+                    }),
+                    mvcc::OpResult::LeaseGrant { revision }
+                    | mvcc::OpResult::LeaseRevoke { revision, .. }
+                    | mvcc::OpResult::LeaseCheckpoint { revision } => {
+                        WriteResult::Applied { revision }
+                    }
+                })
+            }
+            // A request error still consumed the entry; the store recorded it
+            // applied.
+            Err(e) => Err(self.apply_error(e)),
+        }
+    }
+
+    /// Compacts the in-memory log once enough entries are applied, keeping
+    /// [`CATCH_UP_ENTRIES`] for slow followers, and lets the WAL release the
+    /// segments the shard no longer needs.
+    fn maybe_compact_log(&mut self) {
+        let applied = self.node.applied_index();
+        if applied < self.snapshot_meta.index + self.snapshot_count + CATCH_UP_ENTRIES {
+            return;
+        }
+        let compact_to = applied - CATCH_UP_ENTRIES;
+        let Some(term) = self.node.term_of(compact_to) else {
+            return;
+        };
+        let md = SnapshotMetadata {
+            conf_state: Some(self.node.status().conf_state),
+            index: compact_to,
+            term,
+        };
+        // The store must have the entries up to compact_to durably applied
+        // before the WAL may drop them.
+        self.commit_store();
+        if self.failed.is_some() {
+            return;
+        }
+        if let Err(e) = write_snapshot_meta(&self.dir, &md) {
+            tracing::warn!(shard = self.id, error = %e, "writing snapshot metadata failed; log not compacted");
+            return;
+        }
+        if let Err(e) = self.node.store_mut().compact(compact_to) {
+            tracing::warn!(shard = self.id, error = %e, "in-memory log compaction failed");
+            return;
+        }
+        self.snapshot_meta = md;
+        self.wal.release(u64::from(self.id), compact_to);
+        tracing::debug!(shard = self.id, index = compact_to, "raft log compacted");
+    }
+}

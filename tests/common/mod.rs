@@ -1,0 +1,214 @@
+//! Test harness: real `cairn` processes on 127.0.0.1 with free ports and
+//! temporary data directories, stopped (kill -9) when the harness is dropped.
+
+#![allow(dead_code)]
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .expect("bind an ephemeral port")
+        .local_addr()
+        .expect("local addr")
+        .port()
+}
+
+/// Whether an external tool is on PATH; under CI (`CI` set) a missing tool is a
+/// failure, elsewhere the test says it skips.
+pub fn require_tool(tool: &str) -> bool {
+    let found = Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {tool}"))
+        .stdout(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if !found {
+        if std::env::var_os("CI").is_some() {
+            panic!("{tool} is required under CI but is not installed");
+        }
+        eprintln!("SKIP: {tool} is not installed (apt-get install etcd-client etcd-server)");
+    }
+    found
+}
+
+pub struct Member {
+    pub name: String,
+    pub client_port: u16,
+    pub peer_port: u16,
+    pub data_dir: PathBuf,
+    pub log: PathBuf,
+    child: Option<Child>,
+    extra_args: Vec<String>,
+    initial_cluster: String,
+}
+
+impl Member {
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.client_port)
+    }
+
+    fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("open member log");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_cairn"));
+        cmd.arg("--name")
+            .arg(&self.name)
+            .arg("--data-dir")
+            .arg(&self.data_dir)
+            .arg("--listen-client-urls")
+            .arg(self.endpoint())
+            .arg("--advertise-client-urls")
+            .arg(self.endpoint())
+            .arg("--listen-peer-urls")
+            .arg(format!("http://127.0.0.1:{}", self.peer_port))
+            .arg("--initial-advertise-peer-urls")
+            .arg(format!("http://127.0.0.1:{}", self.peer_port))
+            .arg("--initial-cluster")
+            .arg(&self.initial_cluster)
+            .arg("--initial-cluster-token")
+            .arg("cairn-test")
+            .args(&self.extra_args)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("clone log"))
+            .stderr(log);
+        self.child = Some(cmd.spawn().expect("start cairn"));
+    }
+
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    /// kill -9: no chance to sync or say goodbye.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM, then wait for a clean exit; returns its exit status code.
+    pub fn terminate(&mut self) -> Option<i32> {
+        let mut c = self.child.take()?;
+        // SAFETY: kill(2) on the pid of a child we own and have not reaped.
+        unsafe {
+            libc::kill(c.id() as i32, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(status) = c.try_wait().expect("wait") {
+                return status.code();
+            }
+            if Instant::now() > deadline {
+                let _ = c.kill();
+                let _ = c.wait();
+                panic!("{} did not exit within 20 s of SIGTERM", self.name);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn restart(&mut self) {
+        assert!(self.child.is_none(), "{} is still running", self.name);
+        self.spawn();
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+pub struct Cluster {
+    pub members: Vec<Member>,
+    pub dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    /// Starts `n` members with `extra` flags each (e.g. `--shards 4`).
+    pub fn start(n: usize, extra: &[&str]) -> Cluster {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let names: Vec<String> = (0..n).map(|i| format!("m{i}")).collect();
+        let ports: Vec<(u16, u16)> = (0..n).map(|_| (free_port(), free_port())).collect();
+        let initial_cluster = names
+            .iter()
+            .zip(&ports)
+            .map(|(name, (_, peer))| format!("{name}=http://127.0.0.1:{peer}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut members: Vec<Member> = names
+            .iter()
+            .zip(&ports)
+            .map(|(name, &(client_port, peer_port))| Member {
+                name: name.clone(),
+                client_port,
+                peer_port,
+                data_dir: dir.path().join(format!("{name}.cairn")),
+                log: dir.path().join(format!("{name}.log")),
+                child: None,
+                extra_args: extra.iter().map(|s| s.to_string()).collect(),
+                initial_cluster: initial_cluster.clone(),
+            })
+            .collect();
+        for m in &mut members {
+            m.spawn();
+        }
+        Cluster { members, dir }
+    }
+
+    pub fn endpoints(&self) -> Vec<String> {
+        self.members.iter().map(|m| m.endpoint()).collect()
+    }
+
+    /// Every member's logs, for a failing test's message.
+    pub fn logs(&self) -> String {
+        self.members
+            .iter()
+            .map(|m| format!("==== {} ====\n{}", m.name, m.log_text()))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+/// Connects an etcd client to one endpoint, retrying while the member starts.
+pub async fn client(endpoint: &str) -> etcd_client::Client {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match etcd_client::Client::connect([endpoint], None).await {
+            Ok(c) => return c,
+            Err(e) if Instant::now() < deadline => {
+                let _ = e;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("connecting to {endpoint}: {e}"),
+        }
+    }
+}
+
+/// Waits until a write through `endpoint` succeeds (a leader exists for the
+/// key's shard and the member serves), retrying on errors.
+pub async fn wait_writable(c: &mut etcd_client::Client, key: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match c.put(key, "ready", None).await {
+            Ok(_) => return,
+            Err(e) if Instant::now() < deadline => {
+                let _ = e;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("member never became writable: {e}"),
+        }
+    }
+}
