@@ -208,3 +208,64 @@ fn scrapes_during_writes_always_parse_and_never_go_backwards() {
         assert!(last_count > 0.0, "writers made no progress");
     });
 }
+
+/// Cost of the hot-path calls and of a scrape. Run with
+/// `cargo test --release -p cairn --test ops_metrics -- --ignored --nocapture`.
+#[test]
+#[ignore = "benchmark"]
+fn bench_hot_path_and_scrape_cost() {
+    const OPS: u64 = 20_000_000;
+    let placement: Vec<(u32, usize)> = (0..64u32).map(|s| (s, (s % 8) as usize)).collect();
+    let (registry, cores) = server_metrics(8, &placement).unwrap();
+    let per_op_ns = |f: &dyn Fn(u64)| {
+        let start = std::time::Instant::now();
+        for i in 0..OPS {
+            f(i);
+        }
+        start.elapsed().as_nanos() as f64 / OPS as f64
+    };
+    let core = &cores[0];
+    let shard = core.shard(0).unwrap();
+    let counter_ns = per_op_ns(&|_| core.client_request());
+    let observe_ns = per_op_ns(&|i| core.wal_fsync(Duration::from_nanos(50_000 + (i & 0xffff))));
+    let shard_observe_ns = per_op_ns(&|i| shard.backend_commit(Duration::from_nanos(i & 0xfffff)));
+    // Two cores writing their own cells at once: no shared cache line, so the
+    // per-op cost should match the single-thread figure.
+    let parallel_ns = std::thread::scope(|s| {
+        let handles: Vec<_> = cores[..2]
+            .iter()
+            .map(|c| {
+                s.spawn(move || {
+                    let start = std::time::Instant::now();
+                    for i in 0..OPS {
+                        c.wal_fsync(Duration::from_nanos(50_000 + (i & 0xffff)));
+                    }
+                    start.elapsed().as_nanos() as f64 / OPS as f64
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .fold(0.0, f64::max)
+    });
+    let scrapes = 200;
+    let start = std::time::Instant::now();
+    let mut bytes = 0;
+    for _ in 0..scrapes {
+        bytes = registry.render().len();
+    }
+    let scrape_us = start.elapsed().as_micros() as f64 / scrapes as f64;
+
+    println!("| operation (8 cores, 64 shards) | cost |");
+    println!("|---|---|");
+    println!("| counter add | {counter_ns:.1} ns |");
+    println!("| core histogram observe | {observe_ns:.1} ns |");
+    println!("| shard histogram observe | {shard_observe_ns:.1} ns |");
+    println!("| core histogram observe, 2 threads at once | {parallel_ns:.1} ns |");
+    println!("| scrape (render {bytes} bytes) | {scrape_us:.0} µs |");
+    println!(
+        "{{\"counter_add_ns\":{counter_ns:.2},\"observe_ns\":{observe_ns:.2},\"shard_observe_ns\":{shard_observe_ns:.2},\"observe_2_threads_ns\":{parallel_ns:.2},\"scrape_us\":{scrape_us:.0},\"scrape_bytes\":{bytes}}}"
+    );
+    assert!(observe_ns < 1_000.0, "an observation costs {observe_ns} ns");
+}

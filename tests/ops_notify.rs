@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use cairn::ops::lifecycle::Lifecycle;
 use cairn::ops::notify::{Notifier, Sent};
 use cairn::ops::readiness::Readiness;
 use cairn::ops::watchdog::Watchdog;
@@ -96,39 +97,35 @@ fn readiness_and_watchdog_messages_arrive_in_order() {
     assert!(notifier.is_enabled());
 
     let readiness = Readiness::new(&[0, 1, 2]);
-    let watchdog = Watchdog::new(CORES, PERIOD);
+    let mut life = Lifecycle::new(notifier, Watchdog::new(CORES, PERIOD));
+    let watchdog = Arc::clone(life.watchdog());
     let cores = Cores::start(&watchdog);
 
     // Start-up as the daemon does it: a status while recovering, READY=1 only
-    // once the readiness source says so, then the keeper.
-    assert_eq!(
-        notifier.status("recovering 3 shards").unwrap(),
-        Sent::Delivered
-    );
+    // once the readiness source says so, then keepalives.
+    life.status("recovering 3 shards");
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
     rt.block_on(async {
-        let wait = readiness.wait_ready();
-        tokio::pin!(wait);
+        let ready = life.ready_when_ready(&readiness, "serving");
+        tokio::pin!(ready);
         readiness.set_recovered(true);
         readiness.set_caught_up(true);
         readiness.set_shard_has_leader(0, true);
         readiness.set_shard_has_leader(1, true);
         assert!(
-            tokio::time::timeout(Duration::from_millis(100), wait.as_mut())
+            tokio::time::timeout(Duration::from_millis(100), ready.as_mut())
                 .await
                 .is_err(),
-            "ready with shard 2 leaderless"
+            "READY=1 with shard 2 leaderless"
         );
         readiness.set_shard_has_leader(2, true);
-        tokio::time::timeout(Duration::from_secs(5), wait)
+        tokio::time::timeout(Duration::from_secs(5), ready)
             .await
             .expect("never ready");
     });
-    notifier.ready("serving").unwrap();
-    let keeper = watchdog.spawn_keeper(notifier.clone()).unwrap();
 
     let healthy = drain(&systemd, PERIOD * 6);
     assert_eq!(healthy[0], "STATUS=recovering 3 shards\n");
@@ -163,12 +160,14 @@ fn readiness_and_watchdog_messages_arrive_in_order() {
     );
     assert!(watchdog.stalled_cores().is_empty());
 
-    // Shutdown: keeper first, then STOPPING=1, then nothing.
-    keeper.stop();
-    let _ = drain(&systemd, PERIOD / 2);
-    notifier.stopping("shutting down").unwrap();
+    // Shutdown: keepalives stop, STOPPING=1 is the last message, ever.
+    life.stopping("shutting down");
+    life.stopping("shutting down twice");
+    rt.block_on(life.ready_when_ready(&readiness, "too late"));
     let end = drain(&systemd, PERIOD * 4);
-    assert_eq!(end, vec!["STOPPING=1\nSTATUS=shutting down\n".to_string()]);
+    let (last, before) = end.split_last().expect("no STOPPING=1");
+    assert_eq!(last, "STOPPING=1\nSTATUS=shutting down\n");
+    assert!(before.iter().all(|m| m == "WATCHDOG=1\n"), "{end:?}");
     cores.stop();
 }
 

@@ -16,6 +16,7 @@
 //!   `--log-level`.
 
 pub mod http;
+pub mod lifecycle;
 pub mod logging;
 pub mod metrics;
 pub mod notify;
