@@ -43,7 +43,7 @@ pub fn run_lab(
     if safety::stop_requested() {
         return Err(LabError::Interrupted);
     }
-    let recommendation = recommend::recommend(&results, lab.facts(), &matrix::default_experiment());
+    let recommendation = recommend::recommend(&results, lab.facts());
     Ok(RunReport::new(
         lab.facts().clone(),
         quick,

@@ -44,18 +44,50 @@ pub fn limits(quick: bool) -> RunLimits {
     }
 }
 
-/// What Cairn's WAL does out of the box: io_uring, O_DIRECT, write then fdatasync,
-/// zero-filled segments, one 4 KiB block per append. Gains are measured against it.
+/// Bytes per append in the group-commit sweep: a small Raft entry, as in the WAL's
+/// own benchmark target (64 writers of 256-byte records).
+pub const GROUP_COMMIT_BLOCK_SIZE_BYTES: usize = 256;
+/// Writer counts of the group-commit sweep.
+pub const WRITERS: [u32; 5] = [1, 4, 16, 64, 256];
+pub const WRITERS_QUICK: [u32; 3] = [1, 16, 256];
+/// Flush size limits (the WAL's `max_batch_bytes`) of the group-commit sweep.
+pub const BATCH_SIZES_BYTES: [u64; 3] = [
+    16 << 10,
+    256 << 10,
+    cairn_wal::DEFAULT_MAX_BATCH_BYTES as u64,
+];
+pub const BATCH_SIZE_SMALL_QUICK_BYTES: u64 = 16 << 10;
+
+const _: () = assert!(WRITERS[WRITERS.len() - 1] <= engines::wal::WRITERS_MAX);
+const _: () = assert!(WRITERS_QUICK[WRITERS_QUICK.len() - 1] <= engines::wal::WRITERS_MAX);
+
+/// What Cairn does out of the box (the daemon's `[wal]` defaults): the whole WAL on
+/// io_uring, O_DIRECT, write then fdatasync, zero-filled segments, one 4 KiB block
+/// per append, one writer. Gains are measured against it.
 pub fn default_experiment() -> Experiment {
     Experiment {
-        engine: Engine::RawUring,
+        engine: Engine::WalUring,
         io_mode: IoMode::Direct,
         sync_mode: SyncMode::Fdatasync,
         prealloc: Prealloc::ZeroFill,
         block_size_bytes: DEFAULT_BLOCK_SIZE_BYTES,
         queue_depth: 1,
         writers: 1,
-        batch_max_appends: 1,
+        batch_max_bytes: cairn_wal::DEFAULT_MAX_BATCH_BYTES as u64,
+    }
+}
+
+/// The default point as run by `engine`: group commit settings only where the
+/// engine is the whole WAL.
+pub fn base_for(engine: Engine) -> Experiment {
+    Experiment {
+        engine,
+        batch_max_bytes: if engine.is_wal() {
+            default_experiment().batch_max_bytes
+        } else {
+            0
+        },
+        ..default_experiment()
     }
 }
 
@@ -63,7 +95,7 @@ pub fn default_experiment() -> Experiment {
 /// mechanism it can express at the default point; the other dimensions are swept one
 /// at a time around that point, so the matrix stays small enough to finish.
 pub fn build_matrix(quick: bool) -> Vec<Experiment> {
-    let base = default_experiment();
+    let base = base_for(Engine::RawUring);
     let mut out = Vec::new();
     let mut push = |e: Experiment| {
         if !out.contains(&e) {
@@ -75,10 +107,9 @@ pub fn build_matrix(quick: bool) -> Vec<Experiment> {
         for io_mode in [IoMode::Buffered, IoMode::Direct] {
             for &sync_mode in engine.sync_modes() {
                 push(Experiment {
-                    engine,
                     io_mode,
                     sync_mode,
-                    ..base
+                    ..base_for(engine)
                 });
             }
         }
@@ -88,10 +119,9 @@ pub fn build_matrix(quick: bool) -> Vec<Experiment> {
         for io_mode in [IoMode::Buffered, IoMode::Direct] {
             for prealloc in Prealloc::ALL {
                 push(Experiment {
-                    engine,
                     io_mode,
                     prealloc,
-                    ..base
+                    ..base_for(engine)
                 });
             }
         }
@@ -126,6 +156,59 @@ pub fn build_matrix(quick: bool) -> Vec<Experiment> {
             });
         }
     }
+    // Group commit: concurrent writers through the whole WAL, and its flush size.
+    let wal = base_for(Engine::WalUring);
+    let small = Experiment {
+        block_size_bytes: GROUP_COMMIT_BLOCK_SIZE_BYTES,
+        ..wal
+    };
+    if quick {
+        for &writers in &WRITERS_QUICK {
+            push(Experiment { writers, ..small });
+        }
+        let most = WRITERS_QUICK[WRITERS_QUICK.len() - 1];
+        push(Experiment {
+            writers: most,
+            batch_max_bytes: BATCH_SIZE_SMALL_QUICK_BYTES,
+            ..small
+        });
+        push(Experiment {
+            writers: most,
+            sync_mode: SyncMode::Linked,
+            ..small
+        });
+        push(Experiment {
+            writers: most,
+            ..Experiment {
+                block_size_bytes: GROUP_COMMIT_BLOCK_SIZE_BYTES,
+                ..base_for(Engine::WalSync)
+            }
+        });
+    } else {
+        for &writers in &WRITERS {
+            for &batch_max_bytes in &BATCH_SIZES_BYTES {
+                push(Experiment {
+                    writers,
+                    batch_max_bytes,
+                    ..small
+                });
+            }
+            for sync_mode in [SyncMode::Linked, SyncMode::RwfDsync] {
+                push(Experiment {
+                    writers,
+                    sync_mode,
+                    ..small
+                });
+            }
+            push(Experiment {
+                writers,
+                ..Experiment {
+                    block_size_bytes: GROUP_COMMIT_BLOCK_SIZE_BYTES,
+                    ..base_for(Engine::WalSync)
+                }
+            });
+        }
+    }
     out
 }
 
@@ -135,10 +218,18 @@ pub fn run_experiment(lab: &LabDir, exp: &Experiment, limits: &RunLimits) -> Out
     if stop_requested() {
         return Outcome::Interrupted;
     }
-    let path = lab.file_path("dat");
+    let path = lab.file_path(if exp.engine.is_wal() { "wal" } else { "dat" });
     let result = (|| -> Result<Measurement, ExperimentError> {
+        if exp.engine.is_wal() {
+            // The WAL creates, preallocates and checks its own segments in `path`.
+            return engines::wal::run_wal(exp, &path, limits).map(|(m, _)| m);
+        }
         prepare_file(&path, exp.prealloc, limits.file_size_bytes)?;
         let (mut measurement, appends) = match exp.engine {
+            Engine::WalUring | Engine::WalSync => unreachable!("handled above"),
+            Engine::BackendUring | Engine::BackendSync => {
+                engines::wal::run_backend(exp, &path, limits)?
+            }
             Engine::RawPwrite => engines::raw_pwrite::run(exp, &path, limits)?,
             Engine::RawUring => engines::raw_uring::run(exp, &path, limits)?,
             Engine::TokioUring => engines::tokio_uring_file::run(exp, &path, limits)?,

@@ -7,6 +7,15 @@ use std::fmt;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, PartialOrd, Ord)]
 #[serde(rename_all = "kebab-case")]
 pub enum Engine {
+    /// Cairn's whole WAL (`cairn_wal::Wal::append`: framing, CRC, group commit)
+    /// over its io_uring backend.
+    WalUring,
+    /// Cairn's whole WAL over its plain pwrite + fdatasync backend.
+    WalSync,
+    /// Cairn's io_uring backend alone (`cairn_wal::UringFile::write_durable`).
+    BackendUring,
+    /// Cairn's pwrite backend alone (`cairn_wal::SyncStorage` file, `write_durable`).
+    BackendSync,
     /// The lab's own io_uring loop on the `io-uring` crate: the floor under the WAL.
     RawUring,
     /// The lab's own pwrite/pwritev2 loop: the floor under the sync backend.
@@ -18,7 +27,11 @@ pub enum Engine {
 }
 
 impl Engine {
-    pub const ALL: [Engine; 4] = [
+    pub const ALL: [Engine; 8] = [
+        Engine::WalUring,
+        Engine::WalSync,
+        Engine::BackendUring,
+        Engine::BackendSync,
         Engine::RawUring,
         Engine::RawPwrite,
         Engine::TokioUring,
@@ -27,6 +40,10 @@ impl Engine {
 
     pub fn name(self) -> &'static str {
         match self {
+            Engine::WalUring => "wal-uring",
+            Engine::WalSync => "wal-sync",
+            Engine::BackendUring => "backend-uring",
+            Engine::BackendSync => "backend-sync",
             Engine::RawUring => "raw-uring",
             Engine::RawPwrite => "raw-pwrite",
             Engine::TokioUring => "tokio-uring",
@@ -36,7 +53,10 @@ impl Engine {
 
     /// Whether the engine is built on io_uring (and so fails where io_uring is disabled).
     pub fn uses_io_uring(self) -> bool {
-        !matches!(self, Engine::RawPwrite)
+        !matches!(
+            self,
+            Engine::RawPwrite | Engine::WalSync | Engine::BackendSync
+        )
     }
 
     /// The durability mechanisms the engine's API can express at all. A mode missing
@@ -44,6 +64,10 @@ impl Engine {
     pub fn sync_modes(self) -> &'static [SyncMode] {
         use SyncMode::*;
         match self {
+            // What cairn-wal's io_uring backend offers (its SyncMode) and its
+            // sync backend (write + fdatasync only).
+            Engine::WalUring | Engine::BackendUring => &[Fdatasync, RwfDsync, Linked],
+            Engine::WalSync | Engine::BackendSync => &[Fdatasync],
             Engine::RawUring => &[Fdatasync, Fsync, ODsync, RwfDsync, Linked],
             Engine::RawPwrite => &[Fdatasync, Fsync, ODsync, RwfDsync],
             // tokio-uring has sync_data/sync_all and open flags, but neither RWF
@@ -52,6 +76,11 @@ impl Engine {
             // glommio files expose only fdatasync, plus open flags.
             Engine::Glommio => &[Fdatasync, ODsync],
         }
+    }
+
+    /// Whether the engine is Cairn's whole WAL (so writers and batch size apply).
+    pub fn is_wal(self) -> bool {
+        matches!(self, Engine::WalUring | Engine::WalSync)
     }
 
     /// Whether more than one write may be in flight at once through this engine's
@@ -165,15 +194,16 @@ pub struct Experiment {
     pub queue_depth: u32,
     /// Concurrent appenders (group commit, through Cairn's WAL).
     pub writers: u32,
-    /// Most appends one group-commit flush may carry.
-    pub batch_max_appends: u32,
+    /// Most bytes one group-commit flush may carry (the WAL's `max_batch_bytes`);
+    /// 0 for engines without group commit.
+    pub batch_max_bytes: u64,
 }
 
 impl Experiment {
     /// A short, stable label used in tables, plots and file names.
     pub fn label(&self) -> String {
         format!(
-            "{} {} {} prealloc={} bs={} qd={} writers={} batch={}",
+            "{} {} {} prealloc={} bs={} qd={} writers={} batch_bytes={}",
             self.engine.name(),
             self.io_mode.name(),
             self.sync_mode.name(),
@@ -181,7 +211,7 @@ impl Experiment {
             self.block_size_bytes,
             self.queue_depth,
             self.writers,
-            self.batch_max_appends
+            self.batch_max_bytes
         )
     }
 }

@@ -1,7 +1,7 @@
 //! From measurements to advice: the fastest setting that is safe on this disk,
 //! written as the `[wal]` section of Cairn's config file.
 
-use crate::model::{Engine, Experiment, ExperimentResult, IoMode, Measurement, Prealloc, SyncMode};
+use crate::model::{Engine, Experiment, ExperimentResult, IoMode, Measurement, SyncMode};
 use crate::safety::DiskFacts;
 use serde::Serialize;
 use std::fmt::Write as _;
@@ -14,6 +14,9 @@ pub const DURABLE_APPEND_FLOOR_US: f64 = 5.0;
 /// A candidate may not have a p99 worse than this many times the default's: a WAL
 /// that is faster on average but stalls more often is not an improvement.
 pub const P99_REGRESSION_MAX: f64 = 1.5;
+/// A setting must beat the default by this much (appends/s) to be worth changing:
+/// shared machines vary by 10-20% between runs, so smaller gains are noise.
+pub const GAIN_PERCENT_MIN: f64 = 10.0;
 
 /// Cairn's WAL I/O backends, as named in its config.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -32,7 +35,9 @@ impl Backend {
     }
 }
 
-/// The part of an experiment that Cairn's `[wal]` config can express.
+/// The part of an experiment that Cairn's `[wal]` config can express. The config
+/// file's keys (read by the daemon, `src/config.rs`) are `backend` ("auto", "uring",
+/// "sync"), `direct-io` (bool) and `sync-mode` ("fdatasync", "dsync", "linked").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct WalSetting {
     pub backend: Backend,
@@ -40,35 +45,85 @@ pub struct WalSetting {
     pub sync_mode: SyncMode,
 }
 
-/// Durability mechanisms Cairn's WAL offers, per backend.
-pub fn wal_sync_modes(backend: Backend) -> &'static [SyncMode] {
-    match backend {
-        Backend::Uring => &[SyncMode::Fdatasync, SyncMode::RwfDsync, SyncMode::Linked],
-        Backend::Sync => &[SyncMode::Fdatasync],
+impl WalSetting {
+    /// The `sync-mode` value of the config file for this setting.
+    pub fn sync_mode_key(&self) -> &'static str {
+        config_sync_mode(self.backend, self.sync_mode)
+            .expect("a WalSetting only holds modes the WAL offers")
     }
 }
 
-/// The WAL setting an experiment stands for, if Cairn's WAL can run it: a 1-writer,
-/// queue-depth-1, 4 KiB append into a zero-filled file, as the WAL writes its segments.
+/// The config file's `sync-mode` value for a durability mechanism, where Cairn's WAL
+/// offers it on that backend: its io_uring backend writes then fdatasyncs, links the
+/// two in one submission, or writes with RWF_DSYNC ("dsync"); its sync backend
+/// writes then fdatasyncs.
+pub fn config_sync_mode(backend: Backend, mode: SyncMode) -> Option<&'static str> {
+    match (backend, mode) {
+        (_, SyncMode::Fdatasync) => Some("fdatasync"),
+        (Backend::Uring, SyncMode::RwfDsync) => Some("dsync"),
+        (Backend::Uring, SyncMode::Linked) => Some("linked"),
+        _ => None,
+    }
+}
+
+/// How directly an engine measures what Cairn runs: the whole WAL first, then its
+/// backends alone, then the lab's raw loops. Recommendations come from the most
+/// direct tier that measured anything safely; outside references never count.
+pub fn evidence_tier(engine: Engine) -> Option<u8> {
+    match engine {
+        Engine::WalUring | Engine::WalSync => Some(0),
+        Engine::BackendUring | Engine::BackendSync => Some(1),
+        Engine::RawUring | Engine::RawPwrite => Some(2),
+        Engine::TokioUring | Engine::Glommio => None,
+    }
+}
+
+/// The WAL setting an experiment stands for, if Cairn's WAL can run it: one writer
+/// appending 4 KiB blocks into zero-filled space at queue depth 1 with the WAL's
+/// default flush size, as the WAL writes its segments.
 pub fn wal_setting(exp: &Experiment) -> Option<WalSetting> {
     let backend = match exp.engine {
-        Engine::RawUring => Backend::Uring,
-        Engine::RawPwrite => Backend::Sync,
+        Engine::WalUring | Engine::BackendUring | Engine::RawUring => Backend::Uring,
+        Engine::WalSync | Engine::BackendSync | Engine::RawPwrite => Backend::Sync,
         Engine::TokioUring | Engine::Glommio => return None,
     };
-    let shape_matches = exp.queue_depth == 1
-        && exp.writers == 1
-        && exp.prealloc == Prealloc::ZeroFill
-        && exp.block_size_bytes == crate::matrix::DEFAULT_BLOCK_SIZE_BYTES;
-    if !shape_matches || !wal_sync_modes(backend).contains(&exp.sync_mode) {
+    let base = crate::matrix::base_for(exp.engine);
+    let shape_matches = exp.queue_depth == base.queue_depth
+        && exp.writers == base.writers
+        && exp.prealloc == base.prealloc
+        && exp.block_size_bytes == base.block_size_bytes
+        && exp.batch_max_bytes == base.batch_max_bytes;
+    if !shape_matches {
         return None;
     }
+    config_sync_mode(backend, exp.sync_mode)?;
     Some(WalSetting {
         backend,
         direct_io: exp.io_mode == IoMode::Direct,
         sync_mode: exp.sync_mode,
     })
 }
+
+/// Cairn's default setting (the daemon's `[wal]` defaults), then what the WAL falls
+/// back to where it cannot run: buffered I/O where O_DIRECT is refused, the sync
+/// backend where io_uring is unavailable.
+pub const DEFAULT_SETTINGS: [WalSetting; 3] = [
+    WalSetting {
+        backend: Backend::Uring,
+        direct_io: true,
+        sync_mode: SyncMode::Fdatasync,
+    },
+    WalSetting {
+        backend: Backend::Uring,
+        direct_io: false,
+        sync_mode: SyncMode::Fdatasync,
+    },
+    WalSetting {
+        backend: Backend::Sync,
+        direct_io: false,
+        sync_mode: SyncMode::Fdatasync,
+    },
+];
 
 /// Why a measurement cannot be trusted as durable, if it cannot.
 pub fn unsafe_reason(m: &Measurement, facts: &DiskFacts) -> Option<String> {
@@ -124,20 +179,11 @@ pub enum NoRecommendation {
     NothingSafe,
 }
 
-fn find<'a>(results: &'a [ExperimentResult], exp: &Experiment) -> Option<&'a Measurement> {
-    results
-        .iter()
-        .find(|r| r.experiment == *exp)
-        .and_then(|r| r.outcome.measurement())
-}
-
-/// Picks the safe WAL setting with the most appends per second, compared with the
-/// default (or with what the WAL falls back to when the default cannot run here:
-/// buffered I/O where O_DIRECT is refused, the sync backend where io_uring is).
+/// Picks the safe WAL setting with the most appends per second among the most
+/// direct evidence available, and compares it with the default measured the same way.
 pub fn recommend(
     results: &[ExperimentResult],
     facts: &DiskFacts,
-    default: &Experiment,
 ) -> Result<Recommendation, NoRecommendation> {
     if facts.volatile {
         return Err(NoRecommendation::VolatileDisk(format!(
@@ -145,34 +191,30 @@ pub fn recommend(
             facts.dir, facts.filesystem
         )));
     }
-    let fallbacks = [
-        *default,
-        Experiment {
-            io_mode: IoMode::Buffered,
-            ..*default
-        },
-        Experiment {
-            engine: Engine::RawPwrite,
-            io_mode: IoMode::Buffered,
-            ..*default
-        },
-    ];
-    let baseline = fallbacks.iter().find_map(|e| {
-        find(results, e)
-            .filter(|m| unsafe_reason(m, facts).is_none())
-            .map(|m| (e, m))
-    });
-    let mut candidates: Vec<(&ExperimentResult, WalSetting, &Measurement)> = results
+    let safe: Vec<(u8, &ExperimentResult, WalSetting, &Measurement)> = results
         .iter()
         .filter_map(|r| {
+            let tier = evidence_tier(r.experiment.engine)?;
             let setting = wal_setting(&r.experiment)?;
             let m = r.outcome.measurement()?;
-            unsafe_reason(m, facts).is_none().then_some((r, setting, m))
+            unsafe_reason(m, facts)
+                .is_none()
+                .then_some((tier, r, setting, m))
         })
         .collect();
-    candidates.sort_by(|a, b| b.2.appends_per_sec.total_cmp(&a.2.appends_per_sec));
+    let tier = safe
+        .iter()
+        .map(|c| c.0)
+        .min()
+        .ok_or(NoRecommendation::NothingSafe)?;
+    let mut candidates: Vec<_> = safe.into_iter().filter(|c| c.0 == tier).collect();
+    candidates.sort_by(|a, b| b.3.appends_per_sec.total_cmp(&a.3.appends_per_sec));
+    let baseline = DEFAULT_SETTINGS
+        .iter()
+        .find_map(|d| candidates.iter().find(|c| c.2 == *d))
+        .map(|c| (c.1, c.3));
     let mut rejected = Vec::new();
-    let chosen = candidates.iter().find(|(r, _, m)| match baseline {
+    let chosen = candidates.iter().find(|(_, r, _, m)| match baseline {
         Some((_, base)) if m.latency.p99_us > base.latency.p99_us * P99_REGRESSION_MAX => {
             rejected.push(format!(
                 "{}: {:.0} appends/s but p99 {:.0} µs is over {P99_REGRESSION_MAX}x the default's {:.0} µs",
@@ -182,13 +224,23 @@ pub fn recommend(
         }
         _ => true,
     });
-    let Some(&(result, setting, m)) = chosen else {
-        return Err(NoRecommendation::NothingSafe);
-    };
+    let &(_, mut result, mut setting, mut m) = chosen.ok_or(NoRecommendation::NothingSafe)?;
     let (default_label, default_m) = match baseline {
-        Some((e, bm)) => (e.label(), bm),
-        None => (format!("{} (not measurable here)", default.label()), m),
+        Some((r, bm)) => (r.label.clone(), bm),
+        None => ("default setting (not measurable here)".to_string(), m),
     };
+    if let Some((default_result, default_measurement)) = baseline {
+        let gain = (m.appends_per_sec / default_measurement.appends_per_sec - 1.0) * 100.0;
+        if gain < GAIN_PERCENT_MIN && result.label != default_result.label {
+            rejected.push(format!(
+                "{}: {gain:+.1}% over the default is within run-to-run noise ({GAIN_PERCENT_MIN}% needed)",
+                result.label
+            ));
+            let default_setting =
+                wal_setting(&default_result.experiment).expect("baseline maps to a setting");
+            (result, setting, m) = (default_result, default_setting, default_measurement);
+        }
+    }
     let gain_percent = (m.appends_per_sec / default_m.appends_per_sec - 1.0) * 100.0;
     let mut rec = Recommendation {
         setting,
@@ -227,7 +279,7 @@ pub fn render_toml(rec: &Recommendation, facts: &DiskFacts) -> String {
     );
     let _ = writeln!(s, "[wal]");
     let _ = writeln!(s, "backend = \"{}\"", rec.setting.backend.config_name());
-    let _ = writeln!(s, "direct_io = {}", rec.setting.direct_io);
-    let _ = writeln!(s, "sync_mode = \"{}\"", rec.setting.sync_mode.name());
+    let _ = writeln!(s, "direct-io = {}", rec.setting.direct_io);
+    let _ = writeln!(s, "sync-mode = \"{}\"", rec.setting.sync_mode_key());
     s
 }

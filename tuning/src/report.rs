@@ -86,7 +86,7 @@ pub fn table_row(index: usize, r: &ExperimentResult) -> String {
         ),
     };
     format!(
-        "{:>3} {:<11} {:<8} {:<9} {:<9} {:>6} {:>3} {:>4} {}  {}",
+        "{:>3} {:<13} {:<8} {:<9} {:<9} {:>6} {:>3} {:>4} {:>6} {}  {}",
         index + 1,
         e.engine.name(),
         e.io_mode.name(),
@@ -95,6 +95,11 @@ pub fn table_row(index: usize, r: &ExperimentResult) -> String {
         e.block_size_bytes,
         e.queue_depth,
         e.writers,
+        if e.batch_max_bytes == 0 {
+            "-".to_string()
+        } else {
+            (e.batch_max_bytes >> 10).to_string()
+        },
         figures,
         r.outcome.status()
     )
@@ -317,7 +322,7 @@ pub fn html(report: &RunReport) -> String {
             );
         }
     }
-    s.push_str("<h2>Results</h2><table><tr><th>#</th><th class=\"l\">engine</th><th class=\"l\">io</th><th class=\"l\">sync</th><th class=\"l\">prealloc</th><th>block bytes</th><th>queue depth</th><th>writers</th><th>batch max</th><th>appends/s</th><th>p50 µs</th><th>p90 µs</th><th>p99 µs</th><th>p99.9 µs</th><th>max µs</th><th class=\"l\">status</th></tr>");
+    s.push_str("<h2>Results</h2><table><tr><th>#</th><th class=\"l\">engine</th><th class=\"l\">io</th><th class=\"l\">sync</th><th class=\"l\">prealloc</th><th>block bytes</th><th>queue depth</th><th>writers</th><th>batch max bytes</th><th>appends/s</th><th>p50 µs</th><th>p90 µs</th><th>p99 µs</th><th>p99.9 µs</th><th>max µs</th><th class=\"l\">status</th></tr>");
     for (i, r) in report.experiments.iter().enumerate() {
         let e = &r.experiment;
         let _ = write!(
@@ -332,7 +337,7 @@ pub fn html(report: &RunReport) -> String {
             e.block_size_bytes,
             e.queue_depth,
             e.writers,
-            e.batch_max_appends
+            e.batch_max_bytes
         );
         match r.outcome.measurement() {
             Some(m) => {

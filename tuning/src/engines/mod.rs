@@ -5,6 +5,7 @@ pub mod glommio_dma;
 pub mod raw_pwrite;
 pub mod raw_uring;
 pub mod tokio_uring_file;
+pub mod wal;
 
 use crate::buf::{matches_pattern, AlignedBuf};
 use crate::error::ExperimentError;
