@@ -35,6 +35,9 @@ pub const MAX_PAYLOAD_LIMIT_BYTES: u32 = 1 << 30;
 /// stream control frame must always fit.
 pub const MIN_PAYLOAD_LIMIT_BYTES: u32 = 4096;
 
+/// Retired receive buffers a decoder keeps for reuse.
+pub const RECEIVE_POOL_BUFFERS: usize = 2;
+
 const _: () = assert!(HEADER_BYTES == 20);
 const _: () = assert!(DEFAULT_MAX_PAYLOAD_BYTES <= MAX_PAYLOAD_LIMIT_BYTES);
 const _: () = assert!(MIN_PAYLOAD_LIMIT_BYTES <= DEFAULT_MAX_PAYLOAD_BYTES);
@@ -318,6 +321,12 @@ pub struct FrameDecoder {
     max_payload_bytes: u32,
     read_buffer_bytes: usize,
     pending: Option<Header>,
+    /// Retired receive buffers whose payloads may still be alive; reused once
+    /// they are not.
+    pool: Vec<BytesMut>,
+    /// Whether `buf` was allocated larger than `read_buffer_bytes` (for one
+    /// large frame); such a buffer is not pooled.
+    buf_oversize: bool,
     /// Stream offset of the first byte in `buf`, for error messages.
     consumed_bytes: u64,
     failed: Option<FrameError>,
@@ -340,6 +349,8 @@ impl FrameDecoder {
             max_payload_bytes,
             read_buffer_bytes,
             pending: None,
+            pool: Vec::with_capacity(RECEIVE_POOL_BUFFERS),
+            buf_oversize: false,
             consumed_bytes: 0,
             failed: None,
         }
@@ -348,6 +359,12 @@ impl FrameDecoder {
     /// Makes room for the next read: at least the rest of a frame whose header
     /// has arrived, and a full `read_buffer_bytes` when little is left.
     /// The length used here has already been checked against the maximum.
+    ///
+    /// When the current buffer runs low it is reused in place if consumers
+    /// have dropped every payload in it; otherwise the bytes of the frame cut
+    /// by its end move to a buffer from the pool (or a new one) and the old one
+    /// waits in the pool until its payloads are dropped. Reuse matters: a fresh
+    /// allocation of this size costs page faults on every first touch.
     pub fn prepare_read(&mut self) {
         let needed = match &self.pending {
             Some(h) => (HEADER_BYTES + h.payload_len_bytes as usize).saturating_sub(self.buf.len()),
@@ -355,8 +372,27 @@ impl FrameDecoder {
         };
         let spare = self.buf.capacity() - self.buf.len();
         let low_water = (self.read_buffer_bytes / 8).max(needed);
-        if spare < low_water {
-            self.buf.reserve(self.read_buffer_bytes.max(needed));
+        if spare >= low_water {
+            return;
+        }
+        let target = self.read_buffer_bytes.max(needed);
+        if self.buf.try_reclaim(target) {
+            return;
+        }
+        let pooled = self.pool.iter_mut().position(|b| b.try_reclaim(target));
+        let mut next = match pooled {
+            Some(i) => self.pool.swap_remove(i),
+            None => BytesMut::with_capacity(target),
+        };
+        next.extend_from_slice(&self.buf);
+        let mut old = std::mem::replace(&mut self.buf, next);
+        let old_oversize =
+            std::mem::replace(&mut self.buf_oversize, target > self.read_buffer_bytes);
+        old.clear();
+        // Only buffers of the ordinary size are kept, so the pool holds at most
+        // RECEIVE_POOL_BUFFERS x read_buffer_bytes.
+        if self.pool.len() < RECEIVE_POOL_BUFFERS && !old_oversize {
+            self.pool.push(old);
         }
     }
 

@@ -1131,7 +1131,10 @@ async fn read_loop(
     loop {
         decoder.prepare_read();
         let buffered_bytes = decoder.buffered_bytes();
-        let read = rd.read_buf(decoder.buffer_mut());
+        // Reads are capped below the buffer size so the bytes of each read are
+        // still in cache when the CRC pass over them runs.
+        let mut limited = (&mut *rd).take(config.read_chunk_bytes as u64);
+        let read = limited.read_buf(decoder.buffer_mut());
         let n = if buffered_bytes > 0 {
             match tokio::time::timeout(stall, read).await {
                 Ok(r) => r,

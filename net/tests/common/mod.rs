@@ -40,6 +40,7 @@ pub fn config(member_id: u64) -> Config {
         backoff_initial_ms: 10,
         backoff_max_ms: 100,
         read_buffer_bytes: 256 * 1024,
+        read_chunk_bytes: 64 * 1024,
         ..Config::default()
     }
 }

@@ -1,0 +1,259 @@
+//! Loopback throughput of the peer transport.
+//!
+//! `cargo run --release -p cairn-net --example netbench -- --frame-bytes B --seconds S [--raw]`
+//!
+//! Two threads, each a current-thread runtime with a `LocalSet` like a core:
+//! one dials and sends `B`-byte message frames as fast as its queue takes them,
+//! the other accepts and counts what arrives. With `--raw` the same payload
+//! bytes go over a plain TCP socket with no framing, handshake or queue: the
+//! ceiling. Prints a table, then one JSON line (last) with `frame_bytes`,
+//! `frames_per_sec` and `payload_mb_per_sec` (MB = 10^6 bytes), measured at the
+//! receiver from its first to its last byte.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use cairn_net::{dial, serve_accepted, AcceptPolicy, Config, MemberSet, PeerListener, SendError};
+use clap::Parser;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Frames sent between two looks at the clock.
+const CLOCK_CHECK_FRAMES: u64 = 1024;
+/// Bytes per write and per read in raw mode.
+const RAW_IO_BYTES: usize = 1 << 20;
+
+#[derive(Parser, Debug)]
+#[command(about = "Loopback throughput of Cairn's peer transport")]
+struct Args {
+    /// Payload bytes per frame.
+    #[arg(long, default_value_t = 65536)]
+    frame_bytes: usize,
+    /// How long the sender sends.
+    #[arg(long, default_value_t = 5.0)]
+    seconds: f64,
+    /// Plain TCP with no framing: the ceiling.
+    #[arg(long)]
+    raw: bool,
+    /// Receive buffer size of the framed receiver (`read_buffer_bytes`).
+    #[arg(long, default_value_t = Config::default().read_buffer_bytes)]
+    read_buffer_bytes: usize,
+    /// Most bytes per read call of the framed receiver (`read_chunk_bytes`).
+    #[arg(long, default_value_t = Config::default().read_chunk_bytes)]
+    read_chunk_bytes: usize,
+}
+
+struct Received {
+    payload_bytes: u64,
+    frames: u64,
+    elapsed: Duration,
+}
+
+struct Sent {
+    frames: u64,
+    writes: u64,
+    queue_full: u64,
+}
+
+fn on_core<T: Send + 'static>(
+    name: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> std::thread::JoinHandle<T> {
+    std::thread::Builder::new()
+        .name(name.to_owned())
+        .spawn(f)
+        .expect("spawn")
+}
+
+fn block_on_local<F: std::future::Future>(f: F) -> F::Output {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    tokio::task::LocalSet::new().block_on(&runtime, f)
+}
+
+fn config(member_id: u64, (read_buffer_bytes, read_chunk_bytes): (usize, usize)) -> Config {
+    let config = Config {
+        cluster_id: 0xBE4C,
+        member_id,
+        read_buffer_bytes,
+        read_chunk_bytes,
+        ..Config::default()
+    };
+    config.validate().expect("valid settings");
+    config
+}
+
+fn run_framed(args: &Args) -> (Sent, Received) {
+    let std_listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = std_listener.local_addr().expect("addr");
+    std_listener.set_nonblocking(true).expect("nonblocking");
+    let read_buffer_bytes = (args.read_buffer_bytes, args.read_chunk_bytes);
+    let receiver = on_core("netbench-recv", move || {
+        block_on_local(async move {
+            let policy = AcceptPolicy {
+                config: config(1, read_buffer_bytes),
+                members: MemberSet::new([2]),
+                lane_count: 1,
+            };
+            let listener = tokio::net::TcpListener::from_std(std_listener).expect("listener");
+            let mut listener = PeerListener::from_listener(listener, policy);
+            let accepted = listener.accept().await.expect("accept");
+            let (_link, mut rx) =
+                serve_accepted(accepted, &config(1, read_buffer_bytes)).expect("serve");
+            let mut received = Received {
+                payload_bytes: 0,
+                frames: 0,
+                elapsed: Duration::ZERO,
+            };
+            let mut started = None;
+            while let Some(batch) = rx.recv_batch().await {
+                let now = Instant::now();
+                let first = *started.get_or_insert(now);
+                received.frames += batch.len() as u64;
+                for item in &batch {
+                    if let cairn_net::Inbound::Message { payload, .. } = item {
+                        received.payload_bytes += payload.len() as u64;
+                    }
+                }
+                received.elapsed = now - first;
+            }
+            received
+        })
+    });
+    let frame_bytes = args.frame_bytes;
+    let seconds = args.seconds;
+    let read_buffer_bytes = (args.read_buffer_bytes, args.read_chunk_bytes);
+    let sender = on_core("netbench-send", move || {
+        block_on_local(async move {
+            let (link, _rx) = dial(&config(2, read_buffer_bytes), 1, addr, 0).expect("dial");
+            link.wait_connected().await.expect("connect");
+            let payload = Bytes::from(vec![0x5Au8; frame_bytes]);
+            let deadline = Instant::now() + Duration::from_secs_f64(seconds);
+            let mut frames = 0u64;
+            let mut queue_full = 0u64;
+            loop {
+                match link.send(0, 0, payload.clone()) {
+                    Ok(()) => frames += 1,
+                    Err(SendError::QueueFull { .. }) => {
+                        queue_full += 1;
+                        link.send_wait(0, 0, payload.clone()).await.expect("send");
+                        frames += 1;
+                    }
+                    Err(err) => panic!("send failed: {err}"),
+                }
+                if frames.is_multiple_of(CLOCK_CHECK_FRAMES) && Instant::now() >= deadline {
+                    break;
+                }
+            }
+            while link.queued_frames() > 0 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            let counters = link.counters().snapshot();
+            link.close();
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            Sent {
+                frames,
+                writes: counters.writes,
+                queue_full,
+            }
+        })
+    });
+    let sent = sender.join().expect("sender");
+    (sent, receiver.join().expect("receiver"))
+}
+
+fn run_raw(args: &Args) -> (Sent, Received) {
+    let std_listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr: SocketAddr = std_listener.local_addr().expect("addr");
+    std_listener.set_nonblocking(true).expect("nonblocking");
+    let frame_bytes = args.frame_bytes as u64;
+    let receiver = on_core("netbench-recv", move || {
+        block_on_local(async move {
+            let listener = tokio::net::TcpListener::from_std(std_listener).expect("listener");
+            let (mut stream, _) = listener.accept().await.expect("accept");
+            stream.set_nodelay(true).expect("nodelay");
+            let mut buf = vec![0u8; RAW_IO_BYTES];
+            let mut payload_bytes = 0u64;
+            let mut started = None;
+            let mut elapsed = Duration::ZERO;
+            loop {
+                let n = stream.read(&mut buf).await.expect("read");
+                if n == 0 {
+                    break;
+                }
+                let now = Instant::now();
+                let first = *started.get_or_insert(now);
+                payload_bytes += n as u64;
+                elapsed = now - first;
+            }
+            Received {
+                payload_bytes,
+                frames: payload_bytes / frame_bytes,
+                elapsed,
+            }
+        })
+    });
+    let seconds = args.seconds;
+    let sender = on_core("netbench-send", move || {
+        block_on_local(async move {
+            let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+            stream.set_nodelay(true).expect("nodelay");
+            let buf = vec![0x5Au8; RAW_IO_BYTES];
+            let deadline = Instant::now() + Duration::from_secs_f64(seconds);
+            let mut writes = 0u64;
+            while Instant::now() < deadline {
+                stream.write_all(&buf).await.expect("write");
+                writes += 1;
+            }
+            stream.shutdown().await.expect("shutdown");
+            Sent {
+                frames: writes * RAW_IO_BYTES as u64 / frame_bytes,
+                writes,
+                queue_full: 0,
+            }
+        })
+    });
+    let sent = sender.join().expect("sender");
+    (sent, receiver.join().expect("receiver"))
+}
+
+fn main() {
+    let args = Args::parse();
+    assert!(args.frame_bytes > 0, "--frame-bytes must be positive");
+    assert!(
+        args.frame_bytes <= cairn_net::frame::DEFAULT_MAX_PAYLOAD_BYTES as usize,
+        "--frame-bytes over 16 MiB"
+    );
+    let (sent, received) = if args.raw {
+        run_raw(&args)
+    } else {
+        run_framed(&args)
+    };
+    let secs = received.elapsed.as_secs_f64().max(1e-9);
+    let frames_per_sec = received.frames as f64 / secs;
+    let payload_mb_per_sec = received.payload_bytes as f64 / secs / 1e6;
+    let mode = if args.raw { "raw" } else { "framed" };
+    println!("| mode | frame bytes | seconds | frames received | frames/s | payload MB/s | frames/write | queue-full waits |");
+    println!("|---|---|---|---|---|---|---|---|");
+    println!(
+        "| {mode} | {} | {secs:.2} | {} | {frames_per_sec:.0} | {payload_mb_per_sec:.1} | {:.1} | {} |",
+        args.frame_bytes,
+        received.frames,
+        sent.frames as f64 / sent.writes.max(1) as f64,
+        sent.queue_full
+    );
+    println!(
+        "{}",
+        serde_json::json!({
+            "mode": mode,
+            "frame_bytes": args.frame_bytes,
+            "seconds": secs,
+            "frames": received.frames,
+            "frames_per_sec": frames_per_sec.round(),
+            "payload_mb_per_sec": (payload_mb_per_sec * 10.0).round() / 10.0,
+            "frames_per_write": sent.frames as f64 / sent.writes.max(1) as f64,
+        })
+    );
+}
