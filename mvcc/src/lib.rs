@@ -1,1 +1,33 @@
-//! Cairn's MVCC store: an in-memory key index over a revision-keyed copy-on-write B+tree.
+//! Cairn's MVCC store: an in-memory key index over a revision-keyed
+//! copy-on-write B+tree on mmapped pages, with etcd's semantics.
+//!
+//! One [`Store`] holds one shard's keyspace in one file. The server applies
+//! committed Raft entries with [`Store::apply`] and makes a batch of them
+//! durable with [`Store::commit`], which also records the last applied Raft
+//! index. Reads see every applied entry; [`Store::snapshot`] gives a
+//! consistent view that never blocks the writer. The store knows nothing of
+//! Raft, gRPC or protobufs: its request and response types mirror etcd's.
+//!
+//! The file format is described in `mvcc/FORMAT.md`.
+
+mod btree;
+pub mod error;
+mod index;
+pub mod page;
+mod pager;
+mod record;
+mod snapshot;
+pub mod storage;
+mod store;
+pub mod types;
+mod view;
+
+pub use error::{
+    ApplyError, CommitError, DefragError, Error, IoOp, OpenError, ReadError, SnapshotError,
+    StorageError, COMPACTED_MSG, FUTURE_REV_MSG,
+};
+pub use page::{CorruptPage, PageFault, PAGE_SIZE_BYTES};
+pub use snapshot::{RangeStream, Snapshot, SnapshotStream};
+pub use storage::{CrashMode, FileStorage, MemStorage, Storage};
+pub use store::{CommitStats, Config, DefragReport, DirLock, Store, DEFAULT_MAX_REQUEST_BYTES};
+pub use types::*;

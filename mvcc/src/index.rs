@@ -1,0 +1,307 @@
+//! The in-memory key index: for every key, its generations of revisions.
+//!
+//! A generation runs from the put that created the key to the tombstone that
+//! deleted it; a put after a delete starts a new generation. The last
+//! generation is empty while the key is deleted. Versions count puts within a
+//! generation, starting at 1.
+
+use std::collections::BTreeMap;
+use std::ops::Bound;
+
+use crate::types::Revision;
+
+#[derive(Debug, Clone, Default)]
+struct Generation {
+    /// Number of puts in this generation, including compacted ones.
+    ver: i64,
+    created: Revision,
+    revs: Vec<Revision>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub(crate) struct KeyIndex {
+    generations: Vec<Generation>,
+}
+
+/// What the index knows of a key at some revision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Found {
+    pub modified: Revision,
+    pub created: Revision,
+    pub version: i64,
+}
+
+impl KeyIndex {
+    fn is_empty(&self) -> bool {
+        self.generations.len() == 1 && self.generations[0].revs.is_empty()
+    }
+
+    fn is_live(&self) -> bool {
+        self.generations.last().is_some_and(|g| !g.revs.is_empty())
+    }
+
+    fn get(&self, at: i64) -> Option<Found> {
+        let last = self.generations.len().checked_sub(1)?;
+        for (gi, g) in self.generations.iter().enumerate().rev() {
+            let (Some(first), Some(tail)) = (g.revs.first(), g.revs.last()) else {
+                continue;
+            };
+            // A closed generation ends with its tombstone.
+            if gi != last && tail.main <= at {
+                return None;
+            }
+            if first.main <= at {
+                let n = g.revs.partition_point(|r| r.main <= at) - 1;
+                return Some(Found {
+                    modified: g.revs[n],
+                    created: g.created,
+                    version: g.ver - (g.revs.len() - 1 - n) as i64,
+                });
+            }
+        }
+        None
+    }
+
+    fn put(&mut self, rev: Revision) -> (Revision, i64) {
+        if self.generations.is_empty() {
+            self.generations.push(Generation::default());
+        }
+        let g = self.generations.last_mut().expect("a generation");
+        if g.revs.is_empty() {
+            g.created = rev;
+        }
+        if let Some(last) = g.revs.last() {
+            assert!(*last < rev, "key index put {rev:?} not after {last:?}");
+        }
+        g.revs.push(rev);
+        g.ver += 1;
+        (g.created, g.ver)
+    }
+
+    /// Removes revisions that no read at or after `at` can reach; returns them.
+    fn compact(&mut self, at: i64, removed: &mut Vec<Revision>) {
+        let mut gi = 0;
+        while gi + 1 < self.generations.len() {
+            let g = &self.generations[gi];
+            if g.revs
+                .last()
+                .expect("closed generations are not empty")
+                .main
+                > at
+            {
+                break;
+            }
+            removed.extend_from_slice(&g.revs);
+            gi += 1;
+        }
+        self.generations.drain(..gi);
+        let g = &mut self.generations[0];
+        let keep_from = g.revs.partition_point(|r| r.main <= at);
+        if keep_from > 1 {
+            removed.extend(g.revs.drain(..keep_from - 1));
+        }
+    }
+}
+
+/// Where a range ends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum End {
+    /// Only the start key.
+    Single,
+    /// Every key at or after the start key.
+    Open,
+    /// Keys before this one.
+    Before(Vec<u8>),
+}
+
+impl End {
+    /// etcd's encoding: empty means one key, "\0" means to the end of the keyspace.
+    pub(crate) fn from_range_end(range_end: &[u8]) -> End {
+        match range_end {
+            [] => End::Single,
+            [0] => End::Open,
+            e => End::Before(e.to_vec()),
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Index {
+    keys: BTreeMap<Vec<u8>, KeyIndex>,
+}
+
+impl Index {
+    pub(crate) fn get(&self, key: &[u8], at: i64) -> Option<Found> {
+        self.keys.get(key)?.get(at)
+    }
+
+    pub(crate) fn is_live(&self, key: &[u8]) -> bool {
+        self.keys.get(key).is_some_and(KeyIndex::is_live)
+    }
+
+    /// Records a put; returns the key's create revision and new version.
+    pub(crate) fn put(&mut self, key: &[u8], rev: Revision) -> (Revision, i64) {
+        if let Some(ki) = self.keys.get_mut(key) {
+            return ki.put(rev);
+        }
+        let mut ki = KeyIndex::default();
+        let r = ki.put(rev);
+        self.keys.insert(key.to_vec(), ki);
+        r
+    }
+
+    /// Rebuilds a key from a stored record whose generation may have lost its
+    /// earlier revisions to compaction.
+    pub(crate) fn restore(&mut self, key: &[u8], rev: Revision, created: i64, version: i64) {
+        let ki = self.keys.entry(key.to_vec()).or_default();
+        if ki.is_live() {
+            ki.put(rev);
+            return;
+        }
+        if ki.generations.is_empty() {
+            ki.generations.push(Generation::default());
+        }
+        let g = ki.generations.last_mut().expect("a generation");
+        g.created = Revision {
+            main: created,
+            sub: 0,
+        };
+        g.ver = version;
+        g.revs.push(rev);
+    }
+
+    /// Records a delete of a live key; false if the key is not live.
+    pub(crate) fn tombstone(&mut self, key: &[u8], rev: Revision) -> bool {
+        let Some(ki) = self.keys.get_mut(key) else {
+            return false;
+        };
+        if !ki.is_live() {
+            return false;
+        }
+        ki.put(rev);
+        ki.generations.push(Generation::default());
+        true
+    }
+
+    /// Visits keys of the range that exist at `at`, in key order (or reverse),
+    /// starting after `resume` when given; stops when `f` returns false.
+    pub(crate) fn visit(
+        &self,
+        key: &[u8],
+        end: &End,
+        at: i64,
+        resume: Option<&[u8]>,
+        reverse: bool,
+        mut f: impl FnMut(&[u8], Found) -> bool,
+    ) {
+        if let End::Single = end {
+            if resume.is_none() {
+                if let Some(found) = self.get(key, at) {
+                    f(key, found);
+                }
+            }
+            return;
+        }
+        let upper = match end {
+            End::Before(e) => {
+                if e.as_slice() <= key {
+                    return;
+                }
+                Bound::Excluded(e.as_slice())
+            }
+            _ => Bound::Unbounded,
+        };
+        let mut lower = Bound::Included(key);
+        let mut upper = upper;
+        if let Some(r) = resume {
+            if reverse {
+                upper = Bound::Excluded(r);
+                if r <= key {
+                    return;
+                }
+            } else {
+                lower = Bound::Excluded(r);
+                if let Bound::Excluded(e) = upper {
+                    if r >= e {
+                        return;
+                    }
+                }
+            }
+        }
+        let range = self.keys.range::<[u8], _>((lower, upper));
+        let mut visit = |(k, ki): (&Vec<u8>, &KeyIndex)| match ki.get(at) {
+            Some(found) => f(k, found),
+            None => true,
+        };
+        if reverse {
+            for e in range.rev() {
+                if !visit(e) {
+                    return;
+                }
+            }
+        } else {
+            for e in range {
+                if !visit(e) {
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Drops what compaction at `at` makes unreachable; returns the dropped
+    /// revisions, sorted, for physical removal.
+    pub(crate) fn compact(&mut self, at: i64) -> Vec<Revision> {
+        let mut removed = Vec::new();
+        self.keys.retain(|_, ki| {
+            ki.compact(at, &mut removed);
+            !ki.is_empty()
+        });
+        removed.sort_unstable();
+        removed
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.keys.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn r(main: i64) -> Revision {
+        Revision { main, sub: 0 }
+    }
+
+    #[test]
+    fn versions_and_generations_follow_puts_and_deletes() {
+        let mut ix = Index::default();
+        assert_eq!(ix.put(b"a", r(2)), (r(2), 1));
+        assert_eq!(ix.put(b"a", r(3)), (r(2), 2));
+        assert!(ix.tombstone(b"a", r(4)));
+        assert!(!ix.tombstone(b"a", r(5)));
+        assert_eq!(ix.put(b"a", r(6)), (r(6), 1));
+        assert_eq!(ix.get(b"a", 3).unwrap().version, 2);
+        assert_eq!(ix.get(b"a", 4), None);
+        assert_eq!(ix.get(b"a", 5), None);
+        assert_eq!(ix.get(b"a", 1), None);
+        assert_eq!(ix.get(b"a", 7).unwrap().modified, r(6));
+    }
+
+    #[test]
+    fn compaction_keeps_the_newest_revision_at_or_below_and_drops_dead_generations() {
+        let mut ix = Index::default();
+        ix.put(b"a", r(2));
+        ix.put(b"a", r(3));
+        ix.tombstone(b"a", r(4));
+        ix.put(b"b", r(5));
+        ix.put(b"b", r(6));
+        assert_eq!(ix.compact(3), vec![r(2)]);
+        assert_eq!(ix.get(b"a", 3).unwrap().modified, r(3));
+        assert_eq!(ix.compact(5), vec![r(3), r(4)]);
+        assert!(!ix.keys.contains_key(b"a".as_slice()));
+        assert_eq!(ix.get(b"b", 5).unwrap().version, 1);
+        assert_eq!(ix.compact(6), vec![r(5)]);
+        assert_eq!(ix.get(b"b", 6).unwrap().version, 2);
+    }
+}

@@ -1,0 +1,635 @@
+//! Read snapshots, ranges streamed in bounded chunks, and the snapshot stream
+//! that carries a whole store to another member (and its restore).
+//!
+//! A snapshot pins the meta it was taken at: its pages stay readable (the
+//! writer copies on write and reuses a page only once no snapshot can reach it)
+//! and it never blocks the writer.
+//!
+//! Snapshot stream chunk (integers little-endian):
+//! ```text
+//! 0   4  magic "CSNP"
+//! 4   1  kind: 1 header, 2 records, 3 leases, 4 end
+//! 5   8  sequence number, from 0
+//! 13  4  payload length P
+//! 17  4  CRC32 of bytes 4..17 and the payload
+//! 21  P  payload
+//! header:  applied_index u64, current_rev i64, compact_rev i64, format u32
+//! records: repeated { main i64, sub i64, length u32, encoded record }
+//! leases:  repeated { id i64, ttl i64, remaining ttl i64 }
+//! end:     record count u64, lease count u64
+//! ```
+
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::rc::Rc;
+
+use crate::btree::{self, Cursor, Mutation};
+use crate::error::{IoOp, OpenError, ReadError, SnapshotError, StorageError};
+use crate::index::{End, Found, Index};
+use crate::page::{get_i64, get_u32, get_u64, Meta, META_FLAG_RESTORING};
+use crate::pager::PageSource;
+use crate::record::{Record, RecordView};
+use crate::storage::{FileStorage, Storage};
+use crate::store::{Config, Registry, Store};
+use crate::types::*;
+use crate::view::{effective_sort, passes_filters, View};
+
+/// A consistent read view of the store at one revision.
+pub struct Snapshot {
+    src: Rc<PageSource>,
+    rev_root: u64,
+    committed_rev: i64,
+    pending: Vec<Rc<Record>>,
+    index: Rc<RefCell<Index>>,
+    compact: Rc<Cell<i64>>,
+    revision: i64,
+    applied_index: u64,
+    txn: u64,
+    registry: Registry,
+}
+
+impl Drop for Snapshot {
+    fn drop(&mut self) {
+        let mut reg = self.registry.borrow_mut();
+        let n = reg.get_mut(&self.txn).expect("snapshot registered");
+        *n -= 1;
+        if *n == 0 {
+            reg.remove(&self.txn);
+        }
+    }
+}
+
+impl Store {
+    /// A snapshot of everything applied so far. Cheap: it copies only the
+    /// records of the open batch.
+    pub fn snapshot(&self) -> Snapshot {
+        let txn = self.register_snapshot();
+        Snapshot {
+            src: self.pager.source.clone(),
+            rev_root: self.committed.rev_root,
+            committed_rev: self.committed.current_rev,
+            pending: self.pending.clone(),
+            index: self.index.clone(),
+            compact: self.compact_rev.clone(),
+            revision: self.current_rev,
+            applied_index: self.applied_index,
+            txn,
+            registry: self.snapshots.clone(),
+        }
+    }
+
+    /// A stream of the whole store as chunks, for a Raft snapshot or a backup.
+    pub fn snapshot_stream(&self) -> SnapshotStream {
+        let snap = self.snapshot();
+        let leases = self
+            .leases
+            .iter()
+            .map(|(id, l)| (*id, l.ttl_secs, l.remaining_ttl_secs))
+            .collect();
+        SnapshotStream {
+            header: (self.applied_index, self.current_rev, self.compact_rev.get()),
+            snap,
+            skip: self.pending_deletes.clone(),
+            leases,
+            chunk_bytes: self.cfg.snapshot_chunk_bytes,
+            phase: Phase::Header,
+            seq: 0,
+            cursor: None,
+            tree_done: false,
+            pending_pos: 0,
+            lease_pos: 0,
+            records: 0,
+        }
+    }
+
+    /// Builds a new store in `dir` for `shard` from a snapshot stream.
+    pub fn restore(
+        dir: &Path,
+        shard: u32,
+        cfg: Config,
+        chunks: impl IntoIterator<Item = Vec<u8>>,
+    ) -> Result<Store, SnapshotError> {
+        let path = Store::file_path(dir, shard);
+        let name = path.display().to_string();
+        std::fs::create_dir_all(dir)
+            .map_err(|e| OpenError::from(StorageError::new(&name, IoOp::Open, 0, e)))?;
+        if path.exists() && std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0) > 0 {
+            return Err(SnapshotError::TargetNotEmpty { file: name });
+        }
+        let fs = FileStorage::open(&path)
+            .map_err(|e| OpenError::from(StorageError::new(&name, IoOp::Open, 0, e)))?;
+        crate::store::flock(fs.file().expect("a real file"))
+            .map_err(|_| OpenError::Locked { file: name.clone() })?;
+        Store::restore_with(Box::new(fs), &name, cfg, chunks)
+    }
+
+    /// Builds a new store on empty `storage` from a snapshot stream. Until the
+    /// last chunk is committed the file is marked as restoring and refuses to open.
+    pub fn restore_with(
+        storage: Box<dyn Storage>,
+        name: &str,
+        cfg: Config,
+        chunks: impl IntoIterator<Item = Vec<u8>>,
+    ) -> Result<Store, SnapshotError> {
+        let empty = storage
+            .is_empty()
+            .map_err(|e| OpenError::from(StorageError::new(name, IoOp::Open, 0, e)))?;
+        if !empty {
+            return Err(SnapshotError::TargetNotEmpty {
+                file: name.to_string(),
+            });
+        }
+        let mut store = Store::open_inner(storage, name, cfg, true)?;
+        let mut seq = 0u64;
+        let mut header = None;
+        let mut records = 0u64;
+        let mut leases = 0u64;
+        let mut last_rev = (0u64, 0u64);
+        let mut finished = false;
+        for chunk in chunks {
+            if finished {
+                return Err(SnapshotError::BadChunk {
+                    seq,
+                    what: "data after the end chunk".into(),
+                });
+            }
+            let (kind, payload) = parse_chunk(&chunk, seq)?;
+            let bad = |what: &str| SnapshotError::BadChunk {
+                seq,
+                what: what.to_string(),
+            };
+            match kind {
+                KIND_HEADER => {
+                    if seq != 0 || payload.len() != 28 {
+                        return Err(bad("misplaced or malformed header"));
+                    }
+                    if get_u32(payload, 24) != SNAPSHOT_FORMAT {
+                        return Err(bad("unknown snapshot format"));
+                    }
+                    header = Some((
+                        get_u64(payload, 0),
+                        get_i64(payload, 8),
+                        get_i64(payload, 16),
+                    ));
+                }
+                KIND_RECORDS | KIND_LEASES => {
+                    let Some((_, current_rev, _)) = header else {
+                        return Err(bad("data before the header"));
+                    };
+                    let mut muts: Vec<Mutation> = Vec::new();
+                    let mut lease_muts: Vec<Mutation> = Vec::new();
+                    let mut p = payload;
+                    while !p.is_empty() {
+                        if kind == KIND_RECORDS {
+                            if p.len() < 20 {
+                                return Err(bad("truncated record"));
+                            }
+                            let key = (get_u64(p, 0), get_u64(p, 8));
+                            let len = get_u32(p, 16) as usize;
+                            let body =
+                                p.get(20..20 + len).ok_or_else(|| bad("truncated record"))?;
+                            let rec = RecordView::parse(body).map_err(bad)?;
+                            if key <= last_rev
+                                || rec.mod_revision() != key.0 as i64
+                                || key.0 as i64 > current_rev
+                            {
+                                return Err(bad("record revisions out of order"));
+                            }
+                            last_rev = key;
+                            muts.push((key, Some(body.to_vec())));
+                            records += 1;
+                            p = &p[20 + len..];
+                        } else {
+                            if p.len() < 24 {
+                                return Err(bad("truncated lease"));
+                            }
+                            let mut v = p[8..24].to_vec();
+                            v.truncate(16);
+                            lease_muts.push(((get_i64(p, 0) as u64, 0), Some(v)));
+                            leases += 1;
+                            p = &p[24..];
+                        }
+                    }
+                    lease_muts.sort_by_key(|m| m.0);
+                    store.write_restored(muts, lease_muts, None)?;
+                }
+                KIND_END => {
+                    let Some(h) = header else {
+                        return Err(bad("end before the header"));
+                    };
+                    if payload.len() != 16
+                        || get_u64(payload, 0) != records
+                        || get_u64(payload, 8) != leases
+                    {
+                        return Err(bad("counts disagree with the chunks received"));
+                    }
+                    store.write_restored(Vec::new(), Vec::new(), Some(h))?;
+                    finished = true;
+                }
+                _ => return Err(bad("unknown chunk kind")),
+            }
+            seq += 1;
+        }
+        if !finished {
+            return Err(SnapshotError::Incomplete { chunks: seq });
+        }
+        store.rebuild()?;
+        tracing::info!(
+            file = name,
+            records,
+            leases,
+            applied_index = store.applied_index,
+            "restored store from snapshot"
+        );
+        Ok(store)
+    }
+
+    /// Commits restored records; the final call (with the header) clears the
+    /// restoring flag.
+    fn write_restored(
+        &mut self,
+        muts: Vec<Mutation>,
+        lease_muts: Vec<Mutation>,
+        last: Option<(u64, i64, i64)>,
+    ) -> Result<(), SnapshotError> {
+        let txn = self.committed.txn + 1;
+        self.pager.txn = txn;
+        let rev_root = btree::apply(&mut self.pager, self.committed.rev_root, muts)
+            .map_err(crate::error::CommitError::from)?;
+        let lease_root = btree::apply(&mut self.pager, self.committed.lease_root, lease_muts)
+            .map_err(crate::error::CommitError::from)?;
+        let (applied_index, current_rev, compact_rev, flags) = match last {
+            Some((a, c, k)) => (a, c, k, 0),
+            None => (0, 1, 0, META_FLAG_RESTORING),
+        };
+        self.applied_index = applied_index;
+        self.current_rev = current_rev;
+        self.compact_rev.set(compact_rev);
+        let meta = Meta {
+            txn,
+            rev_root,
+            lease_root,
+            applied_index,
+            current_rev,
+            compact_rev,
+            flags,
+        };
+        self.commit_meta(meta)?;
+        Ok(())
+    }
+}
+
+const SNAPSHOT_MAGIC: [u8; 4] = *b"CSNP";
+const SNAPSHOT_FORMAT: u32 = 1;
+const KIND_HEADER: u8 = 1;
+const KIND_RECORDS: u8 = 2;
+const KIND_LEASES: u8 = 3;
+const KIND_END: u8 = 4;
+const CHUNK_KIND_OFFSET: usize = SNAPSHOT_MAGIC.len();
+const CHUNK_SEQ_OFFSET: usize = CHUNK_KIND_OFFSET + size_of::<u8>();
+const CHUNK_LEN_OFFSET: usize = CHUNK_SEQ_OFFSET + size_of::<u64>();
+const CHUNK_CRC_OFFSET: usize = CHUNK_LEN_OFFSET + size_of::<u32>();
+const CHUNK_HEADER_BYTES: usize = CHUNK_CRC_OFFSET + size_of::<u32>();
+
+fn make_chunk(kind: u8, seq: u64, payload: &[u8]) -> Vec<u8> {
+    let mut b = Vec::with_capacity(CHUNK_HEADER_BYTES + payload.len());
+    b.extend_from_slice(&SNAPSHOT_MAGIC);
+    b.push(kind);
+    b.extend_from_slice(&seq.to_le_bytes());
+    b.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    let mut h = crc32fast::Hasher::new();
+    h.update(&b[CHUNK_KIND_OFFSET..CHUNK_CRC_OFFSET]);
+    h.update(payload);
+    b.extend_from_slice(&h.finalize().to_le_bytes());
+    b.extend_from_slice(payload);
+    b
+}
+
+fn parse_chunk(b: &[u8], seq: u64) -> Result<(u8, &[u8]), SnapshotError> {
+    let bad = |what: &str| SnapshotError::BadChunk {
+        seq,
+        what: what.to_string(),
+    };
+    if b.len() < CHUNK_HEADER_BYTES || b[..4] != SNAPSHOT_MAGIC {
+        return Err(bad("bad magic or short chunk"));
+    }
+    let len = get_u32(b, CHUNK_LEN_OFFSET) as usize;
+    if b.len() != CHUNK_HEADER_BYTES + len {
+        return Err(bad("length disagrees with the chunk size"));
+    }
+    let mut h = crc32fast::Hasher::new();
+    h.update(&b[CHUNK_KIND_OFFSET..CHUNK_CRC_OFFSET]);
+    h.update(&b[CHUNK_HEADER_BYTES..]);
+    if h.finalize() != get_u32(b, CHUNK_CRC_OFFSET) {
+        return Err(bad("checksum mismatch"));
+    }
+    if get_u64(b, CHUNK_SEQ_OFFSET) != seq {
+        return Err(bad("out of sequence"));
+    }
+    Ok((b[CHUNK_KIND_OFFSET], &b[CHUNK_HEADER_BYTES..]))
+}
+
+enum Phase {
+    Header,
+    Records,
+    Leases,
+    End,
+    Done,
+}
+
+/// The chunks of one snapshot, produced lazily; at most one chunk is in memory.
+pub struct SnapshotStream {
+    snap: Snapshot,
+    header: (u64, i64, i64),
+    skip: BTreeSet<Revision>,
+    leases: Vec<(i64, i64, i64)>,
+    chunk_bytes: usize,
+    phase: Phase,
+    seq: u64,
+    cursor: Option<Cursor>,
+    tree_done: bool,
+    pending_pos: usize,
+    lease_pos: usize,
+    records: u64,
+}
+
+impl SnapshotStream {
+    pub fn applied_index(&self) -> u64 {
+        self.header.0
+    }
+    pub fn revision(&self) -> i64 {
+        self.header.1
+    }
+
+    fn next_records(&mut self) -> Result<Option<Vec<u8>>, SnapshotError> {
+        let mut payload = Vec::new();
+        let src = self.snap.src.clone();
+        let push = |payload: &mut Vec<u8>, main: i64, sub: i64, rec: &[u8]| {
+            payload.extend_from_slice(&main.to_le_bytes());
+            payload.extend_from_slice(&sub.to_le_bytes());
+            payload.extend_from_slice(&(rec.len() as u32).to_le_bytes());
+            payload.extend_from_slice(rec);
+        };
+        if !self.tree_done {
+            if self.cursor.is_none() {
+                self.cursor =
+                    Some(Cursor::seek(&src, self.snap.rev_root, (0, 0)).map_err(ReadError::from)?);
+            }
+            let c = self.cursor.as_mut().expect("cursor set");
+            while payload.len() < self.chunk_bytes {
+                let Some((k, lv)) = c.next(&src).map_err(ReadError::from)? else {
+                    self.tree_done = true;
+                    break;
+                };
+                let rev = Revision {
+                    main: k.0 as i64,
+                    sub: k.1 as i64,
+                };
+                if rev.main > self.snap.committed_rev || self.skip.contains(&rev) {
+                    continue;
+                }
+                let v = btree::resolve(&src, lv).map_err(ReadError::from)?;
+                push(&mut payload, rev.main, rev.sub, &v);
+                self.records += 1;
+            }
+            if self.tree_done {
+                self.cursor = None;
+            }
+        }
+        if self.tree_done {
+            while payload.len() < self.chunk_bytes && self.pending_pos < self.snap.pending.len() {
+                let r = &self.snap.pending[self.pending_pos];
+                self.pending_pos += 1;
+                if self.skip.contains(&r.rev) {
+                    continue;
+                }
+                push(&mut payload, r.rev.main, r.rev.sub, &r.encode());
+                self.records += 1;
+            }
+            if self.pending_pos >= self.snap.pending.len() {
+                self.phase = Phase::Leases;
+            }
+        }
+        if payload.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(payload))
+    }
+}
+
+impl Iterator for SnapshotStream {
+    type Item = Result<Vec<u8>, SnapshotError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            let (kind, payload) = match self.phase {
+                Phase::Header => {
+                    let mut p = Vec::with_capacity(28);
+                    p.extend_from_slice(&self.header.0.to_le_bytes());
+                    p.extend_from_slice(&self.header.1.to_le_bytes());
+                    p.extend_from_slice(&self.header.2.to_le_bytes());
+                    p.extend_from_slice(&SNAPSHOT_FORMAT.to_le_bytes());
+                    self.phase = Phase::Records;
+                    (KIND_HEADER, p)
+                }
+                Phase::Records => match self.next_records() {
+                    Ok(Some(p)) => (KIND_RECORDS, p),
+                    Ok(None) => continue,
+                    Err(e) => {
+                        self.phase = Phase::Done;
+                        return Some(Err(e));
+                    }
+                },
+                Phase::Leases => {
+                    if self.lease_pos >= self.leases.len() {
+                        self.phase = Phase::End;
+                        continue;
+                    }
+                    let mut p = Vec::new();
+                    while p.len() < self.chunk_bytes && self.lease_pos < self.leases.len() {
+                        let (id, ttl, rem) = self.leases[self.lease_pos];
+                        p.extend_from_slice(&id.to_le_bytes());
+                        p.extend_from_slice(&ttl.to_le_bytes());
+                        p.extend_from_slice(&rem.to_le_bytes());
+                        self.lease_pos += 1;
+                    }
+                    (KIND_LEASES, p)
+                }
+                Phase::End => {
+                    let mut p = Vec::with_capacity(16);
+                    p.extend_from_slice(&self.records.to_le_bytes());
+                    p.extend_from_slice(&(self.leases.len() as u64).to_le_bytes());
+                    self.phase = Phase::Done;
+                    (KIND_END, p)
+                }
+                Phase::Done => return None,
+            };
+            let chunk = make_chunk(kind, self.seq, &payload);
+            self.seq += 1;
+            return Some(Ok(chunk));
+        }
+    }
+}
+
+impl Snapshot {
+    /// The revision this snapshot reads at.
+    pub fn revision(&self) -> i64 {
+        self.revision
+    }
+    pub fn applied_index(&self) -> u64 {
+        self.applied_index
+    }
+
+    fn with_view<R>(&self, f: impl FnOnce(&View<'_>) -> R) -> R {
+        let idx = self.index.borrow();
+        let v = View {
+            src: &self.src,
+            rev_root: self.rev_root,
+            committed_rev: self.committed_rev,
+            pending: &self.pending,
+            index: &idx,
+            current_rev: self.revision,
+            compact_rev: self.compact.get(),
+        };
+        f(&v)
+    }
+
+    /// A range at this snapshot's revision (or an older one).
+    pub fn range(&self, req: &RangeRequest) -> Result<RangeResponse, ReadError> {
+        self.with_view(|v| v.range(req))
+    }
+
+    /// A range produced in chunks of at most `Config::range_chunk_keys` keys, so
+    /// that memory stays bounded however many keys match. Sorting by anything but
+    /// the key needs the whole result and is refused.
+    pub fn range_stream(
+        self,
+        req: RangeRequest,
+        chunk_keys: usize,
+    ) -> Result<RangeStream, ReadError> {
+        if req.key.is_empty() {
+            return Err(ReadError::EmptyKey);
+        }
+        let reverse = match effective_sort(&req) {
+            None => false,
+            Some((SortTarget::Key, true)) => true,
+            Some((SortTarget::Key, false)) => false,
+            Some((SortTarget::Version, _)) => return Err(ReadError::NotStreamable("version")),
+            Some((SortTarget::Create, _)) => {
+                return Err(ReadError::NotStreamable("create revision"))
+            }
+            Some((SortTarget::Mod, _)) => return Err(ReadError::NotStreamable("mod revision")),
+            Some((SortTarget::Value, _)) => return Err(ReadError::NotStreamable("value")),
+        };
+        let at = self.with_view(|v| v.check_rev(req.revision))?;
+        let end = End::from_range_end(&req.range_end);
+        let mut count = 0i64;
+        self.index
+            .borrow()
+            .visit(&req.key, &end, at, None, false, |_, _| {
+                count += 1;
+                true
+            });
+        Ok(RangeStream {
+            done: req.count_only,
+            snap: self,
+            end,
+            at,
+            reverse,
+            cursor: None,
+            emitted: 0,
+            more: false,
+            count,
+            chunk_keys: chunk_keys.clamp(1, crate::store::MAX_CHUNK_KEYS_LIMIT),
+            req,
+        })
+    }
+}
+
+/// A range served chunk by chunk from a snapshot. `count` and `more` are those
+/// etcd would report for the same request.
+pub struct RangeStream {
+    snap: Snapshot,
+    req: RangeRequest,
+    end: End,
+    at: i64,
+    reverse: bool,
+    cursor: Option<Vec<u8>>,
+    emitted: i64,
+    more: bool,
+    count: i64,
+    chunk_keys: usize,
+    done: bool,
+}
+
+impl RangeStream {
+    /// Keys in the range at the read revision (before limit and filters).
+    pub fn count(&self) -> i64 {
+        self.count
+    }
+    /// Whether keys beyond `limit` matched; final once `next_chunk` returned None.
+    pub fn more(&self) -> bool {
+        self.more
+    }
+    /// The header revision etcd would answer with.
+    pub fn revision(&self) -> i64 {
+        self.snap.revision
+    }
+
+    /// The next chunk of key-values, or None when the range is exhausted.
+    pub fn next_chunk(&mut self) -> Result<Option<Vec<KeyValue>>, ReadError> {
+        if self.done {
+            return Ok(None);
+        }
+        let compact = self.snap.compact.get();
+        if self.at < compact {
+            self.done = true;
+            return Err(ReadError::Compacted {
+                revision: self.at,
+                compact_revision: compact,
+            });
+        }
+        let left = if self.req.limit > 0 {
+            (self.req.limit - self.emitted) as usize
+        } else {
+            usize::MAX
+        };
+        let want = self.chunk_keys.min(left);
+        let mut got: Vec<(Vec<u8>, Found)> = Vec::with_capacity(want + 1);
+        let req = &self.req;
+        self.snap.index.borrow().visit(
+            &req.key,
+            &self.end,
+            self.at,
+            self.cursor.as_deref(),
+            self.reverse,
+            |k, f| {
+                if passes_filters(req, &f) {
+                    got.push((k.to_vec(), f));
+                }
+                got.len() <= want
+            },
+        );
+        if got.len() > want {
+            got.truncate(want);
+            if want == left {
+                self.more = true;
+                self.done = true;
+            }
+        } else {
+            self.done = true;
+        }
+        if got.is_empty() {
+            return Ok(None);
+        }
+        self.cursor = got.last().map(|(k, _)| k.clone());
+        self.emitted += got.len() as i64;
+        let kvs = self.snap.with_view(|v| {
+            got.iter()
+                .map(|(_, f)| v.kv(f.modified, self.req.keys_only))
+                .collect::<Result<Vec<_>, _>>()
+        })?;
+        Ok(Some(kvs))
+    }
+}
