@@ -1,0 +1,246 @@
+//! A 3-member cluster of real `cairn` processes on 127.0.0.1, driven by the
+//! third-party `etcd-client` crate. Guards against: writes that only work on
+//! the leader, followers serving stale linearizable reads, txn compare-and-swap
+//! letting two writers win, keys routed to the wrong shard, merged ranges out of
+//! order or miscounted, cross-shard txns silently accepted, and bad requests
+//! getting anything but etcd's errors — or taking the daemon down.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::time::Duration;
+
+use common::{client, wait_writable, Cluster};
+use etcd_client::{
+    Compare, CompareOp, DeleteOptions, GetOptions, SortOrder, SortTarget, Txn, TxnOp,
+};
+use tonic::Code;
+
+fn status_of(e: etcd_client::Error) -> tonic::Status {
+    match e {
+        etcd_client::Error::GRpcStatus(s) => s,
+        other => panic!("expected a gRPC status, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_member_cluster_behaves_like_etcd() {
+    let cluster = Cluster::start(3, &["--shards", "4", "--cores", "2"]);
+    let eps = cluster.endpoints();
+    let mut clients = Vec::new();
+    for ep in &eps {
+        let mut c = client(ep).await;
+        wait_writable(&mut c, &format!("/ready/{ep}")).await;
+        clients.push(c);
+    }
+
+    // Writes on any member; linearizable reads on every member see the latest.
+    for round in 0..3 {
+        for (i, writer) in clients.clone().iter_mut().enumerate() {
+            let value = format!("v{round}-{i}");
+            writer.put("/cfg/shared", value.clone(), None).await.unwrap();
+            for (j, reader) in clients.iter_mut().enumerate() {
+                let r = reader.get("/cfg/shared", None).await.unwrap();
+                assert_eq!(
+                    r.kvs()[0].value_str().unwrap(),
+                    value,
+                    "member {j} missed the write made through member {i}\n{}",
+                    cluster.logs()
+                );
+            }
+        }
+    }
+
+    // Serializable reads are served locally and catch up.
+    clients[0].put("/cfg/serial", "s1", None).await.unwrap();
+    for reader in clients.iter_mut() {
+        let mut seen = String::new();
+        for _ in 0..100 {
+            let r = reader
+                .get("/cfg/serial", Some(GetOptions::new().with_serializable()))
+                .await
+                .unwrap();
+            if let Some(kv) = r.kvs().first() {
+                seen = kv.value_str().unwrap().to_string();
+                if seen == "s1" {
+                    break;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(seen, "s1");
+    }
+
+    // Compare-and-swap under contention: exactly one winner per round.
+    clients[0].put("/lock/cas", "0", None).await.unwrap();
+    for round in 0..5 {
+        let current = clients[0].get("/lock/cas", None).await.unwrap().kvs()[0].mod_revision();
+        let mut tasks = Vec::new();
+        for i in 0..12 {
+            let mut c = clients[i % clients.len()].clone();
+            tasks.push(tokio::spawn(async move {
+                let txn = Txn::new()
+                    .when([Compare::mod_revision("/lock/cas", CompareOp::Equal, current)])
+                    .and_then([TxnOp::put("/lock/cas", format!("{round}-{i}"), None)]);
+                c.txn(txn).await.map(|r| r.succeeded())
+            }));
+        }
+        let mut winners = 0;
+        for t in tasks {
+            if t.await.unwrap().expect("txn must not fail") {
+                winners += 1;
+            }
+        }
+        assert_eq!(winners, 1, "round {round}: exactly one compare-and-swap wins");
+    }
+
+    // Keys spread over shards; a range over all of them is merged in key order
+    // with etcd's limit, count and more.
+    let mut expected = BTreeMap::new();
+    for i in 0..40 {
+        let key = format!("/merge{i:02}/item");
+        clients[i % 3].put(key.clone(), format!("{i}"), None).await.unwrap();
+        expected.insert(key, format!("{i}"));
+    }
+    let r = clients[1]
+        .get("/merge", Some(GetOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    let got: Vec<(String, String)> = r
+        .kvs()
+        .iter()
+        .map(|kv| (kv.key_str().unwrap().to_string(), kv.value_str().unwrap().to_string()))
+        .collect();
+    let want: Vec<(String, String)> = expected.clone().into_iter().collect();
+    assert_eq!(got, want, "merged range in key order");
+    assert_eq!(r.count(), 40);
+    let r = clients[2]
+        .get("/merge", Some(GetOptions::new().with_prefix().with_limit(7)))
+        .await
+        .unwrap();
+    assert_eq!(r.kvs().len(), 7);
+    assert!(r.more());
+    assert_eq!(r.count(), 40);
+    assert_eq!(r.kvs()[6].key_str().unwrap(), "/merge06/item");
+    let r = clients[0]
+        .get(
+            "/merge",
+            Some(
+                GetOptions::new()
+                    .with_prefix()
+                    .with_sort(SortTarget::Key, SortOrder::Descend)
+                    .with_limit(3),
+            ),
+        )
+        .await
+        .unwrap();
+    let keys: Vec<&str> = r.kvs().iter().map(|kv| kv.key_str().unwrap()).collect();
+    assert_eq!(keys, vec!["/merge39/item", "/merge38/item", "/merge37/item"]);
+    let r = clients[0]
+        .get("/merge", Some(GetOptions::new().with_prefix().with_count_only()))
+        .await
+        .unwrap();
+    assert_eq!(r.count(), 40);
+    assert!(r.kvs().is_empty());
+
+    // A txn over keys of one routing prefix works; over two shards it is refused.
+    let ok = clients[0]
+        .txn(Txn::new().and_then([
+            TxnOp::put("/registry/pods/a", "1", None),
+            TxnOp::put("/registry/pods/b", "2", None),
+        ]))
+        .await
+        .unwrap();
+    assert!(ok.succeeded());
+    let mut refused = None;
+    for i in 1..40 {
+        let other = format!("/merge{i:02}/item");
+        let r = clients[0]
+            .txn(Txn::new().and_then([
+                TxnOp::put("/merge00/item", "x", None),
+                TxnOp::put(other.as_str(), "y", None),
+            ]))
+            .await;
+        if let Err(e) = r {
+            refused = Some(status_of(e));
+            break;
+        }
+    }
+    let s = refused.expect("some pair of prefixes lands on two of four shards");
+    assert_eq!(s.code(), Code::FailedPrecondition);
+    assert!(s.message().contains("span shards"), "{}", s.message());
+
+    // Deleting a prefix across shards.
+    let d = clients[1]
+        .delete("/merge", Some(DeleteOptions::new().with_prefix().with_prev_key()))
+        .await
+        .unwrap();
+    assert_eq!(d.deleted(), 40);
+    assert_eq!(d.prev_kvs().len(), 40);
+
+    // Bad input gets etcd's errors.
+    let e = status_of(clients[0].put("", "v", None).await.unwrap_err());
+    assert_eq!((e.code(), e.message()), (Code::InvalidArgument, "etcdserver: key is not provided"));
+    let big = vec![b'x'; 1_600_000];
+    let e = status_of(clients[0].put("/big", big, None).await.unwrap_err());
+    assert_eq!((e.code(), e.message()), (Code::InvalidArgument, "etcdserver: request is too large"));
+    let ops: Vec<TxnOp> = (0..129).map(|i| TxnOp::put(format!("/registry/x/{i}"), "v", None)).collect();
+    let e = status_of(clients[0].txn(Txn::new().and_then(ops)).await.unwrap_err());
+    assert_eq!(
+        (e.code(), e.message()),
+        (Code::InvalidArgument, "etcdserver: too many operations in txn request")
+    );
+    let rev = clients[0].put("/rev/k", "1", None).await.unwrap().header().unwrap().revision();
+    let e = status_of(
+        clients[0]
+            .get("/rev/k", Some(GetOptions::new().with_revision(rev + 1000)))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(
+        (e.code(), e.message()),
+        (Code::OutOfRange, "etcdserver: mvcc: required revision is a future revision")
+    );
+    clients[0].put("/rev/k", "2", None).await.unwrap();
+    clients[0].put("/rev/k", "3", None).await.unwrap();
+    let latest = clients[0].get("/rev/k", None).await.unwrap();
+    let latest_rev = latest.kvs()[0].mod_revision();
+    clients[0].compact(latest_rev, None).await.unwrap();
+    let e = status_of(
+        clients[0]
+            .get("/rev/k", Some(GetOptions::new().with_revision(rev)))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(
+        (e.code(), e.message()),
+        (Code::OutOfRange, "etcdserver: mvcc: required revision has been compacted")
+    );
+
+    // Garbage on the client and peer ports closes those connections only.
+    for port in [cluster.members[0].client_port, cluster.members[0].peer_port] {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let _ = s.write_all(&[0xde; 4096]);
+        let mut buf = [0u8; 1024];
+        // The member answers with an error or closes; either way it does not hang.
+        let _ = s.read(&mut buf);
+    }
+    let r = clients[0].get("/cfg/shared", None).await.unwrap();
+    assert_eq!(r.kvs().len(), 1, "still serving after garbage");
+
+    // Every member holds the same keyspace once it has applied what is committed.
+    let mut hashes = Vec::new();
+    for _ in 0..50 {
+        hashes.clear();
+        for c in clients.iter_mut() {
+            hashes.push(c.hash_kv(0).await.unwrap().hash());
+        }
+        if hashes.windows(2).all(|w| w[0] == w[1]) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(hashes.windows(2).all(|w| w[0] == w[1]), "HashKV differs: {hashes:?}");
+}
