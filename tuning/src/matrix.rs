@@ -26,7 +26,7 @@ const _: () =
 pub const DURATION_FULL: Duration = Duration::from_secs(3);
 pub const DURATION_QUICK: Duration = Duration::from_millis(400);
 /// Size of each experiment's file (appends stop at its end).
-pub const FILE_SIZE_FULL_BYTES: u64 = 256 << 20;
+pub const FILE_SIZE_FULL_BYTES: u64 = 128 << 20;
 pub const FILE_SIZE_QUICK_BYTES: u64 = 32 << 20;
 
 /// The limits of a full or a `--quick` run.

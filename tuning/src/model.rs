@@ -115,7 +115,7 @@ impl IoMode {
 
 /// How an append is made durable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, PartialOrd, Ord)]
-#[serde(rename_all = "kebab-case")]
+#[serde(rename_all = "snake_case")]
 pub enum SyncMode {
     /// write, then fdatasync.
     Fdatasync,
