@@ -64,6 +64,10 @@ fn renderer_output_parses_as_prometheus_text() {
         ("cairn_wal_backend_info", "gauge"),
         ("cairn_core_wal_fsync_duration_seconds", "histogram"),
         ("cairn_shard_has_leader", "gauge"),
+        ("process_resident_memory_bytes", "gauge"),
+        ("process_open_fds", "gauge"),
+        ("process_cpu_seconds_total", "counter"),
+        ("cairn_build_info", "gauge"),
     ];
     for (name, kind) in expected_types {
         let family = e.family(name).unwrap_or_else(|| panic!("{name} missing"));

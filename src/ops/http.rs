@@ -297,7 +297,11 @@ fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
 
 /// Binds the listener for one `--listen-metrics-urls` entry.
 pub async fn bind_metrics_url(url: &str) -> Result<TcpListener, HttpError> {
-    let addr = parse_metrics_url(url)?;
+    bind(parse_metrics_url(url)?).await
+}
+
+/// Binds a metrics listener on an address already parsed from the config.
+pub async fn bind(addr: SocketAddr) -> Result<TcpListener, HttpError> {
     TcpListener::bind(addr)
         .await
         .map_err(|source| HttpError::Bind { addr, source })

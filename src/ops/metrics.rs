@@ -256,6 +256,7 @@ pub struct RegistryBuilder {
     descs: Vec<Desc>,
     core_block_slots: usize,
     shard_block_slots: usize,
+    process_metrics: bool,
 }
 
 impl RegistryBuilder {
@@ -269,7 +270,13 @@ impl RegistryBuilder {
             descs: Vec::new(),
             core_block_slots: 0,
             shard_block_slots: 0,
+            process_metrics: false,
         })
+    }
+
+    /// Also render the standard `process_*` families and `cairn_build_info`.
+    pub fn with_process_metrics(&mut self) {
+        self.process_metrics = true;
     }
 
     /// Declares that `shard` lives on `core`; its series carry both labels.
@@ -418,6 +425,7 @@ impl RegistryBuilder {
             core_block_slots: self.core_block_slots,
             shard_block_slots: self.shard_block_slots,
             shards_by_core,
+            process_metrics: self.process_metrics,
         });
         let slabs = (0..self.core_count)
             .map(|core| {
@@ -479,6 +487,7 @@ struct Shape {
     core_block_slots: usize,
     shard_block_slots: usize,
     shards_by_core: Vec<Vec<u32>>,
+    process_metrics: bool,
 }
 
 #[repr(align(128))]
@@ -580,6 +589,9 @@ impl Registry {
         }
         for desc in &self.shape.descs {
             self.render_labelled(out, desc);
+        }
+        if self.shape.process_metrics {
+            super::process::render_into(out);
         }
     }
 

@@ -14,12 +14,42 @@
 //!   `--listen-metrics-urls` listeners and, by sniffing, on the client port;
 //! - [`logging`] installs the `tracing` subscriber for `--log-format` and
 //!   `--log-level`.
+//!
+//! # Wiring into the daemon
+//!
+//! At start, after `Config::validate()`:
+//! 1. `logging::init_logging(format, &config.log_level)`.
+//! 2. `let placement: Vec<(ShardId, usize)> = table.shard_ids().map(|s| (s,
+//!    table.core_for_shard(s))).collect();` then
+//!    `let (registry, recorders) = server_metrics::server_metrics(config.cores,
+//!    &placement)?;` and move `recorders[core]` onto core `core`. The core's WAL
+//!    calls `wal_fsync(elapsed)` after each data sync, `wal_group_commit(appends,
+//!    bytes)` after each flush and `set_wal_backend(..)` once its backend is
+//!    chosen; each shard keeps `recorders[core].shard(shard)` and calls
+//!    `set_leader`, `set_term`, `set_committed_index`, `set_applied_index`,
+//!    `proposals_pending_add`, `proposal_failed`, `slow_apply`,
+//!    `backend_commit(elapsed)`, `set_db_size`.
+//! 3. `let readiness = Readiness::new(&shard_ids);` the shards report
+//!    `set_shard_has_leader`, the node `set_recovered` / `set_caught_up`, the
+//!    quota check `set_alarm`.
+//! 4. `let mut life = lifecycle::Lifecycle::from_env(config.cores);` each core
+//!    spawns `Arc::clone(life.watchdog()).run_check_ins(core)` on its runtime.
+//! 5. `let endpoints = http::OpsEndpoints::new(Arc::new(registry), readiness,
+//!    Some(Arc::clone(life.watchdog())));` then for each `--listen-metrics-urls`
+//!    address `http::serve_listener(http::bind(addr).await?, endpoints.clone(),
+//!    shutdown)`, and on each client listener `http::serve_client_port(listener,
+//!    endpoints.clone(), grpc_tx, shutdown)` with tonic's
+//!    `serve_with_incoming(ReceiverStream::new(grpc_rx))`.
+//! 6. `life.ready_when_ready(&readiness, "serving").await` (long recoveries call
+//!    `life.extend_start_timeout(..)`); on SIGTERM/SIGINT
+//!    `life.stopping("shutting down")` before draining.
 
 pub mod http;
 pub mod lifecycle;
 pub mod logging;
 pub mod metrics;
 pub mod notify;
+pub mod process;
 pub mod readiness;
 pub mod server_metrics;
 pub mod watchdog;

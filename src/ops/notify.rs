@@ -107,12 +107,12 @@ impl Notifier {
     /// `READY=1`, with a status line. Send only once the member is ready (see
     /// [`super::readiness::Readiness::wait_ready`]).
     pub fn ready(&self, status: &str) -> Result<Sent, NotifyError> {
-        self.send(&[("READY", "1"), ("STATUS", status)])
+        self.send(&[("READY", "1"), ("STATUS", &status_text(status))])
     }
 
     /// `STOPPING=1`, when a clean shutdown begins.
     pub fn stopping(&self, status: &str) -> Result<Sent, NotifyError> {
-        self.send(&[("STOPPING", "1"), ("STATUS", status)])
+        self.send(&[("STOPPING", "1"), ("STATUS", &status_text(status))])
     }
 
     /// `WATCHDOG=1`: the keepalive. Send through [`super::watchdog::Watchdog`],
@@ -123,7 +123,7 @@ impl Notifier {
 
     /// `STATUS=...`, free text shown by `systemctl status`.
     pub fn status(&self, status: &str) -> Result<Sent, NotifyError> {
-        self.send(&[("STATUS", status)])
+        self.send(&[("STATUS", &status_text(status))])
     }
 
     /// `EXTEND_TIMEOUT_USEC=...`: asks for more time to start or stop, e.g. while
@@ -167,6 +167,21 @@ impl Notifier {
         })?;
         Ok(Sent::Delivered)
     }
+}
+
+/// A status line as systemd shows it: one line, at most [`MAX_STATUS_BYTES`].
+/// Status text often carries error messages; a stray line break or a long
+/// message must not cost the `READY=1` or `STOPPING=1` sent with it.
+fn status_text(status: &str) -> String {
+    let mut line = status.replace(['\n', '\r'], " ");
+    if line.len() > MAX_STATUS_BYTES {
+        let mut end = MAX_STATUS_BYTES;
+        while !line.is_char_boundary(end) {
+            end -= 1;
+        }
+        line.truncate(end);
+    }
+    line
 }
 
 /// Reads `WATCHDOG_USEC` (and `WATCHDOG_PID`, which must name this process if
@@ -226,12 +241,21 @@ mod tests {
     }
 
     #[test]
-    fn status_with_line_break_is_refused_even_without_socket() {
+    fn raw_fields_with_line_breaks_are_refused_even_without_socket() {
         let n = Notifier::disabled();
         assert!(matches!(
-            n.status("a\nREADY=1"),
+            n.send(&[("STATUS", "a\nREADY=1")]),
             Err(NotifyError::InvalidMessage { .. })
         ));
+    }
+
+    #[test]
+    fn status_text_is_one_bounded_line() {
+        assert_eq!(status_text("disk\nfull\r"), "disk full ");
+        let long = "é".repeat(MAX_STATUS_BYTES);
+        let clipped = status_text(&long);
+        assert!(clipped.len() <= MAX_STATUS_BYTES && clipped.chars().all(|c| c == 'é'));
+        assert_eq!(Notifier::disabled().status(&long).unwrap(), Sent::Skipped);
     }
 
     #[test]

@@ -262,6 +262,7 @@ pub fn server_metrics(
     placement: &[(u32, usize)],
 ) -> Result<(Registry, Vec<CoreRecorder>), MetricsError> {
     let mut builder = RegistryBuilder::new(core_count)?;
+    builder.with_process_metrics();
     for &(shard, core) in placement {
         builder.place_shard(shard, core)?;
     }
