@@ -985,6 +985,13 @@ impl Inner {
             .storage
             .open(name, false)
             .map_err(|e| (path.clone(), e))?;
+        // The header is made durable on its own before any record: a tail
+        // segment with valid records behind a bad header is then damage, never
+        // a torn first write.
+        let mut header = AlignedBuf::with_capacity(SEGMENT_DATA_OFFSET);
+        header.extend_from_slice(&batch.buf[..SEGMENT_DATA_OFFSET]);
+        let (_, r) = file.write_durable(0, header).await;
+        r.map_err(|e| (path.clone(), e))?;
         self.st
             .borrow_mut()
             .segments
@@ -1291,31 +1298,32 @@ async fn recover(cfg: &Config, storage: &dyn Storage) -> Result<(State, Recovere
                 .await
                 .map_err(io_err(&f.name))?,
         );
-        let header = SegmentHeader::decode(&bytes);
+        let header = SegmentHeader::decode(&bytes).and_then(|h| {
+            if h.seq == f.seq && h.first_lsn == f.first_lsn {
+                Ok(h)
+            } else {
+                Err(format!(
+                    "header says segment {:016x} first lsn {} but the name says {:016x} / {}",
+                    h.seq, h.first_lsn, f.seq, f.first_lsn
+                ))
+            }
+        });
         let header = match header {
             Ok(h) => h,
             Err(why) => {
                 let has_records = bytes.len() > SEGMENT_DATA_OFFSET
                     && record::decode(f.seq, &bytes, SEGMENT_DATA_OFFSET).is_ok();
                 if is_last && !has_records {
-                    // Named but never written: the crash came between naming
-                    // the segment and its first flush. It holds nothing.
-                    info!(segment = %f.name, "wal tail segment was never written; recycling it");
+                    // Named but its header never became durable (zeros, or a
+                    // recycled file's old header): the crash came between
+                    // naming the segment and its first flush. It holds nothing.
+                    info!(segment = %f.name, reason = %why, "wal tail segment was never written; recycling it");
                     empty_tail = Some(f.name.clone());
                     continue;
                 }
                 return Err(corrupt(0, format!("segment header: {why}")));
             }
         };
-        if header.seq != f.seq || header.first_lsn != f.first_lsn {
-            return Err(corrupt(
-                0,
-                format!(
-                    "header says segment {:016x} first lsn {} but the name says {:016x} / {}",
-                    header.seq, header.first_lsn, f.seq, f.first_lsn
-                ),
-            ));
-        }
         if header.segment_size_bytes != len {
             return Err(corrupt(
                 0,
@@ -1370,6 +1378,23 @@ async fn recover(cfg: &Config, storage: &dyn Storage) -> Result<(State, Recovere
                             _ => format!("damaged record in a sealed segment: {inv}"),
                         };
                         return Err(corrupt(off as u64, reason));
+                    }
+                    // Only one flush is ever in flight, so a torn write spans
+                    // at most one batch. A batch beginning beyond that window
+                    // (batches start on block boundaries) was acknowledged:
+                    // the bad record is damage, not a torn tail.
+                    let window_end = align_down(off, BLOCK_BYTES) + cfg.max_batch_bytes;
+                    if let Some(later) = (window_end..bytes.len())
+                        .step_by(BLOCK_BYTES)
+                        .find(|&q| record::decode(f.seq, &bytes, q).is_ok())
+                    {
+                        return Err(corrupt(
+                            off as u64,
+                            format!(
+                                "damaged record in the tail segment ({inv}) with valid records \
+                                 following at offset {later}"
+                            ),
+                        ));
                     }
                     if inv != Invalid::Zeroed {
                         warn!(segment = %f.name, offset = off, reason = %inv, "wal torn tail cut");

@@ -417,3 +417,36 @@ fn oversized_record_is_refused() {
             .expect("largest record fits");
     });
 }
+
+#[test]
+fn damage_deep_in_the_tail_segment_fails_open() {
+    for_all(|env| {
+        run(async {
+            let mut cfg = env.config();
+            cfg.segment_size_bytes = 256 << 10;
+            let (wal, _) = Wal::open_with_storage(cfg.clone(), env.storage())
+                .await
+                .expect("open");
+            // One record per flush; far more flushes than one batch can span.
+            for i in 1..=40 {
+                wal.append(&[entry(1, i, 1, 1000)]).await.expect("append");
+            }
+            wal.close().await;
+            let segs = env.segments();
+            assert_eq!(segs.len(), 1);
+            let mut bytes = env.read(&segs[0]);
+            let record_at = cairn_wal::SEGMENT_DATA_OFFSET + 2 * cairn_wal::BLOCK_BYTES;
+            bytes[record_at + 60] ^= 1;
+            env.write(&segs[0], &bytes);
+            let err = Wal::open_with_storage(cfg, env.storage())
+                .await
+                .err()
+                .expect("open must fail");
+            let msg = err.to_string();
+            assert!(
+                msg.contains(&segs[0]) && msg.contains(&format!("offset {record_at}")),
+                "{msg}"
+            );
+        })
+    });
+}
