@@ -19,6 +19,7 @@ mod record;
 mod snapshot;
 pub mod storage;
 mod store;
+mod syncer;
 pub mod types;
 mod view;
 
@@ -28,6 +29,6 @@ pub use error::{
 };
 pub use page::{CorruptPage, PageFault, PAGE_SIZE_BYTES};
 pub use snapshot::{RangeStream, Snapshot, SnapshotStream};
-pub use storage::{CrashMode, FileStorage, MemStorage, Storage};
+pub use storage::{CrashMode, FileStorage, MemStorage, Storage, SyncHandle};
 pub use store::{CommitStats, Config, DefragReport, DirLock, Store, DEFAULT_MAX_REQUEST_BYTES};
 pub use types::*;

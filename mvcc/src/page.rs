@@ -174,14 +174,13 @@ pub(crate) struct Meta {
 }
 
 impl Meta {
-    pub(crate) fn slot(&self) -> u64 {
-        self.txn % META_PAGES
-    }
-
-    pub(crate) fn encode(&self) -> Vec<u8> {
+    /// Encodes the record for meta page `slot` (0 or 1). Commits alternate
+    /// slots, so the newest durable meta is never overwritten.
+    pub(crate) fn encode(&self, slot: u64) -> Vec<u8> {
+        assert!(slot < META_PAGES, "meta slot {slot}");
         let mut b = vec![0u8; PAGE_SIZE_BYTES];
         b[KIND_OFFSET] = KIND_META;
-        put_u64(&mut b, PAGE_ID_OFFSET, self.slot());
+        put_u64(&mut b, PAGE_ID_OFFSET, slot);
         put_u64(&mut b, TXN_OFFSET, self.txn);
         b[MAGIC_OFFSET..MAGIC_OFFSET + MAGIC.len()].copy_from_slice(&MAGIC);
         put_u32(&mut b, VERSION_OFFSET, FORMAT_VERSION);
@@ -229,7 +228,7 @@ impl Meta {
             compact_rev: get_i64(b, COMPACT_REV_OFFSET),
             flags: get_u32(b, META_FLAGS_OFFSET),
         };
-        if get_u64(b, PAGE_ID_OFFSET) != slot || meta.slot() != slot {
+        if get_u64(b, PAGE_ID_OFFSET) != slot {
             return Err(PageFault::WrongId(get_u64(b, PAGE_ID_OFFSET)));
         }
         Ok(meta)
@@ -251,7 +250,7 @@ mod tests {
             compact_rev: 4,
             flags: 0,
         };
-        let mut b = m.encode();
+        let mut b = m.encode(1);
         assert_eq!(Meta::decode(&b, 1).unwrap(), m);
         assert!(Meta::decode(&b, 0).is_err());
         b[APPLIED_INDEX_OFFSET] ^= 1;

@@ -178,11 +178,14 @@ impl Pager {
         self.dirty.insert(id, page);
     }
 
-    /// Hands pages freed by commits up to `oldest_live_txn` back to the allocator.
-    pub(crate) fn release_pending(&mut self, oldest_live_txn: Option<u64>) {
+    /// Hands back to the allocator the pages freed by durable commits that no
+    /// live snapshot can see.
+    pub(crate) fn release_pending(&mut self, oldest_live_txn: Option<u64>, durable_txn: u64) {
         while let Some((txn, _)) = self.pending_free.front() {
-            // A page freed by commit `txn` is reachable from metas older than `txn`.
-            if oldest_live_txn.is_some_and(|o| o < *txn) {
+            // A page freed by commit `txn` is reachable from metas older than
+            // `txn`: from snapshots taken before it, and from the durable meta
+            // until `txn` itself is durable.
+            if oldest_live_txn.is_some_and(|o| o < *txn) || *txn > durable_txn {
                 break;
             }
             let (_, pages) = self.pending_free.pop_front().expect("front exists");

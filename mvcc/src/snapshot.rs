@@ -234,6 +234,7 @@ impl Store {
         if !finished {
             return Err(SnapshotError::Incomplete { chunks: seq });
         }
+        store.sync()?;
         store.rebuild()?;
         tracing::info!(
             file = name,

@@ -33,6 +33,26 @@ pub trait Storage {
     fn file(&self) -> Option<&File> {
         None
     }
+    /// A second handle that another thread may use to write meta pages and
+    /// sync, so a commit's syncs leave the applying thread. None: commits sync inline.
+    fn sync_handle(&self) -> Option<Box<dyn SyncHandle>> {
+        None
+    }
+}
+
+/// What the background syncer needs of the file.
+pub trait SyncHandle: Send {
+    fn write_at(&mut self, buf: &[u8], offset: u64) -> io::Result<()>;
+    fn sync_data(&mut self) -> io::Result<()>;
+}
+
+impl SyncHandle for File {
+    fn write_at(&mut self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.write_all_at(buf, offset)
+    }
+    fn sync_data(&mut self) -> io::Result<()> {
+        File::sync_data(self)
+    }
 }
 
 /// A real file, written with pwrite and grown with fallocate.
@@ -100,6 +120,13 @@ impl Storage for FileStorage {
 
     fn file(&self) -> Option<&File> {
         Some(&self.file)
+    }
+
+    fn sync_handle(&self) -> Option<Box<dyn SyncHandle>> {
+        self.file
+            .try_clone()
+            .ok()
+            .map(|f| Box::new(f) as Box<dyn SyncHandle>)
     }
 }
 

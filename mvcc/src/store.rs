@@ -21,6 +21,7 @@ use crate::page::{CorruptPage, Meta, META_FLAG_RESTORING, META_PAGES, PAGE_SIZE_
 use crate::pager::{PageSource, Pager, SharedStorage};
 use crate::record::{Record, RecordView};
 use crate::storage::{FileStorage, Storage};
+use crate::syncer::MetaWriter;
 use crate::types::*;
 use crate::view::View;
 
@@ -42,6 +43,8 @@ pub struct Config {
     pub snapshot_chunk_bytes: usize,
     /// Pages one defragment step copies before it commits.
     pub defrag_step_pages: usize,
+    /// Sync commits on a background thread where the storage allows it.
+    pub background_sync: bool,
 }
 
 /// etcd's default `--max-request-bytes`.
@@ -65,6 +68,7 @@ impl Default for Config {
             range_chunk_keys: 1000,
             snapshot_chunk_bytes: 1024 * 1024,
             defrag_step_pages: 16 * 1024,
+            background_sync: true,
         }
     }
 }
@@ -220,6 +224,7 @@ pub struct Store {
     pub(crate) poisoned: bool,
     pub(crate) stats: CommitStats,
     pub(crate) shrink_wanted: bool,
+    pub(crate) meta_writer: MetaWriter,
 }
 
 fn storage_err(
@@ -281,10 +286,12 @@ impl Store {
                     compact_rev: 0,
                     flags: if restoring { META_FLAG_RESTORING } else { 0 },
                 };
-                let off = m.slot() * PAGE_SIZE_BYTES as u64;
-                storage
-                    .write_at(&m.encode(), off)
-                    .map_err(storage_err(name, IoOp::Write, off))?;
+                let off = txn * PAGE_SIZE_BYTES as u64;
+                storage.write_at(&m.encode(txn), off).map_err(storage_err(
+                    name,
+                    IoOp::Write,
+                    off,
+                ))?;
             }
             storage
                 .sync_data()
@@ -306,17 +313,21 @@ impl Store {
                 .map_err(storage_err(name, IoOp::Read, off))?;
             metas.push(Meta::decode(&b, slot));
         }
-        let meta = match (&metas[0], &metas[1]) {
+        let (meta, slot) = match (&metas[0], &metas[1]) {
             (Ok(a), Ok(b)) => {
                 if a.txn >= b.txn {
-                    *a
+                    (*a, 0)
                 } else {
-                    *b
+                    (*b, 1)
                 }
             }
-            (Ok(a), Err(e)) | (Err(e), Ok(a)) => {
-                tracing::warn!(file = name, fault = %e, "one meta page is bad; using the other");
-                *a
+            (Ok(a), Err(e)) => {
+                tracing::warn!(file = name, fault = %e, "meta page 1 is bad; using page 0");
+                (*a, 0)
+            }
+            (Err(e), Ok(b)) => {
+                tracing::warn!(file = name, fault = %e, "meta page 0 is bad; using page 1");
+                (*b, 1)
             }
             (Err(a), Err(b)) => {
                 return Err(OpenError::NoValidMeta {
@@ -331,6 +342,12 @@ impl Store {
                 file: name.to_string(),
             });
         }
+        let handle = if cfg.background_sync {
+            storage.sync_handle()
+        } else {
+            None
+        };
+        let meta_writer = MetaWriter::new(name, slot, &meta, handle);
         let storage: SharedStorage = Rc::new(RefCell::new(storage));
         let source =
             Rc::new(PageSource::new(&storage, &file).map_err(storage_err(name, IoOp::Map, 0))?);
@@ -366,6 +383,7 @@ impl Store {
             poisoned: false,
             stats: CommitStats::default(),
             shrink_wanted: false,
+            meta_writer,
         };
         let records = store.rebuild()?;
         tracing::info!(
@@ -501,9 +519,26 @@ impl Store {
     pub fn applied_index(&self) -> u64 {
         self.applied_index
     }
-    /// The applied index of the last completed commit.
+    /// The applied index of the last commit handed to `commit` (written, and
+    /// durable once `durable_index` reaches it).
     pub fn committed_index(&self) -> u64 {
         self.committed.applied_index
+    }
+    /// The applied index a restart would find.
+    pub fn durable_index(&self) -> u64 {
+        self.meta_writer.durable_index()
+    }
+
+    /// Waits until every commit so far is durable.
+    pub fn sync(&mut self) -> Result<(), CommitError> {
+        if let Err(e) = self.meta_writer.wait_durable(self.committed.txn) {
+            self.poisoned = true;
+            return Err(e.into());
+        }
+        let oldest = self.oldest_snapshot();
+        let durable = self.meta_writer.durable_txn();
+        self.pager.release_pending(oldest, durable);
+        Ok(())
     }
     pub fn current_revision(&self) -> i64 {
         self.current_rev
@@ -1177,7 +1212,8 @@ impl Store {
         let freed = std::mem::take(&mut self.pager.freed_now);
         self.pager.pending_free.push_back((txn, freed));
         let oldest = self.oldest_snapshot();
-        self.pager.release_pending(oldest);
+        let durable = self.meta_writer.durable_txn();
+        self.pager.release_pending(oldest, durable);
         if self.shrink_wanted {
             self.shrink()?;
         }
@@ -1235,21 +1271,8 @@ impl Store {
             }
             flush(&mut run, run_start)?;
         }
-        let sync_started = Instant::now();
-        self.pager
-            .storage
-            .borrow_mut()
-            .sync_data()
-            .map_err(storage_err(&file, IoOp::Sync, 0))?;
-        let off = meta.slot() * PAGE_SIZE_BYTES as u64;
-        {
-            let mut st = self.pager.storage.borrow_mut();
-            st.write_at(&meta.encode(), off)
-                .map_err(storage_err(&file, IoOp::Write, off))?;
-            st.sync_data()
-                .map_err(storage_err(&file, IoOp::Sync, off))?;
-        }
-        let sync_us = sync_started.elapsed().as_micros() as u64;
+        let sync_us = self.meta_writer.commit(&self.pager.storage, *meta)?;
+        let sync_us = self.meta_writer.last_sync_us().unwrap_or(sync_us);
         self.stats.pages_written += pages + 1;
         self.stats.bytes_written += (pages + 1) * PAGE_SIZE_BYTES as u64;
         if remap {
@@ -1304,6 +1327,7 @@ impl Store {
             ..DefragReport::default()
         };
         self.commit()?;
+        self.sync()?;
         loop {
             let live =
                 self.pager.used_pages() - META_PAGES - self.pager.pending_free_pages() as u64;
@@ -1314,6 +1338,7 @@ impl Store {
             let before_hw = self.pager.high_water;
             self.shrink_wanted = true;
             self.commit_with(Some((target, self.cfg.defrag_step_pages)), 0)?;
+            self.sync()?;
             report.steps += 1;
             if self.pager.high_water >= before_hw || report.steps > 1024 {
                 // Nothing more moved (readers hold the old pages); later commits finish.

@@ -1,0 +1,252 @@
+//! The commit syncer: makes written commits durable off the applying thread.
+//!
+//! A commit's pages are written by the applying thread; then, in order, the
+//! data must be synced, the meta page written to the slot that does not hold
+//! the newest durable meta, and synced again. The syncer does those three steps
+//! on its own thread. When commits queue up behind a slow sync, it syncs once
+//! for all of them and writes only the newest meta (group commit). Pages a
+//! commit frees are reused only after that commit is durable.
+//!
+//! Storages without a sync handle (the in-memory test backends) run the same
+//! steps inline, in [`MetaWriter::commit_inline`].
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use crate::error::{IoOp, StorageError};
+use crate::page::{Meta, PAGE_SIZE_BYTES};
+use crate::pager::SharedStorage;
+use crate::storage::SyncHandle;
+
+/// Most commits written but not yet durable; a further commit waits.
+pub(crate) const MAX_INFLIGHT_COMMITS: usize = 16;
+
+#[derive(Default)]
+struct Shared {
+    /// Txn of the newest durable meta.
+    durable_txn: AtomicU64,
+    /// Applied index recorded by that meta.
+    durable_index: AtomicU64,
+    last_sync_us: AtomicU64,
+    syncs: AtomicU64,
+    failure: Mutex<Option<(IoOp, u64, std::io::Error)>>,
+    wake: Condvar,
+    lock: Mutex<()>,
+}
+
+/// Writes meta pages, alternating slots.
+pub(crate) struct MetaWriter {
+    /// Slot holding the newest durable meta.
+    pub slot: u64,
+    mode: Mode,
+    file: String,
+}
+
+enum Mode {
+    Inline {
+        durable_txn: u64,
+        durable_index: u64,
+    },
+    Thread {
+        tx: Option<SyncSender<Meta>>,
+        shared: Arc<Shared>,
+        join: Option<JoinHandle<()>>,
+    },
+}
+
+impl MetaWriter {
+    pub(crate) fn new(
+        file: &str,
+        slot: u64,
+        meta: &Meta,
+        handle: Option<Box<dyn SyncHandle>>,
+    ) -> MetaWriter {
+        let mode = match handle {
+            None => Mode::Inline {
+                durable_txn: meta.txn,
+                durable_index: meta.applied_index,
+            },
+            Some(h) => {
+                let shared = Arc::new(Shared::default());
+                shared.durable_txn.store(meta.txn, Ordering::Release);
+                shared
+                    .durable_index
+                    .store(meta.applied_index, Ordering::Release);
+                let (tx, rx) = sync_channel(MAX_INFLIGHT_COMMITS);
+                let sh = shared.clone();
+                let join = std::thread::Builder::new()
+                    .name("mvcc-sync".into())
+                    .spawn(move || run(h, rx, sh, slot))
+                    .expect("spawn the mvcc sync thread");
+                Mode::Thread {
+                    tx: Some(tx),
+                    shared,
+                    join: Some(join),
+                }
+            }
+        };
+        MetaWriter {
+            slot,
+            mode,
+            file: file.to_string(),
+        }
+    }
+
+    pub(crate) fn durable_txn(&self) -> u64 {
+        match &self.mode {
+            Mode::Inline { durable_txn, .. } => *durable_txn,
+            Mode::Thread { shared, .. } => shared.durable_txn.load(Ordering::Acquire),
+        }
+    }
+
+    pub(crate) fn durable_index(&self) -> u64 {
+        match &self.mode {
+            Mode::Inline { durable_index, .. } => *durable_index,
+            Mode::Thread { shared, .. } => shared.durable_index.load(Ordering::Acquire),
+        }
+    }
+
+    pub(crate) fn last_sync_us(&self) -> Option<u64> {
+        match &self.mode {
+            Mode::Inline { .. } => None,
+            Mode::Thread { shared, .. } => Some(shared.last_sync_us.load(Ordering::Relaxed)),
+        }
+    }
+
+    fn failure(&self) -> Option<StorageError> {
+        let Mode::Thread { shared, .. } = &self.mode else {
+            return None;
+        };
+        let f = shared.failure.lock().expect("sync failure lock");
+        f.as_ref().map(|(op, off, e)| {
+            StorageError::new(
+                &self.file,
+                *op,
+                *off,
+                std::io::Error::new(e.kind(), e.to_string()),
+            )
+        })
+    }
+
+    /// Makes the written pages and then `meta` durable: inline, or by handing
+    /// the meta to the syncer. Returns the inline sync time.
+    pub(crate) fn commit(
+        &mut self,
+        storage: &SharedStorage,
+        meta: Meta,
+    ) -> Result<u64, StorageError> {
+        if let Some(e) = self.failure() {
+            return Err(e);
+        }
+        match &mut self.mode {
+            Mode::Inline {
+                durable_txn,
+                durable_index,
+            } => {
+                let started = Instant::now();
+                let mut st = storage.borrow_mut();
+                st.sync_data()
+                    .map_err(|e| StorageError::new(&self.file, IoOp::Sync, 0, e))?;
+                let slot = 1 - self.slot;
+                let off = slot * PAGE_SIZE_BYTES as u64;
+                st.write_at(&meta.encode(slot), off)
+                    .map_err(|e| StorageError::new(&self.file, IoOp::Write, off, e))?;
+                st.sync_data()
+                    .map_err(|e| StorageError::new(&self.file, IoOp::Sync, off, e))?;
+                self.slot = slot;
+                *durable_txn = meta.txn;
+                *durable_index = meta.applied_index;
+                Ok(started.elapsed().as_micros() as u64)
+            }
+            Mode::Thread { tx, .. } => {
+                let sender = tx.as_ref().expect("syncer running");
+                if sender.send(meta).is_err() {
+                    return Err(self.failure().unwrap_or_else(|| {
+                        StorageError::new(
+                            &self.file,
+                            IoOp::Sync,
+                            0,
+                            std::io::Error::other("sync thread stopped"),
+                        )
+                    }));
+                }
+                Ok(0)
+            }
+        }
+    }
+
+    /// Waits until every handed-over commit is durable.
+    pub(crate) fn wait_durable(&self, txn: u64) -> Result<(), StorageError> {
+        if let Mode::Thread { shared, .. } = &self.mode {
+            let mut g = shared.lock.lock().expect("sync wait lock");
+            while shared.durable_txn.load(Ordering::Acquire) < txn {
+                if let Some(e) = self.failure() {
+                    return Err(e);
+                }
+                g = shared
+                    .wake
+                    .wait_timeout(g, std::time::Duration::from_millis(50))
+                    .expect("sync wait")
+                    .0;
+            }
+        }
+        match self.failure() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for MetaWriter {
+    fn drop(&mut self) {
+        if let Mode::Thread { tx, join, .. } = &mut self.mode {
+            drop(tx.take());
+            if let Some(j) = join.take() {
+                if j.join().is_err() {
+                    tracing::error!(file = %self.file, "mvcc sync thread panicked");
+                }
+            }
+        }
+    }
+}
+
+fn run(mut h: Box<dyn SyncHandle>, rx: Receiver<Meta>, shared: Arc<Shared>, mut slot: u64) {
+    while let Ok(mut meta) = rx.recv() {
+        // Group commit: one sync covers every commit written so far.
+        while let Ok(newer) = rx.try_recv() {
+            meta = newer;
+        }
+        let started = Instant::now();
+        let next = 1 - slot;
+        let off = next * PAGE_SIZE_BYTES as u64;
+        let r = h
+            .sync_data()
+            .map_err(|e| (IoOp::Sync, 0, e))
+            .and_then(|_| {
+                h.write_at(&meta.encode(next), off)
+                    .map_err(|e| (IoOp::Write, off, e))
+            })
+            .and_then(|_| h.sync_data().map_err(|e| (IoOp::Sync, off, e)));
+        if let Err(f) = r {
+            tracing::error!(txn = meta.txn, error = %f.2, "mvcc commit sync failed; store poisoned");
+            *shared.failure.lock().expect("sync failure lock") = Some(f);
+            let _g = shared.lock.lock().expect("sync wait lock");
+            shared.wake.notify_all();
+            return;
+        }
+        slot = next;
+        shared
+            .last_sync_us
+            .store(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+        shared.syncs.fetch_add(1, Ordering::Relaxed);
+        shared
+            .durable_index
+            .store(meta.applied_index, Ordering::Release);
+        shared.durable_txn.store(meta.txn, Ordering::Release);
+        let _g = shared.lock.lock().expect("sync wait lock");
+        shared.wake.notify_all();
+    }
+}
