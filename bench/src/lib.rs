@@ -1,1 +1,118 @@
-//! cairn-bench: an etcd v3 load generator.
+//! cairn-bench: an etcd v3 load generator that measures Cairn and etcd the same way.
+//!
+//! It speaks only the etcd v3 gRPC API through the generated clients of
+//! `cairn-proto`; it never links the server. The pieces:
+//! - [`config`]: the command line and its limits;
+//! - [`runner`]: connections, the closed-loop and fixed-rate drivers, warm-up;
+//! - [`workload`]: put, range, txn-put, mixed and lease-keepalive requests;
+//! - [`watch`]: watch latency from put sent to event received;
+//! - [`stats`]: histograms, error counts, the table and the JSON line;
+//! - [`cluster`]: local etcd or Cairn clusters on free ports (used by `compare`
+//!   and by tests);
+//! - [`compare`]: both systems, alternating runs, one table.
+
+pub mod cluster;
+pub mod compare;
+pub mod config;
+pub mod runner;
+pub mod stats;
+pub mod watch;
+pub mod workload;
+
+pub use cluster::{ClusterError, LocalCluster, System};
+pub use config::{Cli, Command, GlobalOpts, Stop};
+pub use stats::{Recorder, Report};
+
+/// Why a benchmark run could not be carried out. Failed requests are not errors of
+/// this kind: they are counted in the run's [`Report`].
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BenchError {
+    #[error("invalid option {option}: {reason}")]
+    Option {
+        option: &'static str,
+        reason: String,
+    },
+    #[error("invalid endpoint {endpoint}: {reason}")]
+    Endpoint { endpoint: String, reason: String },
+    #[error("setting up {workload} on {endpoint}: {status}")]
+    Setup {
+        workload: &'static str,
+        endpoint: String,
+        status: Box<tonic::Status>,
+    },
+    #[error("a requester task of {workload} failed: {reason}")]
+    Task {
+        workload: &'static str,
+        reason: String,
+    },
+    #[error(transparent)]
+    Cluster(#[from] ClusterError),
+    #[error("interrupted by {signal}; every started process was stopped")]
+    Interrupted { signal: &'static str },
+}
+
+/// Runs one workload subcommand (everything but `compare`) and returns its report.
+pub async fn run_workload(
+    global: &GlobalOpts,
+    command: &Command,
+    progress: bool,
+) -> Result<Report, BenchError> {
+    global.validate()?;
+    match command {
+        Command::Put(o) => {
+            o.keys.validate()?;
+            runner::run(global, workload::Spec::Put(o.keys.clone()), progress).await
+        }
+        Command::Range(o) => {
+            o.validate()?;
+            runner::run(global, workload::Spec::Range(o.clone()), progress).await
+        }
+        Command::TxnPut(o) => {
+            o.keys.validate()?;
+            runner::run(global, workload::Spec::TxnPut(o.keys.clone()), progress).await
+        }
+        Command::Mixed(o) => {
+            o.validate()?;
+            runner::run(global, workload::Spec::Mixed(o.clone()), progress).await
+        }
+        Command::LeaseKeepalive(o) => {
+            if o.ttl_secs <= 0 {
+                return Err(BenchError::Option {
+                    option: "--ttl-secs",
+                    reason: format!("{} is not positive", o.ttl_secs),
+                });
+            }
+            runner::run(global, workload::Spec::LeaseKeepalive(o.clone()), progress).await
+        }
+        Command::WatchLatency(o) => {
+            o.validate()?;
+            watch::run(global, o, progress).await
+        }
+        Command::Compare(_) => Err(BenchError::Option {
+            option: "compare",
+            reason: "compare is not a single workload".into(),
+        }),
+    }
+}
+
+/// Whether a required external binary (`etcd`, `cairn`) can be run. For tests:
+/// when it is missing and the `CI` environment variable is set, this panics (a CI
+/// machine must have it); otherwise it prints a skip note and returns false.
+pub fn binary_available_or_skip(binary: &std::path::Path) -> bool {
+    let found = std::process::Command::new(binary)
+        .arg("--version")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !found {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "{} is not runnable but CI is set: it must be installed on CI",
+            binary.display()
+        );
+        eprintln!("skipping: {} is not runnable here", binary.display());
+    }
+    found
+}

@@ -1,0 +1,382 @@
+//! Local clusters of real processes, for `compare` and for tests: N members of
+//! etcd or Cairn on 127.0.0.1 with free ports and their own data directories,
+//! started with etcd's flags (which Cairn shares), stopped on drop.
+//!
+//! Every process started here is stopped when its [`LocalCluster`] is dropped,
+//! including on panic unwinding and when the future owning it is cancelled (which
+//! is how `compare` reacts to Ctrl-C). Members run in their own process group so a
+//! terminal's Ctrl-C reaches cairn-bench, which then stops them in order.
+
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use cairn_proto::etcdserverpb::kv_client::KvClient;
+use cairn_proto::etcdserverpb::maintenance_client::MaintenanceClient;
+use cairn_proto::etcdserverpb::{PutRequest, StatusRequest};
+use tonic::transport::Endpoint;
+
+/// Most members one local cluster may have.
+pub const MAX_MEMBERS: usize = 9;
+/// How long a member gets to exit after SIGTERM before SIGKILL.
+pub const STOP_GRACE: Duration = Duration::from_secs(5);
+/// Bytes of a member's log shown when it fails to start.
+const LOG_TAIL_BYTES: u64 = 2_048;
+/// Per-probe deadline while waiting for a cluster to serve.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum System {
+    Etcd,
+    Cairn,
+}
+
+impl System {
+    pub fn name(self) -> &'static str {
+        match self {
+            System::Etcd => "etcd",
+            System::Cairn => "cairn",
+        }
+    }
+}
+
+impl std::fmt::Display for System {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClusterError {
+    #[error("{system} binary {} cannot be run: {reason}", path.display())]
+    Binary {
+        system: System,
+        path: PathBuf,
+        reason: String,
+    },
+    #[error("invalid cluster size {members} (1..={MAX_MEMBERS})")]
+    Size { members: usize },
+    #[error("{system}: {action} {}: {source}", path.display())]
+    Io {
+        system: System,
+        action: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{system} member {member} exited while starting ({status}); end of {}:\n{tail}", log.display())]
+    Exited {
+        system: System,
+        member: String,
+        status: String,
+        log: PathBuf,
+        tail: String,
+    },
+    #[error("{system} cluster did not serve within {timeout:?}: {reason} (member logs in {})", dir.display())]
+    NotReady {
+        system: System,
+        timeout: Duration,
+        reason: String,
+        dir: PathBuf,
+    },
+}
+
+/// One member process and where it lives.
+#[derive(Debug)]
+pub struct MemberProcess {
+    pub name: String,
+    pub client_url: String,
+    pub peer_url: String,
+    pub data_dir: PathBuf,
+    pub log_path: PathBuf,
+    child: Option<Child>,
+}
+
+impl MemberProcess {
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+}
+
+#[derive(Debug)]
+pub struct LocalCluster {
+    pub system: System,
+    pub members: Vec<MemberProcess>,
+    pub base_dir: PathBuf,
+}
+
+/// Picks `n` distinct free TCP ports on 127.0.0.1. All listeners are held until
+/// every port is chosen, so the same port is never handed out twice; another
+/// process could still take one before the member binds it (then start fails
+/// plainly, and a retry picks new ports).
+pub fn free_ports(n: usize) -> std::io::Result<Vec<u16>> {
+    let listeners = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0"))
+        .collect::<std::io::Result<Vec<_>>>()?;
+    listeners
+        .iter()
+        .map(|l| Ok(l.local_addr()?.port()))
+        .collect()
+}
+
+fn send_signal(pid: u32, signal: libc::c_int) -> std::io::Result<()> {
+    let pid = libc::pid_t::try_from(pid).map_err(std::io::Error::other)?;
+    // SAFETY: kill(2) takes plain integers and touches no memory of ours; the pid
+    // is a child we spawned and have not yet reaped, so it cannot name a recycled
+    // process.
+    let rc = unsafe { libc::kill(pid, signal) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+fn log_tail(path: &Path) -> String {
+    let Ok(mut f) = File::open(path) else {
+        return String::from("(no log)");
+    };
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let _ = f.seek(SeekFrom::Start(len.saturating_sub(LOG_TAIL_BYTES)));
+    let mut buf = Vec::new();
+    let _ = f.read_to_end(&mut buf);
+    String::from_utf8_lossy(&buf).into_owned()
+}
+
+impl LocalCluster {
+    /// Spawns `members` processes of `binary` under `base_dir` (one subdirectory per
+    /// member holding its data directory and its log). Returns once spawned; call
+    /// [`LocalCluster::wait_ready`] before sending load.
+    pub fn start(
+        system: System,
+        binary: &Path,
+        members: usize,
+        base_dir: &Path,
+    ) -> Result<LocalCluster, ClusterError> {
+        if members == 0 || members > MAX_MEMBERS {
+            return Err(ClusterError::Size { members });
+        }
+        let probe = Command::new(binary)
+            .arg("--version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        match probe {
+            Ok(s) if s.success() => {}
+            Ok(s) => {
+                return Err(ClusterError::Binary {
+                    system,
+                    path: binary.to_owned(),
+                    reason: format!("`--version` exited with {s}"),
+                })
+            }
+            Err(e) => {
+                return Err(ClusterError::Binary {
+                    system,
+                    path: binary.to_owned(),
+                    reason: e.to_string(),
+                })
+            }
+        }
+        let io = |action: &'static str, path: &Path| {
+            let path = path.to_owned();
+            move |source| ClusterError::Io {
+                system,
+                action,
+                path,
+                source,
+            }
+        };
+        std::fs::create_dir_all(base_dir).map_err(io("create", base_dir))?;
+        let ports = free_ports(2 * members).map_err(io("pick free ports for", base_dir))?;
+        let mut cluster = LocalCluster {
+            system,
+            members: Vec::with_capacity(members),
+            base_dir: base_dir.to_owned(),
+        };
+        for i in 0..members {
+            let name = format!("{}{i}", system.name());
+            let dir = base_dir.join(&name);
+            std::fs::create_dir_all(&dir).map_err(io("create", &dir))?;
+            cluster.members.push(MemberProcess {
+                client_url: format!("http://127.0.0.1:{}", ports[2 * i]),
+                peer_url: format!("http://127.0.0.1:{}", ports[2 * i + 1]),
+                data_dir: dir.join("data"),
+                log_path: dir.join("member.log"),
+                name,
+                child: None,
+            });
+        }
+        let initial_cluster = cluster
+            .members
+            .iter()
+            .map(|m| format!("{}={}", m.name, m.peer_url))
+            .collect::<Vec<_>>()
+            .join(",");
+        let token = format!("cairn-bench-{}-{}", system.name(), std::process::id());
+        for i in 0..members {
+            let m = &cluster.members[i];
+            let log = File::create(&m.log_path).map_err(io("create", &m.log_path))?;
+            let log_err = log.try_clone().map_err(io("duplicate", &m.log_path))?;
+            // Same flags, same meaning for both systems. Durability is each
+            // system's default, which for both is an fsync before a write is
+            // acknowledged; nothing here relaxes it.
+            let child = Command::new(binary)
+                .args(["--name", &m.name])
+                .arg("--data-dir")
+                .arg(&m.data_dir)
+                .args(["--listen-client-urls", &m.client_url])
+                .args(["--advertise-client-urls", &m.client_url])
+                .args(["--listen-peer-urls", &m.peer_url])
+                .args(["--initial-advertise-peer-urls", &m.peer_url])
+                .args(["--initial-cluster", &initial_cluster])
+                .args(["--initial-cluster-state", "new"])
+                .args(["--initial-cluster-token", &token])
+                .stdin(Stdio::null())
+                .stdout(log)
+                .stderr(log_err)
+                .process_group(0)
+                .spawn()
+                .map_err(io("spawn", binary))?;
+            cluster.members[i].child = Some(child);
+        }
+        Ok(cluster)
+    }
+
+    pub fn client_urls(&self) -> Vec<String> {
+        self.members.iter().map(|m| m.client_url.clone()).collect()
+    }
+
+    /// The `--endpoints` value reaching every member.
+    pub fn endpoints_arg(&self) -> String {
+        self.client_urls().join(",")
+    }
+
+    /// Waits until every member answers Status, agrees that there is a leader, and a
+    /// write commits. Fails early, with the end of its log, if a member exits.
+    pub async fn wait_ready(&mut self, timeout: Duration) -> Result<(), ClusterError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.check_alive()?;
+            let last_reason = match self.probe().await {
+                Ok(()) => return Ok(()),
+                Err(reason) => reason,
+            };
+            if Instant::now() >= deadline {
+                return Err(ClusterError::NotReady {
+                    system: self.system,
+                    timeout,
+                    reason: last_reason,
+                    dir: self.base_dir.clone(),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    fn check_alive(&mut self) -> Result<(), ClusterError> {
+        for m in &mut self.members {
+            if let Some(child) = m.child.as_mut() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    m.child = None;
+                    return Err(ClusterError::Exited {
+                        system: self.system,
+                        member: m.name.clone(),
+                        status: status.to_string(),
+                        log: m.log_path.clone(),
+                        tail: log_tail(&m.log_path),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn probe(&self) -> Result<(), String> {
+        for m in &self.members {
+            let channel = Endpoint::from_shared(m.client_url.clone())
+                .map_err(|e| e.to_string())?
+                .timeout(PROBE_TIMEOUT)
+                .connect_timeout(PROBE_TIMEOUT)
+                .connect()
+                .await
+                .map_err(|e| format!("{} not accepting: {e}", m.name))?;
+            let status = MaintenanceClient::new(channel.clone())
+                .status(StatusRequest {})
+                .await
+                .map_err(|s| format!("{} status: {}", m.name, s.message()))?
+                .into_inner();
+            if status.leader == 0 {
+                return Err(format!("{} knows no leader yet", m.name));
+            }
+            KvClient::new(channel)
+                .put(PutRequest {
+                    key: Bytes::from_static(b"cairn-bench/ready"),
+                    value: Bytes::from(m.name.clone()),
+                    ..Default::default()
+                })
+                .await
+                .map_err(|s| format!("write through {}: {}", m.name, s.message()))?;
+        }
+        Ok(())
+    }
+
+    /// Pauses member `i` (SIGSTOP): it keeps its sockets but answers nothing.
+    pub fn pause(&self, i: usize) -> std::io::Result<()> {
+        self.signal_member(i, libc::SIGSTOP)
+    }
+
+    /// Resumes member `i` after [`LocalCluster::pause`] (SIGCONT).
+    pub fn resume(&self, i: usize) -> std::io::Result<()> {
+        self.signal_member(i, libc::SIGCONT)
+    }
+
+    fn signal_member(&self, i: usize, signal: libc::c_int) -> std::io::Result<()> {
+        let pid = self.members[i]
+            .pid()
+            .ok_or_else(|| std::io::Error::other(format!("member {i} is not running")))?;
+        send_signal(pid, signal)
+    }
+
+    /// Kills member `i` at once (SIGKILL) and reaps it.
+    pub fn kill_member(&mut self, i: usize) {
+        if let Some(mut child) = self.members[i].child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Stops every member: SIGCONT (in case it is paused), SIGTERM, and SIGKILL
+    /// for any still running after [`STOP_GRACE`]. Every child is reaped.
+    pub fn stop(&mut self) {
+        let mut running: Vec<Child> = self
+            .members
+            .iter_mut()
+            .filter_map(|m| m.child.take())
+            .collect();
+        for child in &running {
+            let _ = send_signal(child.id(), libc::SIGCONT);
+            let _ = send_signal(child.id(), libc::SIGTERM);
+        }
+        let deadline = Instant::now() + STOP_GRACE;
+        while !running.is_empty() && Instant::now() < deadline {
+            running.retain_mut(|c| !matches!(c.try_wait(), Ok(Some(_)) | Err(_)));
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        for mut child in running {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for LocalCluster {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

@@ -1,0 +1,437 @@
+//! The request generators: what one requester sends for each workload, and the
+//! per-requester state it needs (key generator, cached revisions, lease stream).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use bytes::Bytes;
+use cairn_proto::etcdserverpb::compare::{CompareResult, CompareTarget, TargetUnion};
+use cairn_proto::etcdserverpb::kv_client::KvClient;
+use cairn_proto::etcdserverpb::lease_client::LeaseClient;
+use cairn_proto::etcdserverpb::request_op::Request;
+use cairn_proto::etcdserverpb::response_op::Response;
+use cairn_proto::etcdserverpb::{
+    Compare, LeaseGrantRequest, LeaseKeepAliveRequest, LeaseKeepAliveResponse, LeaseRevokeRequest,
+    PutRequest, RangeRequest, RequestOp, TxnRequest,
+};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use tokio::sync::mpsc;
+use tonic::transport::Channel;
+use tonic::Streaming;
+
+use crate::config::{Consistency, KeyOpts, LeaseOpts, MixedOpts, RangeOpts};
+use crate::stats::Recorder;
+
+/// Keep-alive requests buffered per lease stream; one is in flight at a time.
+const LEASE_STREAM_QUEUE: usize = 4;
+
+/// A workload and its options, shared by all requesters of a run.
+#[derive(Debug, Clone)]
+pub enum Spec {
+    Put(KeyOpts),
+    Range(RangeOpts),
+    TxnPut(KeyOpts),
+    Mixed(MixedOpts),
+    LeaseKeepalive(LeaseOpts),
+}
+
+impl Spec {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Spec::Put(_) => "put",
+            Spec::Range(_) => "range",
+            Spec::TxnPut(_) => "txn-put",
+            Spec::Mixed(_) => "mixed",
+            Spec::LeaseKeepalive(_) => "lease-keepalive",
+        }
+    }
+}
+
+pub fn decimal_digits(mut n: u64) -> usize {
+    let mut digits = 1;
+    while n >= 10 {
+        n /= 10;
+        digits += 1;
+    }
+    digits
+}
+
+/// Keys are the key index in decimal, left-padded with '0' to the key size, so
+/// every key has the same size and sorts in index order.
+#[derive(Debug)]
+pub struct KeyGen {
+    key_size_bytes: usize,
+    space: u64,
+    sequential: bool,
+    next_index: u64,
+    stride: u64,
+    rng: SmallRng,
+}
+
+impl KeyGen {
+    /// Requester `client` of `clients` walks its own interleaved slice of the key
+    /// space in sequential mode, so together they cover it in order.
+    pub fn new(opts: &KeyOpts, client: usize, clients: usize) -> Self {
+        KeyGen {
+            key_size_bytes: opts.key_size,
+            space: opts.key_space_size,
+            sequential: opts.sequential_keys,
+            next_index: client as u64 % opts.key_space_size,
+            stride: clients as u64,
+            rng: SmallRng::seed_from_u64(0x6361_6972_6e00 ^ client as u64),
+        }
+    }
+
+    pub fn next_index(&mut self) -> u64 {
+        if self.sequential {
+            let index = self.next_index;
+            self.next_index = (self.next_index + self.stride) % self.space;
+            index
+        } else {
+            self.rng.gen_range(0..self.space)
+        }
+    }
+
+    pub fn key(&self, index: u64) -> Bytes {
+        let digits = index.to_string();
+        assert!(
+            digits.len() <= self.key_size_bytes,
+            "key index {index} does not fit {} bytes: KeyOpts::validate admits no such space",
+            self.key_size_bytes
+        );
+        let mut key = Vec::with_capacity(self.key_size_bytes);
+        key.resize(self.key_size_bytes - digits.len(), b'0');
+        key.extend_from_slice(digits.as_bytes());
+        Bytes::from(key)
+    }
+
+    pub fn next_key(&mut self) -> (u64, Bytes) {
+        let index = self.next_index();
+        (index, self.key(index))
+    }
+
+    fn coin(&mut self) -> f64 {
+        self.rng.gen()
+    }
+}
+
+pub fn value_of_size(size_bytes: usize) -> Bytes {
+    Bytes::from(vec![b'v'; size_bytes])
+}
+
+/// The end of the range holding every key with `prefix` (etcd's convention).
+pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    // Only 0xff bytes: every key from `prefix` on.
+    vec![0]
+}
+
+/// An open LeaseKeepAlive stream of one requester.
+pub struct LeaseStream {
+    tx: mpsc::Sender<LeaseKeepAliveRequest>,
+    rx: Streaming<LeaseKeepAliveResponse>,
+}
+
+/// What one requester needs between requests.
+pub enum OpClient {
+    Put {
+        kv: KvClient<Channel>,
+        keys: KeyGen,
+        value: Bytes,
+    },
+    Range {
+        kv: KvClient<Channel>,
+        request: RangeRequest,
+    },
+    TxnPut {
+        kv: KvClient<Channel>,
+        keys: KeyGen,
+        value: Bytes,
+        /// Last mod revision seen per key index; absent means "not yet written" (0).
+        mod_revision_seen: HashMap<u64, i64>,
+    },
+    Mixed {
+        kv: KvClient<Channel>,
+        keys: KeyGen,
+        value: Bytes,
+        read_ratio: f64,
+        serializable: bool,
+    },
+    LeaseKeepalive {
+        lease: LeaseClient<Channel>,
+        id: i64,
+        stream: Option<LeaseStream>,
+        timeout: Duration,
+    },
+}
+
+impl OpClient {
+    /// Prepares requester `client` of `clients`; lease-keepalive grants its lease here
+    /// (not measured).
+    pub async fn setup(
+        spec: &Spec,
+        channel: Channel,
+        client: usize,
+        clients: usize,
+        timeout: Duration,
+    ) -> Result<Self, tonic::Status> {
+        Ok(match spec {
+            Spec::Put(o) => OpClient::Put {
+                kv: KvClient::new(channel),
+                keys: KeyGen::new(o, client, clients),
+                value: value_of_size(o.val_size),
+            },
+            Spec::Range(o) => {
+                let key = o.key.as_bytes().to_vec();
+                let range_end = match (&o.end, o.prefix) {
+                    (Some(end), _) => end.as_bytes().to_vec(),
+                    (None, true) => prefix_end(&key),
+                    (None, false) => Vec::new(),
+                };
+                OpClient::Range {
+                    kv: KvClient::new(channel),
+                    request: RangeRequest {
+                        key: key.into(),
+                        range_end: range_end.into(),
+                        limit: o.limit,
+                        serializable: o.consistency == Consistency::S,
+                        ..Default::default()
+                    },
+                }
+            }
+            Spec::TxnPut(o) => OpClient::TxnPut {
+                kv: KvClient::new(channel),
+                keys: KeyGen::new(o, client, clients),
+                value: value_of_size(o.val_size),
+                mod_revision_seen: HashMap::new(),
+            },
+            Spec::Mixed(o) => OpClient::Mixed {
+                kv: KvClient::new(channel),
+                keys: KeyGen::new(&o.keys, client, clients),
+                value: value_of_size(o.keys.val_size),
+                read_ratio: o.read_ratio,
+                serializable: o.consistency == Consistency::S,
+            },
+            Spec::LeaseKeepalive(o) => {
+                let mut lease = LeaseClient::new(channel);
+                let granted = lease
+                    .lease_grant(LeaseGrantRequest {
+                        ttl: o.ttl_secs,
+                        id: 0,
+                    })
+                    .await?
+                    .into_inner();
+                if !granted.error.is_empty() {
+                    return Err(tonic::Status::unknown(format!(
+                        "lease grant refused: {}",
+                        granted.error
+                    )));
+                }
+                OpClient::LeaseKeepalive {
+                    lease,
+                    id: granted.id,
+                    stream: None,
+                    timeout,
+                }
+            }
+        })
+    }
+
+    /// Sends one request and waits for its response. Success or the gRPC status;
+    /// the caller times it.
+    pub async fn issue(&mut self, rec: &mut Recorder) -> Result<(), tonic::Status> {
+        match self {
+            OpClient::Put { kv, keys, value } => {
+                let (_, key) = keys.next_key();
+                kv.put(PutRequest {
+                    key,
+                    value: value.clone(),
+                    ..Default::default()
+                })
+                .await?;
+            }
+            OpClient::Range { kv, request } => {
+                kv.range(request.clone()).await?;
+            }
+            OpClient::TxnPut {
+                kv,
+                keys,
+                value,
+                mod_revision_seen,
+            } => {
+                let (index, key) = keys.next_key();
+                let expected = mod_revision_seen.get(&index).copied().unwrap_or(0);
+                let txn = TxnRequest {
+                    compare: vec![Compare {
+                        result: CompareResult::Equal as i32,
+                        target: CompareTarget::Mod as i32,
+                        key: key.clone(),
+                        target_union: Some(TargetUnion::ModRevision(expected)),
+                        ..Default::default()
+                    }],
+                    success: vec![RequestOp {
+                        request: Some(Request::RequestPut(PutRequest {
+                            key: key.clone(),
+                            value: value.clone(),
+                            ..Default::default()
+                        })),
+                    }],
+                    failure: vec![RequestOp {
+                        request: Some(Request::RequestRange(RangeRequest {
+                            key,
+                            ..Default::default()
+                        })),
+                    }],
+                };
+                let resp = kv.txn(txn).await?.into_inner();
+                if resp.succeeded {
+                    let revision = resp.header.map_or(0, |h| h.revision);
+                    mod_revision_seen.insert(index, revision);
+                    rec.count("txn_cas_won");
+                } else {
+                    rec.count("txn_cas_conflicts");
+                    let current = resp.responses.into_iter().find_map(|r| match r.response {
+                        Some(Response::ResponseRange(range)) => {
+                            Some(range.kvs.first().map_or(0, |kv| kv.mod_revision))
+                        }
+                        _ => None,
+                    });
+                    mod_revision_seen.insert(index, current.unwrap_or(0));
+                }
+            }
+            OpClient::Mixed {
+                kv,
+                keys,
+                value,
+                read_ratio,
+                serializable,
+            } => {
+                let read = keys.coin() < *read_ratio;
+                let (_, key) = keys.next_key();
+                if read {
+                    rec.count("reads");
+                    kv.range(RangeRequest {
+                        key,
+                        serializable: *serializable,
+                        ..Default::default()
+                    })
+                    .await?;
+                } else {
+                    rec.count("writes");
+                    kv.put(PutRequest {
+                        key,
+                        value: value.clone(),
+                        ..Default::default()
+                    })
+                    .await?;
+                }
+            }
+            OpClient::LeaseKeepalive {
+                lease,
+                id,
+                stream,
+                timeout,
+            } => {
+                let request = LeaseKeepAliveRequest { id: *id };
+                let outcome = tokio::time::timeout(*timeout, async {
+                    let closed = || tonic::Status::unavailable("lease keep-alive stream closed");
+                    let s = match stream {
+                        Some(s) => {
+                            s.tx.send(request).await.map_err(|_| closed())?;
+                            s
+                        }
+                        None => {
+                            // The server answers the call only once it has a message
+                            // to send, so the first request goes in before the call.
+                            let (tx, rx) = mpsc::channel(LEASE_STREAM_QUEUE);
+                            tx.send(request).await.map_err(|_| closed())?;
+                            let responses = lease
+                                .lease_keep_alive(tokio_stream::wrappers::ReceiverStream::new(rx))
+                                .await?
+                                .into_inner();
+                            stream.insert(LeaseStream { tx, rx: responses })
+                        }
+                    };
+                    match s.rx.message().await? {
+                        Some(resp) if resp.ttl > 0 => Ok(()),
+                        Some(_) => Err(tonic::Status::not_found(format!("lease {id:x} expired"))),
+                        None => Err(tonic::Status::unavailable("lease keep-alive stream ended")),
+                    }
+                })
+                .await
+                .unwrap_or_else(|_| Err(tonic::Status::deadline_exceeded("keep-alive timed out")));
+                if outcome.is_err() {
+                    // Reopen on the next request rather than reading a stale reply.
+                    *stream = None;
+                }
+                outcome?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Releases what setup took (the lease); failures here are not measured.
+    pub async fn teardown(self) {
+        if let OpClient::LeaseKeepalive {
+            mut lease,
+            id,
+            stream,
+            ..
+        } = self
+        {
+            drop(stream);
+            let _ = lease.lease_revoke(LeaseRevokeRequest { id }).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts(space: u64, sequential: bool) -> KeyOpts {
+        KeyOpts {
+            key_size: 8,
+            val_size: 4,
+            key_space_size: space,
+            sequential_keys: sequential,
+        }
+    }
+
+    #[test]
+    fn keys_are_padded_decimal_of_fixed_size() {
+        let g = KeyGen::new(&opts(100, true), 0, 1);
+        assert_eq!(g.key(0).as_ref(), b"00000000");
+        assert_eq!(g.key(42).as_ref(), b"00000042");
+    }
+
+    #[test]
+    fn sequential_clients_interleave_over_the_space() {
+        let mut a = KeyGen::new(&opts(5, true), 0, 2);
+        let mut b = KeyGen::new(&opts(5, true), 1, 2);
+        let seen: Vec<u64> = (0..3)
+            .flat_map(|_| [a.next_index(), b.next_index()])
+            .collect();
+        assert_eq!(seen, [0, 1, 2, 3, 4, 0]);
+    }
+
+    #[test]
+    fn random_keys_stay_in_the_space() {
+        let mut g = KeyGen::new(&opts(7, false), 3, 4);
+        assert!((0..1000).all(|_| g.next_index() < 7));
+    }
+
+    #[test]
+    fn prefix_end_follows_etcd_convention() {
+        assert_eq!(prefix_end(b"abc"), b"abd");
+        assert_eq!(prefix_end(b"a\xff"), b"b");
+        assert_eq!(prefix_end(b"\xff\xff"), [0]);
+    }
+}

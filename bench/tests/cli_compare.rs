@@ -1,0 +1,226 @@
+//! Guards the `cairn-bench` command itself: `--json` prints exactly one JSON object
+//! per run and nothing else on stdout, the human mode ends with that JSON line,
+//! `compare` says plainly when a system cannot be measured, and on Ctrl-C it
+//! stops every process it started and removes its data directories.
+//!
+//! Needs `etcd` on PATH: without it these tests print a skip note, unless `CI` is
+//! set, in which case they fail.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use cairn_bench::{LocalCluster, System};
+
+const BIN: &str = env!("CARGO_BIN_EXE_cairn-bench");
+
+async fn single_etcd(dir: &Path) -> Option<LocalCluster> {
+    if !cairn_bench::binary_available_or_skip(Path::new("etcd")) {
+        return None;
+    }
+    let mut cluster =
+        LocalCluster::start(System::Etcd, Path::new("etcd"), 1, dir).expect("start etcd");
+    cluster
+        .wait_ready(Duration::from_secs(30))
+        .await
+        .expect("etcd serves");
+    Some(cluster)
+}
+
+fn run(args: &[&str]) -> (String, String, i32) {
+    let out = Command::new(BIN)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run cairn-bench");
+    (
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+        out.status.code().unwrap_or(-1),
+    )
+}
+
+#[tokio::test]
+async fn json_mode_prints_one_object_and_human_mode_ends_with_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(etcd) = single_etcd(dir.path()).await else {
+        return;
+    };
+    let ep = etcd.endpoints_arg();
+
+    let (stdout, stderr, code) = run(&["--endpoints", &ep, "--total", "50", "--json", "put"]);
+    assert_eq!(code, 0, "{stderr}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 1, "stdout: {stdout}");
+    let v: serde_json::Value = serde_json::from_str(lines[0]).unwrap();
+    assert_eq!(v["workload"], "put");
+    assert_eq!(v["requests"], 50);
+    assert_eq!(v["errors"], 0);
+    for field in [
+        "requests_per_sec",
+        "avg_ms",
+        "p50_ms",
+        "p90_ms",
+        "p99_ms",
+        "p999_ms",
+        "max_ms",
+    ] {
+        assert!(v[field].as_f64().is_some_and(|x| x > 0.0), "{field} in {v}");
+    }
+    assert!(
+        stderr.is_empty(),
+        "no progress bar without a terminal: {stderr}"
+    );
+
+    let (stdout, stderr, code) = run(&["--endpoints", &ep, "--total", "50", "range", "00000000"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("| p99.9 |"), "{stdout}");
+    assert!(stdout.contains("excluded from all figures"), "{stdout}");
+    let last: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(last["workload"], "range");
+
+    let (_, stderr, code) = run(&["--endpoints", &ep, "--conns", "0", "put"]);
+    assert_ne!(code, 0);
+    assert!(stderr.contains("--conns"), "{stderr}");
+}
+
+#[test]
+fn compare_says_plainly_when_cairn_is_missing() {
+    if !cairn_bench::binary_available_or_skip(Path::new("etcd")) {
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let (stdout, stderr, code) = run(&[
+        "--duration",
+        "1s",
+        "--warmup",
+        "200ms",
+        "compare",
+        "--workloads",
+        "put-1,range-s",
+        "--cairn-bin",
+        "/nonexistent/cairn",
+        "--work-dir",
+        work.path().to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stderr.contains("cairn: NOT MEASURED"), "{stderr}");
+    assert!(stdout.contains("cairn was NOT measured"), "{stdout}");
+    let row = stdout
+        .lines()
+        .find(|l| l.starts_with("| put-1 |"))
+        .expect("put-1 row");
+    let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+    assert!(
+        cells[2].parse::<f64>().unwrap() > 0.0,
+        "etcd req/s in {row}"
+    );
+    assert_eq!(cells[3], "-", "no cairn figure in {row}");
+    let summary: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(summary["compare"][1]["workload"], "range-s");
+    assert!(
+        summary["compare"][1]["results"]["etcd"]["requests"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+    assert!(summary["not_measured"]["cairn"].is_string());
+    assert_eq!(
+        std::fs::read_dir(work.path()).unwrap().count(),
+        0,
+        "data directories removed"
+    );
+}
+
+/// Command lines of running processes (other than cairn-bench) naming `needle`.
+fn processes_mentioning(needle: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        if let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) {
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            if cmdline.contains(needle) && !cmdline.starts_with(BIN) {
+                found.push(cmdline);
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn compare_stops_every_member_on_ctrl_c() {
+    if !cairn_bench::binary_available_or_skip(Path::new("etcd")) {
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let work_path = work.path().to_str().unwrap().to_owned();
+    let mut child = Command::new(BIN)
+        .args([
+            "--duration",
+            "60s",
+            "compare",
+            "--systems",
+            "etcd",
+            "--workloads",
+            "put-1",
+        ])
+        .args(["--work-dir", &work_path])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Drained to the end by a thread: a closed pipe would make cairn-bench's next
+    // message fail.
+    let stderr = BufReader::new(child.stderr.take().unwrap());
+    let (tx, lines) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        for line in stderr.lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let mut seen = String::new();
+    for line in lines.iter() {
+        seen.push_str(&line);
+        seen.push('\n');
+        if line.starts_with("[1/1]") {
+            break;
+        }
+    }
+    assert!(seen.contains("etcd: 3 members serving"), "{seen}");
+    assert_eq!(
+        processes_mentioning(&work_path).len(),
+        3,
+        "three etcd members run"
+    );
+    let pid = child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-INT", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "cairn-bench did not exit after SIGINT"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    reader.join().unwrap();
+    seen.extend(lines.try_iter().map(|l| l + "\n"));
+    assert_eq!(status.code(), Some(130), "{seen}");
+    assert!(seen.contains("interrupted by SIGINT"), "{seen}");
+    assert!(
+        processes_mentioning(&work_path).is_empty(),
+        "members left running"
+    );
+    assert_eq!(
+        std::fs::read_dir(work.path()).unwrap().count(),
+        0,
+        "data directories removed"
+    );
+}
