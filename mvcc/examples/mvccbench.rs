@@ -106,7 +106,7 @@ fn main() {
             ..PutRequest::default()
         });
         store.apply(index, &op).expect("put");
-        if index % PUTS_PER_COMMIT == 0 {
+        if index.is_multiple_of(PUTS_PER_COMMIT) {
             store.commit().expect("commit");
         }
     }
@@ -178,7 +178,7 @@ fn main() {
                 .expect("compact");
             last_compact = rev;
         }
-        if index % PUTS_PER_COMMIT == 0 {
+        if index.is_multiple_of(PUTS_PER_COMMIT) {
             soak.commit().expect("soak commit");
         }
         if i + 1 == soak_ops / 2 {
