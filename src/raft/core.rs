@@ -181,7 +181,10 @@ impl<S: Storage> Raft<S> {
     }
 
     fn send(&mut self, mut m: Message) {
-        m.from = self.id;
+        // A forwarded transfer request keeps naming the transferee in `from`.
+        if m.from == NONE {
+            m.from = self.id;
+        }
         let t = m.msg_type();
         if matches!(
             t,
@@ -766,7 +769,10 @@ impl<S: Storage> Raft<S> {
     fn step_leader(&mut self, m: Message) -> Result<(), RaftError> {
         match m.msg_type() {
             MessageType::MsgBeat => {
-                self.bcast_heartbeat(Bytes::new());
+                // Pending reads ride along on every heartbeat, so a round
+                // whose messages were lost is retried.
+                let ctx = self.read_only.retry_ctx();
+                self.bcast_heartbeat(ctx);
                 return Ok(());
             }
             MessageType::MsgCheckQuorum => {
@@ -1015,7 +1021,15 @@ impl<S: Storage> Raft<S> {
         let pr = self.prs.progress.get_mut(&from).expect("checked by caller");
         pr.recent_active = true;
         let old_paused = pr.is_paused();
-        if !pr.maybe_update(m.index) {
+        let updated = pr.maybe_update(m.index);
+        if !updated {
+            // A probe answered by a member that already has everything: it
+            // matches, so replicate again rather than probing once per
+            // heartbeat.
+            if pr.state == ProgressState::Probe && pr.matched == m.index {
+                pr.become_replicate();
+                while self.maybe_send_append(from, false) {}
+            }
             return;
         }
         match pr.state {
@@ -1303,16 +1317,13 @@ impl<S: Storage> Raft<S> {
         if md.index <= self.log.committed {
             return false;
         }
-        if self.state != StateRole::Follower {
-            warn!(
-                group = self.group_id,
-                id = self.id,
-                "non-follower asked to restore a snapshot"
-            );
-            let term = self.term + 1;
-            self.become_follower(term, NONE);
-            return false;
-        }
+        assert!(
+            self.state == StateRole::Follower,
+            "raft: member {} in role {:?} asked to restore a snapshot at term {}",
+            self.id,
+            self.state,
+            self.term
+        );
         if self.log.match_term(md.index, md.term) {
             // Our log already has the snapshot's last entry: just commit.
             self.log.commit_to(md.index);

@@ -92,6 +92,20 @@ impl ReadOnly {
         out
     }
 
+    /// Context re-confirming the latest round while reads wait on it;
+    /// empty when none wait.
+    pub fn retry_ctx(&self) -> Bytes {
+        let waiting = self
+            .queue
+            .front()
+            .is_some_and(|ctx| self.pending[ctx].round != 0);
+        if waiting && self.acks.contains_key(&self.last_round) {
+            round_to_ctx(self.last_round)
+        } else {
+            Bytes::new()
+        }
+    }
+
     pub fn clear(&mut self) {
         self.pending.clear();
         self.queue.clear();

@@ -85,6 +85,8 @@ pub(crate) fn limit_size(entries: &mut Vec<Entry>, max_size_bytes: u64) {
 #[derive(Debug, Clone, Default)]
 pub struct MemStorage {
     hard_state: HardState,
+    /// Membership as of the applied index the driver restarts from.
+    conf_state: ConfState,
     snapshot: Snapshot,
     /// `entries[0]` is a dummy holding the snapshot's index and term.
     entries: Vec<Entry>,
@@ -96,6 +98,7 @@ impl MemStorage {
     pub fn new() -> Self {
         MemStorage {
             hard_state: HardState::default(),
+            conf_state: ConfState::default(),
             snapshot: Snapshot {
                 data: Default::default(),
                 metadata: Some(SnapshotMetadata::default()),
@@ -109,9 +112,17 @@ impl MemStorage {
     pub fn new_with_conf_state(conf_state: ConfState) -> Self {
         let mut s = Self::new();
         if let Some(md) = s.snapshot.metadata.as_mut() {
-            md.conf_state = Some(conf_state);
+            md.conf_state = Some(conf_state.clone());
         }
+        s.conf_state = conf_state;
         s
+    }
+
+    /// Records the membership in force at the applied index, which a
+    /// restart with `Config::applied_index` resumes from. A driver that
+    /// replays from the snapshot on restart need not call it.
+    pub fn set_conf_state(&mut self, cs: ConfState) {
+        self.conf_state = cs;
     }
 
     pub fn hard_state(&self) -> &HardState {
@@ -178,16 +189,18 @@ impl MemStorage {
         if self.hard_state.commit < md.index {
             self.hard_state.commit = md.index;
         }
+        self.conf_state = md.conf_state.clone().unwrap_or_default();
         self.snapshot = snapshot;
         Ok(())
     }
 
     /// Makes a snapshot at `index` (which must be applied) with the state
-    /// machine image `data`; entries before it stay until `compact`.
+    /// machine image `data` and the membership in force at `index`; entries
+    /// before it stay until `compact`.
     pub fn create_snapshot(
         &mut self,
         index: u64,
-        conf_state: Option<ConfState>,
+        conf_state: ConfState,
         data: bytes::Bytes,
     ) -> Result<Snapshot, StorageError> {
         let held = self.snapshot.metadata.as_ref().map_or(0, |m| m.index);
@@ -204,15 +217,10 @@ impl MemStorage {
             });
         }
         let term = self.entries[(index - self.offset()) as usize].term;
-        let prev_cs = self
-            .snapshot
-            .metadata
-            .as_ref()
-            .and_then(|m| m.conf_state.clone());
         self.snapshot = Snapshot {
             data,
             metadata: Some(SnapshotMetadata {
-                conf_state: conf_state.or(prev_cs),
+                conf_state: Some(conf_state),
                 index,
                 term,
             }),
@@ -221,7 +229,8 @@ impl MemStorage {
     }
 
     /// Drops entries before `compact_index`; the entry at `compact_index`
-    /// becomes the dummy that remembers the term.
+    /// becomes the dummy that remembers the term. Compact only up to the
+    /// held snapshot's index, or lagging members can never catch up.
     pub fn compact(&mut self, compact_index: u64) -> Result<(), StorageError> {
         let offset = self.offset();
         if compact_index <= offset {
@@ -252,12 +261,7 @@ impl Storage for MemStorage {
     fn initial_state(&self) -> Result<RaftState, StorageError> {
         Ok(RaftState {
             hard_state: self.hard_state,
-            conf_state: self
-                .snapshot
-                .metadata
-                .as_ref()
-                .and_then(|m| m.conf_state.clone())
-                .unwrap_or_default(),
+            conf_state: self.conf_state.clone(),
         })
     }
 

@@ -36,6 +36,8 @@ pub struct Network {
     /// Messages that were sent before the sender persisted.
     pub sent_before_persist: Vec<Message>,
     pub configure: fn(&mut Config),
+    /// Rewrites messages in flight; returning false drops the message.
+    pub mangle: Option<fn(&mut Message) -> bool>,
 }
 
 pub fn config(id: u64) -> Config {
@@ -61,6 +63,7 @@ impl Network {
             sent: Vec::new(),
             sent_before_persist: Vec::new(),
             configure: f,
+            mangle: None,
         };
         for id in 1..=n {
             let cs = ConfState {
@@ -154,6 +157,7 @@ impl Network {
                 .as_ref()
                 .and_then(|md| md.conf_state.clone())
                 .unwrap_or_default();
+            m.applied = decode_state(&s.data);
         }
         store.append(&rd.entries);
         if let Some(hs) = &rd.hard_state {
@@ -174,6 +178,8 @@ impl Network {
                 EntryType::EntryConfChange => {
                     let cc = ConfChange::decode(e.data.clone()).unwrap();
                     m.conf_state = m.node.apply_conf_change(&cc);
+                    let cs = m.conf_state.clone();
+                    m.node.store_mut().set_conf_state(cs);
                 }
             }
         }
@@ -203,7 +209,7 @@ impl Network {
     pub fn deliver(&mut self) {
         for _ in 0..100_000 {
             self.process_all();
-            let Some(msg) = self.queue.pop_front() else {
+            let Some(mut msg) = self.queue.pop_front() else {
                 if !self.process_all() {
                     return;
                 }
@@ -211,6 +217,11 @@ impl Network {
             };
             if !self.deliverable(&msg) {
                 continue;
+            }
+            if let Some(f) = self.mangle {
+                if !f(&mut msg) {
+                    continue;
+                }
             }
             let to = msg.to;
             let _ = self.node(to).step(msg);
@@ -282,7 +293,19 @@ impl Network {
         out
     }
 
-    /// Log entries `lo..=hi` of member `id`.
+    /// Snapshots member `id` at its applied index and compacts its log.
+    pub fn compact(&mut self, id: u64) -> u64 {
+        let m = self.members.get_mut(&id).unwrap();
+        let index = m.node.applied_index();
+        let data = encode_state(&m.applied);
+        let cs = m.conf_state.clone();
+        let st = m.node.store_mut();
+        st.create_snapshot(index, cs, data).unwrap();
+        st.compact(index).unwrap();
+        index
+    }
+
+    /// Log entries of member `id` in its storage.
     pub fn entries(&mut self, id: u64) -> Vec<Entry> {
         let n = self.node(id);
         let st = n.store();
@@ -290,4 +313,26 @@ impl Network {
         let last = st.last_index().unwrap();
         st.entries(first, last + 1, u64::MAX).unwrap()
     }
+}
+
+/// The harness state machine's image: its applied list, one "index data" per line.
+pub fn encode_state(applied: &[(u64, Bytes)]) -> Bytes {
+    let mut out = Vec::new();
+    for (i, d) in applied {
+        out.extend_from_slice(format!("{i} ").as_bytes());
+        out.extend_from_slice(d);
+        out.push(b'\n');
+    }
+    Bytes::from(out)
+}
+
+pub fn decode_state(data: &[u8]) -> Vec<(u64, Bytes)> {
+    data.split(|b| *b == b'\n')
+        .filter(|l| !l.is_empty())
+        .map(|l| {
+            let sp = l.iter().position(|b| *b == b' ').unwrap();
+            let i: u64 = std::str::from_utf8(&l[..sp]).unwrap().parse().unwrap();
+            (i, Bytes::copy_from_slice(&l[sp + 1..]))
+        })
+        .collect()
 }

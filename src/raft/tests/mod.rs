@@ -4,4 +4,7 @@
 
 mod election;
 mod harness;
+mod proposals;
+mod reads;
 mod replication;
+mod transfer;
