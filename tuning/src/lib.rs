@@ -43,7 +43,45 @@ pub fn run_lab(
     if safety::stop_requested() {
         return Err(LabError::Interrupted);
     }
-    let recommendation = recommend::recommend(&results, lab.facts());
+    let mut recommendation = recommend::recommend(&results, lab.facts());
+    if let Ok(rec) = &recommendation {
+        if rec.experiment != rec.default_experiment {
+            let find = |label: &str| {
+                results
+                    .iter()
+                    .find(|r| r.label == label)
+                    .map(|r| r.experiment)
+            };
+            if let (Some(candidate), Some(default)) =
+                (find(&rec.experiment), find(&rec.default_experiment))
+            {
+                let default_setting =
+                    recommend::wal_setting(&default).expect("the default maps to a WAL setting");
+                let (mut c_rates, mut d_rates) = (Vec::new(), Vec::new());
+                for _ in 0..recommend::CONFIRM_ROUNDS {
+                    let rate = |exp: &model::Experiment| {
+                        matrix::run_experiment(&lab, exp, &limits)
+                            .measurement()
+                            .filter(|m| recommend::unsafe_reason(m, lab.facts()).is_none())
+                            .map(|m| m.appends_per_sec)
+                    };
+                    c_rates.push(rate(&candidate));
+                    d_rates.push(rate(&default));
+                }
+                lab.cleanup();
+                if safety::stop_requested() {
+                    return Err(LabError::Interrupted);
+                }
+                recommendation = Ok(recommend::apply_confirmation(
+                    rec.clone(),
+                    default_setting,
+                    &c_rates,
+                    &d_rates,
+                    lab.facts(),
+                ));
+            }
+        }
+    }
     Ok(RunReport::new(
         lab.facts().clone(),
         quick,

@@ -165,8 +165,92 @@ pub struct Recommendation {
     pub gain_percent: f64,
     /// Settings that were faster but set aside, and why.
     pub rejected: Vec<String>,
+    /// The re-measurement that confirmed (or overturned) the first pick.
+    pub confirmation: Option<Confirmation>,
     /// The `[wal]` section, ready to paste.
     pub toml: String,
+}
+
+/// Alternating re-runs of the pick and the default: on a shared, drifting disk one
+/// pass of the matrix can crown a setting that merely ran during a quiet second.
+#[derive(Debug, Clone, Serialize)]
+pub struct Confirmation {
+    /// The first pick's label (kept even when the confirmation overturns it).
+    pub candidate: String,
+    pub candidate_appends_per_sec: Vec<f64>,
+    pub default_appends_per_sec: Vec<f64>,
+    /// Median of the per-round gains, in percent.
+    pub median_gain_percent: f64,
+    pub confirmed: bool,
+}
+
+/// Rounds of the confirmation: each runs the pick and the default back to back.
+pub const CONFIRM_ROUNDS: usize = 3;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    assert!(!v.is_empty(), "median of nothing");
+    v.sort_by(f64::total_cmp);
+    let mid = v.len() / 2;
+    if v.len() % 2 == 1 {
+        v[mid]
+    } else {
+        (v[mid - 1] + v[mid]) / 2.0
+    }
+}
+
+/// Applies alternating re-measurements of the pick (`candidate`) and the default
+/// (`default`, paired round by round) to a recommendation: the pick stands only if
+/// the median per-round gain is still at least [`GAIN_PERCENT_MIN`]; otherwise the
+/// default is recommended. Rounds where either side failed are ignored.
+pub fn apply_confirmation(
+    mut rec: Recommendation,
+    default_setting: WalSetting,
+    candidate: &[Option<f64>],
+    default: &[Option<f64>],
+    facts: &DiskFacts,
+) -> Recommendation {
+    let pairs: Vec<(f64, f64)> = candidate
+        .iter()
+        .zip(default)
+        .filter_map(|(c, d)| Some(((*c)?, (*d)?)))
+        .filter(|(_, d)| *d > 0.0)
+        .collect();
+    if pairs.is_empty() {
+        rec.rejected
+            .push("confirmation rounds could not run; the pick rests on one pass".into());
+        return rec;
+    }
+    let gains: Vec<f64> = pairs.iter().map(|(c, d)| (c / d - 1.0) * 100.0).collect();
+    let median_gain_percent = median(gains);
+    let confirmed = median_gain_percent >= GAIN_PERCENT_MIN;
+    let c_rates: Vec<f64> = pairs.iter().map(|p| p.0).collect();
+    let d_rates: Vec<f64> = pairs.iter().map(|p| p.1).collect();
+    rec.confirmation = Some(Confirmation {
+        candidate: rec.experiment.clone(),
+        candidate_appends_per_sec: c_rates.clone(),
+        default_appends_per_sec: d_rates.clone(),
+        median_gain_percent,
+        confirmed,
+    });
+    if confirmed {
+        rec.appends_per_sec = median(c_rates);
+        rec.default_appends_per_sec = median(d_rates);
+        rec.gain_percent = median_gain_percent;
+    } else {
+        rec.rejected.push(format!(
+            "{}: re-measured against the default over {} alternating rounds, median gain {median_gain_percent:+.1}% is under {GAIN_PERCENT_MIN}%",
+            rec.experiment,
+            pairs.len()
+        ));
+        rec.setting = default_setting;
+        rec.experiment = rec.default_experiment.clone();
+        rec.appends_per_sec = median(d_rates);
+        rec.default_appends_per_sec = rec.appends_per_sec;
+        rec.p99_us = rec.default_p99_us;
+        rec.gain_percent = 0.0;
+    }
+    rec.toml = render_toml(&rec, facts);
+    rec
 }
 
 /// Why no setting could be recommended.
@@ -252,6 +336,7 @@ pub fn recommend(
         default_p99_us: default_m.latency.p99_us,
         gain_percent,
         rejected,
+        confirmation: None,
         toml: String::new(),
     };
     rec.toml = render_toml(&rec, facts);
@@ -277,6 +362,16 @@ pub fn render_toml(rec: &Recommendation, facts: &DiskFacts) -> String {
         "# default  {:.0} appends/s, p99 {:.0} µs ({}): {:+.1}% appends/s",
         rec.default_appends_per_sec, rec.default_p99_us, rec.default_experiment, rec.gain_percent
     );
+    if let Some(c) = &rec.confirmation {
+        let _ =
+            writeln!(
+            s,
+            "# re-measured over {} alternating rounds against the default: median gain {:+.1}%{}",
+            c.candidate_appends_per_sec.len(),
+            c.median_gain_percent,
+            if c.confirmed { "" } else { " (not enough: the default stays)" }
+        );
+    }
     let _ = writeln!(s, "[wal]");
     let _ = writeln!(s, "backend = \"{}\"", rec.setting.backend.config_name());
     let _ = writeln!(s, "direct-io = {}", rec.setting.direct_io);

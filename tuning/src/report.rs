@@ -120,7 +120,9 @@ pub fn table(results: &[ExperimentResult]) -> String {
 pub fn recommendation_text(report: &RunReport) -> String {
     match (&report.recommendation, &report.no_recommendation) {
         (Some(r), _) => {
-            let mut s = String::from("Recommended WAL setting (paste into cairn.toml):\n\n");
+            let mut s = String::from(
+                "Recommended WAL setting (paste into the file given to `cairn --config-file`):\n\n",
+            );
             s.push_str(&r.toml);
             for note in &r.rejected {
                 let _ = writeln!(s, "# set aside: {note}");

@@ -205,3 +205,58 @@ fn volatile_disk_or_nothing_measured_gives_no_recommendation() {
         Err(NoRecommendation::NothingSafe)
     ));
 }
+
+#[test]
+fn confirmation_rounds_keep_a_real_gain_and_overturn_a_lucky_one() {
+    use cairn_tuning::recommend::{apply_confirmation, DEFAULT_SETTINGS};
+    let results = vec![
+        result(
+            wal(IoMode::Direct, SyncMode::Fdatasync),
+            measured(5000.0, 400.0),
+        ),
+        result(
+            wal(IoMode::Direct, SyncMode::Linked),
+            measured(8000.0, 350.0),
+        ),
+    ];
+    let first = recommend(&results, &disk()).unwrap();
+    assert_eq!(first.setting.sync_mode, SyncMode::Linked);
+
+    // The gain holds in two of three rounds (one round failed to run at all).
+    let kept = apply_confirmation(
+        first.clone(),
+        DEFAULT_SETTINGS[0],
+        &[Some(7000.0), Some(3000.0), Some(6600.0), None],
+        &[Some(5000.0), Some(5000.0), Some(6000.0), Some(5000.0)],
+        &disk(),
+    );
+    let c = kept.confirmation.as_ref().unwrap();
+    assert!(c.confirmed);
+    assert_eq!(c.candidate_appends_per_sec.len(), 3);
+    assert!(
+        (kept.gain_percent - 10.0).abs() < 1e-9,
+        "{}",
+        kept.gain_percent
+    );
+    assert_eq!(kept.setting.sync_mode, SyncMode::Linked);
+    assert!(kept.toml.contains("median gain +10.0%"), "{}", kept.toml);
+
+    // Re-measured side by side, the pick is no better: the default stays.
+    let overturned = apply_confirmation(
+        first,
+        DEFAULT_SETTINGS[0],
+        &[Some(5100.0), Some(4900.0), Some(5200.0)],
+        &[Some(5000.0), Some(5000.0), Some(5000.0)],
+        &disk(),
+    );
+    assert!(!overturned.confirmation.as_ref().unwrap().confirmed);
+    assert_eq!(overturned.setting, DEFAULT_SETTINGS[0]);
+    assert_eq!(overturned.gain_percent, 0.0);
+    assert_eq!(overturned.experiment, overturned.default_experiment);
+    let wal = assert_config_section(&overturned.toml);
+    assert_eq!(wal["sync-mode"].as_str(), Some("fdatasync"));
+    assert!(overturned
+        .rejected
+        .iter()
+        .any(|r| r.contains("alternating rounds")));
+}
