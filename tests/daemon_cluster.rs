@@ -39,7 +39,10 @@ async fn three_member_cluster_behaves_like_etcd() {
     for round in 0..3 {
         for (i, writer) in clients.clone().iter_mut().enumerate() {
             let value = format!("v{round}-{i}");
-            writer.put("/cfg/shared", value.clone(), None).await.unwrap();
+            writer
+                .put("/cfg/shared", value.clone(), None)
+                .await
+                .unwrap();
             for (j, reader) in clients.iter_mut().enumerate() {
                 let r = reader.get("/cfg/shared", None).await.unwrap();
                 assert_eq!(
@@ -81,7 +84,11 @@ async fn three_member_cluster_behaves_like_etcd() {
             let mut c = clients[i % clients.len()].clone();
             tasks.push(tokio::spawn(async move {
                 let txn = Txn::new()
-                    .when([Compare::mod_revision("/lock/cas", CompareOp::Equal, current)])
+                    .when([Compare::mod_revision(
+                        "/lock/cas",
+                        CompareOp::Equal,
+                        current,
+                    )])
                     .and_then([TxnOp::put("/lock/cas", format!("{round}-{i}"), None)]);
                 c.txn(txn).await.map(|r| r.succeeded())
             }));
@@ -92,7 +99,10 @@ async fn three_member_cluster_behaves_like_etcd() {
                 winners += 1;
             }
         }
-        assert_eq!(winners, 1, "round {round}: exactly one compare-and-swap wins");
+        assert_eq!(
+            winners, 1,
+            "round {round}: exactly one compare-and-swap wins"
+        );
     }
 
     // Keys spread over shards; a range over all of them is merged in key order
@@ -100,7 +110,10 @@ async fn three_member_cluster_behaves_like_etcd() {
     let mut expected = BTreeMap::new();
     for i in 0..40 {
         let key = format!("/merge{i:02}/item");
-        clients[i % 3].put(key.clone(), format!("{i}"), None).await.unwrap();
+        clients[i % 3]
+            .put(key.clone(), format!("{i}"), None)
+            .await
+            .unwrap();
         expected.insert(key, format!("{i}"));
     }
     let r = clients[1]
@@ -110,13 +123,21 @@ async fn three_member_cluster_behaves_like_etcd() {
     let got: Vec<(String, String)> = r
         .kvs()
         .iter()
-        .map(|kv| (kv.key_str().unwrap().to_string(), kv.value_str().unwrap().to_string()))
+        .map(|kv| {
+            (
+                kv.key_str().unwrap().to_string(),
+                kv.value_str().unwrap().to_string(),
+            )
+        })
         .collect();
     let want: Vec<(String, String)> = expected.clone().into_iter().collect();
     assert_eq!(got, want, "merged range in key order");
     assert_eq!(r.count(), 40);
     let r = clients[2]
-        .get("/merge", Some(GetOptions::new().with_prefix().with_limit(7)))
+        .get(
+            "/merge",
+            Some(GetOptions::new().with_prefix().with_limit(7)),
+        )
         .await
         .unwrap();
     assert_eq!(r.kvs().len(), 7);
@@ -136,9 +157,15 @@ async fn three_member_cluster_behaves_like_etcd() {
         .await
         .unwrap();
     let keys: Vec<&str> = r.kvs().iter().map(|kv| kv.key_str().unwrap()).collect();
-    assert_eq!(keys, vec!["/merge39/item", "/merge38/item", "/merge37/item"]);
+    assert_eq!(
+        keys,
+        vec!["/merge39/item", "/merge38/item", "/merge37/item"]
+    );
     let r = clients[0]
-        .get("/merge", Some(GetOptions::new().with_prefix().with_count_only()))
+        .get(
+            "/merge",
+            Some(GetOptions::new().with_prefix().with_count_only()),
+        )
         .await
         .unwrap();
     assert_eq!(r.count(), 40);
@@ -173,7 +200,10 @@ async fn three_member_cluster_behaves_like_etcd() {
 
     // Deleting a prefix across shards.
     let d = clients[1]
-        .delete("/merge", Some(DeleteOptions::new().with_prefix().with_prev_key()))
+        .delete(
+            "/merge",
+            Some(DeleteOptions::new().with_prefix().with_prev_key()),
+        )
         .await
         .unwrap();
     assert_eq!(d.deleted(), 40);
@@ -181,17 +211,34 @@ async fn three_member_cluster_behaves_like_etcd() {
 
     // Bad input gets etcd's errors.
     let e = status_of(clients[0].put("", "v", None).await.unwrap_err());
-    assert_eq!((e.code(), e.message()), (Code::InvalidArgument, "etcdserver: key is not provided"));
+    assert_eq!(
+        (e.code(), e.message()),
+        (Code::InvalidArgument, "etcdserver: key is not provided")
+    );
     let big = vec![b'x'; 1_600_000];
     let e = status_of(clients[0].put("/big", big, None).await.unwrap_err());
-    assert_eq!((e.code(), e.message()), (Code::InvalidArgument, "etcdserver: request is too large"));
-    let ops: Vec<TxnOp> = (0..129).map(|i| TxnOp::put(format!("/registry/x/{i}"), "v", None)).collect();
+    assert_eq!(
+        (e.code(), e.message()),
+        (Code::InvalidArgument, "etcdserver: request is too large")
+    );
+    let ops: Vec<TxnOp> = (0..129)
+        .map(|i| TxnOp::put(format!("/registry/x/{i}"), "v", None))
+        .collect();
     let e = status_of(clients[0].txn(Txn::new().and_then(ops)).await.unwrap_err());
     assert_eq!(
         (e.code(), e.message()),
-        (Code::InvalidArgument, "etcdserver: too many operations in txn request")
+        (
+            Code::InvalidArgument,
+            "etcdserver: too many operations in txn request"
+        )
     );
-    let rev = clients[0].put("/rev/k", "1", None).await.unwrap().header().unwrap().revision();
+    let rev = clients[0]
+        .put("/rev/k", "1", None)
+        .await
+        .unwrap()
+        .header()
+        .unwrap()
+        .revision();
     let e = status_of(
         clients[0]
             .get("/rev/k", Some(GetOptions::new().with_revision(rev + 1000)))
@@ -200,7 +247,10 @@ async fn three_member_cluster_behaves_like_etcd() {
     );
     assert_eq!(
         (e.code(), e.message()),
-        (Code::OutOfRange, "etcdserver: mvcc: required revision is a future revision")
+        (
+            Code::OutOfRange,
+            "etcdserver: mvcc: required revision is a future revision"
+        )
     );
     clients[0].put("/rev/k", "2", None).await.unwrap();
     clients[0].put("/rev/k", "3", None).await.unwrap();
@@ -215,7 +265,10 @@ async fn three_member_cluster_behaves_like_etcd() {
     );
     assert_eq!(
         (e.code(), e.message()),
-        (Code::OutOfRange, "etcdserver: mvcc: required revision has been compacted")
+        (
+            Code::OutOfRange,
+            "etcdserver: mvcc: required revision has been compacted"
+        )
     );
 
     // Garbage on the client and peer ports closes those connections only.
@@ -242,5 +295,8 @@ async fn three_member_cluster_behaves_like_etcd() {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert!(hashes.windows(2).all(|w| w[0] == w[1]), "HashKV differs: {hashes:?}");
+    assert!(
+        hashes.windows(2).all(|w| w[0] == w[1]),
+        "HashKV differs: {hashes:?}"
+    );
 }

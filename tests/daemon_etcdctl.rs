@@ -27,7 +27,11 @@ fn ctl(args: &[&str], stdin: Option<&str>) -> (bool, String) {
         .arg("--endpoints=127.0.0.1:2379")
         .arg("--command-timeout=10s")
         .args(args)
-        .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let mut child = cmd.spawn().expect("run etcdctl");
@@ -40,8 +44,8 @@ fn ctl(args: &[&str], stdin: Option<&str>) -> (bool, String) {
             .unwrap();
     }
     let out = child.wait_with_output().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).to_string()
-        + &String::from_utf8_lossy(&out.stderr);
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     (out.status.success(), text)
 }
 
@@ -73,10 +77,16 @@ fn etcdctl_works_against_a_default_cairn() {
     let _daemon = Daemon { child, _dir: dir };
     let deadline = Instant::now() + Duration::from_secs(30);
     while !ctl(&["put", "warmup", "1"], None).0 {
-        assert!(Instant::now() < deadline, "cairn never answered on 127.0.0.1:2379");
+        assert!(
+            Instant::now() < deadline,
+            "cairn never answered on 127.0.0.1:2379"
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
-    assert!(_daemon._dir.path().join("default.cairn").is_dir(), "data in ./default.cairn");
+    assert!(
+        _daemon._dir.path().join("default.cairn").is_dir(),
+        "data in ./default.cairn"
+    );
 
     // put / get
     assert_eq!(ok(&["put", "foo", "bar"]).trim(), "OK");
@@ -90,7 +100,10 @@ fn etcdctl_works_against_a_default_cairn() {
     assert!(g["header"]["cluster_id"].as_u64().unwrap() != 0);
     assert!(g["header"]["raft_term"].as_u64().unwrap() >= 1);
     // --rev reads the past.
-    assert_eq!(ok(&["get", "foo", "--rev", &rev_baz.to_string()]), "foo\nbaz\n");
+    assert_eq!(
+        ok(&["get", "foo", "--rev", &rev_baz.to_string()]),
+        "foo\nbaz\n"
+    );
 
     // prefix, from-key, limit, sort
     for k in ["/app/a", "/app/b", "/app/c"] {
@@ -110,7 +123,14 @@ fn etcdctl_works_against_a_default_cairn() {
     );
     assert_eq!(
         ok(&[
-            "get", "/app/", "--prefix", "--sort-by", "KEY", "--order", "DESCEND", "--keys-only"
+            "get",
+            "/app/",
+            "--prefix",
+            "--sort-by",
+            "KEY",
+            "--order",
+            "DESCEND",
+            "--keys-only"
         ]),
         "/app/c\n\n/app/b\n\n/app/a\n\n"
     );
@@ -129,7 +149,10 @@ fn etcdctl_works_against_a_default_cairn() {
     assert!(success, "{out}");
     assert!(out.starts_with("SUCCESS"), "{out}");
     assert_eq!(ok(&["get", "foo", "--print-value-only"]), "won\n");
-    let (success, out) = ctl(&["txn"], Some("value(\"foo\") = \"nope\"\n\nput foo a\n\nget foo\n\n"));
+    let (success, out) = ctl(
+        &["txn"],
+        Some("value(\"foo\") = \"nope\"\n\nput foo a\n\nget foo\n\n"),
+    );
     assert!(success, "{out}");
     assert!(out.starts_with("FAILURE"), "{out}");
     assert!(out.contains("won"), "failure branch ran the get: {out}");
@@ -149,7 +172,10 @@ fn etcdctl_works_against_a_default_cairn() {
         format!("compacted revision {rev}")
     );
     let (success, out) = ctl(&["get", "foo", "--rev", &rev_baz.to_string()], None);
-    assert!(!success && out.contains("required revision has been compacted"), "{out}");
+    assert!(
+        !success && out.contains("required revision has been compacted"),
+        "{out}"
+    );
 
     // member list, endpoint status / health / hashkv
     let members = ok(&["member", "list"]);
@@ -158,7 +184,10 @@ fn etcdctl_works_against_a_default_cairn() {
         "{members}"
     );
     let status = ok(&["endpoint", "status"]);
-    assert!(status.contains("127.0.0.1:2379") && status.contains("true"), "{status}");
+    assert!(
+        status.contains("127.0.0.1:2379") && status.contains("true"),
+        "{status}"
+    );
     let health = ok(&["endpoint", "health"]);
     assert!(health.contains("is healthy"), "{health}");
     let hash = ok(&["endpoint", "hashkv"]);

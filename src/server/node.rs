@@ -248,10 +248,13 @@ impl PeerSender for CorePeers {
 }
 
 /// Decodes Raft messages from an inbound link and hands them to their shard.
+/// `_link` is the link the receiver belongs to when nothing else holds it (an
+/// accepted connection): dropping a link closes its connection.
 async fn forward_inbound(
     mut rx: cairn_net::InboundReceiver,
     inbound: Arc<Vec<mpsc::Sender<raft::Message>>>,
     peer: u64,
+    _link: Option<cairn_net::Link>,
 ) {
     while let Some(item) = rx.recv().await {
         if let cairn_net::Inbound::Message {
@@ -472,7 +475,7 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
                 .map_err(|e| StartError::Other(e.to_string()))?[0];
             let (link, rx) = cairn_net::dial(&shared.net, m.id, addr, shard)
                 .map_err(|e| StartError::Other(format!("peer transport config: {e}")))?;
-            tokio::task::spawn_local(forward_inbound(rx, shared.inbound_tx.clone(), m.id));
+            tokio::task::spawn_local(forward_inbound(rx, shared.inbound_tx.clone(), m.id, None));
             peers.links.borrow_mut().insert((shard, m.id), link);
         }
     }
@@ -553,11 +556,12 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
                 let job: crate::runtime::CoreJob = Box::new(move || {
                     let peer = accepted.hello.member_id;
                     match cairn_net::serve_accepted(accepted, &shared3.net) {
-                        Ok((_link, rx)) => {
+                        Ok((link, rx)) => {
                             tokio::task::spawn_local(forward_inbound(
                                 rx,
                                 shared3.inbound_tx.clone(),
                                 peer,
+                                Some(link),
                             ));
                         }
                         Err(e) => tracing::warn!(error = %e, "could not serve a peer connection"),

@@ -53,6 +53,14 @@ pub const MAX_INPUTS_PER_TURN: usize = 1024;
 /// (etcd keeps 5,000).
 pub const CATCH_UP_ENTRIES: u64 = 5_000;
 
+/// How long a request waits for a leader to be elected before it fails with
+/// etcd's "no leader": about two election timeouts, so an election in progress
+/// costs a client latency, not an error.
+pub const LEADERLESS_WAIT: Duration = Duration::from_secs(3);
+
+/// Requests that may wait for a leader at once; more fail at once.
+pub const MAX_LEADERLESS_REQUESTS: usize = 16_384;
+
 /// Applied bytes after which the store commits at once rather than on the next
 /// tick: bounds the store's uncommitted batch.
 pub const STORE_COMMIT_PENDING_BYTES: usize = 16 * 1024 * 1024;
@@ -204,6 +212,11 @@ pub struct Shard {
     next_request_id: u64,
     /// Reads collected this turn, sent as one ReadIndex round.
     reads_this_turn: Vec<PendingRead>,
+    /// Writes and reads that arrived while no leader was known: they wait (at
+    /// most [`LEADERLESS_WAIT`]) instead of failing during a short election.
+    leaderless_writes:
+        std::collections::VecDeque<(Instant, shard_request::Request, Reply<WriteResult>)>,
+    leaderless_reads: Vec<(Instant, PendingRead)>,
     /// Rounds sent, by context, awaiting their read state.
     read_rounds: HashMap<u64, ReadRound>,
     next_read_ctx: u64,
@@ -346,6 +359,8 @@ impl Shard {
             // Ids stay unique across restarts: they start from the clock.
             next_request_id: now_ms() << 16,
             reads_this_turn: Vec::new(),
+            leaderless_writes: std::collections::VecDeque::new(),
+            leaderless_reads: Vec::new(),
             read_rounds: HashMap::new(),
             next_read_ctx: 1,
             confirmed_reads: BTreeMap::new(),
@@ -407,10 +422,14 @@ impl Shard {
                 }
                 continue;
             }
+            self.release_leaderless();
             self.start_read_round();
             while self.node.has_ready() && self.failed.is_none() {
                 let rd = self.node.ready();
                 self.handle_ready(rd).await;
+                // A leader may have just become known.
+                self.release_leaderless();
+                self.start_read_round();
             }
         }
         if self.failed.is_none() {
@@ -508,6 +527,16 @@ impl Shard {
             let _ = reply.send(Err(ApiError::NoSpace));
             return;
         }
+        if self.node.leader_id() == raft::NONE {
+            if self.leaderless_writes.len() + self.leaderless_reads.len() >= MAX_LEADERLESS_REQUESTS
+            {
+                let _ = reply.send(Err(ApiError::NoLeader));
+            } else {
+                self.leaderless_writes
+                    .push_back((Instant::now(), request, reply));
+            }
+            return;
+        }
         self.next_request_id += 1;
         let id = self.next_request_id;
         let data = ShardRequest {
@@ -542,8 +571,34 @@ impl Shard {
         }
     }
 
+    /// Sends requests that waited for a leader, once one is known.
+    fn release_leaderless(&mut self) {
+        if self.node.leader_id() == raft::NONE {
+            return;
+        }
+        while let Some((_, request, reply)) = self.leaderless_writes.pop_front() {
+            self.propose(request, reply);
+        }
+        for (_, read) in std::mem::take(&mut self.leaderless_reads) {
+            self.reads_this_turn.push(read);
+        }
+    }
+
     fn start_read_round(&mut self) {
         if self.reads_this_turn.is_empty() {
+            return;
+        }
+        if self.node.leader_id() == raft::NONE {
+            let now = Instant::now();
+            for r in self.reads_this_turn.drain(..) {
+                if self.leaderless_writes.len() + self.leaderless_reads.len()
+                    >= MAX_LEADERLESS_REQUESTS
+                {
+                    let _ = r.reply.send(Err(ApiError::NoLeader));
+                } else {
+                    self.leaderless_reads.push((now, r));
+                }
+            }
             return;
         }
         let reads = std::mem::take(&mut self.reads_this_turn);
@@ -573,6 +628,20 @@ impl Shard {
     /// Answers requests that waited too long: their clients have given up.
     fn expire(&mut self) {
         let now = Instant::now();
+        while let Some((since, _, _)) = self.leaderless_writes.front() {
+            if now.duration_since(*since) < LEADERLESS_WAIT {
+                break;
+            }
+            let (_, _, reply) = self.leaderless_writes.pop_front().expect("front exists");
+            let _ = reply.send(Err(ApiError::NoLeader));
+        }
+        let (expired, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.leaderless_reads)
+            .into_iter()
+            .partition(|(since, _)| now.duration_since(*since) >= LEADERLESS_WAIT);
+        self.leaderless_reads = waiting;
+        for (_, r) in expired {
+            let _ = r.reply.send(Err(ApiError::NoLeader));
+        }
         self.waiters
             .retain(|_, w| now.duration_since(w.since) < REQUEST_TIMEOUT && !w.reply.is_closed());
         let expired: Vec<u64> = self

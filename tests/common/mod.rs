@@ -197,13 +197,21 @@ pub async fn client(endpoint: &str) -> etcd_client::Client {
     }
 }
 
-/// Waits until a write through `endpoint` succeeds (a leader exists for the
-/// key's shard and the member serves), retrying on errors.
+/// Waits until writes through the client succeed on every shard (keys under
+/// many routing prefixes), retrying on errors: the member serves and each shard
+/// has a leader.
 pub async fn wait_writable(c: &mut etcd_client::Client, key: &str) {
     let deadline = Instant::now() + Duration::from_secs(30);
+    let mut prefix = 0;
     loop {
-        match c.put(key, "ready", None).await {
-            Ok(_) => return,
+        let k = if prefix == 0 {
+            key.to_string()
+        } else {
+            format!("/ready{prefix}/{key}")
+        };
+        match c.put(k, "ready", None).await {
+            Ok(_) if prefix == 32 => return,
+            Ok(_) => prefix += 1,
             Err(e) if Instant::now() < deadline => {
                 let _ = e;
                 tokio::time::sleep(Duration::from_millis(100)).await;
