@@ -549,6 +549,7 @@ impl Storage for UringStorage {
             ring: self.ring.clone(),
             file,
             mode: self.opts.sync_mode,
+            direct,
         }))
     }
     fn rename(&self, from: &str, to: &str) -> io::Result<()> {
@@ -568,13 +569,28 @@ pub struct UringFile {
     ring: Uring,
     file: File,
     mode: SyncMode,
+    direct: bool,
 }
 
 impl UringFile {
     /// Opens `path` on `ring` outside any WAL (for experiments).
     pub fn open(ring: Uring, path: &Path, direct: bool, mode: SyncMode) -> io::Result<UringFile> {
-        let (file, _) = open_file(path, false, direct)?;
-        Ok(UringFile { ring, file, mode })
+        let (file, direct) = open_file(path, false, direct)?;
+        Ok(UringFile {
+            ring,
+            file,
+            mode,
+            direct,
+        })
+    }
+
+    /// Whether the file was opened with O_DIRECT (the filesystem may refuse it).
+    pub fn is_direct(&self) -> bool {
+        self.direct
+    }
+
+    pub fn sync_mode(&self) -> SyncMode {
+        self.mode
     }
 
     async fn linked(&self, offset: u64, buf: AlignedBuf) -> (AlignedBuf, io::Result<()>) {

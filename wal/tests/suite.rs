@@ -450,3 +450,25 @@ fn damage_deep_in_the_tail_segment_fails_open() {
         })
     });
 }
+
+#[test]
+fn durable_watch_follows_flushes() {
+    for_all(|env| {
+        run(async {
+            let (wal, _) = open(env).await;
+            let mut watch = wal.durable_watch();
+            assert_eq!(watch.durable_lsn(), 0);
+            let wal = Rc::new(wal);
+            let w = wal.clone();
+            let appender = tokio::task::spawn_local(async move {
+                w.append(&[entry(4, 1, 1, 8), entry(4, 2, 1, 8)])
+                    .await
+                    .expect("append")
+            });
+            assert!(watch.wait_for(2).await);
+            assert_eq!(appender.await.expect("task"), 2);
+            assert_eq!(wal.durable_lsn(), 2);
+            assert_eq!(wal.last_lsn(), 2);
+        })
+    });
+}
