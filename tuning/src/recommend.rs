@@ -244,8 +244,7 @@ pub fn apply_confirmation(
         ));
         rec.setting = default_setting;
         rec.experiment = rec.default_experiment.clone();
-        rec.appends_per_sec = median(d_rates);
-        rec.default_appends_per_sec = rec.appends_per_sec;
+        rec.appends_per_sec = rec.default_appends_per_sec;
         rec.p99_us = rec.default_p99_us;
         rec.gain_percent = 0.0;
     }

@@ -89,7 +89,9 @@ fn quick_run_report_renders_in_headless_chromium() {
 
     let profile = dir.path().join("chromium-profile");
     let dom = render_dom(&page, &profile);
-    let overlay = usize::from(dom.contains("recommended vs default"));
+    let overlay = usize::from(
+        dom.contains("recommended vs default") || dom.contains("recommended: the default"),
+    );
     assert_eq!(
         dom.matches("<svg class=\"cdf\"").count(),
         measured + overlay,
