@@ -289,3 +289,65 @@ async fn client_port_serves_http1_here_and_hands_grpc_to_tonic() {
     assert_eq!(get(addr, "GET", "/livez").await.status, 200);
     let _ = stop_tx.send(());
 }
+
+#[tokio::test]
+async fn client_port_caps_http1_connections_without_touching_grpc() {
+    use cairn::ops::http::MAX_CLIENT_PORT_HTTP1_CONNECTIONS;
+    let f = fixture();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (grpc_tx, mut grpc_rx) = tokio::sync::mpsc::channel(16);
+    tokio::spawn(serve_client_port(
+        listener,
+        f.endpoints.clone(),
+        grpc_tx,
+        std::future::pending(),
+    ));
+
+    // Keep-alive connections, each holding a slot after its first response.
+    let mut held = Vec::new();
+    for _ in 0..MAX_CLIENT_PORT_HTTP1_CONNECTIONS {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET /livez HTTP/1.1\r\nHost: t\r\n\r\n")
+            .await
+            .unwrap();
+        let mut buf = [0u8; 512];
+        let n = tokio::time::timeout(TIMEOUT, s.read(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            buf[..n].starts_with(b"HTTP/1.1 200"),
+            "{:?}",
+            String::from_utf8_lossy(&buf[..n])
+        );
+        held.push(s);
+    }
+    let mut over = TcpStream::connect(addr).await.unwrap();
+    over.write_all(b"GET /livez HTTP/1.1\r\nHost: t\r\n\r\n")
+        .await
+        .unwrap();
+    let mut rest = Vec::new();
+    // Closed unserved: an end of stream, or a reset because the request was
+    // left unread.
+    match tokio::time::timeout(TIMEOUT, over.read_to_end(&mut rest))
+        .await
+        .unwrap()
+    {
+        Ok(_) => assert!(rest.is_empty(), "connection over the limit was served"),
+        Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}"),
+    }
+
+    // gRPC connections still get through to the gRPC side.
+    let mut grpc = TcpStream::connect(addr).await.unwrap();
+    grpc.write_all(cairn::ops::http::HTTP2_PREFACE)
+        .await
+        .unwrap();
+    let handed = tokio::time::timeout(TIMEOUT, grpc_rx.recv()).await.unwrap();
+    assert!(handed.is_some_and(|io| io.is_ok()));
+
+    // Freeing a slot lets the next HTTP/1 client in.
+    drop(held.pop());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(get(addr, "GET", "/livez").await.status, 200);
+}

@@ -49,6 +49,9 @@ pub const SNIFF_TIMEOUT: Duration = Duration::from_secs(10);
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// Most HTTP/1 connections served at once on the metrics listener.
 pub const MAX_METRICS_CONNECTIONS: usize = 256;
+/// Most HTTP/1 connections served at once on one client listener; more are
+/// closed at once, so scrapers and probes can never crowd out gRPC clients.
+pub const MAX_CLIENT_PORT_HTTP1_CONNECTIONS: usize = 64;
 /// Content type of the Prometheus text exposition format.
 pub const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 
@@ -427,6 +430,7 @@ pub async fn serve_client_port(
     let local = listener
         .local_addr()
         .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
+    let http1_slots = Arc::new(Semaphore::new(MAX_CLIENT_PORT_HTTP1_CONNECTIONS));
     tokio::pin!(shutdown);
     loop {
         let (stream, peer) = tokio::select! {
@@ -446,6 +450,7 @@ pub async fn serve_client_port(
         let _ = stream.set_nodelay(true);
         let endpoints = endpoints.clone();
         let grpc = grpc.clone();
+        let http1_slots = Arc::clone(&http1_slots);
         tokio::spawn(async move {
             let peer = peer.to_string();
             match sniff(stream, &peer).await {
@@ -455,6 +460,14 @@ pub async fn serve_client_port(
                     let _ = grpc.send(Ok(io)).await;
                 }
                 Ok((Protocol::Http1, io)) => {
+                    let Ok(_permit) = http1_slots.try_acquire_owned() else {
+                        tracing::debug!(
+                            peer,
+                            limit = MAX_CLIENT_PORT_HTTP1_CONNECTIONS,
+                            "HTTP/1 connection limit reached on the client port; closing"
+                        );
+                        return;
+                    };
                     if let Err(error) = endpoints.serve_http1(io, &peer).await {
                         tracing::debug!(%error, "HTTP/1 connection on the client port ended with an error");
                     }
