@@ -8,7 +8,8 @@
 //! bytes go over a plain TCP socket with no framing, handshake or queue: the
 //! ceiling. Prints a table, then one JSON line (last) with `frame_bytes`,
 //! `frames_per_sec` and `payload_mb_per_sec` (MB = 10^6 bytes), measured at the
-//! receiver from its first to its last byte.
+//! receiver from its first to its last byte. `--compare [--rounds N]` runs raw
+//! and framed alternately and ends with the medians and their ratio.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -35,6 +36,13 @@ struct Args {
     /// Plain TCP with no framing: the ceiling.
     #[arg(long)]
     raw: bool,
+    /// Run raw and framed alternately `--rounds` times and report medians and
+    /// their ratio (for noisy shared machines).
+    #[arg(long, conflicts_with = "raw")]
+    compare: bool,
+    /// Rounds for `--compare`.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
     /// Receive buffer size of the framed receiver (`read_buffer_bytes`).
     #[arg(long, default_value_t = Config::default().read_buffer_bytes)]
     read_buffer_bytes: usize,
@@ -219,6 +227,49 @@ fn run_raw(args: &Args) -> (Sent, Received) {
     (sent, receiver.join().expect("receiver"))
 }
 
+/// One run's figures.
+struct Measurement {
+    mode: &'static str,
+    secs: f64,
+    frames: u64,
+    frames_per_sec: f64,
+    payload_mb_per_sec: f64,
+    frames_per_write: f64,
+    queue_full: u64,
+}
+
+fn measure(args: &Args, raw: bool) -> Measurement {
+    let (sent, received) = if raw { run_raw(args) } else { run_framed(args) };
+    let secs = received.elapsed.as_secs_f64().max(1e-9);
+    Measurement {
+        mode: if raw { "raw" } else { "framed" },
+        secs,
+        frames: received.frames,
+        frames_per_sec: received.frames as f64 / secs,
+        payload_mb_per_sec: received.payload_bytes as f64 / secs / 1e6,
+        frames_per_write: sent.frames as f64 / sent.writes.max(1) as f64,
+        queue_full: sent.queue_full,
+    }
+}
+
+fn print_row(frame_bytes: usize, m: &Measurement) {
+    println!(
+        "| {} | {frame_bytes} | {:.2} | {} | {:.0} | {:.1} | {:.1} | {} |",
+        m.mode,
+        m.secs,
+        m.frames,
+        m.frames_per_sec,
+        m.payload_mb_per_sec,
+        m.frames_per_write,
+        m.queue_full
+    );
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
 fn main() {
     let args = Args::parse();
     assert!(args.frame_bytes > 0, "--frame-bytes must be positive");
@@ -226,34 +277,60 @@ fn main() {
         args.frame_bytes <= cairn_net::frame::DEFAULT_MAX_PAYLOAD_BYTES as usize,
         "--frame-bytes over 16 MiB"
     );
-    let (sent, received) = if args.raw {
-        run_raw(&args)
-    } else {
-        run_framed(&args)
-    };
-    let secs = received.elapsed.as_secs_f64().max(1e-9);
-    let frames_per_sec = received.frames as f64 / secs;
-    let payload_mb_per_sec = received.payload_bytes as f64 / secs / 1e6;
-    let mode = if args.raw { "raw" } else { "framed" };
     println!("| mode | frame bytes | seconds | frames received | frames/s | payload MB/s | frames/write | queue-full waits |");
     println!("|---|---|---|---|---|---|---|---|");
-    println!(
-        "| {mode} | {} | {secs:.2} | {} | {frames_per_sec:.0} | {payload_mb_per_sec:.1} | {:.1} | {} |",
-        args.frame_bytes,
-        received.frames,
-        sent.frames as f64 / sent.writes.max(1) as f64,
-        sent.queue_full
-    );
+    if args.compare {
+        // Alternating runs, so load from elsewhere on a shared machine hits
+        // both modes alike; medians reported.
+        let mut raw = Vec::new();
+        let mut framed = Vec::new();
+        for _ in 0..args.rounds.max(1) {
+            let m = measure(&args, true);
+            print_row(args.frame_bytes, &m);
+            raw.push(m);
+            let m = measure(&args, false);
+            print_row(args.frame_bytes, &m);
+            framed.push(m);
+        }
+        let raw_mb = median(raw.iter().map(|m| m.payload_mb_per_sec).collect());
+        let framed_mb = median(framed.iter().map(|m| m.payload_mb_per_sec).collect());
+        let framed_fps = median(framed.iter().map(|m| m.frames_per_sec).collect());
+        let ratios: Vec<f64> = raw
+            .iter()
+            .zip(&framed)
+            .map(|(r, f)| f.payload_mb_per_sec / r.payload_mb_per_sec)
+            .collect();
+        println!(
+            "median of {} rounds: raw {raw_mb:.1} MB/s, framed {framed_mb:.1} MB/s, framed/raw {:.2}",
+            raw.len(),
+            median(ratios.clone())
+        );
+        println!(
+            "{}",
+            serde_json::json!({
+                "mode": "compare",
+                "frame_bytes": args.frame_bytes,
+                "rounds": raw.len(),
+                "frames_per_sec": framed_fps.round(),
+                "payload_mb_per_sec": (framed_mb * 10.0).round() / 10.0,
+                "raw_payload_mb_per_sec": (raw_mb * 10.0).round() / 10.0,
+                "framed_over_raw": (median(ratios) * 1000.0).round() / 1000.0,
+            })
+        );
+        return;
+    }
+    let m = measure(&args, args.raw);
+    print_row(args.frame_bytes, &m);
     println!(
         "{}",
         serde_json::json!({
-            "mode": mode,
+            "mode": m.mode,
             "frame_bytes": args.frame_bytes,
-            "seconds": secs,
-            "frames": received.frames,
-            "frames_per_sec": frames_per_sec.round(),
-            "payload_mb_per_sec": (payload_mb_per_sec * 10.0).round() / 10.0,
-            "frames_per_write": sent.frames as f64 / sent.writes.max(1) as f64,
+            "seconds": m.secs,
+            "frames": m.frames,
+            "frames_per_sec": m.frames_per_sec.round(),
+            "payload_mb_per_sec": (m.payload_mb_per_sec * 10.0).round() / 10.0,
+            "frames_per_write": m.frames_per_write,
         })
     );
 }

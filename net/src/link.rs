@@ -148,8 +148,6 @@ pub enum CloseReason {
     Io(#[from] io::Error),
     #[error("closed locally")]
     LocalClose,
-    #[error("consumer dropped its receiver")]
-    ConsumerGone,
 }
 
 impl CloseReason {
@@ -315,7 +313,6 @@ impl LinkShared {
                 || q.queued_bytes + wire_bytes > self.config.send_queue_max_bytes
         };
         if full {
-            Counters::add(&self.counters.queue_full_drops, 1);
             return Err(SendError::QueueFull {
                 peer_member: self.peer_member,
                 lane: self.lane,
@@ -364,10 +361,6 @@ impl LinkShared {
             }
             match self.enqueue(kind, 0, shard_id, first.clone(), rest.clone(), false) {
                 Err(SendError::QueueFull { .. }) => {
-                    // A wait is not a drop: undo the count the refusal made.
-                    self.counters
-                        .queue_full_drops
-                        .fetch_sub(1, Ordering::Relaxed);
                     tokio::select! {
                         _ = self.space_wake.notified() => {}
                         _ = self.state_wake.notified() => {}
@@ -380,6 +373,17 @@ impl LinkShared {
 
     fn close(&self) {
         self.closed.set(true);
+        // Frames not yet handed to the writer go now; the writer accounts for
+        // the batch it holds itself.
+        let dropped = {
+            let mut q = self.queue.borrow_mut();
+            let dropped = q.frames.len();
+            q.queued_frames -= dropped;
+            q.queued_bytes -= q.frames.iter().map(|f| f.wire_bytes).sum::<usize>();
+            q.frames.clear();
+            dropped
+        };
+        Counters::add(&self.counters.disconnect_drops, dropped as u64);
         self.writer_wake.notify_one();
         self.space_wake.notify_waiters();
         self.state_wake.notify_waiters();
@@ -422,7 +426,7 @@ impl LinkShared {
             Counters::add(&self.counters.bad_input_closes, 1);
         }
         match reason {
-            CloseReason::LocalClose | CloseReason::ConsumerGone => tracing::debug!(
+            CloseReason::LocalClose => tracing::debug!(
                 local_member = self.config.member_id,
                 peer_member = self.peer_member,
                 lane = self.lane,
@@ -459,17 +463,34 @@ impl std::fmt::Debug for Link {
     }
 }
 
+/// Dropping the last handle closes the link (the connection's task holds the
+/// only other reference).
+impl Drop for Link {
+    fn drop(&mut self) {
+        if Rc::strong_count(&self.shared) <= 2 {
+            self.shared.close();
+        }
+    }
+}
+
 impl Link {
     /// Queues one message frame. Never waits: a full queue is refused at once.
     pub fn send(&self, shard_id: u32, flags: u16, payload: Bytes) -> Result<(), SendError> {
-        self.shared.enqueue(
+        self.count_refusal(self.shared.enqueue(
             FrameKind::Message,
             flags,
             shard_id,
             payload,
             Vec::new(),
             false,
-        )
+        ))
+    }
+
+    fn count_refusal(&self, result: Result<(), SendError>) -> Result<(), SendError> {
+        if let Err(SendError::QueueFull { .. }) = &result {
+            Counters::add(&self.shared.counters.queue_full_drops, 1);
+        }
+        result
     }
 
     /// Queues one message frame whose payload is the concatenation of `parts`
@@ -486,8 +507,14 @@ impl Link {
         } else {
             parts.remove(0)
         };
-        self.shared
-            .enqueue(FrameKind::Message, flags, shard_id, first, parts, false)
+        self.count_refusal(self.shared.enqueue(
+            FrameKind::Message,
+            flags,
+            shard_id,
+            first,
+            parts,
+            false,
+        ))
     }
 
     /// Queues one message frame, waiting while the queue is full.
@@ -507,10 +534,6 @@ impl Link {
                 false,
             ) {
                 Err(SendError::QueueFull { .. }) => {
-                    self.shared
-                        .counters
-                        .queue_full_drops
-                        .fetch_sub(1, Ordering::Relaxed);
                     tokio::select! {
                         _ = self.shared.space_wake.notified() => {}
                         _ = self.shared.state_wake.notified() => {}
@@ -915,7 +938,7 @@ async fn supervise(shared: Rc<LinkShared>, addr: SocketAddr, tx: mpsc::Sender<Ve
     );
     let mut ever_connected = false;
     let mut failing = false;
-    while !shared.closed.get() && !tx.is_closed() {
+    while !shared.closed.get() {
         match connect(&shared, addr).await {
             Ok(stream) => {
                 if ever_connected {
@@ -935,7 +958,7 @@ async fn supervise(shared: Rc<LinkShared>, addr: SocketAddr, tx: mpsc::Sender<Ve
                 let reason = run_connection(&shared, stream, &tx).await;
                 shared.set_connected(false, None);
                 shared.log_close(&reason);
-                if matches!(reason, CloseReason::LocalClose | CloseReason::ConsumerGone) {
+                if matches!(reason, CloseReason::LocalClose) {
                     break;
                 }
             }
@@ -989,16 +1012,8 @@ async fn run_connection(
         };
         let _ = tx.send(vec![aborted]).await;
     }
-    // Frames a writer had in hand are gone with the connection; queued ones
-    // wait for the next connection (or for close below).
-    if shared.closed.get() {
-        let mut q = shared.queue.borrow_mut();
-        let dropped = q.frames.len();
-        q.queued_frames -= dropped;
-        q.queued_bytes -= q.frames.iter().map(|f| f.wire_bytes).sum::<usize>();
-        q.frames.clear();
-        Counters::add(&shared.counters.disconnect_drops, dropped as u64);
-    }
+    // Frames the writer had in hand are gone with the connection (counted in
+    // disconnect_drops); queued ones wait for the next connection.
     let _ = wr.shutdown().await;
     reason
 }
@@ -1173,9 +1188,11 @@ async fn read_loop(
         }
         let frames = batch.len();
         Counters::add(&shared.counters.frames_received, frames as u64);
-        // Frames that arrived whole before a bad one are still delivered.
-        if frames > 0 && tx.send(batch).await.is_err() {
-            return CloseReason::ConsumerGone;
+        // Frames that arrived whole before a bad one are still delivered. A
+        // dropped receiver means inbound frames are not wanted (a send-only
+        // link); they are discarded and the link keeps sending.
+        if frames > 0 {
+            let _ = tx.send(batch).await;
         }
         if let Some(reason) = failure {
             return reason;

@@ -304,7 +304,9 @@ fn stream_starts_over_after_the_connection_is_lost() {
             server.close();
             drop(rx);
             // Second connection: the stream starts over from byte 0.
-            let (_server, mut rx) =
+            // (The link is returned so it outlives the sender's wait for the
+            // verdict: dropping the last handle closes it.)
+            let (server, mut rx) =
                 serve_accepted(listener.accept().await.unwrap(), &config(1)).unwrap();
             let mut got = Vec::new();
             loop {
@@ -314,7 +316,7 @@ fn stream_starts_over_after_the_connection_is_lost() {
                         got.clear();
                     }
                     Inbound::StreamChunk { data, .. } => got.extend_from_slice(&data),
-                    Inbound::StreamEnd { .. } => return got,
+                    Inbound::StreamEnd { .. } => return (got, server),
                     other => panic!("unexpected {other:?}"),
                 }
             }
@@ -324,7 +326,7 @@ fn stream_starts_over_after_the_connection_is_lost() {
             .await
             .unwrap();
         assert!(report.attempts >= 2, "{report:?}");
-        assert_eq!(receiver.await.unwrap(), expected);
+        assert_eq!(receiver.await.unwrap().0, expected);
         assert!(client.counters().snapshot().reconnects >= 1);
     });
 }
@@ -339,5 +341,55 @@ fn config_is_validated_before_dialing() {
         let err = dial(&bad, 1, "127.0.0.1:1".parse().unwrap(), 0).unwrap_err();
         assert!(err.to_string().contains("send_queue_max_frames"), "{err}");
         let _ = listener_with(config(1), &[], 1).await;
+    });
+}
+
+#[test]
+fn a_send_only_link_keeps_working_with_its_receiver_dropped() {
+    run_local(async {
+        let (client, client_rx, server, mut server_rx) = connected_pair(0).await;
+        drop(client_rx);
+        // Inbound traffic to the send-only side is discarded, not fatal.
+        for _ in 0..10 {
+            server.send(0, 0, Bytes::from_static(b"ignored")).unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(client.is_connected());
+        client
+            .send(4, 0, Bytes::from_static(b"still-here"))
+            .unwrap();
+        assert_eq!(
+            &message(&server_rx.recv().await.unwrap()).2[..],
+            b"still-here"
+        );
+        // Stream acks are handled inside the link, so streams work too.
+        let drain = tokio::task::spawn_local(async move {
+            while let Some(item) = server_rx.recv().await {
+                if let Inbound::StreamEnd { total_bytes, .. } = item {
+                    return (total_bytes, server);
+                }
+            }
+            panic!("link closed before the stream ended");
+        });
+        let report = client
+            .send_stream(4, &mut BytesSource::new(Bytes::from(vec![3u8; 5 << 20])))
+            .await
+            .unwrap();
+        assert_eq!(drain.await.unwrap().0, 5 << 20);
+        assert_eq!(report.attempts, 1);
+    });
+}
+
+#[test]
+fn dropping_the_last_handle_closes_the_link() {
+    run_local(async {
+        let (client, _client_rx, _server, mut server_rx) = connected_pair(0).await;
+        let counters = client.counters();
+        drop(client);
+        assert!(
+            server_rx.recv().await.is_none(),
+            "the peer sees the connection end"
+        );
+        assert_eq!(counters.snapshot().reconnects, 0);
     });
 }

@@ -73,7 +73,11 @@ fn encode_described_frames(spec: &[u8]) -> Vec<u8> {
     while let [kind, flags, shard, len, tail @ ..] = rest {
         let len = usize::from(*len).min(tail.len());
         let kind = FrameKind::from_u8(kind % 10).unwrap_or(FrameKind::Message);
-        let flags = if kind == FrameKind::Message { u16::from(*flags) } else { 0 };
+        let flags = if kind == FrameKind::Message {
+            u16::from(*flags)
+        } else {
+            0
+        };
         out.extend_from_slice(&encode_frame(kind, flags, u32::from(*shard), &tail[..len]));
         rest = &tail[len..];
     }
