@@ -123,8 +123,7 @@ impl CrashStorage {
         let st = self.st.borrow();
         let mut rng = torn_seed.map(SmallRng::seed_from_u64);
         let mut inodes = HashMap::new();
-        for (name, ino) in &st.durable_names {
-            let _ = name;
+        for ino in st.durable_names.values() {
             let node = &st.inodes[ino];
             let mut image = node.durable.clone();
             if let Some(rng) = rng.as_mut() {

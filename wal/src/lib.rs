@@ -20,6 +20,32 @@
 //!
 //! The byte layout, invariants and crash cases are in `wal/FORMAT.md`.
 //!
+//! ```no_run
+//! use bytes::Bytes;
+//! use cairn_wal::{Config, HardState, Record, Wal};
+//!
+//! # async fn core_main() -> Result<(), Box<dyn std::error::Error>> {
+//! // Inside the core's current-thread runtime + LocalSet:
+//! let (wal, recovered) = Wal::open(Config::new("/var/lib/cairn/wal/core-0")).await?;
+//! for (shard, state) in &recovered.shards {
+//!     // Rebuild each shard's Raft log from state.hard_state and state.entries.
+//!     let _ = (shard, state);
+//! }
+//! let lsn = wal
+//!     .append(&[
+//!         Record::Entry { shard: 7, index: 1, term: 1, data: Bytes::from_static(b"put") },
+//!         Record::HardState { shard: 7, state: HardState { term: 1, vote: 1, commit: 0 } },
+//!     ])
+//!     .await?; // resolves once durable
+//! assert!(wal.durable_lsn() >= lsn);
+//! let entries = wal.entries(7, 1, 2).await?;
+//! wal.release(7, 1); // applied and snapshotted through index 1
+//! # let _ = entries;
+//! wal.close().await;
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! # Back of the envelope
 //! On the reference VM a 4 KiB O_DIRECT write plus fdatasync costs about
 //! 100 µs, so one writer tops out near 10k durable appends/s. A flush of
