@@ -160,6 +160,26 @@ pub fn default_cairn_bin() -> PathBuf {
         .join("cairn")
 }
 
+/// The most recently built runnable `cairn` of this workspace, release or debug:
+/// what functional tests run against (performance figures want the release build).
+pub fn newest_workspace_cairn_bin() -> Option<PathBuf> {
+    let target = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join("target");
+    ["release", "debug"]
+        .into_iter()
+        .map(|profile| target.join(profile).join("cairn"))
+        .filter(|bin| {
+            std::process::Command::new(bin)
+                .arg("--version")
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        })
+        .max_by_key(|bin| std::fs::metadata(bin).and_then(|m| m.modified()).ok())
+}
+
 fn duration_arg(d: Duration) -> String {
     if d.subsec_millis() == 0 && d.subsec_nanos() == 0 {
         format!("{}s", d.as_secs())

@@ -14,6 +14,8 @@ use serde_json::{json, Value};
 /// Highest latency the histogram resolves; longer ones are recorded as this.
 pub const MAX_LATENCY_US: u64 = 3_600_000_000;
 const SIGNIFICANT_DIGITS: u8 = 3;
+/// Longest error message kept as a sample per code.
+const ERROR_SAMPLE_BYTES: usize = 200;
 
 /// Samples of one requester (or of a whole run once merged).
 #[derive(Debug, Clone)]
@@ -23,6 +25,8 @@ pub struct Recorder {
     pub errors: BTreeMap<String, u64>,
     /// Workload-specific counters (for example compare-and-swap conflicts).
     pub counters: BTreeMap<&'static str, u64>,
+    /// The first message seen per error code, so a report says what failed.
+    pub error_samples: BTreeMap<String, String>,
 }
 
 impl Default for Recorder {
@@ -38,6 +42,7 @@ impl Recorder {
                 .expect("static histogram bounds are valid"),
             errors: BTreeMap::new(),
             counters: BTreeMap::new(),
+            error_samples: BTreeMap::new(),
         }
     }
 
@@ -48,7 +53,17 @@ impl Recorder {
     }
 
     pub fn record_error(&mut self, status: &tonic::Status) {
-        self.record_error_code(&format!("{:?}", status.code()));
+        let code = format!("{:?}", status.code());
+        if !self.error_samples.contains_key(&code) {
+            let mut sample = status.message().to_owned();
+            let end = (0..=ERROR_SAMPLE_BYTES.min(sample.len()))
+                .rev()
+                .find(|&i| sample.is_char_boundary(i))
+                .unwrap_or(0);
+            sample.truncate(end);
+            self.error_samples.insert(code.clone(), sample);
+        }
+        self.record_error_code(&code);
     }
 
     pub fn record_error_code(&mut self, code: &str) {
@@ -74,6 +89,11 @@ impl Recorder {
         }
         for (name, n) in &other.counters {
             *self.counters.entry(name).or_default() += n;
+        }
+        for (code, sample) in &other.error_samples {
+            self.error_samples
+                .entry(code.clone())
+                .or_insert_with(|| sample.clone());
         }
     }
 
@@ -163,6 +183,7 @@ impl Report {
             "requests": self.requests(),
             "errors": self.errors(),
             "errors_by_code": self.recorder.errors,
+            "error_samples": self.recorder.error_samples,
             "counters": self.recorder.counters,
             "elapsed_s": round(self.elapsed.as_secs_f64()),
             "warmup_s": round(self.warmup.as_secs_f64()),
@@ -217,7 +238,13 @@ impl Report {
             out.push_str(&format!("| {name} | {value} |\n"));
         }
         for (code, n) in &self.recorder.errors {
-            out.push_str(&format!("| errors {code} | {n} |\n"));
+            let sample = self
+                .recorder
+                .error_samples
+                .get(code)
+                .map(|m| format!(" (first: {m})"))
+                .unwrap_or_default();
+            out.push_str(&format!("| errors {code} | {n}{sample} |\n"));
         }
         for (name, n) in &self.recorder.counters {
             out.push_str(&format!("| {name} | {n} |\n"));
@@ -269,6 +296,7 @@ mod tests {
         );
         let j = report.to_json();
         assert_eq!(j["errors_by_code"]["Unavailable"], 1);
+        assert_eq!(j["error_samples"]["Unavailable"], "down");
         assert_eq!(j["requests"], 1000);
     }
 

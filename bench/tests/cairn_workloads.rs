@@ -1,0 +1,138 @@
+//! Guards cairn-bench against a real 3-member Cairn cluster (this workspace's
+//! `cairn` binary, the newest of the release and debug builds): every workload
+//! runs with matching counts and filled histograms, and fixed-rate mode shows a
+//! 500 ms SIGSTOP of the member serving the requests in its p99.9.
+//!
+//! Needs a built `cairn` (`cargo build`): without one these tests print a skip
+//! note, unless `CI` is set, in which case they fail.
+
+use std::path::Path;
+use std::time::Duration;
+
+use cairn_bench::{run_workload, Cli, LocalCluster, Report, System};
+use clap::Parser;
+
+async fn cairn_cluster(dir: &Path) -> Option<LocalCluster> {
+    let Some(bin) = cairn_bench::compare::newest_workspace_cairn_bin() else {
+        let missing = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug/cairn");
+        cairn_bench::binary_available_or_skip(&missing);
+        return None;
+    };
+    let mut cluster = LocalCluster::start(System::Cairn, &bin, 3, dir).expect("start cairn");
+    cluster
+        .wait_ready(Duration::from_secs(60))
+        .await
+        .unwrap_or_else(|e| panic!("{} cluster does not serve: {e}", bin.display()));
+    Some(cluster)
+}
+
+async fn bench(args: &[&str]) -> Report {
+    let mut full = vec!["cairn-bench"];
+    full.extend_from_slice(args);
+    let cli = Cli::try_parse_from(&full).unwrap_or_else(|e| panic!("{}: {e}", full.join(" ")));
+    run_workload(&cli.global, &cli.command, false)
+        .await
+        .unwrap_or_else(|e| panic!("{}: {e}", full.join(" ")))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_workload_runs_against_cairn() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(cairn) = cairn_cluster(dir.path()).await else {
+        return;
+    };
+    let ep = cairn.endpoints_arg();
+    let common = [
+        "--endpoints",
+        &ep,
+        "--conns",
+        "3",
+        "--clients",
+        "6",
+        "--total",
+        "300",
+    ];
+    let workloads: [&[&str]; 5] = [
+        &["put", "--key-space-size", "100", "--val-size", "64"],
+        &["range", "00000001", "--consistency", "l"],
+        &[
+            "range",
+            "0000",
+            "--prefix",
+            "--consistency",
+            "s",
+            "--limit",
+            "10",
+        ],
+        &["txn-put", "--key-space-size", "10"],
+        &["mixed", "--key-space-size", "100", "--read-ratio", "0.5"],
+    ];
+    for w in workloads {
+        let args: Vec<&str> = common.iter().chain(w).copied().collect();
+        let r = bench(&args).await;
+        assert_eq!(r.requests() + r.errors(), 300, "{w:?}");
+        // The daemon's own tests judge its error rate; here failed requests must
+        // be counted (and shown), and most requests must succeed.
+        if r.errors() > 0 {
+            eprintln!(
+                "{w:?} against cairn: errors {:?}, e.g. {:?}",
+                r.recorder.errors, r.recorder.error_samples
+            );
+        }
+        assert!(r.errors() * 10 <= 300, "{w:?}: {:?}", r.recorder.errors);
+        assert!(
+            r.p50_ms() > 0.0 && r.p50_ms() <= r.p99_ms() && r.p99_ms() <= r.max_ms(),
+            "{w:?}"
+        );
+        if w[0] == "txn-put" {
+            let c = &r.recorder.counters;
+            assert_eq!(c["txn_cas_won"] + c["txn_cas_conflicts"], 300);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fixed_rate_mode_reports_a_cairn_stall_in_p999() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(cairn) = cairn_cluster(dir.path()).await else {
+        return;
+    };
+    // Serializable reads from one member: pausing it stalls every request.
+    let ep = cairn.members[0].client_url.clone();
+    let pid = cairn.members[0].pid().unwrap();
+    let pauser = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(1_000));
+        let sig = |s: &str| {
+            let ok = std::process::Command::new("kill")
+                .args([s, &pid.to_string()])
+                .status()
+                .unwrap();
+            assert!(ok.success());
+        };
+        sig("-STOP");
+        std::thread::sleep(Duration::from_millis(500));
+        sig("-CONT");
+    });
+    let r = bench(&[
+        "--endpoints",
+        &ep,
+        "--clients",
+        "4",
+        "--rate",
+        "400",
+        "--duration",
+        "3s",
+        "range",
+        "00000000",
+        "--consistency",
+        "s",
+    ])
+    .await;
+    pauser.join().unwrap();
+    assert_eq!(r.errors(), 0, "{:?}", r.recorder.errors);
+    assert!(
+        r.p999_ms() >= 400.0,
+        "p99.9 {} ms hides the 500 ms stall",
+        r.p999_ms()
+    );
+}
