@@ -22,7 +22,6 @@ pub struct Member {
     pub stall_persist: bool,
 }
 
-#[allow(dead_code)]
 pub struct Network {
     pub members: BTreeMap<u64, Member>,
     /// Links that drop messages: (from, to).
@@ -50,7 +49,6 @@ pub fn config(id: u64) -> Config {
     c
 }
 
-#[allow(dead_code)]
 impl Network {
     /// A cluster of voters `1..=n`, with options applied by `f`.
     pub fn new_with(n: u64, f: fn(&mut Config)) -> Self {
@@ -98,11 +96,17 @@ impl Network {
 
     /// Crash and restart `id` from what it persisted; volatile state is lost.
     pub fn restart(&mut self, id: u64) {
+        let applied = self.members[&id].node.applied_index();
+        self.restart_with_applied(id, applied);
+    }
+
+    /// Restart telling Raft the state machine has applied up to `applied`.
+    pub fn restart_with_applied(&mut self, id: u64, applied: u64) {
         let m = self.members.remove(&id).unwrap();
         let storage = m.node.store().clone();
         let mut c = config(id);
         (self.configure)(&mut c);
-        c.applied_index = m.node.applied_index();
+        c.applied_index = applied;
         let node = RawNode::new(&c, storage).unwrap();
         self.members.insert(
             id,

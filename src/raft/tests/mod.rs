@@ -4,7 +4,9 @@
 
 mod election;
 mod harness;
+mod membership;
 mod proposals;
 mod reads;
 mod replication;
+mod snapshot;
 mod transfer;
