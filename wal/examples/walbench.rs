@@ -54,6 +54,9 @@ struct Args {
     /// Disable O_DIRECT.
     #[arg(long)]
     buffered: bool,
+    /// Sync backend: pwrite/fdatasync inline on the core thread instead of the blocking pool.
+    #[arg(long)]
+    inline: bool,
     #[arg(long, default_value_t = 64)]
     segment_mib: u64,
 }
@@ -99,7 +102,7 @@ async fn bench(args: Args) {
         }),
         Backend::Sync => BackendChoice::Sync(SyncOptions {
             direct: !args.buffered,
-            ..SyncOptions::default()
+            blocking_pool: !args.inline,
         }),
     };
     let (wal, rec) = Wal::open(cfg).await.expect("open wal");
