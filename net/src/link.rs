@@ -745,10 +745,12 @@ impl Link {
         let deadline = tokio::time::Instant::now()
             + Duration::from_millis(shared.config.stream_result_timeout_ms);
         loop {
-            if shared.epoch.get() != epoch || shared.closed.get() {
+            // The verdict first: it may arrive in the same read as the close.
+            let verdict = shared.tx_stream.borrow().as_ref().and_then(|t| t.result);
+            if verdict.is_none() && (shared.epoch.get() != epoch || shared.closed.get()) {
                 return Err(AttemptError::Aborted(StreamAbortReason::ConnectionLost));
             }
-            match shared.tx_stream.borrow().as_ref().and_then(|t| t.result) {
+            match verdict {
                 Some(true) => {
                     return Ok(StreamReport {
                         stream_id,

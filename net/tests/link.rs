@@ -393,3 +393,78 @@ fn dropping_the_last_handle_closes_the_link() {
         assert_eq!(counters.snapshot().reconnects, 0);
     });
 }
+
+/// A receiver that says the first attempt's checksum did not match: the
+/// sender must start over from byte 0 on the same connection.
+#[test]
+fn stream_starts_over_when_the_receiver_reports_a_mismatch() {
+    use cairn_net::frame::{encode_frame, FrameDecoder, FrameKind};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    run_local(async {
+        let mut listener = listener(1, &[2], 1).await;
+        let stream_config = Config {
+            stream_chunk_bytes: 8 * 1024,
+            stream_window_chunks: 1000,
+            ..config(2)
+        };
+        let (client, _client_rx) =
+            dial(&stream_config, 1, listener.local_addr().unwrap(), 0).unwrap();
+        let accepted = listener.accept().await.unwrap();
+        let peer = tokio::task::spawn_local(async move {
+            let mut socket = tokio::net::TcpStream::from_std(accepted.stream).unwrap();
+            let mut decoder = FrameDecoder::new(1 << 20, 64 * 1024);
+            let mut starts = Vec::new();
+            let mut bytes_per_attempt = Vec::new();
+            loop {
+                decoder.prepare_read();
+                if socket.read_buf(decoder.buffer_mut()).await.unwrap() == 0 {
+                    return (starts, bytes_per_attempt);
+                }
+                while let Some(frame) = decoder.decode().unwrap() {
+                    let id = u64::from_le_bytes(frame.payload[..8].try_into().unwrap());
+                    match frame.kind {
+                        FrameKind::StreamStart => {
+                            starts
+                                .push(u32::from_le_bytes(frame.payload[8..12].try_into().unwrap()));
+                            bytes_per_attempt.push(0usize);
+                        }
+                        FrameKind::StreamChunk => {
+                            *bytes_per_attempt.last_mut().unwrap() += frame.payload.len() - 8
+                        }
+                        FrameKind::StreamEnd => {
+                            let ok = starts.len() > 1;
+                            let mut result = id.to_le_bytes().to_vec();
+                            result.push(u8::from(ok));
+                            let reply =
+                                encode_frame(FrameKind::StreamResult, 0, frame.shard_id, &result);
+                            socket.write_all(&reply).await.unwrap();
+                            if ok {
+                                return (starts, bytes_per_attempt);
+                            }
+                        }
+                        other => panic!("unexpected {other:?}"),
+                    }
+                }
+            }
+        });
+        let data = Bytes::from(vec![9u8; 100_000]);
+        let report = client
+            .send_stream(2, &mut BytesSource::new(data))
+            .await
+            .unwrap();
+        assert_eq!(report.attempts, 2);
+        let (starts, bytes_per_attempt) = peer.await.unwrap();
+        assert_eq!(starts, vec![1, 2]);
+        assert_eq!(
+            bytes_per_attempt,
+            vec![100_000, 100_000],
+            "each attempt sends everything from byte 0"
+        );
+        assert_eq!(
+            client.counters().snapshot().reconnects,
+            0,
+            "same connection"
+        );
+    });
+}
