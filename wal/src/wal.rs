@@ -430,6 +430,18 @@ impl Wal {
     /// Entries `lo..hi` of `shard`, from the tail cache or the segments.
     /// Entries not yet durable are served from memory.
     pub async fn entries(&self, shard: ShardId, lo: u64, hi: u64) -> Result<Vec<Entry>, ReadError> {
+        self.entries_limited(shard, lo, hi, u64::MAX).await
+    }
+
+    /// Like [`Wal::entries`], but stops before the entry that would take the
+    /// payload total past `max_bytes`; the first entry is always returned.
+    pub async fn entries_limited(
+        &self,
+        shard: ShardId,
+        lo: u64,
+        hi: u64,
+        max_bytes: u64,
+    ) -> Result<Vec<Entry>, ReadError> {
         if lo >= hi {
             return Ok(Vec::new());
         }
@@ -458,10 +470,18 @@ impl Wal {
                     last_index: last,
                 });
             }
+            let mut total = 0u64;
             let metas: Vec<EntryMeta> = log
                 .entries
                 .range((lo - first) as usize..(hi - first) as usize)
-                .cloned()
+                .enumerate()
+                .take_while(|(i, m)| {
+                    // The encoded length bounds the payload from above.
+                    let payload = (m.len as usize).saturating_sub(RECORD_HEADER_BYTES) as u64;
+                    total = total.saturating_add(payload);
+                    *i == 0 || total <= max_bytes
+                })
+                .map(|(_, m)| m.clone())
                 .collect();
             let mut files = HashMap::new();
             for m in metas.iter().filter(|m| m.data.is_none()) {

@@ -472,3 +472,25 @@ fn durable_watch_follows_flushes() {
         })
     });
 }
+
+#[test]
+fn entries_limited_stops_at_the_byte_budget() {
+    for_all(|env| {
+        run(async {
+            let (wal, _) = open(env).await;
+            let recs: Vec<Record> = (1..=10).map(|i| entry(5, i, 1, 100)).collect();
+            wal.append(&recs).await.expect("append");
+            let got = wal.entries_limited(5, 1, 11, 350).await.expect("read");
+            assert_eq!(got.len(), 3);
+            // The first entry comes back even when it alone exceeds the budget.
+            let got = wal.entries_limited(5, 4, 11, 10).await.expect("read");
+            assert_eq!(got.iter().map(|e| e.index).collect::<Vec<_>>(), vec![4]);
+            wal.close().await;
+            // The same from the segments after a reopen.
+            let (wal, _) = open(env).await;
+            let got = wal.entries_limited(5, 1, 11, 350).await.expect("read");
+            assert_eq!(got.len(), 3);
+            wal.close().await;
+        })
+    });
+}
