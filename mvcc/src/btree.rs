@@ -47,40 +47,41 @@ fn wrong_kind(r: &impl PageRead, id: u64, expected: &'static str, found: u8) -> 
 }
 
 /// Checks the structure of a tree page beyond its CRC, so entry accessors can
-/// slice without further checks.
-fn check_node(r: &impl PageRead, id: u64, p: &[u8]) -> Result<u8, CorruptPage> {
+/// slice without further checks. Runs with the CRC check, once per page write.
+pub(crate) fn check_node(p: &[u8]) -> Result<(), PageFault> {
     let kind = p[page::KIND_OFFSET];
     let n = page::count(p);
     match kind {
-        KIND_BRANCH => {
-            if n == 0 || HEADER_BYTES + n * BRANCH_ENTRY_BYTES > PAGE_SIZE_BYTES {
-                return Err(bad(r, id, "branch entry count"));
-            }
+        KIND_BRANCH if n == 0 || HEADER_BYTES + n * BRANCH_ENTRY_BYTES > PAGE_SIZE_BYTES => {
+            return Err(PageFault::Malformed("branch entry count"));
         }
         KIND_LEAF => {
             let slots_end = HEADER_BYTES + n * LEAF_SLOT_BYTES;
             if slots_end > PAGE_SIZE_BYTES {
-                return Err(bad(r, id, "leaf entry count"));
+                return Err(PageFault::Malformed("leaf entry count"));
             }
             for i in 0..n {
                 let off = get_u16(p, HEADER_BYTES + i * LEAF_SLOT_BYTES) as usize;
                 if off < slots_end || off + LEAF_ENTRY_FIXED_BYTES > PAGE_SIZE_BYTES {
-                    return Err(bad(r, id, "leaf slot offset"));
+                    return Err(PageFault::Malformed("leaf slot offset"));
                 }
                 let vlen = get_u16(p, off + 16) as usize;
                 if vlen == 0 || off + LEAF_ENTRY_FIXED_BYTES + vlen > PAGE_SIZE_BYTES {
-                    return Err(bad(r, id, "leaf value length"));
+                    return Err(PageFault::Malformed("leaf value length"));
                 }
             }
         }
-        other => return Err(wrong_kind(r, id, "tree node", other)),
+        _ => {}
     }
-    Ok(kind)
+    Ok(())
 }
 
 fn read_node(r: &impl PageRead, id: u64) -> Result<(PageRef, u8), CorruptPage> {
     let p = r.read_page(id)?;
-    let kind = check_node(r, id, &p)?;
+    let kind = p[page::KIND_OFFSET];
+    if kind != KIND_BRANCH && kind != KIND_LEAF {
+        return Err(wrong_kind(r, id, "tree node", kind));
+    }
     Ok((p, kind))
 }
 
@@ -580,17 +581,20 @@ fn emit_full<E: Entry>(
     bytes: &mut usize,
     out: &mut Vec<BranchE>,
 ) {
+    let mut start = 0usize;
     while *bytes > BODY_BYTES {
-        let mut take = 0usize;
+        let mut end = start;
         let mut used = 0usize;
-        while used + acc[take].size() <= BODY_BYTES {
-            used += acc[take].size();
-            take += 1;
+        while used + acc[end].size() <= BODY_BYTES {
+            used += acc[end].size();
+            end += 1;
         }
-        emit(pg, &acc[..take], out);
-        acc.drain(..take);
+        emit(pg, &acc[start..end], out);
+        start = end;
         *bytes -= used;
     }
+    // One shift of the tail instead of one per emitted page.
+    acc.drain(..start);
 }
 
 /// Lays out one level: kept children stay where they are unless a fresh,

@@ -5,17 +5,62 @@
 //! generation is empty while the key is deleted. Versions count puts within a
 //! generation, starting at 1.
 
-use std::collections::BTreeMap;
 use std::ops::Bound;
+use std::rc::Rc;
 
 use crate::types::Revision;
+
+/// Revisions of one generation. Most keys have one live revision after
+/// compaction; keeping it inline saves an allocation per key.
+#[derive(Debug, Clone, Default)]
+enum Revs {
+    #[default]
+    Empty,
+    One(Revision),
+    Many(Vec<Revision>),
+}
+
+impl std::ops::Deref for Revs {
+    type Target = [Revision];
+    fn deref(&self) -> &[Revision] {
+        match self {
+            Revs::Empty => &[],
+            Revs::One(r) => std::slice::from_ref(r),
+            Revs::Many(v) => v,
+        }
+    }
+}
+
+impl Revs {
+    fn push(&mut self, r: Revision) {
+        *self = match std::mem::take(self) {
+            Revs::Empty => Revs::One(r),
+            Revs::One(a) => Revs::Many(vec![a, r]),
+            Revs::Many(mut v) => {
+                v.push(r);
+                Revs::Many(v)
+            }
+        };
+    }
+
+    /// Moves the first `n` revisions to `out`.
+    fn drain_front(&mut self, n: usize, out: &mut Vec<Revision>) {
+        out.extend_from_slice(&self[..n]);
+        let rest = &self[n..];
+        *self = match rest.len() {
+            0 => Revs::Empty,
+            1 => Revs::One(rest[0]),
+            _ => Revs::Many(rest.to_vec()),
+        };
+    }
+}
 
 #[derive(Debug, Clone, Default)]
 struct Generation {
     /// Number of puts in this generation, including compacted ones.
     ver: i64,
     created: Revision,
-    revs: Vec<Revision>,
+    revs: Revs,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -98,7 +143,7 @@ impl KeyIndex {
         let g = &mut self.generations[0];
         let keep_from = g.revs.partition_point(|r| r.main <= at);
         if keep_from > 1 {
-            removed.extend(g.revs.drain(..keep_from - 1));
+            g.revs.drain_front(keep_from - 1, removed);
         }
     }
 }
@@ -125,9 +170,58 @@ impl End {
     }
 }
 
+/// A fast keyed hash for index keys: the seed is random per process, so
+/// clients cannot aim keys at one bucket without seeing the seed.
+#[derive(Clone)]
+pub(crate) struct KeyHash {
+    seed: u64,
+}
+
+impl Default for KeyHash {
+    fn default() -> KeyHash {
+        use std::hash::BuildHasher;
+        KeyHash {
+            seed: std::collections::hash_map::RandomState::new().hash_one(0x0063_6169_726e_u64),
+        }
+    }
+}
+
+pub(crate) struct KeyHasher {
+    h: u64,
+}
+
+const HASH_MUL: u64 = 0x9E37_79B9_7F4A_7C15;
+
+impl std::hash::Hasher for KeyHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for c in bytes.chunks(8) {
+            let mut w = [0u8; 8];
+            w[..c.len()].copy_from_slice(c);
+            self.h = (self.h.rotate_left(23) ^ u64::from_le_bytes(w)).wrapping_mul(HASH_MUL);
+        }
+    }
+    fn write_usize(&mut self, n: usize) {
+        self.h = (self.h ^ n as u64).wrapping_mul(HASH_MUL);
+    }
+    fn finish(&self) -> u64 {
+        let mut z = self.h;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+}
+
+impl std::hash::BuildHasher for KeyHash {
+    type Hasher = KeyHasher;
+    fn build_hasher(&self) -> KeyHasher {
+        KeyHasher { h: self.seed }
+    }
+}
+
+/// Keys in order, each shared by reference count with nothing else.
 #[derive(Debug, Default)]
 pub(crate) struct Index {
-    keys: BTreeMap<Vec<u8>, KeyIndex>,
+    keys: std::collections::BTreeMap<Rc<[u8]>, KeyIndex>,
 }
 
 impl Index {
@@ -139,6 +233,14 @@ impl Index {
         self.keys.get(key).is_some_and(KeyIndex::is_live)
     }
 
+    fn entry(&mut self, key: &[u8]) -> &mut KeyIndex {
+        if !self.keys.contains_key(key) {
+            let k: Rc<[u8]> = Rc::from(key);
+            self.keys.insert(k, KeyIndex::default());
+        }
+        self.keys.get_mut(key).expect("just inserted")
+    }
+
     /// Records a put; returns the key's create revision and new version.
     pub(crate) fn put(&mut self, key: &[u8], rev: Revision) -> (Revision, i64) {
         if let Some(ki) = self.keys.get_mut(key) {
@@ -146,14 +248,29 @@ impl Index {
         }
         let mut ki = KeyIndex::default();
         let r = ki.put(rev);
-        self.keys.insert(key.to_vec(), ki);
+        let k: Rc<[u8]> = Rc::from(key);
+        self.keys.insert(k, ki);
         r
     }
 
     /// Rebuilds a key from a stored record whose generation may have lost its
     /// earlier revisions to compaction.
     pub(crate) fn restore(&mut self, key: &[u8], rev: Revision, created: i64, version: i64) {
-        let ki = self.keys.entry(key.to_vec()).or_default();
+        if !self.keys.contains_key(key) {
+            let mut ki = KeyIndex::default();
+            ki.generations.push(Generation {
+                ver: version,
+                created: Revision {
+                    main: created,
+                    sub: 0,
+                },
+                revs: Revs::One(rev),
+            });
+            let k: Rc<[u8]> = Rc::from(key);
+            self.keys.insert(k, ki);
+            return;
+        }
+        let ki = self.entry(key);
         if ki.is_live() {
             ki.put(rev);
             return;
@@ -229,7 +346,7 @@ impl Index {
             }
         }
         let range = self.keys.range::<[u8], _>((lower, upper));
-        let mut visit = |(k, ki): (&Vec<u8>, &KeyIndex)| match ki.get(at) {
+        let mut visit = |(k, ki): (&Rc<[u8]>, &KeyIndex)| match ki.get(at) {
             Some(found) => f(k, found),
             None => true,
         };
@@ -252,10 +369,16 @@ impl Index {
     /// revisions, sorted, for physical removal.
     pub(crate) fn compact(&mut self, at: i64) -> Vec<Revision> {
         let mut removed = Vec::new();
-        self.keys.retain(|_, ki| {
+        let mut gone = Vec::new();
+        self.keys.retain(|k, ki| {
             ki.compact(at, &mut removed);
-            !ki.is_empty()
+            if ki.is_empty() {
+                gone.push(k.clone());
+                return false;
+            }
+            true
         });
+        drop(gone);
         removed.sort_unstable();
         removed
     }

@@ -154,6 +154,7 @@ pub(crate) fn verify(page: &[u8], id: u64) -> Result<u8, PageFault> {
     if found != id {
         return Err(PageFault::WrongId(found));
     }
+    crate::btree::check_node(page)?;
     Ok(page[KIND_OFFSET])
 }
 

@@ -14,8 +14,14 @@ pub(crate) type SharedStorage = Rc<RefCell<Box<dyn Storage>>>;
 /// Where committed pages are read from. A snapshot keeps the source it was
 /// taken with, so a remap after the file grew never invalidates its pages.
 pub(crate) enum PageSource {
-    /// A read-only shared mapping of the real file.
-    Map { map: memmap2::Mmap, file: Rc<str> },
+    /// A read-only shared mapping of the real file. `checked` has a bit per
+    /// page whose CRC was verified since it was last written: mapped pages do
+    /// not change while reachable, so each is checked once, not on every read.
+    Map {
+        map: memmap2::Mmap,
+        file: Rc<str>,
+        checked: RefCell<Vec<u64>>,
+    },
     /// Positioned reads through the storage seam (in-memory test backends).
     Io {
         storage: SharedStorage,
@@ -24,7 +30,12 @@ pub(crate) enum PageSource {
 }
 
 impl PageSource {
-    pub(crate) fn new(storage: &SharedStorage, file: &Rc<str>) -> std::io::Result<PageSource> {
+    /// Maps the file; `prev` passes on which pages were already checked.
+    pub(crate) fn new(
+        storage: &SharedStorage,
+        file: &Rc<str>,
+        prev: Option<&PageSource>,
+    ) -> std::io::Result<PageSource> {
         let st = storage.borrow();
         if let Some(f) = st.file() {
             // SAFETY: the file is locked against other processes (flock at open),
@@ -33,10 +44,17 @@ impl PageSource {
             // refers to them is live. The file is shrunk only past pages that are
             // free for every reader. So the bytes behind any slice handed out from
             // this mapping do not change while the slice is alive.
-            let map = unsafe { memmap2::Mmap::map(f)? };
+            let map = unsafe { memmap2::MmapOptions::new().populate().map(f)? };
+            let words = (map.len() / PAGE_SIZE_BYTES).div_ceil(64);
+            let mut checked = match prev {
+                Some(PageSource::Map { checked, .. }) => checked.borrow().clone(),
+                _ => Vec::new(),
+            };
+            checked.resize(words, 0);
             return Ok(PageSource::Map {
                 map,
                 file: file.clone(),
+                checked: RefCell::new(checked),
             });
         }
         Ok(PageSource::Io {
@@ -59,15 +77,34 @@ impl PageSource {
         }
     }
 
+    /// Marks pages as rewritten: their next read checks them again.
+    pub(crate) fn forget(&self, ids: impl Iterator<Item = u64>) {
+        if let PageSource::Map { checked, .. } = self {
+            let mut c = checked.borrow_mut();
+            for id in ids {
+                if let Some(w) = c.get_mut(id as usize / 64) {
+                    *w &= !(1u64 << (id % 64));
+                }
+            }
+        }
+    }
+
     /// Reads page `id` and checks its CRC and id.
     pub(crate) fn page(self: &Rc<Self>, id: u64) -> Result<PageRef, CorruptPage> {
         let off = id as usize * PAGE_SIZE_BYTES;
         let r = match &**self {
-            PageSource::Map { map, .. } => {
+            PageSource::Map { map, checked, .. } => {
                 if off + PAGE_SIZE_BYTES > map.len() {
                     return Err(self.fault(id, PageFault::BeyondEnd));
                 }
-                PageRef(Repr::Map(self.clone(), off))
+                let r = PageRef(Repr::Map(self.clone(), off));
+                let (w, bit) = (id as usize / 64, 1u64 << (id % 64));
+                if checked.borrow()[w] & bit != 0 {
+                    return Ok(r);
+                }
+                page::verify(&r, id).map_err(|f| self.fault(id, f))?;
+                checked.borrow_mut()[w] |= bit;
+                return Ok(r);
             }
             PageSource::Io { storage, .. } => {
                 let mut buf = vec![0u8; PAGE_SIZE_BYTES].into_boxed_slice();

@@ -16,7 +16,7 @@ use crate::btree::{self, Mutation, TreeKey};
 use crate::error::{
     ApplyError, CommitError, DefragError, IoOp, OpenError, ReadError, StorageError,
 };
-use crate::index::{End, Index};
+use crate::index::{End, Index, KeyHash};
 use crate::page::{CorruptPage, Meta, META_FLAG_RESTORING, META_PAGES, PAGE_SIZE_BYTES};
 use crate::pager::{PageSource, Pager, SharedStorage};
 use crate::record::{Record, RecordView};
@@ -218,7 +218,7 @@ pub struct Store {
     /// Revisions compaction removed that are still in the revision tree.
     pub(crate) pending_deletes: BTreeSet<Revision>,
     pub(crate) leases: BTreeMap<i64, LeaseState>,
-    pub(crate) key_lease: HashMap<Vec<u8>, i64>,
+    pub(crate) key_lease: HashMap<Vec<u8>, i64, KeyHash>,
     pub(crate) lease_dirty: BTreeSet<i64>,
     pub(crate) snapshots: Registry,
     pub(crate) poisoned: bool,
@@ -349,8 +349,11 @@ impl Store {
         };
         let meta_writer = MetaWriter::new(name, slot, &meta, handle);
         let storage: SharedStorage = Rc::new(RefCell::new(storage));
-        let source =
-            Rc::new(PageSource::new(&storage, &file).map_err(storage_err(name, IoOp::Map, 0))?);
+        let source = Rc::new(PageSource::new(&storage, &file, None).map_err(storage_err(
+            name,
+            IoOp::Map,
+            0,
+        ))?);
         let file_pages = len / PAGE_SIZE_BYTES as u64;
         let pager = Pager {
             storage,
@@ -377,7 +380,7 @@ impl Store {
             pending_bytes: 0,
             pending_deletes: BTreeSet::new(),
             leases: BTreeMap::new(),
-            key_lease: HashMap::new(),
+            key_lease: HashMap::default(),
             lease_dirty: BTreeSet::new(),
             snapshots: Rc::new(RefCell::new(BTreeMap::new())),
             poisoned: false,
@@ -413,7 +416,7 @@ impl Store {
             None => beyond = Some(id),
         };
         let mut index = Index::default();
-        let mut key_lease: HashMap<Vec<u8>, i64> = HashMap::new();
+        let mut key_lease: HashMap<Vec<u8>, i64, KeyHash> = HashMap::default();
         let mut records = 0u64;
         let mut bad_record: Option<(TreeKey, &'static str)> = None;
         let meta = self.committed;
@@ -436,12 +439,14 @@ impl Store {
             }
             if rec.tombstone() {
                 index.tombstone(rec.key(), rev);
-                key_lease.remove(rec.key());
+                if !key_lease.is_empty() {
+                    key_lease.remove(rec.key());
+                }
             } else {
                 index.restore(rec.key(), rev, rec.create_revision(), rec.version());
                 if rec.lease() != 0 {
                     key_lease.insert(rec.key().to_vec(), rec.lease());
-                } else {
+                } else if !key_lease.is_empty() {
                     key_lease.remove(rec.key());
                 }
             }
@@ -889,6 +894,9 @@ impl Store {
     }
 
     fn set_key_lease(&mut self, key: &[u8], lease: i64) {
+        if lease == 0 && self.key_lease.is_empty() {
+            return;
+        }
         let old = self.key_lease.get(key).copied().unwrap_or(0);
         if old == lease {
             return;
@@ -1241,6 +1249,7 @@ impl Store {
         }
         let dirty = std::mem::take(&mut self.pager.dirty);
         let pages = dirty.len() as u64;
+        self.pager.source.forget(dirty.keys().copied());
         let mut run: Vec<u8> = Vec::new();
         let mut run_start = 0u64;
         let mut run_next = 0u64;
@@ -1282,11 +1291,8 @@ impl Store {
     }
 
     fn remap(&mut self) -> Result<(), CommitError> {
-        let src = PageSource::new(&self.pager.storage, &self.file).map_err(storage_err(
-            &self.file,
-            IoOp::Map,
-            0,
-        ))?;
+        let src = PageSource::new(&self.pager.storage, &self.file, Some(&self.pager.source))
+            .map_err(storage_err(&self.file, IoOp::Map, 0))?;
         self.pager.source = Rc::new(src);
         Ok(())
     }
