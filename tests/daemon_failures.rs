@@ -210,7 +210,7 @@ async fn kill9_leader_while_writing() {
         w.await.unwrap();
     }
     wait_same_hash(&cluster).await;
-    let acks = acks.lock().unwrap();
+    let acks = std::mem::take(&mut *acks.lock().unwrap());
     assert!(
         acks.values.len() > acked_before,
         "writes continued after the kill"
@@ -283,4 +283,45 @@ async fn sigterm_shuts_down_cleanly_and_restarts_with_the_data() {
         .await
         .unwrap();
     assert_eq!(r.count(), 100);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn member_behind_the_compacted_log_catches_up_by_snapshot() {
+    let mut cluster = Cluster::start(
+        3,
+        &["--shards", "1", "--cores", "1", "--snapshot-count", "100"],
+    );
+    let mut c = client(&cluster.members[0].endpoint()).await;
+    wait_writable(&mut c, "/warmup").await;
+    // Take down a follower (any member but the leader).
+    let leader = leader_index(&cluster).await;
+    let down = (leader + 1) % 3;
+    cluster.members[down].kill9();
+    let up: Vec<String> = cluster
+        .members
+        .iter()
+        .filter(|m| m.is_running())
+        .map(|m| m.endpoint())
+        .collect();
+    let mut c = client(&up[0]).await;
+    let mut acks = Acks::default();
+    for i in 0..1500 {
+        let key = format!("/crash/snap/{i:05}");
+        c.put(key.clone(), format!("{i}"), None).await.unwrap();
+        acks.values.insert(key, format!("{i}"));
+    }
+    cluster.members[down].restart();
+    wait_same_hash(&cluster).await;
+    check_acked(&cluster.members[down].endpoint(), &acks).await;
+    let log = cluster.members[down].log_text();
+    assert!(
+        log.contains("snapshot installed"),
+        "the member caught up without a snapshot: the log was not compacted?\n{}",
+        cluster.logs()
+    );
+    // It keeps following the log after the snapshot.
+    c.put("/crash/snap/after", "1", None).await.unwrap();
+    acks.values.insert("/crash/snap/after".into(), "1".into());
+    wait_same_hash(&cluster).await;
+    check_acked(&cluster.members[down].endpoint(), &acks).await;
 }

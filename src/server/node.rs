@@ -31,7 +31,7 @@ use super::kv::{Identity, KvService, Limits};
 use super::maintenance::{ClusterService, MaintenanceService};
 use super::members::{Member, Membership};
 use super::router::{Router, ShardCommand, SHARD_QUEUE_COMMANDS};
-use super::shard::{PeerSender, Shard, ShardSetup};
+use super::shard::{PeerSender, Shard, ShardInbound, ShardSetup};
 use crate::config::{ClusterState, Config, WalBackendChoice, WalSyncMode};
 use crate::raft;
 use crate::routing::{RoutingTable, ShardId};
@@ -40,6 +40,10 @@ use crate::runtime::{CoreContext, Cores};
 /// Raft messages queued for one shard from the network before the reader waits
 /// (and TCP pushes back on the peer).
 pub const SHARD_INBOUND_MESSAGES: usize = 8_192;
+
+/// Largest snapshot stream a member accepts. A snapshot is assembled in memory
+/// (as slices of the receive buffers) before the store is restored from it.
+pub const MAX_SNAPSHOT_STREAM_BYTES: u64 = 4 * 1024 * 1024 * 1024;
 
 const MEMBER_FILE: &str = "member.toml";
 const LAYOUT_VERSION: u32 = 1;
@@ -245,6 +249,10 @@ impl PeerSender for CorePeers {
         let payload = Bytes::from(msg.encode_to_vec());
         link.send(shard, 0, payload).is_ok()
     }
+
+    fn link(&self, shard: ShardId, to: u64) -> Option<cairn_net::Link> {
+        self.links.borrow().get(&(shard, to)).cloned()
+    }
 }
 
 /// Decodes Raft messages from an inbound link and hands them to their shard.
@@ -252,33 +260,73 @@ impl PeerSender for CorePeers {
 /// accepted connection): dropping a link closes its connection.
 async fn forward_inbound(
     mut rx: cairn_net::InboundReceiver,
-    inbound: Arc<Vec<mpsc::Sender<raft::Message>>>,
+    inbound: Arc<Vec<mpsc::Sender<ShardInbound>>>,
     peer: u64,
     _link: Option<cairn_net::Link>,
 ) {
+    // Snapshot streams being received: stream id -> (shard, chunks, bytes).
+    let mut streams: HashMap<u64, (u32, Vec<Bytes>, u64)> = HashMap::new();
     while let Some(item) = rx.recv().await {
-        if let cairn_net::Inbound::Message {
-            shard_id, payload, ..
-        } = item
-        {
-            let Some(tx) = inbound.get(shard_id as usize) else {
-                tracing::warn!(
-                    peer,
-                    shard = shard_id,
-                    "message for an unknown shard dropped"
-                );
-                continue;
-            };
-            match raft::Message::decode(payload) {
-                Ok(m) => {
-                    if tx.send(m).await.is_err() {
-                        return;
-                    }
-                }
+        let (shard_id, delivery) = match item {
+            cairn_net::Inbound::Message {
+                shard_id, payload, ..
+            } => match raft::Message::decode(payload) {
+                Ok(m) => (shard_id, ShardInbound::Raft(m)),
                 Err(e) => {
                     tracing::warn!(peer, shard = shard_id, error = %e, "undecodable raft message dropped");
+                    continue;
                 }
+            },
+            cairn_net::Inbound::StreamStart {
+                stream_id,
+                shard_id,
+                ..
+            } => {
+                streams.insert(stream_id, (shard_id, Vec::new(), 0));
+                continue;
             }
+            cairn_net::Inbound::StreamChunk {
+                stream_id, data, ..
+            } => {
+                let mut over = false;
+                if let Some((shard, chunks, total)) = streams.get_mut(&stream_id) {
+                    *total += data.len() as u64;
+                    if *total > MAX_SNAPSHOT_STREAM_BYTES {
+                        tracing::warn!(
+                            peer,
+                            shard = *shard,
+                            limit_bytes = MAX_SNAPSHOT_STREAM_BYTES,
+                            "snapshot stream over the limit dropped"
+                        );
+                        over = true;
+                    } else {
+                        chunks.push(data);
+                    }
+                }
+                if over {
+                    streams.remove(&stream_id);
+                }
+                continue;
+            }
+            cairn_net::Inbound::StreamEnd { stream_id, .. } => match streams.remove(&stream_id) {
+                Some((shard, chunks, _)) => (shard, ShardInbound::Snapshot(chunks)),
+                None => continue,
+            },
+            cairn_net::Inbound::StreamAborted { stream_id, .. } => {
+                streams.remove(&stream_id);
+                continue;
+            }
+        };
+        let Some(tx) = inbound.get(shard_id as usize) else {
+            tracing::warn!(
+                peer,
+                shard = shard_id,
+                "message for an unknown shard dropped"
+            );
+            continue;
+        };
+        if tx.send(delivery).await.is_err() {
+            return;
         }
     }
 }
@@ -309,8 +357,8 @@ struct Shared {
     net: cairn_net::Config,
     /// Receivers of every shard's command channel, taken by the owning core.
     commands: Vec<std::sync::Mutex<Option<mpsc::Receiver<ShardCommand>>>>,
-    inbound_tx: Arc<Vec<mpsc::Sender<raft::Message>>>,
-    inbound_rx: Vec<std::sync::Mutex<Option<mpsc::Receiver<raft::Message>>>>,
+    inbound_tx: Arc<Vec<mpsc::Sender<ShardInbound>>>,
+    inbound_rx: Vec<std::sync::Mutex<Option<mpsc::Receiver<ShardInbound>>>>,
     client_listeners: Vec<std::sync::Mutex<Vec<std::net::TcpListener>>>,
     peer_listener: std::sync::Mutex<Option<std::net::TcpListener>>,
     shutdown: watch::Receiver<bool>,
@@ -510,6 +558,7 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
             election_ticks,
             quota_backend_bytes: config.quota_backend_bytes,
             snapshot_count: config.snapshot_count,
+            preferred_leader: membership.preferred_leader(shard),
             max_request_bytes: config.max_request_bytes,
             max_txn_ops: config.max_txn_ops,
             shutdown: shared.shutdown.clone(),

@@ -61,6 +61,10 @@ pub const LEADERLESS_WAIT: Duration = Duration::from_secs(3);
 /// Requests that may wait for a leader at once; more fail at once.
 pub const MAX_LEADERLESS_REQUESTS: usize = 16_384;
 
+/// How long a member leads a shard it is not preferred for before handing it
+/// to the preferred member.
+pub const LEADERSHIP_HANDOVER_AFTER: Duration = Duration::from_secs(3);
+
 /// Applied bytes after which the store commits at once rather than on the next
 /// tick: bounds the store's uncommitted batch.
 pub const STORE_COMMIT_PENDING_BYTES: usize = 16 * 1024 * 1024;
@@ -75,6 +79,67 @@ pub trait PeerSender {
     /// queued (peer unknown, queue full, link closed): Raft tolerates a lost
     /// message, and the driver reports the peer unreachable.
     fn send(&self, shard: ShardId, msg: raft::Message) -> bool;
+
+    /// The link to `to` for `shard`, for streaming a snapshot.
+    fn link(&self, shard: ShardId, to: u64) -> Option<cairn_net::Link>;
+}
+
+/// What the network delivers to a shard.
+#[derive(Debug)]
+pub enum ShardInbound {
+    Raft(raft::Message),
+    /// A complete snapshot stream, as the receive buffers' slices: a
+    /// length-prefixed `MsgSnap` followed by length-prefixed store chunks
+    /// (every length a little-endian u32).
+    Snapshot(Vec<Bytes>),
+}
+
+/// Encodes a snapshot stream: the `MsgSnap`, then the store's chunks.
+fn encode_snapshot_stream(msg: &raft::Message, chunks: &[Vec<u8>]) -> Bytes {
+    let msg_bytes = msg.encode_to_vec();
+    let total = 4 + msg_bytes.len() + chunks.iter().map(|c| 4 + c.len()).sum::<usize>();
+    let mut out = Vec::with_capacity(total);
+    out.extend_from_slice(&(msg_bytes.len() as u32).to_le_bytes());
+    out.extend_from_slice(&msg_bytes);
+    for c in chunks {
+        out.extend_from_slice(&(c.len() as u32).to_le_bytes());
+        out.extend_from_slice(c);
+    }
+    Bytes::from(out)
+}
+
+/// Splits a received snapshot stream back into the `MsgSnap` and store chunks.
+fn decode_snapshot_stream(parts: Vec<Bytes>) -> Result<(raft::Message, Vec<Vec<u8>>), String> {
+    let mut all = bytes::BytesMut::with_capacity(parts.iter().map(Bytes::len).sum());
+    for p in parts {
+        all.extend_from_slice(&p);
+    }
+    let all = all.freeze();
+    fn take(all: &Bytes, pos: &mut usize, what: &str) -> Result<Bytes, String> {
+        if all.len() < *pos + 4 {
+            return Err(format!(
+                "snapshot stream ends inside the length of the {what}"
+            ));
+        }
+        let len = u32::from_le_bytes(all[*pos..*pos + 4].try_into().expect("4 bytes")) as usize;
+        *pos += 4;
+        if all.len() < *pos + len {
+            return Err(format!(
+                "snapshot stream ends inside the {what} ({len} bytes announced)"
+            ));
+        }
+        let b = all.slice(*pos..*pos + len);
+        *pos += len;
+        Ok(b)
+    }
+    let mut pos = 0usize;
+    let msg = raft::Message::decode(take(&all, &mut pos, "message")?)
+        .map_err(|e| format!("snapshot message: {e}"))?;
+    let mut chunks = Vec::new();
+    while pos < all.len() {
+        chunks.push(take(&all, &mut pos, "store chunk")?.to_vec());
+    }
+    Ok((msg, chunks))
 }
 
 /// Everything a shard driver starts from.
@@ -89,11 +154,14 @@ pub struct ShardSetup {
     pub recovered: cairn_wal::RecoveredShard,
     pub peers: Rc<dyn PeerSender>,
     pub commands: mpsc::Receiver<ShardCommand>,
-    pub inbound: mpsc::Receiver<raft::Message>,
+    pub inbound: mpsc::Receiver<ShardInbound>,
     pub tick: Duration,
     pub election_ticks: u64,
     pub quota_backend_bytes: u64,
     pub snapshot_count: u64,
+    /// The member this shard's leadership is handed to when it is healthy, so
+    /// that leadership (and the write load it brings) spreads over members.
+    pub preferred_leader: u64,
     pub max_request_bytes: usize,
     pub max_txn_ops: usize,
     pub shutdown: watch::Receiver<bool>,
@@ -184,6 +252,34 @@ fn write_snapshot_meta(dir: &std::path::Path, md: &SnapshotMetadata) -> std::io:
     std::fs::File::open(dir)?.sync_all()
 }
 
+/// `<shard dir>.<suffix>`: where a snapshot's store is built (`new`) and where
+/// the replaced one goes (`old`) while the two are swapped.
+fn swap_dir(dir: &std::path::Path, suffix: &str) -> PathBuf {
+    let mut name = dir.file_name().unwrap_or_default().to_os_string();
+    name.push(".");
+    name.push(suffix);
+    dir.with_file_name(name)
+}
+
+/// Completes or undoes a snapshot install a crash interrupted. The swap is two
+/// renames (dir -> old, new -> dir): with `dir` gone the new store is complete
+/// and takes its place; with `dir` present the swap never started and the
+/// partial new store is dropped. A leftover old store is removed.
+fn finish_interrupted_swap(dir: &std::path::Path) -> std::io::Result<()> {
+    let new_dir = swap_dir(dir, "new");
+    let old_dir = swap_dir(dir, "old");
+    if !dir.exists() && new_dir.exists() {
+        std::fs::rename(&new_dir, dir)?;
+    }
+    if new_dir.exists() {
+        std::fs::remove_dir_all(&new_dir)?;
+    }
+    if old_dir.exists() {
+        std::fs::remove_dir_all(&old_dir)?;
+    }
+    Ok(())
+}
+
 /// A linearizable read waiting for its ReadIndex round and then for apply.
 struct PendingRead {
     request: RangeRequest,
@@ -228,9 +324,21 @@ pub struct Shard {
     snapshot_meta: SnapshotMetadata,
     quota_backend_bytes: u64,
     snapshot_count: u64,
+    preferred_leader: u64,
+    /// When this member last became leader, for the leadership-spreading check.
+    leader_since: Option<Instant>,
     nospace_alarm: bool,
     /// Set once the store or WAL failed: the shard refuses writes until restart.
     failed: Option<String>,
+    /// A snapshot received from the leader, waiting for Raft to accept it:
+    /// (index, store chunks).
+    incoming_snapshot: Option<(u64, Vec<Vec<u8>>)>,
+    /// Outcomes of snapshot transfers to followers, reported to Raft.
+    snapshot_reports_tx: mpsc::UnboundedSender<(u64, raft::SnapshotStatus)>,
+    snapshot_reports: mpsc::UnboundedReceiver<(u64, raft::SnapshotStatus)>,
+    /// Followers a snapshot is being streamed to right now.
+    snapshots_in_flight: std::collections::HashSet<u64>,
+    store_config: mvcc::Config,
 }
 
 fn now_ms() -> u64 {
@@ -244,6 +352,13 @@ impl Shard {
     /// metadata and the WAL, and starts its Raft node.
     pub fn open(setup: &mut ShardSetup) -> Result<Shard, ShardOpenError> {
         let shard = setup.shard;
+        finish_interrupted_swap(&setup.dir).map_err(|e| ShardOpenError::Recovery {
+            shard,
+            what: format!(
+                "finishing an interrupted snapshot install in {}: {e}",
+                setup.dir.display()
+            ),
+        })?;
         std::fs::create_dir_all(&setup.dir).map_err(|e| ShardOpenError::Recovery {
             shard,
             what: format!("creating {}: {e}", setup.dir.display()),
@@ -253,7 +368,8 @@ impl Shard {
             max_txn_ops: setup.max_txn_ops,
             ..mvcc::Config::default()
         };
-        let store = mvcc::Store::open(&setup.dir, shard, store_cfg).map_err(|source| {
+        let (snapshot_reports_tx, snapshot_reports) = mpsc::unbounded_channel();
+        let store = mvcc::Store::open(&setup.dir, shard, store_cfg.clone()).map_err(|source| {
             ShardOpenError::Store {
                 shard,
                 dir: setup.dir.clone(),
@@ -368,8 +484,15 @@ impl Shard {
             snapshot_meta,
             quota_backend_bytes: setup.quota_backend_bytes,
             snapshot_count: setup.snapshot_count,
+            preferred_leader: setup.preferred_leader,
+            leader_since: None,
             nospace_alarm: false,
             failed: None,
+            incoming_snapshot: None,
+            snapshot_reports_tx,
+            snapshot_reports,
+            snapshots_in_flight: std::collections::HashSet::new(),
+            store_config: store_cfg,
         })
     }
 
@@ -383,13 +506,17 @@ impl Shard {
                 biased;
                 _ = setup.shutdown.changed() => break,
                 Some(msg) = setup.inbound.recv() => {
-                    self.step(msg);
+                    self.receive(msg);
                     for _ in 0..MAX_INPUTS_PER_TURN {
                         match setup.inbound.try_recv() {
-                            Ok(m) => self.step(m),
+                            Ok(m) => self.receive(m),
                             Err(_) => break,
                         }
                     }
+                }
+                Some((to, status)) = self.snapshot_reports.recv() => {
+                    self.snapshots_in_flight.remove(&to);
+                    self.node.report_snapshot(to, status);
                 }
                 Some(cmd) = setup.commands.recv() => {
                     self.handle(cmd);
@@ -403,6 +530,7 @@ impl Shard {
                 _ = ticker.tick() => {
                     if self.failed.is_none() {
                         self.node.tick();
+                        self.maybe_hand_over_leadership();
                         if last_commit.elapsed() >= STORE_COMMIT_INTERVAL {
                             self.commit_store();
                             last_commit = Instant::now();
@@ -436,6 +564,67 @@ impl Shard {
             self.commit_store();
         }
         tracing::info!(shard = self.id, "shard stopped");
+    }
+
+    /// A leader that is not its shard's preferred leader hands leadership over
+    /// once the preferred member is caught up, after holding it for a while
+    /// (so a member that just restarted is not handed leadership mid-recovery).
+    fn maybe_hand_over_leadership(&mut self) {
+        let Some(since) = self.leader_since else {
+            return;
+        };
+        if self.preferred_leader == self.member_id
+            || self.preferred_leader == raft::NONE
+            || since.elapsed() < LEADERSHIP_HANDOVER_AFTER
+        {
+            return;
+        }
+        let status = self.node.status();
+        if status.lead_transferee != raft::NONE {
+            return;
+        }
+        let last = self.node.last_index();
+        let caught_up = status
+            .progress
+            .iter()
+            .any(|p| p.id == self.preferred_leader && !p.is_learner && p.matched == last);
+        if caught_up {
+            tracing::info!(
+                shard = self.id,
+                term = self.node.term(),
+                to = self.preferred_leader,
+                "handing leadership to the shard's preferred member"
+            );
+            // Wait another full period before trying again, whatever happens.
+            self.leader_since = Some(Instant::now());
+            let _ = self.node.transfer_leader(self.preferred_leader);
+        }
+    }
+
+    fn receive(&mut self, inbound: ShardInbound) {
+        match inbound {
+            ShardInbound::Raft(m) => self.step(m),
+            ShardInbound::Snapshot(parts) => match decode_snapshot_stream(parts) {
+                Ok((msg, chunks)) => {
+                    let index = msg
+                        .snapshot
+                        .as_ref()
+                        .and_then(|s| s.metadata.as_ref())
+                        .map_or(0, |m| m.index);
+                    tracing::info!(
+                        shard = self.id,
+                        index,
+                        chunks = chunks.len(),
+                        "snapshot received"
+                    );
+                    self.incoming_snapshot = Some((index, chunks));
+                    self.step(msg);
+                }
+                Err(e) => {
+                    tracing::warn!(shard = self.id, error = %e, "malformed snapshot stream dropped")
+                }
+            },
+        }
     }
 
     fn step(&mut self, msg: raft::Message) {
@@ -699,10 +888,9 @@ impl Shard {
                 role = ?ss.role,
                 "raft role changed"
             );
-            if ss.role != StateRole::Leader {
-                // Proposals this member made may still commit under the new
-                // leader; their waiters stay and are answered on apply or expire.
-            }
+            // Proposals this member made may still commit under a new leader;
+            // their waiters stay and are answered on apply, or expire.
+            self.leader_since = (ss.role == StateRole::Leader).then(Instant::now);
         }
         for m in std::mem::take(&mut rd.messages) {
             self.send(m);
@@ -713,9 +901,6 @@ impl Shard {
         }
         for m in std::mem::take(&mut rd.persisted_messages) {
             self.send(m);
-        }
-        if let Some(snapshot) = rd.snapshot.take() {
-            self.install_snapshot(snapshot);
         }
         // Applied by reference: `advance` reads the committed entries to learn
         // how far the state machine got.
@@ -741,15 +926,149 @@ impl Shard {
 
     fn send(&mut self, m: raft::Message) {
         let to = m.to;
+        if m.msg_type == raft::MessageType::MsgSnap as i32 {
+            self.send_snapshot(m);
+            return;
+        }
         if !self.peers.send(self.id, m) {
             self.node.report_unreachable(to);
         }
     }
 
+    /// Streams the store to a follower that is behind the log. The snapshot
+    /// Raft asked for covers up to the compaction index; the store has applied
+    /// further, so the message is restamped with the store's applied index and
+    /// its term: the follower then resumes the log right after what it got.
+    fn send_snapshot(&mut self, mut m: raft::Message) {
+        let to = m.to;
+        if self.snapshots_in_flight.contains(&to) {
+            return;
+        }
+        let Some(link) = self.peers.link(self.id, to) else {
+            self.node.report_snapshot(to, raft::SnapshotStatus::Failure);
+            return;
+        };
+        let stream = self.store.snapshot_stream();
+        let index = stream.applied_index();
+        let Some(term) = self.node.term_of(index) else {
+            tracing::warn!(
+                shard = self.id,
+                index,
+                "no term for the store's applied index; snapshot not sent"
+            );
+            self.node.report_snapshot(to, raft::SnapshotStatus::Failure);
+            return;
+        };
+        let mut chunks = Vec::new();
+        for c in stream {
+            match c {
+                Ok(c) => chunks.push(c),
+                Err(e) => {
+                    tracing::error!(shard = self.id, error = %e, "reading the store for a snapshot failed");
+                    self.node.report_snapshot(to, raft::SnapshotStatus::Failure);
+                    return;
+                }
+            }
+        }
+        m.snapshot = Some(Snapshot {
+            data: Bytes::new(),
+            metadata: Some(SnapshotMetadata {
+                conf_state: Some(self.node.status().conf_state),
+                index,
+                term,
+            }),
+        });
+        let data = encode_snapshot_stream(&m, &chunks);
+        tracing::info!(
+            shard = self.id,
+            to,
+            index,
+            bytes = data.len(),
+            "sending snapshot"
+        );
+        self.snapshots_in_flight.insert(to);
+        let reports = self.snapshot_reports_tx.clone();
+        let shard = self.id;
+        tokio::task::spawn_local(async move {
+            let mut source = cairn_net::BytesSource::new(data);
+            let status = match link.send_stream(shard, &mut source).await {
+                Ok(_) => raft::SnapshotStatus::Finish,
+                Err(e) => {
+                    tracing::warn!(shard, to, error = %e, "snapshot transfer failed");
+                    raft::SnapshotStatus::Failure
+                }
+            };
+            let _ = reports.send((to, status));
+        });
+    }
+
+    /// Replaces the store with the snapshot Raft accepted, crash-safely: the new
+    /// store is built beside the old one, then the directories are swapped.
+    fn install_snapshot(&mut self, snapshot: &Snapshot) -> Result<(), String> {
+        let md = snapshot.metadata.clone().unwrap_or_default();
+        let chunks = match self.incoming_snapshot.take() {
+            Some((index, chunks)) if index == md.index => chunks,
+            other => {
+                return Err(format!(
+                    "raft accepted a snapshot at index {} but the data held is for {:?}",
+                    md.index,
+                    other.map(|(i, _)| i)
+                ))
+            }
+        };
+        let new_dir = swap_dir(&self.dir, "new");
+        let old_dir = swap_dir(&self.dir, "old");
+        let _ = std::fs::remove_dir_all(&new_dir);
+        let store = mvcc::Store::restore(&new_dir, self.id, self.store_config.clone(), chunks)
+            .map_err(|e| format!("restoring the store from a snapshot: {e}"))?;
+        if store.applied_index() != md.index {
+            return Err(format!(
+                "the snapshot's store has applied index {}, its metadata says {}",
+                store.applied_index(),
+                md.index
+            ));
+        }
+        write_snapshot_meta(&new_dir, &md)
+            .map_err(|e| format!("writing snapshot metadata: {e}"))?;
+        let old = std::mem::replace(&mut self.store, store);
+        drop(old);
+        let swap = || -> std::io::Result<()> {
+            let _ = std::fs::remove_dir_all(&old_dir);
+            std::fs::rename(&self.dir, &old_dir)?;
+            std::fs::rename(&new_dir, &self.dir)?;
+            if let Some(parent) = self.dir.parent() {
+                std::fs::File::open(parent)?.sync_all()?;
+            }
+            std::fs::remove_dir_all(&old_dir)
+        };
+        swap().map_err(|e| format!("swapping in the snapshot's store: {e}"))?;
+        self.snapshot_meta = md.clone();
+        tracing::info!(
+            shard = self.id,
+            index = md.index,
+            term = md.term,
+            "snapshot installed"
+        );
+        Ok(())
+    }
+
     /// Makes the Ready's entries and hard state durable in the WAL, then hands
     /// them to the in-memory log Raft reads from.
     async fn persist(&mut self, rd: &mut Ready) -> bool {
-        let mut records = Vec::with_capacity(rd.entries.len() + 1);
+        let mut records = Vec::with_capacity(rd.entries.len() + 2);
+        if let Some(snapshot) = &rd.snapshot {
+            if let Err(e) = self.install_snapshot(snapshot) {
+                self.fail(e);
+                return false;
+            }
+            // The log restarts after the snapshot: whatever the WAL holds past it
+            // belongs to the old log.
+            let index = snapshot.metadata.as_ref().map_or(0, |m| m.index);
+            records.push(cairn_wal::Record::Truncate {
+                shard: u64::from(self.id),
+                index: index + 1,
+            });
+        }
         for e in &rd.entries {
             records.push(entry::to_wal(self.id, e));
         }
@@ -778,6 +1097,14 @@ impl Shard {
             }
         }
         let store = self.node.store_mut();
+        if let Some(snapshot) = &rd.snapshot {
+            if let Err(e) = store.apply_snapshot(snapshot.clone()) {
+                let reason = format!("installing snapshot in the raft log: {e}");
+                self.fail(reason);
+                return false;
+            }
+        }
+        let store = self.node.store_mut();
         if let Some(hs) = rd.hard_state {
             store.set_hard_state(hs);
         }
@@ -796,15 +1123,6 @@ impl Shard {
             }));
         }
         self.failed = Some(reason);
-    }
-
-    fn install_snapshot(&mut self, snapshot: Snapshot) {
-        // Restoring the store from a peer's snapshot stream is not wired yet: a
-        // member that needs a snapshot cannot catch up, and says so.
-        let index = snapshot.metadata.as_ref().map_or(0, |m| m.index);
-        self.fail(format!(
-            "a snapshot at index {index} is needed to catch up, and snapshot transfer is not available"
-        ));
     }
 
     fn apply(&mut self, entries: &[raft::Entry]) {
@@ -1001,10 +1319,12 @@ impl Shard {
     /// segments the shard no longer needs.
     fn maybe_compact_log(&mut self) {
         let applied = self.node.applied_index();
-        if applied < self.snapshot_meta.index + self.snapshot_count + CATCH_UP_ENTRIES {
+        // A small --snapshot-count also keeps fewer entries for slow followers.
+        let keep = CATCH_UP_ENTRIES.min(self.snapshot_count);
+        if applied < self.snapshot_meta.index + self.snapshot_count + keep {
             return;
         }
-        let compact_to = applied - CATCH_UP_ENTRIES;
+        let compact_to = applied - keep;
         let Some(term) = self.node.term_of(compact_to) else {
             return;
         };
@@ -1021,6 +1341,15 @@ impl Shard {
         }
         if let Err(e) = write_snapshot_meta(&self.dir, &md) {
             tracing::warn!(shard = self.id, error = %e, "writing snapshot metadata failed; log not compacted");
+            return;
+        }
+        let conf_state = md.conf_state.clone().unwrap_or_default();
+        if let Err(e) = self
+            .node
+            .store_mut()
+            .create_snapshot(compact_to, conf_state, Bytes::new())
+        {
+            tracing::warn!(shard = self.id, error = %e, "recording the log snapshot failed; log not compacted");
             return;
         }
         if let Err(e) = self.node.store_mut().compact(compact_to) {
