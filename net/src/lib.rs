@@ -13,6 +13,39 @@
 //!
 //! Links run on one core's single-threaded runtime (current-thread tokio
 //! runtime plus `LocalSet`); their internals are `!Send` by design.
+//!
+//! # How the daemon uses it
+//!
+//! ```no_run
+//! use bytes::Bytes;
+//! use cairn_net::{dial, serve_accepted, AcceptPolicy, Config, Inbound, MemberSet, PeerListener};
+//!
+//! # async fn example(peer_addr: std::net::SocketAddr) -> Result<(), Box<dyn std::error::Error>> {
+//! let config = Config { cluster_id: 7, member_id: 1, ..Config::default() };
+//! config.validate()?;
+//!
+//! // The listener thread: one per member on the peer port.
+//! let policy = AcceptPolicy { config: config.clone(), members: MemberSet::new([2, 3]), lane_count: 4 };
+//! let mut listener = PeerListener::bind("127.0.0.1:2380".parse()?, policy).await?;
+//! let accepted = listener.accept().await?; // handshake done; `Send`
+//! // ... send `accepted` to the core owning `accepted.hello.lane`; there:
+//! let (reply_link, mut inbound) = serve_accepted(accepted, &config)?;
+//! while let Some(item) = inbound.recv().await {
+//!     if let Inbound::Message { shard_id, payload, .. } = item {
+//!         // payload: a slice of the receive buffer; decode the Raft message from it
+//!         let _ = (shard_id, payload);
+//!     }
+//! }
+//!
+//! // Each core: one outbound link per peer for its lane; reconnects by itself.
+//! let (link, _replies) = dial(&config, 2, peer_addr, 0)?;
+//! match link.send(5, 0, Bytes::from_static(b"raft message")) {
+//!     Ok(()) => {}
+//!     Err(e) => tracing::debug!(error = %e, "dropped; raft will retry"),
+//! }
+//! let metrics = link.counters().snapshot();
+//! # let _ = (reply_link, metrics); Ok(()) }
+//! ```
 
 pub mod config;
 pub mod frame;
