@@ -26,6 +26,8 @@ pub enum OpenError {
         before: PathBuf,
         after: PathBuf,
     },
+    #[error("wal {dir} is locked: another process (or an earlier open in this one) has it open")]
+    Locked { dir: PathBuf },
     #[error("wal {dir}: io_uring backend requested but unavailable: {reason}")]
     UringUnavailable { dir: PathBuf, reason: String },
 }

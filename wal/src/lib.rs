@@ -97,5 +97,5 @@ pub use uring::{
 };
 pub use wal::{
     segment_name, select_storage, DurableWatch, FlushEvent, FlushObserver, Recovered,
-    RecoveredShard, Wal, WalMetrics,
+    RecoveredShard, Wal, WalMetrics, LOCK_FILE_NAME,
 };

@@ -207,6 +207,8 @@ struct Inner {
     spare_ready: Notify,
     maint_wake: Notify,
     observer: RefCell<Option<FlushObserver>>,
+    /// Held while the log is open so no second opener writes the same directory.
+    _lock: Option<std::fs::File>,
 }
 
 /// One core's write-ahead log. Not `Send`: it lives on its core's `LocalSet`
@@ -260,6 +262,36 @@ pub fn select_storage(cfg: &Config) -> Result<Rc<dyn Storage>, OpenError> {
     }
 }
 
+/// Name of the lock file `Wal::open` holds in the WAL directory.
+pub const LOCK_FILE_NAME: &str = "LOCK";
+
+fn lock_dir(dir: &std::path::Path) -> Result<std::fs::File, OpenError> {
+    use std::os::fd::AsRawFd;
+    let io = |source| OpenError::Io {
+        path: dir.join(LOCK_FILE_NAME),
+        source,
+    };
+    std::fs::create_dir_all(dir).map_err(io)?;
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join(LOCK_FILE_NAME))
+        .map_err(io)?;
+    // SAFETY: flock on a descriptor we own; no memory is involved.
+    let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if r != 0 {
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            return Err(OpenError::Locked {
+                dir: dir.to_path_buf(),
+            });
+        }
+        return Err(io(e));
+    }
+    Ok(f)
+}
+
 /// Why io_uring cannot be used, in an operator's words.
 fn uring_reason(e: &io::Error) -> String {
     let sysctl = std::fs::read_to_string("/proc/sys/kernel/io_uring_disabled")
@@ -284,14 +316,24 @@ impl Wal {
     /// recovers its contents. Must be called inside a `LocalSet`.
     pub async fn open(cfg: Config) -> Result<(Wal, Recovered), OpenError> {
         cfg.validate()?;
+        let lock = lock_dir(&cfg.dir)?;
         let storage = select_storage(&cfg)?;
-        Wal::open_with_storage(cfg, storage).await
+        Wal::open_inner(cfg, storage, Some(lock)).await
     }
 
     /// Opens over a given storage (tests, the tuning lab).
+    /// Takes no directory lock: the caller owns the storage.
     pub async fn open_with_storage(
         cfg: Config,
         storage: Rc<dyn Storage>,
+    ) -> Result<(Wal, Recovered), OpenError> {
+        Wal::open_inner(cfg, storage, None).await
+    }
+
+    async fn open_inner(
+        cfg: Config,
+        storage: Rc<dyn Storage>,
+        lock: Option<std::fs::File>,
     ) -> Result<(Wal, Recovered), OpenError> {
         cfg.validate()?;
         let (state, recovered) = recover(&cfg, storage.as_ref()).await?;
@@ -318,6 +360,7 @@ impl Wal {
             spare_ready: Notify::new(),
             maint_wake: Notify::new(),
             observer: RefCell::new(None),
+            _lock: lock,
         });
         let tasks = vec![
             tokio::task::spawn_local(flusher(inner.clone())),

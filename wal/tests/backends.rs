@@ -115,3 +115,19 @@ fn teardown_with_io_in_flight_is_safe() {
         wal.close().await;
     });
 }
+
+#[test]
+fn a_directory_is_opened_by_one_log_at_a_time() {
+    let env = Env::new(Kind::Sync);
+    run(async {
+        let (wal, _) = Wal::open(env.config()).await.expect("open");
+        let err = Wal::open(env.config())
+            .await
+            .err()
+            .expect("second open refused");
+        assert!(matches!(err, cairn_wal::OpenError::Locked { .. }), "{err}");
+        wal.close().await;
+        let (wal, _) = Wal::open(env.config()).await.expect("open after close");
+        wal.close().await;
+    });
+}
