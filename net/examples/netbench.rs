@@ -107,7 +107,7 @@ fn run_framed(args: &Args) -> (Sent, Received) {
             };
             let listener = tokio::net::TcpListener::from_std(std_listener).expect("listener");
             let mut listener = PeerListener::from_listener(listener, policy);
-            let accepted = listener.accept().await.expect("accept");
+            let accepted = listener.accept().await;
             let (_link, mut rx) =
                 serve_accepted(accepted, &config(1, read_buffer_bytes)).expect("serve");
             let mut received = Received {

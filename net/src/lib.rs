@@ -27,7 +27,7 @@
 //! // The listener thread: one per member on the peer port.
 //! let policy = AcceptPolicy { config: config.clone(), members: MemberSet::new([2, 3]), lane_count: 4 };
 //! let mut listener = PeerListener::bind("127.0.0.1:2380".parse()?, policy).await?;
-//! let accepted = listener.accept().await?; // handshake done; `Send`
+//! let accepted = listener.accept().await; // handshake done; `Send`
 //! // ... send `accepted` to the core owning `accepted.hello.lane`; there:
 //! let (reply_link, mut inbound) = serve_accepted(accepted, &config)?;
 //! while let Some(item) = inbound.recv().await {

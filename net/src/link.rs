@@ -791,6 +791,9 @@ pub struct Backoff {
     rng: SmallRng,
 }
 
+/// A connection that lasted this long resets the reconnect backoff.
+pub const STABLE_CONNECTION_MS: u64 = 1_000;
+
 /// Doublings after which the delay is certainly at its cap (2^32 x initial).
 const BACKOFF_MAX_DOUBLINGS: u32 = 32;
 
@@ -948,7 +951,6 @@ async fn supervise(shared: Rc<LinkShared>, addr: SocketAddr, tx: mpsc::Sender<Ve
                 }
                 ever_connected = true;
                 failing = false;
-                backoff.reset();
                 tracing::info!(
                     local_member = shared.config.member_id,
                     peer_member = shared.peer_member,
@@ -957,9 +959,16 @@ async fn supervise(shared: Rc<LinkShared>, addr: SocketAddr, tx: mpsc::Sender<Ve
                     "connected to peer"
                 );
                 shared.set_connected(true, Some(addr));
+                let connected_at = tokio::time::Instant::now();
                 let reason = run_connection(&shared, stream, &tx).await;
                 shared.set_connected(false, None);
                 shared.log_close(&reason);
+                // Only a connection that lasted forgives past failures: a peer
+                // that accepts and at once drops us (or sends garbage) is
+                // redialed with growing delays, not in a tight loop.
+                if connected_at.elapsed() >= Duration::from_millis(STABLE_CONNECTION_MS) {
+                    backoff.reset();
+                }
                 if matches!(reason, CloseReason::LocalClose) {
                     break;
                 }
@@ -1176,6 +1185,7 @@ async fn read_loop(
         loop {
             match decoder.decode() {
                 Ok(Some(frame)) => {
+                    Counters::add(&shared.counters.frames_received, 1);
                     if let Err(reason) = handle_frame(shared, frame, &mut batch, rx_stream) {
                         failure = Some(reason);
                         break;
@@ -1189,7 +1199,6 @@ async fn read_loop(
             }
         }
         let frames = batch.len();
-        Counters::add(&shared.counters.frames_received, frames as u64);
         // Frames that arrived whole before a bad one are still delivered. A
         // dropped receiver means inbound frames are not wanted (a send-only
         // link); they are discarded and the link keeps sending.

@@ -3,11 +3,16 @@
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 
 use crate::handshake::{accept_handshake, AcceptPolicy, Accepted, HandshakeError};
+
+/// Pause after a failed `accept` (say, out of file descriptors) before trying
+/// again, so the loop does not spin.
+pub const ACCEPT_ERROR_PAUSE_MS: u64 = 100;
 
 /// Accepts peer connections and runs their handshakes concurrently (a peer
 /// that never finishes its greeting holds up no one), at most
@@ -45,12 +50,26 @@ impl PeerListener {
     }
 
     /// The next connection whose handshake succeeded. Failed and refused
-    /// handshakes are logged (once each) and skipped. Cancel-safe.
-    pub async fn accept(&mut self) -> io::Result<Accepted> {
+    /// handshakes are logged (once each) and skipped, as are failed accepts.
+    /// Cancel-safe.
+    pub async fn accept(&mut self) -> Accepted {
         loop {
             tokio::select! {
                 accepted = self.listener.accept() => {
-                    let (stream, peer_addr) = accepted?;
+                    let (stream, peer_addr) = match accepted {
+                        Ok(accepted) => accepted,
+                        Err(error) => {
+                            // Out of descriptors or a connection reset before
+                            // it was taken: pause, and keep the listener.
+                            tracing::warn!(
+                                local_member = self.policy.config.member_id,
+                                %error,
+                                "accepting a peer connection failed; retrying"
+                            );
+                            tokio::time::sleep(Duration::from_millis(ACCEPT_ERROR_PAUSE_MS)).await;
+                            continue;
+                        }
+                    };
                     if self.pending.len() >= self.policy.config.max_pending_handshakes {
                         tracing::warn!(
                             local_member = self.policy.config.member_id,
@@ -65,7 +84,7 @@ impl PeerListener {
                 }
                 Some(joined) = self.pending.join_next(), if !self.pending.is_empty() => {
                     match joined {
-                        Ok(Ok(accepted)) => return Ok(accepted),
+                        Ok(Ok(accepted)) => return accepted,
                         Ok(Err(_)) => {} // logged by accept_handshake
                         Err(err) => tracing::error!(
                             local_member = self.policy.config.member_id,

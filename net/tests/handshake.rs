@@ -221,7 +221,7 @@ fn accepted_connection_moves_to_another_threads_runtime() {
         let mut listener = common::listener(1, &[2], 4).await;
         let (link, _rx) =
             cairn_net::dial(&config(2), 1, listener.local_addr().unwrap(), 3).unwrap();
-        to_core.send(listener.accept().await.unwrap()).unwrap();
+        to_core.send(listener.accept().await).unwrap();
         link.wait_connected().await.unwrap();
         link.send(11, 0, Bytes::from_static(b"to the lane's core"))
             .unwrap();

@@ -32,7 +32,7 @@ async fn established() -> (TcpStream, Link, InboundReceiver) {
         dial_handshake(&mut raw, &dialer_config, 1, 0)
     );
     dialed.unwrap();
-    let (link, rx) = serve_accepted(accepted.unwrap(), &config(1)).unwrap();
+    let (link, rx) = serve_accepted(accepted, &config(1)).unwrap();
     (raw, link, rx)
 }
 
@@ -237,6 +237,6 @@ fn listener_keeps_accepting_after_a_bad_client() {
             dial_handshake(&mut good, &dialer_config, 1, 0)
         );
         dialed.unwrap();
-        assert_eq!(accepted.unwrap().hello.member_id, 2);
+        assert_eq!(accepted.hello.member_id, 2);
     });
 }

@@ -20,7 +20,7 @@ async fn connected_pair(lane: u32) -> (Link, InboundReceiver, Link, InboundRecei
     let mut listener = listener(1, &[2], 4).await;
     let addr = listener.local_addr().unwrap();
     let (client, client_rx) = dial(&config(2), 1, addr, lane).unwrap();
-    let accepted = listener.accept().await.unwrap();
+    let accepted = listener.accept().await;
     assert_eq!(accepted.hello.member_id, 2);
     assert_eq!(accepted.hello.lane, lane);
     let (server, server_rx) = serve_accepted(accepted, &config(1)).unwrap();
@@ -134,8 +134,7 @@ fn dialer_reconnects_after_the_peer_restarts() {
         let mut first = listener(1, &[2], 1).await;
         let addr = first.local_addr().unwrap();
         let (client, _client_rx) = dial(&config(2), 1, addr, 0).unwrap();
-        let (server, mut server_rx) =
-            serve_accepted(first.accept().await.unwrap(), &config(1)).unwrap();
+        let (server, mut server_rx) = serve_accepted(first.accept().await, &config(1)).unwrap();
         client.send(1, 0, Bytes::from_static(b"before")).unwrap();
         assert_eq!(&message(&server_rx.recv().await.unwrap()).2[..], b"before");
 
@@ -155,8 +154,7 @@ fn dialer_reconnects_after_the_peer_restarts() {
             .unwrap();
 
         let mut second = common::listener_at(addr, 1, &[2], 1).await;
-        let (_server, mut server_rx) =
-            serve_accepted(second.accept().await.unwrap(), &config(1)).unwrap();
+        let (_server, mut server_rx) = serve_accepted(second.accept().await, &config(1)).unwrap();
         client.wait_connected().await.unwrap();
         client.send(1, 0, Bytes::from_static(b"after")).unwrap();
         assert_eq!(
@@ -182,7 +180,7 @@ fn full_queue_is_refused_at_once_and_a_dead_peer_blocks_no_one() {
             ..config(2)
         };
         let (to_dead, _rx) = dial(&small_queue, 1, dead_addr, 0).unwrap();
-        let _dead_conn = dead.accept().await.unwrap(); // held open, never read
+        let _dead_conn = dead.accept().await; // held open, never read
         to_dead.wait_connected().await.unwrap();
 
         let (to_live, _live_rx, _live_server, mut live_rx) = connected_pair(0).await;
@@ -235,8 +233,7 @@ fn stream_arrives_verified_and_in_order() {
         let mut listener = listener(1, &[2], 1).await;
         let (client, _client_rx) =
             dial(&stream_config, 1, listener.local_addr().unwrap(), 0).unwrap();
-        let (_server, mut server_rx) =
-            serve_accepted(listener.accept().await.unwrap(), &config(1)).unwrap();
+        let (_server, mut server_rx) = serve_accepted(listener.accept().await, &config(1)).unwrap();
         let data = Bytes::from(
             (0..3_000_000u32)
                 .map(|i| (i % 251) as u8)
@@ -293,8 +290,7 @@ fn stream_starts_over_after_the_connection_is_lost() {
         let expected = data.clone();
         let receiver = tokio::task::spawn_local(async move {
             // First connection: take two chunks, then drop the connection.
-            let (server, mut rx) =
-                serve_accepted(listener.accept().await.unwrap(), &config(1)).unwrap();
+            let (server, mut rx) = serve_accepted(listener.accept().await, &config(1)).unwrap();
             let mut chunks = 0;
             while chunks < 2 {
                 if let Inbound::StreamChunk { .. } = rx.recv().await.unwrap() {
@@ -306,8 +302,7 @@ fn stream_starts_over_after_the_connection_is_lost() {
             // Second connection: the stream starts over from byte 0.
             // (The link is returned so it outlives the sender's wait for the
             // verdict: dropping the last handle closes it.)
-            let (server, mut rx) =
-                serve_accepted(listener.accept().await.unwrap(), &config(1)).unwrap();
+            let (server, mut rx) = serve_accepted(listener.accept().await, &config(1)).unwrap();
             let mut got = Vec::new();
             loop {
                 match rx.recv().await.unwrap() {
@@ -410,7 +405,7 @@ fn stream_starts_over_when_the_receiver_reports_a_mismatch() {
         };
         let (client, _client_rx) =
             dial(&stream_config, 1, listener.local_addr().unwrap(), 0).unwrap();
-        let accepted = listener.accept().await.unwrap();
+        let accepted = listener.accept().await;
         let peer = tokio::task::spawn_local(async move {
             let mut socket = tokio::net::TcpStream::from_std(accepted.stream).unwrap();
             let mut decoder = FrameDecoder::new(1 << 20, 64 * 1024);
