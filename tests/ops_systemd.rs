@@ -182,3 +182,25 @@ fn sysusers_and_tmpfiles_create_the_user_and_a_private_data_dir() {
     assert_eq!(data.uid(), uid);
     assert_eq!(data.mode() & 0o777, 0o700);
 }
+
+#[test]
+fn example_config_is_accepted_by_the_daemon() {
+    use cairn::config::{Config, Flags};
+    let path = systemd_dir().join("cairn.toml");
+    let flags = Flags::from_file(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let config = Config::from_flags(flags).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert_eq!(config.name, "node1");
+    assert_eq!(config.initial_cluster.len(), 3);
+    assert_eq!(
+        config.listen_metrics_addrs,
+        vec!["10.0.0.1:2381".parse().unwrap()]
+    );
+    assert!(matches!(config.log_format, cairn::config::LogFormat::Json));
+    cairn::ops::logging::parse_log_level(&config.log_level).unwrap();
+    // The units make /var/lib/cairn the only writable path.
+    assert!(
+        config.data_dir.starts_with("/var/lib/cairn"),
+        "{}",
+        config.data_dir.display()
+    );
+}
