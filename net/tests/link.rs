@@ -463,3 +463,54 @@ fn stream_starts_over_when_the_receiver_reports_a_mismatch() {
         );
     });
 }
+
+#[test]
+fn oversize_send_is_refused_without_queueing() {
+    run_local(async {
+        let (client, _rx, _server, _server_rx) = connected_pair(0).await;
+        let max = config(2).max_frame_payload_bytes as usize;
+        let err = client
+            .send(3, 0, Bytes::from(vec![0u8; max + 1]))
+            .unwrap_err();
+        assert!(
+            matches!(err, SendError::TooLarge { shard_id: 3, .. }),
+            "{err}"
+        );
+        assert_eq!(client.queued_frames(), 0);
+        client.send(3, 0, Bytes::from(vec![0u8; max])).unwrap();
+    });
+}
+
+#[test]
+fn refused_dialer_keeps_retrying_with_backoff_and_never_connects() {
+    let logs = common::LogCapture::start();
+    run_local(async {
+        let mut listener = listener(1, &[2], 1).await;
+        let addr = listener.local_addr().unwrap();
+        let stranger = Config {
+            cluster_id: common::CLUSTER_ID ^ 0xFF,
+            ..config(2)
+        };
+        let (link, _rx) = dial(&stranger, 1, addr, 0).unwrap();
+        let accepting = tokio::task::spawn_local(async move {
+            // Never returns: every greeting is refused.
+            listener.accept().await
+        });
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        assert!(!link.is_connected());
+        let failures = link.counters().snapshot().connect_failures;
+        // 10 ms doubling to a 100 ms cap: a handful of attempts, not hundreds.
+        assert!(
+            (2..=15).contains(&failures),
+            "{failures} attempts in 400 ms"
+        );
+        link.send(0, 0, Bytes::from_static(b"queued while refused"))
+            .unwrap();
+        accepting.abort();
+    });
+    let refusals = logs.lines_with("refused peer handshake");
+    assert!(!refusals.is_empty());
+    assert!(refusals[0].contains("local_member=1") && refusals[0].contains("peer_member=2"));
+    let refused = logs.lines_with("outbound peer handshake failed");
+    assert!(refused[0].contains("wrong cluster id"), "{}", refused[0]);
+}
