@@ -163,17 +163,18 @@ impl LocalCluster {
         }
         let probe = Command::new(binary)
             .arg("--version")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
+            .stdin(Stdio::null())
+            .output();
         match probe {
-            Ok(s) if s.success() => {}
-            Ok(s) => {
+            Ok(out) if out.status.success() => {}
+            Ok(out) => {
+                let said = String::from_utf8_lossy(&out.stderr);
+                let said = said.lines().next().unwrap_or("").trim();
                 return Err(ClusterError::Binary {
                     system,
                     path: binary.to_owned(),
-                    reason: format!("`--version` exited with {s}"),
-                })
+                    reason: format!("`--version` exited with {} saying \"{said}\"", out.status),
+                });
             }
             Err(e) => {
                 return Err(ClusterError::Binary {

@@ -5,7 +5,7 @@
 //! table (parsed by the same parser a user's command goes through), so any row can
 //! be reproduced by hand against any cluster.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::{Args, Parser, ValueEnum};
@@ -151,21 +151,21 @@ pub struct CompareOpts {
     pub work_dir: Option<PathBuf>,
 }
 
+/// The workspace's shared `target` directory (the bench crate sits one level down).
+fn workspace_target_dir() -> PathBuf {
+    let bench_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    bench_dir.parent().unwrap_or(bench_dir).join("target")
+}
+
 /// This workspace's release build of the daemon.
 pub fn default_cairn_bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("..")
-        .join("target")
-        .join("release")
-        .join("cairn")
+    workspace_target_dir().join("release").join("cairn")
 }
 
 /// The most recently built runnable `cairn` of this workspace, release or debug:
 /// what functional tests run against (performance figures want the release build).
 pub fn newest_workspace_cairn_bin() -> Option<PathBuf> {
-    let target = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("..")
-        .join("target");
+    let target = workspace_target_dir();
     ["release", "debug"]
         .into_iter()
         .map(|profile| target.join(profile).join("cairn"))

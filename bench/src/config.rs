@@ -166,8 +166,8 @@ pub enum Command {
     Put(PutOpts),
     /// Read a key or a range (one Range per request).
     Range(RangeOpts),
-    /// Compare-and-swap transactions: put if the key's mod revision is the one last
-    /// seen, otherwise read it back.
+    /// Compare-and-swap transactions: put if nobody modified the key after the
+    /// newest revision this client has seen, otherwise read it back.
     TxnPut(TxnPutOpts),
     /// A mix of reads and writes over one key space.
     Mixed(MixedOpts),

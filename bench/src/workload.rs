@@ -1,7 +1,6 @@
 //! The request generators: what one requester sends for each workload, and the
 //! per-requester state it needs (key generator, cached revisions, lease stream).
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -9,7 +8,6 @@ use cairn_proto::etcdserverpb::compare::{CompareResult, CompareTarget, TargetUni
 use cairn_proto::etcdserverpb::kv_client::KvClient;
 use cairn_proto::etcdserverpb::lease_client::LeaseClient;
 use cairn_proto::etcdserverpb::request_op::Request;
-use cairn_proto::etcdserverpb::response_op::Response;
 use cairn_proto::etcdserverpb::{
     Compare, LeaseGrantRequest, LeaseKeepAliveRequest, LeaseKeepAliveResponse, LeaseRevokeRequest,
     PutRequest, RangeRequest, RequestOp, TxnRequest,
@@ -154,8 +152,9 @@ pub enum OpClient {
         kv: KvClient<Channel>,
         keys: KeyGen,
         value: Bytes,
-        /// Last mod revision seen per key index; absent means "not yet written" (0).
-        mod_revision_seen: HashMap<u64, i64>,
+        /// Newest store revision this requester has seen in a response: its view
+        /// of the store, against which it swaps.
+        revision_seen: i64,
     },
     Mixed {
         kv: KvClient<Channel>,
@@ -206,12 +205,27 @@ impl OpClient {
                     },
                 }
             }
-            Spec::TxnPut(o) => OpClient::TxnPut {
-                kv: KvClient::new(channel),
-                keys: KeyGen::new(o, client, clients),
-                value: value_of_size(o.val_size),
-                mod_revision_seen: HashMap::new(),
-            },
+            Spec::TxnPut(o) => {
+                let mut kv = KvClient::new(channel);
+                // The requester's first view of the store (not measured).
+                let probe = RangeRequest {
+                    key: Bytes::from_static(b"\0"),
+                    count_only: true,
+                    ..Default::default()
+                };
+                let revision_seen = kv
+                    .range(probe)
+                    .await?
+                    .into_inner()
+                    .header
+                    .map_or(0, |h| h.revision);
+                OpClient::TxnPut {
+                    kv,
+                    keys: KeyGen::new(o, client, clients),
+                    value: value_of_size(o.val_size),
+                    revision_seen,
+                }
+            }
             Spec::Mixed(o) => OpClient::Mixed {
                 kv: KvClient::new(channel),
                 keys: KeyGen::new(&o.keys, client, clients),
@@ -264,16 +278,17 @@ impl OpClient {
                 kv,
                 keys,
                 value,
-                mod_revision_seen,
+                revision_seen,
             } => {
-                let (index, key) = keys.next_key();
-                let expected = mod_revision_seen.get(&index).copied().unwrap_or(0);
+                let (_, key) = keys.next_key();
+                // Optimistic concurrency: write only if nobody modified the key
+                // after the newest revision this requester has seen.
                 let txn = TxnRequest {
                     compare: vec![Compare {
-                        result: CompareResult::Equal as i32,
+                        result: CompareResult::Less as i32,
                         target: CompareTarget::Mod as i32,
                         key: key.clone(),
-                        target_union: Some(TargetUnion::ModRevision(expected)),
+                        target_union: Some(TargetUnion::ModRevision(*revision_seen + 1)),
                         ..Default::default()
                     }],
                     success: vec![RequestOp {
@@ -292,18 +307,13 @@ impl OpClient {
                 };
                 let resp = kv.txn(txn).await?.into_inner();
                 if resp.succeeded {
-                    let revision = resp.header.map_or(0, |h| h.revision);
-                    mod_revision_seen.insert(index, revision);
                     rec.count("txn_cas_won");
                 } else {
                     rec.count("txn_cas_conflicts");
-                    let current = resp.responses.into_iter().find_map(|r| match r.response {
-                        Some(Response::ResponseRange(range)) => {
-                            Some(range.kvs.first().map_or(0, |kv| kv.mod_revision))
-                        }
-                        _ => None,
-                    });
-                    mod_revision_seen.insert(index, current.unwrap_or(0));
+                }
+                // Either way the response's header is the newest view of the store.
+                if let Some(h) = resp.header {
+                    *revision_seen = (*revision_seen).max(h.revision);
                 }
             }
             OpClient::Mixed {

@@ -123,6 +123,25 @@ async fn every_workload_runs_and_its_counts_match() {
         }
     }
 
+    // Alone on keys other runs wrote before, a requester must win every swap: its
+    // view of the store is fresh from setup on.
+    let r = bench(&[
+        "--endpoints",
+        &ep,
+        "--total",
+        "100",
+        "txn-put",
+        "--key-space-size",
+        "100",
+    ])
+    .await;
+    assert_eq!(
+        r.recorder.counters.get("txn_cas_won"),
+        Some(&100),
+        "{:?}",
+        r.recorder.counters
+    );
+
     // 40 puts, each owed to 2 x 5 watchers.
     let r = bench(&[
         "--endpoints",
