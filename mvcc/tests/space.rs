@@ -132,7 +132,7 @@ fn defragment_shrinks_the_file_while_a_snapshot_keeps_reading() {
     );
     assert_eq!(
         store.get(b"k019999").unwrap().unwrap().value,
-        vec![(19_999u32 as u8); 200]
+        vec![19_999u32 as u8; 200]
     );
     drop(store);
     let len = std::fs::metadata(Store::file_path(dir.path(), 0))
