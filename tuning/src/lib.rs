@@ -27,16 +27,21 @@ use safety::LabDir;
 use std::path::Path;
 use std::time::Instant;
 
-/// Runs the matrix (quick or full) in `dir` and builds the report with its
-/// recommendation; `progress` sees each result as it arrives.
+/// Runs the matrix (quick or full) in `dir`, restricted to experiments whose label
+/// contains `only` when given, and builds the report with its recommendation;
+/// `progress` sees each result as it arrives.
 pub fn run_lab(
     dir: &Path,
     quick: bool,
+    only: Option<&str>,
     mut progress: impl FnMut(usize, &ExperimentResult),
 ) -> Result<RunReport, LabError> {
     let lab = LabDir::open(dir)?;
     let started = Instant::now();
-    let experiments = matrix::build_matrix(quick);
+    let mut experiments = matrix::build_matrix(quick);
+    if let Some(only) = only {
+        experiments.retain(|e| e.label().contains(only));
+    }
     let limits = matrix::limits(quick);
     let results = matrix::run_matrix(&lab, &experiments, &limits, &mut progress);
     lab.cleanup();

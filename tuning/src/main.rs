@@ -31,6 +31,9 @@ enum Command {
         /// Write a self-contained HTML report with latency CDF plots.
         #[arg(long, value_name = "FILE.html")]
         report: Option<PathBuf>,
+        /// Run only the experiments whose label (as in the report) contains TEXT.
+        #[arg(long, value_name = "TEXT")]
+        only: Option<String>,
     },
     /// etcd's disk check (2300-byte writes, fdatasync each, 22 MiB), next to fio's.
     EtcdCheck {
@@ -64,7 +67,8 @@ fn main() -> ExitCode {
             quick,
             json,
             report,
-        } => run(&dir, quick, json, report),
+            only,
+        } => run(&dir, quick, json, report, only.as_deref()),
         Command::EtcdCheck {
             dir,
             json,
@@ -90,9 +94,12 @@ fn run(
     quick: bool,
     json: bool,
     html: Option<PathBuf>,
+    only: Option<&str>,
 ) -> Result<ExitCode, LabError> {
     println!("{}", report::table_header());
-    let report = run_lab(dir, quick, |i, r| println!("{}", report::table_row(i, r)))?;
+    let report = run_lab(dir, quick, only, |i, r| {
+        println!("{}", report::table_row(i, r))
+    })?;
     println!();
     print!("{}", report::recommendation_text(&report));
     if let Some(path) = html {

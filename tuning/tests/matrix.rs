@@ -258,3 +258,104 @@ fn io_errors_map_to_per_experiment_outcomes() {
     );
     assert!(matches!(eio.into_outcome(), Outcome::Failed { .. }));
 }
+
+/// Forbids io_uring_setup (syscall 425 on every Linux architecture) to the calling
+/// thread and the threads it starts, as a container's seccomp profile does.
+fn forbid_io_uring_on_this_thread() {
+    const IO_URING_SETUP_NR: u32 = 425;
+    let filter = [
+        libc::sock_filter {
+            code: (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16,
+            jt: 0,
+            jf: 0,
+            k: 0, // seccomp_data.nr
+        },
+        libc::sock_filter {
+            code: (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16,
+            jt: 0,
+            jf: 1,
+            k: IO_URING_SETUP_NR,
+        },
+        libc::sock_filter {
+            code: (libc::BPF_RET | libc::BPF_K) as u16,
+            jt: 0,
+            jf: 0,
+            k: libc::SECCOMP_RET_ERRNO | libc::EPERM as u32,
+        },
+        libc::sock_filter {
+            code: (libc::BPF_RET | libc::BPF_K) as u16,
+            jt: 0,
+            jf: 0,
+            k: libc::SECCOMP_RET_ALLOW,
+        },
+    ];
+    let prog = libc::sock_fprog {
+        len: filter.len() as u16,
+        filter: filter.as_ptr() as *mut libc::sock_filter,
+    };
+    // SAFETY: prctl with valid arguments; `prog` and `filter` outlive the call (the
+    // kernel copies the program); without TSYNC the filter binds this thread only.
+    unsafe {
+        assert_eq!(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0);
+        let rc = libc::prctl(
+            libc::PR_SET_SECCOMP,
+            libc::SECCOMP_MODE_FILTER,
+            &prog as *const libc::sock_fprog,
+        );
+        assert_eq!(rc, 0, "seccomp: {}", std::io::Error::last_os_error());
+    }
+}
+
+#[test]
+fn io_uring_forbidden_is_reported_per_engine_and_the_sync_engines_still_run() {
+    let dir = common::scratch_dir();
+    let path = dir.path().to_path_buf();
+    let results = std::thread::spawn(move || {
+        forbid_io_uring_on_this_thread();
+        let lab = LabDir::open(&path).unwrap();
+        let experiments: Vec<Experiment> = [
+            Engine::RawUring,
+            Engine::BackendUring,
+            Engine::WalUring,
+            Engine::TokioUring,
+            Engine::Glommio,
+            Engine::RawPwrite,
+            Engine::BackendSync,
+            Engine::WalSync,
+        ]
+        .into_iter()
+        .map(|engine| Experiment {
+            io_mode: IoMode::Buffered,
+            ..base_for(engine)
+        })
+        .collect();
+        run_matrix(&lab, &experiments, &TINY, |_, _| {})
+    })
+    .join()
+    .unwrap();
+    for r in &results {
+        if r.experiment.engine.uses_io_uring() {
+            match &r.outcome {
+                Outcome::Unsupported { reason } => {
+                    let why = reason.to_lowercase();
+                    assert!(
+                        why.contains("io_uring")
+                            || why.contains("glommio")
+                            || why.contains("operation not permitted"),
+                        "{}: {reason}",
+                        r.label
+                    );
+                }
+                other => panic!("{}: expected unsupported, got {other:?}", r.label),
+            }
+        } else {
+            assert!(
+                r.outcome.measurement().is_some(),
+                "{}: {:?}",
+                r.label,
+                r.outcome
+            );
+        }
+    }
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}

@@ -137,3 +137,44 @@ fn ctrl_c_stops_the_run_and_cleans_up() {
         .collect();
     assert_eq!(left, vec!["operator-file".to_string()]);
 }
+
+#[test]
+fn a_full_disk_is_one_rows_outcome() {
+    // A 1 MiB tmpfs in a private mount namespace fills up without touching anyone
+    // else's disk; an experiment's 32 MiB file cannot fit.
+    let dir = common::scratch_dir();
+    let script = format!(
+        "mount -t tmpfs -o size=1m cairn-tune-full {d} && exec {bin} run --quick --json --dir {d} --only 'raw-pwrite buffered fdatasync prealloc=none'",
+        d = dir.path().display(),
+        bin = BIN
+    );
+    let out = match Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c", &script])
+        .output()
+    {
+        Ok(out) => out,
+        Err(e) => {
+            eprintln!("note: unshare unavailable ({e}); skipping the full-disk run");
+            return;
+        }
+    };
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() && (stderr.contains("mount") || stderr.contains("unshare")) {
+        eprintln!(
+            "note: cannot mount a private tmpfs here ({}); skipping",
+            stderr.trim()
+        );
+        return;
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let report: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    let rows = report["experiments"].as_array().unwrap();
+    assert_eq!(rows.len(), 1, "{stdout}");
+    assert_eq!(rows[0]["outcome"]["status"], "no-space", "{stdout}");
+    assert!(
+        stdout.contains("no space: no space left on the device"),
+        "{stdout}"
+    );
+    assert!(report["no_recommendation"].is_string());
+}
