@@ -606,7 +606,10 @@ impl Link {
 
     /// Sends a large transfer as a flow-controlled stream of chunks, starting
     /// over from the first byte on failure (see [`crate::stream`]). One stream
-    /// at a time per link; concurrent callers wait their turn.
+    /// at a time per link; concurrent callers wait their turn. While the peer
+    /// is unreachable a dialed link waits for it to come back (attempts are
+    /// spent only on connections that fail mid-stream), so wrap the call in a
+    /// timeout if the transfer has a deadline.
     pub async fn send_stream(
         &self,
         shard_id: u32,
