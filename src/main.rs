@@ -28,7 +28,8 @@ fn main() {
         shards = config.shards,
         "starting"
     );
-    let node = match Node::start(config) {
+    let mut life = cairn::ops::lifecycle::Lifecycle::from_env(config.cores);
+    let node = match Node::start(config, life.watchdog().clone()) {
         Ok(n) => n,
         Err(e) => {
             tracing::error!(error = %e, "start failed");
@@ -43,14 +44,16 @@ fn main() {
         peer = %node.peer_addr,
         "serving"
     );
-    wait_for_signal();
+    wait_for_signal(&mut life, &node);
     tracing::info!("shutting down");
+    life.stopping("shutting down");
     node.stop();
     tracing::info!("stopped");
 }
 
-/// Blocks until SIGTERM or SIGINT.
-fn wait_for_signal() {
+/// Tells systemd READY=1 once the member is ready, and blocks until SIGTERM or
+/// SIGINT.
+fn wait_for_signal(life: &mut cairn::ops::lifecycle::Lifecycle, node: &Node) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -59,9 +62,15 @@ fn wait_for_signal() {
         use tokio::signal::unix::{signal, SignalKind};
         let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
         let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
+        let ready = life.ready_when_ready(&node.readiness, "serving");
+        tokio::pin!(ready);
+        let mut ready_done = false;
+        loop {
+            tokio::select! {
+                _ = term.recv() => return,
+                _ = int.recv() => return,
+                _ = &mut ready, if !ready_done => ready_done = true,
+            }
         }
     });
 }

@@ -363,12 +363,20 @@ struct Shared {
     peer_listener: std::sync::Mutex<Option<std::net::TcpListener>>,
     shutdown: watch::Receiver<bool>,
     ready_cores: std::sync::atomic::AtomicUsize,
+    recorders: Vec<crate::ops::server_metrics::CoreRecorder>,
+    readiness: Arc<crate::ops::readiness::Readiness>,
+    endpoints: crate::ops::http::OpsEndpoints,
+    watchdog: Arc<crate::ops::watchdog::Watchdog>,
+    caught_up: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// A started member.
 pub struct Node {
     cores: Cores,
     shutdown: watch::Sender<bool>,
+    /// Recovered, every shard led, caught up: what `/readyz` and systemd's
+    /// `READY=1` wait for.
+    pub readiness: Arc<crate::ops::readiness::Readiness>,
     pub member_id: u64,
     pub cluster_id: u64,
     pub client_addrs: Vec<SocketAddr>,
@@ -377,7 +385,11 @@ pub struct Node {
 
 impl Node {
     /// Opens the data directory, binds every port, and starts the cores.
-    pub fn start(config: Config) -> Result<Node, StartError> {
+    /// `watchdog` collects the cores' check-ins for systemd's watchdog.
+    pub fn start(
+        config: Config,
+        watchdog: Arc<crate::ops::watchdog::Watchdog>,
+    ) -> Result<Node, StartError> {
         let (file, membership) = prepare_data_dir(&config)?;
         let routing = RoutingTable::new(config.shards, config.cores);
         let mut senders = Vec::new();
@@ -441,8 +453,27 @@ impl Node {
             member_id: file.member_id,
             ..cairn_net::Config::default()
         };
+        let placement: Vec<(u32, usize)> = routing
+            .shard_ids()
+            .map(|s| (s, routing.core_for_shard(s)))
+            .collect();
+        let (registry, recorders) =
+            crate::ops::server_metrics::server_metrics(config.cores, &placement)
+                .map_err(|e| StartError::Other(format!("metrics registry: {e}")))?;
+        let shard_ids: Vec<u32> = routing.shard_ids().collect();
+        let readiness = crate::ops::readiness::Readiness::new(&shard_ids);
+        let endpoints = crate::ops::http::OpsEndpoints::new(
+            Arc::new(registry),
+            readiness.clone(),
+            Some(watchdog.clone()),
+        );
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         let shared = Arc::new(Shared {
+            recorders,
+            readiness: readiness.clone(),
+            endpoints,
+            watchdog,
+            caught_up: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
             membership: Arc::new(RwLock::new(membership)),
             routing,
             router,
@@ -473,6 +504,7 @@ impl Node {
         Ok(Node {
             cores,
             shutdown: shutdown_tx,
+            readiness,
             member_id: file.member_id,
             cluster_id: file.cluster_id,
             client_addrs,
@@ -504,6 +536,20 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
         tracing::warn!(core, file = %file.display(), offset, reason = %reason, "WAL torn tail cut");
     }
     tracing::info!(core, backend = %wal.backend(), shards = ?my_shards, "core started");
+    let recorder = shared.recorders[core].clone();
+    recorder.set_wal_backend(if wal.backend().starts_with("uring") {
+        crate::ops::server_metrics::WalBackendKind::IoUring
+    } else {
+        crate::ops::server_metrics::WalBackendKind::Sync
+    });
+    {
+        let recorder = recorder.clone();
+        wal.set_flush_observer(Box::new(move |ev: &cairn_wal::FlushEvent| {
+            recorder.wal_fsync(ev.latency);
+            recorder.wal_group_commit(u64::from(ev.appends), ev.bytes as u64);
+        }));
+    }
+    tokio::task::spawn_local(shared.watchdog.clone().run_check_ins(core));
     let wal = Rc::new(wal);
 
     // Outbound links for this core's shards to every other member.
@@ -562,6 +608,10 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
             max_request_bytes: config.max_request_bytes,
             max_txn_ops: config.max_txn_ops,
             shutdown: shared.shutdown.clone(),
+            metrics: recorder.shard(shard),
+            readiness: Some(shared.readiness.clone()),
+            caught_up: shared.caught_up.clone(),
+            shard_count: config.shards,
         };
         let driver = Shard::open(&mut setup).map_err(|e| StartError::Other(e.to_string()))?;
         tokio::task::spawn_local(driver.run(setup));
@@ -591,13 +641,6 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
                 let accepted = tokio::select! {
                     _ = stop.changed() => return,
                     a = peer_listener.accept() => a,
-                };
-                let accepted = match accepted {
-                    Ok(a) => a,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "peer accept failed");
-                        continue;
-                    }
                 };
                 let lane = accepted.hello.lane;
                 let target = shared2.routing.core_for_shard(lane);
@@ -650,6 +693,21 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
             membership: shared.membership.clone(),
         };
         let mut stop = shared.shutdown.clone();
+        let mut stop_http = shared.shutdown.clone();
+        // etcd serves /metrics and health on the client port beside gRPC: each
+        // connection is sniffed; HTTP/2 goes to tonic, HTTP/1 to the ops endpoints.
+        let (grpc_tx, grpc_rx) = mpsc::channel(1024);
+        let endpoints = shared.endpoints.clone();
+        tokio::task::spawn_local(async move {
+            let shutdown = async move {
+                let _ = stop_http.changed().await;
+            };
+            if let Err(e) =
+                crate::ops::http::serve_client_port(listener, endpoints, grpc_tx, shutdown).await
+            {
+                tracing::error!(error = %e, "client port failed");
+            }
+        });
         let server = tonic::transport::Server::builder()
             .add_service(
                 KvServer::new(kv)
@@ -659,7 +717,7 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
             .add_service(MaintenanceServer::new(maintenance))
             .add_service(ClusterServer::new(cluster))
             .serve_with_incoming_shutdown(
-                tokio_stream::wrappers::TcpListenerStream::new(listener),
+                tokio_stream::wrappers::ReceiverStream::new(grpc_rx),
                 async move {
                     let _ = stop.changed().await;
                 },
@@ -670,9 +728,33 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
             }
         });
     }
-    shared
+    if core == 0 {
+        for &addr in &config.listen_metrics_addrs {
+            let listener = crate::ops::http::bind(addr)
+                .await
+                .map_err(|e| StartError::Other(format!("--listen-metrics-urls: {e}")))?;
+            let endpoints = shared.endpoints.clone();
+            let mut stop = shared.shutdown.clone();
+            tokio::task::spawn_local(async move {
+                let shutdown = async move {
+                    let _ = stop.changed().await;
+                };
+                if let Err(e) =
+                    crate::ops::http::serve_listener(listener, endpoints, shutdown).await
+                {
+                    tracing::error!(error = %e, "metrics listener failed");
+                }
+            });
+        }
+    }
+    let started = shared
         .ready_cores
-        .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+        + 1;
+    if started == config.cores {
+        // Every core has opened its WAL and stores and replayed: recovered.
+        shared.readiness.set_recovered(true);
+    }
 
     let mut stop = shared.shutdown.clone();
     let _ = stop.changed().await;

@@ -165,7 +165,19 @@ pub struct ShardSetup {
     pub max_request_bytes: usize,
     pub max_txn_ops: usize,
     pub shutdown: watch::Receiver<bool>,
+    /// Where the shard records its metrics (None in tests without a registry).
+    pub metrics: Option<crate::ops::server_metrics::ShardRecorder>,
+    /// Readiness: told when the shard has a leader and has caught up.
+    pub readiness: Option<std::sync::Arc<crate::ops::readiness::Readiness>>,
+    /// Counts shards of this member that have caught up once; the member is
+    /// caught up when all have.
+    pub caught_up: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    pub shard_count: usize,
 }
+
+/// An apply of one Ready's committed entries slower than this is counted as a
+/// slow apply (etcd's warning threshold).
+pub const SLOW_APPLY: Duration = Duration::from_millis(100);
 
 /// Why a shard could not start.
 #[derive(Debug, thiserror::Error)]
@@ -339,6 +351,13 @@ pub struct Shard {
     /// Followers a snapshot is being streamed to right now.
     snapshots_in_flight: std::collections::HashSet<u64>,
     store_config: mvcc::Config,
+    metrics: Option<crate::ops::server_metrics::ShardRecorder>,
+    readiness: Option<std::sync::Arc<crate::ops::readiness::Readiness>>,
+    caught_up: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    reported_caught_up: bool,
+    shard_count: usize,
+    /// The pending-proposals figure last exported, to export changes as deltas.
+    pending_reported: i64,
 }
 
 fn now_ms() -> u64 {
@@ -493,6 +512,12 @@ impl Shard {
             snapshot_reports,
             snapshots_in_flight: std::collections::HashSet::new(),
             store_config: store_cfg,
+            metrics: setup.metrics.clone(),
+            readiness: setup.readiness.clone(),
+            caught_up: setup.caught_up.clone(),
+            reported_caught_up: false,
+            shard_count: setup.shard_count,
+            pending_reported: 0,
         })
     }
 
@@ -745,6 +770,9 @@ impl Shard {
                 );
             }
             Err(e) => {
+                if let Some(m) = &self.metrics {
+                    m.proposal_failed();
+                }
                 let _ = reply.send(Err(match e {
                     raft::RaftError::NoLeader { .. } | raft::RaftError::NotMember { .. } => {
                         ApiError::NoLeader
@@ -891,6 +919,14 @@ impl Shard {
             // Proposals this member made may still commit under a new leader;
             // their waiters stay and are answered on apply, or expire.
             self.leader_since = (ss.role == StateRole::Leader).then(Instant::now);
+            let known = ss.leader_id != raft::NONE;
+            if let Some(m) = &self.metrics {
+                m.set_leader(known, ss.leader_id == self.member_id, true);
+                m.set_term(self.node.term());
+            }
+            if let Some(r) = &self.readiness {
+                r.set_shard_has_leader(self.id, known);
+            }
         }
         for m in std::mem::take(&mut rd.messages) {
             self.send(m);
@@ -904,7 +940,13 @@ impl Shard {
         }
         // Applied by reference: `advance` reads the committed entries to learn
         // how far the state machine got.
+        let apply_started = Instant::now();
         self.apply(&rd.committed_entries);
+        if let Some(m) = &self.metrics {
+            if !rd.committed_entries.is_empty() && apply_started.elapsed() >= SLOW_APPLY {
+                m.slow_apply();
+            }
+        }
         for rs in std::mem::take(&mut rd.read_states) {
             let ctx = rs
                 .request_ctx
@@ -920,8 +962,35 @@ impl Shard {
             }
         }
         self.node.advance(rd);
+        self.record_progress();
         self.serve_confirmed_reads();
         self.maybe_compact_log();
+    }
+
+    /// Exports indexes and sizes, and tells readiness once the shard has caught
+    /// up (a leader is known and everything it committed is applied here).
+    fn record_progress(&mut self) {
+        let committed = self.node.committed_index();
+        let applied = self.node.applied_index();
+        if let Some(m) = &self.metrics {
+            m.set_committed_index(committed);
+            m.set_applied_index(applied);
+            let pending = self.waiters.len() as i64;
+            m.proposals_pending_add(pending - self.pending_reported);
+            self.pending_reported = pending;
+        }
+        if !self.reported_caught_up && self.node.leader_id() != raft::NONE && applied >= committed {
+            self.reported_caught_up = true;
+            let n = self
+                .caught_up
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+                + 1;
+            if n == self.shard_count {
+                if let Some(r) = &self.readiness {
+                    r.set_caught_up(true);
+                }
+            }
+        }
     }
 
     fn send(&mut self, m: raft::Message) {
@@ -1163,6 +1232,10 @@ impl Shard {
         match self.store.commit() {
             Ok(wrote) => {
                 if wrote {
+                    if let Some(m) = &self.metrics {
+                        m.backend_commit(started.elapsed());
+                        m.set_db_size(self.store.size_bytes(), self.store.size_in_use_bytes());
+                    }
                     tracing::trace!(
                         shard = self.id,
                         applied = self.store.applied_index(),
@@ -1184,6 +1257,9 @@ impl Shard {
                 "backend quota exceeded: NOSPACE alarm raised; compact, then disarm the alarm"
             );
             self.nospace_alarm = true;
+            if let Some(r) = &self.readiness {
+                r.set_alarm(crate::ops::readiness::Alarm::NoSpace, true);
+            }
         }
     }
 

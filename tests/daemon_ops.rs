@@ -1,0 +1,173 @@
+//! The operations surface of a real `cairn` process: /metrics on the client
+//! port (etcd's names, moving with writes), /readyz that waits for a leader,
+//! and systemd's notification protocol (READY=1 only once ready, WATCHDOG=1
+//! while the cores are alive, STOPPING=1 on SIGTERM). Guards against a daemon
+//! that tells systemd it is ready before it can serve, metrics that do not move,
+//! or a supervisor that never hears from it.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixDatagram;
+use std::time::{Duration, Instant};
+
+use common::{client, wait_writable, Cluster};
+
+fn http_get(port: u16, path: &str) -> (u16, String) {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    let code = out
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = out
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (code, body)
+}
+
+/// The value of an unlabelled sample, checking every line parses as the
+/// Prometheus text format (name, optional labels, value).
+fn sample(text: &str, name: &str) -> f64 {
+    let mut found = None;
+    for line in text.lines() {
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let (series, value) = line
+            .rsplit_once(' ')
+            .unwrap_or_else(|| panic!("bad sample line {line:?}"));
+        let v: f64 = value
+            .parse()
+            .unwrap_or_else(|_| panic!("bad value in {line:?}"));
+        let metric = series.split('{').next().unwrap();
+        assert!(
+            metric
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'),
+            "bad metric name in {line:?}"
+        );
+        if series == name {
+            found = Some(v);
+        }
+    }
+    found.unwrap_or_else(|| panic!("{name} not exported"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_move_with_writes_and_readyz_waits_for_a_leader() {
+    // One member of a three-member cluster alone has no quorum: never ready.
+    let mut cluster = Cluster::start(3, &["--shards", "2"]);
+    cluster.members[1].kill9();
+    cluster.members[2].kill9();
+    let port = cluster.members[0].client_port;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (code, body) = http_get(port, "/readyz");
+        if code != 0 {
+            assert_eq!(code, 503, "ready without a quorum: {body}");
+            assert!(body.contains("shard_leaders failed"), "{body}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "client port never answered");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    cluster.members[1].restart();
+    cluster.members[2].restart();
+    let mut c = client(&cluster.members[0].endpoint()).await;
+    wait_writable(&mut c, "/warm").await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (code, body) = http_get(port, "/readyz");
+        if code == 200 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never ready with a quorum: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (code, health) = http_get(port, "/health");
+    assert_eq!(code, 200);
+    assert!(health.contains("\"health\":\"true\""), "{health}");
+
+    let (_, before) = http_get(port, "/metrics");
+    let fsyncs_before = sample(&before, "etcd_disk_wal_fsync_duration_seconds_count");
+    let applied_before = sample(&before, "etcd_server_proposals_applied_total");
+    for i in 0..50 {
+        c.put(format!("/metrics/{i}"), "v", None).await.unwrap();
+    }
+    let (_, after) = http_get(port, "/metrics");
+    let fsyncs_after = sample(&after, "etcd_disk_wal_fsync_duration_seconds_count");
+    assert!(
+        fsyncs_after > fsyncs_before,
+        "WAL fsync histogram did not move: {fsyncs_before} -> {fsyncs_after}"
+    );
+    assert!(sample(&after, "etcd_server_proposals_applied_total") >= applied_before + 50.0);
+    assert_eq!(sample(&after, "etcd_server_has_leader"), 1.0);
+    assert!(after.contains("etcd_server_leader_changes_seen_total"));
+    assert!(after.contains("cairn_wal_backend_info"));
+}
+
+#[test]
+fn systemd_notifications_arrive_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock_path = dir.path().join("notify.sock");
+    let sock = UnixDatagram::bind(&sock_path).unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let client_port = common::free_port();
+    let peer_port = common::free_port();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .current_dir(dir.path())
+        .args([
+            "--listen-client-urls",
+            &format!("http://127.0.0.1:{client_port}"),
+            "--listen-peer-urls",
+            &format!("http://127.0.0.1:{peer_port}"),
+        ])
+        .env("NOTIFY_SOCKET", &sock_path)
+        .env("WATCHDOG_USEC", "1000000")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(dir.path().join("log")).unwrap())
+        .spawn()
+        .unwrap();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    // READY=1 first, then keepalives.
+    while !seen.iter().any(|m: &String| m.contains("WATCHDOG=1")) {
+        let n = sock.recv(&mut buf).expect("a notification within 30 s");
+        seen.push(String::from_utf8_lossy(&buf[..n]).to_string());
+    }
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGTERM);
+    }
+    loop {
+        let n = sock.recv(&mut buf).expect("STOPPING=1 after SIGTERM");
+        let m = String::from_utf8_lossy(&buf[..n]).to_string();
+        seen.push(m.clone());
+        if m.contains("STOPPING=1") {
+            break;
+        }
+    }
+    let status = child.wait().unwrap();
+    assert!(status.success(), "clean exit on SIGTERM: {status:?}");
+    let ready = seen
+        .iter()
+        .position(|m| m.contains("READY=1"))
+        .expect("READY=1 sent");
+    let watchdog = seen.iter().position(|m| m.contains("WATCHDOG=1")).unwrap();
+    let stopping = seen.iter().position(|m| m.contains("STOPPING=1")).unwrap();
+    assert!(ready < watchdog && watchdog < stopping, "order: {seen:?}");
+}
