@@ -5,3 +5,5 @@ pub mod ops;
 pub mod raft;
 pub mod routing;
 pub mod runtime;
+pub mod server;
+pub mod sim;

@@ -1,0 +1,179 @@
+//! Guards the Raft core against losing safety under a hostile world, and the
+//! simulator against losing its teeth: seeded runs of 3 and 5 members under
+//! drops, delays, duplicates, partitions, crashes, compaction, transfers and
+//! membership changes must break no property (Raft paper 5.2-5.4, thesis
+//! 6.4); a seed must replay to the same trace; and each safety rule of the
+//! core, switched off through the hidden `Config::mutation` knob, must be
+//! caught by the checks within 2,000 seeds.
+//!
+//! The full runs (2,000 seeds each) are `cargo run --release --example
+//! raft-sim -- --seeds 2000 --members 3` (and `--members 5`). The tests marked
+//! `#[ignore]` replay seeds on which the current core still breaks a
+//! property; run them with `cargo test --test raft_sim -- --ignored`.
+
+use cairn::raft::SafetyMutation;
+use cairn::sim::{self, SimConfig, SimOutcome, ViolationKind};
+
+/// Seeds per member count in the normal suite: enough to cover every fault
+/// kind many times, few enough to stay well under a minute at opt-level 1.
+const SUITE_SEEDS: u64 = 200;
+/// The mutation check must succeed within this many seeds.
+const MUTATION_SEED_BUDGET: u64 = 2_000;
+
+fn run(members: usize, seed: u64, mutation: Option<SafetyMutation>, trace: bool) -> SimOutcome {
+    let mut cfg = SimConfig::new(members, seed);
+    cfg.mutation = mutation;
+    cfg.trace = trace;
+    sim::run_seed(&cfg).expect("valid simulation config")
+}
+
+fn describe(out: &SimOutcome) -> String {
+    format!(
+        "{out}\nreplay: cargo run --release --example raft-sim -- --seed {} --members {}",
+        out.seed, out.members
+    )
+}
+
+/// The consensus properties a switched-off safety rule breaks: what the
+/// mutation check must see (a liveness failure or a stale read would prove
+/// nothing about the mutation).
+fn is_consensus_safety(kind: ViolationKind) -> bool {
+    matches!(
+        kind,
+        ViolationKind::ElectionSafety
+            | ViolationKind::LogMatching
+            | ViolationKind::LeaderCompleteness
+            | ViolationKind::StateMachineSafety
+    )
+}
+
+// Raft paper 5.2-5.4 and thesis 6.4, for a group of five: every property,
+// liveness included, holds on every seed.
+#[test]
+fn five_member_seeds_pass() {
+    let mut steps = 0;
+    for seed in 0..SUITE_SEEDS {
+        let out = run(5, seed, None, false);
+        assert!(out.violation.is_none(), "{}", describe(&out));
+        assert!(
+            out.stats.leaders_elected > 0,
+            "seed {seed} never elected a leader"
+        );
+        steps += out.stats.steps;
+    }
+    assert!(
+        steps > SUITE_SEEDS * 1_000,
+        "suspiciously few steps: {steps}"
+    );
+}
+
+// Raft paper 5.2-5.4 and thesis 6.4, for a group of three: no safety
+// property breaks on any seed. Liveness is not asserted here because the
+// current core deadlocks when a leader removes itself before the remaining
+// voters learn the change is committed; see
+// `core_bug_removed_leader_deadlock` below.
+#[test]
+fn three_member_seeds_are_safe() {
+    let mut liveness_failures = Vec::new();
+    for seed in 0..SUITE_SEEDS {
+        let out = run(3, seed, None, false);
+        match &out.violation {
+            None => {}
+            Some(v) if v.kind == ViolationKind::Liveness => liveness_failures.push(seed),
+            Some(_) => panic!("{}", describe(&out)),
+        }
+    }
+    assert!(
+        liveness_failures.len() < 5,
+        "liveness failed on seeds {liveness_failures:?}, more than the known core bug explains"
+    );
+}
+
+#[test]
+fn replay_of_a_seed_is_deterministic() {
+    for members in [3, 5] {
+        let a = run(members, 11, None, true);
+        let b = run(members, 11, None, true);
+        assert!(
+            a.trace.len() > 100,
+            "trace too short: {} lines",
+            a.trace.len()
+        );
+        assert_eq!(a.stats, b.stats);
+        assert_eq!(
+            a.trace, b.trace,
+            "seed 11 with {members} members replayed differently"
+        );
+    }
+}
+
+/// Searches seeds from 0 for the first one on which the mutated core breaks
+/// a consensus property; then shows the same seed is clean without the
+/// mutation, so the mutation is what the checks caught.
+fn mutation_is_caught(members: usize, mutation: SafetyMutation) {
+    for seed in 0..MUTATION_SEED_BUDGET {
+        let out = run(members, seed, Some(mutation), false);
+        let Some(v) = &out.violation else {
+            continue;
+        };
+        if !is_consensus_safety(v.kind) {
+            continue;
+        }
+        let clean = run(members, seed, None, false);
+        assert!(
+            clean
+                .violation
+                .as_ref()
+                .is_none_or(|c| !is_consensus_safety(c.kind)),
+            "seed {seed} breaks consensus safety even without {mutation:?}: {}",
+            describe(&clean)
+        );
+        return;
+    }
+    panic!("{mutation:?} with {members} members not caught within {MUTATION_SEED_BUDGET} seeds");
+}
+
+// Raft paper 5.4.1: voting without the up-to-date check elects a leader that
+// lacks committed entries.
+#[test]
+fn mutation_vote_without_log_check_is_caught() {
+    mutation_is_caught(3, SafetyMutation::VoteWithoutLogCheck);
+    mutation_is_caught(5, SafetyMutation::VoteWithoutLogCheck);
+}
+
+// Raft paper 5.4.2 and figure 8: committing an entry of an earlier term by
+// counting replicas lets a later leader overwrite it.
+#[test]
+fn mutation_commit_previous_term_by_count_is_caught() {
+    mutation_is_caught(3, SafetyMutation::CommitPreviousTermByCount);
+}
+
+// The same for five members, where the first catching seed lies further out.
+#[test]
+fn mutation_commit_previous_term_by_count_is_caught_with_five() {
+    mutation_is_caught(5, SafetyMutation::CommitPreviousTermByCount);
+}
+
+// Thesis 4.2.2 with membership applied at commit: a leader that removes
+// itself steps down as soon as it applies the change. A remaining voter that
+// has not yet learnt the commit still counts the old leader in its
+// configuration and needs its vote, which the old leader refuses (its log is
+// longer) while never campaigning itself: the group stays without a leader.
+#[test]
+#[ignore = "the current core deadlocks here; passes once it is fixed"]
+fn core_bug_removed_leader_deadlock() {
+    for seed in [36, 203, 837] {
+        let out = run(3, seed, None, false);
+        assert!(out.violation.is_none(), "{}", describe(&out));
+    }
+}
+
+// Thesis 6.4: a leader may answer a ReadIndex only once it has committed an
+// entry of its term. The single-voter shortcut answers at once, with a
+// commit index that lags the one the previous leader reached.
+#[test]
+#[ignore = "the current core answers stale reads here; passes once it is fixed"]
+fn core_bug_single_voter_read_index() {
+    let out = run(3, 512, None, false);
+    assert!(out.violation.is_none(), "{}", describe(&out));
+}
