@@ -6,6 +6,7 @@ mod election;
 mod harness;
 mod membership;
 mod proposals;
+mod random;
 mod reads;
 mod replication;
 mod snapshot;
