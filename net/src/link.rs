@@ -1185,10 +1185,11 @@ async fn read_loop(
         }
         let mut batch = Vec::new();
         let mut failure = None;
+        let mut decoded_frames = 0u64;
         loop {
             match decoder.decode() {
                 Ok(Some(frame)) => {
-                    Counters::add(&shared.counters.frames_received, 1);
+                    decoded_frames += 1;
                     if let Err(reason) = handle_frame(shared, frame, &mut batch, rx_stream) {
                         failure = Some(reason);
                         break;
@@ -1201,6 +1202,8 @@ async fn read_loop(
                 }
             }
         }
+        // One atomic add per read, not per frame.
+        Counters::add(&shared.counters.frames_received, decoded_frames);
         let frames = batch.len();
         // Frames that arrived whole before a bad one are still delivered. A
         // dropped receiver means inbound frames are not wanted (a send-only
