@@ -221,6 +221,8 @@ struct Row {
     command: Vec<String>,
     /// Median run per started system, in the order of `CompareOpts::systems`.
     results: Vec<(System, Report)>,
+    /// Systems on which the workload could not run at all, and why.
+    failed: Vec<(System, String)>,
 }
 
 fn median(mut runs: Vec<Report>) -> Option<Report> {
@@ -335,6 +337,7 @@ pub async fn run(
     let mut rows = Vec::with_capacity(opts.workloads.len());
     for &preset in &opts.workloads {
         let mut runs: Vec<Vec<Report>> = vec![Vec::new(); clusters.len()];
+        let mut failed: Vec<(System, String)> = Vec::new();
         for run in 0..opts.runs {
             // Alternate which system goes first so drift (page cache, thermal,
             // neighbours) does not always favour the same one.
@@ -362,7 +365,18 @@ pub async fn run(
                 })?;
                 let mut cli_global = cli.global;
                 cli_global.json = global.json;
-                let mut report = crate::run_workload(&cli_global, &cli.command, progress).await?;
+                let mut report =
+                    match crate::run_workload(&cli_global, &cli.command, progress).await {
+                        Ok(report) => report,
+                        Err(e) => {
+                            // One system lacking a feature must not cost the other's row.
+                            eprintln!("    {} FAILED on {}: {e}", preset.name(), cluster.system);
+                            if !failed.iter().any(|(s, _)| *s == cluster.system) {
+                                failed.push((cluster.system, e.to_string()));
+                            }
+                            continue;
+                        }
+                    };
                 report.system = Some(cluster.system.name().to_owned());
                 report.workload = preset.name().to_owned();
                 if global.json {
@@ -388,6 +402,7 @@ pub async fn run(
             preset,
             command: preset_command(preset, "$ENDPOINTS", global),
             results,
+            failed,
         });
     }
     for mut cluster in clusters {
@@ -441,6 +456,16 @@ fn figure(value: Option<f64>, decimals: usize) -> String {
     value.map_or_else(|| "-".into(), |v| format!("{v:.decimals$}"))
 }
 
+/// A system's figure in a row: the number, "failed" if the workload could not
+/// run on it, "-" if the system was not measured.
+fn cell(row: &Row, system: System, value: Option<f64>, decimals: usize) -> String {
+    if value.is_none() && row.failed.iter().any(|(s, _)| *s == system) {
+        "failed".into()
+    } else {
+        figure(value, decimals)
+    }
+}
+
 fn table(rows: &[Row], not_measured: &[(System, String)], opts: &CompareOpts) -> String {
     let mut out = String::new();
     out.push_str(&format!(
@@ -466,23 +491,31 @@ fn table(rows: &[Row], not_measured: &[(System, String)], opts: &CompareOpts) ->
         out.push_str(&format!(
             "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {}/{} |\n",
             row.preset.name(),
-            figure(rps(System::Etcd), 0),
-            figure(rps(System::Cairn), 0),
+            cell(row, System::Etcd, rps(System::Etcd), 0),
+            cell(row, System::Cairn, rps(System::Cairn), 0),
             ratio(rps(System::Cairn), rps(System::Etcd)),
-            figure(p50(System::Etcd), 3),
-            figure(p50(System::Cairn), 3),
+            cell(row, System::Etcd, p50(System::Etcd), 3),
+            cell(row, System::Cairn, p50(System::Cairn), 3),
             ratio(p50(System::Cairn), p50(System::Etcd)),
-            figure(p99(System::Etcd), 3),
-            figure(p99(System::Cairn), 3),
+            cell(row, System::Etcd, p99(System::Etcd), 3),
+            cell(row, System::Cairn, p99(System::Cairn), 3),
             ratio(p99(System::Cairn), p99(System::Etcd)),
-            figure(p999(System::Etcd), 3),
-            figure(p999(System::Cairn), 3),
+            cell(row, System::Etcd, p999(System::Etcd), 3),
+            cell(row, System::Cairn, p999(System::Cairn), 3),
             figure(errs(System::Etcd), 0),
             figure(errs(System::Cairn), 0),
         ));
     }
     for (system, why) in not_measured {
         out.push_str(&format!("\n{system} was NOT measured: {why}\n"));
+    }
+    for row in rows {
+        for (system, why) in &row.failed {
+            out.push_str(&format!(
+                "\n{} FAILED on {system}: {why}\n",
+                row.preset.name()
+            ));
+        }
     }
     out.push_str("\nCommands ($ENDPOINTS = the client URLs of the system's members):\n");
     for row in rows {
@@ -517,10 +550,16 @@ fn summary_json(rows: &[Row], not_measured: &[(System, String)], opts: &CompareO
                 (Some(c), Some(e)) if e > 0.0 => json!(c / e),
                 _ => Value::Null,
             };
+            let failed: serde_json::Map<String, Value> = row
+                .failed
+                .iter()
+                .map(|(s, why)| (s.name().to_owned(), json!(why)))
+                .collect();
             json!({
                 "workload": row.preset.name(),
                 "command": row.command.join(" "),
                 "results": systems,
+                "failed": failed,
                 "requests_per_sec_ratio_cairn_over_etcd": cairn_over_etcd,
             })
         })
