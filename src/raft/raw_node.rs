@@ -21,6 +21,9 @@
 //! }
 //! ```
 //!
+//! Every `MsgSnap` sent must be followed by `report_snapshot(to, outcome)`;
+//! an unreachable peer may be reported with `report_unreachable(to)`.
+//!
 //! `advance(rd)` says: everything in `rd` is durable and applied. A driver
 //! that applies asynchronously calls `advance_append(rd)` after step 3 and
 //! `advance_apply_to(index)` once the state machine has applied up to
@@ -233,6 +236,11 @@ impl<S: Storage> RawNode<S> {
     }
 
     /// The driver finished (or failed) sending a snapshot to `id`.
+    ///
+    /// Call it for every `MsgSnap` handed out: `Finish` once delivered,
+    /// `Failure` when it could not be. The leader sends nothing else to `id`
+    /// until it hears the outcome (or `id` acknowledges the snapshot), so a
+    /// lost snapshot that is never reported stalls that member.
     pub fn report_snapshot(&mut self, id: u64, status: SnapshotStatus) {
         let mut m = new_msg(NONE, MessageType::MsgSnapStatus);
         m.from = id;
