@@ -300,3 +300,63 @@ async fn three_member_cluster_behaves_like_etcd() {
         "HashKV differs: {hashes:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watchers_see_writes_made_through_other_members() {
+    let cluster = Cluster::start(3, &["--shards", "1", "--cores", "1"]);
+    let mut writer = client(&cluster.members[0].endpoint()).await;
+    wait_writable(&mut writer, "/warm").await;
+    let mut watcher = client(&cluster.members[2].endpoint()).await;
+    let first = writer.put("/watched/a", "0", None).await.unwrap();
+    let start = first.header().unwrap().revision();
+    let mut stream = watcher
+        .watch(
+            "/watched/",
+            Some(
+                etcd_client::WatchOptions::new()
+                    .with_prefix()
+                    .with_prev_key()
+                    .with_start_revision(start),
+            ),
+        )
+        .await
+        .unwrap();
+    writer.put("/watched/a", "1", None).await.unwrap();
+    writer.delete("/watched/a", None).await.unwrap();
+    writer.put("/elsewhere", "x", None).await.unwrap();
+    let mut seen = Vec::new();
+    while seen.len() < 3 {
+        let resp = tokio::time::timeout(Duration::from_secs(10), stream.message())
+            .await
+            .expect("events within 10 s")
+            .unwrap()
+            .expect("stream open");
+        for e in resp.events() {
+            let kv = e.kv().unwrap();
+            seen.push((
+                format!("{:?}", e.event_type()),
+                kv.key_str().unwrap().to_string(),
+                kv.value_str().unwrap().to_string(),
+                e.prev_kv().map(|p| p.value_str().unwrap().to_string()),
+            ));
+        }
+    }
+    assert_eq!(
+        seen,
+        vec![
+            ("Put".into(), "/watched/a".into(), "0".into(), None),
+            (
+                "Put".into(),
+                "/watched/a".into(),
+                "1".into(),
+                Some("0".into())
+            ),
+            (
+                "Delete".into(),
+                "/watched/a".into(),
+                "".into(),
+                Some("1".into())
+            ),
+        ]
+    );
+}

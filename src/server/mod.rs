@@ -11,3 +11,4 @@ pub mod node;
 pub mod router;
 pub mod shard;
 pub mod validate;
+pub mod watch;

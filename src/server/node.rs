@@ -23,6 +23,7 @@ use bytes::Bytes;
 use cairn_proto::etcdserverpb::cluster_server::ClusterServer;
 use cairn_proto::etcdserverpb::kv_server::KvServer;
 use cairn_proto::etcdserverpb::maintenance_server::MaintenanceServer;
+use cairn_proto::etcdserverpb::watch_server::WatchServer;
 use prost::Message as _;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
@@ -368,6 +369,8 @@ struct Shared {
     endpoints: crate::ops::http::OpsEndpoints,
     watchdog: Arc<crate::ops::watchdog::Watchdog>,
     caught_up: Arc<std::sync::atomic::AtomicUsize>,
+    /// Watch stream ids, unique across the member's cores.
+    next_watch_stream: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// A started member.
@@ -474,6 +477,7 @@ impl Node {
             endpoints,
             watchdog,
             caught_up: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+            next_watch_stream: Arc::new(std::sync::atomic::AtomicU64::new(1)),
             membership: Arc::new(RwLock::new(membership)),
             routing,
             router,
@@ -688,6 +692,11 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
             identity: shared.identity.clone(),
             membership: shared.membership.clone(),
         };
+        let watch = super::watch::WatchService {
+            router: shared.router.clone(),
+            identity: shared.identity.clone(),
+            next_stream: shared.next_watch_stream.clone(),
+        };
         let cluster = ClusterService {
             identity: shared.identity.clone(),
             membership: shared.membership.clone(),
@@ -716,6 +725,7 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
             )
             .add_service(MaintenanceServer::new(maintenance))
             .add_service(ClusterServer::new(cluster))
+            .add_service(WatchServer::new(watch))
             .serve_with_incoming_shutdown(
                 tokio_stream::wrappers::ReceiverStream::new(grpc_rx),
                 async move {

@@ -90,6 +90,18 @@ pub enum ShardCommand {
         revision: i64,
         reply: Reply<ShardHash>,
     },
+    /// Registers a watcher; answers with the shard's current revision.
+    Watch {
+        key: super::watch::WatcherKey,
+        spec: super::watch::WatchSpec,
+        start_revision: i64,
+        tx: mpsc::Sender<super::watch::WatchBatch>,
+        reply: Reply<i64>,
+    },
+    CancelWatch {
+        key: super::watch::WatcherKey,
+        reply: Reply<()>,
+    },
 }
 
 /// The routing table plus a sender to every shard of this member.

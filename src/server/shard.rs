@@ -358,6 +358,7 @@ pub struct Shard {
     shard_count: usize,
     /// The pending-proposals figure last exported, to export changes as deltas.
     pending_reported: i64,
+    watchers: super::watch::ShardWatchers,
 }
 
 fn now_ms() -> u64 {
@@ -518,6 +519,7 @@ impl Shard {
             reported_caught_up: false,
             shard_count: setup.shard_count,
             pending_reported: 0,
+            watchers: super::watch::ShardWatchers::default(),
         })
     }
 
@@ -556,6 +558,10 @@ impl Shard {
                     if self.failed.is_none() {
                         self.node.tick();
                         self.maybe_hand_over_leadership();
+                        // Watchers that were behind (full queues) catch up.
+                        if !self.watchers.is_empty() {
+                            self.watchers.notify(self.id, &self.store);
+                        }
                         if last_commit.elapsed() >= STORE_COMMIT_INTERVAL {
                             self.commit_store();
                             last_commit = Instant::now();
@@ -703,6 +709,23 @@ impl Shard {
             }
             ShardCommand::Status { reply } => {
                 let _ = reply.send(Ok(self.status()));
+            }
+            ShardCommand::Watch {
+                key,
+                spec,
+                start_revision,
+                tx,
+                reply,
+            } => {
+                let current = self.store.current_revision();
+                self.watchers.add(key, spec, start_revision, current, tx);
+                let _ = reply.send(Ok(current));
+                // A watcher starting in the past gets its history now.
+                self.watchers.notify(self.id, &self.store);
+            }
+            ShardCommand::CancelWatch { key, reply } => {
+                self.watchers.remove(&key);
+                let _ = reply.send(Ok(()));
             }
             ShardCommand::HashKv { revision, reply } => {
                 let result = self
@@ -1222,6 +1245,9 @@ impl Shard {
             self.commit_store();
         }
         self.check_quota();
+        if !self.watchers.is_empty() {
+            self.watchers.notify(self.id, &self.store);
+        }
     }
 
     /// Writes what was applied since the last commit to the store file. Off the
