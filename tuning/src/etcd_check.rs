@@ -61,6 +61,81 @@ pub struct EtcdCheck {
     pub fio_pass: Option<bool>,
     /// Why fio did not run or its result could not be read.
     pub fio_note: Option<String>,
+    /// Each round's figures; the fields above are their medians when there are several.
+    pub rounds: Vec<Round>,
+}
+
+/// One round: the lab's check, then fio's, back to back.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Round {
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub fio_p50_us: Option<f64>,
+    pub fio_p99_us: Option<f64>,
+}
+
+/// Most rounds one check may run (each writes 2 x 22 MiB with a sync per write).
+pub const ROUNDS_MAX: u32 = 20;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    assert!(!v.is_empty(), "median of no rounds");
+    v.sort_by(f64::total_cmp);
+    let mid = v.len() / 2;
+    if v.len() % 2 == 1 {
+        v[mid]
+    } else {
+        (v[mid - 1] + v[mid]) / 2.0
+    }
+}
+
+/// Runs the check `rounds` times (lab, then fio, alternating) and reports the
+/// median of each figure: on a shared disk whose latency drifts over tens of
+/// seconds, pairs taken side by side and then summarised compare the two tools
+/// rather than two moments. One round is etcd's recipe exactly.
+pub fn etcd_check_rounds(
+    lab: &LabDir,
+    size_bytes: u64,
+    with_fio: bool,
+    rounds: u32,
+) -> Result<EtcdCheck, ExperimentError> {
+    assert!(
+        (1..=ROUNDS_MAX).contains(&rounds),
+        "rounds {rounds} outside 1..={ROUNDS_MAX}"
+    );
+    let mut checks = Vec::new();
+    for _ in 0..rounds {
+        checks.push(etcd_check(lab, size_bytes, with_fio)?);
+    }
+    let mut combined = checks[0].clone();
+    if checks.len() == 1 {
+        return Ok(combined);
+    }
+    let med = |f: &dyn Fn(&EtcdCheck) -> f64| median(checks.iter().map(f).collect());
+    combined.p50_us = med(&|c| c.p50_us);
+    combined.p90_us = med(&|c| c.p90_us);
+    combined.p99_us = med(&|c| c.p99_us);
+    combined.p999_us = med(&|c| c.p999_us);
+    combined.max_us = checks.iter().map(|c| c.max_us).fold(0.0, f64::max);
+    combined.append_p50_us = med(&|c| c.append_p50_us);
+    combined.append_p99_us = med(&|c| c.append_p99_us);
+    combined.pass = combined.p99_us < ETCD_P99_LIMIT_US;
+    let fio_all = |f: &dyn Fn(&EtcdCheck) -> Option<f64>| -> Option<f64> {
+        let v: Option<Vec<f64>> = checks.iter().map(f).collect();
+        v.map(median)
+    };
+    combined.fio_p50_us = fio_all(&|c| c.fio_p50_us);
+    combined.fio_p99_us = fio_all(&|c| c.fio_p99_us);
+    combined.fio_p999_us = fio_all(&|c| c.fio_p999_us);
+    combined.p50_diff_percent = combined
+        .fio_p50_us
+        .map(|f| (combined.p50_us / f - 1.0) * 100.0);
+    combined.fio_pass = combined.fio_p99_us.map(|f| f < ETCD_P99_LIMIT_US);
+    combined.fio_note = checks.iter().find_map(|c| c.fio_note.clone());
+    combined.rounds = checks
+        .iter()
+        .flat_map(|c| c.rounds.iter().copied())
+        .collect();
+    Ok(combined)
 }
 
 /// Runs the lab's version of the recipe in a fresh file of DIR.
@@ -219,6 +294,12 @@ pub fn etcd_check(
         p50_diff_percent: fio.map(|f| (s.p50_us / f.p50_us - 1.0) * 100.0),
         fio_pass: fio.map(|f| f.p99_us < ETCD_P99_LIMIT_US),
         fio_note,
+        rounds: vec![Round {
+            p50_us: s.p50_us,
+            p99_us: s.p99_us,
+            fio_p50_us: fio.map(|f| f.p50_us),
+            fio_p99_us: fio.map(|f| f.p99_us),
+        }],
     })
 }
 
@@ -265,6 +346,24 @@ pub fn render(check: &EtcdCheck) -> String {
         "write+fdatasync p50/p99 µs: {:.0} / {:.0}\n",
         check.append_p50_us, check.append_p99_us
     ));
+    if check.rounds.len() > 1 {
+        s.push_str(&format!(
+            "medians of {} rounds (lab then fio, alternating); per round p50/p99 µs:\n",
+            check.rounds.len()
+        ));
+        for (i, r) in check.rounds.iter().enumerate() {
+            let fio = match (r.fio_p50_us, r.fio_p99_us) {
+                (Some(p50), Some(p99)) => format!("{p50:.0} / {p99:.0}"),
+                _ => "-".into(),
+            };
+            s.push_str(&format!(
+                "  round {}: cairn-tune {:.0} / {:.0}, fio {fio}\n",
+                i + 1,
+                r.p50_us,
+                r.p99_us
+            ));
+        }
+    }
     if let Some(d) = check.p50_diff_percent {
         s.push_str(&format!("p50 differs from fio's by {d:+.1}%\n"));
     }

@@ -48,6 +48,9 @@ enum Command {
         /// Bytes to write (etcd's recipe: 22 MiB).
         #[arg(long, default_value_t = ETCD_CHECK_SIZE_BYTES)]
         size_bytes: u64,
+        /// Repeat lab-then-fio this many times and report medians (1 to 20).
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=etcd_check::ROUNDS_MAX as i64))]
+        rounds: u32,
     },
 }
 
@@ -74,7 +77,8 @@ fn main() -> ExitCode {
             json,
             no_fio,
             size_bytes,
-        } => check(&dir, json, !no_fio, size_bytes),
+            rounds,
+        } => check(&dir, json, !no_fio, size_bytes, rounds),
     };
     match result {
         Ok(code) => code,
@@ -125,9 +129,10 @@ fn check(
     json: bool,
     with_fio: bool,
     size_bytes: u64,
+    rounds: u32,
 ) -> Result<ExitCode, LabError> {
     let lab = LabDir::open(dir)?;
-    let check = match etcd_check::etcd_check(&lab, size_bytes, with_fio) {
+    let check = match etcd_check::etcd_check_rounds(&lab, size_bytes, with_fio, rounds) {
         Ok(c) => c,
         Err(cairn_tuning::error::ExperimentError::Interrupted) => {
             return Err(LabError::Interrupted)

@@ -6,7 +6,9 @@
 
 mod common;
 
-use cairn_tuning::etcd_check::{etcd_check, parse_fio_json, render, ETCD_P99_LIMIT_US};
+use cairn_tuning::etcd_check::{
+    etcd_check, etcd_check_rounds, parse_fio_json, render, ETCD_P99_LIMIT_US,
+};
 use cairn_tuning::model::{IoMode, Outcome, SyncMode};
 use cairn_tuning::recommend::recommend;
 use cairn_tuning::report::{html, table, RunReport};
@@ -156,4 +158,20 @@ fn etcd_check_runs_the_recipe_and_fio_beside_it() {
         0,
         "etcd-check left files behind"
     );
+}
+
+#[test]
+fn etcd_check_rounds_report_medians_and_every_round() {
+    let dir = scratch_dir();
+    let lab = LabDir::open(dir.path()).unwrap();
+    let check = etcd_check_rounds(&lab, 32 * 2300, false, 3).unwrap();
+    assert_eq!(check.rounds.len(), 3);
+    let mut p50s: Vec<f64> = check.rounds.iter().map(|r| r.p50_us).collect();
+    p50s.sort_by(f64::total_cmp);
+    assert_eq!(check.p50_us, p50s[1], "p50 is the median of the rounds");
+    assert_eq!(check.pass, check.p99_us < ETCD_P99_LIMIT_US);
+    assert!(check.fio_p50_us.is_none() && check.fio_note.is_some());
+    assert!(render(&check).contains("round 3"));
+    drop(lab);
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
 }
