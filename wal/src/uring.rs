@@ -136,6 +136,9 @@ struct Shared {
     slots: RefCell<Slots>,
     efd: AsyncFd<OwnedFd>,
     closing: Cell<bool>,
+    /// False once the reaper task is gone (its runtime shut down): the ring
+    /// can then no longer deliver completions and must not be handed out.
+    reaper_alive: Cell<bool>,
 }
 
 impl Shared {
@@ -256,8 +259,9 @@ impl Uring {
             // descriptor stays open and unchanged for the AsyncFd's lifetime.
             efd: unsafe { AsyncFd::register_with_interest(efd, tokio::io::Interest::READABLE) }?,
             closing: Cell::new(false),
+            reaper_alive: Cell::new(true),
         });
-        tokio::task::spawn_local(reap(shared.clone()));
+        tokio::task::spawn_local(reap(ReaperGuard(shared.clone())));
         Ok(Uring {
             handle: Rc::new(Handle { shared }),
         })
@@ -268,7 +272,9 @@ impl Uring {
     pub fn for_this_core() -> io::Result<Uring> {
         THIS_CORE.with(|c| {
             if let Some(handle) = c.borrow().upgrade() {
-                return Ok(Uring { handle });
+                if handle.shared.reaper_alive.get() {
+                    return Ok(Uring { handle });
+                }
             }
             let u = Uring::new(DEFAULT_RING_ENTRIES)?;
             *c.borrow_mut() = Rc::downgrade(&u.handle);
@@ -344,7 +350,18 @@ impl Uring {
     }
 }
 
-async fn reap(shared: Rc<Shared>) {
+struct ReaperGuard(Rc<Shared>);
+
+impl Drop for ReaperGuard {
+    fn drop(&mut self) {
+        self.0.reaper_alive.set(false);
+    }
+}
+
+/// Takes the guard as an argument so it drops with the task even if the
+/// task is never polled.
+async fn reap(guard: ReaperGuard) {
+    let shared = &guard.0;
     loop {
         shared.drain();
         if shared.closing.get() && shared.slots.borrow().in_flight == 0 {

@@ -131,3 +131,21 @@ fn a_directory_is_opened_by_one_log_at_a_time() {
         wal.close().await;
     });
 }
+
+#[test]
+fn a_core_ring_does_not_outlive_its_runtime() {
+    // A ring kept alive past its runtime cannot be reaped any more; the next
+    // runtime on the same thread must get a fresh one.
+    let kept = run(async { cairn_wal::Uring::for_this_core().expect("ring") });
+    let env = Env::new(Kind::Uring);
+    run(async {
+        let (wal, _) = Wal::open_with_storage(env.config(), env.storage())
+            .await
+            .expect("open");
+        wal.append(&[entry(1, 1, 1, 10)])
+            .await
+            .expect("append on a fresh ring");
+        wal.close().await;
+    });
+    drop(kept);
+}
