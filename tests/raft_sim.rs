@@ -34,19 +34,6 @@ fn describe(out: &SimOutcome) -> String {
     )
 }
 
-/// The consensus properties a switched-off safety rule breaks: what the
-/// mutation check must see (a liveness failure or a stale read would prove
-/// nothing about the mutation).
-fn is_consensus_safety(kind: ViolationKind) -> bool {
-    matches!(
-        kind,
-        ViolationKind::ElectionSafety
-            | ViolationKind::LogMatching
-            | ViolationKind::LeaderCompleteness
-            | ViolationKind::StateMachineSafety
-    )
-}
-
 // Raft paper 5.2-5.4 and thesis 6.4, for a group of five: every property,
 // liveness included, holds on every seed.
 #[test]
@@ -116,7 +103,7 @@ fn mutation_is_caught(members: usize, mutation: SafetyMutation) {
         let Some(v) = &out.violation else {
             continue;
         };
-        if !is_consensus_safety(v.kind) {
+        if !v.kind.is_consensus_safety() {
             continue;
         }
         let clean = run(members, seed, None, false);
@@ -124,7 +111,7 @@ fn mutation_is_caught(members: usize, mutation: SafetyMutation) {
             clean
                 .violation
                 .as_ref()
-                .is_none_or(|c| !is_consensus_safety(c.kind)),
+                .is_none_or(|c| !c.kind.is_consensus_safety()),
             "seed {seed} breaks consensus safety even without {mutation:?}: {}",
             describe(&clean)
         );

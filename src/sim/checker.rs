@@ -38,6 +38,19 @@ impl ViolationKind {
     pub fn is_safety(self) -> bool {
         !matches!(self, ViolationKind::Liveness)
     }
+
+    /// Whether this is one of the consensus properties of Raft paper 5.2-5.4,
+    /// the ones a switched-off safety rule of the core breaks. A stale read
+    /// or a lost liveness says nothing about such a rule.
+    pub fn is_consensus_safety(self) -> bool {
+        matches!(
+            self,
+            ViolationKind::ElectionSafety
+                | ViolationKind::LogMatching
+                | ViolationKind::LeaderCompleteness
+                | ViolationKind::StateMachineSafety
+        )
+    }
 }
 
 /// The first broken property of a run, where it broke and why.

@@ -688,9 +688,18 @@ impl Sim {
             m.sm = sm;
             self.stats.snapshots_installed += 1;
         }
+        let mut applied_changes = Vec::new();
         for e in &rd.committed_entries {
-            apply_entry(m, &mut self.checker, &mut self.stats, &mut self.live, e)?;
+            if let Some(change) =
+                apply_entry(m, &mut self.checker, &mut self.stats, &mut self.live, e)?
+            {
+                applied_changes.push(change);
+            }
         }
+        for change in applied_changes {
+            self.note(|| format!("  n{id} applied {change}"));
+        }
+        let m = &mut self.members[idx];
         let persisted = std::mem::take(&mut rd.persisted_messages);
         m.reads.append(&mut rd.read_states);
         m.node.as_mut().expect("up").advance(rd);
@@ -1224,15 +1233,17 @@ impl Sim {
 }
 
 /// Applies one committed entry to `m`'s state machine and checks it against
-/// every other member's.
+/// every other member's. Returns a description of an applied membership
+/// change, for the trace.
 fn apply_entry(
     m: &mut Member,
     checker: &mut Checker,
     stats: &mut SimStats,
     live: &mut Liveness,
     e: &Entry,
-) -> Check {
+) -> Result<Option<String>, Found> {
     let id = m.id;
+    let mut change = None;
     if e.index != m.sm.applied_index + 1 {
         return Err(found(
             ViolationKind::StateMachineSafety,
@@ -1260,6 +1271,14 @@ fn apply_entry(
         if m.sm.conf_change_valid(&cc) {
             m.sm.apply_conf_change(&cc);
             stats.conf_changes_applied += 1;
+            change = Some(format!(
+                "{:?} {} at index {} (voters {:?} learners {:?})",
+                cc.change_type(),
+                cc.node_id,
+                e.index,
+                m.sm.voters,
+                m.sm.learners
+            ));
             if !behind_snapshot {
                 let cs = node.apply_conf_change(&cc);
                 let mut voters = cs.voters.clone();
@@ -1285,7 +1304,8 @@ fn apply_entry(
         }
     }
     m.sm.apply(e);
-    checker.apply(id, e.index, e.term, entry_digest(e), m.sm.chain_hash)
+    checker.apply(id, e.index, e.term, entry_digest(e), m.sm.chain_hash)?;
+    Ok(change)
 }
 
 /// The persistence contract: a message in `Ready::messages` leaves before

@@ -204,9 +204,11 @@ pub struct RunSummary {
 }
 
 /// Runs seeds `first_seed..first_seed + seeds`, stopping at the first one that
-/// violates a check. Under a safety mutation only a safety violation stops
-/// the search: a core with a safety rule switched off may also lose
-/// liveness, but that is not what the mutation check is after.
+/// violates a check. Under a safety mutation only a consensus-safety
+/// violation ([`ViolationKind::is_consensus_safety`]) stops the search: a
+/// core with a safety rule switched off may also lose liveness or serve a
+/// stale read for other reasons, but that is not what the mutation check is
+/// after.
 pub fn run_seeds(
     members: usize,
     first_seed: u64,
@@ -225,7 +227,7 @@ pub fn run_seeds(
         summary.seeds_run += 1;
         summary.stats.add(&out.stats);
         let stop = match &out.violation {
-            Some(v) => mutation.is_none() || v.kind.is_safety(),
+            Some(v) => mutation.is_none() || v.kind.is_consensus_safety(),
             None => false,
         };
         if stop {
