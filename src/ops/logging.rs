@@ -92,20 +92,32 @@ pub fn parse_log_level(value: &str) -> Result<EnvFilter, LogError> {
 }
 
 /// Installs the global subscriber writing to stderr. Call once, first thing in
-/// `main`, after the flags are parsed.
+/// `main`, after the flags are parsed. Colours only when stderr is a terminal
+/// (never into journald) and `NO_COLOR` is unset.
 pub fn init_logging(format: LogFormat, level: &str) -> Result<(), LogError> {
-    init_logging_to(format, level, std::io::stderr)
+    use std::io::IsTerminal;
+    let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+    install(format, level, std::io::stderr, ansi)
 }
 
-/// As [`init_logging`], writing to `writer` (tests capture output this way).
+/// As [`init_logging`], writing to `writer` without colours (tests capture
+/// output this way).
 pub fn init_logging_to<W>(format: LogFormat, level: &str, writer: W) -> Result<(), LogError>
+where
+    W: for<'a> MakeWriter<'a> + Send + Sync + 'static,
+{
+    install(format, level, writer, false)
+}
+
+fn install<W>(format: LogFormat, level: &str, writer: W, ansi: bool) -> Result<(), LogError>
 where
     W: for<'a> MakeWriter<'a> + Send + Sync + 'static,
 {
     let filter = parse_log_level(level)?;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(writer);
+        .with_writer(writer)
+        .with_ansi(ansi);
     let installed = match format {
         LogFormat::Human => builder.with_target(true).try_init(),
         LogFormat::Json => builder
