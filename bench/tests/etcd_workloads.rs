@@ -305,5 +305,5 @@ async fn fixed_rate_mode_reports_a_server_stall_in_p999() {
         r.p999_ms()
     );
     assert!(r.p99_ms() >= 100.0, "p99 {} ms", r.p99_ms());
-    assert!(r.max_ms() < 2_000.0, "max {} ms", r.max_ms());
+    assert!(r.max_ms() < 5_000.0, "max {} ms", r.max_ms());
 }
