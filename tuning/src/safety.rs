@@ -21,16 +21,6 @@ pub fn stop_requested() -> bool {
     STOP.load(Ordering::Relaxed)
 }
 
-/// Requests a stop, as the signal handler does (tests use it directly).
-pub fn request_stop() {
-    STOP.store(true, Ordering::Relaxed);
-}
-
-/// Clears a stop request (tests only need this; a real run exits after one).
-pub fn clear_stop() {
-    STOP.store(false, Ordering::Relaxed);
-}
-
 extern "C" fn on_signal(_signal: libc::c_int) {
     if STOP.swap(true, Ordering::Relaxed) {
         // A second Ctrl-C means "now": leave without cleaning up.

@@ -18,7 +18,7 @@ use cairn_wal::{
 use std::cell::RefCell;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// Most concurrent writers of one experiment (each writes its own shard).
 pub const WRITERS_MAX: u32 = 256;
@@ -428,7 +428,5 @@ async fn verify_wal(
         }
     }
     wal.close().await;
-    // Leave nothing running that could touch the directory once it is removed.
-    tokio::time::sleep(Duration::from_millis(1)).await;
     Ok(ok)
 }
