@@ -1185,6 +1185,28 @@ impl Store {
         relocate: Option<(u64, usize)>,
         flags: u32,
     ) -> Result<u64, CommitError> {
+        // Pages freed by commits still syncing become reusable once those are
+        // durable. When this commit may need more than is free now, wait for
+        // that rather than grow the file for good.
+        let need_pages = (self.pending_bytes / (PAGE_SIZE_BYTES / 2)
+            + self.pending_deletes.len() / 4
+            + self.lease_dirty.len()
+            + 16) as u64;
+        let available =
+            self.pager.free.len() as u64 + (self.pager.file_pages - self.pager.high_water);
+        let durable = self.meta_writer.durable_txn();
+        if available < need_pages
+            && self
+                .pager
+                .pending_free
+                .front()
+                .is_some_and(|(t, _)| *t > durable)
+        {
+            self.meta_writer.wait_durable(self.committed.txn)?;
+            let oldest = self.oldest_snapshot();
+            let durable = self.meta_writer.durable_txn();
+            self.pager.release_pending(oldest, durable);
+        }
         let txn = self.committed.txn + 1;
         self.pager.txn = txn;
         let muts = self.rev_mutations();
@@ -1235,7 +1257,8 @@ impl Store {
         let mut remap = false;
         if need > self.pager.file_pages {
             let cur = self.pager.file_pages;
-            let step_bytes = (cur * PAGE_SIZE_BYTES as u64 / 4)
+            // Grow by a sixteenth: few remaps, little overshoot.
+            let step_bytes = (cur * PAGE_SIZE_BYTES as u64 / 16)
                 .clamp(self.cfg.grow_min_bytes, self.cfg.grow_max_bytes);
             let new_pages = need.max(cur + step_bytes / PAGE_SIZE_BYTES as u64);
             let len = new_pages * PAGE_SIZE_BYTES as u64;
