@@ -9,5 +9,6 @@ mod proposals;
 mod random;
 mod reads;
 mod replication;
+mod script;
 mod snapshot;
 mod transfer;
