@@ -5,8 +5,13 @@
 //! histogram stuck at zero hides a failing disk from every etcd dashboard), and
 //! against `/readyz` never turning ready on a healthy single member.
 //!
-//! Ignored until the daemon serves the ops endpoints on `--listen-metrics-urls`
-//! and records WAL syncs through `CoreRecorder::wal_fsync`; run it with
+//! Also, with a fake `NOTIFY_SOCKET` and `WATCHDOG_USEC` in its environment (as
+//! systemd gives a `Type=notify` unit), the process sends `READY=1` once ready,
+//! keepalives while it runs, and `STOPPING=1` last on SIGTERM.
+//!
+//! Ignored until the daemon serves the ops endpoints on `--listen-metrics-urls`,
+//! records WAL syncs through `CoreRecorder::wal_fsync` and drives
+//! `ops::lifecycle::Lifecycle`; run them with
 //! `cargo test -p cairn --test ops_daemon -- --ignored`.
 
 #[path = "ops_promtext.rs"]
@@ -33,6 +38,39 @@ fn free_port() -> u16 {
 }
 
 struct Daemon(Child);
+
+struct Ports {
+    client_url: String,
+    peer_url: String,
+    metrics_addr: SocketAddr,
+}
+
+fn ports() -> Ports {
+    Ports {
+        client_url: format!("http://127.0.0.1:{}", free_port()),
+        peer_url: format!("http://127.0.0.1:{}", free_port()),
+        metrics_addr: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
+    }
+}
+
+/// A single-member `cairn` on the given ports, with its data under `data`.
+fn command(p: &Ports, data: &std::path::Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_cairn"));
+    c.args(["--name", "m1", "--cores", "1", "--shards", "1"])
+        .arg("--data-dir")
+        .arg(data.join("m1.cairn"))
+        .args(["--listen-client-urls", &p.client_url])
+        .args(["--advertise-client-urls", &p.client_url])
+        .args(["--listen-peer-urls", &p.peer_url])
+        .args(["--initial-advertise-peer-urls", &p.peer_url])
+        .args(["--initial-cluster", &format!("m1={}", p.peer_url)])
+        .args([
+            "--listen-metrics-urls",
+            &format!("http://{}", p.metrics_addr),
+        ])
+        .stdout(Stdio::null());
+    c
+}
 
 impl Drop for Daemon {
     fn drop(&mut self) {
@@ -73,25 +111,9 @@ fn fsync_count(e: &promtext::Exposition) -> f64 {
 #[ignore = "needs the daemon to serve --listen-metrics-urls and record WAL syncs"]
 async fn wal_fsync_histogram_moves_when_writes_happen() {
     let data = tempfile::tempdir().unwrap();
-    let (client, peer, metrics) = (free_port(), free_port(), free_port());
-    let client_url = format!("http://127.0.0.1:{client}");
-    let peer_url = format!("http://127.0.0.1:{peer}");
-    let metrics_addr: SocketAddr = format!("127.0.0.1:{metrics}").parse().unwrap();
-    let _daemon = Daemon(
-        Command::new(env!("CARGO_BIN_EXE_cairn"))
-            .args(["--name", "m1", "--cores", "1", "--shards", "1"])
-            .arg("--data-dir")
-            .arg(data.path().join("m1.cairn"))
-            .args(["--listen-client-urls", &client_url])
-            .args(["--advertise-client-urls", &client_url])
-            .args(["--listen-peer-urls", &peer_url])
-            .args(["--initial-advertise-peer-urls", &peer_url])
-            .args(["--initial-cluster", &format!("m1={peer_url}")])
-            .args(["--listen-metrics-urls", &format!("http://{metrics_addr}")])
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("starting cairn"),
-    );
+    let p = ports();
+    let (client_url, metrics_addr) = (p.client_url.clone(), p.metrics_addr);
+    let _daemon = Daemon(command(&p, data.path()).spawn().expect("starting cairn"));
 
     // Not ready until the single member has elected itself; then ready.
     let deadline = Instant::now() + START_TIMEOUT;
@@ -152,5 +174,80 @@ async fn wal_fsync_histogram_moves_when_writes_happen() {
             .value("etcd_server_proposals_applied_total", &[])
             .unwrap()
             >= WRITES as f64
+    );
+}
+
+#[test]
+#[ignore = "needs the daemon to drive ops::lifecycle::Lifecycle"]
+fn daemon_notifies_systemd_in_order() {
+    use std::os::unix::net::UnixDatagram;
+    let data = tempfile::tempdir().unwrap();
+    let socket_path = data.path().join("notify.sock");
+    let systemd = UnixDatagram::bind(&socket_path).unwrap();
+    let p = ports();
+    let child = command(&p, data.path())
+        .env("NOTIFY_SOCKET", &socket_path)
+        .env("WATCHDOG_USEC", "1000000")
+        .env_remove("WATCHDOG_PID")
+        .spawn()
+        .expect("starting cairn");
+    let pid = child.id();
+    let mut daemon_guard = Some(Daemon(child));
+
+    let mut messages = Vec::new();
+    let mut buf = [0u8; 4096];
+    let deadline = Instant::now() + START_TIMEOUT;
+    // Until READY=1 and two keepalives (the keepalive period is 0.5 s).
+    while messages
+        .iter()
+        .filter(|m: &&String| m.contains("WATCHDOG=1"))
+        .count()
+        < 2
+    {
+        let left = deadline.saturating_duration_since(Instant::now());
+        assert!(!left.is_zero(), "no READY=1 and keepalives: {messages:?}");
+        systemd.set_read_timeout(Some(left)).unwrap();
+        let n = systemd.recv(&mut buf).expect("no notification");
+        messages.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+    }
+    let ready_at = messages
+        .iter()
+        .position(|m| m.lines().any(|l| l == "READY=1"))
+        .unwrap_or_else(|| panic!("keepalives without READY=1: {messages:?}"));
+    let first_keepalive = messages
+        .iter()
+        .position(|m| m.contains("WATCHDOG=1"))
+        .unwrap();
+    assert!(
+        ready_at < first_keepalive,
+        "keepalive before READY=1: {messages:?}"
+    );
+
+    let status = Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let mut tail = Vec::new();
+    systemd
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    while let Ok(n) = systemd.recv(&mut buf) {
+        tail.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+        if tail.last().is_some_and(|m| m.contains("STOPPING=1")) {
+            break;
+        }
+    }
+    let (last, before) = tail.split_last().expect("nothing after SIGTERM");
+    assert!(last.lines().any(|l| l == "STOPPING=1"), "{tail:?}");
+    assert!(before.iter().all(|m| m == "WATCHDOG=1\n"), "{tail:?}");
+    let mut daemon = daemon_guard.take().unwrap();
+    let exit = daemon.0.wait().unwrap();
+    assert!(exit.success(), "exit after SIGTERM: {exit}");
+    // Nothing after STOPPING=1.
+    systemd.set_nonblocking(true).unwrap();
+    assert!(
+        systemd.recv(&mut buf).is_err(),
+        "a message after STOPPING=1"
     );
 }
