@@ -1,6 +1,7 @@
 //! Guards cairn-bench against a real 3-member Cairn cluster (this workspace's
 //! `cairn` binary, the newest of the release and debug builds): every workload
-//! runs with matching counts and filled histograms, and fixed-rate mode shows a
+//! (watch-latency included) runs with matching counts and filled histograms, and
+//! fixed-rate mode shows a
 //! 500 ms SIGSTOP of the member serving the requests in its p99.9.
 //!
 //! Needs a built `cairn` (`cargo build`): without one these tests print a skip
@@ -89,6 +90,40 @@ async fn every_workload_runs_against_cairn() {
             assert_eq!(c["txn_cas_won"] + c["txn_cas_conflicts"], 300);
         }
     }
+
+    // 40 puts, each owed to 2 x 5 watchers; a missing event is counted, not lost.
+    let r = bench(&[
+        "--endpoints",
+        &ep,
+        "--conns",
+        "2",
+        "--clients",
+        "2",
+        "--total",
+        "40",
+        "--rate",
+        "200",
+        "watch-latency",
+        "--streams",
+        "2",
+        "--watchers-per-stream",
+        "5",
+    ])
+    .await;
+    let missing = r.recorder.errors.get("MissingEvent").copied().unwrap_or(0);
+    assert_eq!(
+        r.requests() + missing,
+        r.recorder.counters["puts"] * 10,
+        "{:?}",
+        r.recorder.errors
+    );
+    assert!(
+        r.requests() * 10 >= 400 * 9,
+        "{} events, {:?}",
+        r.requests(),
+        r.recorder.errors
+    );
+    assert!(r.p50_ms() > 0.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
