@@ -1,8 +1,8 @@
 //! Guards cairn-bench against a real 3-member Cairn cluster (this workspace's
 //! `cairn` binary, the newest of the release and debug builds): every workload
 //! (watch-latency included) runs with matching counts and filled histograms, and
-//! fixed-rate mode shows a
-//! 500 ms SIGSTOP of the member serving the requests in its p99.9.
+//! fixed-rate mode shows a 500 ms SIGSTOP of the member serving the requests in
+//! its p99.9.
 //!
 //! Needs a built `cairn` (`cargo build`): without one these tests print a skip
 //! note, unless `CI` is set, in which case they fail.
