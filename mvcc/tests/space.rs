@@ -23,7 +23,15 @@ fn small_growth() -> Config {
 #[test]
 fn steady_overwrites_with_compaction_stop_growing_the_file() {
     let dir = tempfile::tempdir().unwrap();
-    let mut store = Store::open(dir.path(), 0, small_growth()).unwrap();
+    // Inline syncs: with the background syncer, how many freed pages wait on a
+    // sync at the peak depends on the disk's mood; the bound below is about
+    // page reuse, so it is checked without that noise (mvccbench covers the
+    // background syncer).
+    let cfg = Config {
+        background_sync: false,
+        ..small_growth()
+    };
+    let mut store = Store::open(dir.path(), 0, cfg).unwrap();
     let value = vec![0x42u8; 256];
     let (ops, keys, compact_every) = (60_000u64, 500u64, 5_000i64);
     let mut index = 0;
