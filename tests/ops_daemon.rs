@@ -9,10 +9,7 @@
 //! systemd gives a `Type=notify` unit), the process sends `READY=1` once ready,
 //! keepalives while it runs, and `STOPPING=1` last on SIGTERM.
 //!
-//! Ignored until the daemon serves the ops endpoints on `--listen-metrics-urls`,
-//! records WAL syncs through `CoreRecorder::wal_fsync` and drives
-//! `ops::lifecycle::Lifecycle`; run them with
-//! `cargo test -p cairn --test ops_daemon -- --ignored`.
+//! Run alone with `cargo test -p cairn --test ops_daemon`.
 
 #[path = "ops_promtext.rs"]
 mod promtext;
@@ -108,7 +105,6 @@ fn fsync_count(e: &promtext::Exposition) -> f64 {
 }
 
 #[tokio::test]
-#[ignore = "needs the daemon to serve --listen-metrics-urls and record WAL syncs"]
 async fn wal_fsync_histogram_moves_when_writes_happen() {
     let data = tempfile::tempdir().unwrap();
     let p = ports();
@@ -178,7 +174,6 @@ async fn wal_fsync_histogram_moves_when_writes_happen() {
 }
 
 #[test]
-#[ignore = "needs the daemon to drive ops::lifecycle::Lifecycle"]
 fn daemon_notifies_systemd_in_order() {
     use std::os::unix::net::UnixDatagram;
     let data = tempfile::tempdir().unwrap();
