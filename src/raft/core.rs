@@ -628,6 +628,9 @@ impl<S: Storage> Raft<S> {
                     "leader transfer timed out"
                 );
                 self.abort_leader_transfer();
+                if !self.prs.is_voter(self.id) {
+                    self.transfer_after_removal();
+                }
             }
         }
         if self.election_elapsed_ticks >= self.cfg.election_timeout_ticks {
@@ -1057,7 +1060,7 @@ impl<S: Storage> Raft<S> {
                 to = from,
                 "transferee caught up, sending timeout-now"
             );
-            self.send(new_msg(from, MessageType::MsgTimeoutNow));
+            self.send_timeout_now(from);
         }
     }
 
@@ -1082,6 +1085,44 @@ impl<S: Storage> Raft<S> {
         let acks = self.read_only.recv_ack(from, round);
         if acks >= self.prs.quorum() {
             self.finish_read_round(round);
+        }
+    }
+
+    fn send_timeout_now(&mut self, to: u64) {
+        self.send(new_msg(to, MessageType::MsgTimeoutNow));
+        if !self.prs.is_voter(self.id) {
+            // Removed, and `to` now holds our whole log: step down so that
+            // whoever campaigns next is not outvoted by a stale leader.
+            let term = self.term;
+            self.become_follower(term, NONE);
+        }
+    }
+
+    /// A leader no longer in the membership hands leadership to the voter
+    /// with the longest matching log (retried on each transfer timeout).
+    fn transfer_after_removal(&mut self) {
+        let best = self
+            .prs
+            .voters
+            .iter()
+            .filter(|id| **id != self.id)
+            .max_by_key(|id| {
+                (
+                    self.prs.progress.get(id).map_or(0, |p| p.matched),
+                    u64::MAX - **id,
+                )
+            })
+            .copied();
+        match best {
+            Some(to) => {
+                let mut m = new_msg(NONE, MessageType::MsgTransferLeader);
+                m.from = to;
+                self.handle_transfer_leader(m);
+            }
+            None => {
+                let term = self.term;
+                self.become_follower(term, NONE);
+            }
         }
     }
 
@@ -1115,7 +1156,7 @@ impl<S: Storage> Raft<S> {
         self.lead_transferee = transferee;
         self.transfer_elapsed_ticks = 0;
         if self.prs.progress[&transferee].matched == self.log.last_index() {
-            self.send(new_msg(transferee, MessageType::MsgTimeoutNow));
+            self.send_timeout_now(transferee);
         } else {
             self.send_append(transferee);
         }
@@ -1388,9 +1429,17 @@ impl<S: Storage> Raft<S> {
         if self.state == StateRole::Leader {
             if !self.prs.is_voter(self.id) {
                 // Thesis 4.2.2: a leader removed from the membership steps
-                // down once the change is committed.
-                let term = self.term;
-                self.become_follower(term, NONE);
+                // down once the change is committed. Stepping down at once
+                // could strand the rest: a voter that has not yet learned
+                // of the commit still counts this member in its quorum, and
+                // this member's longer log would refuse it the vote. So the
+                // leader hands over by transfer instead, which first catches
+                // the successor up.
+                // Votes and commits no longer count this member.
+                if self.maybe_commit() {
+                    self.on_commit_advanced();
+                }
+                self.transfer_after_removal();
             } else {
                 if self.lead_transferee != NONE && !self.prs.is_voter(self.lead_transferee) {
                     self.abort_leader_transfer();
