@@ -201,6 +201,20 @@ async fn readyz_and_health_follow_the_readiness_source() {
     // Losing a leader makes it unready again.
     f.readiness.set_shard_has_leader(1, false);
     assert_eq!(get(addr, "GET", "/readyz").await.status, 503);
+
+    // So does a shard that falls behind (e.g. restoring a snapshot).
+    f.readiness.set_shard_has_leader(1, true);
+    f.readiness.set_shard_caught_up(1, false);
+    let r = get(addr, "GET", "/readyz").await;
+    assert_eq!(r.status, 503);
+    assert!(
+        r.body
+            .contains("[-]caught_up failed: shards still catching up: [1]"),
+        "{}",
+        r.body
+    );
+    f.readiness.set_shard_caught_up(1, true);
+    assert_eq!(get(addr, "GET", "/readyz").await.status, 200);
 }
 
 #[tokio::test]

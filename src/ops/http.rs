@@ -210,7 +210,7 @@ impl OpsEndpoints {
         } else {
             Check::fail(
                 "caught_up",
-                "member has not caught up with the leaders".to_string(),
+                format!("shards still catching up: {:?}", report.shards_catching_up),
             )
         };
         checks_response("readyz", &[recovered, leaders, caught_up], verbose)

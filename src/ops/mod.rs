@@ -30,7 +30,7 @@
 //!    `proposals_pending_add`, `proposal_failed`, `slow_apply`,
 //!    `backend_commit(elapsed)`, `set_db_size`.
 //! 3. `let readiness = Readiness::new(&shard_ids);` the shards report
-//!    `set_shard_has_leader`, the node `set_recovered` / `set_caught_up`, the
+//!    `set_shard_has_leader` and `set_shard_caught_up`, the node `set_recovered`, the
 //!    quota check `set_alarm`.
 //! 4. `let mut life = lifecycle::Lifecycle::from_env(config.cores);` each core
 //!    spawns `Arc::clone(life.watchdog()).run_check_ins(core)` on its runtime.

@@ -45,10 +45,10 @@ impl Alarm {
 #[derive(Debug)]
 pub struct Readiness {
     recovered: AtomicBool,
-    caught_up: AtomicBool,
-    /// Shard ids, sorted; `has_leader[i]` belongs to `shards[i]`.
+    /// Shard ids, sorted; `has_leader[i]` and `caught_up[i]` belong to `shards[i]`.
     shards: Box<[u32]>,
     has_leader: Box<[AtomicBool]>,
+    caught_up: Box<[AtomicBool]>,
     alarms: AtomicU32,
     changed: Notify,
 }
@@ -57,9 +57,12 @@ pub struct Readiness {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReadinessReport {
     pub recovered: bool,
+    /// Every shard has applied what was committed when it (re)joined.
     pub caught_up: bool,
     /// Shards whose Raft group knows no leader, in shard id order.
     pub shards_without_leader: Vec<u32>,
+    /// Shards still catching up, in shard id order.
+    pub shards_catching_up: Vec<u32>,
     pub alarms: Vec<Alarm>,
 }
 
@@ -87,7 +90,10 @@ impl ReadinessReport {
             reasons.push("NOT RECOVERED".to_string());
         }
         if !self.caught_up {
-            reasons.push("NOT CAUGHT UP".to_string());
+            reasons.push(format!(
+                "NOT CAUGHT UP (shards {})",
+                join(&self.shards_catching_up)
+            ));
         }
         reasons.extend(self.alarms.iter().map(|a| a.reason().to_string()));
         reasons.join("; ")
@@ -109,11 +115,12 @@ impl Readiness {
         sorted.sort_unstable();
         sorted.dedup();
         let has_leader = sorted.iter().map(|_| AtomicBool::new(false)).collect();
+        let caught_up = sorted.iter().map(|_| AtomicBool::new(false)).collect();
         Arc::new(Readiness {
             recovered: AtomicBool::new(false),
-            caught_up: AtomicBool::new(false),
             shards: sorted.into_boxed_slice(),
             has_leader,
+            caught_up,
             alarms: AtomicU32::new(0),
             changed: Notify::new(),
         })
@@ -124,8 +131,21 @@ impl Readiness {
         self.changed.notify_waiters();
     }
 
+    /// Member-wide: marks every shard caught up (or not) at once. Prefer
+    /// [`Readiness::set_shard_caught_up`] from each shard, so that one shard
+    /// catching up does not vouch for the others.
     pub fn set_caught_up(&self, caught_up: bool) {
-        self.caught_up.store(caught_up, Ordering::Release);
+        for flag in self.caught_up.iter() {
+            flag.store(caught_up, Ordering::Release);
+        }
+        self.changed.notify_waiters();
+    }
+
+    /// # Panics
+    /// If `shard` was not declared to [`Readiness::new`].
+    pub fn set_shard_caught_up(&self, shard: u32, caught_up: bool) {
+        let i = self.slot(shard);
+        self.caught_up[i].store(caught_up, Ordering::Release);
         self.changed.notify_waiters();
     }
 
@@ -133,14 +153,19 @@ impl Readiness {
     /// If `shard` was not declared to [`Readiness::new`]: the daemon reports a
     /// shard it does not run.
     pub fn set_shard_has_leader(&self, shard: u32, has_leader: bool) {
+        let i = self.slot(shard);
+        self.has_leader[i].store(has_leader, Ordering::Release);
+        self.changed.notify_waiters();
+    }
+
+    fn slot(&self, shard: u32) -> usize {
         let Ok(i) = self.shards.binary_search(&shard) else {
             panic!(
                 "readiness: shard {shard} reported, but only shards {} were declared",
                 join(&self.shards)
             );
         };
-        self.has_leader[i].store(has_leader, Ordering::Release);
-        self.changed.notify_waiters();
+        i
     }
 
     pub fn set_alarm(&self, alarm: Alarm, raised: bool) {
@@ -154,16 +179,20 @@ impl Readiness {
 
     pub fn report(&self) -> ReadinessReport {
         let alarms = self.alarms.load(Ordering::Acquire);
+        let unset = |flags: &[AtomicBool]| -> Vec<u32> {
+            self.shards
+                .iter()
+                .zip(flags.iter())
+                .filter(|(_, f)| !f.load(Ordering::Acquire))
+                .map(|(s, _)| *s)
+                .collect()
+        };
+        let shards_catching_up = unset(&self.caught_up);
         ReadinessReport {
             recovered: self.recovered.load(Ordering::Acquire),
-            caught_up: self.caught_up.load(Ordering::Acquire),
-            shards_without_leader: self
-                .shards
-                .iter()
-                .zip(self.has_leader.iter())
-                .filter(|(_, l)| !l.load(Ordering::Acquire))
-                .map(|(s, _)| *s)
-                .collect(),
+            caught_up: shards_catching_up.is_empty(),
+            shards_without_leader: unset(&self.has_leader),
+            shards_catching_up,
             alarms: Alarm::ALL
                 .into_iter()
                 .filter(|a| alarms & a.bit() != 0)
@@ -215,6 +244,23 @@ mod tests {
         assert_eq!(report.health_reason(), "ALARM NOSPACE");
         r.set_alarm(Alarm::NoSpace, false);
         assert!(r.report().is_healthy());
+    }
+
+    #[test]
+    fn every_shard_must_catch_up() {
+        let r = Readiness::new(&[0, 1]);
+        r.set_recovered(true);
+        r.set_shard_has_leader(0, true);
+        r.set_shard_has_leader(1, true);
+        r.set_shard_caught_up(1, true);
+        let report = r.report();
+        assert!(!report.is_ready());
+        assert_eq!(report.shards_catching_up, vec![0]);
+        assert_eq!(report.health_reason(), "NOT CAUGHT UP (shards 0)");
+        r.set_shard_caught_up(0, true);
+        assert!(r.is_ready());
+        r.set_caught_up(false);
+        assert_eq!(r.report().shards_catching_up, vec![0, 1]);
     }
 
     #[test]
