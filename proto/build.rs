@@ -7,7 +7,10 @@ fn collect(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
     for entry in std::fs::read_dir(dir)? {
         let path = entry?.path();
         if path.is_dir() {
-            if path.file_name().is_some_and(|n| n != "src" && n != "target") {
+            if path
+                .file_name()
+                .is_some_and(|n| n != "src" && n != "target")
+            {
                 collect(&path, out)?;
             }
         } else if path.extension().is_some_and(|e| e == "proto") {

@@ -423,7 +423,7 @@ impl Config {
         let cores = f.cores.unwrap_or_else(available_cores);
         let shards = f.shards.unwrap_or(cores);
         let log_format = match f.log_format.as_deref().unwrap_or("text") {
-            "text" => LogFormat::Text,
+            "text" | "human" => LogFormat::Text,
             "json" => LogFormat::Json,
             other => {
                 return Err(invalid(
@@ -580,14 +580,8 @@ impl Config {
                 "must be more than twice --max-request-bytes so any entry fits in a segment",
             ));
         }
-        if !["error", "warn", "info", "debug", "trace"].contains(&self.log_level.as_str()) {
-            return Err(invalid(
-                "log-level",
-                format!(
-                    "{:?}: expected error, warn, info, debug or trace",
-                    self.log_level
-                ),
-            ));
+        if let Err(e) = crate::ops::logging::parse_log_level(&self.log_level) {
+            return Err(invalid("log-level", e.to_string()));
         }
         Ok(())
     }
@@ -711,6 +705,29 @@ mod tests {
         assert_eq!(c.max_txn_ops, 64);
         assert_eq!(c.wal.backend, WalBackendChoice::Sync);
         assert_eq!(c.wal.segment_size_bytes, 8 * 1024 * 1024);
+    }
+
+    #[test]
+    fn the_shipped_example_config_is_valid() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("systemd/cairn.toml");
+        let flags = Flags::from_file(&path).expect("systemd/cairn.toml parses");
+        assert_eq!(flags.name.as_deref(), Some("node1"));
+        // Its addresses are another host's; everything else must validate.
+        let c = Config::from_flags(Flags {
+            listen_client_urls: Some("http://127.0.0.1:0".into()),
+            advertise_client_urls: Some("http://127.0.0.1:2379".into()),
+            listen_peer_urls: Some("http://127.0.0.1:0".into()),
+            listen_metrics_urls: None,
+            ..flags
+        })
+        .expect("the example validates");
+        assert_eq!(c.initial_cluster.len(), 3);
+    }
+
+    #[test]
+    fn log_filters_are_accepted() {
+        assert!(parse(&["--log-level", "info,cairn::raft=debug"]).is_ok());
+        assert!(parse(&["--log-format", "human"]).is_ok());
     }
 
     #[test]

@@ -14,7 +14,10 @@ use std::time::{Duration, Instant};
 use common::{client, wait_writable, Cluster};
 
 fn http_get(port: u16, path: &str) -> (u16, String) {
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    // Not listening yet: code 0, and the caller retries.
+    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return (0, String::new());
+    };
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     write!(
         s,

@@ -264,6 +264,17 @@ fn write_snapshot_meta(dir: &std::path::Path, md: &SnapshotMetadata) -> std::io:
     std::fs::File::open(dir)?.sync_all()
 }
 
+/// The counter of a read context this incarnation made, or 0 for any other.
+fn read_context_counter(ctx: &[u8], member_id: u64, boot_nonce: u64) -> u64 {
+    if ctx.len() != 24
+        || ctx[0..8] != member_id.to_le_bytes()
+        || ctx[8..16] != boot_nonce.to_le_bytes()
+    {
+        return 0;
+    }
+    u64::from_le_bytes(ctx[16..24].try_into().expect("8 bytes"))
+}
+
 /// `<shard dir>.<suffix>`: where a snapshot's store is built (`new`) and where
 /// the replaced one goes (`old`) while the two are swapped.
 fn swap_dir(dir: &std::path::Path, suffix: &str) -> PathBuf {
@@ -359,6 +370,9 @@ pub struct Shard {
     /// The pending-proposals figure last exported, to export changes as deltas.
     pending_reported: i64,
     watchers: super::watch::ShardWatchers,
+    /// Random per start: makes read contexts and request ids of this
+    /// incarnation distinct from any earlier one's.
+    boot_nonce: u64,
 }
 
 fn now_ms() -> u64 {
@@ -439,6 +453,16 @@ impl Shard {
                 });
             }
         }
+        if applied < snapshot_meta.index {
+            return Err(ShardOpenError::Recovery {
+                shard,
+                what: format!(
+                    "the store has applied index {applied} but the log is compacted to {}: \
+                     entries in between are gone",
+                    snapshot_meta.index
+                ),
+            });
+        }
         let last_index = entries.last().map_or(snapshot_meta.index, |e| e.index);
         if applied > last_index {
             return Err(ShardOpenError::Recovery {
@@ -473,6 +497,7 @@ impl Shard {
         cfg.heartbeat_timeout_ticks = 1;
         cfg.applied_index = applied.max(snapshot_meta.index);
         cfg.seed = setup.member_id ^ (u64::from(shard) << 32) ^ now_ms();
+        let boot_nonce: u64 = rand::random::<u64>() | 1;
         let node =
             RawNode::new(&cfg, storage).map_err(|source| ShardOpenError::Raft { shard, source })?;
         tracing::info!(
@@ -492,8 +517,8 @@ impl Shard {
             wal: setup.wal.clone(),
             peers: setup.peers.clone(),
             waiters: HashMap::new(),
-            // Ids stay unique across restarts: they start from the clock.
-            next_request_id: now_ms() << 16,
+            // Ids stay unique across restarts: a random high half per start.
+            next_request_id: (boot_nonce & 0xffff_ffff_0000_0000) | 1,
             reads_this_turn: Vec::new(),
             leaderless_writes: std::collections::VecDeque::new(),
             leaderless_reads: Vec::new(),
@@ -520,6 +545,7 @@ impl Shard {
             shard_count: setup.shard_count,
             pending_reported: 0,
             watchers: super::watch::ShardWatchers::default(),
+            boot_nonce,
         })
     }
 
@@ -844,10 +870,14 @@ impl Shard {
         let reads = std::mem::take(&mut self.reads_this_turn);
         let ctx = self.next_read_ctx;
         self.next_read_ctx += 1;
-        match self
-            .node
-            .read_index(Bytes::copy_from_slice(&ctx.to_le_bytes()))
-        {
+        // Contexts are unique across members and restarts: a leader ignores a
+        // context already pending, and a late answer to an earlier incarnation
+        // must never confirm a new read.
+        let mut context = Vec::with_capacity(24);
+        context.extend_from_slice(&self.member_id.to_le_bytes());
+        context.extend_from_slice(&self.boot_nonce.to_le_bytes());
+        context.extend_from_slice(&ctx.to_le_bytes());
+        match self.node.read_index(Bytes::from(context)) {
             Ok(()) => {
                 self.read_rounds.insert(
                     ctx,
@@ -942,6 +972,11 @@ impl Shard {
             // Proposals this member made may still commit under a new leader;
             // their waiters stay and are answered on apply, or expire.
             self.leader_since = (ss.role == StateRole::Leader).then(Instant::now);
+            // A leader change drops ReadIndex rounds in flight; asking again is
+            // always safe.
+            for (_, round) in self.read_rounds.drain() {
+                self.reads_this_turn.extend(round.reads);
+            }
             let known = ss.leader_id != raft::NONE;
             if let Some(m) = &self.metrics {
                 m.set_leader(known, ss.leader_id == self.member_id, true);
@@ -965,18 +1000,18 @@ impl Shard {
         // how far the state machine got.
         let apply_started = Instant::now();
         self.apply(&rd.committed_entries);
+        if self.failed.is_some() {
+            // Not everything committed was applied: Raft must not be told it
+            // was, and no read may be served from this store.
+            return;
+        }
         if let Some(m) = &self.metrics {
             if !rd.committed_entries.is_empty() && apply_started.elapsed() >= SLOW_APPLY {
                 m.slow_apply();
             }
         }
         for rs in std::mem::take(&mut rd.read_states) {
-            let ctx = rs
-                .request_ctx
-                .as_ref()
-                .try_into()
-                .map(u64::from_le_bytes)
-                .unwrap_or(0);
+            let ctx = read_context_counter(&rs.request_ctx, self.member_id, self.boot_nonce);
             if let Some(round) = self.read_rounds.remove(&ctx) {
                 self.confirmed_reads
                     .entry(rs.index)
@@ -1201,7 +1236,18 @@ impl Shard {
             store.set_hard_state(hs);
         }
         if !rd.entries.is_empty() {
-            store.append(&rd.entries);
+            // Entries from a peer are slices of the transport's receive buffers;
+            // the in-memory log keeps thousands of them, so each gets its own
+            // small allocation instead of pinning a whole buffer.
+            let owned: Vec<raft::Entry> = rd
+                .entries
+                .iter()
+                .map(|e| raft::Entry {
+                    data: Bytes::copy_from_slice(&e.data),
+                    ..e.clone()
+                })
+                .collect();
+            store.append(&owned);
         }
         true
     }
@@ -1210,6 +1256,34 @@ impl Shard {
         tracing::error!(shard = self.id, reason = %reason, "shard failed; restart the member");
         for (_, w) in self.waiters.drain() {
             let _ = w.reply.send(Err(ApiError::Storage {
+                shard: self.id,
+                reason: reason.clone(),
+            }));
+        }
+        let reads = self
+            .read_rounds
+            .drain()
+            .flat_map(|(_, r)| r.reads)
+            .chain(
+                std::mem::take(&mut self.confirmed_reads)
+                    .into_values()
+                    .flatten(),
+            )
+            .chain(self.reads_this_turn.drain(..))
+            .chain(
+                std::mem::take(&mut self.leaderless_reads)
+                    .into_iter()
+                    .map(|(_, r)| r),
+            )
+            .collect::<Vec<_>>();
+        for r in reads {
+            let _ = r.reply.send(Err(ApiError::Storage {
+                shard: self.id,
+                reason: reason.clone(),
+            }));
+        }
+        for (_, _, reply) in self.leaderless_writes.drain(..) {
+            let _ = reply.send(Err(ApiError::Storage {
                 shard: self.id,
                 reason: reason.clone(),
             }));
@@ -1290,6 +1364,9 @@ impl Shard {
     }
 
     fn apply_normal(&mut self, e: &raft::Entry) {
+        if self.store.pending_bytes() >= STORE_COMMIT_PENDING_BYTES {
+            self.commit_store();
+        }
         if e.data.is_empty() {
             self.store.set_applied_index(e.index);
             return;
@@ -1427,6 +1504,18 @@ impl Shard {
             return;
         }
         let compact_to = applied - keep;
+        // The store must have the entries up to compact_to durably applied
+        // before the WAL may drop them: its commit finishes in the background,
+        // so compaction goes only as far as the store has proven durable, and
+        // waits for a later turn otherwise.
+        self.commit_store();
+        if self.failed.is_some() {
+            return;
+        }
+        let compact_to = compact_to.min(self.store.durable_index());
+        if compact_to <= self.snapshot_meta.index {
+            return;
+        }
         let Some(term) = self.node.term_of(compact_to) else {
             return;
         };
@@ -1435,12 +1524,6 @@ impl Shard {
             index: compact_to,
             term,
         };
-        // The store must have the entries up to compact_to durably applied
-        // before the WAL may drop them.
-        self.commit_store();
-        if self.failed.is_some() {
-            return;
-        }
         if let Err(e) = write_snapshot_meta(&self.dir, &md) {
             tracing::warn!(shard = self.id, error = %e, "writing snapshot metadata failed; log not compacted");
             return;

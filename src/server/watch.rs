@@ -114,49 +114,66 @@ impl ShardWatchers {
     /// a watcher whose stream is full stays behind and is retried next time.
     pub fn notify(&mut self, shard: ShardId, store: &mvcc::Store) {
         let current = store.current_revision();
+        let compact = store.compact_revision();
         self.watchers.retain(|_, w| !w.tx.is_closed());
+        // Watchers whose position was compacted away are cancelled first, so
+        // they do not hold back (or empty) the pass for the others. A cancel
+        // that finds the queue full is retried on a later pass.
+        let mut cancelled = Vec::new();
+        for (key, w) in self.watchers.iter() {
+            if w.next_rev < compact && w.next_rev <= current {
+                match w.tx.try_send(WatchBatch {
+                    watch_id: key.1,
+                    shard,
+                    revision: current,
+                    events: Vec::new(),
+                    compact_revision: Some(compact),
+                }) {
+                    Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => cancelled.push(*key),
+                    Err(mpsc::error::TrySendError::Full(_)) => {}
+                }
+            }
+        }
+        for key in cancelled.drain(..) {
+            self.watchers.remove(&key);
+        }
         let Some(from) = self
             .watchers
             .values()
-            .filter(|w| w.next_rev <= current)
+            .filter(|w| w.next_rev <= current && w.next_rev >= compact)
             .map(|w| w.next_rev)
             .min()
         else {
             return;
         };
-        let compact = store.compact_revision();
-        let events = if from < compact {
-            Vec::new()
-        } else {
-            match store.events(from, MAX_EVENTS_PER_PASS) {
-                Ok(e) => e,
+        // Read whole revisions: a pass cut inside one revision (a large delete)
+        // reads more rather than splitting it.
+        let mut max = MAX_EVENTS_PER_PASS;
+        let events = loop {
+            match store.events(from, max) {
+                Ok(e) => {
+                    let cut_inside_one = e.len() >= max
+                        && e.first().map(|f| f.revision.main) == e.last().map(|l| l.revision.main);
+                    if !cut_inside_one {
+                        break e;
+                    }
+                    max *= 2;
+                }
                 Err(e) => {
                     tracing::warn!(shard, error = %e, "reading events for watchers failed");
                     return;
                 }
             }
         };
-        // Everything up to `scanned` has been looked at (all of it when the pass
-        // was not cut short by the event limit).
-        let scanned = if events.len() >= MAX_EVENTS_PER_PASS {
+        // Everything up to `scanned` has been looked at (all of it unless the
+        // pass was cut; then up to the last whole revision read).
+        let scanned = if events.len() >= max {
             events.last().map_or(current, |e| e.revision.main - 1)
         } else {
             current
         };
-        let mut cancelled = Vec::new();
         for (key, w) in self.watchers.iter_mut() {
-            if w.next_rev > current {
-                continue;
-            }
-            if w.next_rev < compact {
-                let _ = w.tx.try_send(WatchBatch {
-                    watch_id: key.1,
-                    shard,
-                    revision: current,
-                    events: Vec::new(),
-                    compact_revision: Some(compact),
-                });
-                cancelled.push(*key);
+            if w.next_rev > scanned || w.next_rev < compact {
                 continue;
             }
             let mut out = Vec::new();
@@ -185,7 +202,7 @@ impl ShardWatchers {
                 });
             }
             if out.is_empty() {
-                w.next_rev = scanned + 1;
+                w.next_rev = w.next_rev.max(scanned + 1);
                 continue;
             }
             match w.tx.try_send(WatchBatch {
@@ -195,7 +212,7 @@ impl ShardWatchers {
                 events: out,
                 compact_revision: None,
             }) {
-                Ok(()) => w.next_rev = scanned + 1,
+                Ok(()) => w.next_rev = w.next_rev.max(scanned + 1),
                 // Full: stay behind, catch up from the store on a later pass.
                 Err(mpsc::error::TrySendError::Full(_)) => {}
                 Err(mpsc::error::TrySendError::Closed(_)) => cancelled.push(*key),
@@ -260,9 +277,12 @@ impl Watch for WatchService {
                         };
                         match req.request_union {
                             Some(watch_request::RequestUnion::CreateRequest(c)) => {
+                                // Ids only grow on a stream, as in etcd, so a late
+                                // batch of a cancelled watcher never reaches a new one.
                                 let id = if c.watch_id != 0 { c.watch_id } else {
                                     while active.contains_key(&next_watch_id) { next_watch_id += 1; }
-                                    next_watch_id
+                                    next_watch_id += 1;
+                                    next_watch_id - 1
                                 };
                                 if active.contains_key(&id) {
                                     let _ = out_tx.send(Ok(WatchResponse {
