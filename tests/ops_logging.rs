@@ -45,5 +45,8 @@ fn json_format_writes_one_object_per_event_with_fields() {
     assert_eq!(event["term"], 7);
     assert_eq!(event["index"], 42);
     assert!(event["timestamp"].is_string(), "{event}");
-    assert!(!text.contains('\x1b'), "escape codes in captured logs: {text:?}");
+    assert!(
+        !text.contains('\x1b'),
+        "escape codes in captured logs: {text:?}"
+    );
 }
