@@ -218,37 +218,75 @@ impl std::hash::BuildHasher for KeyHash {
     }
 }
 
-/// Keys in order, each shared by reference count with nothing else.
+const HEAD_BYTES: usize = size_of::<u128>();
+
+/// An index key with its first bytes inline: most comparisons during a tree
+/// search are settled by the inline head without a pointer chase to the key.
+/// Zero padding keeps the order of the heads consistent with the order of the
+/// keys: heads differ only where one key has a larger byte (or a byte where
+/// the other has ended), and then the keys order the same way.
+#[derive(Debug, Clone)]
+pub(crate) struct IKey {
+    /// The first bytes, zero padded, read as a big-endian integer: integer
+    /// order is byte order, and comparing two integers needs no memcmp call.
+    head: u128,
+    full: Rc<[u8]>,
+}
+
+impl IKey {
+    fn new(k: &[u8]) -> IKey {
+        let mut head = [0u8; HEAD_BYTES];
+        let n = k.len().min(HEAD_BYTES);
+        head[..n].copy_from_slice(&k[..n]);
+        IKey {
+            head: u128::from_be_bytes(head),
+            full: Rc::from(k),
+        }
+    }
+}
+
+impl PartialEq for IKey {
+    fn eq(&self, o: &IKey) -> bool {
+        self.head == o.head && self.full == o.full
+    }
+}
+impl Eq for IKey {}
+impl PartialOrd for IKey {
+    fn partial_cmp(&self, o: &IKey) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for IKey {
+    fn cmp(&self, o: &IKey) -> std::cmp::Ordering {
+        self.head.cmp(&o.head).then_with(|| self.full.cmp(&o.full))
+    }
+}
+
+/// Keys in order.
 #[derive(Debug, Default)]
 pub(crate) struct Index {
-    keys: std::collections::BTreeMap<Rc<[u8]>, KeyIndex>,
+    keys: std::collections::BTreeMap<IKey, KeyIndex>,
 }
 
 impl Index {
     pub(crate) fn get(&self, key: &[u8], at: i64) -> Option<Found> {
-        self.keys.get(key)?.get(at)
+        self.keys.get(&IKey::new(key))?.get(at)
     }
 
     pub(crate) fn is_live(&self, key: &[u8]) -> bool {
-        self.keys.get(key).is_some_and(KeyIndex::is_live)
-    }
-
-    fn entry(&mut self, key: &[u8]) -> &mut KeyIndex {
-        if !self.keys.contains_key(key) {
-            let k: Rc<[u8]> = Rc::from(key);
-            self.keys.insert(k, KeyIndex::default());
-        }
-        self.keys.get_mut(key).expect("just inserted")
+        self.keys
+            .get(&IKey::new(key))
+            .is_some_and(KeyIndex::is_live)
     }
 
     /// Records a put; returns the key's create revision and new version.
     pub(crate) fn put(&mut self, key: &[u8], rev: Revision) -> (Revision, i64) {
-        if let Some(ki) = self.keys.get_mut(key) {
+        let k = IKey::new(key);
+        if let Some(ki) = self.keys.get_mut(&k) {
             return ki.put(rev);
         }
         let mut ki = KeyIndex::default();
         let r = ki.put(rev);
-        let k: Rc<[u8]> = Rc::from(key);
         self.keys.insert(k, ki);
         r
     }
@@ -256,21 +294,22 @@ impl Index {
     /// Rebuilds a key from a stored record whose generation may have lost its
     /// earlier revisions to compaction.
     pub(crate) fn restore(&mut self, key: &[u8], rev: Revision, created: i64, version: i64) {
-        if !self.keys.contains_key(key) {
-            let mut ki = KeyIndex::default();
-            ki.generations.push(Generation {
-                ver: version,
-                created: Revision {
-                    main: created,
-                    sub: 0,
-                },
-                revs: Revs::One(rev),
-            });
-            let k: Rc<[u8]> = Rc::from(key);
-            self.keys.insert(k, ki);
-            return;
-        }
-        let ki = self.entry(key);
+        let ki = match self.keys.entry(IKey::new(key)) {
+            std::collections::btree_map::Entry::Vacant(v) => {
+                let mut ki = KeyIndex::default();
+                ki.generations.push(Generation {
+                    ver: version,
+                    created: Revision {
+                        main: created,
+                        sub: 0,
+                    },
+                    revs: Revs::One(rev),
+                });
+                v.insert(ki);
+                return;
+            }
+            std::collections::btree_map::Entry::Occupied(o) => o.into_mut(),
+        };
         if ki.is_live() {
             ki.put(rev);
             return;
@@ -289,7 +328,7 @@ impl Index {
 
     /// Records a delete of a live key; false if the key is not live.
     pub(crate) fn tombstone(&mut self, key: &[u8], rev: Revision) -> bool {
-        let Some(ki) = self.keys.get_mut(key) else {
+        let Some(ki) = self.keys.get_mut(&IKey::new(key)) else {
             return false;
         };
         if !ki.is_live() {
@@ -324,30 +363,30 @@ impl Index {
                 if e.as_slice() <= key {
                     return;
                 }
-                Bound::Excluded(e.as_slice())
+                Bound::Excluded(IKey::new(e))
             }
             _ => Bound::Unbounded,
         };
-        let mut lower = Bound::Included(key);
+        let mut lower = Bound::Included(IKey::new(key));
         let mut upper = upper;
         if let Some(r) = resume {
             if reverse {
-                upper = Bound::Excluded(r);
+                upper = Bound::Excluded(IKey::new(r));
                 if r <= key {
                     return;
                 }
             } else {
-                lower = Bound::Excluded(r);
-                if let Bound::Excluded(e) = upper {
-                    if r >= e {
+                if let Bound::Excluded(e) = &upper {
+                    if r >= &*e.full {
                         return;
                     }
                 }
+                lower = Bound::Excluded(IKey::new(r));
             }
         }
-        let range = self.keys.range::<[u8], _>((lower, upper));
-        let mut visit = |(k, ki): (&Rc<[u8]>, &KeyIndex)| match ki.get(at) {
-            Some(found) => f(k, found),
+        let range = self.keys.range((lower, upper));
+        let mut visit = |(k, ki): (&IKey, &KeyIndex)| match ki.get(at) {
+            Some(found) => f(&k.full, found),
             None => true,
         };
         if reverse {
@@ -397,6 +436,30 @@ mod tests {
     }
 
     #[test]
+    fn inline_heads_order_keys_as_bytes_do() {
+        let keys: Vec<&[u8]> = vec![
+            b"",
+            b"\0",
+            b"\0\0",
+            b"a",
+            b"a\0",
+            b"a\0\0x",
+            b"a\x01",
+            b"abcdefghijklmnop",
+            b"abcdefghijklmnop\0",
+            b"abcdefghijklmnopq",
+            b"abcdefghijklmnoq",
+            b"b",
+            b"\xff",
+        ];
+        for a in &keys {
+            for b in &keys {
+                assert_eq!(IKey::new(a).cmp(&IKey::new(b)), a.cmp(b), "{a:?} vs {b:?}");
+            }
+        }
+    }
+
+    #[test]
     fn versions_and_generations_follow_puts_and_deletes() {
         let mut ix = Index::default();
         assert_eq!(ix.put(b"a", r(2)), (r(2), 1));
@@ -422,7 +485,7 @@ mod tests {
         assert_eq!(ix.compact(3), vec![r(2)]);
         assert_eq!(ix.get(b"a", 3).unwrap().modified, r(3));
         assert_eq!(ix.compact(5), vec![r(3), r(4)]);
-        assert!(!ix.keys.contains_key(b"a".as_slice()));
+        assert!(!ix.keys.contains_key(&IKey::new(b"a")));
         assert_eq!(ix.get(b"b", 5).unwrap().version, 1);
         assert_eq!(ix.compact(6), vec![r(5)]);
         assert_eq!(ix.get(b"b", 6).unwrap().version, 2);
