@@ -799,11 +799,9 @@ impl<S: Storage> Raft<S> {
             }
             MessageType::MsgProp => return self.leader_propose(m),
             MessageType::MsgReadIndex => {
-                if self.prs.voters.len() <= 1 && self.prs.is_voter(self.id) {
-                    let index = self.log.committed;
-                    self.respond_read_index(m, index);
-                    return Ok(());
-                }
+                // Even a single voter waits: its commit index may lag what
+                // it committed in an earlier term until it commits in this
+                // one. A lone voter's round then completes without messages.
                 if !self.committed_entry_in_current_term() {
                     // Thesis 6.4: the commit index is only known to be current
                     // once an entry of this term is committed.

@@ -156,3 +156,31 @@ fn lease_read_answers_without_round() {
     read(&mut net, 3, "l3");
     assert_eq!(states(&mut net, 3).len(), 1);
 }
+
+// Raft thesis 6.4: the wait for a current-term commit holds for a lone voter
+// too, whose commit index after a restart may lag what it committed before.
+#[test]
+fn single_voter_defers_reads_until_current_term_commit() {
+    let mut net = Network::new(1);
+    net.campaign(1);
+    net.propose(1, "a").unwrap();
+    net.restart(1);
+    let n = net.node(1);
+    n.campaign().unwrap();
+    assert_eq!(n.role(), StateRole::Leader);
+    n.read_index(Bytes::from_static(b"r")).unwrap();
+    let rd = n.ready();
+    assert!(
+        rd.read_states.is_empty(),
+        "answered before committing in its term"
+    );
+    let noop = rd.entries.last().unwrap().index;
+    n.store_mut().append(&rd.entries);
+    if let Some(hs) = rd.hard_state {
+        n.store_mut().set_hard_state(hs);
+    }
+    n.advance(rd);
+    let rd = n.ready();
+    assert_eq!(rd.read_states.len(), 1);
+    assert_eq!(rd.read_states[0].index, noop);
+}
