@@ -946,7 +946,8 @@ impl<S: Storage> Raft<S> {
         if self.state != StateRole::Leader || !self.read_only.unsent {
             return;
         }
-        let round = self.read_only.start_round(self.id);
+        let self_vote = self.prs.is_voter(self.id).then_some(self.id);
+        let round = self.read_only.start_round(self_vote);
         if self.prs.quorum() <= 1 && self.prs.is_voter(self.id) {
             self.finish_read_round(round);
             return;

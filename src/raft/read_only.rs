@@ -49,7 +49,9 @@ impl ReadOnly {
 
     /// Starts a round covering every request not yet covered. Batching: all
     /// requests that arrived since the last round share this one.
-    pub fn start_round(&mut self, self_id: u64) -> u64 {
+    /// `self_vote` is this member's id when it is a voter, counted as the
+    /// first acknowledgement, or `None` for a leader outside the membership.
+    pub fn start_round(&mut self, self_vote: Option<u64>) -> u64 {
         self.last_round += 1;
         let round = self.last_round;
         for ctx in self.queue.iter().rev() {
@@ -59,7 +61,7 @@ impl ReadOnly {
             }
             st.round = round;
         }
-        self.acks.insert(round, BTreeSet::from([self_id]));
+        self.acks.insert(round, self_vote.into_iter().collect());
         self.unsent = false;
         round
     }
