@@ -172,8 +172,14 @@ impl<S: Storage> Raft<S> {
         }
     }
 
+    /// A voter may campaign; so may a member that applied its own removal
+    /// (it counts only the remaining voters): the others may not yet know
+    /// the removal committed and still need its log to elect anyone. A
+    /// learner, or a member that knows no membership yet, never does.
     fn promotable(&self) -> bool {
-        self.prs.is_voter(self.id) && self.log.unstable.snapshot.is_none()
+        let member_or_removed = self.prs.is_voter(self.id)
+            || (!self.prs.learners.contains(&self.id) && !self.prs.voters.is_empty());
+        member_or_removed && self.log.unstable.snapshot.is_none()
     }
 
     fn check_term(&self) -> bool {
