@@ -7,12 +7,12 @@
 //! caught by the checks within 2,000 seeds.
 //!
 //! The full runs (2,000 seeds each) are `cargo run --release --example
-//! raft-sim -- --seeds 2000 --members 3` (and `--members 5`). The tests marked
-//! `#[ignore]` replay seeds on which the current core still breaks a
-//! property; run them with `cargo test --test raft_sim -- --ignored`.
+//! raft-sim -- --seeds 2000 --members 3` (and `--members 5`). The seeds on
+//! which the simulator once caught the core breaking a property are replayed
+//! as regression tests.
 
 use cairn::raft::SafetyMutation;
-use cairn::sim::{self, SimConfig, SimOutcome, ViolationKind};
+use cairn::sim::{self, SimConfig, SimOutcome};
 
 /// Seeds per member count in the normal suite: enough to cover every fault
 /// kind many times, few enough to stay well under a minute at opt-level 1.
@@ -54,26 +54,14 @@ fn five_member_seeds_pass() {
     );
 }
 
-// Raft paper 5.2-5.4 and thesis 6.4, for a group of three: no safety
-// property breaks on any seed. Liveness is not asserted here because the
-// current core deadlocks when a leader removes itself before the remaining
-// voters learn the change is committed; see
-// `core_bug_removed_leader_deadlock` below.
+// Raft paper 5.2-5.4 and thesis 6.4, for a group of three: no property,
+// safety or liveness, breaks on any seed.
 #[test]
 fn three_member_seeds_are_safe() {
-    let mut liveness_failures = Vec::new();
     for seed in 0..SUITE_SEEDS {
         let out = run(3, seed, None, false);
-        match &out.violation {
-            None => {}
-            Some(v) if v.kind == ViolationKind::Liveness => liveness_failures.push(seed),
-            Some(_) => panic!("{}", describe(&out)),
-        }
+        assert!(out.violation.is_none(), "{}", describe(&out));
     }
-    assert!(
-        liveness_failures.len() < 5,
-        "liveness failed on seeds {liveness_failures:?}, more than the known core bug explains"
-    );
 }
 
 #[test]
@@ -142,25 +130,22 @@ fn mutation_commit_previous_term_by_count_is_caught_with_five() {
 }
 
 // Thesis 4.2.2 with membership applied at commit: a leader that removes
-// itself steps down as soon as it applies the change. A remaining voter that
-// has not yet learnt the commit still counts the old leader in its
-// configuration and needs its vote, which the old leader refuses (its log is
-// longer) while never campaigning itself: the group stays without a leader.
+// itself used to step down as soon as it applied the change, while a
+// remaining voter that had not learnt the commit still needed its vote. The
+// group stayed leaderless; the leader now hands over by transfer.
 #[test]
-#[ignore = "the current core deadlocks here; passes once it is fixed"]
-fn core_bug_removed_leader_deadlock() {
-    for seed in [36, 203, 837] {
+fn removed_leader_does_not_leave_the_group_leaderless() {
+    for seed in [36, 203, 837, 1218, 1360, 1790, 1906, 1911] {
         let out = run(3, seed, None, false);
         assert!(out.violation.is_none(), "{}", describe(&out));
     }
 }
 
 // Thesis 6.4: a leader may answer a ReadIndex only once it has committed an
-// entry of its term. The single-voter shortcut answers at once, with a
-// commit index that lags the one the previous leader reached.
+// entry of its term. The single-voter shortcut used to answer at once, with a
+// commit index lagging the one the previous leader reached.
 #[test]
-#[ignore = "the current core answers stale reads here; passes once it is fixed"]
-fn core_bug_single_voter_read_index() {
+fn single_voter_read_index_waits_for_its_term() {
     let out = run(3, 512, None, false);
     assert!(out.violation.is_none(), "{}", describe(&out));
 }
