@@ -34,16 +34,22 @@ fn has_full_prefix(key: &[u8]) -> bool {
 }
 
 /// FNV-1a, 64-bit: stable across builds and platforms, which the routing of data
-/// already on disk requires (a std `Hasher` may change between Rust releases).
-fn fnv1a64(bytes: &[u8]) -> u64 {
-    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+/// already on disk (and member ids) requires (a std `Hasher` may change between
+/// Rust releases).
+pub(crate) const FNV1A64_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+
+/// Continues an FNV-1a hash `h` over `bytes`.
+pub(crate) fn fnv1a64_update(mut h: u64, bytes: &[u8]) -> u64 {
     const PRIME: u64 = 0x0000_0100_0000_01b3;
-    let mut h = OFFSET;
     for &b in bytes {
         h ^= u64::from(b);
         h = h.wrapping_mul(PRIME);
     }
     h
+}
+
+fn fnv1a64(bytes: &[u8]) -> u64 {
+    fnv1a64_update(FNV1A64_OFFSET, bytes)
 }
 
 /// The smallest key greater than every key that starts with `prefix`, as etcd's

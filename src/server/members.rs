@@ -8,20 +8,15 @@
 //! accept each other's traffic.
 
 use crate::config::{Config, InitialMember};
+use crate::routing::{fnv1a64_update, FNV1A64_OFFSET};
 
-/// FNV-1a 64: stable across builds; ids are persisted and exchanged on the wire.
+/// FNV-1a 64 over `parts` (routing's hash): stable across builds; ids are
+/// persisted and exchanged on the wire.
 fn fnv1a64(parts: &[&[u8]]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for part in parts {
-        for &b in *part {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-        // Separator, so ("ab","c") and ("a","bc") differ.
-        h ^= 0xff;
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
+    parts.iter().fold(FNV1A64_OFFSET, |h, part| {
+        // A separator after each part, so ("ab","c") and ("a","bc") differ.
+        fnv1a64_update(fnv1a64_update(h, part), &[0xff])
+    })
 }
 
 /// Raft reserves 0 for "nobody"; an id is never 0.

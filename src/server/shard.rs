@@ -599,11 +599,9 @@ impl Shard {
             if self.failed.is_some() {
                 // A failed shard takes no further part in Raft: it cannot make
                 // anything durable. Clients get the failure as their answer.
+                let err = self.storage_error(self.failed.clone().unwrap_or_default());
                 for r in self.reads_this_turn.drain(..) {
-                    let _ = r.reply.send(Err(ApiError::Storage {
-                        shard: self.id,
-                        reason: self.failed.clone().unwrap_or_default(),
-                    }));
+                    let _ = r.reply.send(Err(err.clone()));
                 }
                 continue;
             }
@@ -780,10 +778,7 @@ impl Shard {
 
     fn propose(&mut self, request: shard_request::Request, reply: Reply<WriteResult>) {
         if let Some(reason) = &self.failed {
-            let _ = reply.send(Err(ApiError::Storage {
-                shard: self.id,
-                reason: reason.clone(),
-            }));
+            let _ = reply.send(Err(self.storage_error(reason.clone())));
             return;
         }
         if self.nospace_alarm && Self::adds_data(&request) {
@@ -828,10 +823,7 @@ impl Shard {
                     }
                     raft::RaftError::TransferInProgress { .. } => ApiError::LeaderChanged,
                     raft::RaftError::UncommittedLimit { .. } => ApiError::TooManyRequests,
-                    other => ApiError::Storage {
-                        shard: self.id,
-                        reason: other.to_string(),
-                    },
+                    other => self.storage_error(other.to_string()),
                 }));
             }
         }
@@ -934,10 +926,7 @@ impl Shard {
             mvcc::ReadError::Compacted { .. } => ApiError::Compacted,
             mvcc::ReadError::FutureRevision { .. } => ApiError::FutureRev,
             mvcc::ReadError::EmptyKey => ApiError::EmptyKey,
-            other => ApiError::Storage {
-                shard: self.id,
-                reason: other.to_string(),
-            },
+            other => self.storage_error(other.to_string()),
         }
     }
 
@@ -1252,13 +1241,19 @@ impl Shard {
         true
     }
 
+    /// A failure of this shard's storage, as clients see it.
+    fn storage_error(&self, reason: impl Into<String>) -> ApiError {
+        ApiError::Storage {
+            shard: self.id,
+            reason: reason.into(),
+        }
+    }
+
     fn fail(&mut self, reason: String) {
         tracing::error!(shard = self.id, reason = %reason, "shard failed; restart the member");
+        let err = self.storage_error(reason.clone());
         for (_, w) in self.waiters.drain() {
-            let _ = w.reply.send(Err(ApiError::Storage {
-                shard: self.id,
-                reason: reason.clone(),
-            }));
+            let _ = w.reply.send(Err(err.clone()));
         }
         let reads = self
             .read_rounds
@@ -1277,16 +1272,10 @@ impl Shard {
             )
             .collect::<Vec<_>>();
         for r in reads {
-            let _ = r.reply.send(Err(ApiError::Storage {
-                shard: self.id,
-                reason: reason.clone(),
-            }));
+            let _ = r.reply.send(Err(err.clone()));
         }
         for (_, _, reply) in self.leaderless_writes.drain(..) {
-            let _ = reply.send(Err(ApiError::Storage {
-                shard: self.id,
-                reason: reason.clone(),
-            }));
+            let _ = reply.send(Err(err.clone()));
         }
         self.failed = Some(reason);
     }
@@ -1408,17 +1397,11 @@ impl Shard {
             mvcc::ApplyError::TooManyOps { .. } => ApiError::TooManyOps,
             mvcc::ApplyError::RequestTooLarge { .. } => ApiError::RequestTooLarge,
             mvcc::ApplyError::Read(r) => self.read_error(r),
-            other if other.is_request_error() => ApiError::Storage {
-                shard: self.id,
-                reason: other.to_string(),
-            },
+            other if other.is_request_error() => self.storage_error(other.to_string()),
             other => {
                 let reason = other.to_string();
                 self.fail(reason.clone());
-                ApiError::Storage {
-                    shard: self.id,
-                    reason,
-                }
+                self.storage_error(reason)
             }
         }
     }

@@ -93,20 +93,9 @@ async fn appends(
             let mut buf = file.alloc_dma_buffer(bs);
             fill_pattern(buf.as_bytes_mut(), seq);
             let t0 = Instant::now();
-            let written = file.write_at(buf, offset).await;
-            let synced = match written {
-                Ok(n) if n == bs => {
-                    if per_append_sync {
-                        file.fdatasync().await
-                    } else {
-                        Ok(())
-                    }
-                }
-                Ok(n) => Err(GlommioError::IoError(std::io::Error::new(
-                    std::io::ErrorKind::WriteZero,
-                    format!("short write of {n} bytes"),
-                ))),
-                Err(e) => Err(e),
+            let synced = match full_write(file.write_at(buf, offset).await, bs) {
+                Ok(()) if per_append_sync => file.fdatasync().await,
+                other => other,
             };
             if let Err(e) = synced {
                 let _ = file.close().await;
@@ -137,20 +126,9 @@ async fn appends(
             let mut data = vec![0u8; bs];
             fill_pattern(&mut data, seq);
             let t0 = Instant::now();
-            let written = file.write_at(data, offset).await;
-            let synced = match written {
-                Ok(n) if n == bs => {
-                    if per_append_sync {
-                        file.fdatasync().await
-                    } else {
-                        Ok(())
-                    }
-                }
-                Ok(n) => Err(GlommioError::IoError(std::io::Error::new(
-                    std::io::ErrorKind::WriteZero,
-                    format!("short write of {n} bytes"),
-                ))),
-                Err(e) => Err(e),
+            let synced = match full_write(file.write_at(data, offset).await, bs) {
+                Ok(()) if per_append_sync => file.fdatasync().await,
+                other => other,
             };
             if let Err(e) = synced {
                 let _ = file.close().await;
@@ -169,4 +147,16 @@ async fn appends(
         let _ = file.close().await;
     }
     Ok((rec.finish(start.elapsed(), true), seq))
+}
+
+/// A write's outcome, with a write shorter than `bs` bytes as an error.
+fn full_write(written: glommio::Result<usize, ()>, bs: usize) -> glommio::Result<(), ()> {
+    match written {
+        Ok(n) if n == bs => Ok(()),
+        Ok(n) => Err(GlommioError::IoError(std::io::Error::new(
+            std::io::ErrorKind::WriteZero,
+            format!("short write of {n} bytes"),
+        ))),
+        Err(e) => Err(e),
+    }
 }
