@@ -69,6 +69,10 @@ fn wait_for_signal(life: &mut cairn::ops::lifecycle::Lifecycle, node: &Node) {
             tokio::select! {
                 _ = term.recv() => return,
                 _ = int.recv() => return,
+                _ = node.members.wait_removed() => {
+                    tracing::warn!("this member was removed from the cluster; stopping");
+                    return;
+                }
                 _ = &mut ready, if !ready_done => ready_done = true,
             }
         }

@@ -180,7 +180,9 @@ fn etcdctl_works_against_a_default_cairn() {
     // member list, endpoint status / health / hashkv
     let members = ok(&["member", "list"]);
     assert!(
-        members.contains("default") && members.contains("http://127.0.0.1:2380"),
+        members.contains("default")
+            && members.contains("http://127.0.0.1:2380")
+            && members.contains("http://127.0.0.1:2379"),
         "{members}"
     );
     let status = ok(&["endpoint", "status"]);

@@ -63,5 +63,5 @@ pub use link::{
     dial, serve_accepted, Backoff, CloseReason, Counters, CountersSnapshot, Inbound,
     InboundReceiver, Link, SendError, ServeError,
 };
-pub use listener::PeerListener;
+pub use listener::{Incoming, PeerListener, Sniffer, SNIFF_BYTES};
 pub use stream::{BytesSource, StreamAbortReason, StreamError, StreamReport, StreamSource};

@@ -10,6 +10,27 @@ use tokio::task::JoinSet;
 
 use crate::handshake::{accept_handshake, AcceptPolicy, Accepted, HandshakeError};
 
+/// Bytes peeked at the start of a connection to decide whether it is a peer
+/// connection or another protocol sharing the port (see
+/// [`PeerListener::with_other_protocol`]).
+pub const SNIFF_BYTES: usize = 4;
+
+/// What arrived on the peer port.
+#[derive(Debug)]
+pub enum Incoming {
+    /// A peer whose greeting was accepted.
+    Peer(Accepted),
+    /// A connection the sniffer claimed for another protocol, unread.
+    Other {
+        stream: tokio::net::TcpStream,
+        peer_addr: SocketAddr,
+    },
+}
+
+/// Decides from a connection's first [`SNIFF_BYTES`] bytes (fewer if the
+/// connection ended) whether it speaks another protocol.
+pub type Sniffer = fn(&[u8]) -> bool;
+
 /// Pause after a failed `accept` (say, out of file descriptors) before trying
 /// again, so the loop does not spin.
 pub const ACCEPT_ERROR_PAUSE_MS: u64 = 100;
@@ -23,7 +44,8 @@ pub const ACCEPT_ERROR_PAUSE_MS: u64 = 100;
 pub struct PeerListener {
     listener: TcpListener,
     policy: Arc<AcceptPolicy>,
-    pending: JoinSet<Result<Accepted, HandshakeError>>,
+    pending: JoinSet<Result<Incoming, HandshakeError>>,
+    other: Option<Sniffer>,
 }
 
 impl PeerListener {
@@ -42,7 +64,17 @@ impl PeerListener {
             listener,
             policy: Arc::new(policy),
             pending: JoinSet::new(),
+            other: None,
         }
+    }
+
+    /// Shares the port with another protocol: connections whose first bytes
+    /// `sniffer` claims are returned by [`Self::accept_any`] unread, instead
+    /// of being refused as garbage. The sniffing waits at most the handshake
+    /// timeout for the first bytes.
+    pub fn with_other_protocol(mut self, sniffer: Sniffer) -> Self {
+        self.other = Some(sniffer);
+        self
     }
 
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
@@ -53,6 +85,16 @@ impl PeerListener {
     /// handshakes are logged (once each) and skipped, as are failed accepts.
     /// Cancel-safe.
     pub async fn accept(&mut self) -> Accepted {
+        loop {
+            if let Incoming::Peer(accepted) = self.accept_any().await {
+                return accepted;
+            }
+        }
+    }
+
+    /// The next peer connection whose handshake succeeded, or a connection
+    /// for the other protocol (see [`Self::with_other_protocol`]). Cancel-safe.
+    pub async fn accept_any(&mut self) -> Incoming {
         loop {
             tokio::select! {
                 accepted = self.listener.accept() => {
@@ -80,7 +122,15 @@ impl PeerListener {
                         continue;
                     }
                     let policy = self.policy.clone();
-                    self.pending.spawn(async move { accept_handshake(stream, &policy).await });
+                    let other = self.other;
+                    self.pending.spawn(async move {
+                        if let Some(sniffer) = other {
+                            if sniff(&stream, &policy, sniffer).await {
+                                return Ok(Incoming::Other { stream, peer_addr });
+                            }
+                        }
+                        accept_handshake(stream, &policy).await.map(Incoming::Peer)
+                    });
                 }
                 Some(joined) = self.pending.join_next(), if !self.pending.is_empty() => {
                     match joined {
@@ -95,5 +145,32 @@ impl PeerListener {
                 }
             }
         }
+    }
+}
+
+/// Peeks at the first bytes of `stream` (without consuming them) and asks
+/// `sniffer`. A connection that sends nothing (or too little) within the
+/// handshake timeout is left to the handshake, which then refuses or times
+/// out and logs it.
+async fn sniff(stream: &tokio::net::TcpStream, policy: &AcceptPolicy, sniffer: Sniffer) -> bool {
+    let deadline =
+        tokio::time::Instant::now() + Duration::from_millis(policy.config.handshake_timeout_ms);
+    let mut buf = [0u8; SNIFF_BYTES];
+    loop {
+        let n = match tokio::time::timeout_at(deadline, stream.peek(&mut buf)).await {
+            Ok(Ok(n)) => n,
+            Ok(Err(_)) | Err(_) => return false,
+        };
+        if n == 0 {
+            return false;
+        }
+        if n == SNIFF_BYTES {
+            return sniffer(&buf);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        // Part of the prefix is in: peek returns at once until more arrives.
+        tokio::time::sleep(Duration::from_millis(1)).await;
     }
 }

@@ -514,3 +514,44 @@ fn refused_dialer_keeps_retrying_with_backoff_and_never_connects() {
     let refused = logs.lines_with("outbound peer handshake failed");
     assert!(refused[0].contains("wrong cluster id"), "{}", refused[0]);
 }
+
+#[test]
+fn a_port_shared_with_another_protocol_hands_over_its_connections_unread() {
+    run_local(async {
+        let mut listener = listener(1, &[2], 4)
+            .await
+            .with_other_protocol(|prefix| prefix == b"GET ");
+        let addr = listener.local_addr().unwrap();
+        // Another protocol's connection comes back unread.
+        let mut other = tokio::net::TcpStream::connect(addr).await.unwrap();
+        tokio::io::AsyncWriteExt::write_all(&mut other, b"GET /x HTTP/1.1\r\n\r\n")
+            .await
+            .unwrap();
+        match listener.accept_any().await {
+            cairn_net::Incoming::Other { stream, .. } => {
+                let mut buf = [0u8; 6];
+                stream.peek(&mut buf).await.unwrap();
+                assert_eq!(&buf, b"GET /x");
+            }
+            cairn_net::Incoming::Peer(a) => panic!("a peer from {}", a.peer_addr),
+        }
+        // A peer still gets through, and garbage is still refused.
+        let mut garbage = tokio::net::TcpStream::connect(addr).await.unwrap();
+        tokio::io::AsyncWriteExt::write_all(&mut garbage, b"\x00\x01\x02\x03garbage")
+            .await
+            .unwrap();
+        let (client, _client_rx) = dial(&config(2), 1, addr, 0).unwrap();
+        let accepted = match listener.accept_any().await {
+            cairn_net::Incoming::Peer(a) => a,
+            cairn_net::Incoming::Other { .. } => panic!("garbage was claimed"),
+        };
+        assert_eq!(accepted.hello.member_id, 2);
+        let (_server, _server_rx) = serve_accepted(accepted, &config(1)).unwrap();
+        client.wait_connected().await.unwrap();
+        let mut buf = [0u8; 16];
+        let n = tokio::io::AsyncReadExt::read(&mut garbage, &mut buf)
+            .await
+            .unwrap_or(0);
+        assert_eq!(n, 0, "the garbage connection is closed");
+    });
+}

@@ -60,6 +60,12 @@ pub enum ApiError {
     BadLeaderTransferee,
     #[error("etcdserver: corrupt cluster")]
     Corrupt,
+    /// This member does not lead the shard a membership change needs; the
+    /// change is carried to `leader` (0: none known yet).
+    #[error("etcdserver: not leader")]
+    NotLeader { leader: u64 },
+    #[error("etcdserver: rpc not supported for learner")]
+    NotSupportedForLearner,
     /// A txn whose keys live on different shards: Cairn runs one Raft group per
     /// shard and does not commit across groups.
     #[error(
@@ -92,7 +98,12 @@ impl ApiError {
             | LearnerNotReady
             | BadLeaderTransferee
             | CrossShardTxn { .. } => Code::FailedPrecondition,
-            NoLeader | LeaderChanged | Stopped | Timeout => Code::Unavailable,
+            NoLeader
+            | LeaderChanged
+            | Stopped
+            | Timeout
+            | NotLeader { .. }
+            | NotSupportedForLearner => Code::Unavailable,
             Corrupt => Code::DataLoss,
             Unsupported(_) => Code::Unimplemented,
             Storage { .. } => Code::Internal,

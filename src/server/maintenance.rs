@@ -1,29 +1,24 @@
-//! The etcd v3 Maintenance and Cluster services.
+//! The etcd v3 Maintenance service.
 //!
 //! A member runs several shards; etcd's per-member answers are built from all of
 //! them: sizes are summed, Raft indexes are summed (a monotonic measure of
 //! progress), the leader and term reported are shard 0's, and HashKV combines the
 //! shards' hashes in shard order. With `--shards 1` every figure is exactly etcd's.
 
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
-use cairn_proto::etcdserverpb::cluster_server::Cluster;
 use cairn_proto::etcdserverpb::maintenance_server::Maintenance;
 use cairn_proto::etcdserverpb::{
     alarm_request, AlarmMember, AlarmRequest, AlarmResponse, AlarmType, DefragmentRequest,
     DefragmentResponse, DowngradeRequest, DowngradeResponse, HashKvRequest, HashKvResponse,
-    HashRequest, HashResponse, Member as PbMember, MemberAddRequest, MemberAddResponse,
-    MemberListRequest, MemberListResponse, MemberPromoteRequest, MemberPromoteResponse,
-    MemberRemoveRequest, MemberRemoveResponse, MemberUpdateRequest, MemberUpdateResponse,
-    MoveLeaderRequest, MoveLeaderResponse, SnapshotRequest, SnapshotResponse, StatusRequest,
-    StatusResponse,
+    HashRequest, HashResponse, MoveLeaderRequest, MoveLeaderResponse, SnapshotRequest,
+    SnapshotResponse, StatusRequest, StatusResponse,
 };
 use futures::future::join_all;
 use tonic::{Request, Response, Status};
 
 use super::errors::ApiError;
 use super::kv::Identity;
-use super::members::Membership;
 use super::router::{Router, ShardHash, ShardStatus};
 
 /// The etcd API level Cairn serves, reported as the server version: clients use it
@@ -34,7 +29,6 @@ pub const ETCD_API_VERSION: &str = "3.4.0";
 pub struct MaintenanceService {
     pub router: Arc<Router>,
     pub identity: Identity,
-    pub membership: Arc<RwLock<Membership>>,
 }
 
 impl MaintenanceService {
@@ -203,68 +197,5 @@ impl Maintenance for MaintenanceService {
         _: Request<DowngradeRequest>,
     ) -> Result<Response<DowngradeResponse>, Status> {
         Err(ApiError::Unsupported("Downgrade").into())
-    }
-}
-
-#[derive(Clone)]
-pub struct ClusterService {
-    pub identity: Identity,
-    pub membership: Arc<RwLock<Membership>>,
-}
-
-impl ClusterService {
-    fn members(&self) -> Vec<PbMember> {
-        let m = self.membership.read().expect("membership lock");
-        m.members
-            .iter()
-            .map(|m| PbMember {
-                id: m.id,
-                name: m.name.clone(),
-                peer_ur_ls: m.peer_urls.clone(),
-                client_ur_ls: m.client_urls.clone(),
-                is_learner: m.is_learner,
-            })
-            .collect()
-    }
-}
-
-#[tonic::async_trait]
-impl Cluster for ClusterService {
-    async fn member_add(
-        &self,
-        _: Request<MemberAddRequest>,
-    ) -> Result<Response<MemberAddResponse>, Status> {
-        Err(ApiError::Unsupported("MemberAdd").into())
-    }
-
-    async fn member_remove(
-        &self,
-        _: Request<MemberRemoveRequest>,
-    ) -> Result<Response<MemberRemoveResponse>, Status> {
-        Err(ApiError::Unsupported("MemberRemove").into())
-    }
-
-    async fn member_update(
-        &self,
-        _: Request<MemberUpdateRequest>,
-    ) -> Result<Response<MemberUpdateResponse>, Status> {
-        Err(ApiError::Unsupported("MemberUpdate").into())
-    }
-
-    async fn member_list(
-        &self,
-        _: Request<MemberListRequest>,
-    ) -> Result<Response<MemberListResponse>, Status> {
-        Ok(Response::new(MemberListResponse {
-            header: Some(self.identity.header(0, 0)),
-            members: self.members(),
-        }))
-    }
-
-    async fn member_promote(
-        &self,
-        _: Request<MemberPromoteRequest>,
-    ) -> Result<Response<MemberPromoteResponse>, Status> {
-        Err(ApiError::Unsupported("MemberPromote").into())
     }
 }

@@ -1,11 +1,28 @@
-//! Cluster membership: member and cluster ids, and the table of members with
-//! their peer and client URLs.
+//! Cluster membership: member and cluster ids, the table of members with their
+//! peer and client URLs, and its persistence in `member.toml`.
 //!
-//! Ids are derived as etcd derives them, from what an operator gives at bootstrap:
-//! a member's id from its sorted peer URLs and the cluster token, the cluster id
-//! from the sorted member ids and the token. So every member computes the same ids
-//! without talking, and two clusters bootstrapped with different tokens never
-//! accept each other's traffic.
+//! Ids of a new cluster are derived as etcd derives them, from what an operator
+//! gives at bootstrap: a member's id from its sorted peer URLs and the cluster
+//! token, the cluster id from the sorted member ids and the token. So every
+//! member computes the same ids without talking, and two clusters bootstrapped
+//! with different tokens never accept each other's traffic. A member added later
+//! gets an id the cluster chooses (`MemberAdd`), which the new member learns from
+//! the cluster when it joins.
+//!
+//! # How the table changes
+//! Every membership change is a Raft conf change in every shard; its context
+//! carries the member's record ([`MemberInfo`]). Whichever shard applies a change
+//! first updates the table here (updates are idempotent, so the others' applies
+//! change nothing), and the table is written to `member.toml` before the apply
+//! completes. A member that catches up by snapshot gets the leader's whole table
+//! with it.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, RwLock};
+
+use cairn_proto::cairnpb::{MemberInfo, MemberTable};
+use serde::{Deserialize, Serialize};
 
 use crate::config::{Config, InitialMember};
 use crate::routing::{fnv1a64_update, FNV1A64_OFFSET};
@@ -35,6 +52,19 @@ pub fn member_id(peer_urls: &[String], token: &str) -> u64 {
     nonzero(fnv1a64(&[joined.as_bytes(), token.as_bytes()]))
 }
 
+/// The id of a member added to a running cluster: like etcd's, from its peer
+/// URLs, the cluster and the time, so re-adding the same URLs later gives a new id.
+pub fn added_member_id(peer_urls: &[String], cluster_id: u64, now_ms: u64) -> u64 {
+    let mut urls = peer_urls.to_vec();
+    urls.sort();
+    let joined = urls.join(",");
+    nonzero(fnv1a64(&[
+        joined.as_bytes(),
+        &cluster_id.to_le_bytes(),
+        &now_ms.to_le_bytes(),
+    ]))
+}
+
 pub fn cluster_id(member_ids: &[u64], token: &str) -> u64 {
     let mut ids = member_ids.to_vec();
     ids.sort_unstable();
@@ -42,13 +72,47 @@ pub fn cluster_id(member_ids: &[u64], token: &str) -> u64 {
     nonzero(fnv1a64(&[&bytes, token.as_bytes()]))
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Two URL lists name the same endpoints (order does not matter).
+pub fn same_urls(a: &[String], b: &[String]) -> bool {
+    let mut a = a.to_vec();
+    let mut b = b.to_vec();
+    a.sort();
+    b.sort();
+    a == b
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Member {
     pub id: u64,
     pub name: String,
     pub peer_urls: Vec<String>,
+    #[serde(default)]
     pub client_urls: Vec<String>,
+    #[serde(default)]
     pub is_learner: bool,
+}
+
+impl Member {
+    pub fn to_info(&self) -> MemberInfo {
+        MemberInfo {
+            id: self.id,
+            name: self.name.clone(),
+            peer_urls: self.peer_urls.clone(),
+            client_urls: self.client_urls.clone(),
+            is_learner: self.is_learner,
+        }
+    }
+
+    pub fn from_info(info: &MemberInfo) -> Member {
+        Member {
+            id: info.id,
+            name: info.name.clone(),
+            peer_urls: info.peer_urls.clone(),
+            client_urls: info.client_urls.clone(),
+            is_learner: info.is_learner,
+        }
+    }
 }
 
 /// The members of the cluster as this member knows them.
@@ -60,9 +124,9 @@ pub struct Membership {
 }
 
 impl Membership {
-    /// The membership a new cluster starts with, from `--initial-cluster`. Client
-    /// URLs of other members are learnt when they first answer; this member's own
-    /// are its advertised ones.
+    /// The membership a new cluster starts with, from `--initial-cluster`. Names
+    /// come from the flag; client URLs are learnt when each member publishes
+    /// them (see `cluster::publish_attributes`).
     pub fn bootstrap(config: &Config) -> Membership {
         let members: Vec<Member> = config
             .initial_cluster
@@ -71,11 +135,8 @@ impl Membership {
                 id: member_id(&m.peer_urls, &config.initial_cluster_token),
                 name: m.name.clone(),
                 peer_urls: m.peer_urls.clone(),
-                client_urls: if m.name == config.name {
-                    config.advertise_client_urls.clone()
-                } else {
-                    Vec::new()
-                },
+                // Every member publishes its own once the cluster runs.
+                client_urls: Vec::new(),
                 is_learner: false,
             })
             .collect();
@@ -99,6 +160,14 @@ impl Membership {
             .collect()
     }
 
+    pub fn learner_ids(&self) -> Vec<u64> {
+        self.members
+            .iter()
+            .filter(|m| m.is_learner)
+            .map(|m| m.id)
+            .collect()
+    }
+
     pub fn get(&self, id: u64) -> Option<&Member> {
         self.members.iter().find(|m| m.id == id)
     }
@@ -108,7 +177,215 @@ impl Membership {
     pub fn preferred_leader(&self, shard: u32) -> u64 {
         let mut ids = self.voter_ids();
         ids.sort_unstable();
+        if ids.is_empty() {
+            return 0;
+        }
         ids[shard as usize % ids.len()]
+    }
+
+    /// Adds or replaces `m`; true when that changed the table.
+    fn upsert(&mut self, m: Member) -> bool {
+        match self.members.iter_mut().find(|x| x.id == m.id) {
+            Some(x) if *x == m => false,
+            Some(x) => {
+                *x = m;
+                true
+            }
+            None => {
+                self.members.push(m);
+                true
+            }
+        }
+    }
+
+    fn remove(&mut self, id: u64) -> bool {
+        let before = self.members.len();
+        self.members.retain(|m| m.id != id);
+        self.members.len() != before
+    }
+}
+
+pub const MEMBER_FILE: &str = "member.toml";
+pub const LAYOUT_VERSION: u32 = 1;
+
+/// What `member.toml` records: this member's identity, the data directory's
+/// layout, and the member table as last applied.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct MemberFile {
+    pub layout_version: u32,
+    pub name: String,
+    pub member_id: u64,
+    pub cluster_id: u64,
+    pub shards: u32,
+    pub wal_lanes: u32,
+    /// Set once this member learnt it was removed from the cluster: it must not
+    /// start again with this data directory.
+    #[serde(default)]
+    pub removed: bool,
+    pub members: Vec<Member>,
+}
+
+impl MemberFile {
+    /// Writes the file atomically: a temporary file, synced, renamed over.
+    pub fn write(&self, dir: &Path) -> std::io::Result<()> {
+        let text = toml::to_string(self)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+        let tmp = dir.join("member.toml.tmp");
+        std::fs::write(&tmp, text)?;
+        std::fs::File::open(&tmp)?.sync_all()?;
+        std::fs::rename(&tmp, dir.join(MEMBER_FILE))?;
+        std::fs::File::open(dir)?.sync_all()
+    }
+}
+
+/// The member table shared by a member's cores, the client API and the peer
+/// port, kept in step with `member.toml`.
+#[derive(Debug)]
+pub struct MemberRegistry {
+    dir: PathBuf,
+    state: RwLock<Membership>,
+    /// The file as last written; serialises writers.
+    file: Mutex<MemberFile>,
+    /// Members whose peer connections are accepted.
+    accepted: cairn_net::MemberSet,
+    removed: AtomicBool,
+    removed_notify: tokio::sync::Notify,
+}
+
+impl MemberRegistry {
+    pub fn new(dir: &Path, file: MemberFile) -> MemberRegistry {
+        let members = file.members.clone();
+        let accepted = cairn_net::MemberSet::new(members.iter().map(|m| m.id));
+        MemberRegistry {
+            dir: dir.to_path_buf(),
+            state: RwLock::new(Membership {
+                cluster_id: file.cluster_id,
+                local_id: file.member_id,
+                members,
+            }),
+            removed: AtomicBool::new(file.removed),
+            file: Mutex::new(file),
+            accepted,
+            removed_notify: tokio::sync::Notify::new(),
+        }
+    }
+
+    pub fn membership(&self) -> Membership {
+        self.state.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub fn get(&self, id: u64) -> Option<Member> {
+        self.state
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(id)
+            .cloned()
+    }
+
+    pub fn local_id(&self) -> u64 {
+        self.state
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .local_id
+    }
+
+    pub fn cluster_id(&self) -> u64 {
+        self.state
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .cluster_id
+    }
+
+    /// The set the peer listener checks greetings against.
+    pub fn accepted(&self) -> cairn_net::MemberSet {
+        self.accepted.clone()
+    }
+
+    pub fn shard_count(&self) -> u32 {
+        self.file.lock().unwrap_or_else(|e| e.into_inner()).shards
+    }
+
+    /// Records a member's (new) record. Errors are the file's: the table in
+    /// memory is updated regardless.
+    pub fn upsert(&self, info: &MemberInfo) -> std::io::Result<()> {
+        let m = Member::from_info(info);
+        self.accepted.insert(m.id);
+        let changed = self
+            .state
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .upsert(m);
+        if changed {
+            self.persist()?;
+        }
+        Ok(())
+    }
+
+    pub fn remove(&self, id: u64) -> std::io::Result<()> {
+        self.accepted.remove(id);
+        let changed = self
+            .state
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(id);
+        if changed {
+            self.persist()?;
+        }
+        Ok(())
+    }
+
+    /// Takes in the table a snapshot carried: members it names are recorded
+    /// (members it lacks stay: their removal arrives as its own change).
+    pub fn merge_table(&self, table: &MemberTable) -> std::io::Result<()> {
+        for info in &table.members {
+            self.upsert(info)?;
+        }
+        Ok(())
+    }
+
+    pub fn table(&self) -> MemberTable {
+        let m = self.membership();
+        MemberTable {
+            cluster_id: m.cluster_id,
+            members: m.members.iter().map(Member::to_info).collect(),
+            shards: self.shard_count(),
+        }
+    }
+
+    /// Marks this member removed from the cluster (persisted: it refuses to
+    /// start again) and wakes whoever waits in [`Self::wait_removed`].
+    pub fn mark_removed(&self) -> std::io::Result<()> {
+        if self.removed.swap(true, Ordering::SeqCst) {
+            return Ok(());
+        }
+        self.removed_notify.notify_waiters();
+        self.removed_notify.notify_one();
+        let mut file = self.file.lock().unwrap_or_else(|e| e.into_inner());
+        file.removed = true;
+        file.write(&self.dir)
+    }
+
+    pub fn is_removed(&self) -> bool {
+        self.removed.load(Ordering::SeqCst)
+    }
+
+    /// Resolves once this member has been removed from the cluster.
+    pub async fn wait_removed(&self) {
+        loop {
+            let notified = self.removed_notify.notified();
+            if self.is_removed() {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    fn persist(&self) -> std::io::Result<()> {
+        let members = self.membership().members;
+        let mut file = self.file.lock().unwrap_or_else(|e| e.into_inner());
+        file.members = members;
+        file.write(&self.dir)
     }
 }
 

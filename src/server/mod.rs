@@ -1,5 +1,6 @@
 //! The member: shards, the etcd v3 gRPC services, and how they meet.
 
+pub mod cluster;
 pub mod convert;
 pub mod entry;
 pub mod errors;
@@ -8,6 +9,7 @@ pub mod maintenance;
 pub mod members;
 pub mod merge;
 pub mod node;
+pub mod peer_http;
 pub mod router;
 pub mod shard;
 pub mod validate;

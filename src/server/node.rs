@@ -3,7 +3,7 @@
 //!
 //! # Data directory
 //! ```text
-//! <data-dir>/member.toml        identity and layout, written once at bootstrap
+//! <data-dir>/member.toml        identity, layout and the member table
 //! <data-dir>/wal/lane-<i>/      the WAL of core i (shards s with s % lanes == i)
 //! <data-dir>/shard-<s>/         shard s: its store file and raft-snapshot metadata
 //! ```
@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -25,12 +25,12 @@ use cairn_proto::etcdserverpb::kv_server::KvServer;
 use cairn_proto::etcdserverpb::maintenance_server::MaintenanceServer;
 use cairn_proto::etcdserverpb::watch_server::WatchServer;
 use prost::Message as _;
-use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
 
+use super::cluster::ClusterService;
 use super::kv::{Identity, KvService, Limits};
-use super::maintenance::{ClusterService, MaintenanceService};
-use super::members::{Member, Membership};
+use super::maintenance::MaintenanceService;
+use super::members::{Member, MemberFile, MemberRegistry, Membership, LAYOUT_VERSION, MEMBER_FILE};
 use super::router::{Router, ShardCommand, SHARD_QUEUE_COMMANDS};
 use super::shard::{PeerSender, Shard, ShardInbound, ShardSetup};
 use crate::config::{ClusterState, Config, WalBackendChoice, WalSyncMode};
@@ -45,30 +45,6 @@ pub const SHARD_INBOUND_MESSAGES: usize = 8_192;
 /// Largest snapshot stream a member accepts. A snapshot is assembled in memory
 /// (as slices of the receive buffers) before the store is restored from it.
 pub const MAX_SNAPSHOT_STREAM_BYTES: u64 = 4 * 1024 * 1024 * 1024;
-
-const MEMBER_FILE: &str = "member.toml";
-const LAYOUT_VERSION: u32 = 1;
-
-/// What `member.toml` records.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
-pub struct MemberFile {
-    pub layout_version: u32,
-    pub name: String,
-    pub member_id: u64,
-    pub cluster_id: u64,
-    pub shards: u32,
-    pub wal_lanes: u32,
-    pub members: Vec<MemberEntry>,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
-pub struct MemberEntry {
-    pub id: u64,
-    pub name: String,
-    pub peer_urls: Vec<String>,
-}
 
 /// Why the member could not start.
 #[derive(Debug, thiserror::Error)]
@@ -94,108 +70,184 @@ fn data_dir_error(dir: &Path, reason: impl Into<String>) -> StartError {
     }
 }
 
-/// Reads `member.toml`, or creates it for a new member. Checks that the
-/// directory's layout matches the flags.
-pub fn prepare_data_dir(config: &Config) -> Result<(MemberFile, Membership), StartError> {
+/// Reads `member.toml`, or creates it for a new member (bootstrapping a new
+/// cluster, or joining a running one with `--initial-cluster-state existing`).
+/// Checks that the directory's layout matches the flags.
+pub fn prepare_data_dir(config: &Config) -> Result<MemberFile, StartError> {
     let dir = &config.data_dir;
     std::fs::create_dir_all(dir).map_err(|e| data_dir_error(dir, e.to_string()))?;
     let path = dir.join(MEMBER_FILE);
-    let file = match std::fs::read_to_string(&path) {
+    match std::fs::read_to_string(&path) {
         Ok(text) => {
             let file: MemberFile = toml::from_str(&text)
                 .map_err(|e| data_dir_error(dir, format!("{MEMBER_FILE}: {e}")))?;
-            if file.layout_version != LAYOUT_VERSION {
-                return Err(data_dir_error(
-                    dir,
-                    format!(
-                        "layout version {} is not {LAYOUT_VERSION}, the one this build reads",
-                        file.layout_version
-                    ),
-                ));
-            }
-            if file.shards as usize != config.shards {
-                return Err(data_dir_error(
-                    dir,
-                    format!(
-                        "holds {} shards; start with --shards {} (the shard count is fixed when a member is created)",
-                        file.shards, file.shards
-                    ),
-                ));
-            }
-            if file.wal_lanes as usize != config.cores {
-                return Err(data_dir_error(
-                    dir,
-                    format!(
-                        "was created with --cores {}; start with --cores {}",
-                        file.wal_lanes, file.wal_lanes
-                    ),
-                ));
-            }
-            if file.name != config.name {
-                return Err(data_dir_error(
-                    dir,
-                    format!("belongs to member {:?}, not {:?}", file.name, config.name),
-                ));
-            }
-            file
+            check_member_file(config, &file)?;
+            Ok(file)
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            if config.initial_cluster_state == ClusterState::Existing {
-                return Err(data_dir_error(
-                    dir,
-                    "is empty and --initial-cluster-state is existing: joining a running \
-                     cluster needs MemberAdd, which this version does not serve yet",
-                ));
-            }
-            let m = Membership::bootstrap(config);
-            let file = MemberFile {
-                layout_version: LAYOUT_VERSION,
-                name: config.name.clone(),
-                member_id: m.local_id,
-                cluster_id: m.cluster_id,
-                shards: config.shards as u32,
-                wal_lanes: config.cores as u32,
-                members: m
-                    .members
-                    .iter()
-                    .map(|m| MemberEntry {
-                        id: m.id,
-                        name: m.name.clone(),
-                        peer_urls: m.peer_urls.clone(),
-                    })
-                    .collect(),
+            let file = if config.initial_cluster_state == ClusterState::Existing {
+                join_cluster(config)?
+            } else {
+                let m = Membership::bootstrap(config);
+                MemberFile {
+                    layout_version: LAYOUT_VERSION,
+                    name: config.name.clone(),
+                    member_id: m.local_id,
+                    cluster_id: m.cluster_id,
+                    shards: config.shards as u32,
+                    wal_lanes: config.cores as u32,
+                    removed: false,
+                    members: m.members,
+                }
             };
-            let text = toml::to_string(&file).map_err(|e| StartError::Other(e.to_string()))?;
-            let tmp = dir.join("member.toml.tmp");
-            std::fs::write(&tmp, text).map_err(|e| data_dir_error(dir, e.to_string()))?;
-            std::fs::File::open(&tmp)
-                .and_then(|f| f.sync_all())
-                .map_err(|e| data_dir_error(dir, e.to_string()))?;
-            std::fs::rename(&tmp, &path).map_err(|e| data_dir_error(dir, e.to_string()))?;
-            file
+            file.write(dir)
+                .map_err(|e| data_dir_error(dir, format!("writing {MEMBER_FILE}: {e}")))?;
+            Ok(file)
         }
-        Err(e) => return Err(data_dir_error(dir, format!("{MEMBER_FILE}: {e}"))),
+        Err(e) => Err(data_dir_error(dir, format!("{MEMBER_FILE}: {e}"))),
+    }
+}
+
+fn check_member_file(config: &Config, file: &MemberFile) -> Result<(), StartError> {
+    let dir = &config.data_dir;
+    if file.layout_version != LAYOUT_VERSION {
+        return Err(data_dir_error(
+            dir,
+            format!(
+                "layout version {} is not {LAYOUT_VERSION}, the one this build reads",
+                file.layout_version
+            ),
+        ));
+    }
+    if file.shards as usize != config.shards {
+        return Err(data_dir_error(
+            dir,
+            format!(
+                "holds {} shards; start with --shards {} (the shard count is fixed when a member is created)",
+                file.shards, file.shards
+            ),
+        ));
+    }
+    if file.wal_lanes as usize != config.cores {
+        return Err(data_dir_error(
+            dir,
+            format!(
+                "was created with --cores {}; start with --cores {}",
+                file.wal_lanes, file.wal_lanes
+            ),
+        ));
+    }
+    if file.name != config.name {
+        return Err(data_dir_error(
+            dir,
+            format!("belongs to member {:?}, not {:?}", file.name, config.name),
+        ));
+    }
+    if file.removed {
+        return Err(data_dir_error(
+            dir,
+            format!(
+                "member {:?} ({:x}) was removed from the cluster and cannot start with this \
+                 directory again; to rejoin, `member add` it and start it with an empty --data-dir",
+                file.name, file.member_id
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// How long a joining member keeps asking the cluster's members for the table.
+const JOIN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Learns the running cluster from the members named in `--initial-cluster`
+/// (their peer ports' `GET /cairn/members`), and finds this member in it by its
+/// advertised peer URLs: it must have been added with `member add` first.
+fn join_cluster(config: &Config) -> Result<MemberFile, StartError> {
+    let dir = &config.data_dir;
+    let own = &config.initial_advertise_peer_urls;
+    let peers: Vec<String> = config
+        .initial_cluster
+        .iter()
+        .filter(|m| !super::members::same_urls(&m.peer_urls, own))
+        .flat_map(|m| m.peer_urls.iter().cloned())
+        .collect();
+    if peers.is_empty() {
+        return Err(data_dir_error(
+            dir,
+            "--initial-cluster-state existing needs --initial-cluster to name the running \
+             cluster's members besides this one",
+        ));
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| StartError::Other(format!("runtime for joining: {e}")))?;
+    let deadline = std::time::Instant::now() + JOIN_TIMEOUT;
+    let table = rt.block_on(async {
+        let mut errors = Vec::new();
+        loop {
+            for url in &peers {
+                match super::peer_http::fetch_members(url).await {
+                    Ok(t) => return Ok(t),
+                    Err(e) => errors.push(e),
+                }
+            }
+            if std::time::Instant::now() >= deadline {
+                return Err(errors);
+            }
+            errors.clear();
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    });
+    let table = table.map_err(|errors| {
+        data_dir_error(
+            dir,
+            format!(
+                "joining an existing cluster: no member answered ({})",
+                errors.join("; ")
+            ),
+        )
+    })?;
+    if table.shards as usize != config.shards {
+        return Err(data_dir_error(
+            dir,
+            format!(
+                "the cluster runs {} shards; start with --shards {}",
+                table.shards, table.shards
+            ),
+        ));
+    }
+    let members: Vec<Member> = table.members.iter().map(Member::from_info).collect();
+    let Some(me) = members
+        .iter()
+        .find(|m| super::members::same_urls(&m.peer_urls, own))
+    else {
+        return Err(data_dir_error(
+            dir,
+            format!(
+                "the cluster has no member with peer URLs {own:?}: add it first \
+                 (etcdctl member add {} --peer-urls={})",
+                config.name,
+                own.join(",")
+            ),
+        ));
     };
-    let membership = Membership {
-        cluster_id: file.cluster_id,
-        local_id: file.member_id,
-        members: file
-            .members
-            .iter()
-            .map(|m| Member {
-                id: m.id,
-                name: m.name.clone(),
-                peer_urls: m.peer_urls.clone(),
-                client_urls: if m.id == file.member_id {
-                    config.advertise_client_urls.clone()
-                } else {
-                    Vec::new()
-                },
-                is_learner: false,
-            })
-            .collect(),
-    };
-    Ok((file, membership))
+    tracing::info!(
+        member_id = format_args!("{:x}", me.id),
+        cluster_id = format_args!("{:x}", table.cluster_id),
+        learner = me.is_learner,
+        "joining the cluster"
+    );
+    Ok(MemberFile {
+        layout_version: LAYOUT_VERSION,
+        name: config.name.clone(),
+        member_id: me.id,
+        cluster_id: table.cluster_id,
+        shards: config.shards as u32,
+        wal_lanes: config.cores as u32,
+        removed: false,
+        members,
+    })
 }
 
 fn wal_config(config: &Config, lane: usize) -> cairn_wal::Config {
@@ -236,15 +288,37 @@ fn wal_config(config: &Config, lane: usize) -> cairn_wal::Config {
     wal
 }
 
+/// A link and the peer URLs it was dialed at.
+type DialedLink = (cairn_net::Link, Vec<String>);
+
 /// The outbound links of one core: one per (shard, peer member).
 struct CorePeers {
-    links: RefCell<HashMap<(ShardId, u64), cairn_net::Link>>,
+    links: RefCell<HashMap<(ShardId, u64), DialedLink>>,
+    net: cairn_net::Config,
+    inbound: Arc<Vec<mpsc::Sender<ShardInbound>>>,
+}
+
+impl CorePeers {
+    fn dial(&self, shard: ShardId, to: u64, peer_urls: &[String]) -> Result<(), String> {
+        let url = peer_urls
+            .first()
+            .ok_or_else(|| format!("member {to:x} has no peer URL"))?;
+        let addr = crate::config::url_to_addrs("peer-urls", url).map_err(|e| e.to_string())?[0];
+        let (link, rx) = cairn_net::dial(&self.net, to, addr, shard)
+            .map_err(|e| format!("peer transport config: {e}"))?;
+        tokio::task::spawn_local(forward_inbound(rx, self.inbound.clone(), to, None));
+        // Dropping a replaced link closes its connection.
+        self.links
+            .borrow_mut()
+            .insert((shard, to), (link, peer_urls.to_vec()));
+        Ok(())
+    }
 }
 
 impl PeerSender for CorePeers {
     fn send(&self, shard: ShardId, msg: raft::Message) -> bool {
         let links = self.links.borrow();
-        let Some(link) = links.get(&(shard, msg.to)) else {
+        let Some((link, _)) = links.get(&(shard, msg.to)) else {
             return false;
         };
         let payload = Bytes::from(msg.encode_to_vec());
@@ -252,7 +326,30 @@ impl PeerSender for CorePeers {
     }
 
     fn link(&self, shard: ShardId, to: u64) -> Option<cairn_net::Link> {
-        self.links.borrow().get(&(shard, to)).cloned()
+        self.links
+            .borrow()
+            .get(&(shard, to))
+            .map(|(l, _)| l.clone())
+    }
+
+    fn connect(&self, shard: ShardId, to: u64, peer_urls: &[String]) {
+        let current = self
+            .links
+            .borrow()
+            .get(&(shard, to))
+            .map(|(_, u)| u.clone());
+        if current.is_some_and(|u| super::members::same_urls(&u, peer_urls)) {
+            return;
+        }
+        if let Err(e) = self.dial(shard, to, peer_urls) {
+            tracing::warn!(shard, member = format_args!("{to:x}"), error = %e, "cannot reach member");
+        }
+    }
+
+    fn disconnect(&self, shard: ShardId, to: u64) {
+        if let Some((link, _)) = self.links.borrow_mut().remove(&(shard, to)) {
+            link.close();
+        }
     }
 }
 
@@ -351,7 +448,7 @@ fn bind_reuseport(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
 /// Everything shared by the cores, built before they start.
 struct Shared {
     config: Config,
-    membership: Arc<RwLock<Membership>>,
+    members: Arc<MemberRegistry>,
     routing: RoutingTable,
     router: Arc<Router>,
     identity: Identity,
@@ -384,6 +481,8 @@ pub struct Node {
     pub cluster_id: u64,
     pub client_addrs: Vec<SocketAddr>,
     pub peer_addr: SocketAddr,
+    /// The member table; says when this member has been removed.
+    pub members: Arc<MemberRegistry>,
 }
 
 impl Node {
@@ -393,7 +492,8 @@ impl Node {
         config: Config,
         watchdog: Arc<crate::ops::watchdog::Watchdog>,
     ) -> Result<Node, StartError> {
-        let (file, membership) = prepare_data_dir(&config)?;
+        let file = prepare_data_dir(&config)?;
+        let members = Arc::new(MemberRegistry::new(&config.data_dir, file.clone()));
         let routing = RoutingTable::new(config.shards, config.cores);
         let mut senders = Vec::new();
         let mut commands = Vec::new();
@@ -478,7 +578,7 @@ impl Node {
             watchdog,
             caught_up: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
             next_watch_stream: Arc::new(std::sync::atomic::AtomicU64::new(1)),
-            membership: Arc::new(RwLock::new(membership)),
+            members: members.clone(),
             routing,
             router,
             identity,
@@ -513,6 +613,7 @@ impl Node {
             cluster_id: file.cluster_id,
             client_addrs,
             peer_addr,
+            members,
         })
     }
 
@@ -557,24 +658,20 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
     let wal = Rc::new(wal);
 
     // Outbound links for this core's shards to every other member.
-    let membership = shared.membership.read().expect("membership").clone();
+    let membership = shared.members.membership();
     let peers = Rc::new(CorePeers {
         links: RefCell::new(HashMap::new()),
+        net: shared.net.clone(),
+        inbound: shared.inbound_tx.clone(),
     });
     for &shard in &my_shards {
         for m in &membership.members {
             if m.id == membership.local_id {
                 continue;
             }
-            let Some(url) = m.peer_urls.first() else {
-                continue;
-            };
-            let addr = crate::config::url_to_addrs("initial-cluster", url)
-                .map_err(|e| StartError::Other(e.to_string()))?[0];
-            let (link, rx) = cairn_net::dial(&shared.net, m.id, addr, shard)
-                .map_err(|e| StartError::Other(format!("peer transport config: {e}")))?;
-            tokio::task::spawn_local(forward_inbound(rx, shared.inbound_tx.clone(), m.id, None));
-            peers.links.borrow_mut().insert((shard, m.id), link);
+            peers
+                .dial(shard, m.id, &m.peer_urls)
+                .map_err(|e| StartError::Other(format!("member {:x}: {e}", m.id)))?;
         }
     }
 
@@ -595,6 +692,7 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
             shard,
             member_id: membership.local_id,
             initial_voters: membership.voter_ids(),
+            initial_learners: membership.learner_ids(),
             dir: config.data_dir.join(format!("shard-{shard}")),
             wal: wal.clone(),
             recovered: recovered
@@ -616,6 +714,7 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
             readiness: Some(shared.readiness.clone()),
             caught_up: shared.caught_up.clone(),
             shard_count: config.shards,
+            members: shared.members.clone(),
         };
         let driver = Shard::open(&mut setup).map_err(|e| StartError::Other(e.to_string()))?;
         tokio::task::spawn_local(driver.run(setup));
@@ -633,18 +732,33 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
             .map_err(|e| StartError::Other(format!("peer listener: {e}")))?;
         let policy = cairn_net::AcceptPolicy {
             config: shared.net.clone(),
-            members: cairn_net::MemberSet::new(membership.members.iter().map(|m| m.id)),
+            members: shared.members.accepted(),
             lane_count: config.shards as u32,
         };
-        let mut peer_listener = cairn_net::PeerListener::from_listener(listener, policy);
+        // The peer port also answers the peer HTTP requests (membership).
+        let mut peer_listener = cairn_net::PeerListener::from_listener(listener, policy)
+            .with_other_protocol(super::peer_http::is_http);
+        let peer_http = super::peer_http::PeerHttp {
+            router: shared.router.clone(),
+            members: shared.members.clone(),
+        };
         let cores = ctx.cores.clone();
         let shared2 = shared.clone();
         let mut stop = shared.shutdown.clone();
         tokio::task::spawn_local(async move {
             loop {
-                let accepted = tokio::select! {
+                let incoming = tokio::select! {
                     _ = stop.changed() => return,
-                    a = peer_listener.accept() => a,
+                    a = peer_listener.accept_any() => a,
+                };
+                let accepted = match incoming {
+                    cairn_net::Incoming::Peer(a) => a,
+                    cairn_net::Incoming::Other { stream, peer_addr } => {
+                        tokio::task::spawn_local(
+                            peer_http.clone().serve(stream, peer_addr.to_string()),
+                        );
+                        continue;
+                    }
                 };
                 let lane = accepted.hello.lane;
                 let target = shared2.routing.core_for_shard(lane);
@@ -690,7 +804,6 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
         let maintenance = MaintenanceService {
             router: shared.router.clone(),
             identity: shared.identity.clone(),
-            membership: shared.membership.clone(),
         };
         let watch = super::watch::WatchService {
             router: shared.router.clone(),
@@ -699,7 +812,8 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
         };
         let cluster = ClusterService {
             identity: shared.identity.clone(),
-            membership: shared.membership.clone(),
+            router: shared.router.clone(),
+            members: shared.members.clone(),
         };
         let mut stop = shared.shutdown.clone();
         let mut stop_http = shared.shutdown.clone();
@@ -739,6 +853,13 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
         });
     }
     if core == 0 {
+        tokio::task::spawn_local(super::cluster::publish_attributes(
+            shared.router.clone(),
+            shared.members.clone(),
+            config.name.clone(),
+            config.advertise_client_urls.clone(),
+            shared.shutdown.clone(),
+        ));
         for &addr in &config.listen_metrics_addrs {
             let listener = crate::ops::http::bind(addr)
                 .await

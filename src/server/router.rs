@@ -102,6 +102,14 @@ pub enum ShardCommand {
         key: super::watch::WatcherKey,
         reply: Reply<()>,
     },
+    /// A membership change of this shard's Raft group, which only its leader
+    /// carries out: elsewhere it is refused with [`ApiError::NotLeader`]
+    /// naming the leader. Answered once applied here.
+    ConfChange {
+        change: crate::raft::ConfChangeType,
+        member: cairn_proto::cairnpb::MemberInfo,
+        reply: Reply<WriteResult>,
+    },
 }
 
 /// The routing table plus a sender to every shard of this member.
@@ -156,6 +164,20 @@ impl Router {
     pub async fn status(&self, shard: ShardId) -> Result<ShardStatus, ApiError> {
         self.ask(shard, |reply| ShardCommand::Status { reply })
             .await
+    }
+
+    pub async fn conf_change(
+        &self,
+        shard: ShardId,
+        change: crate::raft::ConfChangeType,
+        member: cairn_proto::cairnpb::MemberInfo,
+    ) -> Result<WriteResult, ApiError> {
+        self.ask(shard, |reply| ShardCommand::ConfChange {
+            change,
+            member,
+            reply,
+        })
+        .await
     }
 
     pub async fn hash_kv(&self, shard: ShardId, revision: i64) -> Result<ShardHash, ApiError> {

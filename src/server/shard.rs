@@ -82,6 +82,13 @@ pub trait PeerSender {
 
     /// The link to `to` for `shard`, for streaming a snapshot.
     fn link(&self, shard: ShardId, to: u64) -> Option<cairn_net::Link>;
+
+    /// Makes sure `shard` has a link to member `to` at `peer_urls` (a new
+    /// member, or one whose URLs changed).
+    fn connect(&self, shard: ShardId, to: u64, peer_urls: &[String]);
+
+    /// Drops `shard`'s link to a removed member.
+    fn disconnect(&self, shard: ShardId, to: u64);
 }
 
 /// What the network delivers to a shard.
@@ -146,8 +153,13 @@ fn decode_snapshot_stream(parts: Vec<Bytes>) -> Result<(raft::Message, Vec<Vec<u
 pub struct ShardSetup {
     pub shard: ShardId,
     pub member_id: u64,
-    /// Voters of a new cluster; ignored when the log already has a membership.
+    /// Voters and learners the log starts with (a new cluster's members, or
+    /// the table a joining member fetched); ignored once the log has a
+    /// snapshot. Replaying the log's changes on top gives the same membership
+    /// as replaying them from the bootstrap one: each change sets one member's
+    /// role outright.
     pub initial_voters: Vec<u64>,
+    pub initial_learners: Vec<u64>,
     /// Directory of the shard's store and snapshot metadata.
     pub dir: PathBuf,
     pub wal: Rc<cairn_wal::Wal>,
@@ -173,6 +185,8 @@ pub struct ShardSetup {
     /// caught up when all have.
     pub caught_up: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     pub shard_count: usize,
+    /// The member table, updated as membership changes are applied.
+    pub members: std::sync::Arc<super::members::MemberRegistry>,
 }
 
 /// An apply of one Ready's committed entries slower than this is counted as a
@@ -356,6 +370,8 @@ pub struct Shard {
     /// A snapshot received from the leader, waiting for Raft to accept it:
     /// (index, store chunks).
     incoming_snapshot: Option<(u64, Vec<Vec<u8>>)>,
+    /// The member table that came with the incoming snapshot.
+    incoming_members: Option<cairn_proto::cairnpb::MemberTable>,
     /// Outcomes of snapshot transfers to followers, reported to Raft.
     snapshot_reports_tx: mpsc::UnboundedSender<(u64, raft::SnapshotStatus)>,
     snapshot_reports: mpsc::UnboundedReceiver<(u64, raft::SnapshotStatus)>,
@@ -373,6 +389,12 @@ pub struct Shard {
     /// Random per start: makes read contexts and request ids of this
     /// incarnation distinct from any earlier one's.
     boot_nonce: u64,
+    members: std::sync::Arc<super::members::MemberRegistry>,
+    /// Membership changes waiting for the previous one to be applied (Raft
+    /// takes one at a time).
+    conf_change_queue: std::collections::VecDeque<(ConfChange, Reply<WriteResult>)>,
+    /// This member is a learner of the shard: it serves serializable reads only.
+    is_learner: bool,
 }
 
 fn now_ms() -> u64 {
@@ -416,7 +438,7 @@ impl Shard {
         let snapshot_meta = meta.unwrap_or_else(|| SnapshotMetadata {
             conf_state: Some(ConfState {
                 voters: setup.initial_voters.clone(),
-                learners: Vec::new(),
+                learners: setup.initial_learners.clone(),
             }),
             index: 0,
             term: 0,
@@ -498,8 +520,26 @@ impl Shard {
         cfg.applied_index = applied.max(snapshot_meta.index);
         cfg.seed = setup.member_id ^ (u64::from(shard) << 32) ^ now_ms();
         let boot_nonce: u64 = rand::random::<u64>() | 1;
-        let node =
+        let mut node =
             RawNode::new(&cfg, storage).map_err(|source| ShardOpenError::Raft { shard, source })?;
+        // The membership recorded with the log's start misses the changes
+        // applied since: those entries are not applied again, so their changes
+        // are taken in here (the ones past the applied index are applied as
+        // usual once committed).
+        for e in &entries {
+            if e.index > applied {
+                break;
+            }
+            if e.entry_type == EntryType::EntryConfChange as i32 {
+                let cc =
+                    ConfChange::decode(e.data.clone()).map_err(|err| ShardOpenError::Recovery {
+                        shard,
+                        what: format!("conf change entry {} does not decode: {err}", e.index),
+                    })?;
+                node.apply_conf_change(&cc);
+            }
+        }
+        let is_learner = node.status().conf_state.learners.contains(&setup.member_id);
         tracing::info!(
             shard,
             applied,
@@ -534,6 +574,7 @@ impl Shard {
             nospace_alarm: false,
             failed: None,
             incoming_snapshot: None,
+            incoming_members: None,
             snapshot_reports_tx,
             snapshot_reports,
             snapshots_in_flight: std::collections::HashSet::new(),
@@ -546,6 +587,9 @@ impl Shard {
             pending_reported: 0,
             watchers: super::watch::ShardWatchers::default(),
             boot_nonce,
+            members: setup.members.clone(),
+            conf_change_queue: std::collections::VecDeque::new(),
+            is_learner,
         })
     }
 
@@ -673,6 +717,10 @@ impl Shard {
                         "snapshot received"
                     );
                     self.incoming_snapshot = Some((index, chunks));
+                    self.incoming_members =
+                        cairn_proto::cairnpb::MemberTable::decode(msg.context.clone())
+                            .ok()
+                            .filter(|t| t.cluster_id == self.members.cluster_id());
                     self.step(msg);
                 }
                 Err(e) => {
@@ -727,6 +775,8 @@ impl Shard {
             ShardCommand::Range { request, reply } => {
                 if request.serializable {
                     let _ = reply.send(self.serve_range(&request));
+                } else if self.is_learner {
+                    let _ = reply.send(Err(ApiError::NotSupportedForLearner));
                 } else {
                     self.reads_this_turn.push(PendingRead { request, reply });
                 }
@@ -751,6 +801,11 @@ impl Shard {
                 self.watchers.remove(&key);
                 let _ = reply.send(Ok(()));
             }
+            ShardCommand::ConfChange {
+                change,
+                member,
+                reply,
+            } => self.propose_conf_change(change, member, reply),
             ShardCommand::HashKv { revision, reply } => {
                 let result = self
                     .store
@@ -779,6 +834,10 @@ impl Shard {
     fn propose(&mut self, request: shard_request::Request, reply: Reply<WriteResult>) {
         if let Some(reason) = &self.failed {
             let _ = reply.send(Err(self.storage_error(reason.clone())));
+            return;
+        }
+        if self.is_learner {
+            let _ = reply.send(Err(ApiError::NotSupportedForLearner));
             return;
         }
         if self.nospace_alarm && Self::adds_data(&request) {
@@ -824,6 +883,162 @@ impl Shard {
                     raft::RaftError::TransferInProgress { .. } => ApiError::LeaderChanged,
                     raft::RaftError::UncommittedLimit { .. } => ApiError::TooManyRequests,
                     other => self.storage_error(other.to_string()),
+                }));
+            }
+        }
+    }
+
+    /// Carries out a membership change of this shard's group if this member
+    /// leads it. A change already in effect is answered at once, so a change
+    /// retried after a partial failure completes.
+    fn propose_conf_change(
+        &mut self,
+        change: raft::ConfChangeType,
+        member: cairn_proto::cairnpb::MemberInfo,
+        reply: Reply<WriteResult>,
+    ) {
+        if let Some(reason) = &self.failed {
+            let _ = reply.send(Err(self.storage_error(reason.clone())));
+            return;
+        }
+        let leader = self.node.leader_id();
+        if leader != self.member_id {
+            let _ = reply.send(Err(ApiError::NotLeader { leader }));
+            return;
+        }
+        let status = self.node.status();
+        let cs = &status.conf_state;
+        let id = member.id;
+        let done = match change {
+            raft::ConfChangeType::ConfChangeAddNode => cs.voters.contains(&id),
+            raft::ConfChangeType::ConfChangeAddLearnerNode => cs.learners.contains(&id),
+            raft::ConfChangeType::ConfChangeRemoveNode => {
+                !cs.voters.contains(&id) && !cs.learners.contains(&id)
+            }
+            raft::ConfChangeType::ConfChangeUpdateNode => false,
+        };
+        if done {
+            let _ = reply.send(Ok(WriteResult::Applied {
+                revision: self.store.current_revision(),
+            }));
+            return;
+        }
+        if change == raft::ConfChangeType::ConfChangeAddNode && cs.learners.contains(&id) {
+            // etcd's rule: a learner is promoted only once it has at least 90%
+            // of the leader's log, so the new voter does not stall commits.
+            let last = self.node.last_index();
+            let matched = status
+                .progress
+                .iter()
+                .find(|p| p.id == id)
+                .map_or(0, |p| p.matched);
+            if (matched as f64) < (last as f64) * 0.9 {
+                let _ = reply.send(Err(ApiError::LearnerNotReady));
+                return;
+            }
+        }
+        self.next_request_id += 1;
+        let context = cairn_proto::cairnpb::ConfChangeContext {
+            request_id: self.next_request_id,
+            proposer: self.member_id,
+            member: Some(member),
+        };
+        let cc = ConfChange {
+            id: self.next_request_id,
+            change_type: change as i32,
+            node_id: id,
+            context: Bytes::from(context.encode_to_vec()),
+        };
+        self.conf_change_queue.push_back((cc, reply));
+        self.propose_queued_conf_changes();
+    }
+
+    /// Proposes the queued membership changes Raft will take now: one at a
+    /// time, each after the previous one is applied.
+    fn propose_queued_conf_changes(&mut self) {
+        while let Some((cc, reply)) = self.conf_change_queue.pop_front() {
+            if reply.is_closed() {
+                continue;
+            }
+            match self.node.propose_conf_change(&cc) {
+                Ok(()) => {
+                    self.waiters.insert(
+                        cc.id,
+                        Waiter {
+                            since: Instant::now(),
+                            reply,
+                        },
+                    );
+                }
+                Err(raft::RaftError::ConfChangePending { .. }) => {
+                    self.conf_change_queue.push_front((cc, reply));
+                    return;
+                }
+                Err(e) => {
+                    let _ = reply.send(Err(match e {
+                        raft::RaftError::NoLeader { .. } | raft::RaftError::NotMember { .. } => {
+                            ApiError::NotLeader { leader: raft::NONE }
+                        }
+                        raft::RaftError::TransferInProgress { .. } => ApiError::LeaderChanged,
+                        raft::RaftError::UncommittedLimit { .. } => ApiError::TooManyRequests,
+                        other => self.storage_error(other.to_string()),
+                    }));
+                }
+            }
+        }
+    }
+
+    /// What an applied membership change means beyond Raft: the member table,
+    /// this shard's links, and the waiting client.
+    fn applied_conf_change(&mut self, cc: &ConfChange, conf_state: &ConfState) {
+        use cairn_proto::cairnpb::ConfChangeContext;
+        let ctx = match ConfChangeContext::decode(cc.context.clone()) {
+            Ok(ctx) => ctx,
+            Err(e) => {
+                tracing::warn!(shard = self.id, error = %e, "conf change context does not decode");
+                ConfChangeContext::default()
+            }
+        };
+        let id = cc.node_id;
+        self.is_learner = conf_state.learners.contains(&self.member_id);
+        let preferred_before = self.preferred_leader;
+        let result = match (raft::ConfChangeType::try_from(cc.change_type), &ctx.member) {
+            (Ok(raft::ConfChangeType::ConfChangeRemoveNode), _) => {
+                if id != self.member_id {
+                    self.peers.disconnect(self.id, id);
+                }
+                self.members.remove(id)
+            }
+            (Ok(_), Some(member)) if member.id == id => {
+                if id != self.member_id {
+                    self.peers.connect(self.id, id, &member.peer_urls);
+                }
+                let mut member = member.clone();
+                member.is_learner = conf_state.learners.contains(&id);
+                self.members.upsert(&member)
+            }
+            _ => Ok(()),
+        };
+        if let Err(e) = result {
+            // The table in memory is current; the file catches up with the
+            // next change, and a restart replays the change from the log.
+            tracing::warn!(shard = self.id, error = %e, "writing member.toml failed");
+        }
+        // Leadership keeps spreading over the voters as they are now.
+        let mut voters = conf_state.voters.clone();
+        voters.sort_unstable();
+        self.preferred_leader = if voters.is_empty() {
+            raft::NONE
+        } else {
+            voters[self.id as usize % voters.len()]
+        };
+        if self.preferred_leader != preferred_before {
+            self.leader_since = self.leader_since.map(|_| Instant::now());
+        }
+        if ctx.proposer == self.member_id {
+            if let Some(w) = self.waiters.remove(&ctx.request_id) {
+                let _ = w.reply.send(Ok(WriteResult::Applied {
+                    revision: self.store.current_revision(),
                 }));
             }
         }
@@ -1009,6 +1224,9 @@ impl Shard {
             }
         }
         self.node.advance(rd);
+        if !self.conf_change_queue.is_empty() {
+            self.propose_queued_conf_changes();
+        }
         self.record_progress();
         self.serve_confirmed_reads();
         self.maybe_compact_log();
@@ -1086,6 +1304,9 @@ impl Shard {
                 }
             }
         }
+        // The member table rides along: a member that catches up by snapshot
+        // may have missed the changes that added members.
+        m.context = Bytes::from(self.members.table().encode_to_vec());
         m.snapshot = Some(Snapshot {
             data: Bytes::new(),
             metadata: Some(SnapshotMetadata {
@@ -1159,6 +1380,21 @@ impl Shard {
         };
         swap().map_err(|e| format!("swapping in the snapshot's store: {e}"))?;
         self.snapshot_meta = md.clone();
+        if let Some(table) = self.incoming_members.take() {
+            if let Err(e) = self.members.merge_table(&table) {
+                tracing::warn!(shard = self.id, error = %e, "writing member.toml failed");
+            }
+        }
+        let cs = md.conf_state.clone().unwrap_or_default();
+        self.is_learner = cs.learners.contains(&self.member_id);
+        for id in cs.voters.iter().chain(&cs.learners) {
+            if *id == self.member_id {
+                continue;
+            }
+            if let Some(m) = self.members.get(*id) {
+                self.peers.connect(self.id, *id, &m.peer_urls);
+            }
+        }
         tracing::info!(
             shard = self.id,
             index = md.index,
@@ -1292,7 +1528,8 @@ impl Shard {
                 Ok(EntryType::EntryConfChange) => {
                     match ConfChange::decode(e.data.clone()) {
                         Ok(cc) => {
-                            self.node.apply_conf_change(&cc);
+                            let cs = self.node.apply_conf_change(&cc);
+                            self.applied_conf_change(&cc, &cs);
                         }
                         Err(err) => self.fail(format!(
                             "conf change entry {} does not decode: {err}",

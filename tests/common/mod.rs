@@ -120,6 +120,38 @@ impl Member {
         self.spawn();
     }
 
+    /// Waits for the process to exit by itself; its exit code, or None if it
+    /// is still running after `timeout` (it is left running).
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<i32> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let c = self.child.as_mut()?;
+            if let Some(status) = c.try_wait().expect("wait") {
+                self.child = None;
+                return Some(status.code().unwrap_or(-1));
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Runs the binary once more with this member's flags and waits for it to
+    /// exit: for starts that must be refused. Returns (exit code, output).
+    pub fn start_expecting_refusal(&mut self) -> (i32, String) {
+        assert!(self.child.is_none(), "{} is still running", self.name);
+        self.spawn();
+        let code = self
+            .wait_exit(Duration::from_secs(20))
+            .unwrap_or_else(|| panic!("{} kept running", self.name));
+        (code, self.log_text())
+    }
+
+    pub fn peer_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.peer_port)
+    }
+
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
@@ -166,6 +198,36 @@ impl Cluster {
             m.spawn();
         }
         Cluster { members, dir }
+    }
+
+    /// Prepares (does not start) a member that joins this cluster with
+    /// `--initial-cluster-state existing`: add it with MemberAdd (its
+    /// [`Member::peer_url`]) first, then start it with [`Member::restart`].
+    /// Returns its index in `members`.
+    pub fn new_joining_member(&mut self, name: &str, extra: &[&str]) -> usize {
+        let (client_port, peer_port) = (free_port(), free_port());
+        let mut initial_cluster: Vec<String> = self
+            .members
+            .iter()
+            .map(|m| format!("{}={}", m.name, m.peer_url()))
+            .collect();
+        initial_cluster.push(format!("{name}=http://127.0.0.1:{peer_port}"));
+        let mut extra_args: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        extra_args.extend([
+            "--initial-cluster-state".to_string(),
+            "existing".to_string(),
+        ]);
+        self.members.push(Member {
+            name: name.to_string(),
+            client_port,
+            peer_port,
+            data_dir: self.dir.path().join(format!("{name}.cairn")),
+            log: self.dir.path().join(format!("{name}.log")),
+            child: None,
+            extra_args,
+            initial_cluster: initial_cluster.join(","),
+        });
+        self.members.len() - 1
     }
 
     pub fn endpoints(&self) -> Vec<String> {

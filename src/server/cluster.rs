@@ -1,0 +1,322 @@
+//! The etcd v3 Cluster service: the member list and membership changes.
+//!
+//! A member belongs to every shard's Raft group, so a membership change is one
+//! conf change per shard, each carried out by that shard's leader: the member
+//! a client asked does the shards it leads itself and carries the others to
+//! their leaders over the peer port (`super::peer_http`). Additions go through
+//! the shards in order, removals in reverse order. Each shard's step is
+//! idempotent (a shard already changed answers at once), so a change that
+//! failed part way completes when the client retries it.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cairn_proto::cairnpb::{MemberInfo, ShardConfChange};
+use cairn_proto::etcdserverpb::cluster_server::Cluster;
+use cairn_proto::etcdserverpb::{
+    Member as PbMember, MemberAddRequest, MemberAddResponse, MemberListRequest, MemberListResponse,
+    MemberPromoteRequest, MemberPromoteResponse, MemberRemoveRequest, MemberRemoveResponse,
+    MemberUpdateRequest, MemberUpdateResponse,
+};
+use tonic::{Request, Response, Status};
+
+use super::errors::ApiError;
+use super::kv::Identity;
+use super::members::{added_member_id, same_urls, Member, MemberRegistry};
+use super::peer_http::{self, Forwarded};
+use super::router::Router;
+use crate::raft::ConfChangeType;
+
+/// How long one shard's step of a membership change may take, leader
+/// elections and retries included.
+pub const SHARD_CHANGE_TIMEOUT: Duration = Duration::from_secs(15);
+
+#[derive(Clone)]
+pub struct ClusterService {
+    pub identity: Identity,
+    pub router: Arc<Router>,
+    pub members: Arc<MemberRegistry>,
+}
+
+fn pb_member(m: &Member) -> PbMember {
+    PbMember {
+        id: m.id,
+        name: m.name.clone(),
+        peer_ur_ls: m.peer_urls.clone(),
+        client_ur_ls: m.client_urls.clone(),
+        is_learner: m.is_learner,
+    }
+}
+
+/// Peer URLs must be `http://host:port` with a port (etcd's check, in spirit).
+fn check_peer_urls(urls: &[String]) -> Result<(), ApiError> {
+    if urls.is_empty() {
+        return Err(ApiError::MemberBadUrls);
+    }
+    for u in urls {
+        crate::config::url_to_addrs("peer-urls", u).map_err(|_| ApiError::MemberBadUrls)?;
+    }
+    Ok(())
+}
+
+impl ClusterService {
+    fn members(&self) -> Vec<PbMember> {
+        self.members
+            .membership()
+            .members
+            .iter()
+            .map(pb_member)
+            .collect()
+    }
+
+    fn header(&self) -> Option<cairn_proto::etcdserverpb::ResponseHeader> {
+        Some(self.identity.header(0, 0))
+    }
+
+    /// Carries out `change` of `member` on every shard, in `order`.
+    async fn change_shards(
+        &self,
+        shards: impl Iterator<Item = u32>,
+        change: ConfChangeType,
+        member: &MemberInfo,
+    ) -> Result<(), Status> {
+        for shard in shards {
+            change_shard(&self.router, &self.members, shard, change, member).await?;
+        }
+        Ok(())
+    }
+
+    fn shards(&self) -> std::ops::Range<u32> {
+        0..self.router.routing.shard_count() as u32
+    }
+}
+
+/// One shard's step of a membership change: here if this member leads the
+/// shard, else at its leader; retried through leader changes.
+pub async fn change_shard(
+    router: &Router,
+    members: &MemberRegistry,
+    shard: u32,
+    change: ConfChangeType,
+    member: &MemberInfo,
+) -> Result<(), Status> {
+    let deadline = Instant::now() + SHARD_CHANGE_TIMEOUT;
+    let mut last = Status::unavailable("etcdserver: no leader");
+    while Instant::now() < deadline {
+        let leader = match router.conf_change(shard, change, member.clone()).await {
+            Ok(_) => return Ok(()),
+            Err(ApiError::NotLeader { leader }) => leader,
+            Err(e @ (ApiError::NoLeader | ApiError::LeaderChanged | ApiError::Timeout)) => {
+                last = e.into();
+                0
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let leader_url = members
+            .get(leader)
+            .and_then(|m| m.peer_urls.first().cloned())
+            .filter(|_| leader != members.local_id());
+        if let Some(url) = leader_url {
+            let request = ShardConfChange {
+                shard,
+                change_type: change as i32,
+                member: Some(member.clone()),
+            };
+            match peer_http::forward_conf_change(&url, members.cluster_id(), &request).await {
+                Forwarded::Applied => return Ok(()),
+                Forwarded::NotLeader { .. } => {}
+                Forwarded::Failed(status) if status.code() == tonic::Code::Unavailable => {
+                    last = status;
+                }
+                Forwarded::Failed(status) => return Err(status),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Err(last)
+}
+
+#[tonic::async_trait]
+impl Cluster for ClusterService {
+    async fn member_add(
+        &self,
+        request: Request<MemberAddRequest>,
+    ) -> Result<Response<MemberAddResponse>, Status> {
+        let req = request.into_inner();
+        check_peer_urls(&req.peer_ur_ls)?;
+        let now = self.members.membership();
+        if now.members.iter().any(|m| {
+            m.peer_urls
+                .iter()
+                .any(|u| req.peer_ur_ls.iter().any(|r| r == u))
+        }) {
+            return Err(ApiError::PeerUrlExist.into());
+        }
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let id = added_member_id(&req.peer_ur_ls, now.cluster_id, now_ms);
+        if now.get(id).is_some() {
+            return Err(ApiError::MemberExist.into());
+        }
+        let info = MemberInfo {
+            id,
+            name: String::new(),
+            peer_urls: req.peer_ur_ls.clone(),
+            client_urls: Vec::new(),
+            is_learner: req.is_learner,
+        };
+        let change = if req.is_learner {
+            ConfChangeType::ConfChangeAddLearnerNode
+        } else {
+            ConfChangeType::ConfChangeAddNode
+        };
+        tracing::info!(member = format_args!("{id:x}"), peer_urls = ?req.peer_ur_ls, learner = req.is_learner, "adding member");
+        self.change_shards(self.shards(), change, &info).await?;
+        Ok(Response::new(MemberAddResponse {
+            header: self.header(),
+            member: Some(pb_member(&Member::from_info(&info))),
+            members: self.members(),
+        }))
+    }
+
+    async fn member_remove(
+        &self,
+        request: Request<MemberRemoveRequest>,
+    ) -> Result<Response<MemberRemoveResponse>, Status> {
+        let id = request.into_inner().id;
+        let Some(member) = self.members.get(id) else {
+            return Err(ApiError::MemberNotFound.into());
+        };
+        tracing::info!(member = format_args!("{id:x}"), "removing member");
+        self.change_shards(
+            self.shards().rev(),
+            ConfChangeType::ConfChangeRemoveNode,
+            &member.to_info(),
+        )
+        .await?;
+        // The removed member may not learn of its removal from Raft (the
+        // leader stops replicating to it once the change applies): tell it.
+        if id == self.members.local_id() {
+            if let Err(e) = self.members.mark_removed() {
+                tracing::error!(error = %e, "recording the removal in member.toml failed");
+            }
+        } else if let Some(url) = member.peer_urls.first() {
+            if let Err(e) = peer_http::tell_removed(url, self.members.cluster_id(), id).await {
+                tracing::warn!(member = format_args!("{id:x}"), error = %e, "could not tell the removed member; it stops when it next starts");
+            }
+        }
+        Ok(Response::new(MemberRemoveResponse {
+            header: self.header(),
+            members: self.members(),
+        }))
+    }
+
+    async fn member_update(
+        &self,
+        request: Request<MemberUpdateRequest>,
+    ) -> Result<Response<MemberUpdateResponse>, Status> {
+        let req = request.into_inner();
+        check_peer_urls(&req.peer_ur_ls)?;
+        let Some(member) = self.members.get(req.id) else {
+            return Err(ApiError::MemberNotFound.into());
+        };
+        let now = self.members.membership();
+        if now.members.iter().any(|m| {
+            m.id != req.id
+                && m.peer_urls
+                    .iter()
+                    .any(|u| req.peer_ur_ls.iter().any(|r| r == u))
+        }) {
+            return Err(ApiError::PeerUrlExist.into());
+        }
+        if !same_urls(&member.peer_urls, &req.peer_ur_ls) {
+            let mut info = member.to_info();
+            info.peer_urls = req.peer_ur_ls;
+            self.change_shards(self.shards(), ConfChangeType::ConfChangeUpdateNode, &info)
+                .await?;
+        }
+        Ok(Response::new(MemberUpdateResponse {
+            header: self.header(),
+            members: self.members(),
+        }))
+    }
+
+    async fn member_list(
+        &self,
+        _: Request<MemberListRequest>,
+    ) -> Result<Response<MemberListResponse>, Status> {
+        Ok(Response::new(MemberListResponse {
+            header: self.header(),
+            members: self.members(),
+        }))
+    }
+
+    async fn member_promote(
+        &self,
+        request: Request<MemberPromoteRequest>,
+    ) -> Result<Response<MemberPromoteResponse>, Status> {
+        let id = request.into_inner().id;
+        let Some(member) = self.members.get(id) else {
+            return Err(ApiError::MemberNotFound.into());
+        };
+        if !member.is_learner {
+            return Err(ApiError::MemberNotLearner.into());
+        }
+        let mut info = member.to_info();
+        info.is_learner = false;
+        tracing::info!(member = format_args!("{id:x}"), "promoting learner");
+        self.change_shards(self.shards(), ConfChangeType::ConfChangeAddNode, &info)
+            .await?;
+        Ok(Response::new(MemberPromoteResponse {
+            header: self.header(),
+            members: self.members(),
+        }))
+    }
+}
+
+/// Publishes this member's name and client URLs to the cluster (through shard
+/// 0's log, which every member applies) once they differ from what the table
+/// holds: a member added with `member add` is nameless until it starts, and
+/// members of a new cluster learn each other's client URLs this way.
+pub async fn publish_attributes(
+    router: Arc<Router>,
+    members: Arc<MemberRegistry>,
+    name: String,
+    client_urls: Vec<String>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let local = members.local_id();
+    loop {
+        let Some(current) = members.get(local) else {
+            return;
+        };
+        let published = current.name == name && same_urls(&current.client_urls, &client_urls);
+        if published {
+            return;
+        }
+        let mut info = current.to_info();
+        info.name = name.clone();
+        info.client_urls = client_urls.clone();
+        let attempt = change_shard(
+            &router,
+            &members,
+            0,
+            ConfChangeType::ConfChangeUpdateNode,
+            &info,
+        );
+        tokio::select! {
+            _ = stop.changed() => return,
+            result = attempt => match result {
+                Ok(()) => {
+                    tracing::info!(name, client_urls = ?client_urls, "published this member's attributes");
+                    return;
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "publishing this member's attributes failed; retrying");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+            },
+        }
+    }
+}

@@ -1,0 +1,402 @@
+//! Membership changes with real processes: a learner added with etcdctl joins a
+//! running 3-member cluster (`--initial-cluster-state existing`), catches up
+//! by snapshot, refuses what etcd's learners refuse, is promoted and then
+//! counts in the quorum; members are removed (a running one stops and cannot
+//! start again); restarts keep the membership. Guards against joins that never
+//! catch up, membership lost at restart, and removed members that linger.
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{client, wait_writable, Cluster};
+use etcd_client::GetOptions;
+
+fn etcdctl(endpoint: &str, args: &[&str]) -> (bool, String) {
+    let out = Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints={endpoint}"))
+        .arg("--command-timeout=20s")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run etcdctl");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+async fn member_names(c: &mut etcd_client::Client) -> Vec<(u64, String, bool, Vec<String>)> {
+    let list = c.member_list().await.expect("member list");
+    let mut v: Vec<_> = list
+        .members()
+        .iter()
+        .map(|m| {
+            (
+                m.id(),
+                m.name().to_string(),
+                m.is_learner(),
+                m.client_urls().to_vec(),
+            )
+        })
+        .collect();
+    v.sort_by(|a, b| a.1.cmp(&b.1));
+    v
+}
+
+/// Retries `f` until it returns Some, at most `timeout`.
+async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn learner_joins_is_promoted_and_members_are_removed() {
+    if !common::require_tool("etcdctl") {
+        return;
+    }
+    let flags = ["--shards", "2", "--cores", "1", "--snapshot-count", "100"];
+    let mut cluster = Cluster::start(3, &flags);
+    let ep0 = cluster.members[0].endpoint();
+    let mut c0 = client(&ep0).await;
+    wait_writable(&mut c0, "/members/ready").await;
+
+    // Every member publishes its name and client URLs.
+    let listed = eventually("published attributes", Duration::from_secs(20), || {
+        let mut c = c0.clone();
+        async move {
+            let m = member_names(&mut c).await;
+            m.iter()
+                .all(|(_, _, _, urls)| !urls.is_empty())
+                .then_some(m)
+        }
+    })
+    .await;
+    let names: Vec<&str> = listed.iter().map(|m| m.1.as_str()).collect();
+    assert_eq!(names, ["m0", "m1", "m2"]);
+    for (i, m) in listed.iter().enumerate() {
+        assert_eq!(m.3, vec![cluster.members[i].endpoint()]);
+    }
+
+    // Enough writes on both shards that the log is compacted: the new member
+    // catches up by snapshot, which must carry the member table too.
+    for i in 0..400 {
+        c0.put(format!("/a/k{i:04}"), format!("a{i}"), None)
+            .await
+            .unwrap();
+        c0.put(format!("/b/k{i:04}"), format!("b{i}"), None)
+            .await
+            .unwrap();
+    }
+
+    // etcdctl member add --learner, as an operator would.
+    let idx = cluster.new_joining_member("m3", &flags);
+    let peer_url = cluster.members[idx].peer_url();
+    let (ok, out) = etcdctl(
+        &ep0,
+        &[
+            "member",
+            "add",
+            "m3",
+            "--learner",
+            &format!("--peer-urls={peer_url}"),
+        ],
+    );
+    assert!(ok, "member add failed: {out}");
+    assert!(out.contains("added to cluster"), "{out}");
+    assert!(
+        out.contains("ETCD_INITIAL_CLUSTER_STATE=\"existing\""),
+        "{out}"
+    );
+    let list = member_names(&mut c0).await;
+    let (new_id, _, learner, _) = list
+        .iter()
+        .find(|m| m.1.is_empty())
+        .cloned()
+        .unwrap_or_else(|| panic!("no unstarted member in {list:?}"));
+    assert!(learner);
+    // The same peer URLs twice: etcd's error.
+    let again = c0
+        .member_add(
+            vec![peer_url.clone()],
+            Some(etcd_client::MemberAddOptions::new().with_is_learner()),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        again.to_string().contains("Peer URLs already exists"),
+        "{again}"
+    );
+    // A learner that has not caught up cannot be promoted.
+    let early = c0.member_promote(new_id).await.unwrap_err();
+    assert!(early.to_string().contains("in sync with leader"), "{early}");
+
+    cluster.members[idx].restart();
+    let ep3 = cluster.members[idx].endpoint();
+    let mut c3 = client(&ep3).await;
+    // The learner catches up: every key readable locally (serializable).
+    eventually("the learner to catch up", Duration::from_secs(60), || {
+        let mut c = c3.clone();
+        async move {
+            let a = c
+                .get(
+                    "/a/",
+                    Some(
+                        GetOptions::new()
+                            .with_prefix()
+                            .with_serializable()
+                            .with_count_only(),
+                    ),
+                )
+                .await
+                .ok()?;
+            let b = c
+                .get(
+                    "/b/",
+                    Some(
+                        GetOptions::new()
+                            .with_prefix()
+                            .with_serializable()
+                            .with_count_only(),
+                    ),
+                )
+                .await
+                .ok()?;
+            (a.count() == 400 && b.count() == 400).then_some(())
+        }
+    })
+    .await;
+    let v = c3
+        .get("/b/k0399", Some(GetOptions::new().with_serializable()))
+        .await
+        .unwrap();
+    assert_eq!(v.kvs()[0].value_str().unwrap(), "b399");
+    // What etcd's learners refuse.
+    let put = c3.put("/a/from-learner", "x", None).await.unwrap_err();
+    assert!(
+        put.to_string().contains("not supported for learner"),
+        "{put}"
+    );
+    let get = c3.get("/a/k0001", None).await.unwrap_err();
+    assert!(
+        get.to_string().contains("not supported for learner"),
+        "{get}"
+    );
+    // It published its name.
+    eventually("m3's name", Duration::from_secs(20), || {
+        let mut c = c0.clone();
+        async move {
+            member_names(&mut c)
+                .await
+                .iter()
+                .any(|m| m.0 == new_id && m.1 == "m3")
+                .then_some(())
+        }
+    })
+    .await;
+    assert!(
+        cluster.members[idx]
+            .log_text()
+            .contains("snapshot installed"),
+        "the new member was expected to catch up by snapshot:\n{}",
+        cluster.members[idx].log_text()
+    );
+
+    // Promote with etcdctl (retried while it catches up the last entries).
+    let id_hex = format!("{new_id:x}");
+    eventually("promotion", Duration::from_secs(30), || {
+        let ep0 = ep0.clone();
+        let id_hex = id_hex.clone();
+        async move {
+            let (ok, out) = etcdctl(&ep0, &["member", "promote", &id_hex]);
+            assert!(ok || out.contains("in sync with leader"), "{out}");
+            ok.then_some(())
+        }
+    })
+    .await;
+    let list = member_names(&mut c0).await;
+    assert!(list.iter().all(|m| !m.2), "no learner left: {list:?}");
+    // Now a voter: it takes writes and linearizable reads.
+    c3.put("/a/from-m3", "voter", None).await.unwrap();
+    let r = c0.get("/a/from-m3", None).await.unwrap();
+    assert_eq!(r.kvs()[0].value_str().unwrap(), "voter");
+
+    // With four voters, two of them down is one too many: m3 is in the quorum.
+    cluster.members[0].kill9();
+    cluster.members[1].kill9();
+    let stalled =
+        tokio::time::timeout(Duration::from_secs(3), c3.put("/a/stalled", "x", None)).await;
+    assert!(
+        !matches!(stalled, Ok(Ok(_))),
+        "a write committed without a quorum of four voters"
+    );
+    cluster.members[1].restart();
+    let ep1 = cluster.members[1].endpoint();
+    let mut c1 = client(&ep1).await;
+    wait_writable(&mut c1, "/members/after-restart").await;
+
+    // Remove m0 while it is down (through m3), and m2 while it runs.
+    let ids: std::collections::HashMap<String, u64> = member_names(&mut c1)
+        .await
+        .into_iter()
+        .map(|m| (m.1, m.0))
+        .collect();
+    c3.member_remove(ids["m0"]).await.expect("remove m0");
+    let (ok, out) = etcdctl(&ep1, &["member", "remove", &format!("{:x}", ids["m2"])]);
+    assert!(ok, "member remove failed: {out}");
+    assert!(out.contains("removed from cluster"), "{out}");
+    let code = cluster.members[2].wait_exit(Duration::from_secs(20));
+    assert_eq!(
+        code,
+        Some(0),
+        "m2 should stop once removed:\n{}",
+        cluster.members[2].log_text()
+    );
+    let (code, log) = cluster.members[2].start_expecting_refusal();
+    assert_ne!(code, 0);
+    assert!(log.contains("was removed from the cluster"), "{log}");
+    let not_found = c1.member_remove(ids["m2"]).await.unwrap_err();
+    assert!(
+        not_found.to_string().contains("member not found"),
+        "{not_found}"
+    );
+
+    // m1 and m3 carry on: two voters, both needed.
+    let names: Vec<String> = member_names(&mut c1)
+        .await
+        .into_iter()
+        .map(|m| m.1)
+        .collect();
+    assert_eq!(names, ["m1", "m3"]);
+    wait_writable(&mut c1, "/members/two").await;
+    c3.put("/b/after-removals", "yes", None).await.unwrap();
+
+    // A restart keeps the membership (the table and each shard's conf state).
+    cluster.members[idx].kill9();
+    cluster.members[idx].restart();
+    let mut c3 = client(&ep3).await;
+    wait_writable(&mut c3, "/members/restarted").await;
+    let names: Vec<String> = member_names(&mut c3)
+        .await
+        .into_iter()
+        .map(|m| m.1)
+        .collect();
+    assert_eq!(names, ["m1", "m3"]);
+    let r1 = c1.get("/b/after-removals", None).await.unwrap();
+    let r3 = c3.get("/b/after-removals", None).await.unwrap();
+    let h1 = c1.hash_kv(0).await.unwrap();
+    let h3 = c3.hash_kv(0).await.unwrap();
+    assert_eq!(
+        r1.header().unwrap().revision(),
+        r3.header().unwrap().revision()
+    );
+    assert_eq!(
+        h1.hash(),
+        h3.hash(),
+        "members diverged:\n{}",
+        cluster.logs()
+    );
+}
+
+#[test]
+fn joining_without_being_added_is_refused_with_the_command_to_run() {
+    let mut cluster = Cluster::start(1, &["--shards", "1", "--cores", "1"]);
+    let idx = cluster.new_joining_member("stranger", &["--shards", "1", "--cores", "1"]);
+    let (code, log) = cluster.members[idx].start_expecting_refusal();
+    assert_ne!(code, 0);
+    assert!(log.contains("member add"), "{log}");
+    // The wrong shard count is refused naming the flag.
+    let idx = cluster.new_joining_member("wrong", &["--shards", "3", "--cores", "1"]);
+    let (code, log) = cluster.members[idx].start_expecting_refusal();
+    assert_ne!(code, 0);
+    assert!(log.contains("--shards 1"), "{log}");
+    assert!(cluster.members[0].is_running());
+}
+
+/// One HTTP/1.1 request on a fresh connection; the whole answer.
+fn raw_http(port: u16, request: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(request.as_bytes()).unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_membership_requests_on_the_peer_port_are_refused() {
+    let cluster = Cluster::start(1, &["--shards", "1", "--cores", "1"]);
+    let mut c = client(&cluster.members[0].endpoint()).await;
+    wait_writable(&mut c, "/peer-http/ready").await;
+    let list = c.member_list().await.unwrap();
+    let cluster_id = list.header().unwrap().cluster_id();
+    let own_id = list.members()[0].id();
+    let port = cluster.members[0].peer_port;
+
+    let r = raw_http(
+        port,
+        "GET /nope HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+    );
+    assert!(r.starts_with("HTTP/1.1 404"), "{r}");
+    let r = raw_http(
+        port,
+        "POST /cairn/conf-change HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-length: 0\r\n\r\n",
+    );
+    assert!(r.starts_with("HTTP/1.1 412"), "no cluster id: {r}");
+    let r = raw_http(
+        port,
+        &format!(
+            "POST /cairn/conf-change HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\
+             x-cairn-cluster-id: {cluster_id:x}\r\ncontent-length: 3\r\n\r\n\x0f\x0f\x0f"
+        ),
+    );
+    assert!(r.starts_with("HTTP/1.1 400"), "garbage change: {r}");
+    let r = raw_http(
+        port,
+        &format!(
+            "POST /cairn/removed HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\
+             x-cairn-cluster-id: {cluster_id:x}\r\nx-cairn-member: {:x}\r\ncontent-length: 0\r\n\r\n",
+            own_id ^ 1
+        ),
+    );
+    assert!(r.starts_with("HTTP/1.1 400"), "someone else's removal: {r}");
+    // The table is served to joiners.
+    let r = raw_http(
+        port,
+        "GET /cairn/members HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+    );
+    assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+    // Membership errors as etcd gives them.
+    let e = c.member_remove(12345).await.unwrap_err();
+    assert!(e.to_string().contains("member not found"), "{e}");
+    let e = c.member_promote(own_id).await.unwrap_err();
+    assert!(
+        e.to_string().contains("can only promote a learner member"),
+        "{e}"
+    );
+    let e = c
+        .member_add(vec!["not a url".to_string()], None)
+        .await
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("given member URLs are invalid"),
+        "{e}"
+    );
+    // Still serving.
+    c.put("/peer-http/after", "ok", None).await.unwrap();
+}
