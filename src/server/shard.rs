@@ -101,20 +101,6 @@ pub enum ShardInbound {
     Snapshot(Vec<Bytes>),
 }
 
-/// Encodes a snapshot stream: the `MsgSnap`, then the store's chunks.
-fn encode_snapshot_stream(msg: &raft::Message, chunks: &[Vec<u8>]) -> Bytes {
-    let msg_bytes = msg.encode_to_vec();
-    let total = 4 + msg_bytes.len() + chunks.iter().map(|c| 4 + c.len()).sum::<usize>();
-    let mut out = Vec::with_capacity(total);
-    out.extend_from_slice(&(msg_bytes.len() as u32).to_le_bytes());
-    out.extend_from_slice(&msg_bytes);
-    for c in chunks {
-        out.extend_from_slice(&(c.len() as u32).to_le_bytes());
-        out.extend_from_slice(c);
-    }
-    Bytes::from(out)
-}
-
 /// Splits a received snapshot stream back into the `MsgSnap` and store chunks.
 fn decode_snapshot_stream(parts: Vec<Bytes>) -> Result<(raft::Message, Vec<Vec<u8>>), String> {
     let mut all = bytes::BytesMut::with_capacity(parts.iter().map(Bytes::len).sum());
@@ -317,6 +303,72 @@ fn finish_interrupted_swap(dir: &std::path::Path) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Snapshots held at once while Raft decides on them.
+const MAX_HELD_SNAPSHOTS: usize = 2;
+
+/// How long sending one snapshot to a follower may take, waiting for the
+/// follower to be reachable included. Raft is then told it failed, and sends
+/// a fresh snapshot when the follower next answers.
+pub const SNAPSHOT_SEND_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// A snapshot received from a leader, waiting for Raft to accept it.
+struct IncomingSnapshot {
+    chunks: Vec<Vec<u8>>,
+    members: Option<cairn_proto::cairnpb::MemberTable>,
+}
+
+/// A snapshot stream read from the store as it is sent: the length-prefixed
+/// `MsgSnap`, then each store chunk length-prefixed (the layout
+/// [`decode_snapshot_stream`] reads). The store snapshot it reads from never
+/// blocks the shard's writes. It cannot start over once read from: a transfer
+/// that fails part way fails, and Raft asks for a fresh snapshot.
+struct StoreSnapshotSource {
+    message: Option<Bytes>,
+    stream: mvcc::SnapshotStream,
+    /// The data of a chunk whose length prefix went out last.
+    pending: Option<Bytes>,
+    started: bool,
+    bytes: u64,
+}
+
+impl cairn_net::StreamSource for StoreSnapshotSource {
+    fn rewind(&mut self) -> std::io::Result<()> {
+        if self.started {
+            return Err(std::io::Error::other(
+                "a store snapshot cannot start over; a fresh one is sent instead",
+            ));
+        }
+        Ok(())
+    }
+
+    fn next_chunk(&mut self, _max_bytes: usize) -> std::io::Result<Option<Bytes>> {
+        self.started = true;
+        if let Some(m) = self.message.take() {
+            let mut out = Vec::with_capacity(4 + m.len());
+            out.extend_from_slice(&(m.len() as u32).to_le_bytes());
+            out.extend_from_slice(&m);
+            self.bytes += out.len() as u64;
+            return Ok(Some(Bytes::from(out)));
+        }
+        if let Some(data) = self.pending.take() {
+            self.bytes += data.len() as u64;
+            return Ok(Some(data));
+        }
+        match self.stream.next() {
+            None => Ok(None),
+            Some(Err(e)) => Err(std::io::Error::other(format!(
+                "reading the store for a snapshot: {e}"
+            ))),
+            Some(Ok(chunk)) => {
+                self.bytes += 4;
+                let prefix = Bytes::copy_from_slice(&(chunk.len() as u32).to_le_bytes());
+                self.pending = Some(Bytes::from(chunk));
+                Ok(Some(prefix))
+            }
+        }
+    }
+}
+
 /// A linearizable read waiting for its ReadIndex round and then for apply.
 struct PendingRead {
     request: RangeRequest,
@@ -369,9 +421,10 @@ pub struct Shard {
     failed: Option<String>,
     /// A snapshot received from the leader, waiting for Raft to accept it:
     /// (index, store chunks).
-    incoming_snapshot: Option<(u64, Vec<Vec<u8>>)>,
-    /// The member table that came with the incoming snapshot.
-    incoming_members: Option<cairn_proto::cairnpb::MemberTable>,
+    /// Snapshots received from leaders, by index, waiting for Raft to accept
+    /// one: its store chunks and the member table that came with it. Keyed by
+    /// index so a snapshot Raft refuses never replaces one it accepted.
+    incoming_snapshots: BTreeMap<u64, IncomingSnapshot>,
     /// Outcomes of snapshot transfers to followers, reported to Raft.
     snapshot_reports_tx: mpsc::UnboundedSender<(u64, raft::SnapshotStatus)>,
     snapshot_reports: mpsc::UnboundedReceiver<(u64, raft::SnapshotStatus)>,
@@ -573,8 +626,7 @@ impl Shard {
             leader_since: None,
             nospace_alarm: false,
             failed: None,
-            incoming_snapshot: None,
-            incoming_members: None,
+            incoming_snapshots: BTreeMap::new(),
             snapshot_reports_tx,
             snapshot_reports,
             snapshots_in_flight: std::collections::HashSet::new(),
@@ -716,11 +768,15 @@ impl Shard {
                         chunks = chunks.len(),
                         "snapshot received"
                     );
-                    self.incoming_snapshot = Some((index, chunks));
-                    self.incoming_members =
-                        cairn_proto::cairnpb::MemberTable::decode(msg.context.clone())
-                            .ok()
-                            .filter(|t| t.cluster_id == self.members.cluster_id());
+                    let members = cairn_proto::cairnpb::MemberTable::decode(msg.context.clone())
+                        .ok()
+                        .filter(|t| t.cluster_id == self.members.cluster_id());
+                    self.incoming_snapshots
+                        .insert(index, IncomingSnapshot { chunks, members });
+                    // Raft takes the newest; older ones held are never needed.
+                    while self.incoming_snapshots.len() > MAX_HELD_SNAPSHOTS {
+                        self.incoming_snapshots.pop_first();
+                    }
                     self.step(msg);
                 }
                 Err(e) => {
@@ -1293,17 +1349,6 @@ impl Shard {
             self.node.report_snapshot(to, raft::SnapshotStatus::Failure);
             return;
         };
-        let mut chunks = Vec::new();
-        for c in stream {
-            match c {
-                Ok(c) => chunks.push(c),
-                Err(e) => {
-                    tracing::error!(shard = self.id, error = %e, "reading the store for a snapshot failed");
-                    self.node.report_snapshot(to, raft::SnapshotStatus::Failure);
-                    return;
-                }
-            }
-        }
         // The member table rides along: a member that catches up by snapshot
         // may have missed the changes that added members.
         m.context = Bytes::from(self.members.table().encode_to_vec());
@@ -1315,23 +1360,37 @@ impl Shard {
                 term,
             }),
         });
-        let data = encode_snapshot_stream(&m, &chunks);
-        tracing::info!(
-            shard = self.id,
-            to,
-            index,
-            bytes = data.len(),
-            "sending snapshot"
-        );
+        tracing::info!(shard = self.id, to, index, "sending snapshot");
         self.snapshots_in_flight.insert(to);
         let reports = self.snapshot_reports_tx.clone();
         let shard = self.id;
+        let mut source = StoreSnapshotSource {
+            message: Some(Bytes::from(m.encode_to_vec())),
+            stream,
+            pending: None,
+            started: false,
+            bytes: 0,
+        };
         tokio::task::spawn_local(async move {
-            let mut source = cairn_net::BytesSource::new(data);
-            let status = match link.send_stream(shard, &mut source).await {
-                Ok(_) => raft::SnapshotStatus::Finish,
-                Err(e) => {
+            let sent =
+                tokio::time::timeout(SNAPSHOT_SEND_TIMEOUT, link.send_stream(shard, &mut source))
+                    .await;
+            let status = match sent {
+                Ok(Ok(_)) => {
+                    tracing::info!(shard, to, index, bytes = source.bytes, "snapshot sent");
+                    raft::SnapshotStatus::Finish
+                }
+                Ok(Err(e)) => {
                     tracing::warn!(shard, to, error = %e, "snapshot transfer failed");
+                    raft::SnapshotStatus::Failure
+                }
+                Err(_) => {
+                    tracing::warn!(
+                        shard,
+                        to,
+                        timeout_s = SNAPSHOT_SEND_TIMEOUT.as_secs(),
+                        "snapshot transfer timed out"
+                    );
                     raft::SnapshotStatus::Failure
                 }
             };
@@ -1343,16 +1402,16 @@ impl Shard {
     /// store is built beside the old one, then the directories are swapped.
     fn install_snapshot(&mut self, snapshot: &Snapshot) -> Result<(), String> {
         let md = snapshot.metadata.clone().unwrap_or_default();
-        let chunks = match self.incoming_snapshot.take() {
-            Some((index, chunks)) if index == md.index => chunks,
-            other => {
-                return Err(format!(
-                    "raft accepted a snapshot at index {} but the data held is for {:?}",
-                    md.index,
-                    other.map(|(i, _)| i)
-                ))
-            }
+        let Some(incoming) = self.incoming_snapshots.remove(&md.index) else {
+            return Err(format!(
+                "raft accepted a snapshot at index {} but the data held is for {:?}",
+                md.index,
+                self.incoming_snapshots.keys().collect::<Vec<_>>()
+            ));
         };
+        // Older snapshots are behind the one installed now.
+        self.incoming_snapshots.retain(|&i, _| i > md.index);
+        let IncomingSnapshot { chunks, members } = incoming;
         let new_dir = swap_dir(&self.dir, "new");
         let old_dir = swap_dir(&self.dir, "old");
         let _ = std::fs::remove_dir_all(&new_dir);
@@ -1380,7 +1439,7 @@ impl Shard {
         };
         swap().map_err(|e| format!("swapping in the snapshot's store: {e}"))?;
         self.snapshot_meta = md.clone();
-        if let Some(table) = self.incoming_members.take() {
+        if let Some(table) = members {
             if let Err(e) = self.members.merge_table(&table) {
                 tracing::warn!(shard = self.id, error = %e, "writing member.toml failed");
             }
@@ -1764,5 +1823,79 @@ impl Shard {
         self.snapshot_meta = md;
         self.wal.release(u64::from(self.id), compact_to);
         tracing::debug!(shard = self.id, index = compact_to, "raft log compacted");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cairn_net::StreamSource as _;
+
+    fn store_with_keys(dir: &std::path::Path, n: usize) -> mvcc::Store {
+        let mut store = mvcc::Store::open(dir, 0, mvcc::Config::default()).unwrap();
+        for i in 0..n {
+            let put = pb::PutRequest {
+                key: Bytes::from(format!("/k/{i:05}")),
+                value: Bytes::from(vec![b'v'; 300]),
+                ..Default::default()
+            };
+            store
+                .apply(i as u64 + 1, &mvcc::Op::Put(convert::put_from_pb(&put)))
+                .unwrap();
+        }
+        store.commit().unwrap();
+        store
+    }
+
+    #[test]
+    fn a_snapshot_read_as_it_is_sent_restores_the_same_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store_with_keys(&dir.path().join("a"), 3_000);
+        let msg = raft::Message {
+            msg_type: raft::MessageType::MsgSnap as i32,
+            to: 2,
+            from: 1,
+            term: 3,
+            ..Default::default()
+        };
+        let mut source = StoreSnapshotSource {
+            message: Some(Bytes::from(msg.encode_to_vec())),
+            stream: store.snapshot_stream(),
+            pending: None,
+            started: false,
+            bytes: 0,
+        };
+        source.rewind().unwrap();
+        let mut parts = Vec::new();
+        while let Some(b) = source.next_chunk(64 * 1024).unwrap() {
+            parts.push(b);
+        }
+        // Once read from, it cannot start over: the transfer fails instead.
+        assert!(source.rewind().is_err());
+        assert_eq!(
+            source.bytes,
+            parts.iter().map(|p| p.len() as u64).sum::<u64>()
+        );
+        let (got, chunks) = decode_snapshot_stream(parts).unwrap();
+        assert_eq!(got, msg);
+        let restored =
+            mvcc::Store::restore(&dir.path().join("b"), 0, mvcc::Config::default(), chunks)
+                .unwrap();
+        assert_eq!(restored.applied_index(), 3_000);
+        assert_eq!(
+            restored.hash_kv(0).unwrap().hash,
+            store.hash_kv(0).unwrap().hash
+        );
+    }
+
+    #[test]
+    fn a_truncated_snapshot_stream_is_an_error() {
+        let msg = raft::Message::default().encode_to_vec();
+        let mut whole = (msg.len() as u32).to_le_bytes().to_vec();
+        whole.extend_from_slice(&msg);
+        whole.extend_from_slice(&100u32.to_le_bytes());
+        whole.extend_from_slice(b"short");
+        let err = decode_snapshot_stream(vec![Bytes::from(whole)]).unwrap_err();
+        assert!(err.contains("store chunk"), "{err}");
     }
 }
