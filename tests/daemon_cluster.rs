@@ -359,4 +359,35 @@ async fn watchers_see_writes_made_through_other_members() {
             ),
         ]
     );
+
+    // A progress request is answered with a revision through which every
+    // event has been sent (etcd's promise), not 0.
+    let last = writer
+        .put("/watched/b", "2", None)
+        .await
+        .unwrap()
+        .header()
+        .unwrap()
+        .revision();
+    let event = tokio::time::timeout(Duration::from_secs(10), stream.message())
+        .await
+        .expect("the event within 10 s")
+        .unwrap()
+        .expect("stream open");
+    assert_eq!(
+        event.events()[0].kv().unwrap().key_str().unwrap(),
+        "/watched/b"
+    );
+    stream.request_progress().await.unwrap();
+    let progress = tokio::time::timeout(Duration::from_secs(10), stream.message())
+        .await
+        .expect("progress within 10 s")
+        .unwrap()
+        .expect("stream open");
+    assert!(progress.events().is_empty() && !progress.canceled());
+    assert!(
+        progress.header().unwrap().revision() >= last,
+        "progress at {} but events through {last} were sent",
+        progress.header().unwrap().revision()
+    );
 }

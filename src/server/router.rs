@@ -102,6 +102,12 @@ pub enum ShardCommand {
         key: super::watch::WatcherKey,
         reply: Reply<()>,
     },
+    /// How far the watchers of one watch stream have been sent their events
+    /// (the shard's revision when the stream has none here).
+    WatchProgress {
+        stream: u64,
+        reply: Reply<i64>,
+    },
     /// A membership change of this shard's Raft group, which only its leader
     /// carries out: elsewhere it is refused with [`ApiError::NotLeader`]
     /// naming the leader. Answered once applied here.

@@ -650,6 +650,9 @@ impl Shard {
         let mut ticker = tokio::time::interval(setup.tick);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_commit = Instant::now();
+        // A store over its quota raises NOSPACE again at restart, before any
+        // write can add to it.
+        self.check_quota();
         loop {
             tokio::select! {
                 biased;
@@ -856,6 +859,14 @@ impl Shard {
             ShardCommand::CancelWatch { key, reply } => {
                 self.watchers.remove(&key);
                 let _ = reply.send(Ok(()));
+            }
+            ShardCommand::WatchProgress { stream, reply } => {
+                // Deliver what can go out now, then say how far that got.
+                if !self.watchers.is_empty() {
+                    self.watchers.notify(self.id, &self.store);
+                }
+                let current = self.store.current_revision();
+                let _ = reply.send(Ok(self.watchers.delivered_through(stream, current)));
             }
             ShardCommand::ConfChange {
                 change,

@@ -110,6 +110,18 @@ impl ShardWatchers {
         self.watchers.remove(key);
     }
 
+    /// The revision through which every watcher of watch stream `stream` has
+    /// been sent its events (`current_revision` when the stream has none
+    /// here): what a progress notification may promise.
+    pub fn delivered_through(&self, stream: u64, current_revision: i64) -> i64 {
+        self.watchers
+            .iter()
+            .filter(|(key, _)| key.0 == stream)
+            .map(|(_, w)| (w.next_rev - 1).min(current_revision))
+            .min()
+            .unwrap_or(current_revision)
+    }
+
     /// Delivers what the store holds past each watcher's position. Never waits:
     /// a watcher whose stream is full stays behind and is retried next time.
     pub fn notify(&mut self, shard: ShardId, store: &mvcc::Store) {
@@ -356,8 +368,39 @@ impl Watch for WatchService {
                                 }
                             }
                             Some(watch_request::RequestUnion::ProgressRequest(_)) => {
+                                // etcd's promise: every event up to the header's
+                                // revision has been sent on this stream. Each
+                                // shard says how far its watchers of this stream
+                                // got; batches it sent before answering are
+                                // already queued here and go out first.
+                                let mut shards: Vec<ShardId> = active.values().flatten().copied().collect();
+                                if shards.is_empty() {
+                                    shards = svc.router.routing.shard_ids().collect();
+                                }
+                                shards.sort_unstable();
+                                shards.dedup();
+                                let mut revision = i64::MAX;
+                                for s in shards {
+                                    if let Ok(r) = svc.router.ask(s, |reply| ShardCommand::WatchProgress {
+                                        stream: stream_id,
+                                        reply,
+                                    }).await {
+                                        revision = revision.min(r);
+                                    }
+                                }
+                                let mut closed = false;
+                                while let Ok(batch) = batch_rx.try_recv() {
+                                    if let Some(resp) = batch_response(&svc, &mut active, batch) {
+                                        closed |= out_tx.send(Ok(resp)).await.is_err();
+                                    }
+                                }
+                                if revision == i64::MAX || closed {
+                                    // No shard answered (shutting down), or the
+                                    // client is gone: promise nothing.
+                                    continue;
+                                }
                                 let _ = out_tx.send(Ok(WatchResponse {
-                                    header: svc.header(0),
+                                    header: svc.header(revision),
                                     watch_id: -1,
                                     ..Default::default()
                                 })).await;
@@ -366,27 +409,8 @@ impl Watch for WatchService {
                         }
                     }
                     Some(batch) = batch_rx.recv() => {
-                        if !active.contains_key(&batch.watch_id) {
+                        let Some(resp) = batch_response(&svc, &mut active, batch) else {
                             continue;
-                        }
-                        let resp = match batch.compact_revision {
-                            Some(compact) => {
-                                active.remove(&batch.watch_id);
-                                WatchResponse {
-                                    header: svc.header(batch.revision),
-                                    watch_id: batch.watch_id,
-                                    canceled: true,
-                                    compact_revision: compact,
-                                    cancel_reason: "etcdserver: mvcc: required revision has been compacted".into(),
-                                    ..Default::default()
-                                }
-                            }
-                            None => WatchResponse {
-                                header: svc.header(batch.revision),
-                                watch_id: batch.watch_id,
-                                events: batch.events,
-                                ..Default::default()
-                            },
                         };
                         if out_tx.send(Ok(resp)).await.is_err() {
                             break;
@@ -399,4 +423,35 @@ impl Watch for WatchService {
         });
         Ok(Response::new(ReceiverStream::new(out_rx)))
     }
+}
+
+/// The response a shard's batch becomes on its stream: none for a watcher
+/// cancelled meanwhile; a cancellation for one whose position was compacted.
+fn batch_response(
+    svc: &WatchService,
+    active: &mut HashMap<i64, Vec<ShardId>>,
+    batch: WatchBatch,
+) -> Option<WatchResponse> {
+    if !active.contains_key(&batch.watch_id) {
+        return None;
+    }
+    Some(match batch.compact_revision {
+        Some(compact) => {
+            active.remove(&batch.watch_id);
+            WatchResponse {
+                header: svc.header(batch.revision),
+                watch_id: batch.watch_id,
+                canceled: true,
+                compact_revision: compact,
+                cancel_reason: "etcdserver: mvcc: required revision has been compacted".into(),
+                ..Default::default()
+            }
+        }
+        None => WatchResponse {
+            header: svc.header(batch.revision),
+            watch_id: batch.watch_id,
+            events: batch.events,
+            ..Default::default()
+        },
+    })
 }
