@@ -391,3 +391,47 @@ async fn watchers_see_writes_made_through_other_members() {
         progress.header().unwrap().revision()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn defragment_gives_freed_space_back_to_the_disk() {
+    let cluster = Cluster::start(1, &["--shards", "2", "--cores", "1"]);
+    let mut c = client(&cluster.members[0].endpoint()).await;
+    wait_writable(&mut c, "/defrag/ready").await;
+    let value = "x".repeat(4096);
+    for i in 0..3000 {
+        let prefix = if i % 2 == 0 { "/da/" } else { "/db/" };
+        c.put(format!("{prefix}{i:05}"), value.clone(), None)
+            .await
+            .unwrap();
+    }
+    let mut last = 0;
+    for prefix in ["/da/", "/db/"] {
+        let r = c
+            .delete(
+                prefix,
+                Some(etcd_client::DeleteOptions::new().with_prefix()),
+            )
+            .await
+            .unwrap();
+        last = last.max(r.header().unwrap().revision());
+    }
+    c.compact(
+        last,
+        Some(etcd_client::CompactionOptions::new().with_physical()),
+    )
+    .await
+    .unwrap();
+    let before = c.status().await.unwrap().db_size();
+    c.defragment().await.unwrap();
+    let after = c.status().await.unwrap();
+    assert!(
+        after.db_size() * 2 < before,
+        "db size {} before defragment, {} after",
+        before,
+        after.db_size()
+    );
+    // Still serving, with the data that is left.
+    c.put("/da/after", "1", None).await.unwrap();
+    let r = c.get("/defrag/ready", None).await.unwrap();
+    assert_eq!(r.kvs().len(), 1);
+}

@@ -200,4 +200,6 @@ fn etcdctl_works_against_a_default_cairn() {
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| panic!("hashkv output: {hash}"));
     assert!(h != 0);
+    let defrag = ok(&["defrag"]);
+    assert!(defrag.contains("Finished defragmenting"), "{defrag}");
 }

@@ -19,7 +19,11 @@ use tonic::{Request, Response, Status};
 
 use super::errors::ApiError;
 use super::kv::Identity;
-use super::router::{Router, ShardHash, ShardStatus};
+use super::router::{Router, ShardCommand, ShardHash, ShardStatus};
+
+/// How long defragmenting one shard's store may take before the client is
+/// answered with a timeout (the work itself carries on).
+pub const DEFRAGMENT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// The etcd API level Cairn serves, reported as the server version: clients use it
 /// to decide which RPCs they may call.
@@ -149,7 +153,18 @@ impl Maintenance for MaintenanceService {
         &self,
         _: Request<DefragmentRequest>,
     ) -> Result<Response<DefragmentResponse>, Status> {
-        Err(ApiError::Unsupported("Defragment (the store reuses freed pages online)").into())
+        // The store reuses freed pages online, so this is rarely needed: it
+        // gives the disk back. Shard by shard, each blocking only its core.
+        for shard in self.router.routing.shard_ids() {
+            self.router
+                .ask_within(shard, DEFRAGMENT_TIMEOUT, |reply| {
+                    ShardCommand::Defragment { reply }
+                })
+                .await?;
+        }
+        Ok(Response::new(DefragmentResponse {
+            header: Some(self.identity.header(0, 0)),
+        }))
     }
 
     async fn hash(&self, _: Request<HashRequest>) -> Result<Response<HashResponse>, Status> {

@@ -102,6 +102,10 @@ pub enum ShardCommand {
         key: super::watch::WatcherKey,
         reply: Reply<()>,
     },
+    /// Shrinks the shard's store file to what its live pages need.
+    Defragment {
+        reply: Reply<()>,
+    },
     /// How far the watchers of one watch stream have been sent their events
     /// (the shard's revision when the stream has none here).
     WatchProgress {
@@ -138,10 +142,20 @@ impl Router {
         shard: ShardId,
         make: impl FnOnce(Reply<T>) -> ShardCommand,
     ) -> Result<T, ApiError> {
+        self.ask_within(shard, REQUEST_TIMEOUT, make).await
+    }
+
+    /// [`Self::ask`] with another deadline, for long maintenance work.
+    pub async fn ask_within<T>(
+        &self,
+        shard: ShardId,
+        timeout: Duration,
+        make: impl FnOnce(Reply<T>) -> ShardCommand,
+    ) -> Result<T, ApiError> {
         let (tx, rx) = oneshot::channel();
         let sender = &self.shards[shard as usize];
         sender.send(make(tx)).await.map_err(|_| ApiError::Stopped)?;
-        match tokio::time::timeout(REQUEST_TIMEOUT, rx).await {
+        match tokio::time::timeout(timeout, rx).await {
             Ok(Ok(result)) => result,
             // The driver dropped the reply: it is shutting down.
             Ok(Err(_)) => Err(ApiError::Stopped),

@@ -860,6 +860,9 @@ impl Shard {
                 self.watchers.remove(&key);
                 let _ = reply.send(Ok(()));
             }
+            ShardCommand::Defragment { reply } => {
+                let _ = reply.send(self.defragment());
+            }
             ShardCommand::WatchProgress { stream, reply } => {
                 // Deliver what can go out now, then say how far that got.
                 if !self.watchers.is_empty() {
@@ -1641,6 +1644,35 @@ impl Shard {
                 }
             }
             Err(e) => self.fail(format!("store commit failed: {e}")),
+        }
+    }
+
+    fn defragment(&mut self) -> Result<(), ApiError> {
+        if let Some(reason) = &self.failed {
+            return Err(self.storage_error(reason.clone()));
+        }
+        let started = Instant::now();
+        match self.store.defragment() {
+            Ok(report) => {
+                tracing::info!(
+                    shard = self.id,
+                    before_bytes = report.file_bytes_before,
+                    after_bytes = report.file_bytes_after,
+                    took_ms = started.elapsed().as_millis() as u64,
+                    "store defragmented"
+                );
+                if let Some(m) = &self.metrics {
+                    m.set_db_size(self.store.size_bytes(), self.store.size_in_use_bytes());
+                }
+                Ok(())
+            }
+            Err(e) => {
+                // The store may be part way through moving pages: like a
+                // failed commit, nothing more is trusted until restart.
+                let reason = format!("defragment failed: {e}");
+                self.fail(reason.clone());
+                Err(self.storage_error(reason))
+            }
         }
     }
 
