@@ -118,6 +118,13 @@ pub struct Flags {
     #[arg(long, value_name = "N")]
     pub snapshot_count: Option<u64>,
 
+    /// On the first start (empty data directory) of a new cluster's member, build its
+    /// stores from this file, saved with `etcdctl snapshot save` from a Cairn member.
+    /// Start every member of the new cluster with the same file. Ignored once the
+    /// data directory exists.
+    #[arg(long, value_name = "FILE")]
+    pub restore_snapshot: Option<PathBuf>,
+
     /// Comma-separated URLs to serve /metrics and health on (default: none; the client
     /// port serves them too).
     #[arg(long, value_name = "URLS")]
@@ -219,6 +226,7 @@ pub struct Config {
     pub heartbeat_interval_ms: u64,
     pub election_timeout_ms: u64,
     pub snapshot_count: u64,
+    pub restore_snapshot: Option<PathBuf>,
     pub listen_metrics_addrs: Vec<SocketAddr>,
     pub log_level: String,
     pub log_format: LogFormat,
@@ -287,6 +295,7 @@ impl Flags {
             heartbeat_interval: self.heartbeat_interval.or(other.heartbeat_interval),
             election_timeout: self.election_timeout.or(other.election_timeout),
             snapshot_count: self.snapshot_count.or(other.snapshot_count),
+            restore_snapshot: self.restore_snapshot.or(other.restore_snapshot),
             listen_metrics_urls: self.listen_metrics_urls.or(other.listen_metrics_urls),
             log_level: self.log_level.or(other.log_level),
             log_format: self.log_format.or(other.log_format),
@@ -485,6 +494,7 @@ impl Config {
             heartbeat_interval_ms: f.heartbeat_interval.unwrap_or(100),
             election_timeout_ms: f.election_timeout.unwrap_or(1000),
             snapshot_count: f.snapshot_count.unwrap_or(100_000),
+            restore_snapshot: f.restore_snapshot,
             log_level: f.log_level.unwrap_or_else(|| "info".to_string()),
             log_format,
             wal,
@@ -564,6 +574,13 @@ impl Config {
         }
         if self.snapshot_count == 0 {
             return Err(invalid("snapshot-count", "must be at least 1"));
+        }
+        if self.restore_snapshot.is_some() && self.initial_cluster_state == ClusterState::Existing {
+            return Err(invalid(
+                "restore-snapshot",
+                "builds the members of a new cluster; it cannot be used with \
+                 --initial-cluster-state existing",
+            ));
         }
         const MIN_SEGMENT_BYTES: u64 = 1024 * 1024;
         if self.wal.segment_size_bytes < MIN_SEGMENT_BYTES

@@ -17,6 +17,7 @@ use cairn_proto::etcdserverpb::{
 use futures::future::join_all;
 use tonic::{Request, Response, Status};
 
+use super::backup::BackupEncoder;
 use super::errors::ApiError;
 use super::kv::Identity;
 use super::router::{Router, ShardCommand, ShardHash, ShardStatus};
@@ -197,7 +198,76 @@ impl Maintenance for MaintenanceService {
         &self,
         _: Request<SnapshotRequest>,
     ) -> Result<Response<Self::SnapshotStream>, Status> {
-        Err(ApiError::Unsupported("Snapshot").into())
+        // The file `etcdctl snapshot save` writes: see `backup.rs` for its
+        // format and how `--restore-snapshot` builds a cluster from it.
+        let (out_tx, out_rx) = tokio::sync::mpsc::channel::<Result<SnapshotResponse, Status>>(4);
+        let router = self.router.clone();
+        let identity = self.identity.clone();
+        let statuses = self.all_status().await?;
+        let estimate: u64 = statuses.iter().map(|s| s.db_size_in_use_bytes).sum();
+        tokio::spawn(async move {
+            let mut enc = BackupEncoder::default();
+            let mut sent = 0u64;
+            let send = |blob: bytes::Bytes, sent: &mut u64, last: bool| {
+                *sent += blob.len() as u64;
+                let remaining_bytes = if last {
+                    0
+                } else {
+                    estimate.saturating_sub(*sent).max(1)
+                };
+                out_tx.send(Ok(SnapshotResponse {
+                    header: Some(identity.header(0, 0)),
+                    remaining_bytes,
+                    blob,
+                    version: String::new(),
+                }))
+            };
+            let shards = router.routing.shard_count() as u32;
+            let header = enc.header(shards, identity.cluster_id, identity.member_id);
+            if send(header, &mut sent, false).await.is_err() {
+                return;
+            }
+            for shard in 0..shards {
+                let (tx, mut rx) = tokio::sync::mpsc::channel(8);
+                let applied = match router
+                    .ask(shard, |reply| ShardCommand::Snapshot { tx, reply })
+                    .await
+                {
+                    Ok(a) => a,
+                    Err(e) => {
+                        let _ = out_tx.send(Err(e.into())).await;
+                        return;
+                    }
+                };
+                if send(enc.shard_start(shard, applied), &mut sent, false)
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+                while let Some(chunk) = rx.recv().await {
+                    let blob = match chunk {
+                        Ok(c) => enc.chunk(&c),
+                        Err(e) => {
+                            let _ = out_tx
+                                .send(Err(ApiError::Storage { shard, reason: e }.into()))
+                                .await;
+                            return;
+                        }
+                    };
+                    if send(blob, &mut sent, false).await.is_err() {
+                        return;
+                    }
+                }
+                if send(enc.shard_end(), &mut sent, false).await.is_err() {
+                    return;
+                }
+            }
+            let _ = send(enc.finish(), &mut sent, true).await;
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(out_rx),
+        )))
     }
 
     async fn move_leader(

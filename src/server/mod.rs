@@ -1,5 +1,6 @@
 //! The member: shards, the etcd v3 gRPC services, and how they meet.
 
+pub mod backup;
 pub mod cluster;
 pub mod convert;
 pub mod entry;

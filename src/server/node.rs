@@ -82,6 +82,11 @@ pub fn prepare_data_dir(config: &Config) -> Result<MemberFile, StartError> {
             let file: MemberFile = toml::from_str(&text)
                 .map_err(|e| data_dir_error(dir, format!("{MEMBER_FILE}: {e}")))?;
             check_member_file(config, &file)?;
+            if config.restore_snapshot.is_some() {
+                tracing::warn!(
+                    "--restore-snapshot ignored: the data directory already holds a member"
+                );
+            }
             Ok(file)
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -89,6 +94,9 @@ pub fn prepare_data_dir(config: &Config) -> Result<MemberFile, StartError> {
                 join_cluster(config)?
             } else {
                 let m = Membership::bootstrap(config);
+                if let Some(path) = &config.restore_snapshot {
+                    restore_snapshot(config, path, &m.voter_ids())?;
+                }
                 MemberFile {
                     layout_version: LAYOUT_VERSION,
                     name: config.name.clone(),
@@ -106,6 +114,33 @@ pub fn prepare_data_dir(config: &Config) -> Result<MemberFile, StartError> {
         }
         Err(e) => Err(data_dir_error(dir, format!("{MEMBER_FILE}: {e}"))),
     }
+}
+
+/// Builds a new member's shards from a backup file (`--restore-snapshot`).
+fn restore_snapshot(config: &Config, path: &Path, voters: &[u64]) -> Result<(), StartError> {
+    let dir = &config.data_dir;
+    let restore_error = |e: String| data_dir_error(dir, format!("--restore-snapshot: {e}"));
+    let backup = super::backup::read_backup(path).map_err(restore_error)?;
+    if backup.shards as usize != config.shards {
+        return Err(restore_error(format!(
+            "{} holds {} shards; start with --shards {}",
+            path.display(),
+            backup.shards,
+            backup.shards
+        )));
+    }
+    tracing::info!(
+        file = %path.display(),
+        shards = backup.shards,
+        from_cluster = format_args!("{:x}", backup.cluster_id),
+        "restoring the stores from a snapshot"
+    );
+    let store_config = cairn_mvcc::Config {
+        max_request_bytes: config.max_request_bytes,
+        max_txn_ops: config.max_txn_ops,
+        ..cairn_mvcc::Config::default()
+    };
+    super::backup::restore_into(backup, dir, &store_config, voters).map_err(restore_error)
 }
 
 fn check_member_file(config: &Config, file: &MemberFile) -> Result<(), StartError> {

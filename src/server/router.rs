@@ -102,6 +102,12 @@ pub enum ShardCommand {
         key: super::watch::WatcherKey,
         reply: Reply<()>,
     },
+    /// Streams the shard's store (its snapshot stream) into `tx`; answers with
+    /// the applied index the image is taken at.
+    Snapshot {
+        tx: mpsc::Sender<Result<Vec<u8>, String>>,
+        reply: Reply<u64>,
+    },
     /// Shrinks the shard's store file to what its live pages need.
     Defragment {
         reply: Reply<()>,

@@ -249,7 +249,10 @@ fn read_snapshot_meta(
     }
 }
 
-fn write_snapshot_meta(dir: &std::path::Path, md: &SnapshotMetadata) -> std::io::Result<()> {
+pub(crate) fn write_snapshot_meta(
+    dir: &std::path::Path,
+    md: &SnapshotMetadata,
+) -> std::io::Result<()> {
     use std::io::Write;
     let body = md.encode_to_vec();
     let mut bytes = crc32fast::hash(&body).to_le_bytes().to_vec();
@@ -859,6 +862,24 @@ impl Shard {
             ShardCommand::CancelWatch { key, reply } => {
                 self.watchers.remove(&key);
                 let _ = reply.send(Ok(()));
+            }
+            ShardCommand::Snapshot { tx, reply } => {
+                if let Some(reason) = &self.failed {
+                    let _ = reply.send(Err(self.storage_error(reason.clone())));
+                    return;
+                }
+                // A consistent image at the applied index, read as the client
+                // takes it; the shard keeps writing meanwhile.
+                let stream = self.store.snapshot_stream();
+                let _ = reply.send(Ok(stream.applied_index()));
+                tokio::task::spawn_local(async move {
+                    for chunk in stream {
+                        let failed = chunk.is_err();
+                        if tx.send(chunk.map_err(|e| e.to_string())).await.is_err() || failed {
+                            return;
+                        }
+                    }
+                });
             }
             ShardCommand::Defragment { reply } => {
                 let _ = reply.send(self.defragment());

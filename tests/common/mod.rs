@@ -148,6 +148,11 @@ impl Member {
         (code, self.log_text())
     }
 
+    /// Replaces the extra flags the member is started with.
+    pub fn set_args(&mut self, args: &[&str]) {
+        self.extra_args = args.iter().map(|s| s.to_string()).collect();
+    }
+
     pub fn peer_url(&self) -> String {
         format!("http://127.0.0.1:{}", self.peer_port)
     }
