@@ -307,7 +307,14 @@ async fn member_behind_the_compacted_log_catches_up_by_snapshot() {
     let mut acks = Acks::default();
     for i in 0..1500 {
         let key = format!("/crash/snap/{i:05}");
-        c.put(key.clone(), format!("{i}"), None).await.unwrap();
+        // A loaded machine may time a write out (etcd's Unavailable): the
+        // same put again is harmless.
+        let mut attempt = 0;
+        while let Err(e) = c.put(key.clone(), format!("{i}"), None).await {
+            attempt += 1;
+            assert!(attempt < 5, "put {key}: {e}\n{}", cluster.logs());
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
         acks.values.insert(key, format!("{i}"));
     }
     cluster.members[down].restart();

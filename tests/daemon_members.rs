@@ -400,3 +400,55 @@ async fn bad_membership_requests_on_the_peer_port_are_refused() {
     // Still serving.
     c.put("/peer-http/after", "ok", None).await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removing_a_member_that_leads_shards_completes_from_any_member() {
+    // Three shards over three members: once leadership has spread, each
+    // member leads one shard, so the member removed leads one of them
+    // whichever it is; the removal is asked of another member.
+    let flags = ["--shards", "3", "--cores", "1"];
+    let mut cluster = Cluster::start(3, &flags);
+    let mut c = client(&cluster.members[1].endpoint()).await;
+    wait_writable(&mut c, "/spread/ready").await;
+    // Shard 0 prefers the smallest id: that member leads shard 0, the shard a
+    // removal reaches last.
+    let list = eventually("published attributes", Duration::from_secs(20), || {
+        let mut c = c.clone();
+        async move {
+            let m = member_names(&mut c).await;
+            m.iter()
+                .all(|(_, _, _, urls)| !urls.is_empty())
+                .then_some(m)
+        }
+    })
+    .await;
+    let (victim_id, victim_name, _, _) = list.iter().min_by_key(|m| m.0).cloned().unwrap();
+    let victim = cluster
+        .members
+        .iter()
+        .position(|m| m.name == victim_name)
+        .unwrap();
+    let asker = (victim + 1) % 3;
+    let mut asker_client = client(&cluster.members[asker].endpoint()).await;
+    // Let leadership spread (handover after 3 s of leading).
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    asker_client
+        .member_remove(victim_id)
+        .await
+        .unwrap_or_else(|e| panic!("remove: {e}\n{}", cluster.logs()));
+    assert_eq!(
+        cluster.members[victim].wait_exit(Duration::from_secs(20)),
+        Some(0),
+        "the removed member should stop:\n{}",
+        cluster.members[victim].log_text()
+    );
+    let names: Vec<String> = member_names(&mut asker_client)
+        .await
+        .into_iter()
+        .map(|m| m.1)
+        .collect();
+    assert_eq!(names.len(), 2, "{names:?}");
+    assert!(!names.contains(&victim_name));
+    // Every shard carries on with the two left.
+    wait_writable(&mut asker_client, "/spread/after").await;
+}

@@ -3,10 +3,13 @@
 //! A member belongs to every shard's Raft group, so a membership change is one
 //! conf change per shard, each carried out by that shard's leader: the member
 //! a client asked does the shards it leads itself and carries the others to
-//! their leaders over the peer port (`super::peer_http`). Additions go through
-//! the shards in order, removals in reverse order. Each shard's step is
-//! idempotent (a shard already changed answers at once), so a change that
-//! failed part way completes when the client retries it.
+//! their leaders over the peer port (`super::peer_http`). Additions and
+//! promotions go through the shards in order, removals in reverse order, so
+//! shard 0, whose applies alone update the member table, is the first to add
+//! and the last to remove. Each shard's step is idempotent (a shard already
+//! changed answers at once), so a change that failed part way completes when
+//! the client retries it; and a change runs to its end even if the client
+//! that asked for it goes away.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -73,21 +76,45 @@ impl ClusterService {
         Some(self.identity.header(0, 0))
     }
 
-    /// Carries out `change` of `member` on every shard, in `order`.
+    /// Carries out `change` of `member` on every shard, in `shards` order, in
+    /// a task of its own: a client that gives up does not leave it half done.
     async fn change_shards(
         &self,
-        shards: impl Iterator<Item = u32>,
+        shards: Vec<u32>,
         change: ConfChangeType,
         member: &MemberInfo,
+        check_only: bool,
     ) -> Result<(), Status> {
-        for shard in shards {
-            change_shard(&self.router, &self.members, shard, change, member).await?;
-        }
-        Ok(())
+        let router = self.router.clone();
+        let members = self.members.clone();
+        let member = member.clone();
+        let task = tokio::spawn(async move {
+            for shard in shards {
+                change_shard(&router, &members, shard, change, &member, check_only).await?;
+            }
+            Ok(())
+        });
+        task.await
+            .unwrap_or_else(|e| Err(Status::internal(format!("membership change task: {e}"))))
     }
 
-    fn shards(&self) -> std::ops::Range<u32> {
-        0..self.router.routing.shard_count() as u32
+    /// Each shard's membership as this member has applied it.
+    async fn shard_statuses(&self) -> Result<Vec<super::router::ShardStatus>, Status> {
+        let mut out = Vec::new();
+        for shard in self.shards() {
+            out.push(self.router.status(shard).await?);
+        }
+        Ok(out)
+    }
+
+    fn shards(&self) -> Vec<u32> {
+        (0..self.router.routing.shard_count() as u32).collect()
+    }
+
+    fn shards_reversed(&self) -> Vec<u32> {
+        let mut s = self.shards();
+        s.reverse();
+        s
     }
 }
 
@@ -99,11 +126,15 @@ pub async fn change_shard(
     shard: u32,
     change: ConfChangeType,
     member: &MemberInfo,
+    check_only: bool,
 ) -> Result<(), Status> {
     let deadline = Instant::now() + SHARD_CHANGE_TIMEOUT;
     let mut last = Status::unavailable("etcdserver: no leader");
     while Instant::now() < deadline {
-        let leader = match router.conf_change(shard, change, member.clone()).await {
+        let leader = match router
+            .conf_change(shard, change, member.clone(), check_only)
+            .await
+        {
             Ok(_) => return Ok(()),
             Err(ApiError::NotLeader { leader }) => leader,
             Err(e @ (ApiError::NoLeader | ApiError::LeaderChanged | ApiError::Timeout)) => {
@@ -121,6 +152,7 @@ pub async fn change_shard(
                 shard,
                 change_type: change as i32,
                 member: Some(member.clone()),
+                check_only,
             };
             match peer_http::forward_conf_change(&url, members.cluster_id(), &request).await {
                 Forwarded::Applied => return Ok(()),
@@ -159,6 +191,10 @@ impl Cluster for ClusterService {
         if now.get(id).is_some() {
             return Err(ApiError::MemberExist.into());
         }
+        // etcd's limit: one learner at a time.
+        if req.is_learner && now.members.iter().any(|m| m.is_learner) {
+            return Err(ApiError::TooManyLearners.into());
+        }
         let info = MemberInfo {
             id,
             name: String::new(),
@@ -172,7 +208,8 @@ impl Cluster for ClusterService {
             ConfChangeType::ConfChangeAddNode
         };
         tracing::info!(member = format_args!("{id:x}"), peer_urls = ?req.peer_ur_ls, learner = req.is_learner, "adding member");
-        self.change_shards(self.shards(), change, &info).await?;
+        self.change_shards(self.shards(), change, &info, false)
+            .await?;
         Ok(Response::new(MemberAddResponse {
             header: self.header(),
             member: Some(pb_member(&Member::from_info(&info))),
@@ -190,9 +227,10 @@ impl Cluster for ClusterService {
         };
         tracing::info!(member = format_args!("{id:x}"), "removing member");
         self.change_shards(
-            self.shards().rev(),
+            self.shards_reversed(),
             ConfChangeType::ConfChangeRemoveNode,
             &member.to_info(),
+            false,
         )
         .await?;
         // The removed member may not learn of its removal from Raft (the
@@ -233,8 +271,13 @@ impl Cluster for ClusterService {
         if !same_urls(&member.peer_urls, &req.peer_ur_ls) {
             let mut info = member.to_info();
             info.peer_urls = req.peer_ur_ls;
-            self.change_shards(self.shards(), ConfChangeType::ConfChangeUpdateNode, &info)
-                .await?;
+            self.change_shards(
+                self.shards(),
+                ConfChangeType::ConfChangeUpdateNode,
+                &info,
+                false,
+            )
+            .await?;
         }
         Ok(Response::new(MemberUpdateResponse {
             header: self.header(),
@@ -260,14 +303,32 @@ impl Cluster for ClusterService {
         let Some(member) = self.members.get(id) else {
             return Err(ApiError::MemberNotFound.into());
         };
-        if !member.is_learner {
+        // A learner in any shard still needs promoting there (a promotion
+        // that stopped part way is finished by asking again).
+        let statuses = self.shard_statuses().await?;
+        if !statuses.iter().any(|s| s.learners.contains(&id)) {
             return Err(ApiError::MemberNotLearner.into());
         }
         let mut info = member.to_info();
         info.is_learner = false;
+        // Every shard's leader must find the learner caught up before any
+        // shard promotes it: a voter in some shards and a learner in others
+        // is what a refusal half way would leave.
+        self.change_shards(
+            self.shards(),
+            ConfChangeType::ConfChangeAddNode,
+            &info,
+            true,
+        )
+        .await?;
         tracing::info!(member = format_args!("{id:x}"), "promoting learner");
-        self.change_shards(self.shards(), ConfChangeType::ConfChangeAddNode, &info)
-            .await?;
+        self.change_shards(
+            self.shards(),
+            ConfChangeType::ConfChangeAddNode,
+            &info,
+            false,
+        )
+        .await?;
         Ok(Response::new(MemberPromoteResponse {
             header: self.header(),
             members: self.members(),
@@ -304,6 +365,7 @@ pub async fn publish_attributes(
             0,
             ConfChangeType::ConfChangeUpdateNode,
             &info,
+            false,
         );
         tokio::select! {
             _ = stop.changed() => return,

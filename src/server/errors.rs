@@ -66,6 +66,8 @@ pub enum ApiError {
     NotLeader { leader: u64 },
     #[error("etcdserver: rpc not supported for learner")]
     NotSupportedForLearner,
+    #[error("etcdserver: too many learner members in cluster")]
+    TooManyLearners,
     /// A txn whose keys live on different shards: Cairn runs one Raft group per
     /// shard and does not commit across groups.
     #[error(
@@ -97,6 +99,7 @@ impl ApiError {
             | MemberNotLearner
             | LearnerNotReady
             | BadLeaderTransferee
+            | TooManyLearners
             | CrossShardTxn { .. } => Code::FailedPrecondition,
             NoLeader
             | LeaderChanged

@@ -223,6 +223,11 @@ pub struct MemberFile {
     /// start again with this data directory.
     #[serde(default)]
     pub removed: bool,
+    /// The voters every shard's log started with at the cluster's creation:
+    /// a shard whose log was never compacted starts from them (never from the
+    /// table, which moves with changes applied in other shards).
+    #[serde(default)]
+    pub bootstrap_voters: Vec<u64>,
     pub members: Vec<Member>,
 }
 
@@ -306,42 +311,57 @@ impl MemberRegistry {
         self.file.lock().unwrap_or_else(|e| e.into_inner()).shards
     }
 
-    /// Records a member's (new) record. Errors are the file's: the table in
-    /// memory is updated regardless.
+    /// Accepts peer connections from `id` (a member being added: its
+    /// connections may arrive before shard 0 records it).
+    pub fn accept(&self, id: u64) {
+        self.accepted.insert(id);
+    }
+
+    /// Records a member's (new) record, and writes `member.toml` if that
+    /// changed the table.
     pub fn upsert(&self, info: &MemberInfo) -> std::io::Result<()> {
         let m = Member::from_info(info);
         self.accepted.insert(m.id);
-        let changed = self
-            .state
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .upsert(m);
-        if changed {
-            self.persist()?;
-        }
-        Ok(())
+        self.change(|state| state.upsert(m))
     }
 
     pub fn remove(&self, id: u64) -> std::io::Result<()> {
         self.accepted.remove(id);
-        let changed = self
-            .state
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(id);
-        if changed {
-            self.persist()?;
-        }
-        Ok(())
+        self.change(|state| state.remove(id))
     }
 
-    /// Takes in the table a snapshot carried: members it names are recorded
-    /// (members it lacks stay: their removal arrives as its own change).
-    pub fn merge_table(&self, table: &MemberTable) -> std::io::Result<()> {
-        for info in &table.members {
-            self.upsert(info)?;
+    /// Replaces the table with the one a snapshot of shard 0 carried: the
+    /// table as of the snapshot's index.
+    pub fn replace_table(&self, table: &MemberTable) -> std::io::Result<()> {
+        let members: Vec<Member> = table.members.iter().map(Member::from_info).collect();
+        for m in &members {
+            self.accepted.insert(m.id);
         }
-        Ok(())
+        let old = self.membership().members;
+        for m in old.iter().filter(|o| !members.iter().any(|n| n.id == o.id)) {
+            self.accepted.remove(m.id);
+        }
+        self.change(|state| {
+            let changed = state.members != members;
+            state.members = members;
+            changed
+        })
+    }
+
+    /// Applies `f` to the table and writes the file if it says it changed.
+    /// The file's lock is held throughout, so writers never interleave an
+    /// older table over a newer one.
+    fn change(&self, f: impl FnOnce(&mut Membership) -> bool) -> std::io::Result<()> {
+        let mut file = self.file.lock().unwrap_or_else(|e| e.into_inner());
+        let members = {
+            let mut state = self.state.write().unwrap_or_else(|e| e.into_inner());
+            if !f(&mut state) {
+                return Ok(());
+            }
+            state.members.clone()
+        };
+        file.members = members;
+        file.write(&self.dir)
     }
 
     pub fn table(&self) -> MemberTable {
@@ -350,7 +370,24 @@ impl MemberRegistry {
             cluster_id: m.cluster_id,
             members: m.members.iter().map(Member::to_info).collect(),
             shards: self.shard_count(),
+            bootstrap_voters: self.bootstrap_voters(),
         }
+    }
+
+    /// The voters the shards' logs started with (see [`MemberFile`]).
+    pub fn bootstrap_voters(&self) -> Vec<u64> {
+        let file = self.file.lock().unwrap_or_else(|e| e.into_inner());
+        if file.bootstrap_voters.is_empty() {
+            // Written before the field existed: no membership change could
+            // have been made then, so the table's voters are the bootstrap ones.
+            return file
+                .members
+                .iter()
+                .filter(|m| !m.is_learner)
+                .map(|m| m.id)
+                .collect();
+        }
+        file.bootstrap_voters.clone()
     }
 
     /// Marks this member removed from the cluster (persisted: it refuses to
@@ -359,11 +396,14 @@ impl MemberRegistry {
         if self.removed.swap(true, Ordering::SeqCst) {
             return Ok(());
         }
+        let written = {
+            let mut file = self.file.lock().unwrap_or_else(|e| e.into_inner());
+            file.removed = true;
+            file.write(&self.dir)
+        };
         self.removed_notify.notify_waiters();
         self.removed_notify.notify_one();
-        let mut file = self.file.lock().unwrap_or_else(|e| e.into_inner());
-        file.removed = true;
-        file.write(&self.dir)
+        written
     }
 
     pub fn is_removed(&self) -> bool {
@@ -379,13 +419,6 @@ impl MemberRegistry {
             }
             notified.await;
         }
-    }
-
-    fn persist(&self) -> std::io::Result<()> {
-        let members = self.membership().members;
-        let mut file = self.file.lock().unwrap_or_else(|e| e.into_inner());
-        file.members = members;
-        file.write(&self.dir)
     }
 }
 

@@ -105,6 +105,7 @@ pub fn prepare_data_dir(config: &Config) -> Result<MemberFile, StartError> {
                     shards: config.shards as u32,
                     wal_lanes: config.cores as u32,
                     removed: false,
+                    bootstrap_voters: m.voter_ids(),
                     members: m.members,
                 }
             };
@@ -194,6 +195,9 @@ fn check_member_file(config: &Config, file: &MemberFile) -> Result<(), StartErro
 /// How long a joining member keeps asking the cluster's members for the table.
 const JOIN_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How long a joining member keeps asking once members answer without it.
+const JOIN_UNKNOWN_SETTLE: Duration = Duration::from_secs(3);
+
 /// Learns the running cluster from the members named in `--initial-cluster`
 /// (their peer ports' `GET /cairn/members`), and finds this member in it by its
 /// advertised peer URLs: it must have been added with `member add` first.
@@ -218,17 +222,34 @@ fn join_cluster(config: &Config) -> Result<MemberFile, StartError> {
         .build()
         .map_err(|e| StartError::Other(format!("runtime for joining: {e}")))?;
     let deadline = std::time::Instant::now() + JOIN_TIMEOUT;
+    // A member that has not applied the `member add` yet answers without
+    // this member: ask again (any member) until one knows it, or time runs out.
+    let has_me = |t: &cairn_proto::cairnpb::MemberTable| {
+        t.members
+            .iter()
+            .any(|m| super::members::same_urls(&m.peer_urls, own))
+    };
     let table = rt.block_on(async {
         let mut errors = Vec::new();
+        let mut without_me: Option<(std::time::Instant, _)> = None;
         loop {
             for url in &peers {
                 match super::peer_http::fetch_members(url).await {
-                    Ok(t) => return Ok(t),
+                    Ok(t) if has_me(&t) => return Ok(t),
+                    Ok(t) => {
+                        let since = without_me.map_or_else(std::time::Instant::now, |(s, _)| s);
+                        without_me = Some((since, t));
+                    }
                     Err(e) => errors.push(e),
                 }
             }
-            if std::time::Instant::now() >= deadline {
-                return Err(errors);
+            // The cluster answers but does not know this member: a lagging
+            // member catches up within moments, so that answer stands soon.
+            let settled = without_me
+                .as_ref()
+                .is_some_and(|(since, _)| since.elapsed() >= JOIN_UNKNOWN_SETTLE);
+            if settled || std::time::Instant::now() >= deadline {
+                return without_me.map(|(_, t)| t).ok_or(errors);
             }
             errors.clear();
             tokio::time::sleep(Duration::from_millis(500)).await;
@@ -281,6 +302,7 @@ fn join_cluster(config: &Config) -> Result<MemberFile, StartError> {
         shards: config.shards as u32,
         wal_lanes: config.cores as u32,
         removed: false,
+        bootstrap_voters: table.bootstrap_voters.clone(),
         members,
     })
 }
@@ -726,8 +748,7 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
         let mut setup = ShardSetup {
             shard,
             member_id: membership.local_id,
-            initial_voters: membership.voter_ids(),
-            initial_learners: membership.learner_ids(),
+            initial_voters: shared.members.bootstrap_voters(),
             dir: config.data_dir.join(format!("shard-{shard}")),
             wal: wal.clone(),
             recovered: recovered

@@ -145,7 +145,11 @@ impl PeerHttp {
                 format!("no shard {}", change.shard),
             );
         }
-        match self.router.conf_change(change.shard, kind, member).await {
+        match self
+            .router
+            .conf_change(change.shard, kind, member, change.check_only)
+            .await
+        {
             Ok(_) => text(StatusCode::OK, "applied\n".to_string()),
             Err(ApiError::NotLeader { leader }) => {
                 let mut r = text(StatusCode::CONFLICT, "not leader\n".to_string());

@@ -54,6 +54,9 @@ pub struct ShardStatus {
     pub db_size_bytes: u64,
     pub db_size_in_use_bytes: u64,
     pub is_learner: bool,
+    /// The shard's Raft membership as this member has applied it.
+    pub voters: Vec<u64>,
+    pub learners: Vec<u64>,
     /// The shard's store passed --quota-backend-bytes: writes that add data are
     /// refused until space is reclaimed and the alarm disarmed.
     pub nospace_alarm: bool,
@@ -124,6 +127,8 @@ pub enum ShardCommand {
     ConfChange {
         change: crate::raft::ConfChangeType,
         member: cairn_proto::cairnpb::MemberInfo,
+        /// Only check that the change would be carried out now.
+        check_only: bool,
         reply: Reply<WriteResult>,
     },
 }
@@ -197,10 +202,12 @@ impl Router {
         shard: ShardId,
         change: crate::raft::ConfChangeType,
         member: cairn_proto::cairnpb::MemberInfo,
+        check_only: bool,
     ) -> Result<WriteResult, ApiError> {
         self.ask(shard, |reply| ShardCommand::ConfChange {
             change,
             member,
+            check_only,
             reply,
         })
         .await

@@ -139,13 +139,11 @@ fn decode_snapshot_stream(parts: Vec<Bytes>) -> Result<(raft::Message, Vec<Vec<u
 pub struct ShardSetup {
     pub shard: ShardId,
     pub member_id: u64,
-    /// Voters and learners the log starts with (a new cluster's members, or
-    /// the table a joining member fetched); ignored once the log has a
-    /// snapshot. Replaying the log's changes on top gives the same membership
-    /// as replaying them from the bootstrap one: each change sets one member's
-    /// role outright.
+    /// The voters the log started with at the cluster's creation; ignored
+    /// once the log has a snapshot. Every conf change since is in the log
+    /// (or behind its snapshot), so the membership rebuilt from them is the
+    /// one every other member has at the same index.
     pub initial_voters: Vec<u64>,
-    pub initial_learners: Vec<u64>,
     /// Directory of the shard's store and snapshot metadata.
     pub dir: PathBuf,
     pub wal: Rc<cairn_wal::Wal>,
@@ -309,10 +307,10 @@ fn finish_interrupted_swap(dir: &std::path::Path) -> std::io::Result<()> {
 /// Snapshots held at once while Raft decides on them.
 const MAX_HELD_SNAPSHOTS: usize = 2;
 
-/// How long sending one snapshot to a follower may take, waiting for the
-/// follower to be reachable included. Raft is then told it failed, and sends
-/// a fresh snapshot when the follower next answers.
-pub const SNAPSHOT_SEND_TIMEOUT: Duration = Duration::from_secs(300);
+/// How long a snapshot transfer to a follower may go without sending a chunk
+/// (waiting for the follower to be reachable included). Raft is then told it
+/// failed, and sends a fresh snapshot when the follower next answers.
+pub const SNAPSHOT_SEND_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A snapshot received from a leader, waiting for Raft to accept it.
 struct IncomingSnapshot {
@@ -332,6 +330,8 @@ struct StoreSnapshotSource {
     pending: Option<Bytes>,
     started: bool,
     bytes: u64,
+    /// When the transfer last took a chunk.
+    progress: Rc<std::cell::Cell<Instant>>,
 }
 
 impl cairn_net::StreamSource for StoreSnapshotSource {
@@ -346,6 +346,7 @@ impl cairn_net::StreamSource for StoreSnapshotSource {
 
     fn next_chunk(&mut self, _max_bytes: usize) -> std::io::Result<Option<Bytes>> {
         self.started = true;
+        self.progress.set(Instant::now());
         if let Some(m) = self.message.take() {
             let mut out = Vec::with_capacity(4 + m.len());
             out.extend_from_slice(&(m.len() as u32).to_le_bytes());
@@ -494,7 +495,7 @@ impl Shard {
         let snapshot_meta = meta.unwrap_or_else(|| SnapshotMetadata {
             conf_state: Some(ConfState {
                 voters: setup.initial_voters.clone(),
-                learners: setup.initial_learners.clone(),
+                learners: Vec::new(),
             }),
             index: 0,
             term: 0,
@@ -811,6 +812,7 @@ impl Shard {
     }
 
     fn status(&self) -> ShardStatus {
+        let conf_state = self.node.status().conf_state;
         ShardStatus {
             shard: self.id,
             leader: self.node.leader_id(),
@@ -821,13 +823,10 @@ impl Shard {
             compact_revision: self.store.compact_revision(),
             db_size_bytes: self.store.size_bytes(),
             db_size_in_use_bytes: self.store.size_in_use_bytes(),
-            is_learner: self
-                .node
-                .status()
-                .conf_state
-                .learners
-                .contains(&self.member_id),
+            is_learner: self.is_learner,
             nospace_alarm: self.nospace_alarm,
+            voters: conf_state.voters,
+            learners: conf_state.learners,
         }
     }
 
@@ -895,8 +894,9 @@ impl Shard {
             ShardCommand::ConfChange {
                 change,
                 member,
+                check_only,
                 reply,
-            } => self.propose_conf_change(change, member, reply),
+            } => self.propose_conf_change(change, member, check_only, reply),
             ShardCommand::HashKv { revision, reply } => {
                 let result = self
                     .store
@@ -986,6 +986,7 @@ impl Shard {
         &mut self,
         change: raft::ConfChangeType,
         member: cairn_proto::cairnpb::MemberInfo,
+        check_only: bool,
         reply: Reply<WriteResult>,
     ) {
         if let Some(reason) = &self.failed {
@@ -1027,6 +1028,12 @@ impl Shard {
                 let _ = reply.send(Err(ApiError::LearnerNotReady));
                 return;
             }
+        }
+        if check_only {
+            let _ = reply.send(Ok(WriteResult::Applied {
+                revision: self.store.current_revision(),
+            }));
+            return;
         }
         self.next_request_id += 1;
         let context = cairn_proto::cairnpb::ConfChangeContext {
@@ -1093,27 +1100,48 @@ impl Shard {
         let id = cc.node_id;
         self.is_learner = conf_state.learners.contains(&self.member_id);
         let preferred_before = self.preferred_leader;
+        // Links are per shard; the member table follows shard 0 alone, so
+        // every member changes it in the same order (changes go through
+        // shard 0 first when adding and last when removing).
+        let table_shard = self.id == 0;
         let result = match (raft::ConfChangeType::try_from(cc.change_type), &ctx.member) {
             (Ok(raft::ConfChangeType::ConfChangeRemoveNode), _) => {
                 if id != self.member_id {
                     self.peers.disconnect(self.id, id);
                 }
-                self.members.remove(id)
+                match (table_shard, id == self.member_id) {
+                    (false, _) => Ok(()),
+                    (true, false) => self.members.remove(id),
+                    (true, true) => {
+                        tracing::warn!(
+                            shard = self.id,
+                            "this member's removal from the cluster is applied; stopping"
+                        );
+                        self.members.mark_removed()
+                    }
+                }
             }
             (Ok(_), Some(member)) if member.id == id => {
                 if id != self.member_id {
                     self.peers.connect(self.id, id, &member.peer_urls);
                 }
-                let mut member = member.clone();
-                member.is_learner = conf_state.learners.contains(&id);
-                self.members.upsert(&member)
+                self.members.accept(id);
+                if table_shard {
+                    let mut member = member.clone();
+                    member.is_learner = conf_state.learners.contains(&id);
+                    self.members.upsert(&member)
+                } else {
+                    Ok(())
+                }
             }
             _ => Ok(()),
         };
         if let Err(e) = result {
-            // The table in memory is current; the file catches up with the
-            // next change, and a restart replays the change from the log.
-            tracing::warn!(shard = self.id, error = %e, "writing member.toml failed");
+            // Like a failed store commit: the change is applied in Raft but
+            // not recorded, so nothing more is acknowledged; a restart
+            // replays the entry (the store's applied index was not
+            // committed past it) and records it.
+            self.fail(format!("writing member.toml failed: {e}"));
         }
         // Leadership keeps spreading over the voters as they are now.
         let mut voters = conf_state.voters.clone();
@@ -1399,17 +1427,29 @@ impl Shard {
         self.snapshots_in_flight.insert(to);
         let reports = self.snapshot_reports_tx.clone();
         let shard = self.id;
+        let progress = Rc::new(std::cell::Cell::new(Instant::now()));
         let mut source = StoreSnapshotSource {
             message: Some(Bytes::from(m.encode_to_vec())),
             stream,
             pending: None,
             started: false,
             bytes: 0,
+            progress: progress.clone(),
         };
         tokio::task::spawn_local(async move {
-            let sent =
-                tokio::time::timeout(SNAPSHOT_SEND_TIMEOUT, link.send_stream(shard, &mut source))
-                    .await;
+            let stalled = async {
+                loop {
+                    let idle = progress.get().elapsed();
+                    if idle >= SNAPSHOT_SEND_IDLE_TIMEOUT {
+                        return;
+                    }
+                    tokio::time::sleep(SNAPSHOT_SEND_IDLE_TIMEOUT - idle).await;
+                }
+            };
+            let sent = tokio::select! {
+                r = link.send_stream(shard, &mut source) => Ok(r),
+                () = stalled => Err(()),
+            };
             let status = match sent {
                 Ok(Ok(_)) => {
                     tracing::info!(shard, to, index, bytes = source.bytes, "snapshot sent");
@@ -1423,8 +1463,8 @@ impl Shard {
                     tracing::warn!(
                         shard,
                         to,
-                        timeout_s = SNAPSHOT_SEND_TIMEOUT.as_secs(),
-                        "snapshot transfer timed out"
+                        idle_s = SNAPSHOT_SEND_IDLE_TIMEOUT.as_secs(),
+                        "snapshot transfer made no progress; abandoned"
                     );
                     raft::SnapshotStatus::Failure
                 }
@@ -1474,9 +1514,10 @@ impl Shard {
         };
         swap().map_err(|e| format!("swapping in the snapshot's store: {e}"))?;
         self.snapshot_meta = md.clone();
-        if let Some(table) = members {
-            if let Err(e) = self.members.merge_table(&table) {
-                tracing::warn!(shard = self.id, error = %e, "writing member.toml failed");
+        if let (0, Some(table)) = (self.id, members) {
+            // The table as of the snapshot's index (see applied_conf_change).
+            if let Err(e) = self.members.replace_table(&table) {
+                return Err(format!("writing member.toml: {e}"));
             }
         }
         let cs = md.conf_state.clone().unwrap_or_default();
@@ -1928,6 +1969,7 @@ mod tests {
             pending: None,
             started: false,
             bytes: 0,
+            progress: Rc::new(std::cell::Cell::new(Instant::now())),
         };
         source.rewind().unwrap();
         let mut parts = Vec::new();

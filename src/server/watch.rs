@@ -381,11 +381,17 @@ impl Watch for WatchService {
                                 shards.dedup();
                                 let mut revision = i64::MAX;
                                 for s in shards {
-                                    if let Ok(r) = svc.router.ask(s, |reply| ShardCommand::WatchProgress {
+                                    match svc.router.ask(s, |reply| ShardCommand::WatchProgress {
                                         stream: stream_id,
                                         reply,
                                     }).await {
-                                        revision = revision.min(r);
+                                        Ok(r) => revision = revision.min(r),
+                                        // A shard that cannot say how far it got
+                                        // allows no promise at all.
+                                        Err(_) => {
+                                            revision = i64::MAX;
+                                            break;
+                                        }
                                     }
                                 }
                                 let mut closed = false;
@@ -395,8 +401,8 @@ impl Watch for WatchService {
                                     }
                                 }
                                 if revision == i64::MAX || closed {
-                                    // No shard answered (shutting down), or the
-                                    // client is gone: promise nothing.
+                                    // A shard did not answer, or the client is
+                                    // gone: promise nothing.
                                     continue;
                                 }
                                 let _ = out_tx.send(Ok(WatchResponse {
