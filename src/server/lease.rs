@@ -82,6 +82,10 @@ pub const LEASE_REVOKE_RETRY: Duration = Duration::from_secs(3);
 /// before it fails with etcd's "no leader".
 pub const LEADER_WAIT: Duration = Duration::from_secs(3);
 
+/// How long a lease found on some shards only is looked for on the others
+/// before it is taken for dead.
+pub const PARTIAL_LEASE_WAIT: Duration = Duration::from_secs(1);
+
 /// How long one forwarded lease request to a peer may take.
 pub const PEER_LEASE_TIMEOUT: Duration = Duration::from_secs(3);
 
@@ -685,6 +689,34 @@ impl LeaseService {
         Ok(revision)
     }
 
+    /// Asks every shard's leader about a lease. Where only some have it, the
+    /// others are asked again for a while: a grant or revoke just applied here
+    /// may not be applied at every leader yet.
+    async fn on_every_shard<T, F, Fut>(&self, ask: F) -> Result<Vec<Option<T>>, Status>
+    where
+        F: Fn(ShardId) -> Fut,
+        Fut: Future<Output = Result<Option<T>, Status>>,
+    {
+        let shards = self.shards();
+        let mut found = Vec::with_capacity(shards.len());
+        for part in join_all(shards.iter().map(|&s| ask(s))).await {
+            found.push(part?);
+        }
+        let deadline = Instant::now() + PARTIAL_LEASE_WAIT;
+        while found.iter().any(Option::is_some)
+            && found.iter().any(Option::is_none)
+            && Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            for (i, &s) in shards.iter().enumerate() {
+                if found[i].is_none() {
+                    found[i] = ask(s).await?;
+                }
+            }
+        }
+        Ok(found)
+    }
+
     /// A lease some shards no longer have is dead: what is left of it is
     /// revoked in the background.
     fn revoke_remains(&self, id: i64) {
@@ -706,11 +738,7 @@ impl LeaseService {
 
     /// Renews the lease on every shard: its granted TTL, 0 when it is gone.
     async fn keep_alive_once(&self, id: i64) -> Result<i64, Status> {
-        let parts = join_all(self.shards().into_iter().map(|s| self.renew_at(s, id))).await;
-        let mut ttls = Vec::with_capacity(parts.len());
-        for p in parts {
-            ttls.push(p?);
-        }
+        let ttls = self.on_every_shard(|s| self.renew_at(s, id)).await?;
         if ttls.iter().all(Option::is_some) {
             return Ok(ttls.iter().flatten().copied().max().unwrap_or(0));
         }
@@ -802,16 +830,9 @@ impl Lease for LeaseService {
         request: Request<LeaseTimeToLiveRequest>,
     ) -> Result<Response<LeaseTimeToLiveResponse>, Status> {
         let req = request.into_inner();
-        let parts = join_all(
-            self.shards()
-                .into_iter()
-                .map(|s| self.query_at(s, req.id, req.keys)),
-        )
-        .await;
-        let mut infos = Vec::with_capacity(parts.len());
-        for p in parts {
-            infos.push(p?);
-        }
+        let infos = self
+            .on_every_shard(|s| self.query_at(s, req.id, req.keys))
+            .await?;
         let mut resp = LeaseTimeToLiveResponse {
             header: self.header(0),
             id: req.id,
