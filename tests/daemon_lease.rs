@@ -375,3 +375,132 @@ async fn leases_span_shards_expire_and_survive_a_leader_crash() {
     let (ok, out) = etcdctl(ep, &["lease", "timetolive", &id]);
     assert!(ok && out.contains("already expired"), "{out}");
 }
+
+fn raw_http(port: u16, request: &[u8]) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(request).unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn lease_post(path: &str, cluster_id: Option<u64>, shard: Option<&str>, body: &[u8]) -> Vec<u8> {
+    let mut head = format!("POST {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n");
+    if let Some(id) = cluster_id {
+        head.push_str(&format!("x-cairn-cluster-id: {id:x}\r\n"));
+    }
+    if let Some(s) = shard {
+        head.push_str(&format!("x-cairn-shard: {s}\r\n"));
+    }
+    head.push_str(&format!("content-length: {}\r\n\r\n", body.len()));
+    let mut out = head.into_bytes();
+    out.extend_from_slice(body);
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_leases_expire_leases_survive_a_restart_and_bad_peer_requests_are_refused() {
+    let mut cluster = Cluster::start(1, &["--shards", "2", "--cores", "1"]);
+    let ep = cluster.members[0].endpoint();
+    let mut c = client(&ep).await;
+    wait_writable(&mut c, "/lease/ready").await;
+    let cluster_id = c
+        .member_list()
+        .await
+        .expect("member list")
+        .header()
+        .expect("header")
+        .cluster_id();
+
+    // The peer port's lease routes refuse what is not theirs, without harm.
+    let port = cluster.members[0].peer_port;
+    let renew_5 = [0x08, 0x05]; // LeaseKeepAliveRequest { ID: 5 }
+    let r = raw_http(
+        port,
+        &lease_post("/cairn/lease-renew", None, Some("0"), &renew_5),
+    );
+    assert!(r.starts_with("HTTP/1.1 412"), "no cluster id: {r}");
+    for shard in [None, Some("2"), Some("-1"), Some("x")] {
+        let r = raw_http(
+            port,
+            &lease_post("/cairn/lease-renew", Some(cluster_id), shard, &renew_5),
+        );
+        assert!(r.starts_with("HTTP/1.1 400"), "shard {shard:?}: {r}");
+    }
+    let r = raw_http(
+        port,
+        &lease_post(
+            "/cairn/lease-ttl",
+            Some(cluster_id),
+            Some("1"),
+            b"\x0f\x0f\x0f",
+        ),
+    );
+    assert!(r.starts_with("HTTP/1.1 400"), "garbage body: {r}");
+    let r = raw_http(
+        port,
+        &lease_post("/cairn/lease-renew", Some(cluster_id), Some("1"), &renew_5),
+    );
+    assert!(
+        r.starts_with("HTTP/1.1 200"),
+        "renew of an unknown lease: {r}"
+    );
+
+    // Many leases with keys on both shards expire together.
+    let mut ids = Vec::new();
+    for i in 0..200 {
+        let id = c.lease_grant(2, None).await.expect("grant").id();
+        c.put(
+            format!("/many{}-m/{i}", i % 8),
+            "v",
+            Some(PutOptions::new().with_lease(id)),
+        )
+        .await
+        .expect("put with lease");
+        ids.push(id);
+    }
+    wait_keys_everywhere(&cluster, "m", &[], Duration::from_secs(20)).await;
+    let listed: Vec<i64> = c
+        .leases()
+        .await
+        .expect("leases")
+        .leases()
+        .iter()
+        .map(|l| l.id())
+        .collect();
+    assert!(
+        !ids.iter().any(|id| listed.contains(id)),
+        "expired leases still listed"
+    );
+
+    // A lease survives a restart, with its keys; its TTL starts afresh.
+    let id = c.lease_grant(30, None).await.expect("grant").id();
+    let keys = keys_on_both_shards("r");
+    put_with_lease(&mut c, &keys, id).await;
+    assert_eq!(cluster.members[0].terminate(), Some(0));
+    cluster.members[0].restart();
+    let mut c = client(&ep).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let ttl = loop {
+        match c
+            .lease_time_to_live(id, Some(LeaseTimeToLiveOptions::new().with_keys()))
+            .await
+        {
+            Ok(t) => break t,
+            Err(e) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "no TimeToLive after restart: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    };
+    assert_eq!(ttl.granted_ttl(), 30);
+    assert!(ttl.ttl() >= 25, "TTL after restart: {}", ttl.ttl());
+    assert_eq!(ttl.keys().len(), keys.len());
+    c.lease_revoke(id).await.expect("revoke after restart");
+    wait_keys_everywhere(&cluster, "r", &[], Duration::from_secs(5)).await;
+}
