@@ -305,7 +305,7 @@ enum PeerAnswer<T = Bytes> {
 }
 
 impl PeerPool {
-    fn take_idle(&self, url: &str) -> Option<SendRequest<Full<Bytes>>> {
+    fn take_idle(&self, url: &str) -> Option<PeerConnection> {
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
         let list = idle.get_mut(url)?;
         while let Some(s) = list.pop() {
@@ -316,7 +316,7 @@ impl PeerPool {
         None
     }
 
-    fn put_idle(&self, url: &str, s: SendRequest<Full<Bytes>>) {
+    fn put_idle(&self, url: &str, s: PeerConnection) {
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
         let list = idle.entry(url.to_string()).or_default();
         if list.len() < IDLE_CONNECTIONS_PER_PEER {
@@ -324,7 +324,7 @@ impl PeerPool {
         }
     }
 
-    async fn connect(url: &str) -> Result<SendRequest<Full<Bytes>>, String> {
+    async fn connect(url: &str) -> Result<PeerConnection, String> {
         let addrs = crate::config::url_to_addrs("peer-urls", url).map_err(|e| e.to_string())?;
         let stream = tokio::net::TcpStream::connect(addrs.as_slice())
             .await
@@ -340,7 +340,7 @@ impl PeerPool {
     }
 
     async fn send(
-        sender: &mut SendRequest<Full<Bytes>>,
+        sender: &mut PeerConnection,
         url: &str,
         path: &str,
         cluster_id: u64,
@@ -417,13 +417,14 @@ impl PeerPool {
                     .unwrap_or(0),
             ),
             _ => {
-                let code = header(CODE_HEADER)
-                    .and_then(|v| v.parse::<i32>().ok())
-                    .map_or(Code::Unavailable, Code::from_i32);
-                PeerAnswer::Failed(Status::new(
-                    code,
-                    format!("{url}: {}", String::from_utf8_lossy(&body)),
-                ))
+                let message = String::from_utf8_lossy(&body);
+                // An error the leader's driver gave keeps etcd's message as is.
+                match header(CODE_HEADER).and_then(|v| v.parse::<i32>().ok()) {
+                    Some(code) => PeerAnswer::Failed(Status::new(Code::from_i32(code), message)),
+                    None => PeerAnswer::Failed(Status::unavailable(format!(
+                        "{url} answered {status}: {message}"
+                    ))),
+                }
             }
         }
     }
