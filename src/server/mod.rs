@@ -6,6 +6,7 @@ pub mod convert;
 pub mod entry;
 pub mod errors;
 pub mod kv;
+pub mod lease;
 pub mod maintenance;
 pub mod members;
 pub mod merge;

@@ -22,6 +22,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use cairn_proto::etcdserverpb::cluster_server::ClusterServer;
 use cairn_proto::etcdserverpb::kv_server::KvServer;
+use cairn_proto::etcdserverpb::lease_server::LeaseServer;
 use cairn_proto::etcdserverpb::maintenance_server::MaintenanceServer;
 use cairn_proto::etcdserverpb::watch_server::WatchServer;
 use prost::Message as _;
@@ -525,6 +526,8 @@ struct Shared {
     caught_up: Arc<std::sync::atomic::AtomicUsize>,
     /// Watch stream ids, unique across the member's cores.
     next_watch_stream: Arc<std::sync::atomic::AtomicU64>,
+    /// Lease ids this member generates, unique across its cores.
+    lease_ids: Arc<super::lease::LeaseIds>,
 }
 
 /// A started member.
@@ -635,6 +638,7 @@ impl Node {
             watchdog,
             caught_up: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
             next_watch_stream: Arc::new(std::sync::atomic::AtomicU64::new(1)),
+            lease_ids: Arc::new(super::lease::LeaseIds::new(file.member_id)),
             members: members.clone(),
             routing,
             router,
@@ -849,6 +853,10 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
     // gRPC's own cap sits above etcd's request limit (as etcd's does) so an
     // oversize request gets etcd's "request is too large" error, not a transport error.
     let max_message_bytes = config.max_request_bytes + 512 * 1024;
+    // This core's keep-alive connections to peers, for lease renewals.
+    let lease_peers = super::lease::PeerPool::default();
+    let min_lease_ttl_secs =
+        super::lease::min_lease_ttl_secs(config.heartbeat_interval_ms, config.election_timeout_ms);
     for listener in listeners {
         let listener = tokio::net::TcpListener::from_std(listener)
             .map_err(|e| StartError::Other(format!("client listener: {e}")))?;
@@ -870,6 +878,14 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
             identity: shared.identity.clone(),
             router: shared.router.clone(),
             members: shared.members.clone(),
+        };
+        let lease = super::lease::LeaseService {
+            router: shared.router.clone(),
+            members: shared.members.clone(),
+            identity: shared.identity.clone(),
+            min_ttl_secs: min_lease_ttl_secs,
+            ids: shared.lease_ids.clone(),
+            peers: lease_peers.clone(),
         };
         let mut stop = shared.shutdown.clone();
         let mut stop_http = shared.shutdown.clone();
@@ -896,6 +912,7 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
             .add_service(MaintenanceServer::new(maintenance))
             .add_service(ClusterServer::new(cluster))
             .add_service(WatchServer::new(watch))
+            .add_service(LeaseServer::new(lease))
             .serve_with_incoming_shutdown(
                 tokio_stream::wrappers::ReceiverStream::new(grpc_rx),
                 async move {

@@ -9,6 +9,8 @@
 //! | `GET /cairn/members` | the member table (`cairnpb.MemberTable`, protobuf): how a member started with `--initial-cluster-state existing` learns the cluster id, its own id and the shard count |
 //! | `POST /cairn/conf-change` | carries out a membership change of one shard (`cairnpb.ShardConfChange`) if this member leads the shard: `200`, or `409` with `x-cairn-leader` naming the leader, or the gRPC error as `x-cairn-grpc-code` plus the message |
 //! | `POST /cairn/removed` | tells a member it was removed from the cluster (`x-cairn-member` must be its id): it stops |
+//! | `POST /cairn/lease-renew` | renews a lease at the leader of the shard in `x-cairn-shard` (`etcdserverpb.LeaseKeepAliveRequest`; answer `LeaseKeepAliveResponse`, TTL 0 when the shard has no such lease): `200`, or `409` with `x-cairn-leader` as above |
+//! | `POST /cairn/lease-ttl` | a lease's time left at the leader of the shard in `x-cairn-shard` (`LeaseTimeToLiveRequest`; answer `LeaseTimeToLiveResponse` with the time left in milliseconds, -1 when the shard has no such lease): `200` or `409` as above |
 //!
 //! Every request but `GET /cairn/members` must carry the cluster id in
 //! `x-cairn-cluster-id` (hex), so a member of another cluster is refused.
@@ -85,7 +87,10 @@ impl PeerHttp {
             );
         }
         if method != Method::POST
-            || !matches!(path.as_str(), "/cairn/conf-change" | "/cairn/removed")
+            || !matches!(
+                path.as_str(),
+                "/cairn/conf-change" | "/cairn/removed" | "/cairn/lease-renew" | "/cairn/lease-ttl"
+            )
         {
             return text(StatusCode::NOT_FOUND, format!("no {method} {path} here"));
         }
@@ -119,6 +124,12 @@ impl PeerHttp {
             }
             return text(StatusCode::OK, "stopping\n".to_string());
         }
+        let shard_header = req
+            .headers()
+            .get(super::lease::SHARD_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string();
         let body = match Limited::new(req.into_body(), MAX_BODY_BYTES)
             .collect()
             .await
@@ -126,6 +137,15 @@ impl PeerHttp {
             Ok(b) => b.to_bytes(),
             Err(e) => return text(StatusCode::BAD_REQUEST, format!("reading the body: {e}")),
         };
+        if path.starts_with("/cairn/lease-") {
+            use super::lease::PeerLeaseAnswer;
+            return match super::lease::serve_peer(&self.router, &path, &shard_header, body).await {
+                PeerLeaseAnswer::Ok(b) => answer(StatusCode::OK, b),
+                PeerLeaseAnswer::NotLeader(leader) => not_leader(leader),
+                PeerLeaseAnswer::Failed(e) => failed(&e),
+                PeerLeaseAnswer::BadRequest(m) => text(StatusCode::BAD_REQUEST, m),
+            };
+        }
         let change = match ShardConfChange::decode(body) {
             Ok(c) => c,
             Err(e) => return text(StatusCode::BAD_REQUEST, format!("bad change: {e}")),
@@ -151,22 +171,28 @@ impl PeerHttp {
             .await
         {
             Ok(_) => text(StatusCode::OK, "applied\n".to_string()),
-            Err(ApiError::NotLeader { leader }) => {
-                let mut r = text(StatusCode::CONFLICT, "not leader\n".to_string());
-                if let Ok(v) = format!("{leader:x}").parse() {
-                    r.headers_mut().insert(LEADER_HEADER, v);
-                }
-                r
-            }
-            Err(e) => {
-                let mut r = text(StatusCode::UNPROCESSABLE_ENTITY, e.to_string());
-                if let Ok(v) = (e.code() as i32).to_string().parse() {
-                    r.headers_mut().insert(CODE_HEADER, v);
-                }
-                r
-            }
+            Err(ApiError::NotLeader { leader }) => not_leader(leader),
+            Err(e) => failed(&e),
         }
     }
+}
+
+/// `409`: this member does not lead the shard; `leader` does (0: unknown).
+fn not_leader(leader: u64) -> Response<Full<Bytes>> {
+    let mut r = text(StatusCode::CONFLICT, "not leader\n".to_string());
+    if let Ok(v) = format!("{leader:x}").parse() {
+        r.headers_mut().insert(LEADER_HEADER, v);
+    }
+    r
+}
+
+/// `422`: the request failed with `e`, whose gRPC code rides in a header.
+fn failed(e: &ApiError) -> Response<Full<Bytes>> {
+    let mut r = text(StatusCode::UNPROCESSABLE_ENTITY, e.to_string());
+    if let Ok(v) = (e.code() as i32).to_string().parse() {
+        r.headers_mut().insert(CODE_HEADER, v);
+    }
+    r
 }
 
 fn answer(status: StatusCode, body: Bytes) -> Response<Full<Bytes>> {

@@ -62,6 +62,17 @@ pub struct ShardStatus {
     pub nospace_alarm: bool,
 }
 
+/// What a shard's leader knows of a lease (see `super::lease`).
+#[derive(Debug, Clone, Default)]
+pub struct LeaseInfo {
+    /// The TTL the lease was granted with, in seconds.
+    pub granted_ttl: i64,
+    /// Time left before the leader revokes it.
+    pub remaining: Duration,
+    /// The shard's keys attached to it (empty unless asked for).
+    pub keys: Vec<Vec<u8>>,
+}
+
 /// A shard's hash of its keyspace, for HashKV.
 #[derive(Debug, Clone, Default)]
 pub struct ShardHash {
@@ -130,6 +141,23 @@ pub enum ShardCommand {
         /// Only check that the change would be carried out now.
         check_only: bool,
         reply: Reply<WriteResult>,
+    },
+    /// Restarts a lease's TTL. Only the shard's leader tracks lease TTLs:
+    /// elsewhere it is refused with [`ApiError::NotLeader`]. Answers the
+    /// granted TTL, or None when the shard has no such lease (or it expired).
+    LeaseRenew {
+        id: i64,
+        reply: Reply<Option<i64>>,
+    },
+    /// A lease's TTLs (and keys when `keys`), at the shard's leader only.
+    LeaseQuery {
+        id: i64,
+        keys: bool,
+        reply: Reply<Option<LeaseInfo>>,
+    },
+    /// The ids of the leases in this member's copy of the shard.
+    LeaseList {
+        reply: Reply<Vec<i64>>,
     },
 }
 
@@ -211,6 +239,26 @@ impl Router {
             reply,
         })
         .await
+    }
+
+    pub async fn lease_renew(&self, shard: ShardId, id: i64) -> Result<Option<i64>, ApiError> {
+        self.ask(shard, |reply| ShardCommand::LeaseRenew { id, reply })
+            .await
+    }
+
+    pub async fn lease_query(
+        &self,
+        shard: ShardId,
+        id: i64,
+        keys: bool,
+    ) -> Result<Option<LeaseInfo>, ApiError> {
+        self.ask(shard, |reply| ShardCommand::LeaseQuery { id, keys, reply })
+            .await
+    }
+
+    pub async fn lease_list(&self, shard: ShardId) -> Result<Vec<i64>, ApiError> {
+        self.ask(shard, |reply| ShardCommand::LeaseList { reply })
+            .await
     }
 
     pub async fn hash_kv(&self, shard: ShardId, revision: i64) -> Result<ShardHash, ApiError> {

@@ -452,6 +452,8 @@ pub struct Shard {
     conf_change_queue: std::collections::VecDeque<(ConfChange, Reply<WriteResult>)>,
     /// This member is a learner of the shard: it serves serializable reads only.
     is_learner: bool,
+    /// Time left of every lease, while this member leads the shard.
+    lease_clock: super::lease::LeaseClock,
 }
 
 fn now_ms() -> u64 {
@@ -646,6 +648,7 @@ impl Shard {
             members: setup.members.clone(),
             conf_change_queue: std::collections::VecDeque::new(),
             is_learner,
+            lease_clock: super::lease::LeaseClock::new(setup.tick, setup.election_ticks),
         })
     }
 
@@ -687,6 +690,7 @@ impl Shard {
                     if self.failed.is_none() {
                         self.node.tick();
                         self.maybe_hand_over_leadership();
+                        self.expire_leases();
                         // Watchers that were behind (full queues) catch up.
                         if !self.watchers.is_empty() {
                             self.watchers.notify(self.id, &self.store);
@@ -908,6 +912,96 @@ impl Shard {
                     })
                     .map_err(|e| self.read_error(e));
                 let _ = reply.send(result);
+            }
+            ShardCommand::LeaseRenew { id, reply } => {
+                let _ = reply.send(self.lease_renew(id));
+            }
+            ShardCommand::LeaseQuery { id, keys, reply } => {
+                let _ = reply.send(self.lease_query(id, keys));
+            }
+            ShardCommand::LeaseList { reply } => {
+                let ids = self.store.leases().iter().map(|l| l.id).collect();
+                let _ = reply.send(Ok(ids));
+            }
+        }
+    }
+
+    /// Lease TTLs are answered by the shard's leader only, once it has applied
+    /// every entry of earlier terms (it then knows every grant and revoke).
+    fn lease_leader_check(&self) -> Result<(), ApiError> {
+        if let Some(reason) = &self.failed {
+            return Err(self.storage_error(reason.clone()));
+        }
+        let leader = self.node.leader_id();
+        if leader != self.member_id {
+            return Err(ApiError::NotLeader { leader });
+        }
+        if !self.lease_clock.is_ready(self.store.applied_index()) {
+            return Err(ApiError::NotLeader { leader: raft::NONE });
+        }
+        Ok(())
+    }
+
+    fn lease_renew(&mut self, id: i64) -> Result<Option<i64>, ApiError> {
+        self.lease_leader_check()?;
+        Ok(self.lease_clock.renew(id, Instant::now()))
+    }
+
+    fn lease_query(
+        &self,
+        id: i64,
+        keys: bool,
+    ) -> Result<Option<super::router::LeaseInfo>, ApiError> {
+        self.lease_leader_check()?;
+        let Some(remaining) = self.lease_clock.remaining(id, Instant::now()) else {
+            return Ok(None);
+        };
+        Ok(self.store.lease(id).map(|l| super::router::LeaseInfo {
+            granted_ttl: l.ttl_secs,
+            remaining,
+            keys: if keys { l.keys } else { Vec::new() },
+        }))
+    }
+
+    /// The leader starts every lease's TTL afresh when it takes over, and
+    /// forgets them when it steps down.
+    fn lease_role_changed(&mut self, leader: bool) {
+        if leader {
+            let leases = self
+                .store
+                .leases()
+                .into_iter()
+                .map(|l| (l.id, l.ttl_secs, l.remaining_ttl_secs));
+            self.lease_clock
+                .promote(self.node.last_index(), leases, Instant::now());
+        } else {
+            self.lease_clock.demote();
+        }
+    }
+
+    /// The leader revokes the leases whose TTL ran out, through Raft: each
+    /// member deletes their keys when it applies the revoke.
+    fn expire_leases(&mut self) {
+        if !self.lease_clock.is_ready(self.store.applied_index())
+            || self.node.leader_id() != self.member_id
+        {
+            return;
+        }
+        for id in self.lease_clock.due(Instant::now()) {
+            // No client waits on it: request id 0.
+            let data = ShardRequest {
+                id: 0,
+                member: self.member_id,
+                request: Some(shard_request::Request::LeaseRevoke(
+                    pb::LeaseRevokeRequest { id },
+                )),
+            }
+            .encode_to_vec();
+            match self.node.propose(Bytes::from(data)) {
+                Ok(()) => tracing::debug!(shard = self.id, lease = id, "lease expired; revoking"),
+                Err(e) => {
+                    tracing::debug!(shard = self.id, lease = id, error = %e, "proposing an expired lease's revoke failed; retried later")
+                }
             }
         }
     }
@@ -1295,6 +1389,7 @@ impl Shard {
             // Proposals this member made may still commit under a new leader;
             // their waiters stay and are answered on apply, or expire.
             self.leader_since = (ss.role == StateRole::Leader).then(Instant::now);
+            self.lease_role_changed(ss.role == StateRole::Leader);
             // A leader change drops ReadIndex rounds in flight; asking again is
             // always safe.
             for (_, round) in self.read_rounds.drain() {
@@ -1813,6 +1908,12 @@ impl Shard {
         r: shard_request::Request,
     ) -> Result<WriteResult, ApiError> {
         use shard_request::Request as R;
+        // The leader's lease clock follows the grants and revokes it applies.
+        let lease_change = match &r {
+            R::LeaseGrant(g) => Some((g.id, Some(g.ttl))),
+            R::LeaseRevoke(g) => Some((g.id, None)),
+            _ => None,
+        };
         let op = match r {
             R::Put(p) => mvcc::Op::Put(convert::put_from_pb(&p)),
             R::DeleteRange(d) => mvcc::Op::DeleteRange(convert::delete_from_pb(&d)),
@@ -1852,7 +1953,15 @@ impl Shard {
                 return Err(ApiError::Unsupported("conf change as a normal entry"));
             }
         };
-        match self.store.apply(index, &op) {
+        let applied = self.store.apply(index, &op);
+        if let Some((id, ttl)) = lease_change {
+            match (ttl, &applied) {
+                (Some(ttl), Ok(_)) => self.lease_clock.granted(id, ttl, Instant::now()),
+                (Some(_), Err(_)) => {}
+                (None, _) => self.lease_clock.revoked(id),
+            }
+        }
+        match applied {
             Ok(result) => {
                 let header = self.header(0);
                 Ok(match result {

@@ -1,0 +1,947 @@
+//! The etcd v3 Lease service: LeaseGrant, LeaseRevoke, LeaseKeepAlive,
+//! LeaseTimeToLive, LeaseLeases.
+//!
+//! # A lease over several shards
+//! A key belongs to one shard (Raft group), but a lease must be usable with
+//! keys on any shard, so a lease lives on every shard, with the same id:
+//!
+//! - **Grant** is one `LeaseGrant` proposal per shard (same id and TTL). An id
+//!   of 0 gets one generated as etcd does (this member's id in the top 16
+//!   bits, then a counter started from the clock). The TTL is raised to the
+//!   minimum (1.5 election timeouts, rounded up to a second, etcd's rule) and
+//!   refused above 9,000,000,000 s with etcd's "too large lease TTL".
+//! - **Expiry** is decided by each shard's leader, which alone tracks the time
+//!   left of every lease of its shard ([`LeaseClock`]). A member that becomes
+//!   leader starts every lease's TTL afresh (plus one election timeout), as an
+//!   etcd leader does, so a leader change never shortens a lease. An expired
+//!   lease is revoked through Raft (a `LeaseRevoke` proposal on that shard): its
+//!   keys are deleted at one revision of the shard, and watchers see the
+//!   deletes. Followers never expire anything.
+//! - **KeepAlive** renews the lease at every shard's leader: directly for the
+//!   shards this member leads, over the peer port's HTTP side
+//!   (`POST /cairn/lease-renew`, see `super::peer_http`) for the others, on
+//!   pooled keep-alive connections. Renewals do not go through Raft, as in
+//!   etcd (no checkpointing: the TTL restarts on a new leader).
+//! - **Revoke** is one `LeaseRevoke` proposal per shard.
+//! - **TimeToLive** asks every shard's leader (`POST /cairn/lease-ttl` for the
+//!   shards led elsewhere): the time left is the least over the shards, the
+//!   keys are those of every shard. **Leases** lists the leases of this
+//!   member's copies of the shards.
+//!
+//! A lease is alive only while every shard has it. A grant or revoke that
+//! failed part way (a shard without a leader past the request timeout) leaves
+//! it on some shards only; a keep-alive or TimeToLive that finds it so answers
+//! that it expired and revokes what is left, and a lease nobody keeps alive is
+//! revoked by each shard's leader when its TTL runs out anyway.
+//!
+//! Puts are not slowed down: the store checks a put's lease as it always did,
+//! and only lease requests touch the leader's clock.
+
+use std::collections::{BTreeSet, HashMap};
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use cairn_proto::cairnpb::shard_request::Request as ShardReq;
+use cairn_proto::etcdserverpb::lease_server::Lease;
+use cairn_proto::etcdserverpb::{
+    LeaseGrantRequest, LeaseGrantResponse, LeaseKeepAliveRequest, LeaseKeepAliveResponse,
+    LeaseLeasesRequest, LeaseLeasesResponse, LeaseRevokeRequest, LeaseRevokeResponse, LeaseStatus,
+    LeaseTimeToLiveRequest, LeaseTimeToLiveResponse,
+};
+use futures::future::join_all;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
+use prost::Message as _;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Code, Request, Response, Status, Streaming};
+
+use super::errors::ApiError;
+use super::kv::Identity;
+use super::members::MemberRegistry;
+use super::peer_http::{CLUSTER_HEADER, CODE_HEADER, LEADER_HEADER};
+use super::router::{LeaseInfo, Router, WriteResult};
+use crate::routing::ShardId;
+
+/// etcd's largest lease TTL, in seconds.
+pub const MAX_LEASE_TTL_SECS: i64 = 9_000_000_000;
+
+/// Revocations of expired leases a shard's leader proposes per second at
+/// most (etcd's rate), so a mass expiry does not flood the log.
+pub const LEASE_REVOKES_PER_SECOND: u64 = 1000;
+
+/// How long an expired lease's revocation may take to apply before the
+/// leader proposes it again.
+pub const LEASE_REVOKE_RETRY: Duration = Duration::from_secs(3);
+
+/// How long a lease request waits for a shard's leader (elections included)
+/// before it fails with etcd's "no leader".
+pub const LEADER_WAIT: Duration = Duration::from_secs(3);
+
+/// How long a lease found on some shards only is looked for on the others
+/// before it is taken for dead.
+pub const PARTIAL_LEASE_WAIT: Duration = Duration::from_secs(1);
+
+/// How long one forwarded lease request to a peer may take.
+pub const PEER_LEASE_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Idle keep-alive connections kept per peer URL by one core.
+const IDLE_CONNECTIONS_PER_PEER: usize = 8;
+
+/// Largest answer read from a peer (a TimeToLive answer with its keys).
+const MAX_PEER_ANSWER_BYTES: usize = 64 * 1024 * 1024;
+
+/// The header naming the shard of a forwarded lease request.
+pub const SHARD_HEADER: &str = "x-cairn-shard";
+
+/// etcd's minimum lease TTL for the given Raft timing: 1.5 election timeouts
+/// (counted in whole heartbeats, as etcd counts them), rounded up to seconds.
+pub fn min_lease_ttl_secs(heartbeat_ms: u64, election_ms: u64) -> i64 {
+    let heartbeat_ms = heartbeat_ms.max(1);
+    let election_ticks = (election_ms / heartbeat_ms).max(2);
+    let ms = (3 * election_ticks / 2) * heartbeat_ms;
+    ms.div_ceil(1000) as i64
+}
+
+fn secs(ttl: i64) -> Duration {
+    Duration::from_secs(ttl.clamp(0, MAX_LEASE_TTL_SECS) as u64)
+}
+
+/// `now + d`, or a century from now where `d` is past what the clock holds.
+fn later(now: Instant, d: Duration) -> Instant {
+    now.checked_add(d)
+        .or_else(|| now.checked_add(Duration::from_secs(100 * 365 * 86_400)))
+        .unwrap_or(now)
+}
+
+/// Lease ids chosen by this member when a client asks for id 0: etcd's
+/// scheme, the member id's low 16 bits on top of a 48-bit counter that
+/// starts from the clock (milliseconds, shifted by 8), sign bit cleared.
+#[derive(Debug)]
+pub struct LeaseIds {
+    prefix: u64,
+    suffix: AtomicU64,
+}
+
+impl LeaseIds {
+    pub fn new(member_id: u64) -> LeaseIds {
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        LeaseIds {
+            prefix: (member_id & 0xffff) << 48,
+            suffix: AtomicU64::new((now_ms & ((1 << 40) - 1)) << 8),
+        }
+    }
+
+    pub fn next(&self) -> i64 {
+        loop {
+            let suffix = self.suffix.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
+            let id = (self.prefix | (suffix & ((1 << 48) - 1))) & (i64::MAX as u64);
+            if id != 0 {
+                return id as i64;
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Tracked {
+    ttl: i64,
+    deadline: Instant,
+    /// Past its deadline, its revocation proposed: no longer renewable.
+    expired: bool,
+}
+
+/// The time left of every lease of one shard, kept by the shard's leader
+/// only (followers keep nothing: a new leader starts every TTL afresh).
+#[derive(Debug)]
+pub struct LeaseClock {
+    /// Added to every TTL when this member becomes leader (one election
+    /// timeout): the old leader's clients get time to find the new one.
+    extend: Duration,
+    revokes_per_tick: usize,
+    /// While this member leads the shard: the index the shard must have
+    /// applied before the clock answers (the new leader's first entry, so every
+    /// grant and revoke of earlier terms is known).
+    leading_from: Option<u64>,
+    leases: HashMap<i64, Tracked>,
+    by_deadline: BTreeSet<(Instant, i64)>,
+}
+
+impl LeaseClock {
+    pub fn new(tick: Duration, election_ticks: u64) -> LeaseClock {
+        let per_tick = (LEASE_REVOKES_PER_SECOND as u128 * tick.as_millis() / 1000).max(1);
+        LeaseClock {
+            extend: tick * election_ticks.min(u64::from(u32::MAX)) as u32,
+            revokes_per_tick: per_tick as usize,
+            leading_from: None,
+            leases: HashMap::new(),
+            by_deadline: BTreeSet::new(),
+        }
+    }
+
+    /// This member became the shard's leader: every lease (id, TTL, remaining
+    /// TTL of a checkpoint or 0) starts its TTL now.
+    pub fn promote(
+        &mut self,
+        ready_index: u64,
+        leases: impl IntoIterator<Item = (i64, i64, i64)>,
+        now: Instant,
+    ) {
+        self.leases.clear();
+        self.by_deadline.clear();
+        self.leading_from = Some(ready_index);
+        for (id, ttl, remaining) in leases {
+            let left = if remaining > 0 { remaining } else { ttl };
+            self.track(id, ttl, later(now, self.extend + secs(left)));
+        }
+    }
+
+    /// This member no longer leads the shard.
+    pub fn demote(&mut self) {
+        self.leading_from = None;
+        self.leases.clear();
+        self.by_deadline.clear();
+    }
+
+    pub fn is_leading(&self) -> bool {
+        self.leading_from.is_some()
+    }
+
+    /// Whether the clock may answer, the shard having applied `applied`.
+    pub fn is_ready(&self, applied: u64) -> bool {
+        self.leading_from.is_some_and(|from| applied >= from)
+    }
+
+    fn track(&mut self, id: i64, ttl: i64, deadline: Instant) {
+        if let Some(old) = self.leases.insert(
+            id,
+            Tracked {
+                ttl,
+                deadline,
+                expired: false,
+            },
+        ) {
+            self.by_deadline.remove(&(old.deadline, id));
+        }
+        self.by_deadline.insert((deadline, id));
+    }
+
+    /// A grant was applied.
+    pub fn granted(&mut self, id: i64, ttl: i64, now: Instant) {
+        if self.is_leading() && !self.leases.contains_key(&id) {
+            self.track(id, ttl, later(now, secs(ttl)));
+        }
+    }
+
+    /// A revoke was applied (or found no lease).
+    pub fn revoked(&mut self, id: i64) {
+        if let Some(old) = self.leases.remove(&id) {
+            self.by_deadline.remove(&(old.deadline, id));
+        }
+    }
+
+    /// Restarts the lease's TTL; its granted TTL, or None when it is unknown
+    /// or expired.
+    pub fn renew(&mut self, id: i64, now: Instant) -> Option<i64> {
+        let t = *self.leases.get(&id)?;
+        if t.expired {
+            return None;
+        }
+        self.track(id, t.ttl, later(now, secs(t.ttl)));
+        Some(t.ttl)
+    }
+
+    /// Time left before the lease expires; None when unknown or expired.
+    pub fn remaining(&self, id: i64, now: Instant) -> Option<Duration> {
+        let t = self.leases.get(&id)?;
+        (!t.expired).then(|| t.deadline.saturating_duration_since(now))
+    }
+
+    /// Leases whose TTL ran out, at most one tick's share: they are marked
+    /// expired and come due again after [`LEASE_REVOKE_RETRY`] unless their
+    /// revocation is applied meanwhile.
+    pub fn due(&mut self, now: Instant) -> Vec<i64> {
+        let mut out = Vec::new();
+        while out.len() < self.revokes_per_tick {
+            let Some(&(deadline, id)) = self.by_deadline.first() else {
+                break;
+            };
+            if deadline > now {
+                break;
+            }
+            self.by_deadline.pop_first();
+            if let Some(t) = self.leases.get_mut(&id) {
+                let retry = later(now, LEASE_REVOKE_RETRY);
+                t.expired = true;
+                t.deadline = retry;
+                self.by_deadline.insert((retry, id));
+                out.push(id);
+            }
+        }
+        out
+    }
+}
+
+/// One HTTP/1 connection to a peer's HTTP side.
+type PeerConnection = SendRequest<Full<Bytes>>;
+
+/// Keep-alive HTTP/1 connections to peers' HTTP sides, by peer URL.
+#[derive(Clone, Default)]
+pub struct PeerPool {
+    idle: Arc<Mutex<HashMap<String, Vec<PeerConnection>>>>,
+}
+
+/// A peer's answer to a forwarded lease request.
+enum PeerAnswer<T = Bytes> {
+    Ok(T),
+    NotLeader(u64),
+    Failed(Status),
+}
+
+impl PeerPool {
+    fn take_idle(&self, url: &str) -> Option<PeerConnection> {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let list = idle.get_mut(url)?;
+        while let Some(s) = list.pop() {
+            if !s.is_closed() {
+                return Some(s);
+            }
+        }
+        None
+    }
+
+    fn put_idle(&self, url: &str, s: PeerConnection) {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let list = idle.entry(url.to_string()).or_default();
+        if list.len() < IDLE_CONNECTIONS_PER_PEER {
+            list.push(s);
+        }
+    }
+
+    async fn connect(url: &str) -> Result<PeerConnection, String> {
+        let addrs = crate::config::url_to_addrs("peer-urls", url).map_err(|e| e.to_string())?;
+        let stream = tokio::net::TcpStream::connect(addrs.as_slice())
+            .await
+            .map_err(|e| format!("connecting to {url}: {e}"))?;
+        let _ = stream.set_nodelay(true);
+        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| format!("{url}: {e}"))?;
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        Ok(sender)
+    }
+
+    async fn send(
+        sender: &mut PeerConnection,
+        url: &str,
+        path: &str,
+        cluster_id: u64,
+        shard: ShardId,
+        body: Bytes,
+    ) -> Result<(u16, hyper::HeaderMap, Bytes), String> {
+        sender
+            .ready()
+            .await
+            .map_err(|e| format!("{url}: connection closed: {e}"))?;
+        let req = hyper::Request::post(path)
+            .header(hyper::header::HOST, url.trim_start_matches("http://"))
+            .header(CLUSTER_HEADER, format!("{cluster_id:x}"))
+            .header(SHARD_HEADER, shard.to_string())
+            .body(Full::new(body))
+            .map_err(|e| e.to_string())?;
+        let resp = sender
+            .send_request(req)
+            .await
+            .map_err(|e| format!("{url}: {e}"))?;
+        let status = resp.status().as_u16();
+        let headers = resp.headers().clone();
+        let body = Limited::new(resp.into_body(), MAX_PEER_ANSWER_BYTES)
+            .collect()
+            .await
+            .map_err(|e| format!("{url}: reading the answer: {e}"))?
+            .to_bytes();
+        Ok((status, headers, body))
+    }
+
+    /// Posts a lease request for `shard` to the peer at `url`.
+    async fn post(
+        &self,
+        url: &str,
+        path: &str,
+        cluster_id: u64,
+        shard: ShardId,
+        body: Bytes,
+    ) -> PeerAnswer {
+        let run = async {
+            // A pooled connection may have been closed by the peer meanwhile:
+            // one failure on it is retried on a fresh connection.
+            let mut answer = Err(String::new());
+            if let Some(mut s) = self.take_idle(url) {
+                answer = Self::send(&mut s, url, path, cluster_id, shard, body.clone()).await;
+                if answer.is_ok() {
+                    self.put_idle(url, s);
+                }
+            }
+            if answer.is_err() {
+                let mut s = Self::connect(url).await?;
+                answer = Self::send(&mut s, url, path, cluster_id, shard, body).await;
+                if answer.is_ok() {
+                    self.put_idle(url, s);
+                }
+            }
+            answer
+        };
+        let (status, headers, body) = match tokio::time::timeout(PEER_LEASE_TIMEOUT, run).await {
+            Ok(Ok(a)) => a,
+            Ok(Err(e)) => return PeerAnswer::Failed(Status::unavailable(e)),
+            Err(_) => {
+                return PeerAnswer::Failed(Status::unavailable(format!(
+                    "{url} did not answer within {PEER_LEASE_TIMEOUT:?}"
+                )))
+            }
+        };
+        let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+        match status {
+            200 => PeerAnswer::Ok(body),
+            409 => PeerAnswer::NotLeader(
+                header(LEADER_HEADER)
+                    .and_then(|v| u64::from_str_radix(v, 16).ok())
+                    .unwrap_or(0),
+            ),
+            _ => {
+                let message = String::from_utf8_lossy(&body);
+                // An error the leader's driver gave keeps etcd's message as is.
+                match header(CODE_HEADER).and_then(|v| v.parse::<i32>().ok()) {
+                    Some(code) => PeerAnswer::Failed(Status::new(Code::from_i32(code), message)),
+                    None => PeerAnswer::Failed(Status::unavailable(format!(
+                        "{url} answered {status}: {message}"
+                    ))),
+                }
+            }
+        }
+    }
+}
+
+/// What this member answers a peer's forwarded lease request with.
+#[derive(Debug)]
+pub enum PeerLeaseAnswer {
+    Ok(Bytes),
+    NotLeader(u64),
+    Failed(ApiError),
+    BadRequest(String),
+}
+
+/// Serves `POST /cairn/lease-renew` and `POST /cairn/lease-ttl` for one shard
+/// this member is asked to lead.
+///
+/// - `lease-renew`: body `LeaseKeepAliveRequest`; answer
+///   `LeaseKeepAliveResponse` whose TTL is the granted TTL, 0 when the shard
+///   has no such lease.
+/// - `lease-ttl`: body `LeaseTimeToLiveRequest`; answer
+///   `LeaseTimeToLiveResponse` whose TTL is the time left in milliseconds (-1
+///   when the shard has no such lease), with the shard's keys when asked.
+pub async fn serve_peer(router: &Router, path: &str, shard: &str, body: Bytes) -> PeerLeaseAnswer {
+    let Some(shard) = shard
+        .parse::<ShardId>()
+        .ok()
+        .filter(|&s| (s as usize) < router.routing.shard_count())
+    else {
+        return PeerLeaseAnswer::BadRequest(format!("no shard {shard:?}"));
+    };
+    let answer = match path {
+        "/cairn/lease-renew" => {
+            let req = match LeaseKeepAliveRequest::decode(body) {
+                Ok(r) => r,
+                Err(e) => return PeerLeaseAnswer::BadRequest(format!("bad request: {e}")),
+            };
+            router.lease_renew(shard, req.id).await.map(|ttl| {
+                LeaseKeepAliveResponse {
+                    header: None,
+                    id: req.id,
+                    ttl: ttl.unwrap_or(0),
+                }
+                .encode_to_vec()
+            })
+        }
+        "/cairn/lease-ttl" => {
+            let req = match LeaseTimeToLiveRequest::decode(body) {
+                Ok(r) => r,
+                Err(e) => return PeerLeaseAnswer::BadRequest(format!("bad request: {e}")),
+            };
+            router
+                .lease_query(shard, req.id, req.keys)
+                .await
+                .map(|info| {
+                    let mut resp = LeaseTimeToLiveResponse {
+                        id: req.id,
+                        ttl: -1,
+                        ..Default::default()
+                    };
+                    if let Some(info) = info {
+                        resp.ttl = info.remaining.as_millis().min(i64::MAX as u128) as i64;
+                        resp.granted_ttl = info.granted_ttl;
+                        resp.keys = info.keys.into_iter().map(Bytes::from).collect();
+                    }
+                    resp.encode_to_vec()
+                })
+        }
+        other => return PeerLeaseAnswer::BadRequest(format!("no {other} here")),
+    };
+    match answer {
+        Ok(b) => PeerLeaseAnswer::Ok(Bytes::from(b)),
+        Err(ApiError::NotLeader { leader }) => PeerLeaseAnswer::NotLeader(leader),
+        Err(e) => PeerLeaseAnswer::Failed(e),
+    }
+}
+
+#[derive(Clone)]
+pub struct LeaseService {
+    pub router: Arc<Router>,
+    pub members: Arc<MemberRegistry>,
+    pub identity: Identity,
+    /// Smallest TTL granted, in seconds: shorter ones are raised to it.
+    pub min_ttl_secs: i64,
+    pub ids: Arc<LeaseIds>,
+    pub peers: PeerPool,
+}
+
+impl<T> PeerAnswer<T> {
+    fn and_decode<U>(self, decode: impl FnOnce(T) -> Result<U, String>) -> PeerAnswer<U> {
+        match self {
+            PeerAnswer::Ok(v) => match decode(v) {
+                Ok(u) => PeerAnswer::Ok(u),
+                Err(e) => PeerAnswer::Failed(Status::internal(e)),
+            },
+            PeerAnswer::NotLeader(l) => PeerAnswer::NotLeader(l),
+            PeerAnswer::Failed(s) => PeerAnswer::Failed(s),
+        }
+    }
+}
+
+impl LeaseService {
+    fn shards(&self) -> Vec<ShardId> {
+        self.router.routing.shard_ids().collect()
+    }
+
+    /// Runs `local` on this member's driver of `shard`; where another member
+    /// leads the shard, runs `remote` with the leader's peer URL instead.
+    /// Retried through elections for at most [`LEADER_WAIT`].
+    async fn at_leader<T, L, LF, R, RF>(&self, local: L, remote: R) -> Result<T, Status>
+    where
+        L: Fn() -> LF,
+        LF: Future<Output = Result<T, ApiError>>,
+        R: Fn(String) -> RF,
+        RF: Future<Output = PeerAnswer<T>>,
+    {
+        let deadline = Instant::now() + LEADER_WAIT;
+        let mut last: Status = ApiError::NoLeader.into();
+        let local_id = self.members.local_id();
+        loop {
+            let leader = match local().await {
+                Ok(v) => return Ok(v),
+                Err(ApiError::NotLeader { leader }) => leader,
+                Err(e @ (ApiError::NoLeader | ApiError::LeaderChanged | ApiError::Timeout)) => {
+                    last = e.into();
+                    crate::raft::NONE
+                }
+                Err(e) => return Err(e.into()),
+            };
+            let url = self
+                .members
+                .get(leader)
+                .filter(|_| leader != local_id)
+                .and_then(|m| m.peer_urls.first().cloned());
+            if let Some(url) = url {
+                match remote(url).await {
+                    PeerAnswer::Ok(v) => return Ok(v),
+                    PeerAnswer::NotLeader(_) => {}
+                    PeerAnswer::Failed(s) if s.code() == Code::Unavailable => last = s,
+                    PeerAnswer::Failed(s) => return Err(s),
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(last);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Renews the lease at `shard`'s leader: its granted TTL, or None.
+    async fn renew_at(&self, shard: ShardId, id: i64) -> Result<Option<i64>, Status> {
+        let cluster_id = self.members.cluster_id();
+        let body = Bytes::from(LeaseKeepAliveRequest { id }.encode_to_vec());
+        self.at_leader(
+            || self.router.lease_renew(shard, id),
+            |url| {
+                let body = body.clone();
+                async move {
+                    self.peers
+                        .post(&url, "/cairn/lease-renew", cluster_id, shard, body)
+                        .await
+                        .and_decode(|b: Bytes| {
+                            LeaseKeepAliveResponse::decode(b)
+                                .map(|r| (r.ttl > 0).then_some(r.ttl))
+                                .map_err(|e| format!("{url}: renew answer: {e}"))
+                        })
+                }
+            },
+        )
+        .await
+    }
+
+    /// The lease as `shard`'s leader knows it.
+    async fn query_at(
+        &self,
+        shard: ShardId,
+        id: i64,
+        keys: bool,
+    ) -> Result<Option<LeaseInfo>, Status> {
+        let cluster_id = self.members.cluster_id();
+        let body = Bytes::from(LeaseTimeToLiveRequest { id, keys }.encode_to_vec());
+        self.at_leader(
+            || self.router.lease_query(shard, id, keys),
+            |url| {
+                let body = body.clone();
+                async move {
+                    self.peers
+                        .post(&url, "/cairn/lease-ttl", cluster_id, shard, body)
+                        .await
+                        .and_decode(|b: Bytes| {
+                            LeaseTimeToLiveResponse::decode(b)
+                                .map(|r| {
+                                    (r.ttl >= 0).then(|| LeaseInfo {
+                                        granted_ttl: r.granted_ttl,
+                                        remaining: Duration::from_millis(r.ttl as u64),
+                                        keys: r.keys.into_iter().map(|k| k.to_vec()).collect(),
+                                    })
+                                })
+                                .map_err(|e| format!("{url}: time-to-live answer: {e}"))
+                        })
+                }
+            },
+        )
+        .await
+    }
+
+    /// Grants the lease on every shard; the highest shard revision.
+    async fn grant_everywhere(&self, id: i64, ttl: i64) -> Result<i64, ApiError> {
+        let parts = join_all(self.shards().into_iter().map(|s| {
+            self.router
+                .write(s, ShardReq::LeaseGrant(LeaseGrantRequest { ttl, id }))
+        }))
+        .await;
+        let (mut granted, mut revision, mut failed) = (0, 0, None);
+        for part in parts {
+            match part {
+                Ok(WriteResult::Applied { revision: r }) => {
+                    granted += 1;
+                    revision = revision.max(r);
+                }
+                // Already on this shard: a grant that failed part way and is
+                // retried completes; a lease on every shard is a duplicate.
+                Err(ApiError::LeaseExist) => {}
+                Ok(_) => failed = Some(ApiError::Unsupported("lease grant answered as a write")),
+                Err(e) => failed = Some(e),
+            }
+        }
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        if granted == 0 {
+            return Err(ApiError::LeaseExist);
+        }
+        Ok(revision)
+    }
+
+    /// Revokes the lease on every shard; the highest shard revision.
+    async fn revoke_everywhere(&self, id: i64) -> Result<i64, ApiError> {
+        let parts = join_all(self.shards().into_iter().map(|s| {
+            self.router
+                .write(s, ShardReq::LeaseRevoke(LeaseRevokeRequest { id }))
+        }))
+        .await;
+        let (mut found, mut revision, mut failed) = (0, 0, None);
+        for part in parts {
+            match part {
+                Ok(WriteResult::Applied { revision: r }) => {
+                    found += 1;
+                    revision = revision.max(r);
+                }
+                // Gone from this shard already (expired, or revoked before).
+                Err(ApiError::LeaseNotFound) => {}
+                Ok(_) => failed = Some(ApiError::Unsupported("lease revoke answered as a write")),
+                Err(e) => failed = Some(e),
+            }
+        }
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        if found == 0 {
+            return Err(ApiError::LeaseNotFound);
+        }
+        Ok(revision)
+    }
+
+    /// Asks every shard's leader about a lease. Where only some have it, the
+    /// others are asked again for a while: a grant or revoke just applied here
+    /// may not be applied at every leader yet.
+    async fn on_every_shard<T, F, Fut>(&self, ask: F) -> Result<Vec<Option<T>>, Status>
+    where
+        F: Fn(ShardId) -> Fut,
+        Fut: Future<Output = Result<Option<T>, Status>>,
+    {
+        let shards = self.shards();
+        let mut found = Vec::with_capacity(shards.len());
+        for part in join_all(shards.iter().map(|&s| ask(s))).await {
+            found.push(part?);
+        }
+        let deadline = Instant::now() + PARTIAL_LEASE_WAIT;
+        while found.iter().any(Option::is_some)
+            && found.iter().any(Option::is_none)
+            && Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            for (i, &s) in shards.iter().enumerate() {
+                if found[i].is_none() {
+                    found[i] = ask(s).await?;
+                }
+            }
+        }
+        Ok(found)
+    }
+
+    /// A lease some shards no longer have is dead: what is left of it is
+    /// revoked in the background.
+    fn revoke_remains(&self, id: i64) {
+        let this = self.clone();
+        tokio::spawn(async move {
+            match this.revoke_everywhere(id).await {
+                Ok(_) | Err(ApiError::LeaseNotFound) => {
+                    tracing::info!(
+                        lease = id,
+                        "revoked what was left of a partly expired lease"
+                    )
+                }
+                Err(e) => {
+                    tracing::warn!(lease = id, error = %e, "revoking what was left of a lease failed; its TTL will expire it")
+                }
+            }
+        });
+    }
+
+    /// Renews the lease on every shard: its granted TTL, 0 when it is gone.
+    async fn keep_alive_once(&self, id: i64) -> Result<i64, Status> {
+        let ttls = self.on_every_shard(|s| self.renew_at(s, id)).await?;
+        if ttls.iter().all(Option::is_some) {
+            return Ok(ttls.iter().flatten().copied().max().unwrap_or(0));
+        }
+        if ttls.iter().any(Option::is_some) {
+            self.revoke_remains(id);
+        }
+        Ok(0)
+    }
+
+    fn header(&self, revision: i64) -> Option<cairn_proto::etcdserverpb::ResponseHeader> {
+        Some(self.identity.header(revision, 0))
+    }
+}
+
+#[tonic::async_trait]
+impl Lease for LeaseService {
+    async fn lease_grant(
+        &self,
+        request: Request<LeaseGrantRequest>,
+    ) -> Result<Response<LeaseGrantResponse>, Status> {
+        let req = request.into_inner();
+        if req.ttl > MAX_LEASE_TTL_SECS {
+            return Err(ApiError::LeaseTtlTooLarge.into());
+        }
+        let ttl = req.ttl.max(self.min_ttl_secs);
+        // A generated id that happens to be taken is replaced by the next one.
+        let attempts = if req.id == 0 { 3 } else { 1 };
+        let mut last = ApiError::LeaseExist;
+        for _ in 0..attempts {
+            let id = if req.id == 0 { self.ids.next() } else { req.id };
+            match self.grant_everywhere(id, ttl).await {
+                Ok(revision) => {
+                    return Ok(Response::new(LeaseGrantResponse {
+                        header: self.header(revision),
+                        id,
+                        ttl,
+                        error: String::new(),
+                    }))
+                }
+                Err(e @ ApiError::LeaseExist) => last = e,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(last.into())
+    }
+
+    async fn lease_revoke(
+        &self,
+        request: Request<LeaseRevokeRequest>,
+    ) -> Result<Response<LeaseRevokeResponse>, Status> {
+        let id = request.into_inner().id;
+        let revision = self.revoke_everywhere(id).await?;
+        Ok(Response::new(LeaseRevokeResponse {
+            header: self.header(revision),
+        }))
+    }
+
+    type LeaseKeepAliveStream = ReceiverStream<Result<LeaseKeepAliveResponse, Status>>;
+
+    async fn lease_keep_alive(
+        &self,
+        request: Request<Streaming<LeaseKeepAliveRequest>>,
+    ) -> Result<Response<Self::LeaseKeepAliveStream>, Status> {
+        let mut inbound = request.into_inner();
+        let (tx, rx) = mpsc::channel(16);
+        let this = self.clone();
+        tokio::spawn(async move {
+            // One renewal at a time per stream, answered in order (etcd's way).
+            while let Ok(Some(req)) = inbound.message().await {
+                let answer = this
+                    .keep_alive_once(req.id)
+                    .await
+                    .map(|ttl| LeaseKeepAliveResponse {
+                        header: this.header(0),
+                        id: req.id,
+                        ttl,
+                    });
+                let failed = answer.is_err();
+                if tx.send(answer).await.is_err() || failed {
+                    break;
+                }
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    async fn lease_time_to_live(
+        &self,
+        request: Request<LeaseTimeToLiveRequest>,
+    ) -> Result<Response<LeaseTimeToLiveResponse>, Status> {
+        let req = request.into_inner();
+        let infos = self
+            .on_every_shard(|s| self.query_at(s, req.id, req.keys))
+            .await?;
+        let mut resp = LeaseTimeToLiveResponse {
+            header: self.header(0),
+            id: req.id,
+            ttl: -1,
+            granted_ttl: 0,
+            keys: Vec::new(),
+        };
+        if infos.iter().all(Option::is_some) {
+            let infos: Vec<LeaseInfo> = infos.into_iter().flatten().collect();
+            resp.ttl = infos
+                .iter()
+                .map(|i| i.remaining.as_secs().min(i64::MAX as u64) as i64)
+                .min()
+                .unwrap_or(-1);
+            resp.granted_ttl = infos.iter().map(|i| i.granted_ttl).max().unwrap_or(0);
+            let mut keys: Vec<Vec<u8>> = infos.into_iter().flat_map(|i| i.keys).collect();
+            keys.sort_unstable();
+            resp.keys = keys.into_iter().map(Bytes::from).collect();
+        } else if infos.iter().any(Option::is_some) {
+            self.revoke_remains(req.id);
+        }
+        Ok(Response::new(resp))
+    }
+
+    async fn lease_leases(
+        &self,
+        _: Request<LeaseLeasesRequest>,
+    ) -> Result<Response<LeaseLeasesResponse>, Status> {
+        let parts = join_all(self.shards().into_iter().map(|s| self.router.lease_list(s))).await;
+        let mut ids = BTreeSet::new();
+        for p in parts {
+            ids.extend(p?);
+        }
+        Ok(Response::new(LeaseLeasesResponse {
+            header: self.header(0),
+            leases: ids.into_iter().map(|id| LeaseStatus { id }).collect(),
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn minimum_ttl_follows_etcd() {
+        // etcd's defaults: 100 ms heartbeat, 1 s election: 1.5 s, rounded up.
+        assert_eq!(min_lease_ttl_secs(100, 1000), 2);
+        assert_eq!(min_lease_ttl_secs(100, 2000), 3);
+        assert_eq!(min_lease_ttl_secs(50, 250), 1);
+        assert_eq!(min_lease_ttl_secs(0, 0), 1);
+    }
+
+    #[test]
+    fn generated_ids_are_positive_distinct_and_carry_the_member() {
+        let ids = LeaseIds::new(0xabcd_1234);
+        let a = ids.next();
+        let b = ids.next();
+        assert!(a > 0 && b > 0 && a != b);
+        assert_eq!((a as u64) >> 48, 0x1234 & 0x7fff);
+    }
+
+    #[test]
+    fn the_clock_expires_renews_and_restarts_on_promotion() {
+        let tick = Duration::from_millis(100);
+        let mut c = LeaseClock::new(tick, 10);
+        let t0 = Instant::now();
+        c.granted(1, 5, t0);
+        assert!(c.remaining(1, t0).is_none(), "a follower tracks nothing");
+        c.promote(7, [(1, 5, 0), (2, 10, 0)], t0);
+        assert!(!c.is_ready(6) && c.is_ready(7));
+        // Promotion adds one election timeout (1 s) to every TTL.
+        assert_eq!(c.remaining(1, t0), Some(Duration::from_secs(6)));
+        assert!(c.due(t0 + Duration::from_secs(5)).is_empty());
+        assert_eq!(c.due(t0 + Duration::from_secs(6)), vec![1]);
+        assert_eq!(c.renew(1, t0), None, "an expired lease is not renewed");
+        assert_eq!(c.renew(2, t0 + Duration::from_secs(6)), Some(10));
+        assert_eq!(
+            c.remaining(2, t0 + Duration::from_secs(6)),
+            Some(Duration::from_secs(10))
+        );
+        // Its revoke not applied: due again after the retry delay.
+        assert_eq!(c.due(t0 + Duration::from_secs(9)), vec![1]);
+        c.revoked(1);
+        assert!(c.due(t0 + Duration::from_secs(15)).is_empty());
+        c.granted(3, 2, t0);
+        assert_eq!(c.remaining(3, t0), Some(Duration::from_secs(2)));
+        c.demote();
+        assert!(c.remaining(2, t0).is_none() && !c.is_leading());
+    }
+
+    #[test]
+    fn huge_ttls_do_not_overflow_the_clock() {
+        let mut c = LeaseClock::new(Duration::from_millis(100), 10);
+        let now = Instant::now();
+        c.promote(0, [(1, MAX_LEASE_TTL_SECS, 0)], now);
+        c.granted(2, i64::MAX, now);
+        assert!(c.renew(2, now).is_some());
+        assert!(c.due(now).is_empty());
+    }
+
+    #[test]
+    fn revocations_are_limited_per_tick() {
+        let mut c = LeaseClock::new(Duration::from_millis(10), 10);
+        let now = Instant::now();
+        c.promote(0, (1..=50).map(|id| (id, 1, 0)), now);
+        let later = now + Duration::from_secs(5);
+        assert_eq!(c.due(later).len(), 10);
+        assert_eq!(c.due(later).len(), 10);
+    }
+}

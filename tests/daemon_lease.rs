@@ -1,0 +1,506 @@
+//! Leases with real processes: a 3-member cluster with two shards, driven by
+//! etcd's Rust client and etcdctl. A lease lives on every shard: keys on both
+//! shards attach to it, keep-alives hold them past the TTL, an expiry or a
+//! revoke deletes them on every member (watchers see the deletes), errors are
+//! etcd's, and a kill -9 of a shard's leader does not lose a lease. Guards
+//! against leases that only work on one shard, expiries that miss keys or
+//! members, and TTLs lost with a leader.
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use cairn::routing::RoutingTable;
+use common::{client, wait_writable, Cluster};
+use etcd_client::{
+    EventType, GetOptions, LeaseGrantOptions, LeaseTimeToLiveOptions, PutOptions, WatchOptions,
+};
+
+/// Keys under several routing prefixes, covering both shards.
+fn keys_on_both_shards(tag: &str) -> Vec<String> {
+    let routing = RoutingTable::new(2, 1);
+    let keys: Vec<String> = ["a", "b", "c", "d", "e", "f"]
+        .iter()
+        .map(|p| format!("/{p}-{tag}/key"))
+        .collect();
+    let mut shards: Vec<u32> = keys
+        .iter()
+        .map(|k| routing.shard_for_key(k.as_bytes()))
+        .collect();
+    shards.sort_unstable();
+    shards.dedup();
+    assert_eq!(shards, vec![0, 1], "the keys must cover both shards");
+    keys
+}
+
+/// The keys under `-{tag}/` a member holds (serializable: its own copy);
+/// None while it does not answer (restarting).
+async fn keys_on(endpoint: &str, tag: &str) -> Option<Vec<String>> {
+    let mut c = client(endpoint).await;
+    let r = c
+        .get(
+            "",
+            Some(GetOptions::new().with_all_keys().with_serializable()),
+        )
+        .await
+        .ok()?;
+    let mut keys: Vec<String> = r
+        .kvs()
+        .iter()
+        .map(|kv| String::from_utf8_lossy(kv.key()).into_owned())
+        .filter(|k| k.contains(&format!("-{tag}/")))
+        .collect();
+    keys.sort();
+    Some(keys)
+}
+
+async fn put_with_lease(c: &mut etcd_client::Client, keys: &[String], lease: i64) {
+    for k in keys {
+        c.put(k.as_str(), "v", Some(PutOptions::new().with_lease(lease)))
+            .await
+            .unwrap_or_else(|e| panic!("put {k} with lease {lease:x}: {e}"));
+    }
+}
+
+/// Waits until every running member holds exactly `want` under `tag`.
+async fn wait_keys_everywhere(cluster: &Cluster, tag: &str, want: &[String], timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    let mut want = want.to_vec();
+    want.sort();
+    loop {
+        let mut all = true;
+        for m in cluster.members.iter().filter(|m| m.is_running()) {
+            if keys_on(&m.endpoint(), tag).await.as_ref() != Some(&want) {
+                all = false;
+            }
+        }
+        if all {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "members do not converge on {want:?} for {tag}\n{}",
+            cluster.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn grpc_status(e: etcd_client::Error) -> (tonic::Code, String) {
+    match e {
+        etcd_client::Error::GRpcStatus(s) => (s.code(), s.message().to_string()),
+        other => panic!("expected a gRPC status, got {other}"),
+    }
+}
+
+/// The member that leads shard 0 (Status reports shard 0's leader).
+async fn shard0_leader(cluster: &Cluster) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        for (i, m) in cluster.members.iter().enumerate() {
+            if !m.is_running() {
+                continue;
+            }
+            let mut c = client(&m.endpoint()).await;
+            if let Ok(s) = c.status().await {
+                if s.leader() != 0 && s.header().map(|h| h.member_id()) == Some(s.leader()) {
+                    return i;
+                }
+            }
+        }
+        assert!(Instant::now() < deadline, "no leader of shard 0");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn etcdctl(endpoint: &str, args: &[&str]) -> (bool, String) {
+    let out = Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints={endpoint}"))
+        .arg("--command-timeout=20s")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run etcdctl");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_span_shards_expire_and_survive_a_leader_crash() {
+    let mut cluster = Cluster::start(3, &["--shards", "2", "--cores", "1"]);
+    let eps = cluster.endpoints();
+    let mut c0 = client(&eps[0]).await;
+    wait_writable(&mut c0, "/lease/ready").await;
+    let mut c1 = client(&eps[1]).await;
+    let mut c2 = client(&eps[2]).await;
+
+    // Grant: an explicit id, then a duplicate of it.
+    let g = c0
+        .lease_grant(5, Some(LeaseGrantOptions::new().with_id(0x1234)))
+        .await
+        .expect("grant an explicit id");
+    assert_eq!((g.id(), g.ttl()), (0x1234, 5));
+    let (code, msg) = grpc_status(
+        c1.lease_grant(5, Some(LeaseGrantOptions::new().with_id(0x1234)))
+            .await
+            .expect_err("a duplicate id is refused"),
+    );
+    assert_eq!(
+        (code, msg.as_str()),
+        (
+            tonic::Code::FailedPrecondition,
+            "etcdserver: lease already exists"
+        )
+    );
+    // Server-chosen ids; TTL limits as etcd's (minimum 1.5 election timeouts
+    // of 1 s: 2 s; at most 9e9 s).
+    let a = c1.lease_grant(4, None).await.expect("grant").id();
+    let short = c2.lease_grant(1, None).await.expect("grant a short TTL");
+    assert!(a > 0 && short.id() > 0 && a != short.id());
+    assert_eq!(short.ttl(), 2, "a TTL below the minimum is raised to it");
+    let (code, msg) = grpc_status(
+        c0.lease_grant(9_000_000_001, None)
+            .await
+            .expect_err("too large a TTL"),
+    );
+    assert_eq!(
+        (code, msg.as_str()),
+        (tonic::Code::OutOfRange, "etcdserver: too large lease TTL")
+    );
+
+    // Keys on both shards attach to one lease; an unknown lease is refused.
+    let keys = keys_on_both_shards("a");
+    put_with_lease(&mut c1, &keys, a).await;
+    let (code, msg) = grpc_status(
+        c0.put("/x-a/key", "v", Some(PutOptions::new().with_lease(0x7777)))
+            .await
+            .expect_err("a put with an unknown lease"),
+    );
+    assert_eq!(
+        (code, msg.as_str()),
+        (
+            tonic::Code::NotFound,
+            "etcdserver: requested lease not found"
+        )
+    );
+    let ttl = c2
+        .lease_time_to_live(a, Some(LeaseTimeToLiveOptions::new().with_keys()))
+        .await
+        .expect("time to live");
+    let mut got: Vec<String> = ttl
+        .keys()
+        .iter()
+        .map(|k| String::from_utf8_lossy(k).into_owned())
+        .collect();
+    got.sort();
+    let mut want = keys.clone();
+    want.sort();
+    assert_eq!(got, want, "TimeToLive lists the keys of every shard");
+    assert_eq!(ttl.granted_ttl(), 4);
+    assert!(ttl.ttl() > 0 && ttl.ttl() <= 4, "remaining {}", ttl.ttl());
+    let listed: Vec<i64> = c0
+        .leases()
+        .await
+        .expect("leases")
+        .leases()
+        .iter()
+        .map(|l| l.id())
+        .collect();
+    for id in [0x1234, a, short.id()] {
+        assert!(listed.contains(&id), "{id:x} not in {listed:x?}");
+    }
+
+    // A watcher on another member sees the expiry's deletes.
+    let mut events = c2
+        .watch("/", Some(WatchOptions::new().with_prefix()))
+        .await
+        .expect("watch");
+
+    // Keep-alives through a member hold the keys past twice the TTL.
+    let (mut keeper, mut answers) = c1.lease_keep_alive(a).await.expect("keep alive");
+    let held_until = Instant::now() + Duration::from_secs(9);
+    while Instant::now() < held_until {
+        keeper.keep_alive().await.expect("send keep-alive");
+        let answer = answers
+            .message()
+            .await
+            .expect("keep-alive answer")
+            .expect("stream open");
+        assert_eq!((answer.id(), answer.ttl()), (a, 4));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    wait_keys_everywhere(&cluster, "a", &keys, Duration::from_secs(5)).await;
+
+    // Without keep-alives the lease expires: its keys vanish everywhere.
+    drop(keeper);
+    drop(answers);
+    let stopped = Instant::now();
+    wait_keys_everywhere(&cluster, "a", &[], Duration::from_secs(20)).await;
+    let gone_after = stopped.elapsed();
+    assert!(
+        gone_after >= Duration::from_secs(2),
+        "keys vanished {gone_after:?} after the last keep-alive, before the TTL"
+    );
+    let mut deleted = Vec::new();
+    let watch_deadline = Instant::now() + Duration::from_secs(10);
+    while deleted.len() < keys.len() {
+        let left = watch_deadline.saturating_duration_since(Instant::now());
+        let msg = tokio::time::timeout(left, events.message())
+            .await
+            .expect("the watcher sees every delete")
+            .expect("watch stream")
+            .expect("watch open");
+        for ev in msg.events() {
+            let key = String::from_utf8_lossy(ev.kv().expect("kv").key()).into_owned();
+            if ev.event_type() == EventType::Delete && key.contains("-a/") {
+                deleted.push(key);
+            }
+        }
+    }
+    deleted.sort();
+    assert_eq!(deleted, want);
+    let ttl = c0.lease_time_to_live(a, None).await.expect("time to live");
+    assert_eq!(ttl.ttl(), -1, "an expired lease reports TTL -1");
+    // The client sends a first keep-alive at once and reports the TTL 0
+    // answer of a lease that is gone as "lease not found".
+    let refused = c0
+        .lease_keep_alive(a)
+        .await
+        .expect_err("keep-alive of an expired lease is refused");
+    assert!(refused.to_string().contains("lease not found"), "{refused}");
+
+    // Revoke deletes at once, everywhere; a second revoke finds nothing.
+    let b = c0.lease_grant(60, None).await.expect("grant").id();
+    let keys_b = keys_on_both_shards("b");
+    put_with_lease(&mut c0, &keys_b, b).await;
+    c1.lease_revoke(b).await.expect("revoke");
+    let left = c2
+        .get("/", Some(GetOptions::new().with_prefix()))
+        .await
+        .expect("linearizable get");
+    assert!(
+        !left
+            .kvs()
+            .iter()
+            .any(|kv| String::from_utf8_lossy(kv.key()).contains("-b/")),
+        "keys survived their lease's revoke"
+    );
+    wait_keys_everywhere(&cluster, "b", &[], Duration::from_secs(5)).await;
+    let (code, msg) = grpc_status(c2.lease_revoke(b).await.expect_err("revoke twice"));
+    assert_eq!(
+        (code, msg.as_str()),
+        (
+            tonic::Code::NotFound,
+            "etcdserver: requested lease not found"
+        )
+    );
+
+    // kill -9 of shard 0's leader: the lease survives, its TTL restarts on
+    // the new leader, keep-alives go on through a survivor.
+    let c = c0.lease_grant(6, None).await.expect("grant").id();
+    let keys_c = keys_on_both_shards("c");
+    put_with_lease(&mut c0, &keys_c, c).await;
+    let leader = shard0_leader(&cluster).await;
+    cluster.members[leader].kill9();
+    let survivor = cluster.members[(leader + 1) % 3].endpoint();
+    let mut cs = client(&survivor).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let ttl = loop {
+        match cs
+            .lease_time_to_live(c, Some(LeaseTimeToLiveOptions::new().with_keys()))
+            .await
+        {
+            Ok(t) => break t,
+            Err(e) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "no TimeToLive after the crash: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    };
+    assert!(ttl.ttl() > 0, "the lease was lost with its leader");
+    assert_eq!(ttl.keys().len(), keys_c.len());
+    let (mut keeper, mut answers) = cs.lease_keep_alive(c).await.expect("keep alive");
+    for _ in 0..8 {
+        keeper.keep_alive().await.expect("send");
+        let answer = answers.message().await.expect("answer").expect("open");
+        assert_eq!(answer.ttl(), 6, "keep-alive after the crash");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    wait_keys_everywhere(&cluster, "c", &keys_c, Duration::from_secs(5)).await;
+    drop(keeper);
+    drop(answers);
+    // The killed member comes back and applies the expiry with the others.
+    cluster.members[leader].restart();
+    wait_keys_everywhere(&cluster, "c", &[], Duration::from_secs(30)).await;
+
+    // etcdctl's lease commands.
+    if !common::require_tool("etcdctl") {
+        return;
+    }
+    let ep = &eps[(leader + 1) % 3];
+    let (ok, out) = etcdctl(ep, &["lease", "grant", "10"]);
+    assert!(ok, "{out}");
+    let id = out
+        .split_whitespace()
+        .nth(1)
+        .expect("lease <id> granted")
+        .to_string();
+    assert!(out.contains("granted with TTL(10s)"), "{out}");
+    for k in &keys_on_both_shards("d") {
+        let (ok, out) = etcdctl(ep, &["put", "--lease", &id, k, "v"]);
+        assert!(ok, "{out}");
+    }
+    let (ok, out) = etcdctl(ep, &["lease", "timetolive", "--keys", &id]);
+    assert!(ok && out.contains("attached keys(["), "{out}");
+    for k in &keys_on_both_shards("d") {
+        assert!(out.contains(k.as_str()), "{k} missing: {out}");
+    }
+    let (ok, out) = etcdctl(ep, &["lease", "keep-alive", "--once", &id]);
+    assert!(ok && out.contains("keepalived with TTL(10)"), "{out}");
+    let (ok, out) = etcdctl(ep, &["lease", "list"]);
+    assert!(ok && out.contains(&id), "{out}");
+    let (ok, out) = etcdctl(ep, &["lease", "revoke", &id]);
+    assert!(ok && out.contains("revoked"), "{out}");
+    let (ok, out) = etcdctl(ep, &["get", "--prefix", "/", "--keys-only"]);
+    assert!(ok && !out.contains("-d/"), "{out}");
+    let (ok, out) = etcdctl(ep, &["lease", "timetolive", &id]);
+    assert!(ok && out.contains("already expired"), "{out}");
+}
+
+fn raw_http(port: u16, request: &[u8]) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(request).unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn lease_post(path: &str, cluster_id: Option<u64>, shard: Option<&str>, body: &[u8]) -> Vec<u8> {
+    let mut head = format!("POST {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n");
+    if let Some(id) = cluster_id {
+        head.push_str(&format!("x-cairn-cluster-id: {id:x}\r\n"));
+    }
+    if let Some(s) = shard {
+        head.push_str(&format!("x-cairn-shard: {s}\r\n"));
+    }
+    head.push_str(&format!("content-length: {}\r\n\r\n", body.len()));
+    let mut out = head.into_bytes();
+    out.extend_from_slice(body);
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_leases_expire_leases_survive_a_restart_and_bad_peer_requests_are_refused() {
+    let mut cluster = Cluster::start(1, &["--shards", "2", "--cores", "1"]);
+    let ep = cluster.members[0].endpoint();
+    let mut c = client(&ep).await;
+    wait_writable(&mut c, "/lease/ready").await;
+    let cluster_id = c
+        .member_list()
+        .await
+        .expect("member list")
+        .header()
+        .expect("header")
+        .cluster_id();
+
+    // The peer port's lease routes refuse what is not theirs, without harm.
+    let port = cluster.members[0].peer_port;
+    let renew_5 = [0x08, 0x05]; // LeaseKeepAliveRequest { ID: 5 }
+    let r = raw_http(
+        port,
+        &lease_post("/cairn/lease-renew", None, Some("0"), &renew_5),
+    );
+    assert!(r.starts_with("HTTP/1.1 412"), "no cluster id: {r}");
+    for shard in [None, Some("2"), Some("-1"), Some("x")] {
+        let r = raw_http(
+            port,
+            &lease_post("/cairn/lease-renew", Some(cluster_id), shard, &renew_5),
+        );
+        assert!(r.starts_with("HTTP/1.1 400"), "shard {shard:?}: {r}");
+    }
+    let r = raw_http(
+        port,
+        &lease_post(
+            "/cairn/lease-ttl",
+            Some(cluster_id),
+            Some("1"),
+            b"\x0f\x0f\x0f",
+        ),
+    );
+    assert!(r.starts_with("HTTP/1.1 400"), "garbage body: {r}");
+    let r = raw_http(
+        port,
+        &lease_post("/cairn/lease-renew", Some(cluster_id), Some("1"), &renew_5),
+    );
+    assert!(
+        r.starts_with("HTTP/1.1 200"),
+        "renew of an unknown lease: {r}"
+    );
+
+    // Many leases with keys on both shards expire together.
+    let mut ids = Vec::new();
+    for i in 0..200 {
+        let id = c.lease_grant(2, None).await.expect("grant").id();
+        c.put(
+            format!("/many{}-m/{i}", i % 8),
+            "v",
+            Some(PutOptions::new().with_lease(id)),
+        )
+        .await
+        .expect("put with lease");
+        ids.push(id);
+    }
+    wait_keys_everywhere(&cluster, "m", &[], Duration::from_secs(20)).await;
+    let listed: Vec<i64> = c
+        .leases()
+        .await
+        .expect("leases")
+        .leases()
+        .iter()
+        .map(|l| l.id())
+        .collect();
+    assert!(
+        !ids.iter().any(|id| listed.contains(id)),
+        "expired leases still listed"
+    );
+
+    // A lease survives a restart, with its keys; its TTL starts afresh.
+    let id = c.lease_grant(30, None).await.expect("grant").id();
+    let keys = keys_on_both_shards("r");
+    put_with_lease(&mut c, &keys, id).await;
+    assert_eq!(cluster.members[0].terminate(), Some(0));
+    cluster.members[0].restart();
+    let mut c = client(&ep).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let ttl = loop {
+        match c
+            .lease_time_to_live(id, Some(LeaseTimeToLiveOptions::new().with_keys()))
+            .await
+        {
+            Ok(t) => break t,
+            Err(e) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "no TimeToLive after restart: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    };
+    assert_eq!(ttl.granted_ttl(), 30);
+    assert!(ttl.ttl() >= 25, "TTL after restart: {}", ttl.ttl());
+    assert_eq!(ttl.keys().len(), keys.len());
+    c.lease_revoke(id).await.expect("revoke after restart");
+    wait_keys_everywhere(&cluster, "r", &[], Duration::from_secs(5)).await;
+}
