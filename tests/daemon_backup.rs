@@ -6,9 +6,7 @@
 
 mod common;
 
-use std::process::{Command, Stdio};
-
-use common::{client, wait_writable, Cluster};
+use common::{client, etcdctl, wait_writable, Cluster};
 use etcd_client::GetOptions;
 
 /// Every key under the two test prefixes with its value and revisions.
@@ -60,20 +58,11 @@ async fn a_cluster_restored_from_an_etcdctl_snapshot_has_every_key() {
 
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("backup.db");
-    let out = Command::new("etcdctl")
-        .env("ETCDCTL_API", "3")
-        .arg(format!("--endpoints={}", source.members[1].endpoint()))
-        .args(["snapshot", "save"])
-        .arg(&file)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    let (ok, text) = etcdctl(
+        &source.members[1].endpoint(),
+        &["snapshot", "save", file.to_str().unwrap()],
     );
-    assert!(out.status.success(), "snapshot save failed: {text}");
+    assert!(ok, "snapshot save failed: {text}");
     assert!(text.contains("Snapshot saved at"), "{text}");
     drop(source);
 

@@ -8,11 +8,10 @@
 
 mod common;
 
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use cairn::routing::RoutingTable;
-use common::{client, wait_writable, Cluster};
+use common::{client, etcdctl, wait_writable, Cluster};
 use etcd_client::{
     EventType, GetOptions, LeaseGrantOptions, LeaseTimeToLiveOptions, PutOptions, WatchOptions,
 };
@@ -112,23 +111,6 @@ async fn shard0_leader(cluster: &Cluster) -> usize {
         assert!(Instant::now() < deadline, "no leader of shard 0");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-}
-
-fn etcdctl(endpoint: &str, args: &[&str]) -> (bool, String) {
-    let out = Command::new("etcdctl")
-        .env("ETCDCTL_API", "3")
-        .arg(format!("--endpoints={endpoint}"))
-        .arg("--command-timeout=20s")
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run etcdctl");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,28 +7,10 @@
 
 mod common;
 
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{client, wait_writable, Cluster};
+use common::{client, etcdctl, wait_writable, Cluster};
 use etcd_client::GetOptions;
-
-fn etcdctl(endpoint: &str, args: &[&str]) -> (bool, String) {
-    let out = Command::new("etcdctl")
-        .env("ETCDCTL_API", "3")
-        .arg(format!("--endpoints={endpoint}"))
-        .arg("--command-timeout=20s")
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run etcdctl");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
-}
 
 async fn member_names(c: &mut etcd_client::Client) -> Vec<(u64, String, bool, Vec<String>)> {
     let list = c.member_list().await.expect("member list");
@@ -64,6 +46,20 @@ where
     }
 }
 
+/// The member list once every member has published its client URLs.
+async fn wait_published(c: &etcd_client::Client) -> Vec<(u64, String, bool, Vec<String>)> {
+    eventually("published attributes", Duration::from_secs(20), || {
+        let mut c = c.clone();
+        async move {
+            let m = member_names(&mut c).await;
+            m.iter()
+                .all(|(_, _, _, urls)| !urls.is_empty())
+                .then_some(m)
+        }
+    })
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn learner_joins_is_promoted_and_members_are_removed() {
     if !common::require_tool("etcdctl") {
@@ -76,16 +72,7 @@ async fn learner_joins_is_promoted_and_members_are_removed() {
     wait_writable(&mut c0, "/members/ready").await;
 
     // Every member publishes its name and client URLs.
-    let listed = eventually("published attributes", Duration::from_secs(20), || {
-        let mut c = c0.clone();
-        async move {
-            let m = member_names(&mut c).await;
-            m.iter()
-                .all(|(_, _, _, urls)| !urls.is_empty())
-                .then_some(m)
-        }
-    })
-    .await;
+    let listed = wait_published(&c0).await;
     let names: Vec<&str> = listed.iter().map(|m| m.1.as_str()).collect();
     assert_eq!(names, ["m0", "m1", "m2"]);
     for (i, m) in listed.iter().enumerate() {
@@ -412,16 +399,7 @@ async fn removing_a_member_that_leads_shards_completes_from_any_member() {
     wait_writable(&mut c, "/spread/ready").await;
     // Shard 0 prefers the smallest id: that member leads shard 0, the shard a
     // removal reaches last.
-    let list = eventually("published attributes", Duration::from_secs(20), || {
-        let mut c = c.clone();
-        async move {
-            let m = member_names(&mut c).await;
-            m.iter()
-                .all(|(_, _, _, urls)| !urls.is_empty())
-                .then_some(m)
-        }
-    })
-    .await;
+    let list = wait_published(&c).await;
     let (victim_id, victim_name, _, _) = list.iter().min_by_key(|m| m.0).cloned().unwrap();
     let victim = cluster
         .members

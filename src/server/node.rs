@@ -98,17 +98,7 @@ pub fn prepare_data_dir(config: &Config) -> Result<MemberFile, StartError> {
                 if let Some(path) = &config.restore_snapshot {
                     restore_snapshot(config, path, &m.voter_ids())?;
                 }
-                MemberFile {
-                    layout_version: LAYOUT_VERSION,
-                    name: config.name.clone(),
-                    member_id: m.local_id,
-                    cluster_id: m.cluster_id,
-                    shards: config.shards as u32,
-                    wal_lanes: config.cores as u32,
-                    removed: false,
-                    bootstrap_voters: m.voter_ids(),
-                    members: m.members,
-                }
+                new_member_file(config, m.local_id, m.cluster_id, m.voter_ids(), m.members)
             };
             file.write(dir)
                 .map_err(|e| data_dir_error(dir, format!("writing {MEMBER_FILE}: {e}")))?;
@@ -295,17 +285,34 @@ fn join_cluster(config: &Config) -> Result<MemberFile, StartError> {
         learner = me.is_learner,
         "joining the cluster"
     );
-    Ok(MemberFile {
+    Ok(new_member_file(
+        config,
+        me.id,
+        table.cluster_id,
+        table.bootstrap_voters.clone(),
+        members,
+    ))
+}
+
+/// The `member.toml` of a member created now, with the flags' layout.
+fn new_member_file(
+    config: &Config,
+    member_id: u64,
+    cluster_id: u64,
+    bootstrap_voters: Vec<u64>,
+    members: Vec<Member>,
+) -> MemberFile {
+    MemberFile {
         layout_version: LAYOUT_VERSION,
         name: config.name.clone(),
-        member_id: me.id,
-        cluster_id: table.cluster_id,
+        member_id,
+        cluster_id,
         shards: config.shards as u32,
         wal_lanes: config.cores as u32,
         removed: false,
-        bootstrap_voters: table.bootstrap_voters.clone(),
+        bootstrap_voters,
         members,
-    })
+    }
 }
 
 fn wal_config(config: &Config, lane: usize) -> cairn_wal::Config {

@@ -35,6 +35,24 @@ pub fn require_tool(tool: &str) -> bool {
     found
 }
 
+/// Runs etcdctl (API 3) against `endpoint`; (succeeded, stdout + stderr).
+pub fn etcdctl(endpoint: &str, args: &[&str]) -> (bool, String) {
+    let out = Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints={endpoint}"))
+        .arg("--command-timeout=20s")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run etcdctl");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
 pub struct Member {
     pub name: String,
     pub client_port: u16,
