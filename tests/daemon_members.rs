@@ -262,6 +262,20 @@ async fn learner_joins_is_promoted_and_members_are_removed() {
         "{not_found}"
     );
 
+    // m0 was down when it was removed: started again, it finds that the
+    // cluster no longer counts it in, and stops for good.
+    cluster.members[0].restart();
+    let code = cluster.members[0].wait_exit(Duration::from_secs(60));
+    assert_eq!(
+        code,
+        Some(0),
+        "m0 should stop once it finds it was removed:\n{}",
+        cluster.members[0].log_text()
+    );
+    let (code, log) = cluster.members[0].start_expecting_refusal();
+    assert_ne!(code, 0);
+    assert!(log.contains("was removed from the cluster"), "{log}");
+
     // m1 and m3 carry on: two voters, both needed.
     let names: Vec<String> = member_names(&mut c1)
         .await

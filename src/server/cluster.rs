@@ -174,6 +174,7 @@ impl Cluster for ClusterService {
         &self,
         request: Request<MemberAddRequest>,
     ) -> Result<Response<MemberAddResponse>, Status> {
+        let _one_at_a_time = self.members.change_lock().await;
         let req = request.into_inner();
         check_peer_urls(&req.peer_ur_ls)?;
         let now = self.members.membership();
@@ -221,6 +222,7 @@ impl Cluster for ClusterService {
         &self,
         request: Request<MemberRemoveRequest>,
     ) -> Result<Response<MemberRemoveResponse>, Status> {
+        let _one_at_a_time = self.members.change_lock().await;
         let id = request.into_inner().id;
         let Some(member) = self.members.get(id) else {
             return Err(ApiError::MemberNotFound.into());
@@ -254,6 +256,7 @@ impl Cluster for ClusterService {
         &self,
         request: Request<MemberUpdateRequest>,
     ) -> Result<Response<MemberUpdateResponse>, Status> {
+        let _one_at_a_time = self.members.change_lock().await;
         let req = request.into_inner();
         check_peer_urls(&req.peer_ur_ls)?;
         let Some(member) = self.members.get(req.id) else {
@@ -299,6 +302,7 @@ impl Cluster for ClusterService {
         &self,
         request: Request<MemberPromoteRequest>,
     ) -> Result<Response<MemberPromoteResponse>, Status> {
+        let _one_at_a_time = self.members.change_lock().await;
         let id = request.into_inner().id;
         let Some(member) = self.members.get(id) else {
             return Err(ApiError::MemberNotFound.into());
@@ -379,6 +383,65 @@ pub async fn publish_attributes(
                     tokio::time::sleep(Duration::from_millis(500)).await;
                 }
             },
+        }
+    }
+}
+
+/// How often a member checks that the cluster still counts it in.
+pub const MEMBERSHIP_CHECK_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Consecutive checks that must find this member missing before it stops.
+pub const MEMBERSHIP_CHECK_STRIKES: u32 = 3;
+
+/// Stops a member the cluster removed while it could not be told (it was down
+/// or cut off): when a majority of the members answer with tables that lack
+/// it, several times in a row, it marks itself removed, as if told.
+pub async fn watch_for_removal(
+    members: Arc<MemberRegistry>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut strikes = 0;
+    loop {
+        tokio::select! {
+            _ = stop.changed() => return,
+            () = tokio::time::sleep(MEMBERSHIP_CHECK_INTERVAL) => {}
+        }
+        let table = members.membership();
+        let me = table.local_id;
+        let peers: Vec<String> = table
+            .members
+            .iter()
+            .filter(|m| m.id != me)
+            .filter_map(|m| m.peer_urls.first().cloned())
+            .collect();
+        let mut answered = 0usize;
+        let mut knows_me = false;
+        for url in &peers {
+            if let Ok(t) = peer_http::fetch_members(url).await {
+                if t.cluster_id == table.cluster_id {
+                    answered += 1;
+                    knows_me |= t.members.iter().any(|m| m.id == me);
+                }
+            }
+        }
+        // With this member, `answered + 1` of `peers + 1` members: a majority.
+        let majority = 2 * (answered + 1) > peers.len() + 1;
+        if knows_me || !majority || answered == 0 {
+            strikes = 0;
+            continue;
+        }
+        strikes += 1;
+        tracing::warn!(
+            strikes,
+            of = MEMBERSHIP_CHECK_STRIKES,
+            "the members that answered do not count this member in"
+        );
+        if strikes >= MEMBERSHIP_CHECK_STRIKES {
+            tracing::warn!("this member was removed from the cluster; stopping");
+            if let Err(e) = members.mark_removed() {
+                tracing::error!(error = %e, "recording the removal in member.toml failed");
+            }
+            return;
         }
     }
 }

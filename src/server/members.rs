@@ -256,6 +256,9 @@ pub struct MemberRegistry {
     accepted: cairn_net::MemberSet,
     removed: AtomicBool,
     removed_notify: tokio::sync::Notify,
+    /// Membership changes asked of this member run one at a time, so two
+    /// requests cannot both pass the checks that only hold for one of them.
+    changes: tokio::sync::Mutex<()>,
 }
 
 impl MemberRegistry {
@@ -273,7 +276,14 @@ impl MemberRegistry {
             file: Mutex::new(file),
             accepted,
             removed_notify: tokio::sync::Notify::new(),
+            changes: tokio::sync::Mutex::new(()),
         }
+    }
+
+    /// Held while a membership change asked of this member is checked and
+    /// carried out.
+    pub async fn change_lock(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.changes.lock().await
     }
 
     pub fn membership(&self) -> Membership {

@@ -933,6 +933,10 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
         });
     }
     if core == 0 {
+        tokio::task::spawn_local(super::cluster::watch_for_removal(
+            shared.members.clone(),
+            shared.shutdown.clone(),
+        ));
         tokio::task::spawn_local(super::cluster::publish_attributes(
             shared.router.clone(),
             shared.members.clone(),
