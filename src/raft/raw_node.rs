@@ -27,13 +27,41 @@
 //! `advance(rd)` says: everything in `rd` is durable and applied. A driver
 //! that applies asynchronously calls `advance_append(rd)` after step 3 and
 //! `advance_apply_to(index)` once the state machine has applied up to
-//! `index`. Exactly one `Ready` may be outstanding: do not call `ready()`
-//! again before advancing the previous one. Stepping messages while a Ready
-//! is outstanding is allowed.
+//! `index`. Without `Config::async_append`, exactly one `Ready` may be
+//! outstanding: do not call `ready()` again before advancing the previous
+//! one. Stepping messages while a Ready is outstanding is allowed.
 //!
 //! Committed entries may include entries of the same Ready's `entries`; the
 //! driver persists before it applies, so nothing is applied that is not
 //! durable locally.
+//!
+//! # Pipelined writes (`Config::async_append`)
+//!
+//! The driver may take the next `Ready` while earlier ones are still being
+//! written, so a write is always in flight while the next batch forms:
+//!
+//! ```text
+//! loop {
+//!     feed inputs, as above
+//!     for each outstanding Ready whose write is durable, oldest first:
+//!         send its persisted_messages, then advance_append(rd)
+//!     if node.has_ready() {
+//!         let rd = node.ready();
+//!         1. send rd.messages now
+//!         2. start writing rd.snapshot, rd.entries, rd.hard_state; writes
+//!            become durable in the order they were started
+//!         3. keep rd outstanding; its persisted_messages wait for its write
+//!            (and so for every earlier one)
+//!         4. apply rd.committed_entries now and report them with
+//!            on_entries_applied: they are committed and already durable here
+//!     }
+//! }
+//! ```
+//!
+//! Each `Ready` carries only entries not handed out before; an entry
+//! replaced while it was being written (a new leader overwrote the tail) is
+//! handed out again. `advance_append` of a write whose tail was replaced
+//! meanwhile changes nothing: the later write covers it.
 
 use bytes::Bytes;
 use prost::Message as _;
@@ -261,15 +289,16 @@ impl<S: Storage> RawNode<S> {
             || r.hard_state() != self.prev_hard_state
             || !r.msgs.is_empty()
             || !r.msgs_after_persist.is_empty()
-            || !r.log.unstable_entries().is_empty()
-            || r.log.unstable.snapshot.is_some()
-            || r.log.has_next_committed_entries()
+            || !r.log.unstable.entries_to_persist().is_empty()
+            || r.log.unstable.snapshot_to_persist().is_some()
+            || r.log.has_next_committed_entries(r.config().async_append)
             || !r.read_states.is_empty()
             || r.has_unsent_read_round()
     }
 
     /// Collects what the driver must do. Call `advance` (or
-    /// `advance_append`) before the next call.
+    /// `advance_append`) before the next call, unless `Config::async_append`
+    /// is set (see the module docs).
     pub fn ready(&mut self) -> Ready {
         self.raft.flush_read_round();
         let r = &mut self.raft;
@@ -289,17 +318,19 @@ impl<S: Storage> RawNode<S> {
             rd.hard_state = Some(hs);
             self.prev_hard_state = hs;
         }
-        rd.entries = r.log.unstable_entries().to_vec();
+        rd.entries = r.log.unstable.entries_to_persist().to_vec();
         if !rd.entries.is_empty() {
             rd.must_sync = true;
         }
-        rd.snapshot = r.log.unstable.snapshot.clone();
+        rd.snapshot = r.log.unstable.snapshot_to_persist().cloned();
         if rd.snapshot.is_some() {
             rd.must_sync = true;
         }
+        r.log.unstable.accept_in_progress();
+        let only_durable = r.config().async_append;
         rd.committed_entries = r
             .log
-            .next_committed_entries(r.config().max_committed_size_per_ready_bytes);
+            .next_committed_entries(r.config().max_committed_size_per_ready_bytes, only_durable);
         if let Some(last) = rd.committed_entries.last() {
             r.log.applying = last.index;
         }
