@@ -44,7 +44,8 @@ pub struct Config {
     /// campaigns (Raft paper 5.2).
     pub election_timeout_ticks: u64,
     pub heartbeat_timeout_ticks: u64,
-    /// Index the state machine has applied up to, on restart.
+    /// Index the state machine has applied up to, on restart. Everything up
+    /// to it is taken as committed.
     pub applied_index: u64,
     /// Entries per append message are limited to this encoded size (at
     /// least one entry is always sent).

@@ -60,7 +60,11 @@
 //!
 //! Each `Ready` carries only entries not handed out before; an entry
 //! replaced while it was being written (a new leader overwrote the tail) is
-//! handed out again. `advance_append` of a write whose tail was replaced
+//! handed out again. A `Ready` in which a candidate or leader changed its
+//! term or vote is the last one handed out until it is advanced: nothing of
+//! a new term (entries, appends to learners of a single-voter group) leaves
+//! before the term and vote are durable, so a crash cannot let a member lead
+//! the same term twice with different entries. `advance_append` of a write whose tail was replaced
 //! meanwhile changes nothing: the later write covers it.
 
 use bytes::Bytes;
@@ -154,6 +158,11 @@ pub struct RawNode<S: Storage> {
     raft: Raft<S>,
     prev_soft_state: SoftState,
     prev_hard_state: HardState,
+    /// With `async_append`: the term and vote of a handed-out Ready in which
+    /// this member, as candidate or leader, changed them and that is not yet
+    /// durable. No further Ready is handed out until it is, so nothing of a
+    /// new term leaves before the term does.
+    term_vote_in_flight: Option<(u64, u64)>,
 }
 
 impl<S: Storage> RawNode<S> {
@@ -172,6 +181,7 @@ impl<S: Storage> RawNode<S> {
             raft,
             prev_soft_state,
             prev_hard_state,
+            term_vote_in_flight: None,
         })
     }
 
@@ -284,6 +294,9 @@ impl<S: Storage> RawNode<S> {
     }
 
     pub fn has_ready(&self) -> bool {
+        if self.term_vote_in_flight.is_some() {
+            return false;
+        }
         let r = &self.raft;
         self.soft_state() != self.prev_soft_state
             || r.hard_state() != self.prev_hard_state
@@ -315,6 +328,13 @@ impl<S: Storage> RawNode<S> {
         if hs != self.prev_hard_state {
             rd.must_sync =
                 hs.term != self.prev_hard_state.term || hs.vote != self.prev_hard_state.vote;
+            // A candidate or leader acts on its own vote for itself, before
+            // anyone else sees the new term: it must not go on until that
+            // vote is durable. A follower's acknowledgements and votes wait
+            // for its writes anyway.
+            if rd.must_sync && r.config().async_append && r.state != StateRole::Follower {
+                self.term_vote_in_flight = Some((hs.term, hs.vote));
+            }
             rd.hard_state = Some(hs);
             self.prev_hard_state = hs;
         }
@@ -351,6 +371,11 @@ impl<S: Storage> RawNode<S> {
     /// has been restored into the state machine); its committed entries
     /// will be applied later and reported with `advance_apply_to`.
     pub fn advance_append(&mut self, rd: Ready) {
+        if let (Some(hs), Some(tv)) = (rd.hard_state, self.term_vote_in_flight) {
+            if (hs.term, hs.vote) == tv {
+                self.term_vote_in_flight = None;
+            }
+        }
         if let Some(snap) = &rd.snapshot {
             let idx = snap.metadata.as_ref().map_or(0, |m| m.index);
             self.raft.log.stable_snap_to(idx);
