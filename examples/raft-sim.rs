@@ -45,6 +45,11 @@ struct Args {
     /// end of the trace); 0 prints all of it.
     #[arg(long, default_value_t = 300)]
     trace_lines: usize,
+    /// Drive members as the pipelined shard driver does (Raft's
+    /// async_append): the next Ready is taken while earlier writes are in
+    /// flight.
+    #[arg(long)]
+    pipelined: bool,
 }
 
 fn print_trace(out: &SimOutcome, tail: usize) {
@@ -64,10 +69,16 @@ fn print_trace(out: &SimOutcome, tail: usize) {
     }
 }
 
-fn replay(members: usize, seed: u64, mutation: Option<cairn::raft::SafetyMutation>) -> SimOutcome {
+fn replay(
+    members: usize,
+    seed: u64,
+    mutation: Option<cairn::raft::SafetyMutation>,
+    pipelined: bool,
+) -> SimOutcome {
     let mut cfg = SimConfig::new(members, seed);
     cfg.mutation = mutation;
     cfg.trace = true;
+    cfg.pipelined = pipelined;
     match sim::run_seed(&cfg) {
         Ok(o) => o,
         Err(e) => {
@@ -93,7 +104,7 @@ fn main() -> ExitCode {
         }
     };
     if let Some(seed) = args.seed {
-        let out = replay(args.members, seed, mutation);
+        let out = replay(args.members, seed, mutation, args.pipelined);
         print_trace(&out, 0);
         println!("{out}");
         let violations = u64::from(out.violation.is_some());
@@ -112,6 +123,7 @@ fn main() -> ExitCode {
         for seed in args.first_seed..args.first_seed + args.seeds {
             let mut cfg = SimConfig::new(args.members, seed);
             cfg.mutation = mutation;
+            cfg.pipelined = args.pipelined;
             let out = match sim::run_seed(&cfg) {
                 Ok(o) => o,
                 Err(e) => {
@@ -136,7 +148,13 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         };
     }
-    let summary = match sim::run_seeds(args.members, args.first_seed, args.seeds, mutation) {
+    let summary = match sim::run_seeds(
+        args.members,
+        args.first_seed,
+        args.seeds,
+        mutation,
+        args.pipelined,
+    ) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("raft-sim: {e}");
@@ -165,20 +183,22 @@ fn main() -> ExitCode {
         sim::LIVENESS_BOUND_TICKS
     );
     println!("old-term commits        {}", st.old_term_commits);
+    println!("most writes in flight   {}", st.max_writes_in_flight);
     println!("elapsed                 {:.2} s", elapsed.as_secs_f64());
 
     match (&summary.first_violation, mutation) {
         (Some(v), _) => {
-            let out = replay(args.members, v.seed, mutation);
+            let out = replay(args.members, v.seed, mutation, args.pipelined);
             println!(
-                "first violating seed {} (replay: --seed {} --members {}{})",
+                "first violating seed {} (replay: --seed {} --members {}{}{})",
                 v.seed,
                 v.seed,
                 args.members,
                 args.mutation
                     .as_deref()
                     .map(|m| format!(" --mutation {m}"))
-                    .unwrap_or_default()
+                    .unwrap_or_default(),
+                if args.pipelined { " --pipelined" } else { "" }
             );
             print_trace(&out, args.trace_lines);
             println!("{v}");

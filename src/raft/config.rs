@@ -44,7 +44,8 @@ pub struct Config {
     /// campaigns (Raft paper 5.2).
     pub election_timeout_ticks: u64,
     pub heartbeat_timeout_ticks: u64,
-    /// Index the state machine has applied up to, on restart.
+    /// Index the state machine has applied up to, on restart. Everything up
+    /// to it is taken as committed.
     pub applied_index: u64,
     /// Entries per append message are limited to this encoded size (at
     /// least one entry is always sent).
@@ -71,6 +72,11 @@ pub struct Config {
     pub leader_transfer_timeout_ticks: u64,
     /// Seed of the election timeout randomisation.
     pub seed: u64,
+    /// The driver may take the next `Ready` while earlier ones are still
+    /// being written (see the raw node's docs): committed entries are then
+    /// handed out only up to this member's durable log, so whatever the
+    /// driver applies is already durable here.
+    pub async_append: bool,
     #[doc(hidden)]
     pub mutation: Option<SafetyMutation>,
 }
@@ -96,6 +102,7 @@ impl Config {
             disable_proposal_forwarding: false,
             leader_transfer_timeout_ticks: 10,
             seed: id,
+            async_append: false,
             mutation: None,
         }
     }

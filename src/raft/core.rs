@@ -148,7 +148,12 @@ impl<S: Storage> Raft<S> {
             r.vote = hs.vote;
         }
         if cfg.applied_index > 0 {
-            let applied = cfg.applied_index.min(r.log.committed);
+            // The state machine applies only committed entries, so what it
+            // applied is committed even where the durable hard state's commit
+            // lags behind it (with `async_append` entries are applied before
+            // the hard state carrying their commit index is durable).
+            let applied = cfg.applied_index.min(r.log.last_index());
+            r.log.committed = r.log.committed.max(applied);
             r.log.applied_to(applied);
         }
         r.become_follower(r.term, NONE);

@@ -20,6 +20,12 @@ pub(crate) struct Unstable {
     pub entries: Vec<Entry>,
     /// Index of `entries[0]`.
     pub offset: u64,
+    /// Index of the first entry not yet handed to the driver in a `Ready`:
+    /// entries from `offset` up to here are being written. Always
+    /// `offset <= in_progress <= offset + entries.len()`.
+    pub in_progress: u64,
+    /// The snapshot has been handed to the driver and is being written.
+    pub snapshot_in_progress: bool,
 }
 
 impl Unstable {
@@ -54,19 +60,23 @@ impl Unstable {
         if self.maybe_term(i) == Some(t) {
             self.entries.drain(..=((i - self.offset) as usize));
             self.offset = i + 1;
+            self.in_progress = self.in_progress.max(self.offset);
         }
     }
 
     fn stable_snap_to(&mut self, i: u64) {
         if self.snapshot.as_ref().is_some_and(|s| snap_index(s) == i) {
             self.snapshot = None;
+            self.snapshot_in_progress = false;
         }
     }
 
     fn restore(&mut self, s: Snapshot) {
         self.offset = snap_index(&s) + 1;
+        self.in_progress = self.offset;
         self.entries.clear();
         self.snapshot = Some(s);
+        self.snapshot_in_progress = false;
     }
 
     fn truncate_and_append(&mut self, ents: &[Entry]) {
@@ -80,6 +90,26 @@ impl Unstable {
             self.entries.truncate((after - self.offset) as usize);
             self.entries.extend_from_slice(ents);
         }
+        // Entries replaced while being written must be written again.
+        self.in_progress = self.in_progress.min(after).max(self.offset);
+    }
+
+    /// Entries not yet handed to the driver.
+    pub fn entries_to_persist(&self) -> &[Entry] {
+        &self.entries[(self.in_progress - self.offset) as usize..]
+    }
+
+    /// The snapshot, unless it is already being written.
+    pub fn snapshot_to_persist(&self) -> Option<&Snapshot> {
+        self.snapshot
+            .as_ref()
+            .filter(|_| !self.snapshot_in_progress)
+    }
+
+    /// Everything unstable has been handed to the driver.
+    pub fn accept_in_progress(&mut self) {
+        self.in_progress = self.offset + self.entries.len() as u64;
+        self.snapshot_in_progress = self.snapshot.is_some();
     }
 }
 
@@ -104,6 +134,8 @@ impl<S: Storage> RaftLog<S> {
                 snapshot: None,
                 entries: Vec::new(),
                 offset: last + 1,
+                in_progress: last + 1,
+                snapshot_in_progress: false,
             },
             committed: first - 1,
             applying: first - 1,
@@ -293,20 +325,32 @@ impl<S: Storage> RaftLog<S> {
         self.unstable.stable_snap_to(i);
     }
 
+    #[cfg(test)]
     pub fn unstable_entries(&self) -> &[Entry] {
         &self.unstable.entries
     }
 
-    pub fn has_next_committed_entries(&self) -> bool {
-        self.committed > self.applying && self.unstable.snapshot.is_none()
+    /// Highest committed index that may be handed out for applying: with
+    /// `only_durable`, no further than this member's durable log.
+    fn applicable_index(&self, only_durable: bool) -> u64 {
+        if only_durable {
+            self.committed.min(self.persisted_index())
+        } else {
+            self.committed
+        }
     }
 
-    pub fn next_committed_entries(&self, max_size_bytes: u64) -> Vec<Entry> {
-        if !self.has_next_committed_entries() {
+    pub fn has_next_committed_entries(&self, only_durable: bool) -> bool {
+        self.applicable_index(only_durable) > self.applying && self.unstable.snapshot.is_none()
+    }
+
+    pub fn next_committed_entries(&self, max_size_bytes: u64, only_durable: bool) -> Vec<Entry> {
+        if !self.has_next_committed_entries(only_durable) {
             return Vec::new();
         }
         let lo = (self.applying + 1).max(self.first_index());
-        self.slice(lo, self.committed + 1, max_size_bytes)
+        let hi = self.applicable_index(only_durable) + 1;
+        self.slice(lo, hi, max_size_bytes)
             .unwrap_or_else(|e| panic!("raft: committed entries from {lo} unreadable: {e}"))
     }
 

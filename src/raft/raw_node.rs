@@ -27,13 +27,45 @@
 //! `advance(rd)` says: everything in `rd` is durable and applied. A driver
 //! that applies asynchronously calls `advance_append(rd)` after step 3 and
 //! `advance_apply_to(index)` once the state machine has applied up to
-//! `index`. Exactly one `Ready` may be outstanding: do not call `ready()`
-//! again before advancing the previous one. Stepping messages while a Ready
-//! is outstanding is allowed.
+//! `index`. Without `Config::async_append`, exactly one `Ready` may be
+//! outstanding: do not call `ready()` again before advancing the previous
+//! one. Stepping messages while a Ready is outstanding is allowed.
 //!
 //! Committed entries may include entries of the same Ready's `entries`; the
 //! driver persists before it applies, so nothing is applied that is not
 //! durable locally.
+//!
+//! # Pipelined writes (`Config::async_append`)
+//!
+//! The driver may take the next `Ready` while earlier ones are still being
+//! written, so a write is always in flight while the next batch forms:
+//!
+//! ```text
+//! loop {
+//!     feed inputs, as above
+//!     for each outstanding Ready whose write is durable, oldest first:
+//!         send its persisted_messages, then advance_append(rd)
+//!     if node.has_ready() {
+//!         let rd = node.ready();
+//!         1. send rd.messages now
+//!         2. start writing rd.snapshot, rd.entries, rd.hard_state; writes
+//!            become durable in the order they were started
+//!         3. keep rd outstanding; its persisted_messages wait for its write
+//!            (and so for every earlier one)
+//!         4. apply rd.committed_entries now and report them with
+//!            on_entries_applied: they are committed and already durable here
+//!     }
+//! }
+//! ```
+//!
+//! Each `Ready` carries only entries not handed out before; an entry
+//! replaced while it was being written (a new leader overwrote the tail) is
+//! handed out again. A `Ready` in which a candidate or leader changed its
+//! term or vote is the last one handed out until it is advanced: nothing of
+//! a new term (entries, appends to learners of a single-voter group) leaves
+//! before the term and vote are durable, so a crash cannot let a member lead
+//! the same term twice with different entries. `advance_append` of a write whose tail was replaced
+//! meanwhile changes nothing: the later write covers it.
 
 use bytes::Bytes;
 use prost::Message as _;
@@ -126,6 +158,11 @@ pub struct RawNode<S: Storage> {
     raft: Raft<S>,
     prev_soft_state: SoftState,
     prev_hard_state: HardState,
+    /// With `async_append`: the term and vote of a handed-out Ready in which
+    /// this member, as candidate or leader, changed them and that is not yet
+    /// durable. No further Ready is handed out until it is, so nothing of a
+    /// new term leaves before the term does.
+    term_vote_in_flight: Option<(u64, u64)>,
 }
 
 impl<S: Storage> RawNode<S> {
@@ -144,6 +181,7 @@ impl<S: Storage> RawNode<S> {
             raft,
             prev_soft_state,
             prev_hard_state,
+            term_vote_in_flight: None,
         })
     }
 
@@ -256,20 +294,24 @@ impl<S: Storage> RawNode<S> {
     }
 
     pub fn has_ready(&self) -> bool {
+        if self.term_vote_in_flight.is_some() {
+            return false;
+        }
         let r = &self.raft;
         self.soft_state() != self.prev_soft_state
             || r.hard_state() != self.prev_hard_state
             || !r.msgs.is_empty()
             || !r.msgs_after_persist.is_empty()
-            || !r.log.unstable_entries().is_empty()
-            || r.log.unstable.snapshot.is_some()
-            || r.log.has_next_committed_entries()
+            || !r.log.unstable.entries_to_persist().is_empty()
+            || r.log.unstable.snapshot_to_persist().is_some()
+            || r.log.has_next_committed_entries(r.config().async_append)
             || !r.read_states.is_empty()
             || r.has_unsent_read_round()
     }
 
     /// Collects what the driver must do. Call `advance` (or
-    /// `advance_append`) before the next call.
+    /// `advance_append`) before the next call, unless `Config::async_append`
+    /// is set (see the module docs).
     pub fn ready(&mut self) -> Ready {
         self.raft.flush_read_round();
         let r = &mut self.raft;
@@ -286,20 +328,29 @@ impl<S: Storage> RawNode<S> {
         if hs != self.prev_hard_state {
             rd.must_sync =
                 hs.term != self.prev_hard_state.term || hs.vote != self.prev_hard_state.vote;
+            // A candidate or leader acts on its own vote for itself, before
+            // anyone else sees the new term: it must not go on until that
+            // vote is durable. A follower's acknowledgements and votes wait
+            // for its writes anyway.
+            if rd.must_sync && r.config().async_append && r.state != StateRole::Follower {
+                self.term_vote_in_flight = Some((hs.term, hs.vote));
+            }
             rd.hard_state = Some(hs);
             self.prev_hard_state = hs;
         }
-        rd.entries = r.log.unstable_entries().to_vec();
+        rd.entries = r.log.unstable.entries_to_persist().to_vec();
         if !rd.entries.is_empty() {
             rd.must_sync = true;
         }
-        rd.snapshot = r.log.unstable.snapshot.clone();
+        rd.snapshot = r.log.unstable.snapshot_to_persist().cloned();
         if rd.snapshot.is_some() {
             rd.must_sync = true;
         }
+        r.log.unstable.accept_in_progress();
+        let only_durable = r.config().async_append;
         rd.committed_entries = r
             .log
-            .next_committed_entries(r.config().max_committed_size_per_ready_bytes);
+            .next_committed_entries(r.config().max_committed_size_per_ready_bytes, only_durable);
         if let Some(last) = rd.committed_entries.last() {
             r.log.applying = last.index;
         }
@@ -320,6 +371,11 @@ impl<S: Storage> RawNode<S> {
     /// has been restored into the state machine); its committed entries
     /// will be applied later and reported with `advance_apply_to`.
     pub fn advance_append(&mut self, rd: Ready) {
+        if let (Some(hs), Some(tv)) = (rd.hard_state, self.term_vote_in_flight) {
+            if (hs.term, hs.vote) == tv {
+                self.term_vote_in_flight = None;
+            }
+        }
         if let Some(snap) = &rd.snapshot {
             let idx = snap.metadata.as_ref().map_or(0, |m| m.index);
             self.raft.log.stable_snap_to(idx);

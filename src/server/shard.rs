@@ -3,17 +3,28 @@
 //! shard's MVCC store) and serving the shard's client commands.
 //!
 //! # One turn of the loop
-//! 1. Take input: peer messages, client commands, ticks.
-//! 2. Pending linearizable reads of this turn become one ReadIndex round.
-//! 3. While Raft has a Ready: send the messages that may leave now (the
-//!    leader's appends go out while it writes), append entries and hard state to
-//!    the WAL and wait until durable (one group fsync shared with the core's
-//!    other shards), send the messages that had to wait (votes, append
-//!    acknowledgements), apply committed entries to the store and answer their
-//!    clients, serve reads whose index is applied, advance.
+//! 1. Take input: peer messages, client commands, ticks, and the WAL saying
+//!    that earlier writes are durable.
+//! 2. For every write now durable, oldest first: hand its entries to the
+//!    in-memory log, send the messages that had to wait for it (votes, append
+//!    acknowledgements), tell Raft (`advance_append`).
+//! 3. Pending linearizable reads of this turn become one ReadIndex round.
+//! 4. While Raft has a Ready: send the messages that may leave now (the
+//!    leader's appends go out while it writes), queue entries and hard state
+//!    in the WAL without waiting (one group fsync shared with the core's
+//!    other shards; writes become durable in order), apply committed entries
+//!    to the store and answer their clients, serve reads whose index is
+//!    applied.
+//!
+//! Writes are pipelined: while one flush is in flight the driver keeps taking
+//! acknowledgements, committing, applying and answering, and the next batch
+//! queues behind the flush. Raft runs with `async_append`, so it hands out
+//! for applying only entries already durable in this member's WAL, and a
+//! leader counts its own replica only once its write is durable.
 //!
 //! A write is acknowledged only after it is committed by a quorum (Raft) and
-//! durable in this member's WAL (step 3 persists before it applies).
+//! durable in this member's WAL; an append acknowledgement or a vote leaves
+//! only once every write queued before it is durable.
 //!
 //! # Back of the envelope
 //! A durable append costs ~0.1 ms on the reference disk and a loopback hop
@@ -389,6 +400,15 @@ struct ReadRound {
     reads: Vec<PendingRead>,
 }
 
+/// A Ready whose WAL write is queued but not yet durable. Its committed
+/// entries were applied when it was taken; what remains waits for `lsn`.
+struct InFlightWrite {
+    /// Durable once the WAL's durable LSN reaches this: the Ready's own
+    /// records, or the last records queued before it when it had none.
+    lsn: u64,
+    rd: Ready,
+}
+
 pub struct Shard {
     id: ShardId,
     member_id: u64,
@@ -414,6 +434,12 @@ pub struct Shard {
     /// A hard state that changed only in its commit index is not synced on its
     /// own (Raft does not need it durable); it rides with the next append.
     unsynced_hard_state: Option<HardState>,
+    /// Follows the WAL's durable LSN.
+    durable: cairn_wal::DurableWatch,
+    /// Readys whose writes are queued, oldest first.
+    in_flight: std::collections::VecDeque<InFlightWrite>,
+    /// LSN of the last records this shard queued in the WAL.
+    last_queued_lsn: u64,
     snapshot_meta: SnapshotMetadata,
     quota_backend_bytes: u64,
     snapshot_count: u64,
@@ -578,6 +604,7 @@ impl Shard {
         cfg.heartbeat_timeout_ticks = 1;
         cfg.applied_index = applied.max(snapshot_meta.index);
         cfg.seed = setup.member_id ^ (u64::from(shard) << 32) ^ now_ms();
+        cfg.async_append = true;
         let boot_nonce: u64 = rand::random::<u64>() | 1;
         let mut node =
             RawNode::new(&cfg, storage).map_err(|source| ShardOpenError::Raft { shard, source })?;
@@ -625,6 +652,9 @@ impl Shard {
             next_read_ctx: 1,
             confirmed_reads: BTreeMap::new(),
             unsynced_hard_state: None,
+            durable: setup.wal.durable_watch(),
+            in_flight: std::collections::VecDeque::new(),
+            last_queued_lsn: 0,
             snapshot_meta,
             quota_backend_bytes: setup.quota_backend_bytes,
             snapshot_count: setup.snapshot_count,
@@ -661,9 +691,15 @@ impl Shard {
         // write can add to it.
         self.check_quota();
         loop {
+            let oldest_write = self.in_flight.front().map_or(0, |w| w.lsn);
             tokio::select! {
                 biased;
                 _ = setup.shutdown.changed() => break,
+                durable = self.durable.wait_for(oldest_write), if !self.in_flight.is_empty() => {
+                    if !durable {
+                        self.fail(self.wal_failure());
+                    }
+                }
                 Some(msg) = setup.inbound.recv() => {
                     self.receive(msg);
                     for _ in 0..MAX_INPUTS_PER_TURN {
@@ -712,11 +748,13 @@ impl Shard {
                 }
                 continue;
             }
+            self.complete_writes();
             self.release_leaderless();
             self.start_read_round();
             while self.node.has_ready() && self.failed.is_none() {
                 let rd = self.node.ready();
                 self.handle_ready(rd).await;
+                self.complete_writes();
                 // A leader may have just become known.
                 self.release_leaderless();
                 self.start_read_round();
@@ -1407,28 +1445,39 @@ impl Shard {
         for m in std::mem::take(&mut rd.messages) {
             self.send(m);
         }
-        if !self.persist(&mut rd).await {
-            // Nothing of this Ready is durable: none of it may take effect.
+        let committed = std::mem::take(&mut rd.committed_entries);
+        let mut read_states = std::mem::take(&mut rd.read_states);
+        if rd.snapshot.is_some() {
+            // A snapshot replaces the store and the log: it is installed with
+            // no other write in flight, and durable before anything else.
+            if !self.wait_for_writes().await {
+                return;
+            }
+            if !self.persist(&mut rd).await {
+                // Nothing of this Ready is durable: none of it may take effect.
+                return;
+            }
+            for m in std::mem::take(&mut rd.persisted_messages) {
+                self.send(m);
+            }
+            self.node.advance_append(rd);
+        } else if !self.queue_write(rd).await {
             return;
         }
-        for m in std::mem::take(&mut rd.persisted_messages) {
-            self.send(m);
-        }
-        // Applied by reference: `advance` reads the committed entries to learn
-        // how far the state machine got.
+        // Raft hands out only entries already durable here (async_append).
         let apply_started = Instant::now();
-        self.apply(&rd.committed_entries);
+        self.apply(&committed);
         if self.failed.is_some() {
             // Not everything committed was applied: Raft must not be told it
             // was, and no read may be served from this store.
             return;
         }
         if let Some(m) = &self.metrics {
-            if !rd.committed_entries.is_empty() && apply_started.elapsed() >= SLOW_APPLY {
+            if !committed.is_empty() && apply_started.elapsed() >= SLOW_APPLY {
                 m.slow_apply();
             }
         }
-        for rs in std::mem::take(&mut rd.read_states) {
+        for rs in std::mem::take(&mut read_states) {
             let ctx = read_context_counter(&rs.request_ctx, self.member_id, self.boot_nonce);
             if let Some(round) = self.read_rounds.remove(&ctx) {
                 self.confirmed_reads
@@ -1437,7 +1486,7 @@ impl Shard {
                     .extend(round.reads);
             }
         }
-        self.node.advance(rd);
+        self.node.on_entries_applied(&committed);
         if !self.conf_change_queue.is_empty() {
             self.propose_queued_conf_changes();
         }
@@ -1634,31 +1683,17 @@ impl Shard {
         Ok(())
     }
 
-    /// Makes the Ready's entries and hard state durable in the WAL, then hands
-    /// them to the in-memory log Raft reads from.
-    async fn persist(&mut self, rd: &mut Ready) -> bool {
-        let mut records = Vec::with_capacity(rd.entries.len() + 2);
-        if let Some(snapshot) = &rd.snapshot {
-            if let Err(e) = self.install_snapshot(snapshot) {
-                self.fail(e);
-                return false;
-            }
-            // The log restarts after the snapshot: whatever the WAL holds past it
-            // belongs to the old log.
-            let index = snapshot.metadata.as_ref().map_or(0, |m| m.index);
-            records.push(cairn_wal::Record::Truncate {
-                shard: u64::from(self.id),
-                index: index + 1,
-            });
-        }
+    /// The WAL records of a Ready without a snapshot: its entries, and the
+    /// hard state when it must be synced (a commit-only change rides along).
+    fn wal_records(&mut self, rd: &Ready) -> Vec<cairn_wal::Record> {
+        let mut records = Vec::with_capacity(rd.entries.len() + 1);
         for e in &rd.entries {
             records.push(entry::to_wal(self.id, e));
         }
         if let Some(hs) = rd.hard_state {
             self.unsynced_hard_state = Some(hs);
         }
-        let need_sync = rd.must_sync || !records.is_empty();
-        if need_sync {
+        if rd.must_sync || !records.is_empty() {
             if let Some(hs) = self.unsynced_hard_state.take() {
                 records.push(cairn_wal::Record::HardState {
                     shard: u64::from(self.id),
@@ -1670,22 +1705,74 @@ impl Shard {
                 });
             }
         }
+        records
+    }
+
+    /// Queues the Ready's records in the WAL without waiting for them. The
+    /// rest of the Ready (its entries for the in-memory log, the messages that
+    /// wait for durability) is finished by [`Shard::complete_writes`] once
+    /// the records, and every record queued before them, are durable.
+    async fn queue_write(&mut self, rd: Ready) -> bool {
+        let records = self.wal_records(&rd);
         if !records.is_empty() {
-            if let Err(e) = self.wal.append(&records).await {
-                // The WAL is poisoned: nothing more can be made durable. Stop
-                // acknowledging anything; the member must be restarted.
-                self.fail(format!("WAL append failed: {e}"));
-                return false;
+            match self.wal.submit(&records).await {
+                Ok(lsn) => self.last_queued_lsn = lsn,
+                Err(e) => {
+                    // The WAL is poisoned: nothing more can be made durable.
+                    // Stop acknowledging anything; the member must be restarted.
+                    self.fail(format!("WAL append failed: {e}"));
+                    return false;
+                }
             }
         }
-        let store = self.node.store_mut();
-        if let Some(snapshot) = &rd.snapshot {
-            if let Err(e) = store.apply_snapshot(snapshot.clone()) {
-                let reason = format!("installing snapshot in the raft log: {e}");
-                self.fail(reason);
-                return false;
+        self.in_flight.push_back(InFlightWrite {
+            lsn: self.last_queued_lsn,
+            rd,
+        });
+        true
+    }
+
+    /// Finishes, oldest first, every queued write that is now durable.
+    fn complete_writes(&mut self) {
+        let durable = self.durable.durable_lsn();
+        while self.in_flight.front().is_some_and(|w| w.lsn <= durable) {
+            let Some(w) = self.in_flight.pop_front() else {
+                break;
+            };
+            if self.failed.is_some() {
+                return;
             }
+            let mut rd = w.rd;
+            self.stage_in_log(&rd);
+            for m in std::mem::take(&mut rd.persisted_messages) {
+                self.send(m);
+            }
+            self.node.advance_append(rd);
         }
+    }
+
+    /// Why the WAL stopped making writes durable.
+    fn wal_failure(&self) -> String {
+        let cause = match self.wal.poisoned() {
+            Some(p) => cairn_wal::AppendError::from(&p),
+            None => cairn_wal::AppendError::Closed,
+        };
+        format!("WAL append failed: {cause}")
+    }
+
+    /// Waits until every queued write is durable and finishes them all.
+    async fn wait_for_writes(&mut self) -> bool {
+        if !self.in_flight.is_empty() && !self.durable.wait_for(self.last_queued_lsn).await {
+            self.fail(self.wal_failure());
+            return false;
+        }
+        self.complete_writes();
+        self.failed.is_none()
+    }
+
+    /// Hands a durable Ready's hard state and entries to the in-memory log
+    /// Raft reads from.
+    fn stage_in_log(&mut self, rd: &Ready) {
         let store = self.node.store_mut();
         if let Some(hs) = rd.hard_state {
             store.set_hard_state(hs);
@@ -1704,6 +1791,47 @@ impl Shard {
                 .collect();
             store.append(&owned);
         }
+    }
+
+    /// Installs the Ready's snapshot and makes it durable in the WAL with the
+    /// Ready's entries and hard state, waiting for the flush, then hands them
+    /// to the in-memory log Raft reads from. Only for a Ready with a snapshot:
+    /// every other Ready is queued with [`Shard::queue_write`].
+    async fn persist(&mut self, rd: &mut Ready) -> bool {
+        let mut records = Vec::with_capacity(rd.entries.len() + 2);
+        if let Some(snapshot) = &rd.snapshot {
+            if let Err(e) = self.install_snapshot(snapshot) {
+                self.fail(e);
+                return false;
+            }
+            // The log restarts after the snapshot: whatever the WAL holds past it
+            // belongs to the old log.
+            let index = snapshot.metadata.as_ref().map_or(0, |m| m.index);
+            records.push(cairn_wal::Record::Truncate {
+                shard: u64::from(self.id),
+                index: index + 1,
+            });
+        }
+        records.extend(self.wal_records(rd));
+        if !records.is_empty() {
+            match self.wal.append(&records).await {
+                Ok(lsn) => self.last_queued_lsn = lsn,
+                Err(e) => {
+                    // The WAL is poisoned: nothing more can be made durable.
+                    // Stop acknowledging anything; the member must be restarted.
+                    self.fail(format!("WAL append failed: {e}"));
+                    return false;
+                }
+            }
+        }
+        if let Some(snapshot) = &rd.snapshot {
+            if let Err(e) = self.node.store_mut().apply_snapshot(snapshot.clone()) {
+                let reason = format!("installing snapshot in the raft log: {e}");
+                self.fail(reason);
+                return false;
+            }
+        }
+        self.stage_in_log(rd);
         true
     }
 

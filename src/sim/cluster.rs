@@ -233,6 +233,7 @@ impl Sim {
             *[64u64, 1 << 20].choose(&mut rng).expect("non-empty");
         t.leader_transfer_timeout_ticks = ELECTION_TIMEOUT_TICKS;
         t.mutation = cfg.mutation;
+        t.async_append = cfg.pipelined;
         let mut members = Vec::new();
         for id in 1..=(cfg.members + SPARE_MEMBERS) as u64 {
             let mut disk = MemStorage::new();
@@ -483,7 +484,7 @@ impl Sim {
                 .filter(|i| {
                     self.members[*i]
                         .pending
-                        .as_ref()
+                        .front()
                         .is_some_and(|p| p.done_at_tick <= self.tick)
                 })
                 .collect();
@@ -498,8 +499,20 @@ impl Sim {
                 self.deliver(m)?;
             } else if r < msgs + writes.len() {
                 let idx = writes[r - msgs];
-                self.begin_step(|| format!("write done n{}", idx + 1));
-                self.complete_write(idx)?;
+                // One flush makes every write queued so far durable (group
+                // commit): all due writes of the member complete together.
+                let due = self.members[idx]
+                    .pending
+                    .iter()
+                    .take_while(|p| p.done_at_tick <= self.tick)
+                    .count();
+                self.begin_step(|| format!("write done n{} ({due} writes)", idx + 1));
+                for _ in 0..due {
+                    if self.members[idx].pending.is_empty() {
+                        break;
+                    }
+                    self.complete_write(idx)?;
+                }
                 self.end_step()?;
             } else {
                 let op = ops.swap_remove(r - msgs - writes.len());
@@ -569,7 +582,7 @@ impl Sim {
         m.last_role = (node.role(), node.term());
         m.node = Some(node);
         m.sm = sm;
-        m.pending = None;
+        m.pending.clear();
         m.reads.clear();
         m.seen_commit = 0;
         m.lc_cursor = 0;
@@ -585,24 +598,27 @@ impl Sim {
         let Some(node) = m.node.take() else {
             return;
         };
-        // Only what reached MemStorage survives: the pending write is lost.
+        // Only what reached MemStorage survives: pending writes are lost.
         m.disk = node.store().clone();
-        m.pending = None;
+        m.pending.clear();
         m.reads.clear();
         m.restart_at_tick = Some(self.tick + down);
         self.stats.crashes += 1;
     }
 
-    /// Takes a Ready if none is outstanding: immediate messages leave now,
-    /// the rest waits for the write.
+    /// Takes a Ready if none is outstanding (pipelined: whenever there is
+    /// one): immediate messages leave now, the rest waits for the write.
+    /// Pipelined, committed entries are applied at once: Raft hands out only
+    /// entries already durable here.
     fn pump(&mut self, idx: usize) -> Check {
+        let pipelined = self.raft_template.async_append;
         let late = self.rng.gen_range(0..1000) < self.plan.late_write_per_mille;
         let m = &mut self.members[idx];
         let id = m.id;
         let Some(node) = m.node.as_mut() else {
             return Ok(());
         };
-        if m.pending.is_some() || !node.has_ready() {
+        if (!pipelined && !m.pending.is_empty()) || !node.has_ready() {
             return Ok(());
         }
         let mut rd = node.ready();
@@ -625,8 +641,22 @@ impl Sim {
             .as_ref()
             .and_then(|s| s.metadata.as_ref())
             .map(|md| md.index);
-        let done_at_tick = self.tick + u64::from(late);
-        m.pending = Some(PendingWrite { rd, done_at_tick });
+        // Writes finish in order: never before the one queued ahead.
+        let done_at_tick =
+            (self.tick + u64::from(late)).max(m.pending.back().map_or(0, |p| p.done_at_tick));
+        let committed = if pipelined {
+            std::mem::take(&mut rd.committed_entries)
+        } else {
+            Vec::new()
+        };
+        let mut reads = if pipelined {
+            std::mem::take(&mut rd.read_states)
+        } else {
+            Vec::new()
+        };
+        m.pending.push_back(PendingWrite { rd, done_at_tick });
+        self.stats.max_writes_in_flight =
+            self.stats.max_writes_in_flight.max(m.pending.len() as u64);
         self.note(|| {
             format!(
                 "  n{id} ready: {n_entries} entries, hs {:?}, snapshot {snap:?}, {} msgs now",
@@ -637,7 +667,28 @@ impl Sim {
         for msg in msgs {
             self.send(msg)?;
         }
-        Ok(())
+        if !pipelined {
+            return Ok(());
+        }
+        let mut applied_changes = Vec::new();
+        let m = &mut self.members[idx];
+        for e in &committed {
+            if let Some(change) =
+                apply_entry(m, &mut self.checker, &mut self.stats, &mut self.live, e)?
+            {
+                applied_changes.push(change);
+            }
+        }
+        for change in applied_changes {
+            self.note(|| format!("  n{id} applied {change}"));
+        }
+        let m = &mut self.members[idx];
+        m.reads.append(&mut reads);
+        if let Some(node) = m.node.as_mut() {
+            node.on_entries_applied(&committed);
+        }
+        self.serve_reads(idx)?;
+        self.pump(idx)
     }
 
     /// The disk write of the outstanding Ready completed: persist, apply,
@@ -645,7 +696,7 @@ impl Sim {
     fn complete_write(&mut self, idx: usize) -> Check {
         let m = &mut self.members[idx];
         let id = m.id;
-        let Some(pw) = m.pending.take() else {
+        let Some(pw) = m.pending.pop_front() else {
             return Ok(());
         };
         let mut rd = pw.rd;
@@ -1211,7 +1262,7 @@ impl Sim {
                     m.sm.learners,
                     n.status().conf_state.voters,
                     n.status().conf_state.learners,
-                    if m.pending.is_some() { " (write pending)" } else { "" }
+                    if m.pending.is_empty() { "" } else { " (write pending)" }
                 ),
             };
             parts.push(s);

@@ -171,7 +171,8 @@ pub(crate) struct Member {
     pub node: Option<RawNode<MemStorage>>,
     /// The durable image while the member is down.
     pub disk: MemStorage,
-    pub pending: Option<PendingWrite>,
+    /// Writes in flight, oldest first: at most one unless pipelined.
+    pub pending: std::collections::VecDeque<PendingWrite>,
     pub sm: StateMachine,
     /// Confirmed reads waiting for the state machine to reach their index.
     pub reads: Vec<ReadState>,
@@ -193,7 +194,7 @@ impl Member {
             id,
             node: None,
             disk,
-            pending: None,
+            pending: std::collections::VecDeque::new(),
             sm: StateMachine::default(),
             reads: Vec::new(),
             seen_commit: 0,

@@ -101,6 +101,10 @@ pub struct SimConfig {
     pub mutation: Option<SafetyMutation>,
     /// Record a line per step; costs time, so only for replays.
     pub trace: bool,
+    /// Drive every member as a pipelined driver does (Raft's
+    /// `async_append`): take the next Ready while earlier writes are in
+    /// flight, apply committed entries at once, and finish writes in order.
+    pub pipelined: bool,
 }
 
 impl SimConfig {
@@ -110,6 +114,7 @@ impl SimConfig {
             seed,
             mutation: None,
             trace: false,
+            pipelined: false,
         }
     }
 
@@ -155,6 +160,9 @@ pub struct SimStats {
     /// term: never in a correct core (Raft paper 5.4.2), so it shows how
     /// often the `CommitPreviousTermByCount` mutation took effect.
     pub old_term_commits: u64,
+    /// Most writes one member had in flight at once (above 1 only when
+    /// pipelined).
+    pub max_writes_in_flight: u64,
 }
 
 impl SimStats {
@@ -173,6 +181,7 @@ impl SimStats {
         self.transfers_requested += o.transfers_requested;
         self.recovery_ticks = self.recovery_ticks.max(o.recovery_ticks);
         self.old_term_commits += o.old_term_commits;
+        self.max_writes_in_flight = self.max_writes_in_flight.max(o.max_writes_in_flight);
     }
 }
 
@@ -215,6 +224,7 @@ pub fn run_seeds(
     first_seed: u64,
     seeds: u64,
     mutation: Option<SafetyMutation>,
+    pipelined: bool,
 ) -> Result<RunSummary, SimConfigError> {
     let mut summary = RunSummary {
         seeds_run: 0,
@@ -224,6 +234,7 @@ pub fn run_seeds(
     for seed in first_seed..first_seed + seeds {
         let mut cfg = SimConfig::new(members, seed);
         cfg.mutation = mutation;
+        cfg.pipelined = pipelined;
         let out = run_seed(&cfg)?;
         summary.seeds_run += 1;
         summary.stats.add(&out.stats);

@@ -372,6 +372,27 @@ impl Wal {
     /// Appends `records` and resolves once all of them are durable, with the
     /// LSN of the last one. Concurrent appends share flushes (group commit).
     pub async fn append(&self, records: &[Record]) -> Result<Lsn, AppendError> {
+        let target = self.submit(records).await?;
+        let mut rx = self.inner.durable_tx.subscribe();
+        let d = rx
+            .wait_for(|d| d.lsn >= target || d.poison.is_some())
+            .await
+            .map(|d| d.clone())
+            .map_err(|_| AppendError::Closed)?;
+        if d.lsn >= target {
+            Ok(target)
+        } else {
+            let p = d.poison.expect("woken without durability means poisoned");
+            Err(AppendError::from(p.as_ref()))
+        }
+    }
+
+    /// Queues `records` for the next flush and returns the LSN of the last
+    /// one without waiting for it to be durable: it is durable once
+    /// [`Wal::durable_lsn`] (or a [`DurableWatch`]) reaches it. Records become
+    /// durable in the order they were submitted. Waits only while the queue
+    /// is full.
+    pub async fn submit(&self, records: &[Record]) -> Result<Lsn, AppendError> {
         let inner = &self.inner;
         for r in records {
             if r.payload_len() > inner.cfg.max_record_payload_bytes {
@@ -422,18 +443,7 @@ impl Wal {
             st.next_lsn - 1
         };
         inner.flush_wake.notify_one();
-        let mut rx = inner.durable_tx.subscribe();
-        let d = rx
-            .wait_for(|d| d.lsn >= target || d.poison.is_some())
-            .await
-            .map(|d| d.clone())
-            .map_err(|_| AppendError::Closed)?;
-        if d.lsn >= target {
-            Ok(target)
-        } else {
-            let p = d.poison.expect("woken without durability means poisoned");
-            Err(AppendError::from(p.as_ref()))
-        }
+        Ok(target)
     }
 
     /// LSN of the last durable record.

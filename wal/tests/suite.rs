@@ -494,3 +494,30 @@ fn entries_limited_stops_at_the_byte_budget() {
         })
     });
 }
+
+// Submitted records (queued without waiting for their flush) get increasing
+// LSNs, become durable in order, and survive a reopen like awaited appends.
+#[test]
+fn submitted_records_become_durable_in_order() {
+    for_all(|env| {
+        run(async {
+            let (wal, _) = open(env).await;
+            let mut watch = wal.durable_watch();
+            let first = wal.submit(&[entry(1, 1, 1, 40)]).await.expect("submit");
+            let second = wal
+                .submit(&[entry(1, 2, 1, 40), entry(1, 3, 1, 40)])
+                .await
+                .expect("submit");
+            assert_eq!((first, second), (1, 3));
+            assert!(watch.wait_for(first).await, "{:?}", env.kind);
+            assert!(watch.durable_lsn() >= first);
+            assert!(watch.wait_for(second).await, "{:?}", env.kind);
+            assert_eq!(wal.durable_lsn(), second);
+            wal.close().await;
+
+            let (_, rec) = open(env).await;
+            let got: Vec<u64> = rec.shards[&1].entries.iter().map(|e| e.index).collect();
+            assert_eq!(got, vec![1, 2, 3], "{:?}", env.kind);
+        })
+    });
+}

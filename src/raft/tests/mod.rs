@@ -2,6 +2,7 @@
 //! part of the Raft paper or thesis it checks. They guard against regressions
 //! in the safety and liveness rules that the simulator only finds by chance.
 
+mod async_append;
 mod election;
 mod harness;
 mod membership;
