@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{client, wait_writable, Cluster};
+use common::{client, shard0_leader, wait_writable, Cluster};
 use etcd_client::{GetOptions, PutOptions};
 
 /// Acknowledged writes: key -> value, and when each ack arrived.
@@ -147,26 +147,6 @@ async fn wait_same_hash(cluster: &Cluster) {
     }
 }
 
-async fn leader_index(cluster: &Cluster) -> usize {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        for (i, m) in cluster.members.iter().enumerate() {
-            if !m.is_running() {
-                continue;
-            }
-            let mut c = client(&m.endpoint()).await;
-            if let Ok(s) = c.status().await {
-                let leader = s.leader();
-                if leader != 0 && s.header().map(|h| h.member_id()) == Some(leader) {
-                    return i;
-                }
-            }
-        }
-        assert!(Instant::now() < deadline, "no leader");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill9_leader_while_writing() {
     let mut cluster = Cluster::start(3, &["--shards", "1", "--cores", "1"]);
@@ -177,7 +157,7 @@ async fn kill9_leader_while_writing() {
     let writers = start_writers(cluster.endpoints(), 8, acks.clone(), stop.clone());
     tokio::time::sleep(Duration::from_millis(1500)).await;
 
-    let leader = leader_index(&cluster).await;
+    let leader = shard0_leader(&cluster).await;
     let acked_before = acks.lock().unwrap().values.len();
     let killed_at = Instant::now();
     cluster.members[leader].kill9();
@@ -294,7 +274,7 @@ async fn member_behind_the_compacted_log_catches_up_by_snapshot() {
     let mut c = client(&cluster.members[0].endpoint()).await;
     wait_writable(&mut c, "/warmup").await;
     // Take down a follower (any member but the leader).
-    let leader = leader_index(&cluster).await;
+    let leader = shard0_leader(&cluster).await;
     let down = (leader + 1) % 3;
     cluster.members[down].kill9();
     let up: Vec<String> = cluster

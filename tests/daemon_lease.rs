@@ -11,7 +11,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use cairn::routing::RoutingTable;
-use common::{client, etcdctl, wait_writable, Cluster};
+use common::{client, etcdctl, shard0_leader, wait_writable, Cluster};
 use etcd_client::{
     EventType, GetOptions, LeaseGrantOptions, LeaseTimeToLiveOptions, PutOptions, WatchOptions,
 };
@@ -90,26 +90,6 @@ fn grpc_status(e: etcd_client::Error) -> (tonic::Code, String) {
     match e {
         etcd_client::Error::GRpcStatus(s) => (s.code(), s.message().to_string()),
         other => panic!("expected a gRPC status, got {other}"),
-    }
-}
-
-/// The member that leads shard 0 (Status reports shard 0's leader).
-async fn shard0_leader(cluster: &Cluster) -> usize {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        for (i, m) in cluster.members.iter().enumerate() {
-            if !m.is_running() {
-                continue;
-            }
-            let mut c = client(&m.endpoint()).await;
-            if let Ok(s) = c.status().await {
-                if s.leader() != 0 && s.header().map(|h| h.member_id()) == Some(s.leader()) {
-                    return i;
-                }
-            }
-        }
-        assert!(Instant::now() < deadline, "no leader of shard 0");
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 

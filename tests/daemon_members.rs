@@ -46,6 +46,21 @@ where
     }
 }
 
+/// A removed member exits 0 within `within`, then refuses to start again.
+fn stops_for_good(m: &mut common::Member, within: Duration) {
+    let code = m.wait_exit(within);
+    assert_eq!(
+        code,
+        Some(0),
+        "{} should stop once removed:\n{}",
+        m.name,
+        m.log_text()
+    );
+    let (code, log) = m.start_expecting_refusal();
+    assert_ne!(code, 0);
+    assert!(log.contains("was removed from the cluster"), "{log}");
+}
+
 /// The member list once every member has published its client URLs.
 async fn wait_published(c: &etcd_client::Client) -> Vec<(u64, String, bool, Vec<String>)> {
     eventually("published attributes", Duration::from_secs(20), || {
@@ -246,16 +261,7 @@ async fn learner_joins_is_promoted_and_members_are_removed() {
     let (ok, out) = etcdctl(&ep1, &["member", "remove", &format!("{:x}", ids["m2"])]);
     assert!(ok, "member remove failed: {out}");
     assert!(out.contains("removed from cluster"), "{out}");
-    let code = cluster.members[2].wait_exit(Duration::from_secs(20));
-    assert_eq!(
-        code,
-        Some(0),
-        "m2 should stop once removed:\n{}",
-        cluster.members[2].log_text()
-    );
-    let (code, log) = cluster.members[2].start_expecting_refusal();
-    assert_ne!(code, 0);
-    assert!(log.contains("was removed from the cluster"), "{log}");
+    stops_for_good(&mut cluster.members[2], Duration::from_secs(20));
     let not_found = c1.member_remove(ids["m2"]).await.unwrap_err();
     assert!(
         not_found.to_string().contains("member not found"),
@@ -265,16 +271,7 @@ async fn learner_joins_is_promoted_and_members_are_removed() {
     // m0 was down when it was removed: started again, it finds that the
     // cluster no longer counts it in, and stops for good.
     cluster.members[0].restart();
-    let code = cluster.members[0].wait_exit(Duration::from_secs(60));
-    assert_eq!(
-        code,
-        Some(0),
-        "m0 should stop once it finds it was removed:\n{}",
-        cluster.members[0].log_text()
-    );
-    let (code, log) = cluster.members[0].start_expecting_refusal();
-    assert_ne!(code, 0);
-    assert!(log.contains("was removed from the cluster"), "{log}");
+    stops_for_good(&mut cluster.members[0], Duration::from_secs(60));
 
     // m1 and m3 carry on: two voters, both needed.
     let names: Vec<String> = member_names(&mut c1)
@@ -428,12 +425,7 @@ async fn removing_a_member_that_leads_shards_completes_from_any_member() {
         .member_remove(victim_id)
         .await
         .unwrap_or_else(|e| panic!("remove: {e}\n{}", cluster.logs()));
-    assert_eq!(
-        cluster.members[victim].wait_exit(Duration::from_secs(20)),
-        Some(0),
-        "the removed member should stop:\n{}",
-        cluster.members[victim].log_text()
-    );
+    stops_for_good(&mut cluster.members[victim], Duration::from_secs(20));
     let names: Vec<String> = member_names(&mut asker_client)
         .await
         .into_iter()

@@ -305,3 +305,23 @@ pub async fn wait_writable(c: &mut etcd_client::Client, key: &str) {
         }
     }
 }
+
+/// The member that leads shard 0 (Status reports shard 0's leader).
+pub async fn shard0_leader(cluster: &Cluster) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        for (i, m) in cluster.members.iter().enumerate() {
+            if !m.is_running() {
+                continue;
+            }
+            let mut c = client(&m.endpoint()).await;
+            if let Ok(s) = c.status().await {
+                if s.leader() != 0 && s.header().map(|h| h.member_id()) == Some(s.leader()) {
+                    return i;
+                }
+            }
+        }
+        assert!(Instant::now() < deadline, "no leader of shard 0");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
