@@ -93,6 +93,29 @@ fn grpc_status(e: etcd_client::Error) -> (tonic::Code, String) {
     }
 }
 
+/// TimeToLive with keys, retried while the cluster recovers (a crash or a
+/// restart), at most `within`.
+async fn time_to_live_within(
+    c: &mut etcd_client::Client,
+    id: i64,
+    within: Duration,
+    what: &str,
+) -> etcd_client::LeaseTimeToLiveResponse {
+    let deadline = Instant::now() + within;
+    loop {
+        match c
+            .lease_time_to_live(id, Some(LeaseTimeToLiveOptions::new().with_keys()))
+            .await
+        {
+            Ok(t) => return t,
+            Err(e) => {
+                assert!(Instant::now() < deadline, "{what}: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leases_span_shards_expire_and_survive_a_leader_crash() {
     let mut cluster = Cluster::start(3, &["--shards", "2", "--cores", "1"]);
@@ -272,22 +295,13 @@ async fn leases_span_shards_expire_and_survive_a_leader_crash() {
     cluster.members[leader].kill9();
     let survivor = cluster.members[(leader + 1) % 3].endpoint();
     let mut cs = client(&survivor).await;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let ttl = loop {
-        match cs
-            .lease_time_to_live(c, Some(LeaseTimeToLiveOptions::new().with_keys()))
-            .await
-        {
-            Ok(t) => break t,
-            Err(e) => {
-                assert!(
-                    Instant::now() < deadline,
-                    "no TimeToLive after the crash: {e}"
-                );
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-        }
-    };
+    let ttl = time_to_live_within(
+        &mut cs,
+        c,
+        Duration::from_secs(20),
+        "no TimeToLive after the crash",
+    )
+    .await;
     assert!(ttl.ttl() > 0, "the lease was lost with its leader");
     assert_eq!(ttl.keys().len(), keys_c.len());
     let (mut keeper, mut answers) = cs.lease_keep_alive(c).await.expect("keep alive");
@@ -444,22 +458,13 @@ async fn many_leases_expire_leases_survive_a_restart_and_bad_peer_requests_are_r
     assert_eq!(cluster.members[0].terminate(), Some(0));
     cluster.members[0].restart();
     let mut c = client(&ep).await;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let ttl = loop {
-        match c
-            .lease_time_to_live(id, Some(LeaseTimeToLiveOptions::new().with_keys()))
-            .await
-        {
-            Ok(t) => break t,
-            Err(e) => {
-                assert!(
-                    Instant::now() < deadline,
-                    "no TimeToLive after restart: {e}"
-                );
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-        }
-    };
+    let ttl = time_to_live_within(
+        &mut c,
+        id,
+        Duration::from_secs(30),
+        "no TimeToLive after restart",
+    )
+    .await;
     assert_eq!(ttl.granted_ttl(), 30);
     assert!(ttl.ttl() >= 25, "TTL after restart: {}", ttl.ttl());
     assert_eq!(ttl.keys().len(), keys.len());
