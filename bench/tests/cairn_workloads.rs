@@ -10,8 +10,10 @@
 use std::path::Path;
 use std::time::Duration;
 
-use cairn_bench::{run_workload, Cli, LocalCluster, Report, System};
-use clap::Parser;
+mod common;
+
+use cairn_bench::{LocalCluster, System};
+use common::{bench, watch_latency_40_puts};
 
 async fn cairn_cluster(dir: &Path) -> Option<LocalCluster> {
     let Some(bin) = cairn_bench::compare::newest_workspace_cairn_bin() else {
@@ -25,15 +27,6 @@ async fn cairn_cluster(dir: &Path) -> Option<LocalCluster> {
         .await
         .unwrap_or_else(|e| panic!("{} cluster does not serve: {e}", bin.display()));
     Some(cluster)
-}
-
-async fn bench(args: &[&str]) -> Report {
-    let mut full = vec!["cairn-bench"];
-    full.extend_from_slice(args);
-    let cli = Cli::try_parse_from(&full).unwrap_or_else(|e| panic!("{}: {e}", full.join(" ")));
-    run_workload(&cli.global, &cli.command, false)
-        .await
-        .unwrap_or_else(|e| panic!("{}: {e}", full.join(" ")))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -92,24 +85,7 @@ async fn every_workload_runs_against_cairn() {
     }
 
     // 40 puts, each owed to 2 x 5 watchers; a missing event is counted, not lost.
-    let r = bench(&[
-        "--endpoints",
-        &ep,
-        "--conns",
-        "2",
-        "--clients",
-        "2",
-        "--total",
-        "40",
-        "--rate",
-        "200",
-        "watch-latency",
-        "--streams",
-        "2",
-        "--watchers-per-stream",
-        "5",
-    ])
-    .await;
+    let r = watch_latency_40_puts(&ep).await;
     let missing = r.recorder.errors.get("MissingEvent").copied().unwrap_or(0);
     assert_eq!(
         r.requests() + missing,

@@ -10,8 +10,10 @@
 use std::path::Path;
 use std::time::Duration;
 
-use cairn_bench::{run_workload, Cli, LocalCluster, Report, System};
-use clap::Parser;
+mod common;
+
+use cairn_bench::{LocalCluster, Report, System};
+use common::{bench, watch_latency_40_puts};
 
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -26,15 +28,6 @@ async fn single_etcd(dir: &Path) -> Option<LocalCluster> {
         .await
         .expect("etcd serves");
     Some(cluster)
-}
-
-async fn bench(args: &[&str]) -> Report {
-    let mut full = vec!["cairn-bench"];
-    full.extend_from_slice(args);
-    let cli = Cli::try_parse_from(&full).unwrap_or_else(|e| panic!("{}: {e}", full.join(" ")));
-    run_workload(&cli.global, &cli.command, false)
-        .await
-        .unwrap_or_else(|e| panic!("{}: {e}", full.join(" ")))
 }
 
 fn assert_filled(r: &Report) {
@@ -143,24 +136,7 @@ async fn every_workload_runs_and_its_counts_match() {
     );
 
     // 40 puts, each owed to 2 x 5 watchers.
-    let r = bench(&[
-        "--endpoints",
-        &ep,
-        "--conns",
-        "2",
-        "--clients",
-        "2",
-        "--total",
-        "40",
-        "--rate",
-        "200",
-        "watch-latency",
-        "--streams",
-        "2",
-        "--watchers-per-stream",
-        "5",
-    ])
-    .await;
+    let r = watch_latency_40_puts(&ep).await;
     assert_eq!(r.recorder.counters["puts"], 40);
     assert_eq!(r.requests(), 400, "{:?}", r.recorder.errors);
     assert_eq!(r.errors(), 0);

@@ -12,7 +12,7 @@
 //! that asked for it goes away.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use cairn_proto::cairnpb::{MemberInfo, ShardConfChange};
 use cairn_proto::etcdserverpb::cluster_server::Cluster;
@@ -26,7 +26,7 @@ use tonic::{Request, Response, Status};
 use super::errors::ApiError;
 use super::kv::Identity;
 use super::members::{added_member_id, same_urls, Member, MemberRegistry};
-use super::peer_http::{self, Forwarded};
+use super::peer_http;
 use super::router::Router;
 use crate::raft::ConfChangeType;
 
@@ -128,44 +128,28 @@ pub async fn change_shard(
     member: &MemberInfo,
     check_only: bool,
 ) -> Result<(), Status> {
-    let deadline = Instant::now() + SHARD_CHANGE_TIMEOUT;
-    let mut last = Status::unavailable("etcdserver: no leader");
-    while Instant::now() < deadline {
-        let leader = match router
-            .conf_change(shard, change, member.clone(), check_only)
-            .await
-        {
-            Ok(_) => return Ok(()),
-            Err(ApiError::NotLeader { leader }) => leader,
-            Err(e @ (ApiError::NoLeader | ApiError::LeaderChanged | ApiError::Timeout)) => {
-                last = e.into();
-                0
-            }
-            Err(e) => return Err(e.into()),
-        };
-        let leader_url = members
-            .get(leader)
-            .and_then(|m| m.peer_urls.first().cloned())
-            .filter(|_| leader != members.local_id());
-        if let Some(url) = leader_url {
-            let request = ShardConfChange {
-                shard,
-                change_type: change as i32,
-                member: Some(member.clone()),
-                check_only,
-            };
-            match peer_http::forward_conf_change(&url, members.cluster_id(), &request).await {
-                Forwarded::Applied => return Ok(()),
-                Forwarded::NotLeader { .. } => {}
-                Forwarded::Failed(status) if status.code() == tonic::Code::Unavailable => {
-                    last = status;
-                }
-                Forwarded::Failed(status) => return Err(status),
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    Err(last)
+    let request = ShardConfChange {
+        shard,
+        change_type: change as i32,
+        member: Some(member.clone()),
+        check_only,
+    };
+    let cluster_id = members.cluster_id();
+    peer_http::at_shard_leader(
+        members,
+        SHARD_CHANGE_TIMEOUT,
+        || async {
+            router
+                .conf_change(shard, change, member.clone(), check_only)
+                .await
+                .map(|_| ())
+        },
+        |url| {
+            let request = &request;
+            async move { peer_http::forward_conf_change(&url, cluster_id, request).await }
+        },
+    )
+    .await
 }
 
 #[tonic::async_trait]

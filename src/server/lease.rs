@@ -40,7 +40,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -52,18 +52,15 @@ use cairn_proto::etcdserverpb::{
     LeaseTimeToLiveRequest, LeaseTimeToLiveResponse,
 };
 use futures::future::join_all;
-use http_body_util::{BodyExt, Full, Limited};
-use hyper::client::conn::http1::SendRequest;
-use hyper_util::rt::TokioIo;
 use prost::Message as _;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::{Code, Request, Response, Status, Streaming};
+use tonic::{Request, Response, Status, Streaming};
 
 use super::errors::ApiError;
 use super::kv::Identity;
 use super::members::MemberRegistry;
-use super::peer_http::{CLUSTER_HEADER, CODE_HEADER, LEADER_HEADER};
+use super::peer_http::{self, Forwarded, CLUSTER_HEADER};
 use super::router::{LeaseInfo, Router, WriteResult};
 use crate::routing::ShardId;
 
@@ -88,12 +85,6 @@ pub const PARTIAL_LEASE_WAIT: Duration = Duration::from_secs(1);
 
 /// How long one forwarded lease request to a peer may take.
 pub const PEER_LEASE_TIMEOUT: Duration = Duration::from_secs(3);
-
-/// Idle keep-alive connections kept per peer URL by one core.
-const IDLE_CONNECTIONS_PER_PEER: usize = 8;
-
-/// Largest answer read from a peer (a TimeToLive answer with its keys).
-const MAX_PEER_ANSWER_BYTES: usize = 64 * 1024 * 1024;
 
 /// The header naming the shard of a forwarded lease request.
 pub const SHARD_HEADER: &str = "x-cairn-shard";
@@ -288,148 +279,6 @@ impl LeaseClock {
     }
 }
 
-/// One HTTP/1 connection to a peer's HTTP side.
-type PeerConnection = SendRequest<Full<Bytes>>;
-
-/// Keep-alive HTTP/1 connections to peers' HTTP sides, by peer URL.
-#[derive(Clone, Default)]
-pub struct PeerPool {
-    idle: Arc<Mutex<HashMap<String, Vec<PeerConnection>>>>,
-}
-
-/// A peer's answer to a forwarded lease request.
-enum PeerAnswer<T = Bytes> {
-    Ok(T),
-    NotLeader(u64),
-    Failed(Status),
-}
-
-impl PeerPool {
-    fn take_idle(&self, url: &str) -> Option<PeerConnection> {
-        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        let list = idle.get_mut(url)?;
-        while let Some(s) = list.pop() {
-            if !s.is_closed() {
-                return Some(s);
-            }
-        }
-        None
-    }
-
-    fn put_idle(&self, url: &str, s: PeerConnection) {
-        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        let list = idle.entry(url.to_string()).or_default();
-        if list.len() < IDLE_CONNECTIONS_PER_PEER {
-            list.push(s);
-        }
-    }
-
-    async fn connect(url: &str) -> Result<PeerConnection, String> {
-        let addrs = crate::config::url_to_addrs("peer-urls", url).map_err(|e| e.to_string())?;
-        let stream = tokio::net::TcpStream::connect(addrs.as_slice())
-            .await
-            .map_err(|e| format!("connecting to {url}: {e}"))?;
-        let _ = stream.set_nodelay(true);
-        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .map_err(|e| format!("{url}: {e}"))?;
-        tokio::spawn(async move {
-            let _ = conn.await;
-        });
-        Ok(sender)
-    }
-
-    async fn send(
-        sender: &mut PeerConnection,
-        url: &str,
-        path: &str,
-        cluster_id: u64,
-        shard: ShardId,
-        body: Bytes,
-    ) -> Result<(u16, hyper::HeaderMap, Bytes), String> {
-        sender
-            .ready()
-            .await
-            .map_err(|e| format!("{url}: connection closed: {e}"))?;
-        let req = hyper::Request::post(path)
-            .header(hyper::header::HOST, url.trim_start_matches("http://"))
-            .header(CLUSTER_HEADER, format!("{cluster_id:x}"))
-            .header(SHARD_HEADER, shard.to_string())
-            .body(Full::new(body))
-            .map_err(|e| e.to_string())?;
-        let resp = sender
-            .send_request(req)
-            .await
-            .map_err(|e| format!("{url}: {e}"))?;
-        let status = resp.status().as_u16();
-        let headers = resp.headers().clone();
-        let body = Limited::new(resp.into_body(), MAX_PEER_ANSWER_BYTES)
-            .collect()
-            .await
-            .map_err(|e| format!("{url}: reading the answer: {e}"))?
-            .to_bytes();
-        Ok((status, headers, body))
-    }
-
-    /// Posts a lease request for `shard` to the peer at `url`.
-    async fn post(
-        &self,
-        url: &str,
-        path: &str,
-        cluster_id: u64,
-        shard: ShardId,
-        body: Bytes,
-    ) -> PeerAnswer {
-        let run = async {
-            // A pooled connection may have been closed by the peer meanwhile:
-            // one failure on it is retried on a fresh connection.
-            let mut answer = Err(String::new());
-            if let Some(mut s) = self.take_idle(url) {
-                answer = Self::send(&mut s, url, path, cluster_id, shard, body.clone()).await;
-                if answer.is_ok() {
-                    self.put_idle(url, s);
-                }
-            }
-            if answer.is_err() {
-                let mut s = Self::connect(url).await?;
-                answer = Self::send(&mut s, url, path, cluster_id, shard, body).await;
-                if answer.is_ok() {
-                    self.put_idle(url, s);
-                }
-            }
-            answer
-        };
-        let (status, headers, body) = match tokio::time::timeout(PEER_LEASE_TIMEOUT, run).await {
-            Ok(Ok(a)) => a,
-            Ok(Err(e)) => return PeerAnswer::Failed(Status::unavailable(e)),
-            Err(_) => {
-                return PeerAnswer::Failed(Status::unavailable(format!(
-                    "{url} did not answer within {PEER_LEASE_TIMEOUT:?}"
-                )))
-            }
-        };
-        let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
-        match status {
-            200 => PeerAnswer::Ok(body),
-            409 => PeerAnswer::NotLeader(
-                header(LEADER_HEADER)
-                    .and_then(|v| u64::from_str_radix(v, 16).ok())
-                    .unwrap_or(0),
-            ),
-            _ => {
-                let message = String::from_utf8_lossy(&body);
-                // An error the leader's driver gave keeps etcd's message as is.
-                match header(CODE_HEADER).and_then(|v| v.parse::<i32>().ok()) {
-                    Some(code) => PeerAnswer::Failed(Status::new(Code::from_i32(code), message)),
-                    None => PeerAnswer::Failed(Status::unavailable(format!(
-                        "{url} answered {status}: {message}"
-                    ))),
-                }
-            }
-        }
-    }
-}
-
 /// What this member answers a peer's forwarded lease request with.
 #[derive(Debug)]
 pub enum PeerLeaseAnswer {
@@ -510,20 +359,7 @@ pub struct LeaseService {
     /// Smallest TTL granted, in seconds: shorter ones are raised to it.
     pub min_ttl_secs: i64,
     pub ids: Arc<LeaseIds>,
-    pub peers: PeerPool,
-}
-
-impl<T> PeerAnswer<T> {
-    fn and_decode<U>(self, decode: impl FnOnce(T) -> Result<U, String>) -> PeerAnswer<U> {
-        match self {
-            PeerAnswer::Ok(v) => match decode(v) {
-                Ok(u) => PeerAnswer::Ok(u),
-                Err(e) => PeerAnswer::Failed(Status::internal(e)),
-            },
-            PeerAnswer::NotLeader(l) => PeerAnswer::NotLeader(l),
-            PeerAnswer::Failed(s) => PeerAnswer::Failed(s),
-        }
-    }
+    pub peers: peer_http::PeerClient,
 }
 
 impl LeaseService {
@@ -531,60 +367,45 @@ impl LeaseService {
         self.router.routing.shard_ids().collect()
     }
 
-    /// Runs `local` on this member's driver of `shard`; where another member
-    /// leads the shard, runs `remote` with the leader's peer URL instead.
-    /// Retried through elections for at most [`LEADER_WAIT`].
+    /// Runs `local` here or `remote` at the shard's leader; see
+    /// [`peer_http::at_shard_leader`].
     async fn at_leader<T, L, LF, R, RF>(&self, local: L, remote: R) -> Result<T, Status>
     where
         L: Fn() -> LF,
         LF: Future<Output = Result<T, ApiError>>,
         R: Fn(String) -> RF,
-        RF: Future<Output = PeerAnswer<T>>,
+        RF: Future<Output = Forwarded<T>>,
     {
-        let deadline = Instant::now() + LEADER_WAIT;
-        let mut last: Status = ApiError::NoLeader.into();
-        let local_id = self.members.local_id();
-        loop {
-            let leader = match local().await {
-                Ok(v) => return Ok(v),
-                Err(ApiError::NotLeader { leader }) => leader,
-                Err(e @ (ApiError::NoLeader | ApiError::LeaderChanged | ApiError::Timeout)) => {
-                    last = e.into();
-                    crate::raft::NONE
-                }
-                Err(e) => return Err(e.into()),
-            };
-            let url = self
-                .members
-                .get(leader)
-                .filter(|_| leader != local_id)
-                .and_then(|m| m.peer_urls.first().cloned());
-            if let Some(url) = url {
-                match remote(url).await {
-                    PeerAnswer::Ok(v) => return Ok(v),
-                    PeerAnswer::NotLeader(_) => {}
-                    PeerAnswer::Failed(s) if s.code() == Code::Unavailable => last = s,
-                    PeerAnswer::Failed(s) => return Err(s),
-                }
-            }
-            if Instant::now() >= deadline {
-                return Err(last);
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        peer_http::at_shard_leader(&self.members, LEADER_WAIT, local, remote).await
+    }
+
+    /// Posts a lease request for `shard` to the peer at `url`.
+    async fn post(&self, url: &str, path: &str, shard: ShardId, body: Bytes) -> Forwarded {
+        let headers = [
+            (CLUSTER_HEADER, format!("{:x}", self.members.cluster_id())),
+            (SHARD_HEADER, shard.to_string()),
+        ];
+        self.peers
+            .call(
+                url,
+                hyper::Method::POST,
+                path,
+                &headers,
+                body,
+                PEER_LEASE_TIMEOUT,
+            )
+            .await
     }
 
     /// Renews the lease at `shard`'s leader: its granted TTL, or None.
     async fn renew_at(&self, shard: ShardId, id: i64) -> Result<Option<i64>, Status> {
-        let cluster_id = self.members.cluster_id();
         let body = Bytes::from(LeaseKeepAliveRequest { id }.encode_to_vec());
         self.at_leader(
             || self.router.lease_renew(shard, id),
             |url| {
                 let body = body.clone();
                 async move {
-                    self.peers
-                        .post(&url, "/cairn/lease-renew", cluster_id, shard, body)
+                    self.post(&url, "/cairn/lease-renew", shard, body)
                         .await
                         .and_decode(|b: Bytes| {
                             LeaseKeepAliveResponse::decode(b)
@@ -604,15 +425,13 @@ impl LeaseService {
         id: i64,
         keys: bool,
     ) -> Result<Option<LeaseInfo>, Status> {
-        let cluster_id = self.members.cluster_id();
         let body = Bytes::from(LeaseTimeToLiveRequest { id, keys }.encode_to_vec());
         self.at_leader(
             || self.router.lease_query(shard, id, keys),
             |url| {
                 let body = body.clone();
                 async move {
-                    self.peers
-                        .post(&url, "/cairn/lease-ttl", cluster_id, shard, body)
+                    self.post(&url, "/cairn/lease-ttl", shard, body)
                         .await
                         .and_decode(|b: Bytes| {
                             LeaseTimeToLiveResponse::decode(b)
@@ -631,61 +450,60 @@ impl LeaseService {
         .await
     }
 
-    /// Grants the lease on every shard; the highest shard revision.
+    /// Grants the lease on every shard; the highest shard revision. A shard
+    /// that already has it is a grant that failed part way and is retried; a
+    /// lease on every shard already is a duplicate.
     async fn grant_everywhere(&self, id: i64, ttl: i64) -> Result<i64, ApiError> {
-        let parts = join_all(self.shards().into_iter().map(|s| {
-            self.router
-                .write(s, ShardReq::LeaseGrant(LeaseGrantRequest { ttl, id }))
-        }))
-        .await;
-        let (mut granted, mut revision, mut failed) = (0, 0, None);
-        for part in parts {
-            match part {
-                Ok(WriteResult::Applied { revision: r }) => {
-                    granted += 1;
-                    revision = revision.max(r);
-                }
-                // Already on this shard: a grant that failed part way and is
-                // retried completes; a lease on every shard is a duplicate.
-                Err(ApiError::LeaseExist) => {}
-                Ok(_) => failed = Some(ApiError::Unsupported("lease grant answered as a write")),
-                Err(e) => failed = Some(e),
-            }
-        }
-        if let Some(e) = failed {
-            return Err(e);
-        }
-        if granted == 0 {
-            return Err(ApiError::LeaseExist);
-        }
-        Ok(revision)
+        self.propose_on_every_shard(
+            || ShardReq::LeaseGrant(LeaseGrantRequest { ttl, id }),
+            ApiError::LeaseExist,
+        )
+        .await
     }
 
-    /// Revokes the lease on every shard; the highest shard revision.
+    /// Revokes the lease on every shard; the highest shard revision. A shard
+    /// without it has seen it expire or be revoked already.
     async fn revoke_everywhere(&self, id: i64) -> Result<i64, ApiError> {
-        let parts = join_all(self.shards().into_iter().map(|s| {
-            self.router
-                .write(s, ShardReq::LeaseRevoke(LeaseRevokeRequest { id }))
-        }))
+        self.propose_on_every_shard(
+            || ShardReq::LeaseRevoke(LeaseRevokeRequest { id }),
+            ApiError::LeaseNotFound,
+        )
+        .await
+    }
+
+    /// Proposes `request()` on every shard at once. A shard answering
+    /// `already` has nothing to do; when every shard does, that is the answer.
+    /// Any other error wins; else the highest shard revision.
+    async fn propose_on_every_shard(
+        &self,
+        request: impl Fn() -> ShardReq,
+        already: ApiError,
+    ) -> Result<i64, ApiError> {
+        let parts = join_all(
+            self.shards()
+                .into_iter()
+                .map(|s| self.router.write(s, request())),
+        )
         .await;
-        let (mut found, mut revision, mut failed) = (0, 0, None);
+        let (mut done, mut revision, mut failed) = (0, 0, None);
         for part in parts {
             match part {
                 Ok(WriteResult::Applied { revision: r }) => {
-                    found += 1;
+                    done += 1;
                     revision = revision.max(r);
                 }
-                // Gone from this shard already (expired, or revoked before).
-                Err(ApiError::LeaseNotFound) => {}
-                Ok(_) => failed = Some(ApiError::Unsupported("lease revoke answered as a write")),
+                Err(e) if e == already => {}
+                Ok(_) => {
+                    failed = Some(ApiError::Unsupported("a lease request answered as a write"))
+                }
                 Err(e) => failed = Some(e),
             }
         }
         if let Some(e) = failed {
             return Err(e);
         }
-        if found == 0 {
-            return Err(ApiError::LeaseNotFound);
+        if done == 0 {
+            return Err(already);
         }
         Ok(revision)
     }

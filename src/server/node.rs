@@ -861,7 +861,7 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
     // oversize request gets etcd's "request is too large" error, not a transport error.
     let max_message_bytes = config.max_request_bytes + 512 * 1024;
     // This core's keep-alive connections to peers, for lease renewals.
-    let lease_peers = super::lease::PeerPool::default();
+    let lease_peers = super::peer_http::PeerClient::default();
     let min_lease_ttl_secs =
         super::lease::min_lease_ttl_secs(config.heartbeat_interval_ms, config.election_timeout_ms);
     for listener in listeners {

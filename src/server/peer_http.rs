@@ -15,18 +15,19 @@
 //! Every request but `GET /cairn/members` must carry the cluster id in
 //! `x-cairn-cluster-id` (hex), so a member of another cluster is refused.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use cairn_proto::cairnpb::{MemberTable, ShardConfChange};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
+use hyper::client::conn::http1::SendRequest;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use prost::Message as _;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tonic::Code;
 
@@ -42,8 +43,8 @@ pub const MEMBER_HEADER: &str = "x-cairn-member";
 /// Largest request body accepted (a membership change is a few hundred bytes).
 const MAX_BODY_BYTES: usize = 64 * 1024;
 
-/// Largest answer read by the client side (a member table of many members).
-const MAX_ANSWER_BYTES: usize = 4 * 1024 * 1024;
+/// Largest answer read from a peer (a lease's TimeToLive with its keys).
+const MAX_ANSWER_BYTES: usize = 64 * 1024 * 1024;
 
 /// How long one request to a peer may take, connection included.
 pub const PEER_HTTP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -205,126 +206,239 @@ fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
     answer(status, Bytes::from(body))
 }
 
-/// An answer from a peer's HTTP side.
+/// One keep-alive HTTP/1 connection to a peer's HTTP side.
+type PeerConnection = SendRequest<Full<Bytes>>;
+
+/// Idle keep-alive connections kept per peer URL by one client.
+const IDLE_CONNECTIONS_PER_PEER: usize = 8;
+
+/// What a peer's HTTP side answered: its body, that another member leads the
+/// shard asked about (`x-cairn-leader`, 0 when none is known), or a failure
+/// as a gRPC status (the leader's own error, with etcd's message, when the
+/// peer gave `x-cairn-grpc-code`; Unavailable when it could not be reached).
 #[derive(Debug)]
-pub struct PeerAnswer {
-    pub status: u16,
-    pub headers: Vec<(String, String)>,
-    pub body: Bytes,
+pub enum Forwarded<T = Bytes> {
+    Ok(T),
+    NotLeader(u64),
+    Failed(tonic::Status),
 }
 
-impl PeerAnswer {
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
+impl<T> Forwarded<T> {
+    /// Decodes an `Ok` body; a body that does not decode is a failure.
+    pub fn and_decode<U>(self, decode: impl FnOnce(T) -> Result<U, String>) -> Forwarded<U> {
+        match self {
+            Forwarded::Ok(v) => match decode(v) {
+                Ok(u) => Forwarded::Ok(u),
+                Err(e) => Forwarded::Failed(tonic::Status::internal(e)),
+            },
+            Forwarded::NotLeader(l) => Forwarded::NotLeader(l),
+            Forwarded::Failed(s) => Forwarded::Failed(s),
+        }
     }
 }
 
-/// One HTTP/1.1 request to a peer URL (`http://host:port`), answered in full.
-pub async fn request(
-    peer_url: &str,
-    method: &str,
-    path: &str,
-    headers: &[(&str, String)],
-    body: &[u8],
-) -> Result<PeerAnswer, String> {
-    let addrs = crate::config::url_to_addrs("peer-urls", peer_url).map_err(|e| e.to_string())?;
-    let run = async {
-        let mut stream = TcpStream::connect(addrs.as_slice())
+/// Requests to peers' HTTP sides over pooled keep-alive connections, by
+/// peer URL. Cheap to clone; clones share the pool.
+#[derive(Clone, Default)]
+pub struct PeerClient {
+    idle: Arc<Mutex<HashMap<String, Vec<PeerConnection>>>>,
+}
+
+impl PeerClient {
+    fn take_idle(&self, url: &str) -> Option<PeerConnection> {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let list = idle.get_mut(url)?;
+        while let Some(s) = list.pop() {
+            if !s.is_closed() {
+                return Some(s);
+            }
+        }
+        None
+    }
+
+    fn put_idle(&self, url: &str, s: PeerConnection) {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let list = idle.entry(url.to_string()).or_default();
+        if list.len() < IDLE_CONNECTIONS_PER_PEER {
+            list.push(s);
+        }
+    }
+
+    async fn connect(url: &str) -> Result<PeerConnection, String> {
+        let addrs = crate::config::url_to_addrs("peer-urls", url).map_err(|e| e.to_string())?;
+        let stream = TcpStream::connect(addrs.as_slice())
             .await
-            .map_err(|e| format!("connecting to {peer_url}: {e}"))?;
-        let mut head = format!(
-            "{method} {path} HTTP/1.1\r\nhost: {}\r\nconnection: close\r\ncontent-length: {}\r\n",
-            addrs[0],
-            body.len()
-        );
+            .map_err(|e| format!("connecting to {url}: {e}"))?;
+        let _ = stream.set_nodelay(true);
+        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| format!("{url}: {e}"))?;
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        Ok(sender)
+    }
+
+    async fn send(
+        sender: &mut PeerConnection,
+        url: &str,
+        method: &Method,
+        path: &str,
+        headers: &[(&'static str, String)],
+        body: Bytes,
+    ) -> Result<(u16, hyper::HeaderMap, Bytes), String> {
+        sender
+            .ready()
+            .await
+            .map_err(|e| format!("{url}: connection closed: {e}"))?;
+        let mut req = Request::builder()
+            .method(method.clone())
+            .uri(path)
+            .header(hyper::header::HOST, url.trim_start_matches("http://"));
         for (name, value) in headers {
-            head.push_str(&format!("{name}: {value}\r\n"));
+            req = req.header(*name, value.as_str());
         }
-        head.push_str("\r\n");
-        stream
-            .write_all(head.as_bytes())
+        let req = req.body(Full::new(body)).map_err(|e| e.to_string())?;
+        let resp = sender
+            .send_request(req)
             .await
-            .and(stream.write_all(body).await)
-            .map_err(|e| format!("writing to {peer_url}: {e}"))?;
-        let mut raw = Vec::new();
-        (&mut stream)
-            .take(MAX_ANSWER_BYTES as u64 + 1)
-            .read_to_end(&mut raw)
+            .map_err(|e| format!("{url}: {e}"))?;
+        let status = resp.status().as_u16();
+        let headers = resp.headers().clone();
+        let body = Limited::new(resp.into_body(), MAX_ANSWER_BYTES)
+            .collect()
             .await
-            .map_err(|e| format!("reading from {peer_url}: {e}"))?;
-        if raw.len() > MAX_ANSWER_BYTES {
-            return Err(format!(
-                "{peer_url} answered more than {MAX_ANSWER_BYTES} bytes"
-            ));
+            .map_err(|e| format!("{url}: reading the answer: {e}"))?
+            .to_bytes();
+        Ok((status, headers, body))
+    }
+
+    /// Sends one request to the peer at `url` and reads its whole answer,
+    /// within `timeout`. A pooled connection the peer closed meanwhile fails
+    /// once and the request is sent again on a fresh one.
+    pub async fn call(
+        &self,
+        url: &str,
+        method: Method,
+        path: &str,
+        headers: &[(&'static str, String)],
+        body: Bytes,
+        timeout: Duration,
+    ) -> Forwarded {
+        let run = async {
+            let mut answer = Err(String::new());
+            if let Some(mut s) = self.take_idle(url) {
+                answer = Self::send(&mut s, url, &method, path, headers, body.clone()).await;
+                if answer.is_ok() {
+                    self.put_idle(url, s);
+                }
+            }
+            if answer.is_err() {
+                let mut s = Self::connect(url).await?;
+                answer = Self::send(&mut s, url, &method, path, headers, body).await;
+                if answer.is_ok() {
+                    self.put_idle(url, s);
+                }
+            }
+            answer
+        };
+        let (status, headers, body) = match tokio::time::timeout(timeout, run).await {
+            Ok(Ok(a)) => a,
+            Ok(Err(e)) => return Forwarded::Failed(tonic::Status::unavailable(e)),
+            Err(_) => {
+                return Forwarded::Failed(tonic::Status::unavailable(format!(
+                    "{url} did not answer within {timeout:?}"
+                )))
+            }
+        };
+        let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+        match status {
+            200 => Forwarded::Ok(body),
+            409 => Forwarded::NotLeader(
+                header(LEADER_HEADER)
+                    .and_then(|v| u64::from_str_radix(v, 16).ok())
+                    .unwrap_or(0),
+            ),
+            _ => {
+                let message = String::from_utf8_lossy(&body);
+                match header(CODE_HEADER).and_then(|v| v.parse::<i32>().ok()) {
+                    Some(code) => Forwarded::Failed(tonic::Status::new(Code::from(code), message)),
+                    None => Forwarded::Failed(tonic::Status::unavailable(format!(
+                        "{url} answered {status}: {message}"
+                    ))),
+                }
+            }
         }
-        parse_answer(&raw).map_err(|e| format!("{peer_url}: {e}"))
-    };
-    tokio::time::timeout(PEER_HTTP_TIMEOUT, run)
-        .await
-        .map_err(|_| format!("{peer_url} did not answer within {PEER_HTTP_TIMEOUT:?}"))?
+    }
 }
 
-/// Parses an HTTP/1.1 answer whose body runs to the end of the connection or
-/// to its `content-length`.
-fn parse_answer(raw: &[u8]) -> Result<PeerAnswer, String> {
-    let end = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .ok_or("answer has no end of headers")?;
-    let head = std::str::from_utf8(&raw[..end]).map_err(|_| "answer headers are not UTF-8")?;
-    let mut lines = head.split("\r\n");
-    let status_line = lines.next().unwrap_or_default();
-    let status: u16 = status_line
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| format!("bad status line {status_line:?}"))?;
-    let headers: Vec<(String, String)> = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_string()))
-        .collect();
-    let mut body = &raw[end + 4..];
-    if let Some(len) = headers
-        .iter()
-        .find(|(n, _)| n == "content-length")
-        .and_then(|(_, v)| v.parse::<usize>().ok())
-    {
-        if body.len() < len {
-            return Err(format!(
-                "answer body is {} bytes, content-length says {len}",
-                body.len()
-            ));
+/// Runs `local` on this member's driver of a shard; where another member
+/// leads the shard, runs `remote` with the leader's peer URL instead.
+/// Retried through elections and leader changes for at most `wait`.
+pub async fn at_shard_leader<T, L, LF, R, RF>(
+    members: &MemberRegistry,
+    wait: Duration,
+    local: L,
+    remote: R,
+) -> Result<T, tonic::Status>
+where
+    L: Fn() -> LF,
+    LF: std::future::Future<Output = Result<T, ApiError>>,
+    R: Fn(String) -> RF,
+    RF: std::future::Future<Output = Forwarded<T>>,
+{
+    let deadline = Instant::now() + wait;
+    let mut last: tonic::Status = ApiError::NoLeader.into();
+    let local_id = members.local_id();
+    loop {
+        let leader = match local().await {
+            Ok(v) => return Ok(v),
+            Err(ApiError::NotLeader { leader }) => leader,
+            Err(e @ (ApiError::NoLeader | ApiError::LeaderChanged | ApiError::Timeout)) => {
+                last = e.into();
+                crate::raft::NONE
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let url = members
+            .get(leader)
+            .filter(|_| leader != local_id)
+            .and_then(|m| m.peer_urls.first().cloned());
+        if let Some(url) = url {
+            match remote(url).await {
+                Forwarded::Ok(v) => return Ok(v),
+                Forwarded::NotLeader(_) => {}
+                Forwarded::Failed(s) if s.code() == Code::Unavailable => last = s,
+                Forwarded::Failed(s) => return Err(s),
+            }
         }
-        body = &body[..len];
+        if Instant::now() >= deadline {
+            return Err(last);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    Ok(PeerAnswer {
-        status,
-        headers,
-        body: Bytes::copy_from_slice(body),
-    })
 }
 
 /// Fetches the member table from a member's peer URL.
 pub async fn fetch_members(peer_url: &str) -> Result<MemberTable, String> {
-    let a = request(peer_url, "GET", "/cairn/members", &[], &[]).await?;
-    if a.status != 200 {
-        return Err(format!("{peer_url} answered {}", a.status));
+    let answer = PeerClient::default()
+        .call(
+            peer_url,
+            Method::GET,
+            "/cairn/members",
+            &[],
+            Bytes::new(),
+            PEER_HTTP_TIMEOUT,
+        )
+        .await
+        .and_decode(|b| {
+            MemberTable::decode(b).map_err(|e| format!("{peer_url}: member table: {e}"))
+        });
+    match answer {
+        Forwarded::Ok(t) => Ok(t),
+        Forwarded::NotLeader(_) => Err(format!("{peer_url} answered 409")),
+        Forwarded::Failed(s) => Err(s.message().to_string()),
     }
-    MemberTable::decode(a.body).map_err(|e| format!("{peer_url}: member table: {e}"))
-}
-
-/// What became of a membership change carried to a shard's leader.
-#[derive(Debug)]
-pub enum Forwarded {
-    Applied,
-    /// The member asked does not lead the shard; `leader` does (0: unknown).
-    NotLeader {
-        leader: u64,
-    },
-    Failed(tonic::Status),
 }
 
 /// Carries a membership change of one shard to the member at `peer_url`.
@@ -332,44 +446,18 @@ pub async fn forward_conf_change(
     peer_url: &str,
     cluster_id: u64,
     change: &ShardConfChange,
-) -> Forwarded {
-    let headers = [(CLUSTER_HEADER, format!("{cluster_id:x}"))];
-    let a = match request(
-        peer_url,
-        "POST",
-        "/cairn/conf-change",
-        &headers,
-        &change.encode_to_vec(),
-    )
-    .await
-    {
-        Ok(a) => a,
-        Err(e) => return Forwarded::Failed(tonic::Status::unavailable(e)),
-    };
-    match a.status {
-        200 => Forwarded::Applied,
-        409 => Forwarded::NotLeader {
-            leader: a
-                .header(LEADER_HEADER)
-                .and_then(|v| u64::from_str_radix(v, 16).ok())
-                .unwrap_or(0),
-        },
-        status => {
-            let message = String::from_utf8_lossy(&a.body).into_owned();
-            let code = a
-                .header(CODE_HEADER)
-                .and_then(|v| v.parse::<i32>().ok())
-                .map_or(Code::Unavailable, Code::from_i32);
-            Forwarded::Failed(tonic::Status::new(
-                code,
-                if message.is_empty() {
-                    format!("{peer_url} answered {status}")
-                } else {
-                    message
-                },
-            ))
-        }
-    }
+) -> Forwarded<()> {
+    PeerClient::default()
+        .call(
+            peer_url,
+            Method::POST,
+            "/cairn/conf-change",
+            &[(CLUSTER_HEADER, format!("{cluster_id:x}"))],
+            Bytes::from(change.encode_to_vec()),
+            PEER_HTTP_TIMEOUT,
+        )
+        .await
+        .and_decode(|_| Ok(()))
 }
 
 /// Tells a removed member at `peer_url` that it was removed.
@@ -378,41 +466,26 @@ pub async fn tell_removed(peer_url: &str, cluster_id: u64, member: u64) -> Resul
         (CLUSTER_HEADER, format!("{cluster_id:x}")),
         (MEMBER_HEADER, format!("{member:x}")),
     ];
-    let a = request(peer_url, "POST", "/cairn/removed", &headers, &[]).await?;
-    if a.status == 200 {
-        Ok(())
-    } else {
-        Err(format!(
-            "{peer_url} answered {}: {}",
-            a.status,
-            String::from_utf8_lossy(&a.body)
-        ))
+    match PeerClient::default()
+        .call(
+            peer_url,
+            Method::POST,
+            "/cairn/removed",
+            &headers,
+            Bytes::new(),
+            PEER_HTTP_TIMEOUT,
+        )
+        .await
+    {
+        Forwarded::Ok(_) => Ok(()),
+        Forwarded::NotLeader(_) => Err(format!("{peer_url} answered 409")),
+        Forwarded::Failed(s) => Err(s.message().to_string()),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn answers_parse_with_and_without_content_length() {
-        let a = parse_answer(
-            b"HTTP/1.1 409 Conflict\r\nX-Cairn-Leader: 1f\r\ncontent-length: 3\r\n\r\nabcdef",
-        )
-        .unwrap();
-        assert_eq!(a.status, 409);
-        assert_eq!(a.header(LEADER_HEADER), Some("1f"));
-        assert_eq!(&a.body[..], b"abc");
-        let a = parse_answer(b"HTTP/1.1 200 OK\r\n\r\nall of it").unwrap();
-        assert_eq!(&a.body[..], b"all of it");
-    }
-
-    #[test]
-    fn malformed_answers_are_errors() {
-        assert!(parse_answer(b"HTTP/1.1 200 OK\r\n").is_err());
-        assert!(parse_answer(b"garbage\r\n\r\n").is_err());
-        assert!(parse_answer(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nshort").is_err());
-    }
 
     #[test]
     fn only_http_methods_this_side_serves_are_sniffed() {

@@ -8,6 +8,7 @@
 
 use crate::error::ExperimentError;
 use crate::safety::{stop_requested, LabDir};
+use crate::stats::median;
 use crate::stats::Recorder;
 use serde::Serialize;
 use std::fs::OpenOptions;
@@ -76,17 +77,6 @@ pub struct Round {
 
 /// Most rounds one check may run (each writes 2 x 22 MiB with a sync per write).
 pub const ROUNDS_MAX: u32 = 20;
-
-fn median(mut v: Vec<f64>) -> f64 {
-    assert!(!v.is_empty(), "median of no rounds");
-    v.sort_by(f64::total_cmp);
-    let mid = v.len() / 2;
-    if v.len() % 2 == 1 {
-        v[mid]
-    } else {
-        (v[mid - 1] + v[mid]) / 2.0
-    }
-}
 
 /// Runs the check `rounds` times (lab, then fio, alternating) and reports the
 /// median of each figure: on a shared disk whose latency drifts over tens of

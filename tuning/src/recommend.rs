@@ -3,6 +3,7 @@
 
 use crate::model::{Engine, Experiment, ExperimentResult, IoMode, Measurement, SyncMode};
 use crate::safety::DiskFacts;
+use crate::stats::median;
 use serde::Serialize;
 use std::fmt::Write as _;
 
@@ -186,17 +187,6 @@ pub struct Confirmation {
 
 /// Rounds of the confirmation: each runs the pick and the default back to back.
 pub const CONFIRM_ROUNDS: usize = 3;
-
-fn median(mut v: Vec<f64>) -> f64 {
-    assert!(!v.is_empty(), "median of nothing");
-    v.sort_by(f64::total_cmp);
-    let mid = v.len() / 2;
-    if v.len() % 2 == 1 {
-        v[mid]
-    } else {
-        (v[mid - 1] + v[mid]) / 2.0
-    }
-}
 
 /// Applies alternating re-measurements of the pick (`candidate`) and the default
 /// (`default`, paired round by round) to a recommendation: the pick stands only if

@@ -108,6 +108,19 @@ pub fn cdf(h: &Histogram<u64>) -> Vec<(f64, f64)> {
     points
 }
 
+/// The median of `v` (the mean of the middle two for an even count).
+/// Panics on an empty `v`: every caller measured at least one round.
+pub fn median(mut v: Vec<f64>) -> f64 {
+    assert!(!v.is_empty(), "median of nothing");
+    v.sort_by(f64::total_cmp);
+    let mid = v.len() / 2;
+    if v.len() % 2 == 1 {
+        v[mid]
+    } else {
+        (v[mid - 1] + v[mid]) / 2.0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
