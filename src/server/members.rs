@@ -81,6 +81,18 @@ pub fn same_urls(a: &[String], b: &[String]) -> bool {
     a == b
 }
 
+/// The voter `shard` hands its leadership to, which spreads leadership over
+/// the voters: the voters in a fixed (sorted) order, shard `s` preferring the
+/// one at position `s % voters`. 0 (nobody) without voters.
+pub fn preferred_leader(voters: &[u64], shard: u32) -> u64 {
+    let mut ids = voters.to_vec();
+    ids.sort_unstable();
+    if ids.is_empty() {
+        return 0;
+    }
+    ids[shard as usize % ids.len()]
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Member {
@@ -160,27 +172,8 @@ impl Membership {
             .collect()
     }
 
-    pub fn learner_ids(&self) -> Vec<u64> {
-        self.members
-            .iter()
-            .filter(|m| m.is_learner)
-            .map(|m| m.id)
-            .collect()
-    }
-
     pub fn get(&self, id: u64) -> Option<&Member> {
         self.members.iter().find(|m| m.id == id)
-    }
-
-    /// Member ids in a fixed order (sorted), used to spread shard leadership: shard
-    /// `s` prefers the member at position `s % members`.
-    pub fn preferred_leader(&self, shard: u32) -> u64 {
-        let mut ids = self.voter_ids();
-        ids.sort_unstable();
-        if ids.is_empty() {
-            return 0;
-        }
-        ids[shard as usize % ids.len()]
     }
 
     /// Adds or replaces `m`; true when that changed the table.
@@ -478,8 +471,9 @@ mod tests {
     #[test]
     fn leadership_preference_spreads_over_members() {
         let m = Membership::bootstrap(&config("a", 12380));
-        let prefs: std::collections::BTreeSet<u64> =
-            (0..3).map(|s| m.preferred_leader(s)).collect();
+        let prefs: std::collections::BTreeSet<u64> = (0..3)
+            .map(|s| preferred_leader(&m.voter_ids(), s))
+            .collect();
         assert_eq!(prefs.len(), 3);
     }
 }

@@ -773,7 +773,6 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
             election_ticks,
             quota_backend_bytes: config.quota_backend_bytes,
             snapshot_count: config.snapshot_count,
-            preferred_leader: membership.preferred_leader(shard),
             max_request_bytes: config.max_request_bytes,
             max_txn_ops: config.max_txn_ops,
             shutdown: shared.shutdown.clone(),

@@ -166,9 +166,6 @@ pub struct ShardSetup {
     pub election_ticks: u64,
     pub quota_backend_bytes: u64,
     pub snapshot_count: u64,
-    /// The member this shard's leadership is handed to when it is healthy, so
-    /// that leadership (and the write load it brings) spreads over members.
-    pub preferred_leader: u64,
     pub max_request_bytes: usize,
     pub max_txn_ops: usize,
     pub shutdown: watch::Receiver<bool>,
@@ -625,7 +622,12 @@ impl Shard {
                 node.apply_conf_change(&cc);
             }
         }
-        let is_learner = node.status().conf_state.learners.contains(&setup.member_id);
+        let conf_state = node.status().conf_state;
+        let is_learner = conf_state.learners.contains(&setup.member_id);
+        // The member this shard's leadership is handed to when it is healthy,
+        // so that leadership (and the write load it brings) spreads over the
+        // shard's voters.
+        let preferred_leader = super::members::preferred_leader(&conf_state.voters, shard);
         tracing::info!(
             shard,
             applied,
@@ -658,7 +660,7 @@ impl Shard {
             snapshot_meta,
             quota_backend_bytes: setup.quota_backend_bytes,
             snapshot_count: setup.snapshot_count,
-            preferred_leader: setup.preferred_leader,
+            preferred_leader,
             leader_since: None,
             nospace_alarm: false,
             failed: None,
@@ -1276,13 +1278,7 @@ impl Shard {
             self.fail(format!("writing member.toml failed: {e}"));
         }
         // Leadership keeps spreading over the voters as they are now.
-        let mut voters = conf_state.voters.clone();
-        voters.sort_unstable();
-        self.preferred_leader = if voters.is_empty() {
-            raft::NONE
-        } else {
-            voters[self.id as usize % voters.len()]
-        };
+        self.preferred_leader = super::members::preferred_leader(&conf_state.voters, self.id);
         if self.preferred_leader != preferred_before {
             self.leader_since = self.leader_since.map(|_| Instant::now());
         }
