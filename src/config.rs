@@ -159,8 +159,9 @@ pub struct WalFlags {
     #[arg(long = "wal-direct-io", value_name = "BOOL")]
     pub direct_io: Option<bool>,
 
-    /// How an append is made durable: "fdatasync" (default), "dsync" (O_DSYNC /
-    /// RWF_DSYNC writes) or "linked" (write and fdatasync submitted as one chain).
+    /// How an append is made durable: "dsync" (default: one RWF_DSYNC write),
+    /// "fdatasync" (write, then fdatasync) or "linked" (write and fdatasync
+    /// submitted as one chain). The sync backend always writes, then fdatasyncs.
     #[arg(long = "wal-sync-mode", value_name = "MODE")]
     pub sync_mode: Option<String>,
 }
@@ -458,7 +459,7 @@ impl Config {
                 .segment_size_bytes
                 .unwrap_or(DEFAULT_WAL_SEGMENT_SIZE_BYTES),
             direct_io: f.wal.direct_io.unwrap_or(true),
-            sync_mode: match f.wal.sync_mode.as_deref().unwrap_or("fdatasync") {
+            sync_mode: match f.wal.sync_mode.as_deref().unwrap_or("dsync") {
                 "fdatasync" => WalSyncMode::Fdatasync,
                 "dsync" => WalSyncMode::Dsync,
                 "linked" => WalSyncMode::Linked,

@@ -435,3 +435,50 @@ async fn defragment_gives_freed_space_back_to_the_disk() {
     let r = c.get("/defrag/ready", None).await.unwrap();
     assert_eq!(r.kvs().len(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_carry_on_while_leadership_is_handed_over() {
+    // Three shards on three members: a shard's leader hands leadership to the
+    // shard's preferred member after 3 s of leading. Writers through every
+    // member keep going across the handovers; a proposal that reaches a
+    // leader in the middle of one waits for the new leader instead of being
+    // lost (its client would hang until the request timeout) or refused.
+    let flags = ["--shards", "3", "--cores", "1"];
+    let cluster = Cluster::start(3, &flags);
+    let mut c = client(&cluster.members[0].endpoint()).await;
+    wait_writable(&mut c, "/handover/ready").await;
+    let mut writers = Vec::new();
+    for (w, m) in cluster.members.iter().enumerate() {
+        let endpoint = m.endpoint();
+        writers.push(tokio::spawn(async move {
+            let mut c = client(&endpoint).await;
+            let until = std::time::Instant::now() + Duration::from_secs(8);
+            let mut failures = Vec::new();
+            let mut n = 0u64;
+            while std::time::Instant::now() < until {
+                // Eight routing prefixes per writer reach every shard.
+                let key = format!("/handover{w}-{}/{n}", n % 8);
+                let put = c.put(key.clone(), n.to_string(), None);
+                match tokio::time::timeout(Duration::from_secs(4), put).await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) => failures.push(format!("{key}: {e}")),
+                    Err(_) => failures.push(format!("{key}: no answer in 4 s")),
+                }
+                n += 1;
+            }
+            (n, failures)
+        }));
+    }
+    let mut written = 0;
+    for w in writers {
+        let (n, failures) = w.await.unwrap();
+        assert!(failures.is_empty(), "{failures:?}\n{}", cluster.logs());
+        written += n;
+    }
+    let logs = cluster.logs();
+    assert!(
+        logs.contains("handing leadership to the shard's preferred member"),
+        "no handover happened while writing:\n{logs}"
+    );
+    assert!(written > 100, "only {written} writes");
+}

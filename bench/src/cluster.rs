@@ -158,6 +158,20 @@ impl LocalCluster {
         members: usize,
         base_dir: &Path,
     ) -> Result<LocalCluster, ClusterError> {
+        LocalCluster::start_with_cores(system, binary, members, base_dir, None)
+    }
+
+    /// [`LocalCluster::start`], each member limited to `cores` cores when given:
+    /// Cairn's `--cores N`, etcd's `GOMAXPROCS=N` (Go's count of threads running
+    /// Go code at once), so both systems get the same share of a machine that
+    /// hosts every member.
+    pub fn start_with_cores(
+        system: System,
+        binary: &Path,
+        members: usize,
+        base_dir: &Path,
+        cores: Option<usize>,
+    ) -> Result<LocalCluster, ClusterError> {
         if members == 0 || members > MAX_MEMBERS {
             return Err(ClusterError::Size { members });
         }
@@ -227,7 +241,14 @@ impl LocalCluster {
             // Same flags, same meaning for both systems. Durability is each
             // system's default, which for both is an fsync before a write is
             // acknowledged; nothing here relaxes it.
-            let child = Command::new(binary)
+            let mut command = Command::new(binary);
+            if let Some(n) = cores {
+                match system {
+                    System::Cairn => command.args(["--cores", &n.to_string()]),
+                    System::Etcd => command.env("GOMAXPROCS", n.to_string()),
+                };
+            }
+            let child = command
                 .args(["--name", &m.name])
                 .arg("--data-dir")
                 .arg(&m.data_dir)

@@ -140,6 +140,10 @@ pub struct CompareOpts {
     /// Members per cluster.
     #[arg(long, default_value_t = 3)]
     pub members: usize,
+    /// Cores per member: Cairn runs with `--cores N`, etcd with `GOMAXPROCS=N`
+    /// (default: each system's own default, every core for each member).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    pub member_cores: Option<u16>,
     /// The Cairn daemon (default: this workspace's target/release/cairn).
     #[arg(long)]
     pub cairn_bin: Option<PathBuf>,
@@ -288,16 +292,19 @@ pub async fn run(
         say(
             global,
             &format!(
-                "{system}: starting {} members from {}",
+                "{system}: starting {} members from {}{}",
                 opts.members,
-                binary.display()
+                binary.display(),
+                opts.member_cores
+                    .map_or(String::new(), |n| format!(", {n} core(s) each"))
             ),
         );
-        let started = LocalCluster::start(
+        let started = LocalCluster::start_with_cores(
             system,
             &binary,
             opts.members,
             &scratch.path().join(system.name()),
+            opts.member_cores.map(usize::from),
         );
         let ready = match started {
             Ok(mut cluster) => match cluster.wait_ready(CLUSTER_READY_TIMEOUT).await {

@@ -443,6 +443,12 @@ impl<S: Storage> RawNode<S> {
         self.raft.leader_id
     }
 
+    /// The member leadership is being handed to, or `NONE`. While it is set the
+    /// leader refuses proposals (they would be lost with the old term).
+    pub fn lead_transferee(&self) -> u64 {
+        self.raft.lead_transferee
+    }
+
     pub fn role(&self) -> StateRole {
         self.raft.state
     }

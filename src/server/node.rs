@@ -327,28 +327,23 @@ fn wal_config(config: &Config, lane: usize) -> cairn_wal::Config {
     } else {
         cairn_wal::DirectIo::Off
     };
+    let uring = cairn_wal::UringOptions {
+        direct,
+        sync_mode: match config.wal.sync_mode {
+            WalSyncMode::Fdatasync => cairn_wal::SyncMode::Fdatasync,
+            WalSyncMode::Linked => cairn_wal::SyncMode::LinkedFdatasync,
+            WalSyncMode::Dsync => cairn_wal::SyncMode::RwfDsync,
+        },
+        ..cairn_wal::UringOptions::default()
+    };
+    let sync = cairn_wal::SyncOptions {
+        direct: config.wal.direct_io,
+        ..cairn_wal::SyncOptions::default()
+    };
     wal.backend = match config.wal.backend {
-        WalBackendChoice::Auto
-            if direct == cairn_wal::DirectIo::Auto
-                && config.wal.sync_mode == WalSyncMode::Linked =>
-        {
-            cairn_wal::BackendChoice::Auto
-        }
-        WalBackendChoice::Sync => cairn_wal::BackendChoice::Sync(cairn_wal::SyncOptions {
-            direct: config.wal.direct_io,
-            ..cairn_wal::SyncOptions::default()
-        }),
-        WalBackendChoice::Auto | WalBackendChoice::Uring => {
-            cairn_wal::BackendChoice::Uring(cairn_wal::UringOptions {
-                direct,
-                sync_mode: match config.wal.sync_mode {
-                    WalSyncMode::Fdatasync => cairn_wal::SyncMode::Fdatasync,
-                    WalSyncMode::Linked => cairn_wal::SyncMode::LinkedFdatasync,
-                    WalSyncMode::Dsync => cairn_wal::SyncMode::RwfDsync,
-                },
-                ..cairn_wal::UringOptions::default()
-            })
-        }
+        WalBackendChoice::Auto => cairn_wal::BackendChoice::UringOr(uring, sync),
+        WalBackendChoice::Sync => cairn_wal::BackendChoice::Sync(sync),
+        WalBackendChoice::Uring => cairn_wal::BackendChoice::Uring(uring),
     };
     wal
 }

@@ -418,10 +418,16 @@ pub struct Shard {
     next_request_id: u64,
     /// Reads collected this turn, sent as one ReadIndex round.
     reads_this_turn: Vec<PendingRead>,
-    /// Writes and reads that arrived while no leader was known: they wait (at
-    /// most [`LEADERLESS_WAIT`]) instead of failing during a short election.
+    /// Writes and reads that arrived while no leader was known or while this
+    /// leader hands leadership over: they wait (at most [`LEADERLESS_WAIT`])
+    /// instead of failing during a short election or transfer.
     leaderless_writes:
         std::collections::VecDeque<(Instant, shard_request::Request, Reply<WriteResult>)>,
+    /// Proposals other members forwarded here while no leader was known or
+    /// while leadership was being handed over. Raft would drop them (the
+    /// proposer is never told, so its client would wait for its timeout);
+    /// they are stepped again once a leader takes proposals.
+    held_proposals: std::collections::VecDeque<(Instant, raft::Message)>,
     leaderless_reads: Vec<(Instant, PendingRead)>,
     /// Rounds sent, by context, awaiting their read state.
     read_rounds: HashMap<u64, ReadRound>,
@@ -649,6 +655,7 @@ impl Shard {
             next_request_id: (boot_nonce & 0xffff_ffff_0000_0000) | 1,
             reads_this_turn: Vec::new(),
             leaderless_writes: std::collections::VecDeque::new(),
+            held_proposals: std::collections::VecDeque::new(),
             leaderless_reads: Vec::new(),
             read_rounds: HashMap::new(),
             next_read_ctx: 1,
@@ -837,8 +844,26 @@ impl Shard {
         }
     }
 
+    /// Whether a proposal made now reaches a leader that appends it: one is
+    /// known and is not handing leadership over.
+    fn takes_proposals(&self) -> bool {
+        self.node.leader_id() != raft::NONE && self.node.lead_transferee() == raft::NONE
+    }
+
     fn step(&mut self, msg: raft::Message) {
         if self.failed.is_some() {
+            return;
+        }
+        if msg.msg_type == raft::MessageType::MsgProp as i32 && !self.takes_proposals() {
+            if self.held_proposals.len() < MAX_LEADERLESS_REQUESTS {
+                self.held_proposals.push_back((Instant::now(), msg));
+            } else {
+                tracing::warn!(
+                    shard = self.id,
+                    from = msg.from,
+                    "forwarded proposal dropped: too many waiting for a leader"
+                );
+            }
             return;
         }
         if let Err(e) = self.node.step(msg) {
@@ -1069,7 +1094,7 @@ impl Shard {
             let _ = reply.send(Err(ApiError::NoSpace));
             return;
         }
-        if self.node.leader_id() == raft::NONE {
+        if !self.takes_proposals() {
             if self.leaderless_writes.len() + self.leaderless_reads.len() >= MAX_LEADERLESS_REQUESTS
             {
                 let _ = reply.send(Err(ApiError::NoLeader));
@@ -1296,8 +1321,13 @@ impl Shard {
         if self.node.leader_id() == raft::NONE {
             return;
         }
-        while let Some((_, request, reply)) = self.leaderless_writes.pop_front() {
-            self.propose(request, reply);
+        if self.takes_proposals() {
+            while let Some((_, request, reply)) = self.leaderless_writes.pop_front() {
+                self.propose(request, reply);
+            }
+            while let Some((_, msg)) = self.held_proposals.pop_front() {
+                self.step(msg);
+            }
         }
         for (_, read) in std::mem::take(&mut self.leaderless_reads) {
             self.reads_this_turn.push(read);
@@ -1358,6 +1388,14 @@ impl Shard {
             }
             let (_, _, reply) = self.leaderless_writes.pop_front().expect("front exists");
             let _ = reply.send(Err(ApiError::NoLeader));
+        }
+        // The proposer's client is answered by its own member's timeout.
+        while self
+            .held_proposals
+            .front()
+            .is_some_and(|(since, _)| now.duration_since(*since) >= LEADERLESS_WAIT)
+        {
+            self.held_proposals.pop_front();
         }
         let (expired, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.leaderless_reads)
             .into_iter()

@@ -62,13 +62,13 @@ const _: () = assert!(WRITERS[WRITERS.len() - 1] <= engines::wal::WRITERS_MAX);
 const _: () = assert!(WRITERS_QUICK[WRITERS_QUICK.len() - 1] <= engines::wal::WRITERS_MAX);
 
 /// What Cairn does out of the box (the daemon's `[wal]` defaults): the whole WAL on
-/// io_uring, O_DIRECT, write then fdatasync, zero-filled segments, one 4 KiB block
+/// io_uring, O_DIRECT, one RWF_DSYNC write, zero-filled segments, one 4 KiB block
 /// per append, one writer. Gains are measured against it.
 pub fn default_experiment() -> Experiment {
     Experiment {
         engine: Engine::WalUring,
         io_mode: IoMode::Direct,
-        sync_mode: SyncMode::Fdatasync,
+        sync_mode: SyncMode::RwfDsync,
         prealloc: Prealloc::ZeroFill,
         block_size_bytes: DEFAULT_BLOCK_SIZE_BYTES,
         queue_depth: 1,
@@ -78,16 +78,23 @@ pub fn default_experiment() -> Experiment {
 }
 
 /// The default point as run by `engine`: group commit settings only where the
-/// engine is the whole WAL.
+/// engine is the whole WAL, and fdatasync where the engine has no RWF_DSYNC
+/// (the sync backend's only mechanism).
 pub fn base_for(engine: Engine) -> Experiment {
+    let default = default_experiment();
     Experiment {
         engine,
         batch_max_bytes: if engine.is_wal() {
-            default_experiment().batch_max_bytes
+            default.batch_max_bytes
         } else {
             0
         },
-        ..default_experiment()
+        sync_mode: if engine.sync_modes().contains(&default.sync_mode) {
+            default.sync_mode
+        } else {
+            SyncMode::Fdatasync
+        },
+        ..default
     }
 }
 

@@ -112,12 +112,12 @@ pub const DEFAULT_SETTINGS: [WalSetting; 3] = [
     WalSetting {
         backend: Backend::Uring,
         direct_io: true,
-        sync_mode: SyncMode::Fdatasync,
+        sync_mode: SyncMode::RwfDsync,
     },
     WalSetting {
         backend: Backend::Uring,
         direct_io: false,
-        sync_mode: SyncMode::Fdatasync,
+        sync_mode: SyncMode::RwfDsync,
     },
     WalSetting {
         backend: Backend::Sync,

@@ -30,11 +30,11 @@ fn assert_config_section(toml_text: &str) -> toml::Table {
 fn picks_fastest_safe_setting_and_reports_gain_over_default() {
     let results = vec![
         result(
-            wal(IoMode::Direct, SyncMode::Fdatasync),
+            wal(IoMode::Direct, SyncMode::RwfDsync),
             measured(5000.0, 400.0),
         ),
         result(
-            wal(IoMode::Direct, SyncMode::RwfDsync),
+            wal(IoMode::Direct, SyncMode::Fdatasync),
             measured(8000.0, 300.0),
         ),
         result(
@@ -42,14 +42,14 @@ fn picks_fastest_safe_setting_and_reports_gain_over_default() {
             measured(6000.0, 350.0),
         ),
         result(
-            wal(IoMode::Buffered, SyncMode::Fdatasync),
+            wal(IoMode::Buffered, SyncMode::RwfDsync),
             measured(4000.0, 500.0),
         ),
     ];
     let rec = recommend(&results, &disk()).unwrap();
     assert_eq!(rec.setting.backend, Backend::Uring);
     assert!(rec.setting.direct_io);
-    assert_eq!(rec.setting.sync_mode, SyncMode::RwfDsync);
+    assert_eq!(rec.setting.sync_mode, SyncMode::Fdatasync);
     assert!(
         (rec.gain_percent - 60.0).abs() < 1e-9,
         "{}",
@@ -57,10 +57,10 @@ fn picks_fastest_safe_setting_and_reports_gain_over_default() {
     );
     assert_eq!(
         rec.default_experiment,
-        wal(IoMode::Direct, SyncMode::Fdatasync).label()
+        wal(IoMode::Direct, SyncMode::RwfDsync).label()
     );
     let wal = assert_config_section(&rec.toml);
-    assert_eq!(wal["sync-mode"].as_str(), Some("dsync"));
+    assert_eq!(wal["sync-mode"].as_str(), Some("fdatasync"));
     assert_eq!(wal["direct-io"].as_bool(), Some(true));
     assert!(rec.toml.contains("+60.0%"), "{}", rec.toml);
 }
@@ -73,10 +73,10 @@ fn unsafe_and_failed_experiments_are_never_recommended() {
     }
     let results = vec![
         result(
-            wal(IoMode::Direct, SyncMode::Fdatasync),
+            wal(IoMode::Direct, SyncMode::RwfDsync),
             measured(5000.0, 400.0),
         ),
-        result(wal(IoMode::Direct, SyncMode::RwfDsync), unverified),
+        result(wal(IoMode::Direct, SyncMode::Fdatasync), unverified),
         // 2 µs per durable append: the flush never reached the device.
         result(
             wal(IoMode::Direct, SyncMode::Linked),
@@ -89,25 +89,25 @@ fn unsafe_and_failed_experiments_are_never_recommended() {
             },
         ),
         result(
-            wal(IoMode::Buffered, SyncMode::RwfDsync),
+            wal(IoMode::Buffered, SyncMode::Fdatasync),
             measured(7000.0, 380.0),
         ),
     ];
     let rec = recommend(&results, &disk()).unwrap();
     assert!(!rec.setting.direct_io);
-    assert_eq!(rec.setting.sync_mode, SyncMode::RwfDsync);
+    assert_eq!(rec.setting.sync_mode, SyncMode::Fdatasync);
 }
 
 #[test]
 fn a_worse_tail_or_a_gain_within_noise_keeps_the_default() {
     let results = vec![
         result(
-            wal(IoMode::Direct, SyncMode::Fdatasync),
+            wal(IoMode::Direct, SyncMode::RwfDsync),
             measured(5000.0, 400.0),
         ),
         // Faster on average but p99 three times worse.
         result(
-            wal(IoMode::Direct, SyncMode::RwfDsync),
+            wal(IoMode::Direct, SyncMode::Fdatasync),
             measured(9000.0, 1200.0),
         ),
         // Faster, but by less than the noise threshold.
@@ -117,7 +117,7 @@ fn a_worse_tail_or_a_gain_within_noise_keeps_the_default() {
         ),
     ];
     let rec = recommend(&results, &disk()).unwrap();
-    assert_eq!(rec.setting.sync_mode, SyncMode::Fdatasync);
+    assert_eq!(rec.setting.sync_mode, SyncMode::RwfDsync);
     assert!(rec.setting.direct_io);
     assert_eq!(rec.gain_percent, 0.0);
     assert_eq!(rec.rejected.len(), 2, "{:?}", rec.rejected);
@@ -127,12 +127,12 @@ fn a_worse_tail_or_a_gain_within_noise_keeps_the_default() {
 #[test]
 fn whole_wal_evidence_wins_over_backend_and_raw_loops() {
     let raw = Experiment {
-        sync_mode: SyncMode::RwfDsync,
+        sync_mode: SyncMode::Fdatasync,
         ..cairn_tuning::matrix::base_for(Engine::RawUring)
     };
     let results = vec![
         result(
-            wal(IoMode::Direct, SyncMode::Fdatasync),
+            wal(IoMode::Direct, SyncMode::RwfDsync),
             measured(5000.0, 400.0),
         ),
         result(
@@ -167,8 +167,8 @@ fn without_io_uring_the_sync_backend_is_compared_with_its_fallback() {
         ..cairn_tuning::matrix::base_for(Engine::WalSync)
     };
     let results = vec![
-        result(wal(IoMode::Direct, SyncMode::Fdatasync), unsupported()),
-        result(wal(IoMode::Buffered, SyncMode::Fdatasync), unsupported()),
+        result(wal(IoMode::Direct, SyncMode::RwfDsync), unsupported()),
+        result(wal(IoMode::Buffered, SyncMode::RwfDsync), unsupported()),
         result(sync(IoMode::Buffered), measured(3000.0, 600.0)),
         result(sync(IoMode::Direct), measured(4000.0, 500.0)),
     ];
@@ -184,7 +184,7 @@ fn without_io_uring_the_sync_backend_is_compared_with_its_fallback() {
 #[test]
 fn volatile_disk_or_nothing_measured_gives_no_recommendation() {
     let results = vec![result(
-        wal(IoMode::Direct, SyncMode::Fdatasync),
+        wal(IoMode::Direct, SyncMode::RwfDsync),
         measured(5000.0, 400.0),
     )];
     let mut tmpfs = disk();
@@ -195,7 +195,7 @@ fn volatile_disk_or_nothing_measured_gives_no_recommendation() {
         Err(NoRecommendation::VolatileDisk(_))
     ));
     let failed = vec![result(
-        wal(IoMode::Direct, SyncMode::Fdatasync),
+        wal(IoMode::Direct, SyncMode::RwfDsync),
         Outcome::Failed {
             reason: "EIO".into(),
         },
@@ -211,7 +211,7 @@ fn confirmation_rounds_keep_a_real_gain_and_overturn_a_lucky_one() {
     use cairn_tuning::recommend::{apply_confirmation, DEFAULT_SETTINGS};
     let results = vec![
         result(
-            wal(IoMode::Direct, SyncMode::Fdatasync),
+            wal(IoMode::Direct, SyncMode::RwfDsync),
             measured(5000.0, 400.0),
         ),
         result(
@@ -254,7 +254,7 @@ fn confirmation_rounds_keep_a_real_gain_and_overturn_a_lucky_one() {
     assert_eq!(overturned.gain_percent, 0.0);
     assert_eq!(overturned.experiment, overturned.default_experiment);
     let wal = assert_config_section(&overturned.toml);
-    assert_eq!(wal["sync-mode"].as_str(), Some("fdatasync"));
+    assert_eq!(wal["sync-mode"].as_str(), Some("dsync"));
     assert!(overturned
         .rejected
         .iter()

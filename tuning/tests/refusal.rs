@@ -144,7 +144,7 @@ fn a_full_disk_is_one_rows_outcome() {
     // else's disk; an experiment's 32 MiB file cannot fit.
     let dir = common::scratch_dir();
     let script = format!(
-        "mount -t tmpfs -o size=1m cairn-tune-full {d} && exec {bin} run --quick --json --dir {d} --only 'raw-pwrite buffered fdatasync prealloc=none'",
+        "mount -t tmpfs -o size=1m cairn-tune-full {d} && exec {bin} run --quick --json --dir {d} --only 'raw-pwrite buffered rwf_dsync prealloc=none'",
         d = dir.path().display(),
         bin = BIN
     );

@@ -18,11 +18,11 @@ use common::*;
 fn sample_report() -> RunReport {
     let results = vec![
         result(
-            wal(IoMode::Direct, SyncMode::Fdatasync),
+            wal(IoMode::Direct, SyncMode::RwfDsync),
             measured(5000.0, 400.0),
         ),
         result(
-            wal(IoMode::Direct, SyncMode::RwfDsync),
+            wal(IoMode::Direct, SyncMode::Fdatasync),
             measured(8000.0, 300.0),
         ),
         result(
@@ -59,7 +59,7 @@ fn json_is_one_object_with_results_and_recommendation() {
     assert_eq!(exps[0]["experiment"]["engine"], "wal-uring");
     assert_eq!(exps[1]["outcome"]["latency"]["p99_us"], 300.0);
     assert_eq!(exps[2]["outcome"]["status"], "unsupported");
-    assert_eq!(v["recommendation"]["setting"]["sync_mode"], "rwf_dsync");
+    assert_eq!(v["recommendation"]["setting"]["sync_mode"], "fdatasync");
     assert!(v["recommendation"]["toml"]
         .as_str()
         .unwrap()
@@ -74,7 +74,7 @@ fn html_is_self_contained_with_a_cdf_per_measured_experiment() {
     // Two measured experiments, plus the recommended-vs-default overlay.
     assert_eq!(page.matches("<svg class=\"cdf\"").count(), 3);
     assert_eq!(page.matches("<polyline class=\"cdf-line\"").count(), 4);
-    assert!(page.contains("[wal]") && page.contains("sync-mode = &quot;dsync&quot;"));
+    assert!(page.contains("[wal]") && page.contains("sync-mode = &quot;fdatasync&quot;"));
     // Nothing fetched from elsewhere, and text is escaped.
     assert!(!page.contains("<script") && !page.contains("src=") && !page.contains("<link"));
     assert!(page.contains("&lt;disabled &amp; &quot;off&quot;&gt;"));

@@ -44,6 +44,8 @@ pub enum BackendChoice {
     /// one log line says which and why.
     #[default]
     Auto,
+    /// Like `Auto`, with the options each backend runs with.
+    UringOr(UringOptions, SyncOptions),
     Uring(UringOptions),
     Sync(SyncOptions),
 }

@@ -20,8 +20,8 @@ use crate::record::{
     self, pad_end, Decoded, Entry, HardState, Invalid, Lsn, Record, SegmentHeader, ShardId,
     RECORD_HEADER_BYTES, SEGMENT_DATA_OFFSET,
 };
-use crate::storage::{Storage, StorageFile, SyncStorage};
-use crate::uring::{Uring, UringStorage};
+use crate::storage::{Storage, StorageFile, SyncOptions, SyncStorage};
+use crate::uring::{Uring, UringOptions, UringStorage};
 
 /// File name of segment `seq` whose first record has LSN `first_lsn`:
 /// `{seq:016x}-{first_lsn:016x}.wal`, so a directory listing sorts in log order.
@@ -244,21 +244,34 @@ pub fn select_storage(cfg: &Config) -> Result<Rc<dyn Storage>, OpenError> {
                 UringStorage::new(&cfg.dir, ring, opts).map_err(io)?,
             ))
         }
-        BackendChoice::Auto => match Uring::for_this_core() {
-            Ok(ring) => {
-                info!(backend = "uring", reason = "io_uring available", dir = %cfg.dir.display(), "wal I/O backend");
-                Ok(Rc::new(
-                    UringStorage::new(&cfg.dir, ring, Default::default()).map_err(io)?,
-                ))
-            }
-            Err(e) => {
-                let reason = uring_reason(&e);
-                info!(backend = "sync", reason = %reason, dir = %cfg.dir.display(), "wal I/O backend");
-                Ok(Rc::new(
-                    SyncStorage::new(&cfg.dir, Default::default()).map_err(io)?,
-                ))
-            }
-        },
+        BackendChoice::Auto => open_preferring_uring(cfg, Default::default(), Default::default()),
+        BackendChoice::UringOr(uring, sync) => open_preferring_uring(cfg, uring, sync),
+    }
+}
+
+/// io_uring with `uring` options when this core can have a ring, else the sync
+/// backend with `sync` options; one log line says which and why.
+fn open_preferring_uring(
+    cfg: &Config,
+    uring: UringOptions,
+    sync: SyncOptions,
+) -> Result<Rc<dyn Storage>, OpenError> {
+    let io = |source| OpenError::Io {
+        path: cfg.dir.clone(),
+        source,
+    };
+    match Uring::for_this_core() {
+        Ok(ring) => {
+            info!(backend = "uring", reason = "io_uring available", dir = %cfg.dir.display(), "wal I/O backend");
+            Ok(Rc::new(
+                UringStorage::new(&cfg.dir, ring, uring).map_err(io)?,
+            ))
+        }
+        Err(e) => {
+            let reason = uring_reason(&e);
+            info!(backend = "sync", reason = %reason, dir = %cfg.dir.display(), "wal I/O backend");
+            Ok(Rc::new(SyncStorage::new(&cfg.dir, sync).map_err(io)?))
+        }
     }
 }
 

@@ -25,6 +25,26 @@ fn auto_selects_io_uring_when_available() {
 }
 
 #[test]
+fn preferring_io_uring_keeps_the_options_given() {
+    let env = Env::new(Kind::Uring);
+    run(async {
+        let mut cfg = env.config();
+        cfg.backend = BackendChoice::UringOr(
+            UringOptions {
+                sync_mode: SyncMode::RwfDsync,
+                ..UringOptions::default()
+            },
+            SyncOptions::default(),
+        );
+        let (wal, _) = Wal::open(cfg).await.expect("open");
+        assert!(wal.backend().starts_with("uring"), "{}", wal.backend());
+        assert!(wal.backend().contains("RwfDsync"), "{}", wal.backend());
+        wal.append(&[entry(1, 1, 1, 10)]).await.expect("append");
+        wal.close().await;
+    });
+}
+
+#[test]
 fn every_submission_mode_round_trips() {
     let modes = [
         SyncMode::Fdatasync,
