@@ -147,3 +147,25 @@ async fn fixed_rate_mode_reports_a_cairn_stall_in_p999() {
         r.p999_ms()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn member_cores_reach_cairn_as_its_cores_flag() {
+    let Some(bin) = cairn_bench::compare::newest_workspace_cairn_bin() else {
+        let missing = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug/cairn");
+        cairn_bench::binary_available_or_skip(&missing);
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = LocalCluster::start_with_cores(System::Cairn, &bin, 1, dir.path(), Some(1))
+        .expect("start cairn");
+    cluster
+        .wait_ready(Duration::from_secs(60))
+        .await
+        .unwrap_or_else(|e| panic!("{} does not serve: {e}", bin.display()));
+    let pid = cluster.members[0].pid().expect("cairn runs");
+    let cmdline = std::fs::read_to_string(format!("/proc/{pid}/cmdline")).unwrap();
+    let args: Vec<&str> = cmdline.split('\0').collect();
+    assert!(args.windows(2).any(|w| w == ["--cores", "1"]), "{args:?}");
+    let log = std::fs::read_to_string(&cluster.members[0].log_path).unwrap();
+    assert!(log.contains("cores=1"), "{log}");
+}

@@ -283,3 +283,26 @@ async fn fixed_rate_mode_reports_a_server_stall_in_p999() {
     assert!(r.p99_ms() >= 100.0, "p99 {} ms", r.p99_ms());
     assert!(r.max_ms() < 5_000.0, "max {} ms", r.max_ms());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn member_cores_limit_etcd_with_gomaxprocs() {
+    if !cairn_bench::binary_available_or_skip(Path::new("etcd")) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster =
+        LocalCluster::start_with_cores(System::Etcd, Path::new("etcd"), 1, dir.path(), Some(1))
+            .expect("start etcd");
+    cluster
+        .wait_ready(READY_TIMEOUT)
+        .await
+        .expect("etcd serves");
+    let pid = cluster.members[0].pid().expect("etcd runs");
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+    assert!(
+        environ
+            .split(|&b| b == 0)
+            .any(|v| v == b"GOMAXPROCS=1".as_slice()),
+        "etcd was not started with GOMAXPROCS=1"
+    );
+}
