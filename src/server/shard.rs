@@ -71,6 +71,13 @@ pub const LEADERLESS_WAIT: Duration = Duration::from_secs(3);
 
 /// Requests that may wait for a leader at once; more fail at once.
 pub const MAX_LEADERLESS_REQUESTS: usize = 16_384;
+/// Entry bytes of forwarded proposals held while no leader takes proposals.
+pub const MAX_HELD_PROPOSAL_BYTES: usize = 64 << 20;
+
+/// Entry bytes a proposal message carries.
+fn proposal_bytes(m: &raft::Message) -> usize {
+    m.entries.iter().map(|e| e.data.len()).sum()
+}
 
 /// How long a member leads a shard it is not preferred for before handing it
 /// to the preferred member.
@@ -428,6 +435,8 @@ pub struct Shard {
     /// proposer is never told, so its client would wait for its timeout);
     /// they are stepped again once a leader takes proposals.
     held_proposals: std::collections::VecDeque<(Instant, raft::Message)>,
+    /// Entry bytes in `held_proposals`, bounded by [`MAX_HELD_PROPOSAL_BYTES`].
+    held_proposal_bytes: usize,
     leaderless_reads: Vec<(Instant, PendingRead)>,
     /// Rounds sent, by context, awaiting their read state.
     read_rounds: HashMap<u64, ReadRound>,
@@ -656,6 +665,7 @@ impl Shard {
             reads_this_turn: Vec::new(),
             leaderless_writes: std::collections::VecDeque::new(),
             held_proposals: std::collections::VecDeque::new(),
+            held_proposal_bytes: 0,
             leaderless_reads: Vec::new(),
             read_rounds: HashMap::new(),
             next_read_ctx: 1,
@@ -855,7 +865,11 @@ impl Shard {
             return;
         }
         if msg.msg_type == raft::MessageType::MsgProp as i32 && !self.takes_proposals() {
-            if self.held_proposals.len() < MAX_LEADERLESS_REQUESTS {
+            let bytes = proposal_bytes(&msg);
+            if self.held_proposals.len() < MAX_LEADERLESS_REQUESTS
+                && self.held_proposal_bytes + bytes <= MAX_HELD_PROPOSAL_BYTES
+            {
+                self.held_proposal_bytes += bytes;
                 self.held_proposals.push_back((Instant::now(), msg));
             } else {
                 tracing::warn!(
@@ -1326,6 +1340,7 @@ impl Shard {
                 self.propose(request, reply);
             }
             while let Some((_, msg)) = self.held_proposals.pop_front() {
+                self.held_proposal_bytes -= proposal_bytes(&msg);
                 self.step(msg);
             }
         }
@@ -1395,7 +1410,9 @@ impl Shard {
             .front()
             .is_some_and(|(since, _)| now.duration_since(*since) >= LEADERLESS_WAIT)
         {
-            self.held_proposals.pop_front();
+            if let Some((_, msg)) = self.held_proposals.pop_front() {
+                self.held_proposal_bytes -= proposal_bytes(&msg);
+            }
         }
         let (expired, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.leaderless_reads)
             .into_iter()
