@@ -11,18 +11,11 @@ use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::time::Duration;
 
-use common::{client, wait_writable, Cluster};
+use common::{client, status_of, wait_writable, Cluster};
 use etcd_client::{
     Compare, CompareOp, DeleteOptions, GetOptions, SortOrder, SortTarget, Txn, TxnOp,
 };
 use tonic::Code;
-
-fn status_of(e: etcd_client::Error) -> tonic::Status {
-    match e {
-        etcd_client::Error::GRpcStatus(s) => s,
-        other => panic!("expected a gRPC status, got {other:?}"),
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_member_cluster_behaves_like_etcd() {

@@ -87,10 +87,8 @@ async fn wait_keys_everywhere(cluster: &Cluster, tag: &str, want: &[String], tim
 }
 
 fn grpc_status(e: etcd_client::Error) -> (tonic::Code, String) {
-    match e {
-        etcd_client::Error::GRpcStatus(s) => (s.code(), s.message().to_string()),
-        other => panic!("expected a gRPC status, got {other}"),
-    }
+    let s = common::status_of(e);
+    (s.code(), s.message().to_string())
 }
 
 /// TimeToLive with keys, retried while the cluster recovers (a crash or a

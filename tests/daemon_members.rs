@@ -154,30 +154,12 @@ async fn learner_joins_is_promoted_and_members_are_removed() {
     eventually("the learner to catch up", Duration::from_secs(60), || {
         let mut c = c3.clone();
         async move {
-            let a = c
-                .get(
-                    "/a/",
-                    Some(
-                        GetOptions::new()
-                            .with_prefix()
-                            .with_serializable()
-                            .with_count_only(),
-                    ),
-                )
-                .await
-                .ok()?;
-            let b = c
-                .get(
-                    "/b/",
-                    Some(
-                        GetOptions::new()
-                            .with_prefix()
-                            .with_serializable()
-                            .with_count_only(),
-                    ),
-                )
-                .await
-                .ok()?;
+            let local_count = GetOptions::new()
+                .with_prefix()
+                .with_serializable()
+                .with_count_only();
+            let a = c.get("/a/", Some(local_count.clone())).await.ok()?;
+            let b = c.get("/b/", Some(local_count)).await.ok()?;
             (a.count() == 400 && b.count() == 400).then_some(())
         }
     })
@@ -435,8 +417,17 @@ async fn removing_a_member_that_leads_shards_completes_from_any_member() {
         .unwrap();
     let asker = (victim + 1) % 3;
     let mut asker_client = client(&cluster.members[asker].endpoint()).await;
-    // Let leadership spread (handover after 3 s of leading).
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    // Leadership spreads (handover after 3 s of leading): wait until the
+    // victim leads shard 0, the case this test is about.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while common::shard0_leader(&cluster).await != victim {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{victim_name} never led shard 0\n{}",
+            cluster.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     asker_client
         .member_remove(victim_id)
         .await

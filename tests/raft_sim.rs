@@ -176,7 +176,11 @@ fn pipelined_writes_keep_every_property() {
             most_in_flight = most_in_flight.max(out.stats.max_writes_in_flight);
         }
     }
-    assert!(writes > SUITE_SEEDS, "suspiciously few writes: {writes}");
+    // Every run makes progress: on average ten client writes or more.
+    assert!(
+        writes > 2 * SUITE_SEEDS * 10,
+        "suspiciously few writes: {writes}"
+    );
     assert!(
         most_in_flight > 1,
         "no member ever had two writes in flight: the pipeline was not exercised"

@@ -549,8 +549,10 @@ fn a_port_shared_with_another_protocol_hands_over_its_connections_unread() {
         let (_server, _server_rx) = serve_accepted(accepted, &config(1)).unwrap();
         client.wait_connected().await.unwrap();
         let mut buf = [0u8; 16];
-        let n = tokio::io::AsyncReadExt::read(&mut garbage, &mut buf)
+        let read = tokio::io::AsyncReadExt::read(&mut garbage, &mut buf);
+        let n = tokio::time::timeout(std::time::Duration::from_secs(10), read)
             .await
+            .expect("the garbage connection is left open")
             .unwrap_or(0);
         assert_eq!(n, 0, "the garbage connection is closed");
     });

@@ -39,6 +39,8 @@ pub struct ClusterService {
     pub identity: Identity,
     pub router: Arc<Router>,
     pub members: Arc<MemberRegistry>,
+    /// This core's keep-alive connections to the peers' HTTP sides.
+    pub peers: peer_http::PeerClient,
 }
 
 fn pb_member(m: &Member) -> PbMember {
@@ -76,45 +78,35 @@ impl ClusterService {
         Some(self.identity.header(0, 0))
     }
 
-    /// Carries out `change` of `member` on every shard, in `shards` order, in
-    /// a task of its own: a client that gives up does not leave it half done.
+    /// Carries out `change` of `member` on every shard, in a task of its own:
+    /// a client that gives up does not leave it half done. Shard 0, whose
+    /// applies the member table follows, goes first for every change but a
+    /// removal, which it records last.
     async fn change_shards(
         &self,
-        shards: Vec<u32>,
         change: ConfChangeType,
         member: &MemberInfo,
         check_only: bool,
     ) -> Result<(), Status> {
         let router = self.router.clone();
         let members = self.members.clone();
+        let peers = self.peers.clone();
         let member = member.clone();
+        let mut shards: Vec<u32> = self.router.routing.shard_ids().collect();
+        if change == ConfChangeType::ConfChangeRemoveNode {
+            shards.reverse();
+        }
         let task = tokio::spawn(async move {
             for shard in shards {
-                change_shard(&router, &members, shard, change, &member, check_only).await?;
+                change_shard(
+                    &router, &members, &peers, shard, change, &member, check_only,
+                )
+                .await?;
             }
             Ok(())
         });
         task.await
             .unwrap_or_else(|e| Err(Status::internal(format!("membership change task: {e}"))))
-    }
-
-    /// Each shard's membership as this member has applied it.
-    async fn shard_statuses(&self) -> Result<Vec<super::router::ShardStatus>, Status> {
-        let mut out = Vec::new();
-        for shard in self.shards() {
-            out.push(self.router.status(shard).await?);
-        }
-        Ok(out)
-    }
-
-    fn shards(&self) -> Vec<u32> {
-        (0..self.router.routing.shard_count() as u32).collect()
-    }
-
-    fn shards_reversed(&self) -> Vec<u32> {
-        let mut s = self.shards();
-        s.reverse();
-        s
     }
 }
 
@@ -123,6 +115,7 @@ impl ClusterService {
 pub async fn change_shard(
     router: &Router,
     members: &MemberRegistry,
+    peers: &peer_http::PeerClient,
     shard: u32,
     change: ConfChangeType,
     member: &MemberInfo,
@@ -146,7 +139,7 @@ pub async fn change_shard(
         },
         |url| {
             let request = &request;
-            async move { peer_http::forward_conf_change(&url, cluster_id, request).await }
+            async move { peers.forward_conf_change(&url, cluster_id, request).await }
         },
     )
     .await
@@ -169,10 +162,7 @@ impl Cluster for ClusterService {
         }) {
             return Err(ApiError::PeerUrlExist.into());
         }
-        let now_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
-        let id = added_member_id(&req.peer_ur_ls, now.cluster_id, now_ms);
+        let id = added_member_id(&req.peer_ur_ls, now.cluster_id, super::shard::now_ms());
         if now.get(id).is_some() {
             return Err(ApiError::MemberExist.into());
         }
@@ -193,8 +183,7 @@ impl Cluster for ClusterService {
             ConfChangeType::ConfChangeAddNode
         };
         tracing::info!(member = format_args!("{id:x}"), peer_urls = ?req.peer_ur_ls, learner = req.is_learner, "adding member");
-        self.change_shards(self.shards(), change, &info, false)
-            .await?;
+        self.change_shards(change, &info, false).await?;
         Ok(Response::new(MemberAddResponse {
             header: self.header(),
             member: Some(pb_member(&Member::from_info(&info))),
@@ -213,7 +202,6 @@ impl Cluster for ClusterService {
         };
         tracing::info!(member = format_args!("{id:x}"), "removing member");
         self.change_shards(
-            self.shards_reversed(),
             ConfChangeType::ConfChangeRemoveNode,
             &member.to_info(),
             false,
@@ -226,7 +214,11 @@ impl Cluster for ClusterService {
                 tracing::error!(error = %e, "recording the removal in member.toml failed");
             }
         } else if let Some(url) = member.peer_urls.first() {
-            if let Err(e) = peer_http::tell_removed(url, self.members.cluster_id(), id).await {
+            if let Err(e) = self
+                .peers
+                .tell_removed(url, self.members.cluster_id(), id)
+                .await
+            {
                 tracing::warn!(member = format_args!("{id:x}"), error = %e, "could not tell the removed member; it stops when it next starts");
             }
         }
@@ -258,13 +250,8 @@ impl Cluster for ClusterService {
         if !same_urls(&member.peer_urls, &req.peer_ur_ls) {
             let mut info = member.to_info();
             info.peer_urls = req.peer_ur_ls;
-            self.change_shards(
-                self.shards(),
-                ConfChangeType::ConfChangeUpdateNode,
-                &info,
-                false,
-            )
-            .await?;
+            self.change_shards(ConfChangeType::ConfChangeUpdateNode, &info, false)
+                .await?;
         }
         Ok(Response::new(MemberUpdateResponse {
             header: self.header(),
@@ -293,7 +280,7 @@ impl Cluster for ClusterService {
         };
         // A learner in any shard still needs promoting there (a promotion
         // that stopped part way is finished by asking again).
-        let statuses = self.shard_statuses().await?;
+        let statuses = self.router.all_status().await?;
         if !statuses.iter().any(|s| s.learners.contains(&id)) {
             return Err(ApiError::MemberNotLearner.into());
         }
@@ -302,21 +289,11 @@ impl Cluster for ClusterService {
         // Every shard's leader must find the learner caught up before any
         // shard promotes it: a voter in some shards and a learner in others
         // is what a refusal half way would leave.
-        self.change_shards(
-            self.shards(),
-            ConfChangeType::ConfChangeAddNode,
-            &info,
-            true,
-        )
-        .await?;
+        self.change_shards(ConfChangeType::ConfChangeAddNode, &info, true)
+            .await?;
         tracing::info!(member = format_args!("{id:x}"), "promoting learner");
-        self.change_shards(
-            self.shards(),
-            ConfChangeType::ConfChangeAddNode,
-            &info,
-            false,
-        )
-        .await?;
+        self.change_shards(ConfChangeType::ConfChangeAddNode, &info, false)
+            .await?;
         Ok(Response::new(MemberPromoteResponse {
             header: self.header(),
             members: self.members(),
@@ -331,6 +308,7 @@ impl Cluster for ClusterService {
 pub async fn publish_attributes(
     router: Arc<Router>,
     members: Arc<MemberRegistry>,
+    peers: peer_http::PeerClient,
     name: String,
     client_urls: Vec<String>,
     mut stop: tokio::sync::watch::Receiver<bool>,
@@ -350,6 +328,7 @@ pub async fn publish_attributes(
         let attempt = change_shard(
             &router,
             &members,
+            &peers,
             0,
             ConfChangeType::ConfChangeUpdateNode,
             &info,
@@ -382,6 +361,7 @@ pub const MEMBERSHIP_CHECK_STRIKES: u32 = 3;
 /// it, several times in a row, it marks itself removed, as if told.
 pub async fn watch_for_removal(
     members: Arc<MemberRegistry>,
+    client: peer_http::PeerClient,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
     let mut strikes = 0;
@@ -401,7 +381,7 @@ pub async fn watch_for_removal(
         let mut answered = 0usize;
         let mut knows_me = false;
         for url in &peers {
-            if let Ok(t) = peer_http::fetch_members(url).await {
+            if let Ok(t) = client.fetch_members(url).await {
                 if t.cluster_id == table.cluster_id {
                     answered += 1;
                     knows_me |= t.members.iter().any(|m| m.id == me);

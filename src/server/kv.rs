@@ -138,14 +138,7 @@ impl KvService {
         // Every shard has its own revision counter. A compaction names a revision
         // some shard has reached; shards that have not reached it compact up to
         // their current revision. With --shards 1 this is exactly etcd.
-        let statuses = join_all(
-            self.router
-                .routing
-                .shard_ids()
-                .map(|s| self.router.status(s)),
-        )
-        .await;
-        let statuses: Vec<_> = statuses.into_iter().collect::<Result<_, _>>()?;
+        let statuses = self.router.all_status().await?;
         let max_rev = statuses.iter().map(|s| s.revision).max().unwrap_or(0);
         if req.revision > max_rev {
             return Err(ApiError::FutureRev);

@@ -120,9 +120,7 @@ pub struct LeaseIds {
 
 impl LeaseIds {
     pub fn new(member_id: u64) -> LeaseIds {
-        let now_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
+        let now_ms = super::shard::now_ms();
         LeaseIds {
             prefix: (member_id & 0xffff) << 48,
             suffix: AtomicU64::new((now_ms & ((1 << 40) - 1)) << 8),

@@ -38,15 +38,7 @@ pub struct MaintenanceService {
 
 impl MaintenanceService {
     async fn all_status(&self) -> Result<Vec<ShardStatus>, ApiError> {
-        join_all(
-            self.router
-                .routing
-                .shard_ids()
-                .map(|s| self.router.status(s)),
-        )
-        .await
-        .into_iter()
-        .collect()
+        self.router.all_status().await
     }
 
     /// Combines per-shard hashes into one member hash. One shard: its hash as is.

@@ -221,11 +221,12 @@ fn join_cluster(config: &Config) -> Result<MemberFile, StartError> {
             .any(|m| super::members::same_urls(&m.peer_urls, own))
     };
     let table = rt.block_on(async {
+        let client = super::peer_http::PeerClient::default();
         let mut errors = Vec::new();
         let mut without_me: Option<(std::time::Instant, _)> = None;
         loop {
             for url in &peers {
-                match super::peer_http::fetch_members(url).await {
+                match client.fetch_members(url).await {
                     Ok(t) if has_me(&t) => return Ok(t),
                     Ok(t) => {
                         let since = without_me.map_or_else(std::time::Instant::now, |(s, _)| s);
@@ -854,8 +855,9 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
     // gRPC's own cap sits above etcd's request limit (as etcd's does) so an
     // oversize request gets etcd's "request is too large" error, not a transport error.
     let max_message_bytes = config.max_request_bytes + 512 * 1024;
-    // This core's keep-alive connections to peers, for lease renewals.
-    let lease_peers = super::peer_http::PeerClient::default();
+    // This core's keep-alive connections to peers' HTTP sides, for lease
+    // renewals and membership changes.
+    let peers = super::peer_http::PeerClient::default();
     let min_lease_ttl_secs =
         super::lease::min_lease_ttl_secs(config.heartbeat_interval_ms, config.election_timeout_ms);
     for listener in listeners {
@@ -879,6 +881,7 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
             identity: shared.identity.clone(),
             router: shared.router.clone(),
             members: shared.members.clone(),
+            peers: peers.clone(),
         };
         let lease = super::lease::LeaseService {
             router: shared.router.clone(),
@@ -886,7 +889,7 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
             identity: shared.identity.clone(),
             min_ttl_secs: min_lease_ttl_secs,
             ids: shared.lease_ids.clone(),
-            peers: lease_peers.clone(),
+            peers: peers.clone(),
         };
         let mut stop = shared.shutdown.clone();
         let mut stop_http = shared.shutdown.clone();
@@ -929,11 +932,13 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
     if core == 0 {
         tokio::task::spawn_local(super::cluster::watch_for_removal(
             shared.members.clone(),
+            peers.clone(),
             shared.shutdown.clone(),
         ));
         tokio::task::spawn_local(super::cluster::publish_attributes(
             shared.router.clone(),
             shared.members.clone(),
+            peers.clone(),
             config.name.clone(),
             config.advertise_client_urls.clone(),
             shared.shutdown.clone(),

@@ -419,36 +419,37 @@ where
     }
 }
 
-/// Fetches the member table from a member's peer URL.
-pub async fn fetch_members(peer_url: &str) -> Result<MemberTable, String> {
-    let answer = PeerClient::default()
-        .call(
-            peer_url,
-            Method::GET,
-            "/cairn/members",
-            &[],
-            Bytes::new(),
-            PEER_HTTP_TIMEOUT,
-        )
-        .await
-        .and_decode(|b| {
-            MemberTable::decode(b).map_err(|e| format!("{peer_url}: member table: {e}"))
-        });
-    match answer {
-        Forwarded::Ok(t) => Ok(t),
-        Forwarded::NotLeader(_) => Err(format!("{peer_url} answered 409")),
-        Forwarded::Failed(s) => Err(s.message().to_string()),
+impl PeerClient {
+    /// Fetches the member table from a member's peer URL.
+    pub async fn fetch_members(&self, peer_url: &str) -> Result<MemberTable, String> {
+        let answer = self
+            .call(
+                peer_url,
+                Method::GET,
+                "/cairn/members",
+                &[],
+                Bytes::new(),
+                PEER_HTTP_TIMEOUT,
+            )
+            .await
+            .and_decode(|b| {
+                MemberTable::decode(b).map_err(|e| format!("{peer_url}: member table: {e}"))
+            });
+        match answer {
+            Forwarded::Ok(t) => Ok(t),
+            Forwarded::NotLeader(_) => Err(format!("{peer_url} answered 409")),
+            Forwarded::Failed(s) => Err(s.message().to_string()),
+        }
     }
-}
 
-/// Carries a membership change of one shard to the member at `peer_url`.
-pub async fn forward_conf_change(
-    peer_url: &str,
-    cluster_id: u64,
-    change: &ShardConfChange,
-) -> Forwarded<()> {
-    PeerClient::default()
-        .call(
+    /// Carries a membership change of one shard to the member at `peer_url`.
+    pub async fn forward_conf_change(
+        &self,
+        peer_url: &str,
+        cluster_id: u64,
+        change: &ShardConfChange,
+    ) -> Forwarded<()> {
+        self.call(
             peer_url,
             Method::POST,
             "/cairn/conf-change",
@@ -458,28 +459,34 @@ pub async fn forward_conf_change(
         )
         .await
         .and_decode(|_| Ok(()))
-}
+    }
 
-/// Tells a removed member at `peer_url` that it was removed.
-pub async fn tell_removed(peer_url: &str, cluster_id: u64, member: u64) -> Result<(), String> {
-    let headers = [
-        (CLUSTER_HEADER, format!("{cluster_id:x}")),
-        (MEMBER_HEADER, format!("{member:x}")),
-    ];
-    match PeerClient::default()
-        .call(
-            peer_url,
-            Method::POST,
-            "/cairn/removed",
-            &headers,
-            Bytes::new(),
-            PEER_HTTP_TIMEOUT,
-        )
-        .await
-    {
-        Forwarded::Ok(_) => Ok(()),
-        Forwarded::NotLeader(_) => Err(format!("{peer_url} answered 409")),
-        Forwarded::Failed(s) => Err(s.message().to_string()),
+    /// Tells a removed member at `peer_url` that it was removed.
+    pub async fn tell_removed(
+        &self,
+        peer_url: &str,
+        cluster_id: u64,
+        member: u64,
+    ) -> Result<(), String> {
+        let headers = [
+            (CLUSTER_HEADER, format!("{cluster_id:x}")),
+            (MEMBER_HEADER, format!("{member:x}")),
+        ];
+        match self
+            .call(
+                peer_url,
+                Method::POST,
+                "/cairn/removed",
+                &headers,
+                Bytes::new(),
+                PEER_HTTP_TIMEOUT,
+            )
+            .await
+        {
+            Forwarded::Ok(_) => Ok(()),
+            Forwarded::NotLeader(_) => Err(format!("{peer_url} answered 409")),
+            Forwarded::Failed(s) => Err(s.message().to_string()),
+        }
     }
 }
 

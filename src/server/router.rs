@@ -54,8 +54,7 @@ pub struct ShardStatus {
     pub db_size_bytes: u64,
     pub db_size_in_use_bytes: u64,
     pub is_learner: bool,
-    /// The shard's Raft membership as this member has applied it.
-    pub voters: Vec<u64>,
+    /// The shard's learners as this member has applied its membership.
     pub learners: Vec<u64>,
     /// The shard's store passed --quota-backend-bytes: writes that add data are
     /// refused until space is reclaimed and the alarm disarmed.
@@ -223,6 +222,14 @@ impl Router {
     pub async fn status(&self, shard: ShardId) -> Result<ShardStatus, ApiError> {
         self.ask(shard, |reply| ShardCommand::Status { reply })
             .await
+    }
+
+    /// Every shard's status, asked of all shards at once, in shard order.
+    pub async fn all_status(&self) -> Result<Vec<ShardStatus>, ApiError> {
+        futures::future::join_all(self.routing.shard_ids().map(|s| self.status(s)))
+            .await
+            .into_iter()
+            .collect()
     }
 
     pub async fn conf_change(

@@ -71,12 +71,26 @@ pub const LEADERLESS_WAIT: Duration = Duration::from_secs(3);
 
 /// Requests that may wait for a leader at once; more fail at once.
 pub const MAX_LEADERLESS_REQUESTS: usize = 16_384;
-/// Entry bytes of forwarded proposals held while no leader takes proposals.
-pub const MAX_HELD_PROPOSAL_BYTES: usize = 64 << 20;
+/// Bytes of proposals that may wait for a leader at once; more fail at once.
+pub const MAX_LEADERLESS_WRITE_BYTES: usize = 64 << 20;
 
-/// Entry bytes a proposal message carries.
-fn proposal_bytes(m: &raft::Message) -> usize {
-    m.entries.iter().map(|e| e.data.len()).sum()
+/// A write waiting until a leader takes proposals.
+enum HeldWrite {
+    /// A client's request made to this member.
+    Local(shard_request::Request, Reply<WriteResult>),
+    /// A proposal another member forwarded here. Raft would drop it (the
+    /// proposer is never told, so its client would wait for its timeout); its
+    /// client is answered by the proposer, on apply or by its own timeout.
+    Forwarded(raft::Message),
+}
+
+impl HeldWrite {
+    fn bytes(&self) -> usize {
+        match self {
+            HeldWrite::Local(request, _) => request.encoded_len(),
+            HeldWrite::Forwarded(m) => m.entries.iter().map(|e| e.data.len()).sum(),
+        }
+    }
 }
 
 /// How long a member leads a shard it is not preferred for before handing it
@@ -428,15 +442,9 @@ pub struct Shard {
     /// Writes and reads that arrived while no leader was known or while this
     /// leader hands leadership over: they wait (at most [`LEADERLESS_WAIT`])
     /// instead of failing during a short election or transfer.
-    leaderless_writes:
-        std::collections::VecDeque<(Instant, shard_request::Request, Reply<WriteResult>)>,
-    /// Proposals other members forwarded here while no leader was known or
-    /// while leadership was being handed over. Raft would drop them (the
-    /// proposer is never told, so its client would wait for its timeout);
-    /// they are stepped again once a leader takes proposals.
-    held_proposals: std::collections::VecDeque<(Instant, raft::Message)>,
-    /// Entry bytes in `held_proposals`, bounded by [`MAX_HELD_PROPOSAL_BYTES`].
-    held_proposal_bytes: usize,
+    leaderless_writes: std::collections::VecDeque<(Instant, HeldWrite)>,
+    /// Bytes in `leaderless_writes`, at most [`MAX_LEADERLESS_WRITE_BYTES`].
+    leaderless_write_bytes: usize,
     leaderless_reads: Vec<(Instant, PendingRead)>,
     /// Rounds sent, by context, awaiting their read state.
     read_rounds: HashMap<u64, ReadRound>,
@@ -494,7 +502,7 @@ pub struct Shard {
     lease_clock: super::lease::LeaseClock,
 }
 
-fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
@@ -664,8 +672,7 @@ impl Shard {
             next_request_id: (boot_nonce & 0xffff_ffff_0000_0000) | 1,
             reads_this_turn: Vec::new(),
             leaderless_writes: std::collections::VecDeque::new(),
-            held_proposals: std::collections::VecDeque::new(),
-            held_proposal_bytes: 0,
+            leaderless_write_bytes: 0,
             leaderless_reads: Vec::new(),
             read_rounds: HashMap::new(),
             next_read_ctx: 1,
@@ -865,16 +872,11 @@ impl Shard {
             return;
         }
         if msg.msg_type == raft::MessageType::MsgProp as i32 && !self.takes_proposals() {
-            let bytes = proposal_bytes(&msg);
-            if self.held_proposals.len() < MAX_LEADERLESS_REQUESTS
-                && self.held_proposal_bytes + bytes <= MAX_HELD_PROPOSAL_BYTES
-            {
-                self.held_proposal_bytes += bytes;
-                self.held_proposals.push_back((Instant::now(), msg));
-            } else {
+            let from = msg.from;
+            if let Some(HeldWrite::Forwarded(_)) = self.hold_write(HeldWrite::Forwarded(msg)) {
                 tracing::warn!(
                     shard = self.id,
-                    from = msg.from,
+                    from,
                     "forwarded proposal dropped: too many waiting for a leader"
                 );
             }
@@ -908,7 +910,6 @@ impl Shard {
             db_size_in_use_bytes: self.store.size_in_use_bytes(),
             is_learner: self.is_learner,
             nospace_alarm: self.nospace_alarm,
-            voters: conf_state.voters,
             learners: conf_state.learners,
         }
     }
@@ -1109,12 +1110,10 @@ impl Shard {
             return;
         }
         if !self.takes_proposals() {
-            if self.leaderless_writes.len() + self.leaderless_reads.len() >= MAX_LEADERLESS_REQUESTS
+            if let Some(HeldWrite::Local(_, reply)) =
+                self.hold_write(HeldWrite::Local(request, reply))
             {
                 let _ = reply.send(Err(ApiError::NoLeader));
-            } else {
-                self.leaderless_writes
-                    .push_back((Instant::now(), request, reply));
             }
             return;
         }
@@ -1271,8 +1270,7 @@ impl Shard {
             }
         };
         let id = cc.node_id;
-        self.is_learner = conf_state.learners.contains(&self.member_id);
-        let preferred_before = self.preferred_leader;
+        self.membership_changed(conf_state);
         // Links are per shard; the member table follows shard 0 alone, so
         // every member changes it in the same order (changes go through
         // shard 0 first when adding and last when removing).
@@ -1316,11 +1314,6 @@ impl Shard {
             // committed past it) and records it.
             self.fail(format!("writing member.toml failed: {e}"));
         }
-        // Leadership keeps spreading over the voters as they are now.
-        self.preferred_leader = super::members::preferred_leader(&conf_state.voters, self.id);
-        if self.preferred_leader != preferred_before {
-            self.leader_since = self.leader_since.map(|_| Instant::now());
-        }
         if ctx.proposer == self.member_id {
             if let Some(w) = self.waiters.remove(&ctx.request_id) {
                 let _ = w.reply.send(Ok(WriteResult::Applied {
@@ -1330,18 +1323,49 @@ impl Shard {
         }
     }
 
+    /// Queues a write until a leader takes proposals; hands it back, refused,
+    /// when too many already wait.
+    fn hold_write(&mut self, write: HeldWrite) -> Option<HeldWrite> {
+        let bytes = write.bytes();
+        if self.leaderless_writes.len() + self.leaderless_reads.len() >= MAX_LEADERLESS_REQUESTS
+            || self.leaderless_write_bytes + bytes > MAX_LEADERLESS_WRITE_BYTES
+        {
+            return Some(write);
+        }
+        self.leaderless_write_bytes += bytes;
+        self.leaderless_writes.push_back((Instant::now(), write));
+        None
+    }
+
+    fn next_held_write(&mut self) -> Option<(Instant, HeldWrite)> {
+        let held = self.leaderless_writes.pop_front()?;
+        self.leaderless_write_bytes -= held.1.bytes();
+        Some(held)
+    }
+
+    /// Follows a change of the shard's voters and learners (applied, or
+    /// installed with a snapshot): whether this member is a learner, and the
+    /// member leadership keeps spreading to.
+    fn membership_changed(&mut self, cs: &ConfState) {
+        self.is_learner = cs.learners.contains(&self.member_id);
+        let preferred = super::members::preferred_leader(&cs.voters, self.id);
+        if preferred != self.preferred_leader {
+            self.preferred_leader = preferred;
+            self.leader_since = self.leader_since.map(|_| Instant::now());
+        }
+    }
+
     /// Sends requests that waited for a leader, once one is known.
     fn release_leaderless(&mut self) {
         if self.node.leader_id() == raft::NONE {
             return;
         }
         if self.takes_proposals() {
-            while let Some((_, request, reply)) = self.leaderless_writes.pop_front() {
-                self.propose(request, reply);
-            }
-            while let Some((_, msg)) = self.held_proposals.pop_front() {
-                self.held_proposal_bytes -= proposal_bytes(&msg);
-                self.step(msg);
+            while let Some((_, write)) = self.next_held_write() {
+                match write {
+                    HeldWrite::Local(request, reply) => self.propose(request, reply),
+                    HeldWrite::Forwarded(msg) => self.step(msg),
+                }
             }
         }
         for (_, read) in std::mem::take(&mut self.leaderless_reads) {
@@ -1397,21 +1421,13 @@ impl Shard {
     /// Answers requests that waited too long: their clients have given up.
     fn expire(&mut self) {
         let now = Instant::now();
-        while let Some((since, _, _)) = self.leaderless_writes.front() {
-            if now.duration_since(*since) < LEADERLESS_WAIT {
-                break;
-            }
-            let (_, _, reply) = self.leaderless_writes.pop_front().expect("front exists");
-            let _ = reply.send(Err(ApiError::NoLeader));
-        }
-        // The proposer's client is answered by its own member's timeout.
         while self
-            .held_proposals
+            .leaderless_writes
             .front()
             .is_some_and(|(since, _)| now.duration_since(*since) >= LEADERLESS_WAIT)
         {
-            if let Some((_, msg)) = self.held_proposals.pop_front() {
-                self.held_proposal_bytes -= proposal_bytes(&msg);
+            if let Some((_, HeldWrite::Local(_, reply))) = self.next_held_write() {
+                let _ = reply.send(Err(ApiError::NoLeader));
             }
         }
         let (expired, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.leaderless_reads)
@@ -1716,7 +1732,7 @@ impl Shard {
             }
         }
         let cs = md.conf_state.clone().unwrap_or_default();
-        self.is_learner = cs.learners.contains(&self.member_id);
+        self.membership_changed(&cs);
         for id in cs.voters.iter().chain(&cs.learners) {
             if *id == self.member_id {
                 continue;
@@ -1919,8 +1935,10 @@ impl Shard {
         for r in reads {
             let _ = r.reply.send(Err(err.clone()));
         }
-        for (_, _, reply) in self.leaderless_writes.drain(..) {
-            let _ = reply.send(Err(err.clone()));
+        while let Some((_, write)) = self.next_held_write() {
+            if let HeldWrite::Local(_, reply) = write {
+                let _ = reply.send(Err(err.clone()));
+            }
         }
         self.failed = Some(reason);
     }

@@ -670,9 +670,23 @@ impl Sim {
         if !pipelined {
             return Ok(());
         }
-        let mut applied_changes = Vec::new();
+        self.apply_committed(idx, &committed)?;
         let m = &mut self.members[idx];
-        for e in &committed {
+        m.reads.append(&mut reads);
+        if let Some(node) = m.node.as_mut() {
+            node.on_entries_applied(&committed);
+        }
+        self.serve_reads(idx)?;
+        self.pump(idx)
+    }
+
+    /// Applies committed entries on member `idx`, noting each membership
+    /// change it applies.
+    fn apply_committed(&mut self, idx: usize, entries: &[Entry]) -> Check {
+        let id = self.members[idx].id;
+        let m = &mut self.members[idx];
+        let mut applied_changes = Vec::new();
+        for e in entries {
             if let Some(change) =
                 apply_entry(m, &mut self.checker, &mut self.stats, &mut self.live, e)?
             {
@@ -682,13 +696,7 @@ impl Sim {
         for change in applied_changes {
             self.note(|| format!("  n{id} applied {change}"));
         }
-        let m = &mut self.members[idx];
-        m.reads.append(&mut reads);
-        if let Some(node) = m.node.as_mut() {
-            node.on_entries_applied(&committed);
-        }
-        self.serve_reads(idx)?;
-        self.pump(idx)
+        Ok(())
     }
 
     /// The disk write of the outstanding Ready completed: persist, apply,
@@ -739,17 +747,7 @@ impl Sim {
             m.sm = sm;
             self.stats.snapshots_installed += 1;
         }
-        let mut applied_changes = Vec::new();
-        for e in &rd.committed_entries {
-            if let Some(change) =
-                apply_entry(m, &mut self.checker, &mut self.stats, &mut self.live, e)?
-            {
-                applied_changes.push(change);
-            }
-        }
-        for change in applied_changes {
-            self.note(|| format!("  n{id} applied {change}"));
-        }
+        self.apply_committed(idx, &rd.committed_entries)?;
         let m = &mut self.members[idx];
         let persisted = std::mem::take(&mut rd.persisted_messages);
         m.reads.append(&mut rd.read_states);

@@ -156,14 +156,17 @@ impl Member {
     }
 
     /// Runs the binary once more with this member's flags and waits for it to
-    /// exit: for starts that must be refused. Returns (exit code, output).
+    /// exit: for starts that must be refused. Returns (exit code, the output
+    /// of this run alone: the log file also holds earlier runs').
     pub fn start_expecting_refusal(&mut self) -> (i32, String) {
         assert!(self.child.is_none(), "{} is still running", self.name);
+        let earlier = self.log_text().len();
         self.spawn();
         let code = self
             .wait_exit(Duration::from_secs(20))
             .unwrap_or_else(|| panic!("{} kept running", self.name));
-        (code, self.log_text())
+        let log = self.log_text();
+        (code, log.get(earlier..).unwrap_or(&log).to_string())
     }
 
     /// Replaces the extra flags the member is started with.
@@ -323,5 +326,13 @@ pub async fn shard0_leader(cluster: &Cluster) -> usize {
         }
         assert!(Instant::now() < deadline, "no leader of shard 0");
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The gRPC status of a refused request (panics on any other kind of error).
+pub fn status_of(e: etcd_client::Error) -> tonic::Status {
+    match e {
+        etcd_client::Error::GRpcStatus(s) => s,
+        other => panic!("expected a gRPC status, got {other:?}"),
     }
 }

@@ -230,12 +230,7 @@ pub fn select_storage(cfg: &Config) -> Result<Rc<dyn Storage>, OpenError> {
             Ok(Rc::new(SyncStorage::new(&cfg.dir, opts).map_err(io)?))
         }
         BackendChoice::Uring(opts) => {
-            let ring = if opts.ring_entries == crate::uring::DEFAULT_RING_ENTRIES {
-                Uring::for_this_core()
-            } else {
-                Uring::new(opts.ring_entries)
-            }
-            .map_err(|e| OpenError::UringUnavailable {
+            let ring = ring_for(&opts).map_err(|e| OpenError::UringUnavailable {
                 dir: cfg.dir.clone(),
                 reason: uring_reason(&e),
             })?;
@@ -251,6 +246,15 @@ pub fn select_storage(cfg: &Config) -> Result<Rc<dyn Storage>, OpenError> {
 
 /// io_uring with `uring` options when this core can have a ring, else the sync
 /// backend with `sync` options; one log line says which and why.
+/// The core's shared ring, or a ring of its own when `opts` asks for another size.
+fn ring_for(opts: &UringOptions) -> io::Result<Uring> {
+    if opts.ring_entries == crate::uring::DEFAULT_RING_ENTRIES {
+        Uring::for_this_core()
+    } else {
+        Uring::new(opts.ring_entries)
+    }
+}
+
 fn open_preferring_uring(
     cfg: &Config,
     uring: UringOptions,
@@ -260,7 +264,7 @@ fn open_preferring_uring(
         path: cfg.dir.clone(),
         source,
     };
-    match Uring::for_this_core() {
+    match ring_for(&uring) {
         Ok(ring) => {
             info!(backend = "uring", reason = "io_uring available", dir = %cfg.dir.display(), "wal I/O backend");
             Ok(Rc::new(
