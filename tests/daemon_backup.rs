@@ -75,28 +75,23 @@ async fn a_cluster_restored_from_an_etcdctl_snapshot_has_every_key() {
     let mut bad = Cluster::start(0, &[]);
     let idx = bad.new_joining_member("x", &[]);
     let m = &mut bad.members[idx];
-    m.set_args(&[
-        "--shards",
-        "2",
-        "--cores",
-        "1",
-        "--restore-snapshot",
-        damaged.to_str().unwrap(),
-    ]);
-    let (code, log) = m.start_expecting_refusal();
-    assert_ne!(code, 0);
-    assert!(log.contains("checksum mismatch"), "{log}");
-    m.set_args(&[
-        "--shards",
-        "3",
-        "--cores",
-        "1",
-        "--restore-snapshot",
-        file.to_str().unwrap(),
-    ]);
-    let (code, log) = m.start_expecting_refusal();
-    assert_ne!(code, 0);
-    assert!(log.contains("--shards 2"), "{log}");
+    for (shards, backup, refusal) in [
+        ("2", &damaged, "checksum mismatch"),
+        ("3", &file, "--shards 2"),
+    ] {
+        let backup = backup.to_str().unwrap();
+        m.set_args(&[
+            "--shards",
+            shards,
+            "--cores",
+            "1",
+            "--restore-snapshot",
+            backup,
+        ]);
+        let (code, log) = m.start_expecting_refusal();
+        assert_ne!(code, 0);
+        assert!(log.contains(refusal), "{log}");
+    }
 
     // A new cluster from the file.
     let mut restored_flags = flags.to_vec();

@@ -86,9 +86,15 @@ async fn wait_keys_everywhere(cluster: &Cluster, tag: &str, want: &[String], tim
     }
 }
 
-fn grpc_status(e: etcd_client::Error) -> (tonic::Code, String) {
-    let s = common::status_of(e);
-    (s.code(), s.message().to_string())
+/// Asserts that a request was refused with etcd's `code` and `message`.
+fn assert_refused<T: std::fmt::Debug>(
+    result: Result<T, etcd_client::Error>,
+    what: &str,
+    code: tonic::Code,
+    message: &str,
+) {
+    let s = common::status_of(result.expect_err(what));
+    assert_eq!((s.code(), s.message()), (code, message), "{what}");
 }
 
 /// TimeToLive with keys, retried while the cluster recovers (a crash or a
@@ -129,17 +135,12 @@ async fn leases_span_shards_expire_and_survive_a_leader_crash() {
         .await
         .expect("grant an explicit id");
     assert_eq!((g.id(), g.ttl()), (0x1234, 5));
-    let (code, msg) = grpc_status(
+    assert_refused(
         c1.lease_grant(5, Some(LeaseGrantOptions::new().with_id(0x1234)))
-            .await
-            .expect_err("a duplicate id is refused"),
-    );
-    assert_eq!(
-        (code, msg.as_str()),
-        (
-            tonic::Code::FailedPrecondition,
-            "etcdserver: lease already exists"
-        )
+            .await,
+        "a duplicate id is refused",
+        tonic::Code::FailedPrecondition,
+        "etcdserver: lease already exists",
     );
     // Server-chosen ids; TTL limits as etcd's (minimum 1.5 election timeouts
     // of 1 s: 2 s; at most 9e9 s).
@@ -147,30 +148,22 @@ async fn leases_span_shards_expire_and_survive_a_leader_crash() {
     let short = c2.lease_grant(1, None).await.expect("grant a short TTL");
     assert!(a > 0 && short.id() > 0 && a != short.id());
     assert_eq!(short.ttl(), 2, "a TTL below the minimum is raised to it");
-    let (code, msg) = grpc_status(
-        c0.lease_grant(9_000_000_001, None)
-            .await
-            .expect_err("too large a TTL"),
-    );
-    assert_eq!(
-        (code, msg.as_str()),
-        (tonic::Code::OutOfRange, "etcdserver: too large lease TTL")
+    assert_refused(
+        c0.lease_grant(9_000_000_001, None).await,
+        "too large a TTL",
+        tonic::Code::OutOfRange,
+        "etcdserver: too large lease TTL",
     );
 
     // Keys on both shards attach to one lease; an unknown lease is refused.
     let keys = keys_on_both_shards("a");
     put_with_lease(&mut c1, &keys, a).await;
-    let (code, msg) = grpc_status(
+    assert_refused(
         c0.put("/x-a/key", "v", Some(PutOptions::new().with_lease(0x7777)))
-            .await
-            .expect_err("a put with an unknown lease"),
-    );
-    assert_eq!(
-        (code, msg.as_str()),
-        (
-            tonic::Code::NotFound,
-            "etcdserver: requested lease not found"
-        )
+            .await,
+        "a put with an unknown lease",
+        tonic::Code::NotFound,
+        "etcdserver: requested lease not found",
     );
     let ttl = c2
         .lease_time_to_live(a, Some(LeaseTimeToLiveOptions::new().with_keys()))
@@ -275,13 +268,11 @@ async fn leases_span_shards_expire_and_survive_a_leader_crash() {
         "keys survived their lease's revoke"
     );
     wait_keys_everywhere(&cluster, "b", &[], Duration::from_secs(5)).await;
-    let (code, msg) = grpc_status(c2.lease_revoke(b).await.expect_err("revoke twice"));
-    assert_eq!(
-        (code, msg.as_str()),
-        (
-            tonic::Code::NotFound,
-            "etcdserver: requested lease not found"
-        )
+    assert_refused(
+        c2.lease_revoke(b).await,
+        "revoke twice",
+        tonic::Code::NotFound,
+        "etcdserver: requested lease not found",
     );
 
     // kill -9 of shard 0's leader: the lease survives, its TTL restarts on
@@ -436,18 +427,24 @@ async fn many_leases_expire_leases_survive_a_restart_and_bad_peer_requests_are_r
         ids.push(id);
     }
     wait_keys_everywhere(&cluster, "m", &[], Duration::from_secs(20)).await;
-    let listed: Vec<i64> = c
-        .leases()
-        .await
-        .expect("leases")
-        .leases()
-        .iter()
-        .map(|l| l.id())
-        .collect();
-    assert!(
-        !ids.iter().any(|id| listed.contains(id)),
-        "expired leases still listed"
-    );
+    // Each shard's leader revokes the lease at its own expiry: the last may
+    // come a moment after the keys of the others are gone.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let listed: Vec<i64> = c
+            .leases()
+            .await
+            .expect("leases")
+            .leases()
+            .iter()
+            .map(|l| l.id())
+            .collect();
+        if !ids.iter().any(|id| listed.contains(id)) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "expired leases still listed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 
     // A lease survives a restart, with its keys; its TTL starts afresh.
     let id = c.lease_grant(30, None).await.expect("grant").id();

@@ -74,6 +74,12 @@ impl ClusterService {
             .collect()
     }
 
+    fn member(&self, id: u64) -> Result<Member, Status> {
+        self.members
+            .get(id)
+            .ok_or_else(|| ApiError::MemberNotFound.into())
+    }
+
     fn header(&self) -> Option<cairn_proto::etcdserverpb::ResponseHeader> {
         Some(self.identity.header(0, 0))
     }
@@ -197,9 +203,7 @@ impl Cluster for ClusterService {
     ) -> Result<Response<MemberRemoveResponse>, Status> {
         let _one_at_a_time = self.members.change_lock().await;
         let id = request.into_inner().id;
-        let Some(member) = self.members.get(id) else {
-            return Err(ApiError::MemberNotFound.into());
-        };
+        let member = self.member(id)?;
         tracing::info!(member = format_args!("{id:x}"), "removing member");
         self.change_shards(
             ConfChangeType::ConfChangeRemoveNode,
@@ -235,9 +239,7 @@ impl Cluster for ClusterService {
         let _one_at_a_time = self.members.change_lock().await;
         let req = request.into_inner();
         check_peer_urls(&req.peer_ur_ls)?;
-        let Some(member) = self.members.get(req.id) else {
-            return Err(ApiError::MemberNotFound.into());
-        };
+        let member = self.member(req.id)?;
         let now = self.members.membership();
         if now.members.iter().any(|m| {
             m.id != req.id
@@ -275,9 +277,7 @@ impl Cluster for ClusterService {
     ) -> Result<Response<MemberPromoteResponse>, Status> {
         let _one_at_a_time = self.members.change_lock().await;
         let id = request.into_inner().id;
-        let Some(member) = self.members.get(id) else {
-            return Err(ApiError::MemberNotFound.into());
-        };
+        let member = self.member(id)?;
         // A learner in any shard still needs promoting there (a promotion
         // that stopped part way is finished by asking again).
         let statuses = self.router.all_status().await?;
