@@ -358,6 +358,29 @@ impl LocalCluster {
         self.signal_member(i, libc::SIGCONT)
     }
 
+    /// Pauses every member (see [`LocalCluster::pause`]).
+    pub fn pause_all(&self) -> Result<(), ClusterError> {
+        self.signal_all(libc::SIGSTOP, "pausing member")
+    }
+
+    /// Resumes every member (see [`LocalCluster::resume`]).
+    pub fn resume_all(&self) -> Result<(), ClusterError> {
+        self.signal_all(libc::SIGCONT, "resuming member")
+    }
+
+    fn signal_all(&self, signal: libc::c_int, action: &'static str) -> Result<(), ClusterError> {
+        for (i, m) in self.members.iter().enumerate() {
+            self.signal_member(i, signal)
+                .map_err(|source| ClusterError::Io {
+                    system: self.system,
+                    action,
+                    path: m.data_dir.clone(),
+                    source,
+                })?;
+        }
+        Ok(())
+    }
+
     fn signal_member(&self, i: usize, signal: libc::c_int) -> std::io::Result<()> {
         let pid = self.members[i]
             .pid()

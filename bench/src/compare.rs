@@ -11,7 +11,7 @@ use std::time::Duration;
 use clap::{Args, Parser, ValueEnum};
 use serde_json::{json, Value};
 
-use crate::cluster::{LocalCluster, System};
+use crate::cluster::{ClusterError, LocalCluster, System};
 use crate::config::{Cli, GlobalOpts, Stop};
 use crate::stats::Report;
 use crate::BenchError;
@@ -144,6 +144,14 @@ pub struct CompareOpts {
     /// (default: each system's own default, every core for each member).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
     pub member_cores: Option<u16>,
+    /// Keep every system running while another is measured. By default the
+    /// systems not being measured are paused (SIGSTOP) for the run and resumed
+    /// (SIGCONT, then waited for until they serve) before their own: an idle
+    /// cluster's background work (timers, garbage collection, store commits
+    /// after the previous workload) would otherwise count against the one
+    /// measured.
+    #[arg(long)]
+    pub others_running: bool,
     /// The Cairn daemon (default: this workspace's target/release/cairn).
     #[arg(long)]
     pub cairn_bin: Option<PathBuf>,
@@ -153,6 +161,27 @@ pub struct CompareOpts {
     /// Directory in which the temporary data directories are made (default: $TMPDIR).
     #[arg(long)]
     pub work_dir: Option<PathBuf>,
+}
+
+/// Leaves only cluster `measured` running: pauses every other one and, if
+/// `measured` was paused, resumes it and waits until it serves again.
+async fn isolate(
+    clusters: &mut [LocalCluster],
+    measured: usize,
+    paused: &mut [bool],
+) -> Result<(), ClusterError> {
+    for (i, cluster) in clusters.iter().enumerate() {
+        if i != measured && !paused[i] {
+            cluster.pause_all()?;
+            paused[i] = true;
+        }
+    }
+    if paused[measured] {
+        clusters[measured].resume_all()?;
+        paused[measured] = false;
+        clusters[measured].wait_ready(CLUSTER_READY_TIMEOUT).await?;
+    }
+    Ok(())
 }
 
 /// The workspace's shared `target` directory (the bench crate sits one level down).
@@ -339,6 +368,8 @@ pub async fn run(
         });
     }
 
+    // paused[i]: cluster i is stopped with SIGSTOP (see --others-running).
+    let mut paused = vec![false; clusters.len()];
     let total_runs = opts.workloads.len() * opts.runs * clusters.len();
     let mut done_runs = 0;
     let mut rows = Vec::with_capacity(opts.workloads.len());
@@ -354,6 +385,9 @@ pub async fn run(
                 (0..clusters.len()).rev().collect()
             };
             for i in order {
+                if !opts.others_running {
+                    isolate(&mut clusters, i, &mut paused).await?;
+                }
                 let cluster = &clusters[i];
                 done_runs += 1;
                 let args = preset_command(preset, &cluster.endpoints_arg(), global);
@@ -476,8 +510,14 @@ fn cell(row: &Row, system: System, value: Option<f64>, decimals: usize) -> Strin
 fn table(rows: &[Row], not_measured: &[(System, String)], opts: &CompareOpts) -> String {
     let mut out = String::new();
     out.push_str(&format!(
-        "\n{} members per system on 127.0.0.1; median of {} run(s); latency in ms; ratio = cairn/etcd\n\n",
-        opts.members, opts.runs
+        "\n{} members per system on 127.0.0.1; {}; median of {} run(s); latency in ms; ratio = cairn/etcd\n\n",
+        opts.members,
+        if opts.others_running {
+            "every system running throughout"
+        } else {
+            "the system not measured paused"
+        },
+        opts.runs
     ));
     out.push_str(
         "| workload | etcd req/s | cairn req/s | ratio | etcd p50 | cairn p50 | ratio | etcd p99 | cairn p99 | ratio | etcd p99.9 | cairn p99.9 | errors etcd/cairn |\n",
@@ -579,6 +619,7 @@ fn summary_json(rows: &[Row], not_measured: &[(System, String)], opts: &CompareO
         "compare": rows,
         "members": opts.members,
         "runs": opts.runs,
+        "others_paused": !opts.others_running,
         "not_measured": not_measured,
     })
 }

@@ -224,3 +224,94 @@ fn compare_stops_every_member_on_ctrl_c() {
         "data directories removed"
     );
 }
+
+/// Scheduler state ('T' when stopped by SIGSTOP) of every member process whose
+/// data lives under `work/<system>/`.
+fn member_states(work: &str, system: &str) -> Vec<char> {
+    let needle = format!("{work}/");
+    let mut states = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        if cmdline.starts_with(BIN)
+            || !cmdline.contains(&needle)
+            || !cmdline.contains(&format!("/{system}/"))
+        {
+            continue;
+        }
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        if let Some(state) = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.trim_start().chars().next())
+        {
+            states.push(state);
+        }
+    }
+    states
+}
+
+#[test]
+fn compare_pauses_the_system_it_is_not_measuring() {
+    if !cairn_bench::binary_available_or_skip(Path::new("etcd")) {
+        return;
+    }
+    let Some(cairn) = cairn_bench::compare::newest_workspace_cairn_bin() else {
+        let missing = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug/cairn");
+        cairn_bench::binary_available_or_skip(&missing);
+        return;
+    };
+    let work = tempfile::tempdir().unwrap();
+    let work_path = work.path().to_str().unwrap().to_owned();
+    let mut child = Command::new(BIN)
+        .args(["--duration", "2s", "--warmup", "200ms", "compare"])
+        .args(["--members", "1", "--workloads", "put-1", "--runs", "2"])
+        .args(["--cairn-bin", cairn.to_str().unwrap()])
+        .args(["--work-dir", &work_path])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut checked = Vec::new();
+    for line in stderr.lines().map_while(Result::ok) {
+        // "[n/4] put-1 on <system>": the other system is paused for this run.
+        let Some(measured) = line
+            .split_once("] put-1 on ")
+            .and_then(|(_, rest)| rest.split(':').next())
+        else {
+            continue;
+        };
+        let other = if measured == "etcd" { "cairn" } else { "etcd" };
+        std::thread::sleep(Duration::from_millis(300));
+        let running = member_states(&work_path, measured);
+        let idle = member_states(&work_path, other);
+        assert_eq!(running.len(), 1, "{measured} member: {running:?}");
+        assert_eq!(idle.len(), 1, "{other} member: {idle:?}");
+        assert_ne!(running[0], 'T', "{measured} runs while measured");
+        assert_eq!(
+            idle[0], 'T',
+            "{other} is paused while {measured} is measured"
+        );
+        checked.push(measured.to_owned());
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    // Alternating order: etcd, cairn, then cairn (resumed after a pause), etcd.
+    assert_eq!(checked, ["etcd", "cairn", "cairn", "etcd"]);
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let summary: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(summary["others_paused"], true);
+    for system in ["etcd", "cairn"] {
+        assert!(
+            summary["compare"][0]["results"][system]["requests"]
+                .as_u64()
+                .is_some_and(|n| n > 0),
+            "{system} measured after being paused: {summary}"
+        );
+    }
+}
