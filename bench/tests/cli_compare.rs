@@ -133,18 +133,24 @@ fn compare_says_plainly_when_cairn_is_missing() {
     );
 }
 
-/// Command lines of running processes (other than cairn-bench) naming `needle`.
-fn processes_mentioning(needle: &str) -> Vec<String> {
+/// Running processes (other than cairn-bench) whose command line names
+/// `needle`: their command lines and /proc directories.
+fn processes_with(needle: &str) -> Vec<(String, std::path::PathBuf)> {
     let mut found = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
         if let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) {
             let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
             if cmdline.contains(needle) && !cmdline.starts_with(BIN) {
-                found.push(cmdline);
+                found.push((cmdline, entry.path()));
             }
         }
     }
     found
+}
+
+/// Command lines of running processes (other than cairn-bench) naming `needle`.
+fn processes_mentioning(needle: &str) -> Vec<String> {
+    processes_with(needle).into_iter().map(|(c, _)| c).collect()
 }
 
 #[test]
@@ -228,30 +234,15 @@ fn compare_stops_every_member_on_ctrl_c() {
 /// Scheduler state ('T' when stopped by SIGSTOP) of every member process whose
 /// data lives under `work/<system>/`.
 fn member_states(work: &str, system: &str) -> Vec<char> {
-    let needle = format!("{work}/");
-    let mut states = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
-            continue;
-        };
-        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-        if cmdline.starts_with(BIN)
-            || !cmdline.contains(&needle)
-            || !cmdline.contains(&format!("/{system}/"))
-        {
-            continue;
-        }
-        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
-            continue;
-        };
-        if let Some(state) = stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.trim_start().chars().next())
-        {
-            states.push(state);
-        }
-    }
-    states
+    processes_with(&format!("{work}/"))
+        .into_iter()
+        .filter(|(cmdline, _)| cmdline.contains(&format!("/{system}/")))
+        .filter_map(|(_, dir)| {
+            let stat = std::fs::read_to_string(dir.join("stat")).ok()?;
+            let (_, rest) = stat.rsplit_once(')')?;
+            rest.trim_start().chars().next()
+        })
+        .collect()
 }
 
 #[test]
