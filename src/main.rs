@@ -35,6 +35,9 @@ fn main() {
         shards = config.shards,
         "starting"
     );
+    if let Some(advice) = cairn::ops::host::halt_polling_advice(std::path::Path::new("/sys")) {
+        tracing::warn!("{advice}");
+    }
     let mut life = cairn::ops::lifecycle::Lifecycle::from_env(config.cores);
     let node = match Node::start(config, life.watchdog().clone()) {
         Ok(n) => n,

@@ -13,7 +13,8 @@
 //! - [`http`] serves `/metrics`, `/health`, `/livez`, `/readyz` on the
 //!   `--listen-metrics-urls` listeners and, by sniffing, on the client port;
 //! - [`logging`] installs the `tracing` subscriber for `--log-format` and
-//!   `--log-level`.
+//!   `--log-level`;
+//! - [`host`] checks host settings that cost latency and logs advice at start.
 //!
 //! # Wiring into the daemon
 //!
@@ -44,6 +45,7 @@
 //!    `life.extend_start_timeout(..)`); on SIGTERM/SIGINT
 //!    `life.stopping("shutting down")` before draining.
 
+pub mod host;
 pub mod http;
 pub mod lifecycle;
 pub mod logging;
