@@ -214,9 +214,7 @@ impl Cluster for ClusterService {
         // The removed member may not learn of its removal from Raft (the
         // leader stops replicating to it once the change applies): tell it.
         if id == self.members.local_id() {
-            if let Err(e) = self.members.mark_removed() {
-                tracing::error!(error = %e, "recording the removal in member.toml failed");
-            }
+            self.members.record_removal();
         } else if let Some(url) = member.peer_urls.first() {
             if let Err(e) = self
                 .peers
@@ -401,10 +399,7 @@ pub async fn watch_for_removal(
             "the members that answered do not count this member in"
         );
         if strikes >= MEMBERSHIP_CHECK_STRIKES {
-            tracing::warn!("this member was removed from the cluster; stopping");
-            if let Err(e) = members.mark_removed() {
-                tracing::error!(error = %e, "recording the removal in member.toml failed");
-            }
+            members.record_removal();
             return;
         }
     }

@@ -242,6 +242,10 @@ impl MemberFile {
 #[derive(Debug)]
 pub struct MemberRegistry {
     dir: PathBuf,
+    /// Fixed for the data directory's life; read without a lock on hot paths
+    /// (every response header names them).
+    local_id: u64,
+    cluster_id: u64,
     state: RwLock<Membership>,
     /// The file as last written; serialises writers.
     file: Mutex<MemberFile>,
@@ -260,6 +264,8 @@ impl MemberRegistry {
         let accepted = cairn_net::MemberSet::new(members.iter().map(|m| m.id));
         MemberRegistry {
             dir: dir.to_path_buf(),
+            local_id: file.member_id,
+            cluster_id: file.cluster_id,
             state: RwLock::new(Membership {
                 cluster_id: file.cluster_id,
                 local_id: file.member_id,
@@ -292,17 +298,11 @@ impl MemberRegistry {
     }
 
     pub fn local_id(&self) -> u64 {
-        self.state
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .local_id
+        self.local_id
     }
 
     pub fn cluster_id(&self) -> u64 {
-        self.state
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .cluster_id
+        self.cluster_id
     }
 
     /// The set the peer listener checks greetings against.
@@ -407,6 +407,15 @@ impl MemberRegistry {
         self.removed_notify.notify_waiters();
         self.removed_notify.notify_one();
         written
+    }
+
+    /// [`Self::mark_removed`] for callers that stop either way: a failure to
+    /// persist the mark is logged (the member then starts again if restarted,
+    /// and learns of its removal from the others).
+    pub fn record_removal(&self) {
+        if let Err(e) = self.mark_removed() {
+            tracing::error!(error = %e, "recording the removal in member.toml failed");
+        }
     }
 
     pub fn is_removed(&self) -> bool {

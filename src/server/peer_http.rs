@@ -119,10 +119,7 @@ impl PeerHttp {
             if member != Some(self.members.local_id()) {
                 return text(StatusCode::BAD_REQUEST, "not this member".to_string());
             }
-            tracing::warn!("this member was removed from the cluster; stopping");
-            if let Err(e) = self.members.mark_removed() {
-                tracing::error!(error = %e, "recording the removal in member.toml failed");
-            }
+            self.members.record_removal();
             return text(StatusCode::OK, "stopping\n".to_string());
         }
         let shard_header = req
