@@ -16,7 +16,8 @@ use crate::config::{Cli, GlobalOpts, Stop};
 use crate::stats::Report;
 use crate::BenchError;
 
-/// How long a fresh cluster gets to elect leaders and commit a first write.
+/// How long a cluster gets to elect leaders and commit a first write, after it
+/// starts and after it is resumed from a pause.
 pub const CLUSTER_READY_TIMEOUT: Duration = Duration::from_secs(60);
 /// Measured phase of each run when neither --duration nor --total is given.
 pub const DEFAULT_RUN_DURATION: Duration = Duration::from_secs(10);
@@ -146,7 +147,7 @@ pub struct CompareOpts {
     pub member_cores: Option<u16>,
     /// Keep every system running while another is measured. By default the
     /// systems not being measured are paused (SIGSTOP) for the run and resumed
-    /// (SIGCONT, then waited for until they serve) before their own: an idle
+    /// (SIGCONT, then waited for until they serve) before their own run: an idle
     /// cluster's background work (timers, garbage collection, store commits
     /// after the previous workload) would otherwise count against the one
     /// measured.
@@ -164,7 +165,9 @@ pub struct CompareOpts {
 }
 
 /// Leaves only cluster `measured` running: pauses every other one and, if
-/// `measured` was paused, resumes it and waits until it serves again.
+/// `measured` was paused, resumes it and waits until it serves again. A
+/// cluster that cannot be paused (a member has exited) is reported and left
+/// running: the run measured beside it still counts.
 async fn isolate(
     clusters: &mut [LocalCluster],
     measured: usize,
@@ -172,8 +175,10 @@ async fn isolate(
 ) -> Result<(), ClusterError> {
     for (i, cluster) in clusters.iter().enumerate() {
         if i != measured && !paused[i] {
-            cluster.pause_all()?;
-            paused[i] = true;
+            match cluster.pause_all() {
+                Ok(()) => paused[i] = true,
+                Err(e) => eprintln!("    {} left running: {e}", cluster.system),
+            }
         }
     }
     if paused[measured] {
@@ -385,11 +390,22 @@ pub async fn run(
                 (0..clusters.len()).rev().collect()
             };
             for i in order {
+                done_runs += 1;
                 if !opts.others_running {
-                    isolate(&mut clusters, i, &mut paused).await?;
+                    if let Err(e) = isolate(&mut clusters, i, &mut paused).await {
+                        // This system cannot be measured now; the others can.
+                        eprintln!(
+                            "    {} FAILED on {}: {e}",
+                            preset.name(),
+                            clusters[i].system
+                        );
+                        if !failed.iter().any(|(s, _)| *s == clusters[i].system) {
+                            failed.push((clusters[i].system, e.to_string()));
+                        }
+                        continue;
+                    }
                 }
                 let cluster = &clusters[i];
-                done_runs += 1;
                 let args = preset_command(preset, &cluster.endpoints_arg(), global);
                 say(
                     global,
@@ -512,10 +528,10 @@ fn table(rows: &[Row], not_measured: &[(System, String)], opts: &CompareOpts) ->
     out.push_str(&format!(
         "\n{} members per system on 127.0.0.1; {}; median of {} run(s); latency in ms; ratio = cairn/etcd\n\n",
         opts.members,
-        if opts.others_running {
+        if opts.others_running || opts.systems.len() < 2 {
             "every system running throughout"
         } else {
-            "the system not measured paused"
+            "each system measured while the other is paused"
         },
         opts.runs
     ));
@@ -619,7 +635,7 @@ fn summary_json(rows: &[Row], not_measured: &[(System, String)], opts: &CompareO
         "compare": rows,
         "members": opts.members,
         "runs": opts.runs,
-        "others_paused": !opts.others_running,
+        "others_paused": !opts.others_running && opts.systems.len() > 1,
         "not_measured": not_measured,
     })
 }

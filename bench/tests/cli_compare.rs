@@ -1,7 +1,8 @@
 //! Guards the `cairn-bench` command itself: `--json` prints exactly one JSON object
 //! per run and nothing else on stdout, the human mode ends with that JSON line,
-//! `compare` says plainly when a system cannot be measured, and on Ctrl-C it
-//! stops every process it started and removes its data directories.
+//! `compare` says plainly when a system cannot be measured, pauses the system
+//! it is not measuring, and on Ctrl-C it stops every process it started and
+//! removes its data directories.
 //!
 //! Needs `etcd` on PATH: without it these tests print a skip note, unless `CI` is
 //! set, in which case they fail.
@@ -232,17 +233,32 @@ fn compare_stops_every_member_on_ctrl_c() {
 }
 
 /// Scheduler state ('T' when stopped by SIGSTOP) of every member process whose
-/// data lives under `work/<system>/`.
+/// data lives under `work/<compare's scratch dir>/<system>/`.
 fn member_states(work: &str, system: &str) -> Vec<char> {
-    processes_with(&format!("{work}/"))
+    let root = format!("{work}/");
+    processes_with(&root)
         .into_iter()
-        .filter(|(cmdline, _)| cmdline.contains(&format!("/{system}/")))
+        .filter(|(cmdline, _)| {
+            cmdline
+                .split_once(&root)
+                .is_some_and(|(_, rest)| rest.contains(&format!("/{system}/")))
+        })
         .filter_map(|(_, dir)| {
             let stat = std::fs::read_to_string(dir.join("stat")).ok()?;
             let (_, rest) = stat.rsplit_once(')')?;
             rest.trim_start().chars().next()
         })
         .collect()
+}
+
+/// Kills the child if the test fails before it exits.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 #[test]
@@ -257,19 +273,24 @@ fn compare_pauses_the_system_it_is_not_measuring() {
     };
     let work = tempfile::tempdir().unwrap();
     let work_path = work.path().to_str().unwrap().to_owned();
-    let mut child = Command::new(BIN)
-        .args(["--duration", "2s", "--warmup", "200ms", "compare"])
-        .args(["--members", "1", "--workloads", "put-1", "--runs", "2"])
-        .args(["--cairn-bin", cairn.to_str().unwrap()])
-        .args(["--work-dir", &work_path])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut child = KillOnDrop(
+        Command::new(BIN)
+            .args(["--duration", "4s", "--warmup", "200ms", "compare"])
+            .args(["--members", "1", "--workloads", "put-1", "--runs", "2"])
+            .args(["--cairn-bin", cairn.to_str().unwrap()])
+            .args(["--work-dir", &work_path])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let stderr = BufReader::new(child.0.stderr.take().unwrap());
+    let mut seen = String::new();
     let mut checked = Vec::new();
     for line in stderr.lines().map_while(Result::ok) {
+        seen.push_str(&line);
+        seen.push('\n');
         // "[n/4] put-1 on <system>": the other system is paused for this run.
         let Some(measured) = line
             .split_once("] put-1 on ")
@@ -278,31 +299,45 @@ fn compare_pauses_the_system_it_is_not_measuring() {
             continue;
         };
         let other = if measured == "etcd" { "cairn" } else { "etcd" };
-        std::thread::sleep(Duration::from_millis(300));
-        let running = member_states(&work_path, measured);
-        let idle = member_states(&work_path, other);
-        assert_eq!(running.len(), 1, "{measured} member: {running:?}");
-        assert_eq!(idle.len(), 1, "{other} member: {idle:?}");
-        assert_ne!(running[0], 'T', "{measured} runs while measured");
+        // A member in the middle of a disk write shows 'D' until it stops.
+        let deadline = Instant::now() + Duration::from_millis(2_000);
+        let (running, idle) = loop {
+            let running = member_states(&work_path, measured);
+            let idle = member_states(&work_path, other);
+            let isolated =
+                running.len() == 1 && idle.len() == 1 && running[0] != 'T' && idle[0] == 'T';
+            if isolated || Instant::now() >= deadline {
+                break (running, idle);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        assert_eq!(running.len(), 1, "{measured} member: {running:?}\n{seen}");
+        assert_eq!(idle.len(), 1, "{other} member: {idle:?}\n{seen}");
+        assert_ne!(running[0], 'T', "{measured} runs while measured\n{seen}");
         assert_eq!(
             idle[0], 'T',
-            "{other} is paused while {measured} is measured"
+            "{other} is paused while {measured} is measured\n{seen}"
         );
         checked.push(measured.to_owned());
     }
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success());
-    // Alternating order: etcd, cairn, then cairn (resumed after a pause), etcd.
-    assert_eq!(checked, ["etcd", "cairn", "cairn", "etcd"]);
-    let stdout = String::from_utf8(out.stdout).unwrap();
+    let status = child.0.wait().unwrap();
+    assert!(status.success(), "{seen}");
+    assert!(!seen.contains("FAILED"), "{seen}");
+    // Alternating order: etcd, cairn (resumed), cairn, etcd (resumed).
+    assert_eq!(checked, ["etcd", "cairn", "cairn", "etcd"], "{seen}");
+    let mut stdout = String::new();
+    std::io::Read::read_to_string(&mut child.0.stdout.take().unwrap(), &mut stdout).unwrap();
     let summary: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
     assert_eq!(summary["others_paused"], true);
+    let row = &summary["compare"][0];
+    assert_eq!(row["failed"], serde_json::json!({}), "{summary}");
     for system in ["etcd", "cairn"] {
         assert!(
-            summary["compare"][0]["results"][system]["requests"]
+            row["results"][system]["requests"]
                 .as_u64()
                 .is_some_and(|n| n > 0),
             "{system} measured after being paused: {summary}"
         );
+        assert_eq!(row["results"][system]["errors"], 0, "{summary}");
     }
 }

@@ -16,7 +16,11 @@ use std::path::Path;
 pub fn halt_polling_advice(sysfs: &Path) -> Option<String> {
     let read = |rel: &str| std::fs::read_to_string(sysfs.join(rel)).ok();
     let driver = read("devices/system/cpu/cpuidle/current_driver")?;
-    if driver.trim() != "haltpoll" {
+    // The parameter is the haltpoll governor's: with another governor
+    // (cpuidle.governor=menu) it has no effect.
+    let governor = read("devices/system/cpu/cpuidle/current_governor")
+        .or_else(|| read("devices/system/cpu/cpuidle/current_governor_ro"))?;
+    if driver.trim() != "haltpoll" || governor.trim() != "haltpoll" {
         return None;
     }
     let param = "module/haltpoll/parameters/guest_halt_poll_ns";
@@ -38,11 +42,20 @@ mod tests {
     use super::*;
 
     fn fake_sysfs(driver: Option<&str>, poll_ns: Option<&str>) -> tempfile::TempDir {
+        fake_sysfs_governed(driver, "haltpoll", poll_ns)
+    }
+
+    fn fake_sysfs_governed(
+        driver: Option<&str>,
+        governor: &str,
+        poll_ns: Option<&str>,
+    ) -> tempfile::TempDir {
         let dir = tempfile::tempdir().unwrap();
         if let Some(d) = driver {
             let p = dir.path().join("devices/system/cpu/cpuidle");
             std::fs::create_dir_all(&p).unwrap();
             std::fs::write(p.join("current_driver"), format!("{d}\n")).unwrap();
+            std::fs::write(p.join("current_governor_ro"), format!("{governor}\n")).unwrap();
         }
         if let Some(n) = poll_ns {
             let p = dir.path().join("module/haltpoll/parameters");
@@ -65,6 +78,8 @@ mod tests {
         assert_eq!(halt_polling_advice(bare_metal.path()), None);
         let no_cpuidle = fake_sysfs(None, None);
         assert_eq!(halt_polling_advice(no_cpuidle.path()), None);
+        let other_governor = fake_sysfs_governed(Some("haltpoll"), "menu", Some("0"));
+        assert_eq!(halt_polling_advice(other_governor.path()), None);
         let unreadable = fake_sysfs(Some("haltpoll"), Some("lots"));
         assert_eq!(halt_polling_advice(unreadable.path()), None);
     }

@@ -14,7 +14,8 @@
 //!   `--listen-metrics-urls` listeners and, by sniffing, on the client port;
 //! - [`logging`] installs the `tracing` subscriber for `--log-format` and
 //!   `--log-level`;
-//! - [`host`] checks host settings that cost latency and logs advice at start.
+//! - [`host`] checks host settings that cost latency; the daemon logs its advice
+//!   at start.
 //!
 //! # Wiring into the daemon
 //!

@@ -1286,7 +1286,7 @@ impl Shard {
                     (true, true) => {
                         tracing::warn!(
                             shard = self.id,
-                            "this member's removal from the cluster is applied; stopping"
+                            "this member's removal from the cluster is applied"
                         );
                         self.members.mark_removed()
                     }
