@@ -321,7 +321,10 @@ fn split_list(s: &str) -> Vec<String> {
 
 /// Resolves an etcd-style URL (`http://host:port`) to socket addresses. Only plain
 /// http is served; https would need TLS, which Cairn does not terminate.
-pub fn url_to_addrs(flag: &'static str, url: &str) -> Result<Vec<SocketAddr>, ConfigError> {
+/// The `host:port` of an `http://host:port` URL, checked for form only: no
+/// name is looked up (that happens where the address is used, off the cores'
+/// threads).
+pub fn url_host_port(flag: &'static str, url: &str) -> Result<String, ConfigError> {
     let rest = url
         .strip_prefix("http://")
         .ok_or_else(|| invalid(flag, format!("{url:?}: only http:// URLs are supported")))?;
@@ -329,6 +332,17 @@ pub fn url_to_addrs(flag: &'static str, url: &str) -> Result<Vec<SocketAddr>, Co
     if hostport.contains('/') {
         return Err(invalid(flag, format!("{url:?}: a URL here has no path")));
     }
+    let port_ok = hostport
+        .rsplit_once(':')
+        .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+    if !port_ok {
+        return Err(invalid(flag, format!("{url:?}: expected http://host:port")));
+    }
+    Ok(hostport.to_string())
+}
+
+pub fn url_to_addrs(flag: &'static str, url: &str) -> Result<Vec<SocketAddr>, ConfigError> {
+    let hostport = url_host_port(flag, url)?;
     let addrs: Vec<SocketAddr> = hostport
         .to_socket_addrs()
         .map_err(|e| invalid(flag, format!("{url:?}: {e}")))?
@@ -362,7 +376,7 @@ pub fn parse_initial_cluster(s: &str) -> Result<Vec<InitialMember>, ConfigError>
         if name.is_empty() {
             return Err(invalid("initial-cluster", format!("{item:?}: empty name")));
         }
-        url_to_addrs("initial-cluster", url)?;
+        url_host_port("initial-cluster", url)?;
         match members.iter_mut().find(|m| m.name == name) {
             Some(m) => m.peer_urls.push(url.to_string()),
             None => members.push(InitialMember {
@@ -516,10 +530,10 @@ impl Config {
             return Err(invalid("listen-peer-urls", "no URL given"));
         }
         for url in &self.advertise_client_urls {
-            url_to_addrs("advertise-client-urls", url)?;
+            url_host_port("advertise-client-urls", url)?;
         }
         for url in &self.initial_advertise_peer_urls {
-            url_to_addrs("initial-advertise-peer-urls", url)?;
+            url_host_port("initial-advertise-peer-urls", url)?;
         }
         let me = self
             .initial_cluster
@@ -658,6 +672,41 @@ mod tests {
         assert_eq!(c.initial_cluster[1].name, "b");
         assert_eq!(c.shards, 4);
         assert_eq!(c.data_dir, PathBuf::from("b.cairn"));
+    }
+
+    #[test]
+    fn peer_names_are_checked_for_form_not_looked_up() {
+        // A peer whose name does not resolve yet (its DNS record appears when
+        // it starts) does not stop this member from starting.
+        let c = parse(&[
+            "--name",
+            "a",
+            "--initial-advertise-peer-urls",
+            "http://127.0.0.1:12380",
+            "--initial-cluster",
+            "a=http://127.0.0.1:12380,b=http://cairn-b.invalid:2380",
+        ])
+        .unwrap();
+        assert_eq!(
+            c.initial_cluster[1].peer_urls,
+            ["http://cairn-b.invalid:2380"]
+        );
+        for bad in [
+            "a=http://127.0.0.1:12380,b=http://cairn-b.invalid",
+            "a=http://127.0.0.1:12380,b=http://:2380",
+            "a=http://127.0.0.1:12380,b=http://cairn-b.invalid:2380/path",
+        ] {
+            let err = parse(&[
+                "--name",
+                "a",
+                "--initial-advertise-peer-urls",
+                "http://127.0.0.1:12380",
+                "--initial-cluster",
+                bad,
+            ])
+            .expect_err(bad);
+            assert!(err.to_string().starts_with("--initial-cluster"), "{err}");
+        }
     }
 
     #[test]

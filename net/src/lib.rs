@@ -61,7 +61,7 @@ pub use handshake::{
 };
 pub use link::{
     dial, serve_accepted, Backoff, CloseReason, Counters, CountersSnapshot, Inbound,
-    InboundReceiver, Link, SendError, ServeError,
+    InboundReceiver, Link, PeerTarget, SendError, ServeError,
 };
 pub use listener::{Incoming, PeerListener, Sniffer, SNIFF_BYTES};
 pub use stream::{BytesSource, StreamAbortReason, StreamError, StreamReport, StreamSource};

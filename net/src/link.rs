@@ -838,22 +838,47 @@ fn closed_error(shared: &LinkShared) -> SendError {
     }
 }
 
-/// Dials `peer_member` at `addr` for `lane` and keeps the link up: reconnects
+/// Where a link dials: an address, or a `host:port` looked up again before
+/// every connection attempt (a peer's name may not resolve yet when the link
+/// starts, and may resolve elsewhere after the peer moves).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PeerTarget {
+    Addr(SocketAddr),
+    HostPort(String),
+}
+
+impl From<SocketAddr> for PeerTarget {
+    fn from(addr: SocketAddr) -> Self {
+        PeerTarget::Addr(addr)
+    }
+}
+
+impl std::fmt::Display for PeerTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PeerTarget::Addr(a) => a.fmt(f),
+            PeerTarget::HostPort(h) => f.write_str(h),
+        }
+    }
+}
+
+/// Dials `peer_member` at `target` for `lane` and keeps the link up: reconnects
 /// with capped, jittered exponential backoff until [`Link::close`] or until the
 /// receiver is dropped. Frames queued while disconnected wait (within the
-/// queue limits) for the next connection.
+/// queue limits) for the next connection. A host name is looked up off the
+/// core's thread, before every attempt.
 ///
 /// Must be called on a `LocalSet` (the core's runtime): the link is `!Send`.
 pub fn dial(
     config: &Config,
     peer_member: u64,
-    addr: SocketAddr,
+    target: impl Into<PeerTarget>,
     lane: u32,
 ) -> Result<(Link, InboundReceiver), ConfigError> {
     config.validate()?;
     let shared = Rc::new(LinkShared::new(config.clone(), peer_member, lane));
     let (tx, rx) = mpsc::channel(config.inbound_queue_batches);
-    tokio::task::spawn_local(supervise(shared.clone(), addr, tx));
+    tokio::task::spawn_local(supervise(shared.clone(), target.into(), tx));
     Ok((
         Link { shared },
         InboundReceiver {
@@ -920,15 +945,20 @@ pub fn serve_accepted(
     ))
 }
 
-async fn connect(shared: &LinkShared, addr: SocketAddr) -> Result<TcpStream, String> {
+async fn connect(shared: &LinkShared, target: &PeerTarget) -> Result<TcpStream, String> {
     let config = &shared.config;
-    let mut stream = tokio::time::timeout(
-        Duration::from_millis(config.connect_timeout_ms),
-        TcpStream::connect(addr),
-    )
-    .await
-    .map_err(|_| format!("connect timed out after {} ms", config.connect_timeout_ms))?
-    .map_err(|e| format!("connect: {e}"))?;
+    // tokio resolves a name on its blocking pool and tries each address.
+    let connecting = async {
+        match target {
+            PeerTarget::Addr(a) => TcpStream::connect(a).await,
+            PeerTarget::HostPort(h) => TcpStream::connect(h.as_str()).await,
+        }
+    };
+    let mut stream =
+        tokio::time::timeout(Duration::from_millis(config.connect_timeout_ms), connecting)
+            .await
+            .map_err(|_| format!("connect timed out after {} ms", config.connect_timeout_ms))?
+            .map_err(|e| format!("connect: {e}"))?;
     apply_socket_options(&stream, config).map_err(|e| format!("socket options: {e}"))?;
     dial_handshake(&mut stream, config, shared.peer_member, shared.lane)
         .await
@@ -936,7 +966,7 @@ async fn connect(shared: &LinkShared, addr: SocketAddr) -> Result<TcpStream, Str
     Ok(stream)
 }
 
-async fn supervise(shared: Rc<LinkShared>, addr: SocketAddr, tx: mpsc::Sender<Vec<Inbound>>) {
+async fn supervise(shared: Rc<LinkShared>, target: PeerTarget, tx: mpsc::Sender<Vec<Inbound>>) {
     let seed =
         rand::random::<u64>() ^ shared.config.member_id.rotate_left(17) ^ u64::from(shared.lane);
     let mut backoff = Backoff::new(
@@ -947,8 +977,9 @@ async fn supervise(shared: Rc<LinkShared>, addr: SocketAddr, tx: mpsc::Sender<Ve
     let mut ever_connected = false;
     let mut failing = false;
     while !shared.closed.get() {
-        match connect(&shared, addr).await {
+        match connect(&shared, &target).await {
             Ok(stream) => {
+                let addr = stream.peer_addr().ok();
                 if ever_connected {
                     Counters::add(&shared.counters.reconnects, 1);
                 }
@@ -958,10 +989,11 @@ async fn supervise(shared: Rc<LinkShared>, addr: SocketAddr, tx: mpsc::Sender<Ve
                     local_member = shared.config.member_id,
                     peer_member = shared.peer_member,
                     lane = shared.lane,
-                    peer_addr = %addr,
+                    peer = %target,
+                    peer_addr = %addr.map_or_else(String::new, |a| a.to_string()),
                     "connected to peer"
                 );
-                shared.set_connected(true, Some(addr));
+                shared.set_connected(true, addr);
                 let connected_at = tokio::time::Instant::now();
                 let reason = run_connection(&shared, stream, &tx).await;
                 shared.set_connected(false, None);
@@ -981,9 +1013,9 @@ async fn supervise(shared: Rc<LinkShared>, addr: SocketAddr, tx: mpsc::Sender<Ve
                 // One line when a streak of failures begins; the rest at debug
                 // so a dead peer does not flood the log.
                 if failing {
-                    tracing::debug!(local_member = shared.config.member_id, peer_member = shared.peer_member, lane = shared.lane, peer_addr = %addr, %error, "peer still unreachable");
+                    tracing::debug!(local_member = shared.config.member_id, peer_member = shared.peer_member, lane = shared.lane, peer = %target, %error, "peer still unreachable");
                 } else {
-                    tracing::warn!(local_member = shared.config.member_id, peer_member = shared.peer_member, lane = shared.lane, peer_addr = %addr, %error, "peer unreachable; retrying with backoff");
+                    tracing::warn!(local_member = shared.config.member_id, peer_member = shared.peer_member, lane = shared.lane, peer = %target, %error, "peer unreachable; retrying with backoff");
                 }
                 failing = true;
             }

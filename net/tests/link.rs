@@ -1,6 +1,7 @@
 //! Guards the links between members over real loopback sockets: frames must
 //! arrive intact, in order, coalesced into few writes and as slices of the
-//! receive buffer; a dialer must reconnect after its peer restarts; a full
+//! receive buffer; a dialer must reconnect after its peer restarts, and look a
+//! peer's host name up before each attempt without holding up its core; a full
 //! queue must be refused at once without a dead peer holding up others; and
 //! streams must arrive verified, starting over after a lost connection.
 
@@ -10,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use cairn_net::{
-    dial, serve_accepted, BytesSource, Config, Inbound, InboundReceiver, Link, SendError,
-    HEADER_BYTES,
+    dial, serve_accepted, BytesSource, Config, Inbound, InboundReceiver, Link, PeerTarget,
+    SendError, HEADER_BYTES,
 };
 use common::{config, listener, listener_with, run_local};
 
@@ -333,7 +334,13 @@ fn config_is_validated_before_dialing() {
             send_queue_max_frames: 0,
             ..config(2)
         };
-        let err = dial(&bad, 1, "127.0.0.1:1".parse().unwrap(), 0).unwrap_err();
+        let err = dial(
+            &bad,
+            1,
+            "127.0.0.1:1".parse::<std::net::SocketAddr>().unwrap(),
+            0,
+        )
+        .unwrap_err();
         assert!(err.to_string().contains("send_queue_max_frames"), "{err}");
         let _ = listener_with(config(1), &[], 1).await;
     });
@@ -555,5 +562,54 @@ fn a_port_shared_with_another_protocol_hands_over_its_connections_unread() {
             .expect("the garbage connection is left open")
             .unwrap_or(0);
         assert_eq!(n, 0, "the garbage connection is closed");
+    });
+}
+
+#[test]
+fn a_peer_named_by_host_is_looked_up_off_the_core_before_each_attempt() {
+    run_local(async {
+        // A name that resolves: the link connects to the listener behind it.
+        let mut listener = listener(1, &[2], 1).await;
+        let port = listener.local_addr().unwrap().port();
+        let (client, _client_rx) = dial(
+            &config(2),
+            1,
+            PeerTarget::HostPort(format!("localhost:{port}")),
+            0,
+        )
+        .unwrap();
+        let accepted = listener.accept().await;
+        let (_server, _server_rx) = serve_accepted(accepted, &config(1)).unwrap();
+        client.wait_connected().await.unwrap();
+        assert_eq!(client.peer_addr().map(|a| a.port()), Some(port));
+
+        // A name that does not resolve (yet): the link keeps trying, and the
+        // lookups never hold up the core's thread.
+        let (unresolved, _rx) = dial(
+            &config(2),
+            1,
+            PeerTarget::HostPort("cairn-peer.invalid:2380".into()),
+            0,
+        )
+        .unwrap();
+        let started = Instant::now();
+        let mut ticks = 0u32;
+        let mut interval = tokio::time::interval(Duration::from_millis(10));
+        while unresolved.counters().snapshot().connect_failures < 2 {
+            interval.tick().await;
+            ticks += 1;
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "no failed attempt reported"
+            );
+        }
+        let expected = (started.elapsed().as_millis() / 10) as u32;
+        assert!(
+            ticks + 5 >= expected / 2,
+            "the core's timers ran {ticks} times in {:?}",
+            started.elapsed()
+        );
+        assert!(!unresolved.is_connected());
+        unresolved.close();
     });
 }

@@ -54,12 +54,14 @@ fn pb_member(m: &Member) -> PbMember {
 }
 
 /// Peer URLs must be `http://host:port` with a port (etcd's check, in spirit).
+/// Names are not looked up here (etcd does not either): the new member's name
+/// may resolve only once it runs.
 fn check_peer_urls(urls: &[String]) -> Result<(), ApiError> {
     if urls.is_empty() {
         return Err(ApiError::MemberBadUrls);
     }
     for u in urls {
-        crate::config::url_to_addrs("peer-urls", u).map_err(|_| ApiError::MemberBadUrls)?;
+        crate::config::url_host_port("peer-urls", u).map_err(|_| ApiError::MemberBadUrls)?;
     }
     Ok(())
 }

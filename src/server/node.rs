@@ -364,9 +364,14 @@ impl CorePeers {
         let url = peer_urls
             .first()
             .ok_or_else(|| format!("member {to:x} has no peer URL"))?;
-        let addr = crate::config::url_to_addrs("peer-urls", url).map_err(|e| e.to_string())?[0];
-        let (link, rx) = cairn_net::dial(&self.net, to, addr, shard)
-            .map_err(|e| format!("peer transport config: {e}"))?;
+        let target = crate::config::url_host_port("peer-urls", url).map_err(|e| e.to_string())?;
+        let (link, rx) = cairn_net::dial(
+            &self.net,
+            to,
+            cairn_net::PeerTarget::HostPort(target),
+            shard,
+        )
+        .map_err(|e| format!("peer transport config: {e}"))?;
         tokio::task::spawn_local(forward_inbound(rx, self.inbound.clone(), to, None));
         // Dropping a replaced link closes its connection.
         self.links

@@ -262,8 +262,10 @@ impl PeerClient {
     }
 
     async fn connect(url: &str) -> Result<PeerConnection, String> {
-        let addrs = crate::config::url_to_addrs("peer-urls", url).map_err(|e| e.to_string())?;
-        let stream = TcpStream::connect(addrs.as_slice())
+        // A name is looked up on tokio's blocking pool, not on this core.
+        let host_port =
+            crate::config::url_host_port("peer-urls", url).map_err(|e| e.to_string())?;
+        let stream = TcpStream::connect(host_port.as_str())
             .await
             .map_err(|e| format!("connecting to {url}: {e}"))?;
         let _ = stream.set_nodelay(true);
