@@ -441,5 +441,7 @@ async fn removing_a_member_that_leads_shards_completes_from_any_member() {
     assert_eq!(names.len(), 2, "{names:?}");
     assert!(!names.contains(&victim_name));
     // Every shard carries on with the two left.
-    wait_writable(&mut asker_client, "/spread/after").await;
+    if let Err(e) = common::try_wait_writable(&mut asker_client, "/spread/after").await {
+        panic!("{e}\n{}", cluster.logs());
+    }
 }

@@ -289,6 +289,14 @@ pub async fn client(endpoint: &str) -> etcd_client::Client {
 /// many routing prefixes), retrying on errors: the member serves and each shard
 /// has a leader.
 pub async fn wait_writable(c: &mut etcd_client::Client, key: &str) {
+    if let Err(e) = try_wait_writable(c, key).await {
+        panic!("{e}");
+    }
+}
+
+/// [`wait_writable`], returning the failure (with the last error) so the
+/// caller can add the members' logs.
+pub async fn try_wait_writable(c: &mut etcd_client::Client, key: &str) -> Result<(), String> {
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut prefix = 0;
     loop {
@@ -297,14 +305,14 @@ pub async fn wait_writable(c: &mut etcd_client::Client, key: &str) {
         } else {
             format!("/ready{prefix}/{key}")
         };
-        match c.put(k, "ready", None).await {
-            Ok(_) if prefix == 32 => return,
+        match c.put(k.clone(), "ready", None).await {
+            Ok(_) if prefix == 32 => return Ok(()),
             Ok(_) => prefix += 1,
             Err(e) if Instant::now() < deadline => {
                 let _ = e;
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
-            Err(e) => panic!("member never became writable: {e}"),
+            Err(e) => return Err(format!("member never became writable ({k}): {e}")),
         }
     }
 }
