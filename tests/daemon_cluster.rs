@@ -437,9 +437,54 @@ async fn writes_carry_on_while_leadership_is_handed_over() {
     // leader in the middle of one waits for the new leader instead of being
     // lost (its client would hang until the request timeout) or refused.
     let flags = ["--shards", "3", "--cores", "1"];
-    let cluster = Cluster::start(3, &flags);
+    let mut cluster = Cluster::start(3, &flags);
     let mut c = client(&cluster.members[0].endpoint()).await;
     wait_writable(&mut c, "/handover/ready").await;
+    // The first elections may pick every shard's preferred member, and then
+    // nothing is handed over. Shard 0 prefers the smallest member id: once
+    // that member leads it, stop it so another takes over, and start it
+    // again; the stand-in hands shard 0 back 3 s after its election, while
+    // the writers below run.
+    let list = c.member_list().await.unwrap();
+    let preferred_name = list
+        .members()
+        .iter()
+        .min_by_key(|m| m.id())
+        .unwrap()
+        .name()
+        .to_string();
+    let preferred = cluster
+        .members
+        .iter()
+        .position(|m| m.name == preferred_name)
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while common::shard0_leader(&cluster).await != preferred {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{preferred_name} never led shard 0\n{}",
+            cluster.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(cluster.members[preferred].terminate(), Some(0));
+    let stand_in = common::shard0_leader(&cluster).await;
+    assert_ne!(stand_in, preferred);
+    cluster.members[preferred].restart();
+    let endpoint = cluster.members[preferred].endpoint();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while client(&endpoint).await.status().await.is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{preferred_name} does not serve after its restart\n{}",
+            cluster.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let handovers_before = cluster
+        .logs()
+        .matches("handing leadership to the shard's preferred member")
+        .count();
     let mut writers = Vec::new();
     for (w, m) in cluster.members.iter().enumerate() {
         let endpoint = m.endpoint();
@@ -470,7 +515,9 @@ async fn writes_carry_on_while_leadership_is_handed_over() {
     }
     let logs = cluster.logs();
     assert!(
-        logs.contains("handing leadership to the shard's preferred member"),
+        logs.matches("handing leadership to the shard's preferred member")
+            .count()
+            > handovers_before,
         "no handover happened while writing:\n{logs}"
     );
     assert!(written > 100, "only {written} writes");
