@@ -458,15 +458,7 @@ async fn writes_carry_on_while_leadership_is_handed_over() {
         .iter()
         .position(|m| m.name == preferred_name)
         .unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while common::shard0_leader(&cluster).await != preferred {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{preferred_name} never led shard 0\n{}",
-            cluster.logs()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    common::wait_shard0_leader(&cluster, preferred).await;
     assert_eq!(cluster.members[preferred].terminate(), Some(0));
     let stand_in = common::shard0_leader(&cluster).await;
     assert_ne!(stand_in, preferred);

@@ -419,15 +419,7 @@ async fn removing_a_member_that_leads_shards_completes_from_any_member() {
     let mut asker_client = client(&cluster.members[asker].endpoint()).await;
     // Leadership spreads (handover after 3 s of leading): wait until the
     // victim leads shard 0, the case this test is about.
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while common::shard0_leader(&cluster).await != victim {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{victim_name} never led shard 0\n{}",
-            cluster.logs()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    common::wait_shard0_leader(&cluster, victim).await;
     asker_client
         .member_remove(victim_id)
         .await

@@ -337,6 +337,21 @@ pub async fn shard0_leader(cluster: &Cluster) -> usize {
     }
 }
 
+/// Waits (up to 20 s, as leadership spreads) until member `member` leads
+/// shard 0; panics with the members' logs if it never does.
+pub async fn wait_shard0_leader(cluster: &Cluster, member: usize) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while shard0_leader(cluster).await != member {
+        assert!(
+            Instant::now() < deadline,
+            "{} never led shard 0\n{}",
+            cluster.members[member].name,
+            cluster.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// The gRPC status of a refused request (panics on any other kind of error).
 pub fn status_of(e: etcd_client::Error) -> tonic::Status {
     match e {
