@@ -319,11 +319,10 @@ fn split_list(s: &str) -> Vec<String> {
         .collect()
 }
 
-/// Resolves an etcd-style URL (`http://host:port`) to socket addresses. Only plain
-/// http is served; https would need TLS, which Cairn does not terminate.
-/// The `host:port` of an `http://host:port` URL, checked for form only: no
-/// name is looked up (that happens where the address is used, off the cores'
-/// threads).
+/// The `host:port` of an etcd-style URL (`http://host:port`), checked for form
+/// only: no name is looked up (that happens where the address is used, off the
+/// cores' threads). Only plain http is served; https would need TLS, which
+/// Cairn does not terminate.
 pub fn url_host_port(flag: &'static str, url: &str) -> Result<String, ConfigError> {
     let rest = url
         .strip_prefix("http://")
@@ -341,25 +340,19 @@ pub fn url_host_port(flag: &'static str, url: &str) -> Result<String, ConfigErro
     Ok(hostport.to_string())
 }
 
-pub fn url_to_addrs(flag: &'static str, url: &str) -> Result<Vec<SocketAddr>, ConfigError> {
-    let hostport = url_host_port(flag, url)?;
-    let addrs: Vec<SocketAddr> = hostport
-        .to_socket_addrs()
-        .map_err(|e| invalid(flag, format!("{url:?}: {e}")))?
-        .collect();
-    if addrs.is_empty() {
-        return Err(invalid(flag, format!("{url:?}: resolves to no address")));
-    }
-    Ok(addrs)
-}
-
+/// The addresses to listen on for URLs this member binds: each resolved now.
+/// A host name such as localhost may resolve to both families; the first is
+/// used.
 fn urls_to_addrs(flag: &'static str, urls: &[String]) -> Result<Vec<SocketAddr>, ConfigError> {
-    let mut out = Vec::new();
-    for url in urls {
-        // A host name such as localhost may resolve to both families; listen on the first.
-        out.push(url_to_addrs(flag, url)?[0]);
-    }
-    Ok(out)
+    urls.iter()
+        .map(|url| {
+            url_host_port(flag, url)?
+                .to_socket_addrs()
+                .map_err(|e| invalid(flag, format!("{url:?}: {e}")))?
+                .next()
+                .ok_or_else(|| invalid(flag, format!("{url:?}: resolves to no address")))
+        })
+        .collect()
 }
 
 /// Parses `--initial-cluster` ("a=http://h:1,b=http://h:2"); a name may repeat to

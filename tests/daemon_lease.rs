@@ -86,6 +86,17 @@ async fn wait_keys_everywhere(cluster: &Cluster, tag: &str, want: &[String], tim
     }
 }
 
+/// The ids LeaseLeases lists.
+async fn listed_leases(c: &mut etcd_client::Client) -> Vec<i64> {
+    c.leases()
+        .await
+        .expect("leases")
+        .leases()
+        .iter()
+        .map(|l| l.id())
+        .collect()
+}
+
 /// Asserts that a request was refused with etcd's `code` and `message`.
 fn assert_refused<T: std::fmt::Debug>(
     result: Result<T, etcd_client::Error>,
@@ -180,14 +191,7 @@ async fn leases_span_shards_expire_and_survive_a_leader_crash() {
     assert_eq!(got, want, "TimeToLive lists the keys of every shard");
     assert_eq!(ttl.granted_ttl(), 4);
     assert!(ttl.ttl() > 0 && ttl.ttl() <= 4, "remaining {}", ttl.ttl());
-    let listed: Vec<i64> = c0
-        .leases()
-        .await
-        .expect("leases")
-        .leases()
-        .iter()
-        .map(|l| l.id())
-        .collect();
+    let listed = listed_leases(&mut c0).await;
     for id in [0x1234, a, short.id()] {
         assert!(listed.contains(&id), "{id:x} not in {listed:x?}");
     }
@@ -431,14 +435,7 @@ async fn many_leases_expire_leases_survive_a_restart_and_bad_peer_requests_are_r
     // come a moment after the keys of the others are gone.
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let listed: Vec<i64> = c
-            .leases()
-            .await
-            .expect("leases")
-            .leases()
-            .iter()
-            .map(|l| l.id())
-            .collect();
+        let listed = listed_leases(&mut c).await;
         if !ids.iter().any(|id| listed.contains(id)) {
             break;
         }

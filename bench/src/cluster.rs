@@ -108,6 +108,8 @@ pub struct LocalCluster {
     pub system: System,
     pub members: Vec<MemberProcess>,
     pub base_dir: PathBuf,
+    /// Every member stopped by [`LocalCluster::pause_all`] and not yet resumed.
+    paused: bool,
 }
 
 /// Picks `n` distinct free TCP ports on 127.0.0.1. All listeners are held until
@@ -213,6 +215,7 @@ impl LocalCluster {
             system,
             members: Vec::with_capacity(members),
             base_dir: base_dir.to_owned(),
+            paused: false,
         };
         for i in 0..members {
             let name = format!("{}{i}", system.name());
@@ -359,13 +362,23 @@ impl LocalCluster {
     }
 
     /// Pauses every member (see [`LocalCluster::pause`]).
-    pub fn pause_all(&self) -> Result<(), ClusterError> {
-        self.signal_all(libc::SIGSTOP, "pausing member")
+    pub fn pause_all(&mut self) -> Result<(), ClusterError> {
+        self.signal_all(libc::SIGSTOP, "pausing member")?;
+        self.paused = true;
+        Ok(())
     }
 
     /// Resumes every member (see [`LocalCluster::resume`]).
-    pub fn resume_all(&self) -> Result<(), ClusterError> {
-        self.signal_all(libc::SIGCONT, "resuming member")
+    pub fn resume_all(&mut self) -> Result<(), ClusterError> {
+        self.signal_all(libc::SIGCONT, "resuming member")?;
+        self.paused = false;
+        Ok(())
+    }
+
+    /// Whether [`LocalCluster::pause_all`] stopped the members and nothing has
+    /// resumed them since.
+    pub fn is_paused(&self) -> bool {
+        self.paused
     }
 
     fn signal_all(&self, signal: libc::c_int, action: &'static str) -> Result<(), ClusterError> {
@@ -404,6 +417,7 @@ impl LocalCluster {
             .iter_mut()
             .filter_map(|m| m.child.take())
             .collect();
+        self.paused = false;
         for child in &running {
             let _ = send_signal(child.id(), libc::SIGCONT);
             let _ = send_signal(child.id(), libc::SIGTERM);

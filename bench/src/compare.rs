@@ -168,25 +168,39 @@ pub struct CompareOpts {
 /// `measured` was paused, resumes it and waits until it serves again. A
 /// cluster that cannot be paused (a member has exited) is reported and left
 /// running: the run measured beside it still counts.
-async fn isolate(
-    clusters: &mut [LocalCluster],
-    measured: usize,
-    paused: &mut [bool],
-) -> Result<(), ClusterError> {
-    for (i, cluster) in clusters.iter().enumerate() {
-        if i != measured && !paused[i] {
-            match cluster.pause_all() {
-                Ok(()) => paused[i] = true,
-                Err(e) => eprintln!("    {} left running: {e}", cluster.system),
+async fn isolate(clusters: &mut [LocalCluster], measured: usize) -> Result<(), ClusterError> {
+    for (i, cluster) in clusters.iter_mut().enumerate() {
+        if i != measured && !cluster.is_paused() {
+            if let Err(e) = cluster.pause_all() {
+                eprintln!("    {} left running: {e}", cluster.system);
             }
         }
     }
-    if paused[measured] {
-        clusters[measured].resume_all()?;
-        paused[measured] = false;
-        clusters[measured].wait_ready(CLUSTER_READY_TIMEOUT).await?;
+    let cluster = &mut clusters[measured];
+    if cluster.is_paused() {
+        cluster.resume_all()?;
+        cluster.wait_ready(CLUSTER_READY_TIMEOUT).await?;
     }
     Ok(())
+}
+
+/// Whether a comparison pauses the systems it is not measuring.
+fn pauses_others(opts: &CompareOpts) -> bool {
+    !opts.others_running && opts.systems.len() > 1
+}
+
+/// Says that a run of `preset` failed on `system` and records why, once per
+/// system, for the row.
+fn run_failed(
+    failed: &mut Vec<(System, String)>,
+    preset: Preset,
+    system: System,
+    why: &dyn std::fmt::Display,
+) {
+    eprintln!("    {} FAILED on {system}: {why}", preset.name());
+    if !failed.iter().any(|(s, _)| *s == system) {
+        failed.push((system, why.to_string()));
+    }
 }
 
 /// The workspace's shared `target` directory (the bench crate sits one level down).
@@ -216,6 +230,17 @@ pub fn newest_workspace_cairn_bin() -> Option<PathBuf> {
                 .is_ok_and(|s| s.success())
         })
         .max_by_key(|bin| std::fs::metadata(bin).and_then(|m| m.modified()).ok())
+}
+
+/// [`newest_workspace_cairn_bin`] for tests: when there is none, applies the
+/// rule of [`crate::binary_available_or_skip`] to the debug build's path (fail
+/// under `CI`, else a skip note) and returns `None`.
+pub fn workspace_cairn_or_skip() -> Option<PathBuf> {
+    let bin = newest_workspace_cairn_bin();
+    if bin.is_none() {
+        crate::binary_available_or_skip(&workspace_target_dir().join("debug").join("cairn"));
+    }
+    bin
 }
 
 fn duration_arg(d: Duration) -> String {
@@ -373,8 +398,6 @@ pub async fn run(
         });
     }
 
-    // paused[i]: cluster i is stopped with SIGSTOP (see --others-running).
-    let mut paused = vec![false; clusters.len()];
     let total_runs = opts.workloads.len() * opts.runs * clusters.len();
     let mut done_runs = 0;
     let mut rows = Vec::with_capacity(opts.workloads.len());
@@ -391,17 +414,10 @@ pub async fn run(
             };
             for i in order {
                 done_runs += 1;
-                if !opts.others_running {
-                    if let Err(e) = isolate(&mut clusters, i, &mut paused).await {
+                if pauses_others(opts) {
+                    if let Err(e) = isolate(&mut clusters, i).await {
                         // This system cannot be measured now; the others can.
-                        eprintln!(
-                            "    {} FAILED on {}: {e}",
-                            preset.name(),
-                            clusters[i].system
-                        );
-                        if !failed.iter().any(|(s, _)| *s == clusters[i].system) {
-                            failed.push((clusters[i].system, e.to_string()));
-                        }
+                        run_failed(&mut failed, preset, clusters[i].system, &e);
                         continue;
                     }
                 }
@@ -427,10 +443,7 @@ pub async fn run(
                         Ok(report) => report,
                         Err(e) => {
                             // One system lacking a feature must not cost the other's row.
-                            eprintln!("    {} FAILED on {}: {e}", preset.name(), cluster.system);
-                            if !failed.iter().any(|(s, _)| *s == cluster.system) {
-                                failed.push((cluster.system, e.to_string()));
-                            }
+                            run_failed(&mut failed, preset, cluster.system, &e);
                             continue;
                         }
                     };
@@ -528,10 +541,10 @@ fn table(rows: &[Row], not_measured: &[(System, String)], opts: &CompareOpts) ->
     out.push_str(&format!(
         "\n{} members per system on 127.0.0.1; {}; median of {} run(s); latency in ms; ratio = cairn/etcd\n\n",
         opts.members,
-        if opts.others_running || opts.systems.len() < 2 {
-            "every system running throughout"
-        } else {
+        if pauses_others(opts) {
             "each system measured while the other is paused"
+        } else {
+            "every system running throughout"
         },
         opts.runs
     ));
@@ -635,7 +648,7 @@ fn summary_json(rows: &[Row], not_measured: &[(System, String)], opts: &CompareO
         "compare": rows,
         "members": opts.members,
         "runs": opts.runs,
-        "others_paused": !opts.others_running && opts.systems.len() > 1,
+        "others_paused": pauses_others(opts),
         "not_measured": not_measured,
     })
 }

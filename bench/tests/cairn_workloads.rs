@@ -16,11 +16,7 @@ use cairn_bench::{LocalCluster, System};
 use common::{bench, watch_latency_40_puts};
 
 async fn cairn_cluster(dir: &Path) -> Option<LocalCluster> {
-    let Some(bin) = cairn_bench::compare::newest_workspace_cairn_bin() else {
-        let missing = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug/cairn");
-        cairn_bench::binary_available_or_skip(&missing);
-        return None;
-    };
+    let bin = cairn_bench::compare::workspace_cairn_or_skip()?;
     let mut cluster = LocalCluster::start(System::Cairn, &bin, 3, dir).expect("start cairn");
     cluster
         .wait_ready(Duration::from_secs(60))
@@ -150,9 +146,7 @@ async fn fixed_rate_mode_reports_a_cairn_stall_in_p999() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn member_cores_reach_cairn_as_its_cores_flag() {
-    let Some(bin) = cairn_bench::compare::newest_workspace_cairn_bin() else {
-        let missing = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug/cairn");
-        cairn_bench::binary_available_or_skip(&missing);
+    let Some(bin) = cairn_bench::compare::workspace_cairn_or_skip() else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();

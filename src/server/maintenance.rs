@@ -37,10 +37,6 @@ pub struct MaintenanceService {
 }
 
 impl MaintenanceService {
-    async fn all_status(&self) -> Result<Vec<ShardStatus>, ApiError> {
-        self.router.all_status().await
-    }
-
     /// Combines per-shard hashes into one member hash. One shard: its hash as is.
     fn combine(hashes: &[ShardHash]) -> u32 {
         if hashes.len() == 1 {
@@ -82,7 +78,7 @@ impl Maintenance for MaintenanceService {
         request: Request<AlarmRequest>,
     ) -> Result<Response<AlarmResponse>, Status> {
         let req = request.into_inner();
-        let statuses = self.all_status().await?;
+        let statuses = self.router.all_status().await?;
         let action = alarm_request::AlarmAction::try_from(req.action)
             .map_err(|_| Status::invalid_argument("etcdserver: unknown alarm action"))?;
         match action {
@@ -103,7 +99,7 @@ impl Maintenance for MaintenanceService {
         let statuses = if action == alarm_request::AlarmAction::Get {
             statuses
         } else {
-            self.all_status().await?
+            self.router.all_status().await?
         };
         let alarms = if statuses.iter().any(|s| s.nospace_alarm) {
             vec![AlarmMember {
@@ -120,7 +116,7 @@ impl Maintenance for MaintenanceService {
     }
 
     async fn status(&self, _: Request<StatusRequest>) -> Result<Response<StatusResponse>, Status> {
-        let statuses = self.all_status().await?;
+        let statuses = self.router.all_status().await?;
         let first = statuses.first().cloned().unwrap_or_default();
         let mut errors = Vec::new();
         if statuses.iter().any(|s| s.nospace_alarm) {
@@ -162,7 +158,7 @@ impl Maintenance for MaintenanceService {
 
     async fn hash(&self, _: Request<HashRequest>) -> Result<Response<HashResponse>, Status> {
         let hashes = self.all_hashes(0).await?;
-        let statuses = self.all_status().await?;
+        let statuses = self.router.all_status().await?;
         Ok(Response::new(HashResponse {
             header: Some(summary_header(&self.identity, &statuses)),
             hash: Self::combine(&hashes),
@@ -175,7 +171,7 @@ impl Maintenance for MaintenanceService {
     ) -> Result<Response<HashKvResponse>, Status> {
         let req = request.into_inner();
         let hashes = self.all_hashes(req.revision).await?;
-        let statuses = self.all_status().await?;
+        let statuses = self.router.all_status().await?;
         Ok(Response::new(HashKvResponse {
             header: Some(summary_header(&self.identity, &statuses)),
             hash: Self::combine(&hashes),
@@ -195,7 +191,7 @@ impl Maintenance for MaintenanceService {
         let (out_tx, out_rx) = tokio::sync::mpsc::channel::<Result<SnapshotResponse, Status>>(4);
         let router = self.router.clone();
         let identity = self.identity.clone();
-        let statuses = self.all_status().await?;
+        let statuses = self.router.all_status().await?;
         let estimate: u64 = statuses.iter().map(|s| s.db_size_in_use_bytes).sum();
         tokio::spawn(async move {
             let mut enc = BackupEncoder::default();

@@ -242,10 +242,6 @@ impl MemberFile {
 #[derive(Debug)]
 pub struct MemberRegistry {
     dir: PathBuf,
-    /// Fixed for the data directory's life; read without a lock on hot paths
-    /// (every response header names them).
-    local_id: u64,
-    cluster_id: u64,
     state: RwLock<Membership>,
     /// The file as last written; serialises writers.
     file: Mutex<MemberFile>,
@@ -264,8 +260,6 @@ impl MemberRegistry {
         let accepted = cairn_net::MemberSet::new(members.iter().map(|m| m.id));
         MemberRegistry {
             dir: dir.to_path_buf(),
-            local_id: file.member_id,
-            cluster_id: file.cluster_id,
             state: RwLock::new(Membership {
                 cluster_id: file.cluster_id,
                 local_id: file.member_id,
@@ -298,11 +292,17 @@ impl MemberRegistry {
     }
 
     pub fn local_id(&self) -> u64 {
-        self.local_id
+        self.state
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .local_id
     }
 
     pub fn cluster_id(&self) -> u64 {
-        self.cluster_id
+        self.state
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .cluster_id
     }
 
     /// The set the peer listener checks greetings against.

@@ -244,8 +244,6 @@ pub fn select_storage(cfg: &Config) -> Result<Rc<dyn Storage>, OpenError> {
     }
 }
 
-/// io_uring with `uring` options when this core can have a ring, else the sync
-/// backend with `sync` options; one log line says which and why.
 /// The core's shared ring, or a ring of its own when `opts` asks for another size.
 fn ring_for(opts: &UringOptions) -> io::Result<Uring> {
     if opts.ring_entries == crate::uring::DEFAULT_RING_ENTRIES {
@@ -255,6 +253,8 @@ fn ring_for(opts: &UringOptions) -> io::Result<Uring> {
     }
 }
 
+/// io_uring with `uring` options when this core can have a ring, else the sync
+/// backend with `sync` options; one log line says which and why.
 fn open_preferring_uring(
     cfg: &Config,
     uring: UringOptions,
