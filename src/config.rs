@@ -7,6 +7,7 @@
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use clap::Parser;
 use serde::Deserialize;
@@ -25,6 +26,11 @@ pub const MAX_SHARDS: usize = 1024;
 /// every request is held whole in memory and in one Raft entry.
 pub const MAX_REQUEST_BYTES_LIMIT: usize = 10 * 1024 * 1024;
 pub const DEFAULT_WAL_SEGMENT_SIZE_BYTES: u64 = 64 * 1024 * 1024;
+/// Default longest idle poll of a core (`--idle-poll-us`).
+pub const DEFAULT_IDLE_POLL_US: u64 = 1000;
+/// Upper bound on `--idle-poll-us`: a core polling for longer than this is
+/// simply spinning, which `--idle-poll-us` is not meant for.
+pub const MAX_IDLE_POLL_US: u64 = 10_000;
 
 const _: () = assert!(DEFAULT_MAX_REQUEST_BYTES <= MAX_REQUEST_BYTES_LIMIT);
 const _: () = assert!(MAX_CORES <= MAX_SHARDS);
@@ -93,6 +99,12 @@ pub struct Flags {
     /// Every member of a cluster must use the same value.
     #[arg(long, value_name = "N")]
     pub shards: Option<usize>,
+
+    /// Longest a core polls for work before it sleeps, in microseconds (default
+    /// 1000; 0: never poll). The window adapts: a core whose waits are longer than
+    /// this, such as an idle member's, does not poll at all.
+    #[arg(long, value_name = "MICROSECONDS")]
+    pub idle_poll_us: Option<u64>,
 
     /// Largest client request accepted, in bytes (default 1572864, etcd's).
     #[arg(long, value_name = "BYTES")]
@@ -221,6 +233,7 @@ pub struct Config {
     pub initial_cluster_token: String,
     pub cores: usize,
     pub shards: usize,
+    pub idle_poll: Duration,
     pub max_request_bytes: usize,
     pub max_txn_ops: usize,
     pub quota_backend_bytes: u64,
@@ -290,6 +303,7 @@ impl Flags {
             initial_cluster_token: self.initial_cluster_token.or(other.initial_cluster_token),
             cores: self.cores.or(other.cores),
             shards: self.shards.or(other.shards),
+            idle_poll_us: self.idle_poll_us.or(other.idle_poll_us),
             max_request_bytes: self.max_request_bytes.or(other.max_request_bytes),
             max_txn_ops: self.max_txn_ops.or(other.max_txn_ops),
             quota_backend_bytes: self.quota_backend_bytes.or(other.quota_backend_bytes),
@@ -496,6 +510,7 @@ impl Config {
                 .unwrap_or_else(|| "cairn-cluster".to_string()),
             cores,
             shards,
+            idle_poll: Duration::from_micros(f.idle_poll_us.unwrap_or(DEFAULT_IDLE_POLL_US)),
             max_request_bytes: f.max_request_bytes.unwrap_or(DEFAULT_MAX_REQUEST_BYTES),
             max_txn_ops: f.max_txn_ops.unwrap_or(DEFAULT_MAX_TXN_OPS),
             quota_backend_bytes: f.quota_backend_bytes.unwrap_or(DEFAULT_QUOTA_BACKEND_BYTES),
@@ -556,6 +571,12 @@ impl Config {
         }
         if self.shards == 0 || self.shards > MAX_SHARDS {
             return Err(invalid("shards", format!("must be 1..={MAX_SHARDS}")));
+        }
+        if self.idle_poll > Duration::from_micros(MAX_IDLE_POLL_US) {
+            return Err(invalid(
+                "idle-poll-us",
+                format!("must be 0..={MAX_IDLE_POLL_US}"),
+            ));
         }
         if self.max_request_bytes == 0 || self.max_request_bytes > MAX_REQUEST_BYTES_LIMIT {
             return Err(invalid(
@@ -640,6 +661,9 @@ mod tests {
         assert_eq!(c.max_request_bytes, 1_572_864);
         assert_eq!(c.max_txn_ops, 128);
         assert!(c.cores >= 1 && c.shards == c.cores);
+        assert_eq!(c.idle_poll, Duration::from_micros(DEFAULT_IDLE_POLL_US));
+        let off = parse(&["--idle-poll-us", "0"]).unwrap();
+        assert!(off.idle_poll.is_zero());
     }
 
     #[test]
@@ -719,6 +743,7 @@ mod tests {
             ),
             (&["--shards", "0"], "--shards"),
             (&["--cores", "100000"], "--cores"),
+            (&["--idle-poll-us", "20000"], "--idle-poll-us"),
             (&["--max-request-bytes", "99999999"], "--max-request-bytes"),
             (&["--election-timeout", "200"], "--election-timeout"),
             (&["--log-format", "xml"], "--log-format"),

@@ -1,6 +1,7 @@
 //! The Cairn daemon: Raft consensus per shard, thread-per-core, serving the etcd v3 API.
 
 pub mod config;
+pub mod idle_poll;
 pub mod ops;
 pub mod raft;
 pub mod routing;

@@ -33,10 +33,14 @@ fn main() {
         data_dir = %config.data_dir.display(),
         cores = config.cores,
         shards = config.shards,
+        idle_poll_us = config.idle_poll.as_micros() as u64,
         "starting"
     );
-    if let Some(advice) = cairn::ops::host::halt_polling_advice(std::path::Path::new("/sys")) {
-        tracing::warn!("{advice}");
+    // With idle polling on, the cores keep their vCPUs from halting themselves.
+    if config.idle_poll.is_zero() {
+        if let Some(advice) = cairn::ops::host::halt_polling_advice(std::path::Path::new("/sys")) {
+            tracing::warn!("{advice}");
+        }
     }
     let mut life = cairn::ops::lifecycle::Lifecycle::from_env(config.cores);
     let node = match Node::start(config, life.watchdog().clone()) {

@@ -8,6 +8,9 @@
 
 use std::future::Future;
 use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::idle_poll::{self, IdlePoll};
 
 use tokio::sync::{mpsc, oneshot};
 
@@ -122,11 +125,60 @@ fn allowed_cpus() -> Vec<usize> {
     }
 }
 
+thread_local! {
+    /// This core thread's idle poller; the runtime's park hooks find it here.
+    static IDLE_POLL: IdlePoller = const { IdlePoller(std::cell::OnceCell::new()) };
+}
+
+/// A core thread's idle poller, set once after its runtime is built (the
+/// runtime's hooks are given before the poller can exist).
+struct IdlePoller(std::cell::OnceCell<IdlePoll>);
+
+impl IdlePoller {
+    fn set(&self, poll: IdlePoll) {
+        let _ = self.0.set(poll);
+    }
+
+    fn before_park(&self) {
+        if let Some(p) = self.0.get() {
+            p.before_park();
+        }
+    }
+
+    fn after_unpark(&self) {
+        if let Some(p) = self.0.get() {
+            p.after_unpark();
+        }
+    }
+}
+
+/// Whether the calling core thread polls before it sleeps (see [`idle_poll`]).
+pub fn idle_polling() -> bool {
+    IDLE_POLL.with(|p| p.0.get().is_some())
+}
+
+/// Calls `observer` after each idle poll of the calling core thread, with whether
+/// the poll caught work before its window ran out. Does nothing on a thread that
+/// does not poll.
+pub fn observe_idle_polls(observer: idle_poll::PollObserver) {
+    IDLE_POLL.with(|p| {
+        if let Some(p) = p.0.get() {
+            p.observe(observer);
+        }
+    });
+}
+
 impl Cores {
     /// Starts `count` core threads. Each pins itself (when `pin`), builds a
-    /// current-thread runtime and `LocalSet`, starts serving its mailbox, and runs
+    /// current-thread runtime (polling for up to `idle_poll` before it sleeps, see
+    /// [`crate::idle_poll`]) and `LocalSet`, starts serving its mailbox, and runs
     /// `main(ctx)` to completion; the thread ends when `main` returns.
-    pub fn start<M, Fut>(count: usize, pin: bool, main: M) -> std::io::Result<Cores>
+    pub fn start<M, Fut>(
+        count: usize,
+        pin: bool,
+        idle_poll: Duration,
+        main: M,
+    ) -> std::io::Result<Cores>
     where
         M: Fn(CoreContext) -> Fut + Send + Sync + Clone + 'static,
         Fut: Future<Output = ()> + 'static,
@@ -156,8 +208,13 @@ impl Cores {
                     }
                     let rt = tokio::runtime::Builder::new_current_thread()
                         .enable_all()
+                        .on_thread_park(|| IDLE_POLL.with(|p| p.before_park()))
+                        .on_thread_unpark(|| IDLE_POLL.with(|p| p.after_unpark()))
                         .build()
                         .expect("build core runtime");
+                    if let Some(poll) = idle_poll::watch_runtime(&rt, idle_poll) {
+                        IDLE_POLL.with(|p| p.set(poll));
+                    }
                     let local = tokio::task::LocalSet::new();
                     local.block_on(&rt, async move {
                         tokio::task::spawn_local(async move {
@@ -198,7 +255,7 @@ mod tests {
     fn each_core_runs_on_its_own_thread_and_answers_calls() {
         let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
         let done_rx = std::sync::Arc::new(std::sync::Mutex::new(done_rx));
-        let cores = Cores::start(2, false, move |ctx| {
+        let cores = Cores::start(2, false, Duration::ZERO, move |ctx| {
             let done_rx = done_rx.clone();
             async move {
                 // Per-core state that is not Send lives here.

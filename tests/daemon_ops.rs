@@ -120,6 +120,17 @@ async fn metrics_move_with_writes_and_readyz_waits_for_a_leader() {
     assert_eq!(sample(&after, "etcd_server_has_leader"), 1.0);
     assert!(after.contains("etcd_server_leader_changes_seen_total"));
     assert!(after.contains("cairn_wal_backend_info"));
+
+    // Idle polling is on by default; 50 replicated writes give the cores short
+    // waits, which they poll through.
+    let log = cluster.members[0].log_text();
+    assert!(log.contains("idle_polling=true"), "{log}");
+    let idle_polls: f64 = after
+        .lines()
+        .filter(|l| l.starts_with("cairn_core_idle_polls_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(idle_polls > 0.0, "no idle polls counted:\n{after}");
 }
 
 #[test]

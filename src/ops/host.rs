@@ -6,7 +6,10 @@
 //! and waits for the host to run the vCPU again. A replicated write wakes
 //! several threads in turn, so each pays that exit. Measured on the 2-core VM
 //! of BENCHMARKS.md: 1-client put p50 0.55 ms with polling off, 0.41 ms with
-//! `guest_halt_poll_ns = 200000` (`--cores 1`, 3 members).
+//! `guest_halt_poll_ns = 200000` (`--cores 1`, 3 members). Cairn's own idle
+//! polling (`crate::idle_poll`, on by default) keeps its cores' vCPUs from
+//! halting in the first place, so the daemon gives this advice only when that
+//! is turned off.
 
 use std::path::Path;
 

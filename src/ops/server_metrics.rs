@@ -62,6 +62,8 @@ struct Ids {
     wal_written_bytes: CoreCounter,
     client_requests: CoreCounter,
     forwarded_requests: CoreCounter,
+    idle_polls: CoreCounter,
+    idle_poll_hits: CoreCounter,
     has_leader: ShardGauge,
     is_leader: ShardGauge,
     leader_changes: ShardCounter,
@@ -120,6 +122,14 @@ impl Ids {
             forwarded_requests: b.core_counter(MetricSpec::new(
                 "cairn_core_forwarded_requests_total",
                 "Client requests this core forwarded to the core owning their shard.",
+            ))?,
+            idle_polls: b.core_counter(MetricSpec::new(
+                "cairn_core_idle_polls_total",
+                "Times this core polled for work before sleeping (--idle-poll-us).",
+            ))?,
+            idle_poll_hits: b.core_counter(MetricSpec::new(
+                "cairn_core_idle_poll_hits_total",
+                "Idle polls of this core that found work before their window ran out.",
             ))?,
             has_leader: b.shard_gauge(
                 MetricSpec::new(
@@ -317,6 +327,15 @@ impl CoreRecorder {
     #[inline]
     pub fn request_forwarded(&self) {
         self.metrics.counter_add(self.ids.forwarded_requests, 1);
+    }
+
+    /// One idle poll, which found work (`hit`) or ran out its window.
+    #[inline]
+    pub fn idle_poll(&self, hit: bool) {
+        self.metrics.counter_add(self.ids.idle_polls, 1);
+        if hit {
+            self.metrics.counter_add(self.ids.idle_poll_hits, 1);
+        }
     }
 
     /// The recorder of a shard owned by this core; `None` if it lives elsewhere.

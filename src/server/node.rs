@@ -664,7 +664,7 @@ impl Node {
             config: config.clone(),
             ready_cores: std::sync::atomic::AtomicUsize::new(0),
         });
-        let cores = Cores::start(config.cores, true, move |ctx| {
+        let cores = Cores::start(config.cores, true, config.idle_poll, move |ctx| {
             let shared = shared.clone();
             async move {
                 if let Err(e) = run_core(ctx, shared).await {
@@ -709,8 +709,18 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
     if let Some((file, offset, reason)) = &recovered.torn_tail {
         tracing::warn!(core, file = %file.display(), offset, reason = %reason, "WAL torn tail cut");
     }
-    tracing::info!(core, backend = %wal.backend(), shards = ?my_shards, "core started");
+    tracing::info!(
+        core,
+        backend = %wal.backend(),
+        shards = ?my_shards,
+        idle_polling = crate::runtime::idle_polling(),
+        "core started"
+    );
     let recorder = shared.recorders[core].clone();
+    {
+        let recorder = recorder.clone();
+        crate::runtime::observe_idle_polls(Box::new(move |hit| recorder.idle_poll(hit)));
+    }
     recorder.set_wal_backend(if wal.backend().starts_with("uring") {
         crate::ops::server_metrics::WalBackendKind::IoUring
     } else {

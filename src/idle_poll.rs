@@ -1,0 +1,274 @@
+//! Idle polling: a core about to sleep first polls for work for a short while.
+//!
+//! A core waits for its next event (a client request, a peer's reply, a WAL
+//! completion) in `epoll_wait`. When that thread sleeps, so may its CPU, and on a
+//! virtual machine waking a halted virtual CPU costs tens of microseconds per
+//! hop; a replicated write crosses several hops. So before the runtime parks, the
+//! core keeps checking (non-blocking) whether its runtime's epoll instance has
+//! anything ready, yielding the CPU between checks so that any other runnable
+//! thread goes first: only otherwise idle time is spent.
+//!
+//! The polling window adapts per core, as Linux's haltpoll governor does: it grows
+//! (doubling from [`GROW_START`] up to the configured maximum) when the core's
+//! wait ended after the window but within the maximum, where a longer poll would
+//! have caught the event, and halves when a wait outlasted the maximum, where
+//! polling only burned CPU. A quiet member, woken only by timers, therefore polls
+//! not at all.
+//!
+//! tokio does not expose its driver's epoll descriptor. It is found as the
+//! eventpoll descriptor whose target list (in `/proc/self/fdinfo`) holds a probe
+//! socket registered with the runtime, and is watched, level-triggered and
+//! without consuming anything, from an epoll instance of our own.
+
+use std::cell::{Cell, RefCell};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::time::{Duration, Instant};
+
+/// The first non-zero window.
+pub const GROW_START: Duration = Duration::from_micros(50);
+
+/// An idle poller for `runtime` (built on this thread), or `None` when `max` is
+/// zero or the runtime's epoll instance cannot be found, in which case the core
+/// simply sleeps as usual.
+pub fn watch_runtime(runtime: &tokio::runtime::Runtime, max: Duration) -> Option<IdlePoll> {
+    if max.is_zero() {
+        return None;
+    }
+    let poll = runtime_epolls(runtime).and_then(|fds| IdlePoll::watching(&fds, max));
+    if poll.is_none() {
+        tracing::warn!("the runtime's epoll instance was not found; cores sleep without polling");
+    }
+    poll
+}
+
+/// The eventpoll descriptors of `runtime`'s driver: those that list a probe
+/// socket registered with the runtime (more than one when the driver holds
+/// duplicates of its descriptor).
+fn runtime_epolls(runtime: &tokio::runtime::Runtime) -> Option<Vec<RawFd>> {
+    let (probe, _peer) = std::os::unix::net::UnixStream::pair().ok()?;
+    probe.set_nonblocking(true).ok()?;
+    let _entered = runtime.enter();
+    let probe = tokio::net::UnixStream::from_std(probe).ok()?;
+    let probe_fd = probe.as_raw_fd();
+    let fds: Vec<RawFd> = std::fs::read_dir("/proc/self/fd")
+        .ok()?
+        .filter_map(|entry| {
+            let entry = entry.ok()?;
+            let fd: RawFd = entry.file_name().to_str()?.parse().ok()?;
+            let target = std::fs::read_link(entry.path()).ok()?;
+            if target.as_os_str() != "anon_inode:[eventpoll]" {
+                return None;
+            }
+            let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).ok()?;
+            lists_target(&info, probe_fd).then_some(fd)
+        })
+        .collect();
+    (!fds.is_empty()).then_some(fds)
+}
+
+/// Whether an eventpoll descriptor's fdinfo text lists `fd` among its targets
+/// (lines of the form `tfd:       12 events: ...`).
+fn lists_target(fdinfo: &str, fd: RawFd) -> bool {
+    fdinfo.lines().any(|line| {
+        line.strip_prefix("tfd:")
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|n| n.parse::<RawFd>().ok())
+            == Some(fd)
+    })
+}
+
+/// Told after each poll whether it found work.
+pub type PollObserver = Box<dyn Fn(bool)>;
+
+/// One core's idle poller; lives on the core's thread.
+pub struct IdlePoll {
+    /// Our epoll instance, with the runtime's epoll descriptors registered.
+    watch: OwnedFd,
+    max: Duration,
+    window: Cell<Duration>,
+    /// When the core last started to idle.
+    idle_since: Cell<Option<Instant>>,
+    /// Whether the last idle period was polled, and whether the poll caught work.
+    last_poll: Cell<Option<bool>>,
+    /// Told of every poll (whether it caught work), e.g. to count them.
+    observer: RefCell<Option<PollObserver>>,
+}
+
+impl IdlePoll {
+    fn watching(runtime_epolls: &[RawFd], max: Duration) -> Option<IdlePoll> {
+        if runtime_epolls.is_empty() {
+            return None;
+        }
+        // SAFETY: epoll_create1 takes no pointers; it returns a new descriptor or -1.
+        let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if fd < 0 {
+            return None;
+        }
+        // SAFETY: `fd` was just created and is owned by nobody else.
+        let watch = unsafe { OwnedFd::from_raw_fd(fd) };
+        for &target in runtime_epolls {
+            let mut event = libc::epoll_event {
+                events: libc::EPOLLIN as u32,
+                u64: 0,
+            };
+            // SAFETY: both descriptors are open and `event` is a valid epoll_event
+            // that the kernel only reads.
+            let rc = unsafe {
+                libc::epoll_ctl(watch.as_raw_fd(), libc::EPOLL_CTL_ADD, target, &mut event)
+            };
+            if rc != 0 {
+                return None;
+            }
+        }
+        Some(IdlePoll {
+            watch,
+            max,
+            window: Cell::new(Duration::ZERO),
+            idle_since: Cell::new(None),
+            last_poll: Cell::new(None),
+            observer: RefCell::new(None),
+        })
+    }
+
+    /// Whether the runtime's epoll instance has an event ready (non-blocking).
+    fn ready(&self) -> bool {
+        let mut event = libc::epoll_event { events: 0, u64: 0 };
+        // SAFETY: `watch` is open and `event` has room for the one event asked for.
+        unsafe { libc::epoll_wait(self.watch.as_raw_fd(), &mut event, 1, 0) != 0 }
+    }
+
+    /// Runs as the runtime is about to park: polls for up to the current window.
+    pub fn before_park(&self) {
+        let start = Instant::now();
+        self.idle_since.set(Some(start));
+        let window = self.window.get();
+        if window.is_zero() {
+            return;
+        }
+        let caught = loop {
+            if self.ready() {
+                break true;
+            }
+            if start.elapsed() >= window {
+                break false;
+            }
+            // SAFETY: sched_yield takes no arguments; it lets any runnable thread
+            // on this CPU go first.
+            unsafe { libc::sched_yield() };
+        };
+        self.last_poll.set(Some(caught));
+    }
+
+    /// Runs as the runtime wakes: adapts the window to how long the core idled.
+    pub fn after_unpark(&self) {
+        if let Some(since) = self.idle_since.take() {
+            self.window
+                .set(next_window(self.window.get(), since.elapsed(), self.max));
+        }
+        if let (Some(caught), Some(observer)) = (self.last_poll.take(), &*self.observer.borrow()) {
+            observer(caught);
+        }
+    }
+
+    /// Calls `observer` after every poll with whether it caught work before its
+    /// window ran out.
+    pub fn observe(&self, observer: PollObserver) {
+        *self.observer.borrow_mut() = Some(observer);
+    }
+}
+
+/// The window after an idle period of `idled` that was polled for up to `window`.
+pub fn next_window(window: Duration, idled: Duration, max: Duration) -> Duration {
+    if idled <= window {
+        window
+    } else if idled <= max {
+        (window * 2).max(GROW_START).min(max)
+    } else {
+        let half = window / 2;
+        if half < GROW_START {
+            Duration::ZERO
+        } else {
+            half
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MAX: Duration = Duration::from_micros(300);
+
+    fn us(n: u64) -> Duration {
+        Duration::from_micros(n)
+    }
+
+    #[test]
+    fn the_window_grows_when_a_longer_poll_would_have_caught_the_wake() {
+        assert_eq!(next_window(Duration::ZERO, us(120), MAX), GROW_START);
+        assert_eq!(next_window(us(50), us(120), MAX), us(100));
+        assert_eq!(next_window(us(200), us(250), MAX), MAX);
+    }
+
+    #[test]
+    fn the_window_holds_when_the_poll_caught_the_wake() {
+        assert_eq!(next_window(us(200), us(150), MAX), us(200));
+        assert_eq!(
+            next_window(Duration::ZERO, Duration::ZERO, MAX),
+            Duration::ZERO
+        );
+    }
+
+    #[test]
+    fn the_window_shrinks_to_nothing_when_waits_outlast_the_maximum() {
+        let mut window = MAX;
+        for _ in 0..4 {
+            window = next_window(window, Duration::from_millis(100), MAX);
+        }
+        assert_eq!(window, Duration::ZERO);
+        assert_eq!(next_window(MAX, us(301), MAX), us(150));
+    }
+
+    #[test]
+    fn fdinfo_targets_are_read_by_number() {
+        let info = "pos:\t0\nflags:\t02000002\nmnt_id:\t16\nino:\t1057\n\
+                    tfd:       41 events: 8000201d data: 7fc4a2606e80  pos:0 ino:727d1a sdev:9\n\
+                    tfd:        5 events: 8000201d data: 7fc4a2606580  pos:0 ino:727ba2 sdev:9\n";
+        assert!(lists_target(info, 41));
+        assert!(lists_target(info, 5));
+        assert!(!lists_target(info, 4));
+        assert!(!lists_target(info, 1057));
+    }
+
+    #[test]
+    fn a_watched_runtime_reports_ready_work_and_a_quiet_one_does_not() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let poll = watch_runtime(&runtime, MAX).expect("the runtime's epoll instance is found");
+        let (a, b) = std::os::unix::net::UnixStream::pair().expect("pair");
+        a.set_nonblocking(true).expect("nonblocking");
+        let mut a =
+            runtime.block_on(async { tokio::net::UnixStream::from_std(a).expect("register") });
+        runtime.block_on(async {
+            // Drain the registration's initial readiness.
+            let _ = tokio::time::timeout(Duration::from_millis(10), a.readable()).await;
+        });
+        assert!(!poll.ready(), "nothing pending yet");
+        std::io::Write::write_all(&mut &b, b"x").expect("write");
+        let started = Instant::now();
+        while !poll.ready() {
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "readiness never seen"
+            );
+        }
+        let mut byte = [0u8; 1];
+        runtime.block_on(async {
+            use tokio::io::AsyncReadExt;
+            a.read_exact(&mut byte).await.expect("read");
+        });
+        assert_eq!(&byte, b"x");
+    }
+}
