@@ -101,8 +101,8 @@ pub struct Flags {
     pub shards: Option<usize>,
 
     /// Longest a core polls for work before it sleeps, in microseconds (default
-    /// 1000; 0: never poll). The window adapts: a core whose waits are longer than
-    /// this, such as an idle member's, does not poll at all.
+    /// 1000; 0: never poll). The window adapts: it shrinks to nothing while a
+    /// core's waits are longer than this, as an idle member's mostly are.
     #[arg(long, value_name = "MICROSECONDS")]
     pub idle_poll_us: Option<u64>,
 

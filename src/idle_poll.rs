@@ -5,15 +5,21 @@
 //! virtual machine waking a halted virtual CPU costs tens of microseconds per
 //! hop; a replicated write crosses several hops. So before the runtime parks, the
 //! core keeps checking (non-blocking) whether its runtime's epoll instance has
-//! anything ready, yielding the CPU between checks so that any other runnable
-//! thread goes first: only otherwise idle time is spent.
+//! anything ready, yielding between checks so that a thread runnable on the same
+//! CPU goes first. (The vCPU itself stays busy while a core polls: on a host
+//! that charges for it, or shares it, set `--idle-poll-us 0`.)
 //!
 //! The polling window adapts per core, as Linux's haltpoll governor does: it grows
 //! (doubling from [`GROW_START`] up to the configured maximum) when the core's
 //! wait ended after the window but within the maximum, where a longer poll would
 //! have caught the event, and halves when a wait outlasted the maximum, where
-//! polling only burned CPU. A quiet member, woken only by timers, therefore polls
-//! not at all.
+//! polling only burned CPU. A quiet member, woken by heartbeats and ticks many
+//! milliseconds apart, polls little: at most [`GROW_START`] after a short wait,
+//! and not again until another short wait.
+//!
+//! A poll watches I/O and wake-ups, not tokio's timers: a timer due inside the
+//! window fires when the window ends, so at most the window late (Cairn's timers
+//! are Raft ticks and request deadlines, milliseconds and longer).
 //!
 //! tokio does not expose its driver's epoll descriptor. It is found as the
 //! eventpoll descriptor whose target list (in `/proc/self/fdinfo`) holds a probe
@@ -34,50 +40,65 @@ pub fn watch_runtime(runtime: &tokio::runtime::Runtime, max: Duration) -> Option
     if max.is_zero() {
         return None;
     }
-    let poll = runtime_epolls(runtime).and_then(|fds| IdlePoll::watching(&fds, max));
+    let poll = runtime_epoll(runtime).and_then(|fd| IdlePoll::watching(fd, max));
     if poll.is_none() {
         tracing::warn!("the runtime's epoll instance was not found; cores sleep without polling");
     }
     poll
 }
 
-/// The eventpoll descriptors of `runtime`'s driver: those that list a probe
-/// socket registered with the runtime (more than one when the driver holds
-/// duplicates of its descriptor).
-fn runtime_epolls(runtime: &tokio::runtime::Runtime) -> Option<Vec<RawFd>> {
+/// The eventpoll descriptor of `runtime`'s driver: one whose target list holds
+/// a probe socket registered with the runtime, matched by descriptor number and
+/// inode (a number alone could be a closed descriptor's, still listed while a
+/// duplicate of it lives).
+fn runtime_epoll(runtime: &tokio::runtime::Runtime) -> Option<RawFd> {
     let (probe, _peer) = std::os::unix::net::UnixStream::pair().ok()?;
     probe.set_nonblocking(true).ok()?;
     let _entered = runtime.enter();
     let probe = tokio::net::UnixStream::from_std(probe).ok()?;
     let probe_fd = probe.as_raw_fd();
-    let fds: Vec<RawFd> = std::fs::read_dir("/proc/self/fd")
+    let probe_ino = socket_inode(&std::fs::read_link(format!("/proc/self/fd/{probe_fd}")).ok()?)?;
+    std::fs::read_dir("/proc/self/fd")
         .ok()?
         .filter_map(|entry| {
             let entry = entry.ok()?;
             let fd: RawFd = entry.file_name().to_str()?.parse().ok()?;
             let target = std::fs::read_link(entry.path()).ok()?;
-            if target.as_os_str() != "anon_inode:[eventpoll]" {
-                return None;
-            }
-            let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).ok()?;
-            lists_target(&info, probe_fd).then_some(fd)
+            (target.as_os_str() == "anon_inode:[eventpoll]").then_some(fd)
         })
-        .collect();
-    (!fds.is_empty()).then_some(fds)
+        .find(|fd| {
+            std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}"))
+                .is_ok_and(|info| lists_target(&info, probe_fd, probe_ino))
+        })
 }
 
-/// Whether an eventpoll descriptor's fdinfo text lists `fd` among its targets
-/// (lines of the form `tfd:       12 events: ...`).
-fn lists_target(fdinfo: &str, fd: RawFd) -> bool {
+/// The inode of a socket from its `/proc/self/fd` link (`socket:[12345]`).
+fn socket_inode(link: &std::path::Path) -> Option<u64> {
+    link.to_str()?
+        .strip_prefix("socket:[")?
+        .strip_suffix(']')?
+        .parse()
+        .ok()
+}
+
+/// Whether an eventpoll descriptor's fdinfo text lists descriptor `fd` with
+/// inode `ino` among its targets (lines such as `tfd:  12 events: 19 data: 0
+/// pos:0 ino:1a2b sdev:9`, the inode in hex).
+fn lists_target(fdinfo: &str, fd: RawFd, ino: u64) -> bool {
     fdinfo.lines().any(|line| {
-        line.strip_prefix("tfd:")
-            .and_then(|rest| rest.split_whitespace().next())
-            .and_then(|n| n.parse::<RawFd>().ok())
-            == Some(fd)
+        let Some(rest) = line.strip_prefix("tfd:") else {
+            return false;
+        };
+        let mut words = rest.split_whitespace();
+        let listed_fd = words.next().and_then(|n| n.parse::<RawFd>().ok());
+        let listed_ino = words
+            .find_map(|w| w.strip_prefix("ino:"))
+            .and_then(|h| u64::from_str_radix(h, 16).ok());
+        listed_fd == Some(fd) && listed_ino == Some(ino)
     })
 }
 
-/// Told after each poll whether it found work.
+/// Told after each poll whether it found an event ready.
 pub type PollObserver = Box<dyn Fn(bool)>;
 
 /// One core's idle poller; lives on the core's thread.
@@ -95,10 +116,7 @@ pub struct IdlePoll {
 }
 
 impl IdlePoll {
-    fn watching(runtime_epolls: &[RawFd], max: Duration) -> Option<IdlePoll> {
-        if runtime_epolls.is_empty() {
-            return None;
-        }
+    fn watching(runtime_epoll: RawFd, max: Duration) -> Option<IdlePoll> {
         // SAFETY: epoll_create1 takes no pointers; it returns a new descriptor or -1.
         let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
         if fd < 0 {
@@ -106,19 +124,23 @@ impl IdlePoll {
         }
         // SAFETY: `fd` was just created and is owned by nobody else.
         let watch = unsafe { OwnedFd::from_raw_fd(fd) };
-        for &target in runtime_epolls {
-            let mut event = libc::epoll_event {
-                events: libc::EPOLLIN as u32,
-                u64: 0,
-            };
-            // SAFETY: both descriptors are open and `event` is a valid epoll_event
-            // that the kernel only reads.
-            let rc = unsafe {
-                libc::epoll_ctl(watch.as_raw_fd(), libc::EPOLL_CTL_ADD, target, &mut event)
-            };
-            if rc != 0 {
-                return None;
-            }
+        let mut event = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: 0,
+        };
+        // SAFETY: `event` is a valid epoll_event that the kernel only reads; the
+        // descriptors are plain numbers to the kernel, which answers EBADF if
+        // either is not open, so no memory is at stake.
+        let rc = unsafe {
+            libc::epoll_ctl(
+                watch.as_raw_fd(),
+                libc::EPOLL_CTL_ADD,
+                runtime_epoll,
+                &mut event,
+            )
+        };
+        if rc != 0 {
+            return None;
         }
         Some(IdlePoll {
             watch,
@@ -134,7 +156,7 @@ impl IdlePoll {
     fn ready(&self) -> bool {
         let mut event = libc::epoll_event { events: 0, u64: 0 };
         // SAFETY: `watch` is open and `event` has room for the one event asked for.
-        unsafe { libc::epoll_wait(self.watch.as_raw_fd(), &mut event, 1, 0) != 0 }
+        unsafe { libc::epoll_wait(self.watch.as_raw_fd(), &mut event, 1, 0) > 0 }
     }
 
     /// Runs as the runtime is about to park: polls for up to the current window.
@@ -170,8 +192,8 @@ impl IdlePoll {
         }
     }
 
-    /// Calls `observer` after every poll with whether it caught work before its
-    /// window ran out.
+    /// Calls `observer` after every poll with whether it found an event ready
+    /// before its window ran out.
     pub fn observe(&self, observer: PollObserver) {
         *self.observer.borrow_mut() = Some(observer);
     }
@@ -230,14 +252,20 @@ mod tests {
     }
 
     #[test]
-    fn fdinfo_targets_are_read_by_number() {
+    fn fdinfo_targets_are_matched_by_number_and_inode() {
         let info = "pos:\t0\nflags:\t02000002\nmnt_id:\t16\nino:\t1057\n\
                     tfd:       41 events: 8000201d data: 7fc4a2606e80  pos:0 ino:727d1a sdev:9\n\
                     tfd:        5 events: 8000201d data: 7fc4a2606580  pos:0 ino:727ba2 sdev:9\n";
-        assert!(lists_target(info, 41));
-        assert!(lists_target(info, 5));
-        assert!(!lists_target(info, 4));
-        assert!(!lists_target(info, 1057));
+        assert!(lists_target(info, 41, 0x727d1a));
+        assert!(lists_target(info, 5, 0x727ba2));
+        assert!(!lists_target(info, 41, 0x727ba2), "a reused number");
+        assert!(!lists_target(info, 4, 0x727d1a));
+        assert!(!lists_target(info, 1057, 1057));
+        assert_eq!(
+            socket_inode(std::path::Path::new("socket:[7502755]")),
+            Some(7502755)
+        );
+        assert_eq!(socket_inode(std::path::Path::new("pipe:[7]")), None);
     }
 
     #[test]

@@ -36,12 +36,7 @@ fn main() {
         idle_poll_us = config.idle_poll.as_micros() as u64,
         "starting"
     );
-    // With idle polling on, the cores keep their vCPUs from halting themselves.
-    if config.idle_poll.is_zero() {
-        if let Some(advice) = cairn::ops::host::halt_polling_advice(std::path::Path::new("/sys")) {
-            tracing::warn!("{advice}");
-        }
-    }
+
     let mut life = cairn::ops::lifecycle::Lifecycle::from_env(config.cores);
     let node = match Node::start(config, life.watchdog().clone()) {
         Ok(n) => n,

@@ -291,4 +291,66 @@ mod tests {
         done_tx.send(()).unwrap();
         cores.join();
     }
+
+    #[test]
+    fn a_core_polls_through_short_waits_and_counts_its_polls() {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        use std::sync::Arc;
+        let (polls, hits) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let seen = (polls.clone(), hits.clone());
+        let cores = Cores::start(1, false, Duration::from_millis(20), move |_ctx| {
+            let (polls, hits) = seen.clone();
+            async move {
+                assert!(idle_polling(), "the core found its runtime's epoll");
+                observe_idle_polls(Box::new(move |hit| {
+                    polls.fetch_add(1, Ordering::Relaxed);
+                    if hit {
+                        hits.fetch_add(1, Ordering::Relaxed);
+                    }
+                }));
+                // Another thread answers each ping after about 0.2 ms: waits
+                // well inside the window, so the window grows and polls catch
+                // the answers.
+                let (near, far) = tokio::net::UnixStream::pair().unwrap();
+                let far = far.into_std().unwrap();
+                far.set_nonblocking(false).unwrap();
+                let echo = std::thread::spawn(move || {
+                    use std::io::{Read, Write};
+                    let mut far = far;
+                    let mut byte = [0u8; 1];
+                    while far.read_exact(&mut byte).is_ok() {
+                        std::thread::sleep(Duration::from_micros(200));
+                        if far.write_all(&byte).is_err() {
+                            break;
+                        }
+                    }
+                });
+                let mut near = near;
+                for _ in 0..50 {
+                    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                    near.write_all(b"p").await.unwrap();
+                    let mut byte = [0u8; 1];
+                    near.read_exact(&mut byte).await.unwrap();
+                }
+                drop(near);
+                echo.join().unwrap();
+            }
+        })
+        .unwrap();
+        cores.join();
+        let (polls, hits) = (polls.load(Ordering::Relaxed), hits.load(Ordering::Relaxed));
+        assert!(hits > 0 && polls >= hits, "polls {polls}, hits {hits}");
+    }
+
+    #[test]
+    fn a_core_without_idle_polling_sleeps_as_before() {
+        let cores = Cores::start(1, false, Duration::ZERO, |_ctx| async {
+            assert!(!idle_polling());
+            // Registering an observer on a core that does not poll is a no-op.
+            observe_idle_polls(Box::new(|_| panic!("no polls without a window")));
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        })
+        .unwrap();
+        cores.join();
+    }
 }

@@ -7,9 +7,9 @@
 //! several threads in turn, so each pays that exit. Measured on the 2-core VM
 //! of BENCHMARKS.md: 1-client put p50 0.55 ms with polling off, 0.41 ms with
 //! `guest_halt_poll_ns = 200000` (`--cores 1`, 3 members). Cairn's own idle
-//! polling (`crate::idle_poll`, on by default) keeps its cores' vCPUs from
-//! halting in the first place, so the daemon gives this advice only when that
-//! is turned off.
+//! polling (`crate::idle_poll`, on by default) keeps a core's vCPU busy through
+//! waits shorter than its window, so the daemon gives this advice only when a
+//! core runs without it.
 
 use std::path::Path;
 

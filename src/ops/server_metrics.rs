@@ -129,7 +129,7 @@ impl Ids {
             ))?,
             idle_poll_hits: b.core_counter(MetricSpec::new(
                 "cairn_core_idle_poll_hits_total",
-                "Idle polls of this core that found work before their window ran out.",
+                "Idle polls of this core that found an event ready before their window ran out.",
             ))?,
             has_leader: b.shard_gauge(
                 MetricSpec::new(

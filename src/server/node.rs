@@ -716,6 +716,13 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
         idle_polling = crate::runtime::idle_polling(),
         "core started"
     );
+    // Without idle polling (turned off, or the runtime's epoll not found), the
+    // host's halt polling is what keeps a wake-up cheap: say so if it is off.
+    if core == 0 && !crate::runtime::idle_polling() {
+        if let Some(advice) = crate::ops::host::halt_polling_advice(std::path::Path::new("/sys")) {
+            tracing::warn!("{advice}");
+        }
+    }
     let recorder = shared.recorders[core].clone();
     {
         let recorder = recorder.clone();
