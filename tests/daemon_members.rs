@@ -180,6 +180,20 @@ async fn learner_joins_is_promoted_and_members_are_removed() {
         get.to_string().contains("not supported for learner"),
         "{get}"
     );
+    let Err(watch) = c3.watch("/a/", None).await else {
+        panic!("a learner accepted Watch");
+    };
+    assert!(
+        watch.to_string().contains("not supported for learner"),
+        "{watch}"
+    );
+    let Err(keep_alive) = c3.lease_keep_alive(1).await else {
+        panic!("a learner accepted LeaseKeepAlive");
+    };
+    assert!(
+        keep_alive.to_string().contains("not supported for learner"),
+        "{keep_alive}"
+    );
     // It published its name.
     eventually("m3's name", Duration::from_secs(20), || {
         let mut c = c0.clone();

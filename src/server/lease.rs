@@ -619,6 +619,10 @@ impl Lease for LeaseService {
         &self,
         request: Request<Streaming<LeaseKeepAliveRequest>>,
     ) -> Result<Response<Self::LeaseKeepAliveStream>, Status> {
+        // etcd's learners refuse every stream.
+        if self.members.local_is_learner() {
+            return Err(ApiError::NotSupportedForLearner.into());
+        }
         let mut inbound = request.into_inner();
         let (tx, rx) = mpsc::channel(16);
         let this = self.clone();

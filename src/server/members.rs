@@ -291,6 +291,12 @@ impl MemberRegistry {
             .cloned()
     }
 
+    /// Whether this member is a learner (as its table says).
+    pub fn local_is_learner(&self) -> bool {
+        let state = self.state.read().unwrap_or_else(|e| e.into_inner());
+        state.get(state.local_id).is_some_and(|m| m.is_learner)
+    }
+
     pub fn local_id(&self) -> u64 {
         self.state
             .read()

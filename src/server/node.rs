@@ -896,6 +896,7 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
         };
         let watch = super::watch::WatchService {
             router: shared.router.clone(),
+            members: shared.members.clone(),
             identity: shared.identity.clone(),
             next_stream: shared.next_watch_stream.clone(),
         };

@@ -252,6 +252,8 @@ fn previous(store: &mvcc::Store, key: &[u8], revision: i64) -> Option<mvccpb::Ke
 #[derive(Clone)]
 pub struct WatchService {
     pub router: Arc<Router>,
+    /// To refuse streams while this member is a learner, as etcd does.
+    pub members: Arc<super::members::MemberRegistry>,
     pub identity: Identity,
     pub next_stream: Arc<AtomicU64>,
 }
@@ -270,6 +272,9 @@ impl Watch for WatchService {
         &self,
         request: Request<Streaming<WatchRequest>>,
     ) -> Result<Response<Self::WatchStream>, Status> {
+        if self.members.local_is_learner() {
+            return Err(super::errors::ApiError::NotSupportedForLearner.into());
+        }
         let mut incoming = request.into_inner();
         let (out_tx, out_rx) =
             mpsc::channel::<Result<WatchResponse, Status>>(WATCH_STREAM_QUEUE_BATCHES);
