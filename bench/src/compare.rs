@@ -184,11 +184,6 @@ async fn isolate(clusters: &mut [LocalCluster], measured: usize) -> Result<(), C
     Ok(())
 }
 
-/// Whether a comparison pauses the systems it is not measuring.
-fn pauses_others(opts: &CompareOpts) -> bool {
-    !opts.others_running && opts.systems.len() > 1
-}
-
 /// Says that a run of `preset` failed on `system` and records why, once per
 /// system, for the row.
 fn run_failed(
@@ -398,6 +393,9 @@ pub async fn run(
         });
     }
 
+    // The systems not being measured are paused, unless asked otherwise or
+    // there is no other started system to pause.
+    let paused = !opts.others_running && clusters.len() > 1;
     let total_runs = opts.workloads.len() * opts.runs * clusters.len();
     let mut done_runs = 0;
     let mut rows = Vec::with_capacity(opts.workloads.len());
@@ -414,7 +412,7 @@ pub async fn run(
             };
             for i in order {
                 done_runs += 1;
-                if pauses_others(opts) {
+                if paused {
                     if let Err(e) = isolate(&mut clusters, i).await {
                         // This system cannot be measured now; the others can.
                         run_failed(&mut failed, preset, clusters[i].system, &e);
@@ -480,9 +478,9 @@ pub async fn run(
     }
     drop(scratch);
 
-    let summary = summary_json(&rows, &not_measured, opts);
+    let summary = summary_json(&rows, &not_measured, opts, paused);
     if !global.json {
-        print!("{}", table(&rows, &not_measured, opts));
+        print!("{}", table(&rows, &not_measured, opts, paused));
     }
     println!("{summary}");
     Ok(())
@@ -536,12 +534,17 @@ fn cell(row: &Row, system: System, value: Option<f64>, decimals: usize) -> Strin
     }
 }
 
-fn table(rows: &[Row], not_measured: &[(System, String)], opts: &CompareOpts) -> String {
+fn table(
+    rows: &[Row],
+    not_measured: &[(System, String)],
+    opts: &CompareOpts,
+    paused: bool,
+) -> String {
     let mut out = String::new();
     out.push_str(&format!(
         "\n{} members per system on 127.0.0.1; {}; median of {} run(s); latency in ms; ratio = cairn/etcd\n\n",
         opts.members,
-        if pauses_others(opts) {
+        if paused {
             "each system measured while the other is paused"
         } else {
             "every system running throughout"
@@ -608,7 +611,12 @@ fn table(rows: &[Row], not_measured: &[(System, String)], opts: &CompareOpts) ->
     out
 }
 
-fn summary_json(rows: &[Row], not_measured: &[(System, String)], opts: &CompareOpts) -> Value {
+fn summary_json(
+    rows: &[Row],
+    not_measured: &[(System, String)],
+    opts: &CompareOpts,
+    paused: bool,
+) -> Value {
     let rows: Vec<Value> = rows
         .iter()
         .map(|row| {
@@ -648,7 +656,7 @@ fn summary_json(rows: &[Row], not_measured: &[(System, String)], opts: &CompareO
         "compare": rows,
         "members": opts.members,
         "runs": opts.runs,
-        "others_paused": pauses_others(opts),
+        "others_paused": paused,
         "not_measured": not_measured,
     })
 }

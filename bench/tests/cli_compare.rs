@@ -127,6 +127,13 @@ fn compare_says_plainly_when_cairn_is_missing() {
             > 0
     );
     assert!(summary["not_measured"]["cairn"].is_string());
+    // With one system started there is nothing to pause, and the header and
+    // summary say so.
+    assert_eq!(summary["others_paused"], false);
+    assert!(
+        stdout.contains("every system running throughout"),
+        "{stdout}"
+    );
     assert_eq!(
         std::fs::read_dir(work.path()).unwrap().count(),
         0,
