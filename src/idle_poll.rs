@@ -40,11 +40,7 @@ pub fn watch_runtime(runtime: &tokio::runtime::Runtime, max: Duration) -> Option
     if max.is_zero() {
         return None;
     }
-    let poll = runtime_epoll(runtime).and_then(|fd| IdlePoll::watching(fd, max));
-    if poll.is_none() {
-        tracing::warn!("the runtime's epoll instance was not found; cores sleep without polling");
-    }
-    poll
+    runtime_epoll(runtime).and_then(|fd| IdlePoll::watching(fd, max))
 }
 
 /// The eventpoll descriptor of `runtime`'s driver: one whose target list holds

@@ -69,9 +69,7 @@ fn sample(text: &str, name: &str) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_move_with_writes_and_readyz_waits_for_a_leader() {
     // One member of a three-member cluster alone has no quorum: never ready.
-    // A wide idle-poll window so that even slow round trips on a loaded machine
-    // are polled through (checked at the end).
-    let mut cluster = Cluster::start(3, &["--shards", "2", "--idle-poll-us", "10000"]);
+    let mut cluster = Cluster::start(3, &["--shards", "2"]);
     cluster.members[1].kill9();
     cluster.members[2].kill9();
     let port = cluster.members[0].client_port;
@@ -123,8 +121,8 @@ async fn metrics_move_with_writes_and_readyz_waits_for_a_leader() {
     assert!(after.contains("etcd_server_leader_changes_seen_total"));
     assert!(after.contains("cairn_wal_backend_info"));
 
-    // 50 replicated writes give the cores waits shorter than the window, which
-    // they poll through.
+    // Idle polling is on by default: among 50 replicated writes' waits some are
+    // shorter than its window, and those are polled through.
     let log = cluster.members[0].log_text();
     assert!(log.contains("idle_polling=true"), "{log}");
     let idle_polls: f64 = after

@@ -619,7 +619,7 @@ impl Lease for LeaseService {
         &self,
         request: Request<Streaming<LeaseKeepAliveRequest>>,
     ) -> Result<Response<Self::LeaseKeepAliveStream>, Status> {
-        // etcd's learners refuse every stream.
+        // etcd's learners refuse the Watch and LeaseKeepAlive streams.
         if self.members.local_is_learner() {
             return Err(ApiError::NotSupportedForLearner.into());
         }

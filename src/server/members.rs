@@ -291,7 +291,10 @@ impl MemberRegistry {
             .cloned()
     }
 
-    /// Whether this member is a learner (as its table says).
+    /// Whether this member is a learner, as its table says. The table follows
+    /// shard 0, so a promotion not yet applied on every shard already counts
+    /// as done here (as `member list` shows it); a member missing from its own
+    /// table is not a learner (etcd's check is the same).
     pub fn local_is_learner(&self) -> bool {
         let state = self.state.read().unwrap_or_else(|e| e.into_inner());
         state.get(state.local_id).is_some_and(|m| m.is_learner)

@@ -719,6 +719,12 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
     // Without idle polling (turned off, or the runtime's epoll not found), the
     // host's halt polling is what keeps a wake-up cheap: say so if it is off.
     if core == 0 && !crate::runtime::idle_polling() {
+        if !config.idle_poll.is_zero() {
+            tracing::warn!(
+                "idle polling is unavailable (the runtime's epoll instance was not found \
+                 in /proc/self/fdinfo); cores sleep without polling"
+            );
+        }
         if let Some(advice) = crate::ops::host::halt_polling_advice(std::path::Path::new("/sys")) {
             tracing::warn!("{advice}");
         }
