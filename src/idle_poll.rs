@@ -31,7 +31,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant};
 
 /// The first non-zero window.
-pub const GROW_START: Duration = Duration::from_micros(50);
+const GROW_START: Duration = Duration::from_micros(50);
 
 /// An idle poller for `runtime` (built on this thread), or `None` when `max` is
 /// zero or the runtime's epoll instance cannot be found, in which case the core
@@ -196,7 +196,7 @@ impl IdlePoll {
 }
 
 /// The window after an idle period of `idled` that was polled for up to `window`.
-pub fn next_window(window: Duration, idled: Duration, max: Duration) -> Duration {
+fn next_window(window: Duration, idled: Duration, max: Duration) -> Duration {
     if idled <= window {
         window
     } else if idled <= max {

@@ -36,7 +36,6 @@ fn main() {
         idle_poll_us = config.idle_poll.as_micros() as u64,
         "starting"
     );
-
     let mut life = cairn::ops::lifecycle::Lifecycle::from_env(config.cores);
     let node = match Node::start(config, life.watchdog().clone()) {
         Ok(n) => n,

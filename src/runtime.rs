@@ -132,20 +132,11 @@ thread_local! {
     static IDLE_POLL: OnceCell<IdlePoll> = const { OnceCell::new() };
 }
 
-/// Whether the calling core thread polls before it sleeps (see [`idle_poll`]).
-pub fn idle_polling() -> bool {
-    IDLE_POLL.with(|p| p.get().is_some())
-}
-
 /// Calls `observer` after each idle poll of the calling core thread, with whether
-/// the poll caught work before its window ran out. Does nothing on a thread that
-/// does not poll.
-pub fn observe_idle_polls(observer: idle_poll::PollObserver) {
-    IDLE_POLL.with(|p| {
-        if let Some(p) = p.get() {
-            p.observe(observer);
-        }
-    });
+/// the poll caught work before its window ran out. Returns whether this core
+/// polls before it sleeps (see [`idle_poll`]); if not, `observer` is dropped.
+pub fn observe_idle_polls(observer: idle_poll::PollObserver) -> bool {
+    IDLE_POLL.with(|p| p.get().map(|p| p.observe(observer)).is_some())
 }
 
 impl Cores {
@@ -295,13 +286,13 @@ mod tests {
         let cores = Cores::start(1, false, Duration::from_millis(20), move |_ctx| {
             let (polls, hits) = seen.clone();
             async move {
-                assert!(idle_polling(), "the core found its runtime's epoll");
-                observe_idle_polls(Box::new(move |hit| {
+                let polling = observe_idle_polls(Box::new(move |hit| {
                     polls.fetch_add(1, Ordering::Relaxed);
                     if hit {
                         hits.fetch_add(1, Ordering::Relaxed);
                     }
                 }));
+                assert!(polling, "the core found its runtime's epoll");
                 // Another thread answers each ping after about 0.2 ms: waits
                 // well inside the window, so the window grows and polls catch
                 // the answers.
@@ -339,9 +330,10 @@ mod tests {
     #[test]
     fn a_core_without_idle_polling_sleeps_as_before() {
         let cores = Cores::start(1, false, Duration::ZERO, |_ctx| async {
-            assert!(!idle_polling());
             // Registering an observer on a core that does not poll is a no-op.
-            observe_idle_polls(Box::new(|_| panic!("no polls without a window")));
+            assert!(!observe_idle_polls(Box::new(|_| panic!(
+                "no polls without a window"
+            ))));
             tokio::time::sleep(Duration::from_millis(5)).await;
         })
         .unwrap();

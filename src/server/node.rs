@@ -709,16 +709,21 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
     if let Some((file, offset, reason)) = &recovered.torn_tail {
         tracing::warn!(core, file = %file.display(), offset, reason = %reason, "WAL torn tail cut");
     }
+    let recorder = shared.recorders[core].clone();
+    let idle_polling = {
+        let recorder = recorder.clone();
+        crate::runtime::observe_idle_polls(Box::new(move |hit| recorder.idle_poll(hit)))
+    };
     tracing::info!(
         core,
         backend = %wal.backend(),
         shards = ?my_shards,
-        idle_polling = crate::runtime::idle_polling(),
+        idle_polling,
         "core started"
     );
     // Without idle polling (turned off, or the runtime's epoll not found), the
     // host's halt polling is what keeps a wake-up cheap: say so if it is off.
-    if core == 0 && !crate::runtime::idle_polling() {
+    if core == 0 && !idle_polling {
         if !config.idle_poll.is_zero() {
             tracing::warn!(
                 "idle polling is unavailable (the runtime's epoll instance was not found \
@@ -728,11 +733,6 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
         if let Some(advice) = crate::ops::host::halt_polling_advice(std::path::Path::new("/sys")) {
             tracing::warn!("{advice}");
         }
-    }
-    let recorder = shared.recorders[core].clone();
-    {
-        let recorder = recorder.clone();
-        crate::runtime::observe_idle_polls(Box::new(move |hit| recorder.idle_poll(hit)));
     }
     recorder.set_wal_backend(if wal.backend().starts_with("uring") {
         crate::ops::server_metrics::WalBackendKind::IoUring
