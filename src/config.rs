@@ -91,11 +91,15 @@ pub struct Flags {
     #[arg(long, value_name = "TOKEN")]
     pub initial_cluster_token: Option<String>,
 
-    /// Number of cores to run on, one pinned thread each (default: all available).
+    /// Number of cores to run on, one pinned thread each (default: the layout
+    /// of the member in --data-dir; for a new member, this host's CPUs divided
+    /// among the members of --initial-cluster whose peer URLs name this host,
+    /// at least 1).
     #[arg(long, value_name = "N")]
     pub cores: Option<usize>,
 
-    /// Number of shards (Raft groups) the keyspace is split into (default: --cores).
+    /// Number of shards (Raft groups) the keyspace is split into (default: the
+    /// layout of the member in --data-dir; for a new member, --cores).
     /// Every member of a cluster must use the same value.
     #[arg(long, value_name = "N")]
     pub shards: Option<usize>,
@@ -233,6 +237,9 @@ pub struct Config {
     pub initial_cluster_token: String,
     pub cores: usize,
     pub shards: usize,
+    /// The members of `--initial-cluster` on this host, and this one's place
+    /// among them: it decides the default `--cores` and the CPUs pinned to.
+    pub host_share: HostShare,
     pub idle_poll: Duration,
     pub max_request_bytes: usize,
     pub max_txn_ops: usize,
@@ -404,6 +411,101 @@ fn available_cores() -> usize {
         .unwrap_or(1)
 }
 
+/// How this member shares its host with the other members of the initial
+/// cluster. Cores are pinned threads that poll before they sleep, so members of
+/// a cluster started on one host (a local test cluster) that each took every
+/// CPU would run several pinned threads on each CPU: instead they divide the
+/// CPUs among them, and each pins from its own offset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostShare {
+    /// Members of `--initial-cluster` whose peer URLs name this host (the same
+    /// host as one of this member's advertised peer URLs, or both loopback),
+    /// this one included.
+    pub members: usize,
+    /// This member's position among them, in `--initial-cluster` order.
+    pub index: usize,
+    /// Members in `--initial-cluster`.
+    pub cluster: usize,
+}
+
+impl HostShare {
+    /// The share of `own_name`, advertised at `own_urls`, in `cluster`.
+    pub fn of(own_name: &str, own_urls: &[String], cluster: &[InitialMember]) -> HostShare {
+        let own_hosts: Vec<&str> = own_urls.iter().filter_map(|u| url_host(u)).collect();
+        let here = |m: &InitialMember| {
+            m.peer_urls.iter().filter_map(|u| url_host(u)).any(|h| {
+                own_hosts
+                    .iter()
+                    .any(|&o| o == h || (is_loopback(o) && is_loopback(h)))
+            })
+        };
+        let mut share = HostShare {
+            members: 1,
+            index: 0,
+            cluster: cluster.len().max(1),
+        };
+        let mut seen_self = false;
+        for m in cluster {
+            if m.name == own_name {
+                seen_self = true;
+            } else if here(m) {
+                share.members += 1;
+                if !seen_self {
+                    share.index += 1;
+                }
+            }
+        }
+        share
+    }
+
+    /// The default core count: the host's `cpus`, divided among the members
+    /// when the whole cluster runs here. A cluster spread over hosts keeps every
+    /// CPU on each, as every member then derives the same shard count from its
+    /// own host's CPUs (shards default to cores and must agree).
+    pub fn cores(&self, cpus: usize) -> usize {
+        if self.members >= self.cluster {
+            (cpus / self.members).max(1)
+        } else {
+            cpus
+        }
+    }
+
+    /// The first CPU (an index into the CPUs the process may use, taken modulo
+    /// their number) that this member's `cores` pin to.
+    pub fn first_cpu(&self, cores: usize) -> usize {
+        self.index * cores
+    }
+}
+
+/// The host part of an `http://host:port` URL (brackets of an IPv6 literal
+/// removed), or None for a URL of another form.
+fn url_host(url: &str) -> Option<&str> {
+    let rest = url.strip_prefix("http://")?.trim_end_matches('/');
+    let (host, _port) = rest.rsplit_once(':')?;
+    Some(host.trim_start_matches('[').trim_end_matches(']'))
+}
+
+fn is_loopback(host: &str) -> bool {
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// The layout (shard count, WAL lanes = cores) of the member `data_dir` holds,
+/// if it holds a readable one. A directory it cannot read is left to the start
+/// to report, with the file's path and the reason.
+fn existing_layout(data_dir: &Path) -> Option<(usize, usize)> {
+    #[derive(Deserialize)]
+    struct Layout {
+        shards: usize,
+        wal_lanes: usize,
+    }
+    let text = std::fs::read_to_string(data_dir.join("member.toml")).ok()?;
+    let layout: Layout = toml::from_str(&text).ok()?;
+    Some((layout.shards, layout.wal_lanes))
+}
+
 impl Config {
     /// Parses the process's arguments and config file into a validated config.
     pub fn from_args() -> Result<Config, ConfigError> {
@@ -451,8 +553,16 @@ impl Config {
                 ))
             }
         };
-        let cores = f.cores.unwrap_or_else(available_cores);
-        let shards = f.shards.unwrap_or(cores);
+        let host_share = HostShare::of(&name, &initial_advertise_peer_urls, &initial_cluster);
+        // A member restarts with the layout it was created with unless told
+        // otherwise (the default could have moved: another CPU count, another
+        // --initial-cluster), so a restart never depends on the defaults.
+        let layout = existing_layout(&data_dir);
+        let cores = f
+            .cores
+            .or(layout.map(|(_, lanes)| lanes))
+            .unwrap_or_else(|| host_share.cores(available_cores()));
+        let shards = f.shards.or(layout.map(|(s, _)| s)).unwrap_or(cores);
         let log_format = match f.log_format.as_deref().unwrap_or("text") {
             "text" | "human" => LogFormat::Text,
             "json" => LogFormat::Json,
@@ -510,6 +620,7 @@ impl Config {
                 .unwrap_or_else(|| "cairn-cluster".to_string()),
             cores,
             shards,
+            host_share,
             idle_poll: Duration::from_micros(f.idle_poll_us.unwrap_or(DEFAULT_IDLE_POLL_US)),
             max_request_bytes: f.max_request_bytes.unwrap_or(DEFAULT_MAX_REQUEST_BYTES),
             max_txn_ops: f.max_txn_ops.unwrap_or(DEFAULT_MAX_TXN_OPS),
@@ -823,5 +934,152 @@ mod tests {
         let err = parse(&["--config-file", path.to_str().unwrap()]).unwrap_err();
         let msg = err.to_string();
         assert!(msg.contains("bad.toml") && msg.contains("nmae"), "{msg}");
+    }
+
+    /// Member b of three on this host.
+    const LOCAL_B: [&str; 6] = [
+        "--name",
+        "b",
+        "--listen-peer-urls",
+        "http://127.0.0.1:22380",
+        "--initial-cluster",
+        "a=http://127.0.0.1:12380,b=http://127.0.0.1:22380,c=http://localhost:32380",
+    ];
+
+    fn members(spec: &str) -> Vec<InitialMember> {
+        parse_initial_cluster(spec).unwrap()
+    }
+
+    #[test]
+    fn members_on_one_host_share_its_cpus() {
+        let local = members("a=http://127.0.0.1:1,b=http://localhost:2,c=http://[::1]:3");
+        for (i, name) in ["a", "b", "c"].iter().enumerate() {
+            let own = local[i].peer_urls.clone();
+            let share = HostShare::of(name, &own, &local);
+            assert_eq!(
+                share,
+                HostShare {
+                    members: 3,
+                    index: i,
+                    cluster: 3
+                },
+                "{name}"
+            );
+        }
+        let spread =
+            members("a=http://10.0.0.1:2380,b=http://10.0.0.2:2380,c=http://10.0.0.3:2380");
+        let share = HostShare::of("c", &spread[2].peer_urls, &spread);
+        assert_eq!(
+            share,
+            HostShare {
+                members: 1,
+                index: 0,
+                cluster: 3
+            }
+        );
+        assert_eq!(share.cores(8), 8);
+        // Two of three on 10.0.0.1; loopback is not the same host as 10.0.0.1.
+        let mixed =
+            members("a=http://10.0.0.1:2380,b=http://127.0.0.1:2380,c=http://10.0.0.1:2381");
+        let share = HostShare::of("c", &mixed[2].peer_urls, &mixed);
+        assert_eq!(
+            share,
+            HostShare {
+                members: 2,
+                index: 1,
+                cluster: 3
+            }
+        );
+        assert_eq!(
+            share.cores(8),
+            8,
+            "a cluster over several hosts keeps every CPU"
+        );
+        assert_eq!(share.first_cpu(8), 8, "but pins from its own offset");
+
+        let three = HostShare {
+            members: 3,
+            index: 2,
+            cluster: 3,
+        };
+        assert_eq!(three.cores(2), 1, "never below one core");
+        assert_eq!(three.cores(8), 2);
+        assert_eq!(
+            HostShare {
+                members: 1,
+                index: 0,
+                cluster: 1
+            }
+            .cores(8),
+            8
+        );
+        assert_eq!(
+            three.first_cpu(2),
+            4,
+            "after the cores of the two before it"
+        );
+    }
+
+    #[test]
+    fn a_local_cluster_divides_the_cpus_unless_cores_is_given() {
+        let cpus = available_cores();
+        let args = LOCAL_B.to_vec();
+        let c = parse(&args).unwrap();
+        assert_eq!(
+            c.host_share,
+            HostShare {
+                members: 3,
+                index: 1,
+                cluster: 3
+            }
+        );
+        assert_eq!(c.cores, (cpus / 3).max(1));
+        assert_eq!(c.shards, c.cores);
+        let mut given = args.clone();
+        given.extend(["--cores", "2"]);
+        let c = parse(&given).unwrap();
+        assert_eq!((c.cores, c.shards), (2, 2));
+        assert_eq!(c.host_share.first_cpu(c.cores), 2);
+        // A lone member takes every CPU.
+        let empty = tempfile::tempdir().unwrap();
+        let c = parse(&["--data-dir", empty.path().to_str().unwrap()]).unwrap();
+        assert_eq!(
+            c.host_share,
+            HostShare {
+                members: 1,
+                index: 0,
+                cluster: 1
+            }
+        );
+        assert_eq!(c.cores, cpus);
+    }
+
+    #[test]
+    fn an_existing_member_keeps_its_layout_unless_flags_say_otherwise() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().to_str().unwrap();
+        std::fs::write(
+            dir.path().join("member.toml"),
+            "layout_version = 1\nname = \"b\"\nmember_id = 1\ncluster_id = 2\n\
+             shards = 5\nwal_lanes = 3\nmembers = []\n",
+        )
+        .unwrap();
+        let c = parse(&["--data-dir", data]).unwrap();
+        assert_eq!((c.cores, c.shards), (3, 5));
+        let mut args = LOCAL_B.to_vec();
+        args.extend(["--data-dir", data]);
+        let c = parse(&args).unwrap();
+        assert_eq!((c.cores, c.shards), (3, 5), "not the local-cluster default");
+        args.extend(["--cores", "1"]);
+        let c = parse(&args).unwrap();
+        assert_eq!(
+            (c.cores, c.shards),
+            (1, 5),
+            "the flag wins; the start checks it"
+        );
+        // Unreadable layouts are left to the start to report.
+        std::fs::write(dir.path().join("member.toml"), "not toml [").unwrap();
+        let c = parse(&["--data-dir", data]).unwrap();
+        assert_eq!(c.cores, available_cores());
     }
 }

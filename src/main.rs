@@ -33,6 +33,7 @@ fn main() {
         data_dir = %config.data_dir.display(),
         cores = config.cores,
         shards = config.shards,
+        members_on_host = config.host_share.members,
         idle_poll_us = config.idle_poll.as_micros() as u64,
         "starting"
     );

@@ -85,19 +85,21 @@ pub struct CoreContext {
     pub id: usize,
     /// Handles of every core, this one included, indexed by core id.
     pub cores: Vec<CoreHandle>,
+    /// The CPU this core's thread is pinned to, if it is.
+    pub cpu: Option<usize>,
 }
 
 /// Pins the calling thread to `cpu`. Failure (a cpuset that excludes it, a
 /// container without the permission) is logged and otherwise ignored: pinning is an
-/// optimisation, not a correctness requirement.
-fn pin_to_cpu(cpu: usize) {
+/// optimisation, not a correctness requirement. Returns whether the thread is pinned.
+fn pin_to_cpu(cpu: usize) -> bool {
     // SAFETY: cpu_set_t is a plain bitmask, valid when zeroed; CPU_SET writes
     // within it for cpu < CPU_SETSIZE (checked), and sched_setaffinity(0, ...)
     // reads exactly size_of::<cpu_set_t>() bytes from the set we own.
     let rc = unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
         if cpu >= libc::CPU_SETSIZE as usize {
-            return;
+            return false;
         }
         libc::CPU_SET(cpu, &mut set);
         libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
@@ -109,6 +111,7 @@ fn pin_to_cpu(cpu: usize) {
             "could not pin core thread; running unpinned"
         );
     }
+    rc == 0
 }
 
 /// The CPUs this process may run on, in order.
@@ -140,13 +143,15 @@ pub fn observe_idle_polls(observer: idle_poll::PollObserver) -> bool {
 }
 
 impl Cores {
-    /// Starts `count` core threads. Each pins itself (when `pin`), builds a
+    /// Starts `count` core threads. Each pins itself when `pin_from` is given
+    /// (core i to the `pin_from + i`-th of the CPUs the process may use, counted
+    /// modulo their number), builds a
     /// current-thread runtime (polling for up to `idle_poll` before it sleeps, see
     /// [`crate::idle_poll`]) and `LocalSet`, starts serving its mailbox, and runs
     /// `main(ctx)` to completion; the thread ends when `main` returns.
     pub fn start<M, Fut>(
         count: usize,
-        pin: bool,
+        pin_from: Option<usize>,
         idle_poll: Duration,
         main: M,
     ) -> std::io::Result<Cores>
@@ -165,18 +170,19 @@ impl Cores {
         }
         let mut threads = Vec::with_capacity(count);
         for (id, mut mailbox) in receivers.into_iter().enumerate() {
-            let ctx = CoreContext {
+            let mut ctx = CoreContext {
                 id,
                 cores: handles.clone(),
+                cpu: None,
             };
             let main = main.clone();
-            let cpu = (!cpus.is_empty()).then(|| cpus[id % cpus.len()]);
+            let cpu = pin_from
+                .filter(|_| !cpus.is_empty())
+                .map(|first| cpus[(first + id) % cpus.len()]);
             let thread = std::thread::Builder::new()
                 .name(format!("cairn-core-{id}"))
                 .spawn(move || {
-                    if let (true, Some(cpu)) = (pin, cpu) {
-                        pin_to_cpu(cpu);
-                    }
+                    ctx.cpu = cpu.filter(|&cpu| pin_to_cpu(cpu));
                     let rt = tokio::runtime::Builder::new_current_thread()
                         .enable_all()
                         .on_thread_park(|| {
@@ -240,7 +246,7 @@ mod tests {
     fn each_core_runs_on_its_own_thread_and_answers_calls() {
         let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
         let done_rx = std::sync::Arc::new(std::sync::Mutex::new(done_rx));
-        let cores = Cores::start(2, false, Duration::ZERO, move |ctx| {
+        let cores = Cores::start(2, None, Duration::ZERO, move |ctx| {
             let done_rx = done_rx.clone();
             async move {
                 // Per-core state that is not Send lives here.
@@ -283,7 +289,7 @@ mod tests {
         use std::sync::Arc;
         let (polls, hits) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
         let seen = (polls.clone(), hits.clone());
-        let cores = Cores::start(1, false, Duration::from_millis(20), move |_ctx| {
+        let cores = Cores::start(1, None, Duration::from_millis(20), move |_ctx| {
             let (polls, hits) = seen.clone();
             async move {
                 let polling = observe_idle_polls(Box::new(move |hit| {
@@ -329,7 +335,7 @@ mod tests {
 
     #[test]
     fn a_core_without_idle_polling_sleeps_as_before() {
-        let cores = Cores::start(1, false, Duration::ZERO, |_ctx| async {
+        let cores = Cores::start(1, None, Duration::ZERO, |_ctx| async {
             // Registering an observer on a core that does not poll is a no-op.
             assert!(!observe_idle_polls(Box::new(|_| panic!(
                 "no polls without a window"

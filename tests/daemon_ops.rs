@@ -131,6 +131,29 @@ async fn metrics_move_with_writes_and_readyz_waits_for_a_leader() {
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum();
     assert!(idle_polls > 0.0, "no idle polls counted:\n{after}");
+
+    // Three members on one host divide its CPUs: each gets a third of them (at
+    // least one) and pins them from its own offset, so members 0 and 1 share none.
+    let cpus = std::thread::available_parallelism().unwrap().get();
+    let share = format!("cores={} shards=2 members_on_host=3", (cpus / 3).max(1));
+    let pinned: Vec<Vec<String>> = (0..2)
+        .map(|i| {
+            let log = cluster.members[i].log_text();
+            assert!(log.contains(&share), "{share:?} not in\n{log}");
+            log.lines()
+                .filter(|l| l.contains("core started"))
+                .filter_map(|l| l.split(' ').find(|w| w.starts_with("cpu=")))
+                .map(str::to_string)
+                .collect()
+        })
+        .collect();
+    assert!(!pinned[0].is_empty() && !pinned[1].is_empty(), "{pinned:?}");
+    if cpus >= 2 {
+        assert!(
+            pinned[0].iter().all(|c| !pinned[1].contains(c)),
+            "members 0 and 1 pinned to the same CPU: {pinned:?}"
+        );
+    }
 }
 
 #[test]

@@ -142,7 +142,8 @@ pub struct CompareOpts {
     #[arg(long, default_value_t = 3)]
     pub members: usize,
     /// Cores per member: Cairn runs with `--cores N`, etcd with `GOMAXPROCS=N`
-    /// (default: each system's own default, every core for each member).
+    /// (default: each system's own: etcd uses every core in each member; Cairn
+    /// members, all on this host, divide the cores among them).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
     pub member_cores: Option<u16>,
     /// Keep every system running while another is measured. By default the

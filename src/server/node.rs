@@ -8,8 +8,9 @@
 //! <data-dir>/shard-<s>/         shard s: its store file and raft-snapshot metadata
 //! ```
 //! The layout (shard count, WAL lanes) is fixed when the member is created: a
-//! restart with other `--shards` or `--cores` is refused with a message saying
-//! what the directory holds.
+//! restart without `--shards` and `--cores` takes it from `member.toml` (see
+//! `Config::from_flags`), and one with other values is refused with a message
+//! saying what the directory holds.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -664,15 +665,21 @@ impl Node {
             config: config.clone(),
             ready_cores: std::sync::atomic::AtomicUsize::new(0),
         });
-        let cores = Cores::start(config.cores, true, config.idle_poll, move |ctx| {
-            let shared = shared.clone();
-            async move {
-                if let Err(e) = run_core(ctx, shared).await {
-                    tracing::error!(error = %e, "core failed to start; stopping");
-                    std::process::exit(1);
+        let first_cpu = config.host_share.first_cpu(config.cores);
+        let cores = Cores::start(
+            config.cores,
+            Some(first_cpu),
+            config.idle_poll,
+            move |ctx| {
+                let shared = shared.clone();
+                async move {
+                    if let Err(e) = run_core(ctx, shared).await {
+                        tracing::error!(error = %e, "core failed to start; stopping");
+                        std::process::exit(1);
+                    }
                 }
-            }
-        })
+            },
+        )
         .map_err(|e| StartError::Other(format!("starting core threads: {e}")))?;
         Ok(Node {
             cores,
@@ -716,6 +723,7 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
     };
     tracing::info!(
         core,
+        cpu = %ctx.cpu.map_or_else(|| "unpinned".to_string(), |c| c.to_string()),
         backend = %wal.backend(),
         shards = ?my_shards,
         idle_polling,
