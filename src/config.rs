@@ -12,6 +12,8 @@ use std::time::Duration;
 use clap::Parser;
 use serde::Deserialize;
 
+use crate::server::members::{MemberFile, MEMBER_FILE};
+
 /// etcd's default `--max-request-bytes` (1.5 MiB).
 pub const DEFAULT_MAX_REQUEST_BYTES: usize = 3 * 512 * 1024;
 /// etcd's default `--max-txn-ops`.
@@ -92,14 +94,15 @@ pub struct Flags {
     pub initial_cluster_token: Option<String>,
 
     /// Number of cores to run on, one pinned thread each (default: the layout
-    /// of the member in --data-dir; for a new member, this host's CPUs divided
-    /// among the members of --initial-cluster whose peer URLs name this host,
-    /// at least 1).
+    /// of the member in --data-dir; for a new member, all CPUs, or when every
+    /// member of --initial-cluster has a peer URL on this host, the CPUs
+    /// divided among them, at least 1).
     #[arg(long, value_name = "N")]
     pub cores: Option<usize>,
 
     /// Number of shards (Raft groups) the keyspace is split into (default: the
-    /// layout of the member in --data-dir; for a new member, --cores).
+    /// layout of the member in --data-dir; for a member joining a cluster or
+    /// restoring a backup, theirs; else --cores).
     /// Every member of a cluster must use the same value.
     #[arg(long, value_name = "N")]
     pub shards: Option<usize>,
@@ -237,8 +240,11 @@ pub struct Config {
     pub initial_cluster_token: String,
     pub cores: usize,
     pub shards: usize,
-    /// The members of `--initial-cluster` on this host, and this one's place
-    /// among them: it decides the default `--cores` and the CPUs pinned to.
+    /// Whether `--shards` was given (else a joining or restoring member takes
+    /// the cluster's or the backup's shard count).
+    pub shards_from_flag: bool,
+    /// The members sharing this host, and this one's place among them: it
+    /// decides the default `--cores` and the CPUs pinned to.
     pub host_share: HostShare,
     pub idle_poll: Duration,
     pub max_request_bytes: usize,
@@ -411,63 +417,59 @@ fn available_cores() -> usize {
         .unwrap_or(1)
 }
 
-/// How this member shares its host with the other members of the initial
-/// cluster. Cores are pinned threads that poll before they sleep, so members of
-/// a cluster started on one host (a local test cluster) that each took every
-/// CPU would run several pinned threads on each CPU: instead they divide the
-/// CPUs among them, and each pins from its own offset.
+/// How this member shares its host with the other members of its cluster.
+/// Cores are pinned threads that poll before they sleep, so members of a
+/// cluster started on one host (a local test cluster) that each took every CPU
+/// would run several pinned threads on each CPU: instead they divide the CPUs
+/// among them, and each pins from its own offset.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HostShare {
-    /// Members of `--initial-cluster` whose peer URLs name this host (the same
-    /// host as one of this member's advertised peer URLs, or both loopback),
-    /// this one included.
+    /// Members sharing this host's CPUs: the whole cluster when every member
+    /// has a peer URL on one host that is also this member's (the same host
+    /// name, or both loopback), else this member alone. The rule reads the
+    /// cluster's URLs, not which member applies it, so every member of a
+    /// cluster comes to the same answer (and to the same default shard count).
     pub members: usize,
-    /// This member's position among them, in `--initial-cluster` order.
+    /// This member's position among them, by name.
     pub index: usize,
-    /// Members in `--initial-cluster`.
-    pub cluster: usize,
 }
 
 impl HostShare {
-    /// The share of `own_name`, advertised at `own_urls`, in `cluster`.
-    pub fn of(own_name: &str, own_urls: &[String], cluster: &[InitialMember]) -> HostShare {
-        let own_hosts: Vec<&str> = own_urls.iter().filter_map(|u| url_host(u)).collect();
-        let here = |m: &InitialMember| {
-            m.peer_urls.iter().filter_map(|u| url_host(u)).any(|h| {
-                own_hosts
-                    .iter()
-                    .any(|&o| o == h || (is_loopback(o) && is_loopback(h)))
-            })
+    pub const ALONE: HostShare = HostShare {
+        members: 1,
+        index: 0,
+    };
+
+    /// The share of `own_name`, whose peer URLs are `own_urls`, in a cluster
+    /// of `(name, peer URLs)`.
+    pub fn of<'a>(
+        own_name: &str,
+        own_urls: &[String],
+        cluster: impl IntoIterator<Item = (&'a str, &'a [String])>,
+    ) -> HostShare {
+        let cluster: Vec<(&str, &[String])> = cluster.into_iter().collect();
+        let hosts = |urls: &[String]| -> Vec<String> {
+            urls.iter()
+                .filter_map(|u| url_host(u))
+                .map(host_key)
+                .collect()
         };
-        let mut share = HostShare {
-            members: 1,
-            index: 0,
-            cluster: cluster.len().max(1),
-        };
-        let mut seen_self = false;
-        for m in cluster {
-            if m.name == own_name {
-                seen_self = true;
-            } else if here(m) {
-                share.members += 1;
-                if !seen_self {
-                    share.index += 1;
-                }
-            }
+        let everyone_here = hosts(own_urls)
+            .iter()
+            .any(|h| cluster.iter().all(|(_, urls)| hosts(urls).contains(h)));
+        if cluster.len() < 2 || !everyone_here {
+            return HostShare::ALONE;
         }
-        share
+        HostShare {
+            members: cluster.len(),
+            index: cluster.iter().filter(|(n, _)| *n < own_name).count(),
+        }
     }
 
-    /// The default core count: the host's `cpus`, divided among the members
-    /// when the whole cluster runs here. A cluster spread over hosts keeps every
-    /// CPU on each, as every member then derives the same shard count from its
-    /// own host's CPUs (shards default to cores and must agree).
+    /// The default core count: the host's `cpus` divided among its members,
+    /// at least one.
     pub fn cores(&self, cpus: usize) -> usize {
-        if self.members >= self.cluster {
-            (cpus / self.members).max(1)
-        } else {
-            cpus
-        }
+        (cpus / self.members).max(1)
     }
 
     /// The first CPU (an index into the CPUs the process may use, taken modulo
@@ -485,25 +487,26 @@ fn url_host(url: &str) -> Option<&str> {
     Some(host.trim_start_matches('[').trim_end_matches(']'))
 }
 
-fn is_loopback(host: &str) -> bool {
-    host.eq_ignore_ascii_case("localhost")
+/// A host as compared between URLs: every loopback name is one host, and
+/// names compare without case.
+fn host_key(host: &str) -> String {
+    let loopback = host.eq_ignore_ascii_case("localhost")
         || host
             .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback())
+            .is_ok_and(|ip| ip.is_loopback());
+    if loopback {
+        "loopback".to_string()
+    } else {
+        host.to_ascii_lowercase()
+    }
 }
 
-/// The layout (shard count, WAL lanes = cores) of the member `data_dir` holds,
-/// if it holds a readable one. A directory it cannot read is left to the start
-/// to report, with the file's path and the reason.
-fn existing_layout(data_dir: &Path) -> Option<(usize, usize)> {
-    #[derive(Deserialize)]
-    struct Layout {
-        shards: usize,
-        wal_lanes: usize,
-    }
-    let text = std::fs::read_to_string(data_dir.join("member.toml")).ok()?;
-    let layout: Layout = toml::from_str(&text).ok()?;
-    Some((layout.shards, layout.wal_lanes))
+/// The member `data_dir` holds, if it holds a readable one. A directory it
+/// cannot read is left to the start to report, with the file's path and the
+/// reason.
+fn existing_member(data_dir: &Path) -> Option<MemberFile> {
+    let text = std::fs::read_to_string(data_dir.join(MEMBER_FILE)).ok()?;
+    toml::from_str(&text).ok()
 }
 
 impl Config {
@@ -553,15 +556,37 @@ impl Config {
                 ))
             }
         };
-        let host_share = HostShare::of(&name, &initial_advertise_peer_urls, &initial_cluster);
-        // A member restarts with the layout it was created with unless told
-        // otherwise (the default could have moved: another CPU count, another
-        // --initial-cluster), so a restart never depends on the defaults.
-        let layout = existing_layout(&data_dir);
+        // A member restarts with the layout and table it has (the defaults
+        // could have moved since: another CPU count, other --initial-* flags,
+        // which matter only at creation), so a restart never depends on them.
+        let existing = existing_member(&data_dir);
+        let host_share = match &existing {
+            Some(file) => HostShare::of(
+                &name,
+                file.members
+                    .iter()
+                    .find(|m| m.name == name)
+                    .map_or(&initial_advertise_peer_urls, |m| &m.peer_urls),
+                file.members
+                    .iter()
+                    .map(|m| (m.name.as_str(), m.peer_urls.as_slice())),
+            ),
+            None => HostShare::of(
+                &name,
+                &initial_advertise_peer_urls,
+                initial_cluster
+                    .iter()
+                    .map(|m| (m.name.as_str(), m.peer_urls.as_slice())),
+            ),
+        };
+        let layout = existing
+            .as_ref()
+            .map(|f| (f.shards as usize, f.wal_lanes as usize));
         let cores = f
             .cores
             .or(layout.map(|(_, lanes)| lanes))
             .unwrap_or_else(|| host_share.cores(available_cores()));
+        let shards_from_flag = f.shards.is_some();
         let shards = f.shards.or(layout.map(|(s, _)| s)).unwrap_or(cores);
         let log_format = match f.log_format.as_deref().unwrap_or("text") {
             "text" | "human" => LogFormat::Text,
@@ -620,6 +645,7 @@ impl Config {
                 .unwrap_or_else(|| "cairn-cluster".to_string()),
             cores,
             shards,
+            shards_from_flag,
             host_share,
             idle_poll: Duration::from_micros(f.idle_poll_us.unwrap_or(DEFAULT_IDLE_POLL_US)),
             max_request_bytes: f.max_request_bytes.unwrap_or(DEFAULT_MAX_REQUEST_BYTES),
@@ -946,73 +972,73 @@ mod tests {
         "a=http://127.0.0.1:12380,b=http://127.0.0.1:22380,c=http://localhost:32380",
     ];
 
-    fn members(spec: &str) -> Vec<InitialMember> {
-        parse_initial_cluster(spec).unwrap()
+    /// `args` with `--data-dir` set to `dir`.
+    fn in_dir<'a>(args: &[&'a str], dir: &'a Path) -> Vec<&'a str> {
+        let mut v = args.to_vec();
+        v.extend(["--data-dir", dir.to_str().unwrap()]);
+        v
+    }
+
+    /// Each member's share of its host, as that member works it out.
+    fn shares(spec: &str) -> Vec<HostShare> {
+        let cluster = parse_initial_cluster(spec).unwrap();
+        let pairs = || {
+            cluster
+                .iter()
+                .map(|m| (m.name.as_str(), m.peer_urls.as_slice()))
+        };
+        cluster
+            .iter()
+            .map(|m| HostShare::of(&m.name, &m.peer_urls, pairs()))
+            .collect()
     }
 
     #[test]
-    fn members_on_one_host_share_its_cpus() {
-        let local = members("a=http://127.0.0.1:1,b=http://localhost:2,c=http://[::1]:3");
-        for (i, name) in ["a", "b", "c"].iter().enumerate() {
-            let own = local[i].peer_urls.clone();
-            let share = HostShare::of(name, &own, &local);
-            assert_eq!(
-                share,
+    fn a_cluster_on_one_host_divides_its_cpus() {
+        // Every loopback name is one host; names compare without case; the
+        // place is by name, whatever the list's order.
+        let local = shares("c=http://127.0.0.1:1,b=http://LOCALHOST:2,a=http://[::1]:3");
+        let expect = |index| HostShare { members: 3, index };
+        assert_eq!(local, vec![expect(2), expect(1), expect(0)]);
+        let named = shares("a=http://Node1:1,b=http://node1:2");
+        assert_eq!(
+            named,
+            vec![
                 HostShare {
-                    members: 3,
-                    index: i,
-                    cluster: 3
+                    members: 2,
+                    index: 0
                 },
-                "{name}"
-            );
-        }
-        let spread =
-            members("a=http://10.0.0.1:2380,b=http://10.0.0.2:2380,c=http://10.0.0.3:2380");
-        let share = HostShare::of("c", &spread[2].peer_urls, &spread);
-        assert_eq!(
-            share,
-            HostShare {
-                members: 1,
-                index: 0,
-                cluster: 3
-            }
+                HostShare {
+                    members: 2,
+                    index: 1
+                }
+            ]
         );
-        assert_eq!(share.cores(8), 8);
-        // Two of three on 10.0.0.1; loopback is not the same host as 10.0.0.1.
-        let mixed =
-            members("a=http://10.0.0.1:2380,b=http://127.0.0.1:2380,c=http://10.0.0.1:2381");
-        let share = HostShare::of("c", &mixed[2].peer_urls, &mixed);
-        assert_eq!(
-            share,
-            HostShare {
-                members: 2,
-                index: 1,
-                cluster: 3
-            }
+
+        // A cluster over several hosts: every member keeps every CPU.
+        let spread = shares("a=http://10.0.0.1:2380,b=http://10.0.0.2:2380,c=http://10.0.0.3:2380");
+        assert!(spread.iter().all(|s| *s == HostShare::ALONE), "{spread:?}");
+        // Two of three on one host is not the whole cluster: each member, those
+        // two included, keeps every CPU, so all derive the same shard count.
+        let mixed = shares("a=http://10.0.0.1:2380,b=http://10.0.0.1:2381,c=http://10.0.0.2:2380");
+        assert!(mixed.iter().all(|s| *s == HostShare::ALONE), "{mixed:?}");
+        // A member with URLs on two hosts does not make the others disagree.
+        let two_urls = shares(
+            "a=http://127.0.0.1:1,a=http://10.0.0.1:1,b=http://127.0.0.1:2,c=http://10.0.0.1:3",
         );
-        assert_eq!(
-            share.cores(8),
-            8,
-            "a cluster over several hosts keeps every CPU"
+        assert!(
+            two_urls.iter().all(|s| *s == HostShare::ALONE),
+            "{two_urls:?}"
         );
-        assert_eq!(share.first_cpu(8), 8, "but pins from its own offset");
+        assert_eq!(shares("a=http://127.0.0.1:1"), vec![HostShare::ALONE]);
 
         let three = HostShare {
             members: 3,
             index: 2,
-            cluster: 3,
         };
         assert_eq!(three.cores(2), 1, "never below one core");
         assert_eq!(three.cores(8), 2);
-        assert_eq!(
-            HostShare {
-                members: 1,
-                index: 0,
-                cluster: 1
-            }
-            .cores(8),
-            8
-        );
+        assert_eq!(HostShare::ALONE.cores(8), 8);
         assert_eq!(
             three.first_cpu(2),
             4,
@@ -1023,51 +1049,61 @@ mod tests {
     #[test]
     fn a_local_cluster_divides_the_cpus_unless_cores_is_given() {
         let cpus = available_cores();
-        let args = LOCAL_B.to_vec();
+        let dir = tempfile::tempdir().unwrap();
+        let args = in_dir(&LOCAL_B, dir.path());
         let c = parse(&args).unwrap();
         assert_eq!(
             c.host_share,
             HostShare {
                 members: 3,
-                index: 1,
-                cluster: 3
+                index: 1
             }
         );
         assert_eq!(c.cores, (cpus / 3).max(1));
         assert_eq!(c.shards, c.cores);
+        assert!(!c.shards_from_flag);
         let mut given = args.clone();
-        given.extend(["--cores", "2"]);
+        given.extend(["--cores", "2", "--shards", "2"]);
         let c = parse(&given).unwrap();
         assert_eq!((c.cores, c.shards), (2, 2));
+        assert!(c.shards_from_flag);
         assert_eq!(c.host_share.first_cpu(c.cores), 2);
         // A lone member takes every CPU.
-        let empty = tempfile::tempdir().unwrap();
-        let c = parse(&["--data-dir", empty.path().to_str().unwrap()]).unwrap();
-        assert_eq!(
-            c.host_share,
-            HostShare {
-                members: 1,
-                index: 0,
-                cluster: 1
-            }
-        );
+        let c = parse(&in_dir(&[], dir.path())).unwrap();
+        assert_eq!(c.host_share, HostShare::ALONE);
         assert_eq!(c.cores, cpus);
     }
 
     #[test]
-    fn an_existing_member_keeps_its_layout_unless_flags_say_otherwise() {
+    fn an_existing_member_keeps_its_layout_and_place_unless_flags_say_otherwise() {
         let dir = tempfile::tempdir().unwrap();
-        let data = dir.path().to_str().unwrap();
+        let member = |name: &str, port: u16| {
+            format!(
+                "[[members]]\nid = {port}\nname = \"{name}\"\npeer_urls = [\"http://127.0.0.1:{port}\"]\n"
+            )
+        };
         std::fs::write(
-            dir.path().join("member.toml"),
-            "layout_version = 1\nname = \"b\"\nmember_id = 1\ncluster_id = 2\n\
-             shards = 5\nwal_lanes = 3\nmembers = []\n",
+            dir.path().join(MEMBER_FILE),
+            format!(
+                "layout_version = 1\nname = \"b\"\nmember_id = 22380\ncluster_id = 2\n\
+                 shards = 5\nwal_lanes = 3\n{}{}{}",
+                member("a", 12380),
+                member("b", 22380),
+                member("c", 32380)
+            ),
         )
         .unwrap();
-        let c = parse(&["--data-dir", data]).unwrap();
+        // Restarted with no --initial-* flags: the table says where it stands.
+        let c = parse(&in_dir(&["--name", "b"], dir.path())).unwrap();
         assert_eq!((c.cores, c.shards), (3, 5));
-        let mut args = LOCAL_B.to_vec();
-        args.extend(["--data-dir", data]);
+        assert_eq!(
+            c.host_share,
+            HostShare {
+                members: 3,
+                index: 1
+            }
+        );
+        let mut args = in_dir(&LOCAL_B, dir.path());
         let c = parse(&args).unwrap();
         assert_eq!((c.cores, c.shards), (3, 5), "not the local-cluster default");
         args.extend(["--cores", "1"]);
@@ -1078,8 +1114,8 @@ mod tests {
             "the flag wins; the start checks it"
         );
         // Unreadable layouts are left to the start to report.
-        std::fs::write(dir.path().join("member.toml"), "not toml [").unwrap();
-        let c = parse(&["--data-dir", data]).unwrap();
+        std::fs::write(dir.path().join(MEMBER_FILE), "not toml [").unwrap();
+        let c = parse(&in_dir(&[], dir.path())).unwrap();
         assert_eq!(c.cores, available_cores());
     }
 }

@@ -93,15 +93,20 @@ async fn a_cluster_restored_from_an_etcdctl_snapshot_has_every_key() {
         assert!(log.contains(refusal), "{log}");
     }
 
-    // A new cluster from the file.
-    let mut restored_flags = flags.to_vec();
-    restored_flags.extend(["--restore-snapshot", file.to_str().unwrap()]);
+    // A new cluster from the file; given no --shards, its members take the
+    // file's shard count.
+    let restored_flags = ["--cores", "1", "--restore-snapshot", file.to_str().unwrap()];
     let restored = Cluster::start(3, &restored_flags);
     let mut clients = Vec::new();
     for m in &restored.members {
         clients.push(client(&m.endpoint()).await);
     }
     wait_writable(&mut clients[0], "/backup/restored").await;
+    let log = restored.members[1].log_text();
+    assert!(
+        log.contains("the backup holds 2 shards; using that count"),
+        "{log}"
+    );
     for c in &mut clients {
         let got = dump(c).await;
         assert_eq!(got, expected, "a restored member differs");

@@ -105,8 +105,9 @@ async fn learner_joins_is_promoted_and_members_are_removed() {
             .unwrap();
     }
 
-    // etcdctl member add --learner, as an operator would.
-    let idx = cluster.new_joining_member("m3", &flags);
+    // etcdctl member add --learner, as an operator would. The new member is
+    // given no --shards: it takes the cluster's.
+    let idx = cluster.new_joining_member("m3", &["--cores", "1", "--snapshot-count", "100"]);
     let peer_url = cluster.members[idx].peer_url();
     let (ok, out) = etcdctl(
         &ep0,
@@ -169,6 +170,11 @@ async fn learner_joins_is_promoted_and_members_are_removed() {
         .await
         .unwrap();
     assert_eq!(v.kvs()[0].value_str().unwrap(), "b399");
+    let log = cluster.members[idx].log_text();
+    assert!(
+        log.contains("the cluster runs 2 shards; using that count"),
+        "{log}"
+    );
     // What etcd's learners refuse.
     let put = c3.put("/a/from-learner", "x", None).await.unwrap_err();
     assert!(

@@ -74,9 +74,10 @@ fn data_dir_error(dir: &Path, reason: impl Into<String>) -> StartError {
 
 /// Reads `member.toml`, or creates it for a new member (bootstrapping a new
 /// cluster, or joining a running one with `--initial-cluster-state existing`).
-/// Checks that the directory's layout matches the flags.
-pub fn prepare_data_dir(config: &Config) -> Result<MemberFile, StartError> {
-    let dir = &config.data_dir;
+/// Checks that the directory's layout matches the flags; a new member given no
+/// `--shards` takes the running cluster's or the backup's shard count.
+pub fn prepare_data_dir(config: &mut Config) -> Result<MemberFile, StartError> {
+    let dir = &config.data_dir.clone();
     std::fs::create_dir_all(dir).map_err(|e| data_dir_error(dir, e.to_string()))?;
     let path = dir.join(MEMBER_FILE);
     match std::fs::read_to_string(&path) {
@@ -96,8 +97,8 @@ pub fn prepare_data_dir(config: &Config) -> Result<MemberFile, StartError> {
                 join_cluster(config)?
             } else {
                 let m = Membership::bootstrap(config);
-                if let Some(path) = &config.restore_snapshot {
-                    restore_snapshot(config, path, &m.voter_ids())?;
+                if let Some(path) = config.restore_snapshot.clone() {
+                    restore_snapshot(config, &path, &m.voter_ids())?;
                 }
                 new_member_file(config, m.local_id, m.cluster_id, m.voter_ids(), m.members)
             };
@@ -109,11 +110,24 @@ pub fn prepare_data_dir(config: &Config) -> Result<MemberFile, StartError> {
     }
 }
 
+/// A new member given no `--shards` takes the count it must have (`source`
+/// says whose it is); one given `--shards` keeps it, for the caller to check.
+fn adopt_shards(config: &mut Config, shards: u32, source: &str) {
+    if !config.shards_from_flag && config.shards != shards as usize {
+        tracing::info!(
+            shards,
+            "{source} {shards} shards; using that count (no --shards given)"
+        );
+        config.shards = shards as usize;
+    }
+}
+
 /// Builds a new member's shards from a backup file (`--restore-snapshot`).
-fn restore_snapshot(config: &Config, path: &Path, voters: &[u64]) -> Result<(), StartError> {
-    let dir = &config.data_dir;
+fn restore_snapshot(config: &mut Config, path: &Path, voters: &[u64]) -> Result<(), StartError> {
+    let dir = &config.data_dir.clone();
     let restore_error = |e: String| data_dir_error(dir, format!("--restore-snapshot: {e}"));
     let backup = super::backup::read_backup(path).map_err(restore_error)?;
+    adopt_shards(config, backup.shards, "the backup holds");
     if backup.shards as usize != config.shards {
         return Err(restore_error(format!(
             "{} holds {} shards; start with --shards {}",
@@ -193,9 +207,9 @@ const JOIN_UNKNOWN_SETTLE: Duration = Duration::from_secs(3);
 /// Learns the running cluster from the members named in `--initial-cluster`
 /// (their peer ports' `GET /cairn/members`), and finds this member in it by its
 /// advertised peer URLs: it must have been added with `member add` first.
-fn join_cluster(config: &Config) -> Result<MemberFile, StartError> {
-    let dir = &config.data_dir;
-    let own = &config.initial_advertise_peer_urls;
+fn join_cluster(config: &mut Config) -> Result<MemberFile, StartError> {
+    let dir = &config.data_dir.clone();
+    let own = &config.initial_advertise_peer_urls.clone();
     let peers: Vec<String> = config
         .initial_cluster
         .iter()
@@ -257,6 +271,7 @@ fn join_cluster(config: &Config) -> Result<MemberFile, StartError> {
             ),
         )
     })?;
+    adopt_shards(config, table.shards, "the cluster runs");
     if table.shards as usize != config.shards {
         return Err(data_dir_error(
             dir,
@@ -561,7 +576,8 @@ impl Node {
         config: Config,
         watchdog: Arc<crate::ops::watchdog::Watchdog>,
     ) -> Result<Node, StartError> {
-        let file = prepare_data_dir(&config)?;
+        let mut config = config;
+        let file = prepare_data_dir(&mut config)?;
         let members = Arc::new(MemberRegistry::new(&config.data_dir, file.clone()));
         let routing = RoutingTable::new(config.shards, config.cores);
         let mut senders = Vec::new();
