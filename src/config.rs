@@ -12,7 +12,7 @@ use std::time::Duration;
 use clap::Parser;
 use serde::Deserialize;
 
-use crate::server::members::{MemberFile, MEMBER_FILE};
+use crate::server::members::MemberFile;
 
 /// etcd's default `--max-request-bytes` (1.5 MiB).
 pub const DEFAULT_MAX_REQUEST_BYTES: usize = 3 * 512 * 1024;
@@ -462,7 +462,12 @@ impl HostShare {
         }
         HostShare {
             members: cluster.len(),
-            index: cluster.iter().filter(|(n, _)| *n < own_name).count(),
+            // A member added but not started yet has no name; it is placed
+            // when it starts (after the others, as its own start counts them).
+            index: cluster
+                .iter()
+                .filter(|(n, _)| !n.is_empty() && *n < own_name)
+                .count(),
         }
     }
 
@@ -499,14 +504,6 @@ fn host_key(host: &str) -> String {
     } else {
         host.to_ascii_lowercase()
     }
-}
-
-/// The member `data_dir` holds, if it holds a readable one. A directory it
-/// cannot read is left to the start to report, with the file's path and the
-/// reason.
-fn existing_member(data_dir: &Path) -> Option<MemberFile> {
-    let text = std::fs::read_to_string(data_dir.join(MEMBER_FILE)).ok()?;
-    toml::from_str(&text).ok()
 }
 
 impl Config {
@@ -559,18 +556,9 @@ impl Config {
         // A member restarts with the layout and table it has (the defaults
         // could have moved since: another CPU count, other --initial-* flags,
         // which matter only at creation), so a restart never depends on them.
-        let existing = existing_member(&data_dir);
+        let existing = MemberFile::read(&data_dir);
         let host_share = match &existing {
-            Some(file) => HostShare::of(
-                &name,
-                file.members
-                    .iter()
-                    .find(|m| m.name == name)
-                    .map_or(&initial_advertise_peer_urls, |m| &m.peer_urls),
-                file.members
-                    .iter()
-                    .map(|m| (m.name.as_str(), m.peer_urls.as_slice())),
-            ),
+            Some(file) => file.host_share(),
             None => HostShare::of(
                 &name,
                 &initial_advertise_peer_urls,
@@ -773,6 +761,7 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::server::members::MEMBER_FILE;
 
     fn parse(args: &[&str]) -> Result<Config, ConfigError> {
         let mut all = vec!["cairn"];
@@ -1103,6 +1092,28 @@ mod tests {
                 index: 1
             }
         );
+        // A member added but not started (no name yet) does not move the
+        // others' places; a table without this member's entry counts it alone.
+        let table = |members: &str| {
+            let text = format!(
+                "layout_version = 1\nname = \"b\"\nmember_id = 22380\ncluster_id = 2\n\
+                 shards = 5\nwal_lanes = 3\n{members}"
+            );
+            std::fs::write(dir.path().join(MEMBER_FILE), text).unwrap();
+            parse(&in_dir(&["--name", "b"], dir.path()))
+                .unwrap()
+                .host_share
+        };
+        let with_unnamed = [member("a", 12380), member("", 42380), member("b", 22380)].concat();
+        assert_eq!(
+            table(&with_unnamed),
+            HostShare {
+                members: 3,
+                index: 1
+            }
+        );
+        assert_eq!(table(&member("a", 12380)), HostShare::ALONE);
+        table(&[member("a", 12380), member("b", 22380), member("c", 32380)].concat());
         let mut args = in_dir(&LOCAL_B, dir.path());
         let c = parse(&args).unwrap();
         assert_eq!((c.cores, c.shards), (3, 5), "not the local-cluster default");

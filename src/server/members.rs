@@ -24,7 +24,7 @@ use std::sync::{Mutex, RwLock};
 use cairn_proto::cairnpb::{MemberInfo, MemberTable};
 use serde::{Deserialize, Serialize};
 
-use crate::config::{Config, InitialMember};
+use crate::config::{Config, HostShare, InitialMember};
 use crate::routing::{fnv1a64_update, FNV1A64_OFFSET};
 
 /// FNV-1a 64 over `parts` (routing's hash): stable across builds; ids are
@@ -225,6 +225,28 @@ pub struct MemberFile {
 }
 
 impl MemberFile {
+    /// The member `dir` holds, if it holds a readable one (the start reports an
+    /// unreadable one, with the reason).
+    pub fn read(dir: &Path) -> Option<MemberFile> {
+        let text = std::fs::read_to_string(dir.join(MEMBER_FILE)).ok()?;
+        toml::from_str(&text).ok()
+    }
+
+    /// This member's share of its host, by the table (see [`HostShare`]); a
+    /// table without this member's own entry counts it alone.
+    pub fn host_share(&self) -> HostShare {
+        let Some(me) = self.members.iter().find(|m| m.id == self.member_id) else {
+            return HostShare::ALONE;
+        };
+        HostShare::of(
+            &self.name,
+            &me.peer_urls,
+            self.members
+                .iter()
+                .map(|m| (m.name.as_str(), m.peer_urls.as_slice())),
+        )
+    }
+
     /// Writes the file atomically: a temporary file, synced, renamed over.
     pub fn write(&self, dir: &Path) -> std::io::Result<()> {
         let text = toml::to_string(self)
