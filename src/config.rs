@@ -424,11 +424,11 @@ fn available_cores() -> usize {
 /// among them, and each pins from its own offset.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HostShare {
-    /// Members sharing this host's CPUs: the whole cluster when every member
-    /// has a peer URL on one host that is also this member's (the same host
-    /// name, or both loopback), else this member alone. The rule reads the
-    /// cluster's URLs, not which member applies it, so every member of a
-    /// cluster comes to the same answer (and to the same default shard count).
+    /// Members sharing this host's CPUs: the whole cluster when one host
+    /// (the same host name, or any loopback) is in a peer URL of every member,
+    /// this one included, else this member alone. The rule reads the cluster's
+    /// URLs, not which member applies it, so every member of a cluster comes
+    /// to the same answer (and to the same default shard count).
     pub members: usize,
     /// This member's position among them, by name.
     pub index: usize,
@@ -440,24 +440,21 @@ impl HostShare {
         index: 0,
     };
 
-    /// The share of `own_name`, whose peer URLs are `own_urls`, in a cluster
-    /// of `(name, peer URLs)`.
+    /// The share of `own_name` in a cluster of `(name, peer URLs)` that
+    /// includes it.
     pub fn of<'a>(
         own_name: &str,
-        own_urls: &[String],
         cluster: impl IntoIterator<Item = (&'a str, &'a [String])>,
     ) -> HostShare {
         let cluster: Vec<(&str, &[String])> = cluster.into_iter().collect();
-        let hosts = |urls: &[String]| -> Vec<String> {
-            urls.iter()
-                .filter_map(|u| url_host(u))
-                .map(host_key)
-                .collect()
-        };
-        let everyone_here = hosts(own_urls)
+        let hosts: Vec<Vec<String>> = cluster
             .iter()
-            .any(|h| cluster.iter().all(|(_, urls)| hosts(urls).contains(h)));
-        if cluster.len() < 2 || !everyone_here {
+            .map(|(_, urls)| urls.iter().filter_map(|u| url_host(u)).collect())
+            .collect();
+        let one_host = hosts
+            .first()
+            .is_some_and(|first| first.iter().any(|h| hosts.iter().all(|hs| hs.contains(h))));
+        if !one_host {
             return HostShare::ALONE;
         }
         HostShare {
@@ -484,26 +481,22 @@ impl HostShare {
     }
 }
 
-/// The host part of an `http://host:port` URL (brackets of an IPv6 literal
-/// removed), or None for a URL of another form.
-fn url_host(url: &str) -> Option<&str> {
-    let rest = url.strip_prefix("http://")?.trim_end_matches('/');
-    let (host, _port) = rest.rsplit_once(':')?;
-    Some(host.trim_start_matches('[').trim_end_matches(']'))
-}
-
-/// A host as compared between URLs: every loopback name is one host, and
-/// names compare without case.
-fn host_key(host: &str) -> String {
+/// The host of an `http://host:port` URL as compared between URLs: every
+/// loopback name is one host, and names compare without case; None for a URL
+/// of another form.
+fn url_host(url: &str) -> Option<String> {
+    let host_port = url_host_port("peer-urls", url).ok()?;
+    let (host, _port) = host_port.rsplit_once(':')?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
     let loopback = host.eq_ignore_ascii_case("localhost")
         || host
             .parse::<std::net::IpAddr>()
             .is_ok_and(|ip| ip.is_loopback());
-    if loopback {
+    Some(if loopback {
         "loopback".to_string()
     } else {
         host.to_ascii_lowercase()
-    }
+    })
 }
 
 impl Config {
@@ -556,26 +549,26 @@ impl Config {
         // A member restarts with the layout and table it has (the defaults
         // could have moved since: another CPU count, other --initial-* flags,
         // which matter only at creation), so a restart never depends on them.
-        let existing = MemberFile::read(&data_dir);
+        // An unreadable file is left to the start to report, with the reason.
+        let existing = MemberFile::load(&data_dir).ok().flatten();
         let host_share = match &existing {
             Some(file) => file.host_share(),
             None => HostShare::of(
                 &name,
-                &initial_advertise_peer_urls,
                 initial_cluster
                     .iter()
                     .map(|m| (m.name.as_str(), m.peer_urls.as_slice())),
             ),
         };
-        let layout = existing
-            .as_ref()
-            .map(|f| (f.shards as usize, f.wal_lanes as usize));
         let cores = f
             .cores
-            .or(layout.map(|(_, lanes)| lanes))
+            .or(existing.as_ref().map(|e| e.wal_lanes as usize))
             .unwrap_or_else(|| host_share.cores(available_cores()));
         let shards_from_flag = f.shards.is_some();
-        let shards = f.shards.or(layout.map(|(s, _)| s)).unwrap_or(cores);
+        let shards = f
+            .shards
+            .or(existing.as_ref().map(|e| e.shards as usize))
+            .unwrap_or(cores);
         let log_format = match f.log_format.as_deref().unwrap_or("text") {
             "text" | "human" => LogFormat::Text,
             "json" => LogFormat::Json,
@@ -978,7 +971,7 @@ mod tests {
         };
         cluster
             .iter()
-            .map(|m| HostShare::of(&m.name, &m.peer_urls, pairs()))
+            .map(|m| HostShare::of(&m.name, pairs()))
             .collect()
     }
 
@@ -1071,19 +1064,20 @@ mod tests {
                 "[[members]]\nid = {port}\nname = \"{name}\"\npeer_urls = [\"http://127.0.0.1:{port}\"]\n"
             )
         };
-        std::fs::write(
-            dir.path().join(MEMBER_FILE),
-            format!(
+        // Member b (id 22380) with 5 shards on 3 WAL lanes and `members`.
+        let write_table = |members: &[String]| {
+            let text = format!(
                 "layout_version = 1\nname = \"b\"\nmember_id = 22380\ncluster_id = 2\n\
-                 shards = 5\nwal_lanes = 3\n{}{}{}",
-                member("a", 12380),
-                member("b", 22380),
-                member("c", 32380)
-            ),
-        )
-        .unwrap();
+                 shards = 5\nwal_lanes = 3\n{}",
+                members.concat()
+            );
+            std::fs::write(dir.path().join(MEMBER_FILE), text).unwrap();
+        };
+        let restart_b = || parse(&in_dir(&["--name", "b"], dir.path())).unwrap();
+        let abc = [member("a", 12380), member("b", 22380), member("c", 32380)];
+        write_table(&abc);
         // Restarted with no --initial-* flags: the table says where it stands.
-        let c = parse(&in_dir(&["--name", "b"], dir.path())).unwrap();
+        let c = restart_b();
         assert_eq!((c.cores, c.shards), (3, 5));
         assert_eq!(
             c.host_share,
@@ -1094,26 +1088,17 @@ mod tests {
         );
         // A member added but not started (no name yet) does not move the
         // others' places; a table without this member's entry counts it alone.
-        let table = |members: &str| {
-            let text = format!(
-                "layout_version = 1\nname = \"b\"\nmember_id = 22380\ncluster_id = 2\n\
-                 shards = 5\nwal_lanes = 3\n{members}"
-            );
-            std::fs::write(dir.path().join(MEMBER_FILE), text).unwrap();
-            parse(&in_dir(&["--name", "b"], dir.path()))
-                .unwrap()
-                .host_share
-        };
-        let with_unnamed = [member("a", 12380), member("", 42380), member("b", 22380)].concat();
+        write_table(&[member("a", 12380), member("", 42380), member("b", 22380)]);
         assert_eq!(
-            table(&with_unnamed),
+            restart_b().host_share,
             HostShare {
                 members: 3,
                 index: 1
             }
         );
-        assert_eq!(table(&member("a", 12380)), HostShare::ALONE);
-        table(&[member("a", 12380), member("b", 22380), member("c", 32380)].concat());
+        write_table(&[member("a", 12380)]);
+        assert_eq!(restart_b().host_share, HostShare::ALONE);
+        write_table(&abc);
         let mut args = in_dir(&LOCAL_B, dir.path());
         let c = parse(&args).unwrap();
         assert_eq!((c.cores, c.shards), (3, 5), "not the local-cluster default");

@@ -135,6 +135,15 @@ thread_local! {
     static IDLE_POLL: OnceCell<IdlePoll> = const { OnceCell::new() };
 }
 
+/// Runs `f` on the calling core thread's idle poller, if it has one.
+fn with_idle_poll(f: impl FnOnce(&IdlePoll)) {
+    IDLE_POLL.with(|p| {
+        if let Some(p) = p.get() {
+            f(p);
+        }
+    });
+}
+
 /// Calls `observer` after each idle poll of the calling core thread, with whether
 /// the poll caught work before its window ran out. Returns whether this core
 /// polls before it sleeps (see [`idle_poll`]); if not, `observer` is dropped.
@@ -185,20 +194,8 @@ impl Cores {
                     ctx.cpu = cpu.filter(|&cpu| pin_to_cpu(cpu));
                     let rt = tokio::runtime::Builder::new_current_thread()
                         .enable_all()
-                        .on_thread_park(|| {
-                            IDLE_POLL.with(|p| {
-                                if let Some(p) = p.get() {
-                                    p.before_park();
-                                }
-                            });
-                        })
-                        .on_thread_unpark(|| {
-                            IDLE_POLL.with(|p| {
-                                if let Some(p) = p.get() {
-                                    p.after_unpark();
-                                }
-                            });
-                        })
+                        .on_thread_park(|| with_idle_poll(IdlePoll::before_park))
+                        .on_thread_unpark(|| with_idle_poll(IdlePoll::after_unpark))
                         .build()
                         .expect("build core runtime");
                     if let Some(poll) = idle_poll::watch_runtime(&rt, idle_poll) {

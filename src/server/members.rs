@@ -225,22 +225,27 @@ pub struct MemberFile {
 }
 
 impl MemberFile {
-    /// The member `dir` holds, if it holds a readable one (the start reports an
-    /// unreadable one, with the reason).
-    pub fn read(dir: &Path) -> Option<MemberFile> {
-        let text = std::fs::read_to_string(dir.join(MEMBER_FILE)).ok()?;
-        toml::from_str(&text).ok()
+    /// The member `dir` holds: `None` when it holds none yet, an error naming
+    /// the file and the reason when it cannot be read or parsed.
+    pub fn load(dir: &Path) -> Result<Option<MemberFile>, String> {
+        let text = match std::fs::read_to_string(dir.join(MEMBER_FILE)) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(format!("{MEMBER_FILE}: {e}")),
+        };
+        toml::from_str(&text)
+            .map(Some)
+            .map_err(|e| format!("{MEMBER_FILE}: {e}"))
     }
 
     /// This member's share of its host, by the table (see [`HostShare`]); a
     /// table without this member's own entry counts it alone.
     pub fn host_share(&self) -> HostShare {
-        let Some(me) = self.members.iter().find(|m| m.id == self.member_id) else {
+        if !self.members.iter().any(|m| m.id == self.member_id) {
             return HostShare::ALONE;
-        };
+        }
         HostShare::of(
             &self.name,
-            &me.peer_urls,
             self.members
                 .iter()
                 .map(|m| (m.name.as_str(), m.peer_urls.as_slice())),

@@ -79,11 +79,8 @@ fn data_dir_error(dir: &Path, reason: impl Into<String>) -> StartError {
 pub fn prepare_data_dir(config: &mut Config) -> Result<MemberFile, StartError> {
     let dir = &config.data_dir.clone();
     std::fs::create_dir_all(dir).map_err(|e| data_dir_error(dir, e.to_string()))?;
-    let path = dir.join(MEMBER_FILE);
-    match std::fs::read_to_string(&path) {
-        Ok(text) => {
-            let file: MemberFile = toml::from_str(&text)
-                .map_err(|e| data_dir_error(dir, format!("{MEMBER_FILE}: {e}")))?;
+    match MemberFile::load(dir).map_err(|e| data_dir_error(dir, e))? {
+        Some(file) => {
             check_member_file(config, &file)?;
             if config.restore_snapshot.is_some() {
                 tracing::warn!(
@@ -92,7 +89,7 @@ pub fn prepare_data_dir(config: &mut Config) -> Result<MemberFile, StartError> {
             }
             Ok(file)
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+        None => {
             let file = if config.initial_cluster_state == ClusterState::Existing {
                 join_cluster(config)?
             } else {
@@ -106,7 +103,6 @@ pub fn prepare_data_dir(config: &mut Config) -> Result<MemberFile, StartError> {
                 .map_err(|e| data_dir_error(dir, format!("writing {MEMBER_FILE}: {e}")))?;
             Ok(file)
         }
-        Err(e) => Err(data_dir_error(dir, format!("{MEMBER_FILE}: {e}"))),
     }
 }
 
