@@ -24,6 +24,11 @@ pub const DEFAULT_QUOTA_BACKEND_BYTES: u64 = 2 * 1024 * 1024 * 1024;
 /// sized by these, and a typo such as `--shards 100000` should be refused, not obeyed.
 pub const MAX_CORES: usize = 256;
 pub const MAX_SHARDS: usize = 1024;
+/// One shard: etcd's semantics over the whole keyspace (one revision order,
+/// txns and watches over any keys) hold exactly only within one shard, so more
+/// shards are opt-in until the keyspace layer makes them invisible (README,
+/// "How the keyspace is split").
+pub const DEFAULT_SHARDS: usize = 1;
 /// etcd refuses requests above 10 MiB whatever the flag says; so do we, since
 /// every request is held whole in memory and in one Raft entry.
 pub const MAX_REQUEST_BYTES_LIMIT: usize = 10 * 1024 * 1024;
@@ -102,8 +107,9 @@ pub struct Flags {
 
     /// Number of shards (Raft groups) the keyspace is split into (default: the
     /// layout of the member in --data-dir; for a member joining a cluster or
-    /// restoring a backup, theirs; else --cores).
-    /// Every member of a cluster must use the same value.
+    /// restoring a backup, theirs; else 1). More than one shard gives up etcd's
+    /// single revision order, multi-shard txns and whole-keyspace watches (a
+    /// warning at start says so). Every member of a cluster must use the same value.
     #[arg(long, value_name = "N")]
     pub shards: Option<usize>,
 
@@ -568,7 +574,7 @@ impl Config {
         let shards = f
             .shards
             .or(existing.as_ref().map(|e| e.shards as usize))
-            .unwrap_or(cores);
+            .unwrap_or(DEFAULT_SHARDS);
         let log_format = match f.log_format.as_deref().unwrap_or("text") {
             "text" | "human" => LogFormat::Text,
             "json" => LogFormat::Json,
@@ -779,7 +785,9 @@ mod tests {
         );
         assert_eq!(c.max_request_bytes, 1_572_864);
         assert_eq!(c.max_txn_ops, 128);
-        assert!(c.cores >= 1 && c.shards == c.cores);
+        assert!(c.cores >= 1);
+        assert_eq!(c.shards, DEFAULT_SHARDS);
+        assert!(!c.shards_from_flag);
         assert_eq!(c.idle_poll, Duration::from_micros(DEFAULT_IDLE_POLL_US));
         let off = parse(&["--idle-poll-us", "0"]).unwrap();
         assert!(off.idle_poll.is_zero());
@@ -1042,7 +1050,7 @@ mod tests {
             }
         );
         assert_eq!(c.cores, (cpus / 3).max(1));
-        assert_eq!(c.shards, c.cores);
+        assert_eq!(c.shards, DEFAULT_SHARDS, "shards do not follow the cores");
         assert!(!c.shards_from_flag);
         let mut given = args.clone();
         given.extend(["--cores", "2", "--shards", "2"]);

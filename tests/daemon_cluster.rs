@@ -27,6 +27,15 @@ async fn three_member_cluster_behaves_like_etcd() {
         wait_writable(&mut c, &format!("/ready/{ep}")).await;
         clients.push(c);
     }
+    // More than one shard is opt-in, and every member says what differs.
+    for m in &cluster.members {
+        let log = m.log_text();
+        assert!(
+            log.contains("running 4 shards: unlike etcd"),
+            "{}: {log}",
+            m.name
+        );
+    }
 
     // Writes on any member; linearizable reads on every member see the latest.
     for round in 0..3 {

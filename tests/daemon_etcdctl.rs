@@ -202,4 +202,60 @@ fn etcdctl_works_against_a_default_cairn() {
     assert!(h != 0);
     let defrag = ok(&["defrag"]);
     assert!(defrag.contains("Finished defragmenting"), "{defrag}");
+
+    one_keyspace_by_default(&_daemon);
+}
+
+/// A default member runs one shard, so etcd's recipes and the list-then-watch
+/// pattern hold over the whole keyspace whatever the keys are named.
+fn one_keyspace_by_default(daemon: &Daemon) {
+    let log = std::fs::read_to_string(daemon._dir.path().join("cairn.log")).unwrap();
+    assert!(log.contains("shards=1"), "one shard by default:\n{log}");
+    assert!(!log.contains("unlike etcd"), "no sharding warning:\n{log}");
+
+    // etcd's lock recipe puts `<name>/<lease>` and ranges over `<name>/`.
+    for name in ["mylock", "locks-x", "/locks/y"] {
+        let out = ok(&["lock", name, "--", "echo", "held"]);
+        assert_eq!(out.trim(), "held", "lock {name}");
+    }
+
+    // List, then watch from the list's revision + 1: every later write, once,
+    // in order, whatever its key.
+    let listed = json(&["get", "", "--prefix", "--keys-only"])["header"]["revision"]
+        .as_i64()
+        .unwrap();
+    let keys = ["a", "/x/y", "locks-x/1", "/registry/pods/p", "zz"];
+    for k in keys {
+        ok(&["put", k, "v"]);
+    }
+    let mut watch = Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .args(["--endpoints=127.0.0.1:2379", "watch", "--prefix", ""])
+        .arg(format!("--rev={}", listed + 1))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("run etcdctl watch");
+    let stdout = watch.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    // etcdctl prints each event as three lines: PUT, key, value.
+    let mut lines = Vec::new();
+    while lines.len() < keys.len() * 3 {
+        match rx.recv_timeout(Duration::from_secs(20)) {
+            Ok(line) => lines.push(line),
+            Err(_) => break,
+        }
+    }
+    let _ = watch.kill();
+    let _ = watch.wait();
+    let seen: Vec<&str> = lines.chunks(3).map(|e| e[1].as_str()).collect();
+    assert_eq!(seen, keys, "watch from the listed revision: {lines:?}");
 }

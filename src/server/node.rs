@@ -118,6 +118,21 @@ fn adopt_shards(config: &mut Config, shards: u32, source: &str) {
     }
 }
 
+/// More than one shard is opt-in: say at every start what an etcd client
+/// then sees differently, so nobody meets it first as a lost watch event.
+fn warn_if_sharded(shards: usize) {
+    if shards > 1 {
+        tracing::warn!(
+            shards,
+            "running {shards} shards: unlike etcd, each shard has its own revision \
+             counter (a range's header carries the highest; a watch from a revision \
+             read on one shard can miss events of another), txns whose keys span \
+             shards are refused, and compaction is per shard; --shards 1 (the \
+             default) keeps etcd's semantics over the whole keyspace"
+        );
+    }
+}
+
 /// Builds a new member's shards from a backup file (`--restore-snapshot`).
 fn restore_snapshot(config: &mut Config, path: &Path, voters: &[u64]) -> Result<(), StartError> {
     let dir = &config.data_dir.clone();
@@ -574,6 +589,7 @@ impl Node {
     ) -> Result<Node, StartError> {
         let mut config = config;
         let file = prepare_data_dir(&mut config)?;
+        warn_if_sharded(config.shards);
         let members = Arc::new(MemberRegistry::new(&config.data_dir, file.clone()));
         let routing = RoutingTable::new(config.shards, config.cores);
         let mut senders = Vec::new();
