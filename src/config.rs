@@ -12,7 +12,7 @@ use std::time::Duration;
 use clap::Parser;
 use serde::Deserialize;
 
-use crate::server::members::MemberFile;
+use crate::member_file::MemberFile;
 
 /// etcd's default `--max-request-bytes` (1.5 MiB).
 pub const DEFAULT_MAX_REQUEST_BYTES: usize = 3 * 512 * 1024;
@@ -441,6 +441,20 @@ pub struct HostShare {
 }
 
 impl HostShare {
+    /// This member's share of its host by the member table `file` holds;
+    /// a table without this member's own entry counts it alone.
+    pub fn of_file(file: &MemberFile) -> HostShare {
+        if !file.members.iter().any(|m| m.id == file.member_id) {
+            return HostShare::ALONE;
+        }
+        HostShare::of(
+            &file.name,
+            file.members
+                .iter()
+                .map(|m| (m.name.as_str(), m.peer_urls.as_slice())),
+        )
+    }
+
     pub const ALONE: HostShare = HostShare {
         members: 1,
         index: 0,
@@ -558,7 +572,7 @@ impl Config {
         // An unreadable file is left to the start to report, with the reason.
         let existing = MemberFile::load(&data_dir).ok().flatten();
         let host_share = match &existing {
-            Some(file) => file.host_share(),
+            Some(file) => HostShare::of_file(file),
             None => HostShare::of(
                 &name,
                 initial_cluster
@@ -760,7 +774,7 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::server::members::MEMBER_FILE;
+    use crate::member_file::MEMBER_FILE;
 
     fn parse(args: &[&str]) -> Result<Config, ConfigError> {
         let mut all = vec!["cairn"];

@@ -2,6 +2,7 @@
 
 pub mod config;
 pub mod idle_poll;
+pub mod member_file;
 pub mod ops;
 pub mod raft;
 pub mod routing;

@@ -465,6 +465,19 @@ impl<S: Storage> RawNode<S> {
         self.raft.log.last_index()
     }
 
+    /// Index of the snapshot Raft accepted and still waits to see persisted
+    /// (handed out in a `Ready` or not yet), if any: the driver must keep its
+    /// data until then.
+    pub fn pending_snapshot_index(&self) -> Option<u64> {
+        self.raft
+            .log
+            .unstable
+            .snapshot
+            .as_ref()
+            .and_then(|s| s.metadata.as_ref())
+            .map(|m| m.index)
+    }
+
     /// Term of the entry at `index`, if the log still holds it.
     pub fn term_of(&self, index: u64) -> Option<u64> {
         self.raft.log.term(index).ok()

@@ -170,7 +170,7 @@ impl Cluster for ClusterService {
         }) {
             return Err(ApiError::PeerUrlExist.into());
         }
-        let id = added_member_id(&req.peer_ur_ls, now.cluster_id, super::shard::now_ms());
+        let id = added_member_id(&req.peer_ur_ls, now.cluster_id, super::clock::now_ms());
         if now.get(id).is_some() {
             return Err(ApiError::MemberExist.into());
         }

@@ -17,9 +17,10 @@ use futures::future::join_all;
 use prost::Message;
 use tonic::{Request, Response, Status};
 
+use super::command::WriteResult;
 use super::errors::ApiError;
 use super::merge::merge_ranges;
-use super::router::{Router, WriteResult};
+use super::router::Router;
 use super::validate;
 
 /// Who is answering: stamped into every response header.

@@ -18,9 +18,10 @@ use futures::future::join_all;
 use tonic::{Request, Response, Status};
 
 use super::backup::BackupEncoder;
+use super::command::{ShardCommand, ShardHash, ShardStatus};
 use super::errors::ApiError;
 use super::kv::Identity;
-use super::router::{Router, ShardCommand, ShardHash, ShardStatus};
+use super::router::Router;
 
 /// How long defragmenting one shard's store may take before the client is
 /// answered with a timeout (the work itself carries on).

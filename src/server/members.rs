@@ -22,9 +22,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, RwLock};
 
 use cairn_proto::cairnpb::{MemberInfo, MemberTable};
-use serde::{Deserialize, Serialize};
 
-use crate::config::{Config, HostShare, InitialMember};
+use crate::config::{Config, InitialMember};
+pub use crate::member_file::{Member, MemberFile, LAYOUT_VERSION, MEMBER_FILE};
 use crate::routing::{fnv1a64_update, FNV1A64_OFFSET};
 
 /// FNV-1a 64 over `parts` (routing's hash): stable across builds; ids are
@@ -91,40 +91,6 @@ pub fn preferred_leader(voters: &[u64], shard: u32) -> u64 {
         return 0;
     }
     ids[shard as usize % ids.len()]
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Member {
-    pub id: u64,
-    pub name: String,
-    pub peer_urls: Vec<String>,
-    #[serde(default)]
-    pub client_urls: Vec<String>,
-    #[serde(default)]
-    pub is_learner: bool,
-}
-
-impl Member {
-    pub fn to_info(&self) -> MemberInfo {
-        MemberInfo {
-            id: self.id,
-            name: self.name.clone(),
-            peer_urls: self.peer_urls.clone(),
-            client_urls: self.client_urls.clone(),
-            is_learner: self.is_learner,
-        }
-    }
-
-    pub fn from_info(info: &MemberInfo) -> Member {
-        Member {
-            id: info.id,
-            name: info.name.clone(),
-            peer_urls: info.peer_urls.clone(),
-            client_urls: info.client_urls.clone(),
-            is_learner: info.is_learner,
-        }
-    }
 }
 
 /// The members of the cluster as this member knows them.
@@ -195,72 +161,6 @@ impl Membership {
         let before = self.members.len();
         self.members.retain(|m| m.id != id);
         self.members.len() != before
-    }
-}
-
-pub const MEMBER_FILE: &str = "member.toml";
-pub const LAYOUT_VERSION: u32 = 1;
-
-/// What `member.toml` records: this member's identity, the data directory's
-/// layout, and the member table as last applied.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
-pub struct MemberFile {
-    pub layout_version: u32,
-    pub name: String,
-    pub member_id: u64,
-    pub cluster_id: u64,
-    pub shards: u32,
-    pub wal_lanes: u32,
-    /// Set once this member learnt it was removed from the cluster: it must not
-    /// start again with this data directory.
-    #[serde(default)]
-    pub removed: bool,
-    /// The voters every shard's log started with at the cluster's creation:
-    /// a shard whose log was never compacted starts from them (never from the
-    /// table, which moves with changes applied in other shards).
-    #[serde(default)]
-    pub bootstrap_voters: Vec<u64>,
-    pub members: Vec<Member>,
-}
-
-impl MemberFile {
-    /// The member `dir` holds: `None` when it holds none yet, an error naming
-    /// the file and the reason when it cannot be read or parsed.
-    pub fn load(dir: &Path) -> Result<Option<MemberFile>, String> {
-        let text = match std::fs::read_to_string(dir.join(MEMBER_FILE)) {
-            Ok(text) => text,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(format!("{MEMBER_FILE}: {e}")),
-        };
-        toml::from_str(&text)
-            .map(Some)
-            .map_err(|e| format!("{MEMBER_FILE}: {e}"))
-    }
-
-    /// This member's share of its host, by the table (see [`HostShare`]); a
-    /// table without this member's own entry counts it alone.
-    pub fn host_share(&self) -> HostShare {
-        if !self.members.iter().any(|m| m.id == self.member_id) {
-            return HostShare::ALONE;
-        }
-        HostShare::of(
-            &self.name,
-            self.members
-                .iter()
-                .map(|m| (m.name.as_str(), m.peer_urls.as_slice())),
-        )
-    }
-
-    /// Writes the file atomically: a temporary file, synced, renamed over.
-    pub fn write(&self, dir: &Path) -> std::io::Result<()> {
-        let text = toml::to_string(self)
-            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
-        let tmp = dir.join("member.toml.tmp");
-        std::fs::write(&tmp, text)?;
-        std::fs::File::open(&tmp)?.sync_all()?;
-        std::fs::rename(&tmp, dir.join(MEMBER_FILE))?;
-        std::fs::File::open(dir)?.sync_all()
     }
 }
 

@@ -1,8 +1,11 @@
 //! The member: shards, the etcd v3 gRPC services, and how they meet.
 
 pub mod backup;
+pub mod clock;
 pub mod cluster;
+pub mod command;
 pub mod convert;
+pub mod crash_point;
 pub mod entry;
 pub mod errors;
 pub mod kv;

@@ -30,10 +30,11 @@ use prost::Message as _;
 use tokio::sync::{mpsc, watch};
 
 use super::cluster::ClusterService;
+use super::command::ShardCommand;
 use super::kv::{Identity, KvService, Limits};
 use super::maintenance::MaintenanceService;
 use super::members::{Member, MemberFile, MemberRegistry, Membership, LAYOUT_VERSION, MEMBER_FILE};
-use super::router::{Router, ShardCommand, SHARD_QUEUE_COMMANDS};
+use super::router::{Router, SHARD_QUEUE_COMMANDS};
 use super::shard::{PeerSender, Shard, ShardInbound, ShardSetup};
 use crate::config::{ClusterState, Config, WalBackendChoice, WalSyncMode};
 use crate::raft;

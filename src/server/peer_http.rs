@@ -22,6 +22,9 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use cairn_proto::cairnpb::{MemberTable, ShardConfChange};
+use cairn_proto::etcdserverpb::{
+    LeaseKeepAliveRequest, LeaseKeepAliveResponse, LeaseTimeToLiveRequest, LeaseTimeToLiveResponse,
+};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
@@ -34,11 +37,14 @@ use tonic::Code;
 use super::errors::ApiError;
 use super::members::MemberRegistry;
 use super::router::Router;
+use crate::routing::ShardId;
 
 pub const CLUSTER_HEADER: &str = "x-cairn-cluster-id";
 pub const LEADER_HEADER: &str = "x-cairn-leader";
 pub const CODE_HEADER: &str = "x-cairn-grpc-code";
 pub const MEMBER_HEADER: &str = "x-cairn-member";
+/// The header naming the shard of a forwarded lease request.
+pub const SHARD_HEADER: &str = "x-cairn-shard";
 
 /// Largest request body accepted (a membership change is a few hundred bytes).
 const MAX_BODY_BYTES: usize = 64 * 1024;
@@ -124,7 +130,7 @@ impl PeerHttp {
         }
         let shard_header = req
             .headers()
-            .get(super::lease::SHARD_HEADER)
+            .get(SHARD_HEADER)
             .and_then(|v| v.to_str().ok())
             .unwrap_or_default()
             .to_string();
@@ -136,8 +142,7 @@ impl PeerHttp {
             Err(e) => return text(StatusCode::BAD_REQUEST, format!("reading the body: {e}")),
         };
         if path.starts_with("/cairn/lease-") {
-            use super::lease::PeerLeaseAnswer;
-            return match super::lease::serve_peer(&self.router, &path, &shard_header, body).await {
+            return match serve_lease(&self.router, &path, &shard_header, body).await {
                 PeerLeaseAnswer::Ok(b) => answer(StatusCode::OK, b),
                 PeerLeaseAnswer::NotLeader(leader) => not_leader(leader),
                 PeerLeaseAnswer::Failed(e) => failed(&e),
@@ -205,6 +210,78 @@ fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
 
 /// One keep-alive HTTP/1 connection to a peer's HTTP side.
 type PeerConnection = SendRequest<Full<Bytes>>;
+
+/// What this member answers a peer's forwarded lease request with.
+#[derive(Debug)]
+enum PeerLeaseAnswer {
+    Ok(Bytes),
+    NotLeader(u64),
+    Failed(ApiError),
+    BadRequest(String),
+}
+
+/// Serves `POST /cairn/lease-renew` and `POST /cairn/lease-ttl` for one shard
+/// this member is asked to lead.
+///
+/// - `lease-renew`: body `LeaseKeepAliveRequest`; answer
+///   `LeaseKeepAliveResponse` whose TTL is the granted TTL, 0 when the shard
+///   has no such lease.
+/// - `lease-ttl`: body `LeaseTimeToLiveRequest`; answer
+///   `LeaseTimeToLiveResponse` whose TTL is the time left in milliseconds (-1
+///   when the shard has no such lease), with the shard's keys when asked.
+async fn serve_lease(router: &Router, path: &str, shard: &str, body: Bytes) -> PeerLeaseAnswer {
+    let Some(shard) = shard
+        .parse::<ShardId>()
+        .ok()
+        .filter(|&s| (s as usize) < router.routing.shard_count())
+    else {
+        return PeerLeaseAnswer::BadRequest(format!("no shard {shard:?}"));
+    };
+    let answer = match path {
+        "/cairn/lease-renew" => {
+            let req = match LeaseKeepAliveRequest::decode(body) {
+                Ok(r) => r,
+                Err(e) => return PeerLeaseAnswer::BadRequest(format!("bad request: {e}")),
+            };
+            router.lease_renew(shard, req.id).await.map(|ttl| {
+                LeaseKeepAliveResponse {
+                    header: None,
+                    id: req.id,
+                    ttl: ttl.unwrap_or(0),
+                }
+                .encode_to_vec()
+            })
+        }
+        "/cairn/lease-ttl" => {
+            let req = match LeaseTimeToLiveRequest::decode(body) {
+                Ok(r) => r,
+                Err(e) => return PeerLeaseAnswer::BadRequest(format!("bad request: {e}")),
+            };
+            router
+                .lease_query(shard, req.id, req.keys)
+                .await
+                .map(|info| {
+                    let mut resp = LeaseTimeToLiveResponse {
+                        id: req.id,
+                        ttl: -1,
+                        ..Default::default()
+                    };
+                    if let Some(info) = info {
+                        resp.ttl = info.remaining.as_millis().min(i64::MAX as u128) as i64;
+                        resp.granted_ttl = info.granted_ttl;
+                        resp.keys = info.keys.into_iter().map(Bytes::from).collect();
+                    }
+                    resp.encode_to_vec()
+                })
+        }
+        other => return PeerLeaseAnswer::BadRequest(format!("no {other} here")),
+    };
+    match answer {
+        Ok(b) => PeerLeaseAnswer::Ok(Bytes::from(b)),
+        Err(ApiError::NotLeader { leader }) => PeerLeaseAnswer::NotLeader(leader),
+        Err(e) => PeerLeaseAnswer::Failed(e),
+    }
+}
 
 /// Idle keep-alive connections kept per peer URL by one client.
 const IDLE_CONNECTIONS_PER_PEER: usize = 8;

@@ -61,6 +61,7 @@ pub struct Member {
     pub log: PathBuf,
     child: Option<Child>,
     extra_args: Vec<String>,
+    extra_env: Vec<(String, String)>,
     initial_cluster: String,
 }
 
@@ -93,6 +94,7 @@ impl Member {
             .arg("--initial-cluster-token")
             .arg("cairn-test")
             .args(&self.extra_args)
+            .envs(self.extra_env.iter().map(|(k, v)| (k, v)))
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("clone log"))
@@ -169,6 +171,14 @@ impl Member {
         (code, log.get(earlier..).unwrap_or(&log).to_string())
     }
 
+    /// Replaces the extra environment the member is started with.
+    pub fn set_env(&mut self, env: &[(&str, &str)]) {
+        self.extra_env = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+    }
+
     /// Replaces the extra flags the member is started with.
     pub fn set_args(&mut self, args: &[&str]) {
         self.extra_args = args.iter().map(|s| s.to_string()).collect();
@@ -217,6 +227,7 @@ impl Cluster {
                 log: dir.path().join(format!("{name}.log")),
                 child: None,
                 extra_args: extra.iter().map(|s| s.to_string()).collect(),
+                extra_env: Vec::new(),
                 initial_cluster: initial_cluster.clone(),
             })
             .collect();
@@ -251,6 +262,7 @@ impl Cluster {
             log: self.dir.path().join(format!("{name}.log")),
             child: None,
             extra_args,
+            extra_env: Vec::new(),
             initial_cluster: initial_cluster.join(","),
         });
         self.members.len() - 1

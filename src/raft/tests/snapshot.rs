@@ -146,3 +146,45 @@ fn failed_snapshot_is_retried() {
     net.tick_all(3);
     assert_eq!(net.applied_data(3), net.applied_data(1));
 }
+
+// Raft paper 7: a follower takes a leader's snapshot as the one it waits to
+// see persisted, and keeps waiting for it when an older one arrives; the
+// driver holds the data of exactly the snapshot this names.
+#[test]
+fn the_pending_snapshot_is_the_one_taken() {
+    let scenario = || {
+        let mut net = Network::new(3);
+        net.campaign(1);
+        net.isolate(3);
+        for i in 0..10 {
+            net.propose(1, &format!("v{i}")).unwrap();
+        }
+        let index = net.compact(1);
+        (net, index)
+    };
+    // The snapshot the leader sends once the follower is reachable.
+    let (mut net, index) = scenario();
+    net.heal();
+    net.tick_all(3);
+    let snap = net.take_sent(MessageType::MsgSnap).remove(0);
+    assert_eq!(net.node(3).pending_snapshot_index(), None, "persisted");
+
+    // The same state again, the snapshot stepped by hand.
+    let (mut net, same_index) = scenario();
+    assert_eq!(same_index, index);
+    assert_eq!(net.node(3).pending_snapshot_index(), None);
+    net.node(3).step(snap.clone()).unwrap();
+    assert_eq!(net.node(3).pending_snapshot_index(), Some(index));
+    // An older snapshot is refused and changes nothing.
+    let mut stale = snap;
+    stale
+        .snapshot
+        .as_mut()
+        .unwrap()
+        .metadata
+        .as_mut()
+        .unwrap()
+        .index = 1;
+    let _ = net.node(3).step(stale);
+    assert_eq!(net.node(3).pending_snapshot_index(), Some(index));
+}

@@ -1,0 +1,348 @@
+//! Applying committed entries to the shard's store, and what follows from it:
+//! store commits, quota, defragment and log compaction.
+
+use super::*;
+
+impl Shard {
+    pub(super) fn apply(&mut self, entries: &[raft::Entry]) {
+        if entries.is_empty() {
+            return;
+        }
+        for e in entries {
+            if self.failed.is_some() {
+                return;
+            }
+            match EntryType::try_from(e.entry_type) {
+                Ok(EntryType::EntryConfChange) => {
+                    match ConfChange::decode(e.data.clone()) {
+                        Ok(cc) => {
+                            let cs = self.node.apply_conf_change(&cc);
+                            self.applied_conf_change(&cc, &cs);
+                            self.conf_history.push((e.index, cs));
+                        }
+                        Err(err) => self.fail(format!(
+                            "conf change entry {} does not decode: {err}",
+                            e.index
+                        )),
+                    }
+                    self.store.set_applied_index(e.index);
+                }
+                _ => self.apply_normal(e),
+            }
+        }
+        if self.store.pending_bytes() >= STORE_COMMIT_PENDING_BYTES {
+            self.commit_store();
+        }
+        self.check_quota();
+        if !self.watchers.is_empty() {
+            self.watchers.notify(self.id, &self.store);
+        }
+    }
+
+    /// Writes what was applied since the last commit to the store file. Off the
+    /// write path: the WAL already made every applied entry durable, so a commit
+    /// only bounds how much a restart replays.
+    pub(super) fn commit_store(&mut self) {
+        let started = Instant::now();
+        match self.store.commit() {
+            Ok(wrote) => {
+                if wrote {
+                    if let Some(m) = &self.metrics {
+                        m.backend_commit(started.elapsed());
+                        m.set_db_size(self.store.size_bytes(), self.store.size_in_use_bytes());
+                    }
+                    tracing::trace!(
+                        shard = self.id,
+                        applied = self.store.applied_index(),
+                        took_us = started.elapsed().as_micros() as u64,
+                        "store committed"
+                    );
+                }
+            }
+            Err(e) => self.fail(format!("store commit failed: {e}")),
+        }
+    }
+
+    pub(super) fn defragment(&mut self) -> Result<(), ApiError> {
+        if let Some(reason) = &self.failed {
+            return Err(self.storage_error(reason.clone()));
+        }
+        let started = Instant::now();
+        match self.store.defragment() {
+            Ok(report) => {
+                tracing::info!(
+                    shard = self.id,
+                    before_bytes = report.file_bytes_before,
+                    after_bytes = report.file_bytes_after,
+                    took_ms = started.elapsed().as_millis() as u64,
+                    "store defragmented"
+                );
+                if let Some(m) = &self.metrics {
+                    m.set_db_size(self.store.size_bytes(), self.store.size_in_use_bytes());
+                }
+                Ok(())
+            }
+            Err(e) => {
+                // The store may be part way through moving pages: like a
+                // failed commit, nothing more is trusted until restart.
+                let reason = format!("defragment failed: {e}");
+                self.fail(reason.clone());
+                Err(self.storage_error(reason))
+            }
+        }
+    }
+
+    pub(super) fn check_quota(&mut self) {
+        if !self.nospace_alarm && self.store.size_in_use_bytes() > self.quota_backend_bytes {
+            tracing::warn!(
+                shard = self.id,
+                size_bytes = self.store.size_in_use_bytes(),
+                quota_bytes = self.quota_backend_bytes,
+                "backend quota exceeded: NOSPACE alarm raised; compact, then disarm the alarm"
+            );
+            self.nospace_alarm = true;
+            if let Some(r) = &self.readiness {
+                r.set_alarm(crate::ops::readiness::Alarm::NoSpace, true);
+            }
+        }
+    }
+
+    pub(super) fn apply_normal(&mut self, e: &raft::Entry) {
+        if self.store.pending_bytes() >= STORE_COMMIT_PENDING_BYTES {
+            self.commit_store();
+        }
+        if e.data.is_empty() {
+            self.store.set_applied_index(e.index);
+            return;
+        }
+        let req = match ShardRequest::decode(e.data.clone()) {
+            Ok(r) => r,
+            Err(err) => {
+                self.fail(format!("entry {} does not decode: {err}", e.index));
+                return;
+            }
+        };
+        let mine = req.member == self.member_id;
+        let result = match req.request {
+            Some(r) => self.apply_request(e.index, r),
+            None => {
+                self.store.set_applied_index(e.index);
+                Ok(WriteResult::Applied {
+                    revision: self.store.current_revision(),
+                })
+            }
+        };
+        if mine {
+            if let Some(w) = self.waiters.remove(&req.id) {
+                let _ = w.reply.send(result);
+            }
+        }
+    }
+
+    pub(super) fn apply_error(&mut self, e: mvcc::ApplyError) -> ApiError {
+        match e {
+            mvcc::ApplyError::Compacted { .. } => ApiError::Compacted,
+            mvcc::ApplyError::FutureRevision { .. } => ApiError::FutureRev,
+            mvcc::ApplyError::EmptyKey => ApiError::EmptyKey,
+            mvcc::ApplyError::LeaseNotFound { .. } => ApiError::LeaseNotFound,
+            mvcc::ApplyError::LeaseExists { .. } => ApiError::LeaseExist,
+            mvcc::ApplyError::ValueProvided => ApiError::ValueProvided,
+            mvcc::ApplyError::LeaseProvided => ApiError::LeaseProvided,
+            mvcc::ApplyError::DuplicateKey => ApiError::DuplicateKey,
+            mvcc::ApplyError::TooManyOps { .. } => ApiError::TooManyOps,
+            mvcc::ApplyError::RequestTooLarge { .. } => ApiError::RequestTooLarge,
+            mvcc::ApplyError::Read(r) => self.read_error(r),
+            other if other.is_request_error() => self.storage_error(other.to_string()),
+            other => {
+                let reason = other.to_string();
+                self.fail(reason.clone());
+                self.storage_error(reason)
+            }
+        }
+    }
+
+    pub(super) fn apply_request(
+        &mut self,
+        index: u64,
+        r: shard_request::Request,
+    ) -> Result<WriteResult, ApiError> {
+        use shard_request::Request as R;
+        // The leader's lease clock follows the grants and revokes it applies.
+        let lease_change = match &r {
+            R::LeaseGrant(g) => Some((g.id, Some(g.ttl))),
+            R::LeaseRevoke(g) => Some((g.id, None)),
+            _ => None,
+        };
+        let op = match r {
+            R::Put(p) => mvcc::Op::Put(convert::put_from_pb(&p)),
+            R::DeleteRange(d) => mvcc::Op::DeleteRange(convert::delete_from_pb(&d)),
+            R::Txn(t) => mvcc::Op::Txn(convert::txn_from_pb(&t)),
+            R::Compaction(c) => mvcc::Op::Compact(mvcc::CompactionRequest {
+                revision: c.revision,
+            }),
+            R::LeaseGrant(g) => mvcc::Op::LeaseGrant {
+                id: g.id,
+                ttl_secs: g.ttl,
+            },
+            R::LeaseRevoke(g) => mvcc::Op::LeaseRevoke { id: g.id },
+            R::Alarm(a) => {
+                self.store.set_applied_index(index);
+                if a.alarm == pb::AlarmType::Nospace as i32 {
+                    match pb::alarm_request::AlarmAction::try_from(a.action) {
+                        Ok(pb::alarm_request::AlarmAction::Activate) => self.nospace_alarm = true,
+                        Ok(pb::alarm_request::AlarmAction::Deactivate) => {
+                            self.nospace_alarm = false
+                        }
+                        _ => {}
+                    }
+                }
+                return Ok(WriteResult::Applied {
+                    revision: self.store.current_revision(),
+                });
+            }
+            R::ConfChange(_) => {
+                // Conf changes arrive as conf change entries; one inside a
+                // normal entry is a proposer bug, recorded and skipped.
+                tracing::error!(
+                    shard = self.id,
+                    index,
+                    "conf change inside a normal entry skipped"
+                );
+                self.store.set_applied_index(index);
+                return Err(ApiError::Unsupported("conf change as a normal entry"));
+            }
+        };
+        let applied = self.store.apply(index, &op);
+        if let Some((id, ttl)) = lease_change {
+            match (ttl, &applied) {
+                (Some(ttl), Ok(_)) => self.lease_clock.granted(id, ttl, Instant::now()),
+                (Some(_), Err(_)) => {}
+                (None, _) => self.lease_clock.revoked(id),
+            }
+        }
+        match applied {
+            Ok(result) => {
+                let header = self.header(0);
+                Ok(match result {
+                    mvcc::OpResult::Put(r) => WriteResult::Put(convert::put_to_pb(r, header)),
+                    mvcc::OpResult::DeleteRange(r) => {
+                        WriteResult::DeleteRange(convert::delete_to_pb(r, header))
+                    }
+                    mvcc::OpResult::Txn(r) => WriteResult::Txn(convert::txn_to_pb(r, header)),
+                    mvcc::OpResult::Compact(r) => WriteResult::Compaction(pb::CompactionResponse {
+                        header: Some(self.header(r.revision)),
+                    }),
+                    mvcc::OpResult::LeaseGrant { revision }
+                    | mvcc::OpResult::LeaseRevoke { revision, .. }
+                    | mvcc::OpResult::LeaseCheckpoint { revision } => {
+                        WriteResult::Applied { revision }
+                    }
+                })
+            }
+            // A request error still consumed the entry; the store recorded it
+            // applied.
+            Err(e) => Err(self.apply_error(e)),
+        }
+    }
+
+    /// The membership as of entry `index` (at or after the log's snapshot
+    /// metadata, at or before the applied index): a restart rebuilds the
+    /// membership from the metadata plus the conf changes of the log after
+    /// it, so the metadata must hold the membership at its own index.
+    fn conf_state_at(&self, index: u64) -> ConfState {
+        conf_state_at(&self.conf_history, &self.snapshot_meta, index)
+    }
+
+    /// Compacts the in-memory log once enough entries are applied, keeping
+    /// [`CATCH_UP_ENTRIES`] for slow followers, and lets the WAL release the
+    /// segments the shard no longer needs.
+    pub(super) fn maybe_compact_log(&mut self) {
+        let applied = self.node.applied_index();
+        // A small --snapshot-count also keeps fewer entries for slow followers.
+        let keep = CATCH_UP_ENTRIES.min(self.snapshot_count);
+        if applied < self.snapshot_meta.index + self.snapshot_count + keep {
+            return;
+        }
+        let compact_to = applied - keep;
+        // The store must have the entries up to compact_to durably applied
+        // before the WAL may drop them: its commit finishes in the background,
+        // so compaction goes only as far as the store has proven durable, and
+        // waits for a later turn otherwise.
+        self.commit_store();
+        if self.failed.is_some() {
+            return;
+        }
+        let compact_to = compact_to.min(self.store.durable_index());
+        if compact_to <= self.snapshot_meta.index {
+            return;
+        }
+        let Some(term) = self.node.term_of(compact_to) else {
+            return;
+        };
+        let md = SnapshotMetadata {
+            conf_state: Some(self.conf_state_at(compact_to)),
+            index: compact_to,
+            term,
+        };
+        if let Err(e) = write_snapshot_meta(&self.dir, &md) {
+            tracing::warn!(shard = self.id, error = %e, "writing snapshot metadata failed; log not compacted");
+            return;
+        }
+        let conf_state = md.conf_state.clone().unwrap_or_default();
+        if let Err(e) = self
+            .node
+            .store_mut()
+            .create_snapshot(compact_to, conf_state, Bytes::new())
+        {
+            tracing::warn!(shard = self.id, error = %e, "recording the log snapshot failed; log not compacted");
+            return;
+        }
+        if let Err(e) = self.node.store_mut().compact(compact_to) {
+            tracing::warn!(shard = self.id, error = %e, "in-memory log compaction failed");
+            return;
+        }
+        self.snapshot_meta = md;
+        self.conf_history.retain(|(index, _)| *index > compact_to);
+        self.wal.release(u64::from(self.id), compact_to);
+        tracing::debug!(shard = self.id, index = compact_to, "raft log compacted");
+    }
+}
+
+/// The membership after the last conf change at or before `index`, else the
+/// one recorded with the log's snapshot metadata.
+fn conf_state_at(history: &[(u64, ConfState)], meta: &SnapshotMetadata, index: u64) -> ConfState {
+    history
+        .iter()
+        .rev()
+        .find(|(i, _)| *i <= index)
+        .map(|(_, cs)| cs.clone())
+        .or_else(|| meta.conf_state.clone())
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cs(voters: &[u64], learners: &[u64]) -> ConfState {
+        ConfState {
+            voters: voters.to_vec(),
+            learners: learners.to_vec(),
+        }
+    }
+
+    #[test]
+    fn compaction_records_the_membership_at_its_own_index() {
+        let meta = SnapshotMetadata {
+            conf_state: Some(cs(&[1, 2, 3], &[])),
+            index: 100,
+            term: 2,
+        };
+        // A learner added at 150 and promoted at 180; applied up to 200.
+        let history = vec![(150, cs(&[1, 2, 3], &[4])), (180, cs(&[1, 2, 3, 4], &[]))];
+        assert_eq!(conf_state_at(&history, &meta, 120), cs(&[1, 2, 3], &[]));
+        assert_eq!(conf_state_at(&history, &meta, 150), cs(&[1, 2, 3], &[4]));
+        assert_eq!(conf_state_at(&history, &meta, 179), cs(&[1, 2, 3], &[4]));
+        assert_eq!(conf_state_at(&history, &meta, 200), cs(&[1, 2, 3, 4], &[]));
+    }
+}

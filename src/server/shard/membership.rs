@@ -1,0 +1,225 @@
+//! Membership of the shard's group: conf changes proposed and applied, and
+//! leadership handed to the shard's preferred member.
+
+use super::*;
+
+impl Shard {
+    /// A leader that is not its shard's preferred leader hands leadership over
+    /// once the preferred member is caught up, after holding it for a while
+    /// (so a member that just restarted is not handed leadership mid-recovery).
+    pub(super) fn maybe_hand_over_leadership(&mut self) {
+        let Some(since) = self.leader_since else {
+            return;
+        };
+        if self.preferred_leader == self.member_id
+            || self.preferred_leader == raft::NONE
+            || since.elapsed() < LEADERSHIP_HANDOVER_AFTER
+        {
+            return;
+        }
+        let status = self.node.status();
+        if status.lead_transferee != raft::NONE {
+            return;
+        }
+        let last = self.node.last_index();
+        let caught_up = status
+            .progress
+            .iter()
+            .any(|p| p.id == self.preferred_leader && !p.is_learner && p.matched == last);
+        if caught_up {
+            tracing::info!(
+                shard = self.id,
+                term = self.node.term(),
+                to = self.preferred_leader,
+                "handing leadership to the shard's preferred member"
+            );
+            // Wait another full period before trying again, whatever happens.
+            self.leader_since = Some(Instant::now());
+            let _ = self.node.transfer_leader(self.preferred_leader);
+        }
+    }
+
+    /// Carries out a membership change of this shard's group if this member
+    /// leads it. A change already in effect is answered at once, so a change
+    /// retried after a partial failure completes.
+    pub(super) fn propose_conf_change(
+        &mut self,
+        change: raft::ConfChangeType,
+        member: cairn_proto::cairnpb::MemberInfo,
+        check_only: bool,
+        reply: Reply<WriteResult>,
+    ) {
+        if let Some(reason) = &self.failed {
+            let _ = reply.send(Err(self.storage_error(reason.clone())));
+            return;
+        }
+        let leader = self.node.leader_id();
+        if leader != self.member_id {
+            let _ = reply.send(Err(ApiError::NotLeader { leader }));
+            return;
+        }
+        let status = self.node.status();
+        let cs = &status.conf_state;
+        let id = member.id;
+        let done = match change {
+            raft::ConfChangeType::ConfChangeAddNode => cs.voters.contains(&id),
+            raft::ConfChangeType::ConfChangeAddLearnerNode => cs.learners.contains(&id),
+            raft::ConfChangeType::ConfChangeRemoveNode => {
+                !cs.voters.contains(&id) && !cs.learners.contains(&id)
+            }
+            raft::ConfChangeType::ConfChangeUpdateNode => false,
+        };
+        if done {
+            let _ = reply.send(Ok(WriteResult::Applied {
+                revision: self.store.current_revision(),
+            }));
+            return;
+        }
+        if change == raft::ConfChangeType::ConfChangeAddNode && cs.learners.contains(&id) {
+            // etcd's rule: a learner is promoted only once it has at least 90%
+            // of the leader's log, so the new voter does not stall commits.
+            let last = self.node.last_index();
+            let matched = status
+                .progress
+                .iter()
+                .find(|p| p.id == id)
+                .map_or(0, |p| p.matched);
+            if (matched as f64) < (last as f64) * 0.9 {
+                let _ = reply.send(Err(ApiError::LearnerNotReady));
+                return;
+            }
+        }
+        if check_only {
+            let _ = reply.send(Ok(WriteResult::Applied {
+                revision: self.store.current_revision(),
+            }));
+            return;
+        }
+        self.next_request_id += 1;
+        let context = cairn_proto::cairnpb::ConfChangeContext {
+            request_id: self.next_request_id,
+            proposer: self.member_id,
+            member: Some(member),
+        };
+        let cc = ConfChange {
+            id: self.next_request_id,
+            change_type: change as i32,
+            node_id: id,
+            context: Bytes::from(context.encode_to_vec()),
+        };
+        self.conf_change_queue.push_back((cc, reply));
+        self.propose_queued_conf_changes();
+    }
+
+    /// Proposes the queued membership changes Raft will take now: one at a
+    /// time, each after the previous one is applied.
+    pub(super) fn propose_queued_conf_changes(&mut self) {
+        while let Some((cc, reply)) = self.conf_change_queue.pop_front() {
+            if reply.is_closed() {
+                continue;
+            }
+            match self.node.propose_conf_change(&cc) {
+                Ok(()) => {
+                    self.waiters.insert(
+                        cc.id,
+                        Waiter {
+                            since: Instant::now(),
+                            reply,
+                        },
+                    );
+                }
+                Err(raft::RaftError::ConfChangePending { .. }) => {
+                    self.conf_change_queue.push_front((cc, reply));
+                    return;
+                }
+                Err(e) => {
+                    let _ = reply.send(Err(match e {
+                        raft::RaftError::NoLeader { .. } | raft::RaftError::NotMember { .. } => {
+                            ApiError::NotLeader { leader: raft::NONE }
+                        }
+                        raft::RaftError::TransferInProgress { .. } => ApiError::LeaderChanged,
+                        raft::RaftError::UncommittedLimit { .. } => ApiError::TooManyRequests,
+                        other => self.storage_error(other.to_string()),
+                    }));
+                }
+            }
+        }
+    }
+
+    /// What an applied membership change means beyond Raft: the member table,
+    /// this shard's links, and the waiting client.
+    pub(super) fn applied_conf_change(&mut self, cc: &ConfChange, conf_state: &ConfState) {
+        use cairn_proto::cairnpb::ConfChangeContext;
+        let ctx = match ConfChangeContext::decode(cc.context.clone()) {
+            Ok(ctx) => ctx,
+            Err(e) => {
+                tracing::warn!(shard = self.id, error = %e, "conf change context does not decode");
+                ConfChangeContext::default()
+            }
+        };
+        let id = cc.node_id;
+        self.membership_changed(conf_state);
+        // Links are per shard; the member table follows shard 0 alone, so
+        // every member changes it in the same order (changes go through
+        // shard 0 first when adding and last when removing).
+        let table_shard = self.id == 0;
+        let result = match (raft::ConfChangeType::try_from(cc.change_type), &ctx.member) {
+            (Ok(raft::ConfChangeType::ConfChangeRemoveNode), _) => {
+                if id != self.member_id {
+                    self.peers.disconnect(self.id, id);
+                }
+                match (table_shard, id == self.member_id) {
+                    (false, _) => Ok(()),
+                    (true, false) => self.members.remove(id),
+                    (true, true) => {
+                        tracing::warn!(
+                            shard = self.id,
+                            "this member's removal from the cluster is applied"
+                        );
+                        self.members.mark_removed()
+                    }
+                }
+            }
+            (Ok(_), Some(member)) if member.id == id => {
+                if id != self.member_id {
+                    self.peers.connect(self.id, id, &member.peer_urls);
+                }
+                self.members.accept(id);
+                if table_shard {
+                    let mut member = member.clone();
+                    member.is_learner = conf_state.learners.contains(&id);
+                    self.members.upsert(&member)
+                } else {
+                    Ok(())
+                }
+            }
+            _ => Ok(()),
+        };
+        if let Err(e) = result {
+            // Like a failed store commit: the change is applied in Raft but
+            // not recorded, so nothing more is acknowledged; a restart
+            // replays the entry (the store's applied index was not
+            // committed past it) and records it.
+            self.fail(format!("writing member.toml failed: {e}"));
+        }
+        if ctx.proposer == self.member_id {
+            if let Some(w) = self.waiters.remove(&ctx.request_id) {
+                let _ = w.reply.send(Ok(WriteResult::Applied {
+                    revision: self.store.current_revision(),
+                }));
+            }
+        }
+    }
+
+    /// Follows a change of the shard's voters and learners (applied, or
+    /// installed with a snapshot): whether this member is a learner, and the
+    /// member leadership keeps spreading to.
+    pub(super) fn membership_changed(&mut self, cs: &ConfState) {
+        self.is_learner = cs.learners.contains(&self.member_id);
+        let preferred = crate::server::members::preferred_leader(&cs.voters, self.id);
+        if preferred != self.preferred_leader {
+            self.preferred_leader = preferred;
+            self.leader_since = self.leader_since.map(|_| Instant::now());
+        }
+    }
+}

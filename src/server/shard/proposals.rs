@@ -1,0 +1,173 @@
+//! Client writes becoming Raft proposals, and the writes and reads that wait
+//! while no leader takes proposals.
+
+use super::*;
+
+/// A write waiting until a leader takes proposals.
+pub(super) enum HeldWrite {
+    /// A client's request made to this member.
+    Local(shard_request::Request, Reply<WriteResult>),
+    /// A proposal another member forwarded here. Raft would drop it (the
+    /// proposer is never told, so its client would wait for its timeout); its
+    /// client is answered by the proposer, on apply or by its own timeout.
+    Forwarded(raft::Message),
+}
+
+impl HeldWrite {
+    fn bytes(&self) -> usize {
+        match self {
+            HeldWrite::Local(request, _) => request.encoded_len(),
+            HeldWrite::Forwarded(m) => m.entries.iter().map(|e| e.data.len()).sum(),
+        }
+    }
+}
+
+impl Shard {
+    /// Whether a proposal made now reaches a leader that appends it: one is
+    /// known and is not handing leadership over.
+    pub(super) fn takes_proposals(&self) -> bool {
+        self.node.leader_id() != raft::NONE && self.node.lead_transferee() == raft::NONE
+    }
+
+    /// True for requests that may add data, which a NOSPACE alarm refuses.
+    pub(super) fn adds_data(request: &shard_request::Request) -> bool {
+        matches!(
+            request,
+            shard_request::Request::Put(_)
+                | shard_request::Request::Txn(_)
+                | shard_request::Request::LeaseGrant(_)
+        )
+    }
+
+    pub(super) fn propose(&mut self, request: shard_request::Request, reply: Reply<WriteResult>) {
+        if let Some(reason) = &self.failed {
+            let _ = reply.send(Err(self.storage_error(reason.clone())));
+            return;
+        }
+        if self.is_learner {
+            let _ = reply.send(Err(ApiError::NotSupportedForLearner));
+            return;
+        }
+        if self.nospace_alarm && Self::adds_data(&request) {
+            let _ = reply.send(Err(ApiError::NoSpace));
+            return;
+        }
+        if !self.takes_proposals() {
+            if let Some(HeldWrite::Local(_, reply)) =
+                self.hold_write(HeldWrite::Local(request, reply))
+            {
+                let _ = reply.send(Err(ApiError::NoLeader));
+            }
+            return;
+        }
+        self.next_request_id += 1;
+        let id = self.next_request_id;
+        let data = ShardRequest {
+            id,
+            member: self.member_id,
+            request: Some(request),
+        }
+        .encode_to_vec();
+        match self.node.propose(Bytes::from(data)) {
+            Ok(()) => {
+                self.waiters.insert(
+                    id,
+                    Waiter {
+                        since: Instant::now(),
+                        reply,
+                    },
+                );
+            }
+            Err(e) => {
+                if let Some(m) = &self.metrics {
+                    m.proposal_failed();
+                }
+                let _ = reply.send(Err(match e {
+                    raft::RaftError::NoLeader { .. } | raft::RaftError::NotMember { .. } => {
+                        ApiError::NoLeader
+                    }
+                    raft::RaftError::TransferInProgress { .. } => ApiError::LeaderChanged,
+                    raft::RaftError::UncommittedLimit { .. } => ApiError::TooManyRequests,
+                    other => self.storage_error(other.to_string()),
+                }));
+            }
+        }
+    }
+
+    /// Queues a write until a leader takes proposals; hands it back, refused,
+    /// when too many already wait.
+    pub(super) fn hold_write(&mut self, write: HeldWrite) -> Option<HeldWrite> {
+        let bytes = write.bytes();
+        if self.leaderless_writes.len() + self.leaderless_reads.len() >= MAX_LEADERLESS_REQUESTS
+            || self.leaderless_write_bytes + bytes > MAX_LEADERLESS_WRITE_BYTES
+        {
+            return Some(write);
+        }
+        self.leaderless_write_bytes += bytes;
+        self.leaderless_writes.push_back((Instant::now(), write));
+        None
+    }
+
+    pub(super) fn next_held_write(&mut self) -> Option<(Instant, HeldWrite)> {
+        let held = self.leaderless_writes.pop_front()?;
+        self.leaderless_write_bytes -= held.1.bytes();
+        Some(held)
+    }
+
+    /// Sends requests that waited for a leader, once one is known.
+    pub(super) fn release_leaderless(&mut self) {
+        if self.node.leader_id() == raft::NONE {
+            return;
+        }
+        if self.takes_proposals() {
+            while let Some((_, write)) = self.next_held_write() {
+                match write {
+                    HeldWrite::Local(request, reply) => self.propose(request, reply),
+                    HeldWrite::Forwarded(msg) => self.step(msg),
+                }
+            }
+        }
+        for (_, read) in std::mem::take(&mut self.leaderless_reads) {
+            self.reads_this_turn.push(read);
+        }
+    }
+
+    /// Answers requests that waited too long: their clients have given up.
+    pub(super) fn expire(&mut self) {
+        let now = Instant::now();
+        while self
+            .leaderless_writes
+            .front()
+            .is_some_and(|(since, _)| now.duration_since(*since) >= LEADERLESS_WAIT)
+        {
+            if let Some((_, HeldWrite::Local(_, reply))) = self.next_held_write() {
+                let _ = reply.send(Err(ApiError::NoLeader));
+            }
+        }
+        let (expired, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.leaderless_reads)
+            .into_iter()
+            .partition(|(since, _)| now.duration_since(*since) >= LEADERLESS_WAIT);
+        self.leaderless_reads = waiting;
+        for (_, r) in expired {
+            let _ = r.reply.send(Err(ApiError::NoLeader));
+        }
+        self.waiters
+            .retain(|_, w| now.duration_since(w.since) < REQUEST_TIMEOUT && !w.reply.is_closed());
+        let expired: Vec<u64> = self
+            .read_rounds
+            .iter()
+            .filter(|(_, r)| now.duration_since(r.since) >= REQUEST_TIMEOUT)
+            .map(|(&ctx, _)| ctx)
+            .collect();
+        for ctx in expired {
+            if let Some(round) = self.read_rounds.remove(&ctx) {
+                for r in round.reads {
+                    let _ = r.reply.send(Err(ApiError::Timeout));
+                }
+                for r in round.renewals {
+                    let _ = r.reply.send(Err(ApiError::Timeout));
+                }
+            }
+        }
+    }
+}

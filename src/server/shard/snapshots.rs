@@ -1,0 +1,435 @@
+//! Snapshots: the log's snapshot metadata on disk, the store streamed to a
+//! follower that is behind, and a received one installed in place of the store.
+
+use std::path::Path;
+
+use super::*;
+
+/// Splits a received snapshot stream back into the `MsgSnap` and store chunks.
+pub(super) fn decode_snapshot_stream(
+    parts: Vec<Bytes>,
+) -> Result<(raft::Message, Vec<Vec<u8>>), String> {
+    let mut all = bytes::BytesMut::with_capacity(parts.iter().map(Bytes::len).sum());
+    for p in parts {
+        all.extend_from_slice(&p);
+    }
+    let all = all.freeze();
+    fn take(all: &Bytes, pos: &mut usize, what: &str) -> Result<Bytes, String> {
+        if all.len() < *pos + 4 {
+            return Err(format!(
+                "snapshot stream ends inside the length of the {what}"
+            ));
+        }
+        let len = u32::from_le_bytes(all[*pos..*pos + 4].try_into().expect("4 bytes")) as usize;
+        *pos += 4;
+        if all.len() < *pos + len {
+            return Err(format!(
+                "snapshot stream ends inside the {what} ({len} bytes announced)"
+            ));
+        }
+        let b = all.slice(*pos..*pos + len);
+        *pos += len;
+        Ok(b)
+    }
+    let mut pos = 0usize;
+    let msg = raft::Message::decode(take(&all, &mut pos, "message")?)
+        .map_err(|e| format!("snapshot message: {e}"))?;
+    let mut chunks = Vec::new();
+    while pos < all.len() {
+        chunks.push(take(&all, &mut pos, "store chunk")?.to_vec());
+    }
+    Ok((msg, chunks))
+}
+
+/// Snapshot metadata of the shard's log: the index and term the log starts
+/// after, and the membership then. Kept in `<shard dir>/raft-snapshot`, written
+/// atomically (temporary file, sync, rename) whenever the log is compacted or a
+/// snapshot installed, since the WAL has no entry at that index to give its term.
+pub(super) fn snapshot_meta_path(dir: &Path) -> PathBuf {
+    dir.join("raft-snapshot")
+}
+
+/// The member table that came with a snapshot installed in shard 0, kept in
+/// the new store's directory until `member.toml` is rewritten from it: it is
+/// swapped in with the store, so a crash between the swap and the rewrite
+/// finds it at the next start (see [`apply_pending_table`]).
+fn pending_table_path(dir: &Path) -> PathBuf {
+    dir.join("member-table.pending")
+}
+
+/// Reads a file written by [`write_checked`]: None when it does not exist.
+fn read_checked(path: &Path) -> Result<Option<Vec<u8>>, String> {
+    match std::fs::read(path) {
+        Ok(bytes) => {
+            // 4-byte little-endian CRC32 of the rest, then the body.
+            if bytes.len() < 4 {
+                return Err("shorter than its checksum".to_string());
+            }
+            let (crc, body) = bytes.split_at(4);
+            if u32::from_le_bytes(crc.try_into().expect("4 bytes")) != crc32fast::hash(body) {
+                return Err("checksum mismatch".to_string());
+            }
+            Ok(Some(body.to_vec()))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Writes `body` behind its CRC32 to `dir/name` atomically and durably:
+/// a temporary file, synced, renamed, and the directory synced.
+fn write_checked(dir: &Path, name: &str, body: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut bytes = crc32fast::hash(body).to_le_bytes().to_vec();
+    bytes.extend_from_slice(body);
+    let tmp = dir.join(format!("{name}.tmp"));
+    {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(&bytes)?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, dir.join(name))?;
+    sync_dir(dir)
+}
+
+/// Makes the directory's entries (creates, renames, removes) durable.
+fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    std::fs::File::open(dir)?.sync_all()
+}
+
+pub(super) fn read_snapshot_meta(
+    shard: ShardId,
+    dir: &Path,
+) -> Result<Option<SnapshotMetadata>, ShardOpenError> {
+    let path = snapshot_meta_path(dir);
+    let bad = |reason: String| ShardOpenError::SnapshotMeta {
+        shard,
+        path: path.clone(),
+        reason,
+    };
+    match read_checked(&path).map_err(bad)? {
+        Some(body) => SnapshotMetadata::decode(body.as_slice())
+            .map(Some)
+            .map_err(|e| bad(e.to_string())),
+        None => Ok(None),
+    }
+}
+
+pub(crate) fn write_snapshot_meta(dir: &Path, md: &SnapshotMetadata) -> std::io::Result<()> {
+    write_checked(dir, "raft-snapshot", &md.encode_to_vec())
+}
+
+/// Rewrites `member.toml` from the member table a snapshot install left in
+/// `dir`, then removes it; says whether there was one. Run by the install
+/// itself and, after a crash that came between the swap and the rewrite, by
+/// the next start.
+pub(super) fn apply_pending_table(
+    dir: &Path,
+    members: &crate::server::members::MemberRegistry,
+) -> Result<Option<cairn_proto::cairnpb::MemberTable>, String> {
+    let path = pending_table_path(dir);
+    let Some(body) = read_checked(&path).map_err(|e| format!("{}: {e}", path.display()))? else {
+        return Ok(None);
+    };
+    let table = cairn_proto::cairnpb::MemberTable::decode(body.as_slice())
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    members
+        .replace_table(&table)
+        .map_err(|e| format!("writing member.toml: {e}"))?;
+    std::fs::remove_file(&path)
+        .and_then(|()| sync_dir(dir))
+        .map_err(|e| format!("removing {}: {e}", path.display()))?;
+    Ok(Some(table))
+}
+
+/// `<shard dir>.<suffix>`: where a snapshot's store is built (`new`) and where
+/// the replaced one goes (`old`) while the two are swapped.
+pub(super) fn swap_dir(dir: &Path, suffix: &str) -> PathBuf {
+    let mut name = dir.file_name().unwrap_or_default().to_os_string();
+    name.push(".");
+    name.push(suffix);
+    dir.with_file_name(name)
+}
+
+/// Completes or undoes a snapshot install a crash interrupted. The swap is two
+/// renames (dir -> old, new -> dir): with `dir` gone the new store is complete
+/// and takes its place; with `dir` present the swap never started and the
+/// partial new store is dropped. A leftover old store is removed. Every step
+/// is made durable (the parent directory synced) before the shard opens, so
+/// a second crash cannot bring the undone state back.
+pub(super) fn finish_interrupted_swap(dir: &Path) -> std::io::Result<()> {
+    let new_dir = swap_dir(dir, "new");
+    let old_dir = swap_dir(dir, "old");
+    let parent = match dir.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let mut changed = false;
+    if !dir.exists() && new_dir.exists() {
+        std::fs::rename(&new_dir, dir)?;
+        changed = true;
+    }
+    if new_dir.exists() {
+        std::fs::remove_dir_all(&new_dir)?;
+        changed = true;
+    }
+    if old_dir.exists() {
+        std::fs::remove_dir_all(&old_dir)?;
+        changed = true;
+    }
+    if changed {
+        sync_dir(parent)?;
+    }
+    Ok(())
+}
+
+/// How long a snapshot transfer to a follower may go without sending a chunk
+/// (waiting for the follower to be reachable included). Raft is then told it
+/// failed, and sends a fresh snapshot when the follower next answers.
+pub const SNAPSHOT_SEND_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A snapshot received from a leader, waiting for Raft to accept it.
+pub(super) struct IncomingSnapshot {
+    pub(super) chunks: Vec<Vec<u8>>,
+    pub(super) members: Option<cairn_proto::cairnpb::MemberTable>,
+}
+
+/// A snapshot stream read from the store as it is sent: the length-prefixed
+/// `MsgSnap`, then each store chunk length-prefixed (the layout
+/// [`decode_snapshot_stream`] reads). The store snapshot it reads from never
+/// blocks the shard's writes. It cannot start over once read from: a transfer
+/// that fails part way fails, and Raft asks for a fresh snapshot.
+pub(super) struct StoreSnapshotSource {
+    pub(super) message: Option<Bytes>,
+    pub(super) stream: mvcc::SnapshotStream,
+    /// The data of a chunk whose length prefix went out last.
+    pub(super) pending: Option<Bytes>,
+    pub(super) started: bool,
+    pub(super) bytes: u64,
+    /// When the transfer last took a chunk.
+    pub(super) progress: Rc<std::cell::Cell<Instant>>,
+}
+
+impl cairn_net::StreamSource for StoreSnapshotSource {
+    fn rewind(&mut self) -> std::io::Result<()> {
+        if self.started {
+            return Err(std::io::Error::other(
+                "a store snapshot cannot start over; a fresh one is sent instead",
+            ));
+        }
+        Ok(())
+    }
+
+    fn next_chunk(&mut self, _max_bytes: usize) -> std::io::Result<Option<Bytes>> {
+        self.started = true;
+        self.progress.set(Instant::now());
+        if let Some(m) = self.message.take() {
+            let mut out = Vec::with_capacity(4 + m.len());
+            out.extend_from_slice(&(m.len() as u32).to_le_bytes());
+            out.extend_from_slice(&m);
+            self.bytes += out.len() as u64;
+            return Ok(Some(Bytes::from(out)));
+        }
+        if let Some(data) = self.pending.take() {
+            self.bytes += data.len() as u64;
+            return Ok(Some(data));
+        }
+        match self.stream.next() {
+            None => Ok(None),
+            Some(Err(e)) => Err(std::io::Error::other(format!(
+                "reading the store for a snapshot: {e}"
+            ))),
+            Some(Ok(chunk)) => {
+                self.bytes += 4;
+                let prefix = Bytes::copy_from_slice(&(chunk.len() as u32).to_le_bytes());
+                self.pending = Some(Bytes::from(chunk));
+                Ok(Some(prefix))
+            }
+        }
+    }
+}
+
+impl Shard {
+    /// Streams the store to a follower that is behind the log. The snapshot
+    /// Raft asked for covers up to the compaction index; the store has applied
+    /// further, so the message is restamped with the store's applied index and
+    /// its term: the follower then resumes the log right after what it got.
+    pub(super) fn send_snapshot(&mut self, mut m: raft::Message) {
+        let to = m.to;
+        if self.snapshots_in_flight.contains(&to) {
+            return;
+        }
+        let Some(link) = self.peers.link(self.id, to) else {
+            self.node.report_snapshot(to, raft::SnapshotStatus::Failure);
+            return;
+        };
+        let stream = self.store.snapshot_stream();
+        let index = stream.applied_index();
+        let Some(term) = self.node.term_of(index) else {
+            tracing::warn!(
+                shard = self.id,
+                index,
+                "no term for the store's applied index; snapshot not sent"
+            );
+            self.node.report_snapshot(to, raft::SnapshotStatus::Failure);
+            return;
+        };
+        // The member table rides along: a member that catches up by snapshot
+        // may have missed the changes that added members.
+        m.context = Bytes::from(self.members.table().encode_to_vec());
+        m.snapshot = Some(Snapshot {
+            data: Bytes::new(),
+            metadata: Some(SnapshotMetadata {
+                conf_state: Some(self.node.status().conf_state),
+                index,
+                term,
+            }),
+        });
+        tracing::info!(shard = self.id, to, index, "sending snapshot");
+        self.snapshots_in_flight.insert(to);
+        let reports = self.snapshot_reports_tx.clone();
+        let shard = self.id;
+        let progress = Rc::new(std::cell::Cell::new(Instant::now()));
+        let mut source = StoreSnapshotSource {
+            message: Some(Bytes::from(m.encode_to_vec())),
+            stream,
+            pending: None,
+            started: false,
+            bytes: 0,
+            progress: progress.clone(),
+        };
+        tokio::task::spawn_local(async move {
+            let stalled = async {
+                loop {
+                    let idle = progress.get().elapsed();
+                    if idle >= SNAPSHOT_SEND_IDLE_TIMEOUT {
+                        return;
+                    }
+                    tokio::time::sleep(SNAPSHOT_SEND_IDLE_TIMEOUT - idle).await;
+                }
+            };
+            let sent = tokio::select! {
+                r = link.send_stream(shard, &mut source) => Ok(r),
+                () = stalled => Err(()),
+            };
+            let status = match sent {
+                Ok(Ok(_)) => {
+                    tracing::info!(shard, to, index, bytes = source.bytes, "snapshot sent");
+                    raft::SnapshotStatus::Finish
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!(shard, to, error = %e, "snapshot transfer failed");
+                    raft::SnapshotStatus::Failure
+                }
+                Err(_) => {
+                    tracing::warn!(
+                        shard,
+                        to,
+                        idle_s = SNAPSHOT_SEND_IDLE_TIMEOUT.as_secs(),
+                        "snapshot transfer made no progress; abandoned"
+                    );
+                    raft::SnapshotStatus::Failure
+                }
+            };
+            let _ = reports.send((to, status));
+        });
+    }
+
+    /// Replaces the store with the snapshot Raft accepted, as one crash-atomic
+    /// step. The commit point is the rename of the new store's directory into
+    /// place; around it:
+    /// 1. The new store, its snapshot metadata and (shard 0) the member table
+    ///    that came with it are built and synced beside the old store.
+    /// 2. A Truncate record past the snapshot's index is made durable in the
+    ///    WAL: the entries it drops are not in the leader's log (Raft installs
+    ///    a snapshot only when this log lacks its index and term), so they
+    ///    were never committed, and an old store restarting with them gone
+    ///    simply catches up again. Without it, a store swapped in before the
+    ///    WAL says so would restart behind a log tail of older terms, and this
+    ///    member would vote as if its log ended there.
+    /// 3. The directories are swapped and the parent directory synced.
+    /// 4. `member.toml` is rewritten from the table, which is then removed; a
+    ///    crash before that finds the table at the next start.
+    ///
+    /// The caller then makes the Ready's hard state (its commit is the
+    /// snapshot's index) and entries durable.
+    pub(super) async fn install_snapshot(&mut self, snapshot: &Snapshot) -> Result<(), String> {
+        let md = snapshot.metadata.clone().unwrap_or_default();
+        let incoming = match self.incoming_snapshot.take() {
+            Some((index, incoming)) if index == md.index => incoming,
+            held => {
+                return Err(format!(
+                    "raft accepted a snapshot at index {} but the data held is for {:?}",
+                    md.index,
+                    held.map(|(index, _)| index)
+                ))
+            }
+        };
+        let IncomingSnapshot { chunks, members } = incoming;
+        let new_dir = swap_dir(&self.dir, "new");
+        let old_dir = swap_dir(&self.dir, "old");
+        let _ = std::fs::remove_dir_all(&new_dir);
+        let store = mvcc::Store::restore(&new_dir, self.id, self.store_config.clone(), chunks)
+            .map_err(|e| format!("restoring the store from a snapshot: {e}"))?;
+        if store.applied_index() != md.index {
+            return Err(format!(
+                "the snapshot's store has applied index {}, its metadata says {}",
+                store.applied_index(),
+                md.index
+            ));
+        }
+        write_snapshot_meta(&new_dir, &md)
+            .map_err(|e| format!("writing snapshot metadata: {e}"))?;
+        if let (0, Some(table)) = (self.id, &members) {
+            // The table as of the snapshot's index (see applied_conf_change).
+            write_checked(&new_dir, "member-table.pending", &table.encode_to_vec())
+                .map_err(|e| format!("writing the snapshot's member table: {e}"))?;
+        }
+        crate::server::crash_point::reached("snapshot-built");
+        let truncate = [cairn_wal::Record::Truncate {
+            shard: u64::from(self.id),
+            index: md.index + 1,
+        }];
+        self.last_queued_lsn = self
+            .wal
+            .append(&truncate)
+            .await
+            .map_err(|e| format!("WAL append failed: {e}"))?;
+        crate::server::crash_point::reached("snapshot-truncated");
+        let old = std::mem::replace(&mut self.store, store);
+        drop(old);
+        let swap = || -> std::io::Result<()> {
+            let _ = std::fs::remove_dir_all(&old_dir);
+            std::fs::rename(&self.dir, &old_dir)?;
+            std::fs::rename(&new_dir, &self.dir)?;
+            if let Some(parent) = self.dir.parent() {
+                sync_dir(parent)?;
+            }
+            std::fs::remove_dir_all(&old_dir)
+        };
+        swap().map_err(|e| format!("swapping in the snapshot's store: {e}"))?;
+        crate::server::crash_point::reached("snapshot-swapped");
+        self.snapshot_meta = md.clone();
+        self.conf_history.clear();
+        if self.id == 0 {
+            apply_pending_table(&self.dir, &self.members)?;
+        }
+        let cs = md.conf_state.clone().unwrap_or_default();
+        self.membership_changed(&cs);
+        for id in cs.voters.iter().chain(&cs.learners) {
+            if *id == self.member_id {
+                continue;
+            }
+            if let Some(m) = self.members.get(*id) {
+                self.peers.connect(self.id, *id, &m.peer_urls);
+            }
+        }
+        tracing::info!(
+            shard = self.id,
+            index = md.index,
+            term = md.term,
+            "snapshot installed"
+        );
+        Ok(())
+    }
+}
