@@ -8,7 +8,7 @@
 //! and txns over one resource type stay on one Raft group.
 //!
 //! The table is immutable once built and copied to every core, so lookups take no
-//! lock; it carries a version so that a core ignores a stale replacement.
+//! lock.
 
 /// Shard identifier; shards are numbered 0..shards.
 pub type ShardId = u32;
@@ -68,7 +68,6 @@ pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
 /// The keyspace's partition into shards and their placement on this member's cores.
 #[derive(Debug, Clone)]
 pub struct RoutingTable {
-    version: u64,
     shards: u32,
     cores: u32,
 }
@@ -77,14 +76,9 @@ impl RoutingTable {
     pub fn new(shards: usize, cores: usize) -> RoutingTable {
         assert!(shards >= 1 && cores >= 1, "shards {shards} cores {cores}");
         RoutingTable {
-            version: 1,
             shards: u32::try_from(shards).expect("shard count fits u32"),
             cores: u32::try_from(cores).expect("core count fits u32"),
         }
-    }
-
-    pub fn version(&self) -> u64 {
-        self.version
     }
 
     pub fn shard_count(&self) -> usize {

@@ -131,9 +131,9 @@ impl Readiness {
         self.changed.notify_waiters();
     }
 
-    /// Member-wide: marks every shard caught up (or not) at once. Prefer
-    /// [`Readiness::set_shard_caught_up`] from each shard, so that one shard
-    /// catching up does not vouch for the others.
+    /// Member-wide: marks every shard caught up (or not) at once, for tools
+    /// and tests. Shards report with [`Readiness::set_shard_caught_up`], so
+    /// that one shard catching up does not vouch for the others.
     pub fn set_caught_up(&self, caught_up: bool) {
         for flag in self.caught_up.iter() {
             flag.store(caught_up, Ordering::Release);

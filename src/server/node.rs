@@ -559,7 +559,6 @@ struct Shared {
     readiness: Arc<crate::ops::readiness::Readiness>,
     endpoints: crate::ops::http::OpsEndpoints,
     watchdog: Arc<crate::ops::watchdog::Watchdog>,
-    caught_up: Arc<std::sync::atomic::AtomicUsize>,
     /// Watch stream ids, unique across the member's cores.
     next_watch_stream: Arc<std::sync::atomic::AtomicU64>,
     /// Lease ids this member generates, unique across its cores.
@@ -674,7 +673,6 @@ impl Node {
             readiness: readiness.clone(),
             endpoints,
             watchdog,
-            caught_up: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
             next_watch_stream: Arc::new(std::sync::atomic::AtomicU64::new(1)),
             lease_ids: Arc::new(super::lease::LeaseIds::new(file.member_id)),
             members: members.clone(),
@@ -839,8 +837,6 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
             shutdown: shared.shutdown.clone(),
             metrics: recorder.shard(shard),
             readiness: Some(shared.readiness.clone()),
-            caught_up: shared.caught_up.clone(),
-            shard_count: config.shards,
             members: shared.members.clone(),
         };
         let driver = Shard::open(&mut setup).map_err(|e| StartError::Other(e.to_string()))?;

@@ -179,10 +179,6 @@ pub struct ShardSetup {
     pub metrics: Option<crate::ops::server_metrics::ShardRecorder>,
     /// Readiness: told when the shard has a leader and has caught up.
     pub readiness: Option<std::sync::Arc<crate::ops::readiness::Readiness>>,
-    /// Counts shards of this member that have caught up once; the member is
-    /// caught up when all have.
-    pub caught_up: std::sync::Arc<std::sync::atomic::AtomicUsize>,
-    pub shard_count: usize,
     /// The member table, updated as membership changes are applied.
     pub members: std::sync::Arc<super::members::MemberRegistry>,
 }
@@ -281,9 +277,7 @@ pub struct Shard {
     store_config: mvcc::Config,
     metrics: Option<crate::ops::server_metrics::ShardRecorder>,
     readiness: Option<std::sync::Arc<crate::ops::readiness::Readiness>>,
-    caught_up: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     reported_caught_up: bool,
-    shard_count: usize,
     /// The pending-proposals figure last exported, to export changes as deltas.
     pending_reported: i64,
     watchers: watchers::ShardWatchers,

@@ -110,14 +110,8 @@ impl Shard {
         }
         if !self.reported_caught_up && self.node.leader_id() != raft::NONE && applied >= committed {
             self.reported_caught_up = true;
-            let n = self
-                .caught_up
-                .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
-                + 1;
-            if n == self.shard_count {
-                if let Some(r) = &self.readiness {
-                    r.set_caught_up(true);
-                }
+            if let Some(r) = &self.readiness {
+                r.set_shard_caught_up(self.id, true);
             }
         }
     }
