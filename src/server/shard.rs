@@ -187,8 +187,6 @@ pub struct ShardSetup {
     pub election_ticks: u64,
     pub quota_backend_bytes: u64,
     pub snapshot_count: u64,
-    pub max_request_bytes: usize,
-    pub max_txn_ops: usize,
     pub shutdown: watch::Receiver<bool>,
     /// Where the shard records its metrics (None in tests without a registry).
     pub metrics: Option<crate::ops::server_metrics::ShardRecorder>,
@@ -524,11 +522,9 @@ impl Shard {
             shard,
             what: format!("creating {}: {e}", setup.dir.display()),
         })?;
-        let store_cfg = mvcc::Config {
-            max_request_bytes: setup.max_request_bytes,
-            max_txn_ops: setup.max_txn_ops,
-            ..mvcc::Config::default()
-        };
+        // Request limits are the API's (checked before proposing): apply
+        // must not depend on this member's flags.
+        let store_cfg = mvcc::Config::default();
         let (snapshot_reports_tx, snapshot_reports) = mpsc::unbounded_channel();
         let store = mvcc::Store::open(&setup.dir, shard, store_cfg.clone()).map_err(|source| {
             ShardOpenError::Store {
@@ -2087,7 +2083,6 @@ impl Shard {
             mvcc::ApplyError::ValueProvided => ApiError::ValueProvided,
             mvcc::ApplyError::LeaseProvided => ApiError::LeaseProvided,
             mvcc::ApplyError::DuplicateKey => ApiError::DuplicateKey,
-            mvcc::ApplyError::TooManyOps { .. } => ApiError::TooManyOps,
             mvcc::ApplyError::RequestTooLarge { .. } => ApiError::RequestTooLarge,
             mvcc::ApplyError::Read(r) => self.read_error(r),
             other if other.is_request_error() => self.storage_error(other.to_string()),
