@@ -148,8 +148,6 @@ pub enum ApplyError {
     LeaseProvided,
     #[error("etcdserver: duplicate key given in txn request")]
     DuplicateKey,
-    #[error("etcdserver: too many operations in txn request")]
-    TooManyOps { ops: usize, max: usize },
     #[error("etcdserver: request is too large")]
     RequestTooLarge { bytes: usize, max: usize },
     #[error("entry {index} is not after the applied index {applied}")]

@@ -25,13 +25,13 @@ use crate::syncer::MetaWriter;
 use crate::types::*;
 use crate::view::View;
 
-/// Limits and tuning of one store.
+/// Tuning of one store. Nothing here changes what `apply` does with an
+/// entry: every member applies the same committed entry the same way, so a
+/// knob that could refuse an entry on one member and not on another (etcd's
+/// `--max-request-bytes`, `--max-txn-ops`) belongs to the API, which checks
+/// it before proposing.
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// Largest key plus value of one put (etcd's request size limit).
-    pub max_request_bytes: usize,
-    /// Most operations in one branch of a txn.
-    pub max_txn_ops: usize,
     /// Most record bytes applied but not committed; `apply` refuses more.
     pub max_batch_bytes: usize,
     /// Smallest and largest step by which the file grows.
@@ -47,21 +47,20 @@ pub struct Config {
     pub background_sync: bool,
 }
 
-/// etcd's default `--max-request-bytes`.
-pub const DEFAULT_MAX_REQUEST_BYTES: usize = 1536 * 1024;
-pub const DEFAULT_MAX_TXN_OPS: usize = 128;
-/// Hard ceilings that `Config::validate` enforces.
+/// Largest key plus value one put may carry: a bound of the store's format
+/// (record lengths travel as u32), not a flag. Being a constant it is the same
+/// on every member, so refusing a put above it at apply cannot make members
+/// diverge; the API's `--max-request-bytes` (at most 10 MiB) is far below it,
+/// so a put that passed the API never reaches it.
 pub const MAX_REQUEST_BYTES_LIMIT: usize = 64 * 1024 * 1024;
+/// Hard ceiling that `Config::validate` enforces.
 pub const MAX_CHUNK_KEYS_LIMIT: usize = 1_000_000;
-const _: () = assert!(DEFAULT_MAX_REQUEST_BYTES <= MAX_REQUEST_BYTES_LIMIT);
 // A record's length travels as u32 in overflow chains and snapshot chunks.
 const _: () = assert!(MAX_REQUEST_BYTES_LIMIT < u32::MAX as usize / 2);
 
 impl Default for Config {
     fn default() -> Config {
         Config {
-            max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
-            max_txn_ops: DEFAULT_MAX_TXN_OPS,
             max_batch_bytes: 256 * 1024 * 1024,
             grow_min_bytes: 4 * 1024 * 1024,
             grow_max_bytes: 256 * 1024 * 1024,
@@ -75,17 +74,11 @@ impl Default for Config {
 
 impl Config {
     pub fn validate(&self) -> Result<(), String> {
-        if self.max_request_bytes == 0 || self.max_request_bytes > MAX_REQUEST_BYTES_LIMIT {
+        if self.max_batch_bytes < MAX_REQUEST_BYTES_LIMIT {
             return Err(format!(
-                "max_request_bytes {} not in 1..={MAX_REQUEST_BYTES_LIMIT}",
-                self.max_request_bytes
+                "max_batch_bytes {} must hold the largest put ({MAX_REQUEST_BYTES_LIMIT} bytes)",
+                self.max_batch_bytes
             ));
-        }
-        if self.max_txn_ops == 0 || self.max_txn_ops > 1 << 16 {
-            return Err(format!("max_txn_ops {} not in 1..=65536", self.max_txn_ops));
-        }
-        if self.max_batch_bytes < self.max_request_bytes {
-            return Err("max_batch_bytes must hold at least one request".into());
         }
         if self.grow_min_bytes < PAGE_SIZE_BYTES as u64 || self.grow_max_bytes < self.grow_min_bytes
         {
@@ -850,10 +843,10 @@ impl Store {
             return Err(ApplyError::EmptyKey);
         }
         let bytes = p.key.len() + p.value.len();
-        if bytes > self.cfg.max_request_bytes {
+        if bytes > MAX_REQUEST_BYTES_LIMIT {
             return Err(ApplyError::RequestTooLarge {
                 bytes,
-                max: self.cfg.max_request_bytes,
+                max: MAX_REQUEST_BYTES_LIMIT,
             });
         }
         if p.ignore_value && !p.value.is_empty() {
@@ -1022,7 +1015,7 @@ impl Store {
     }
 
     fn do_txn_top(&mut self, tx: &mut Tx, t: &TxnRequest) -> Result<TxnResponse, ApplyError> {
-        check_txn(t, self.cfg.max_txn_ops)?;
+        check_txn(t)?;
         let mut path = Vec::new();
         {
             let idx = self.index.borrow();
@@ -1437,16 +1430,9 @@ fn intersects(dels: &Dels, k: &[u8]) -> bool {
 
 /// etcd's rule: within one path a key is put at most once and never inside a
 /// range the same path deletes.
-fn check_intervals(
-    ops: &[RequestOp],
-    max_ops: usize,
-) -> Result<(HashSet<Vec<u8>>, Dels), ApplyError> {
-    if ops.len() > max_ops {
-        return Err(ApplyError::TooManyOps {
-            ops: ops.len(),
-            max: max_ops,
-        });
-    }
+/// No limit on the number of ops here: that is the API's `--max-txn-ops`,
+/// checked before proposing, and apply must not depend on a member's flags.
+fn check_intervals(ops: &[RequestOp]) -> Result<(HashSet<Vec<u8>>, Dels), ApplyError> {
     let mut dels: Dels = ops
         .iter()
         .filter_map(|op| match op {
@@ -1457,8 +1443,8 @@ fn check_intervals(
     let mut puts = HashSet::new();
     for op in ops {
         let RequestOp::Txn(t) = op else { continue };
-        let (then_puts, then_dels) = check_intervals(&t.success, max_ops)?;
-        let (else_puts, else_dels) = check_intervals(&t.failure, max_ops)?;
+        let (then_puts, then_dels) = check_intervals(&t.success)?;
+        let (else_puts, else_dels) = check_intervals(&t.failure)?;
         for k in &then_puts {
             if puts.contains(k) || intersects(&dels, k) {
                 return Err(ApplyError::DuplicateKey);
@@ -1484,14 +1470,8 @@ fn check_intervals(
     Ok((puts, dels))
 }
 
-fn check_txn(t: &TxnRequest, max_ops: usize) -> Result<(), ApplyError> {
-    if t.compare.len() > max_ops {
-        return Err(ApplyError::TooManyOps {
-            ops: t.compare.len(),
-            max: max_ops,
-        });
-    }
-    check_intervals(&t.success, max_ops)?;
-    check_intervals(&t.failure, max_ops)?;
+fn check_txn(t: &TxnRequest) -> Result<(), ApplyError> {
+    check_intervals(&t.success)?;
+    check_intervals(&t.failure)?;
     Ok(())
 }

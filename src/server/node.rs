@@ -154,11 +154,7 @@ fn restore_snapshot(config: &mut Config, path: &Path, voters: &[u64]) -> Result<
         from_cluster = format_args!("{:x}", backup.cluster_id),
         "restoring the stores from a snapshot"
     );
-    let store_config = cairn_mvcc::Config {
-        max_request_bytes: config.max_request_bytes,
-        max_txn_ops: config.max_txn_ops,
-        ..cairn_mvcc::Config::default()
-    };
+    let store_config = cairn_mvcc::Config::default();
     super::backup::restore_into(backup, dir, &store_config, voters).map_err(restore_error)
 }
 
@@ -832,8 +828,6 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
             election_ticks,
             quota_backend_bytes: config.quota_backend_bytes,
             snapshot_count: config.snapshot_count,
-            max_request_bytes: config.max_request_bytes,
-            max_txn_ops: config.max_txn_ops,
             shutdown: shared.shutdown.clone(),
             metrics: recorder.shard(shard),
             readiness: Some(shared.readiness.clone()),

@@ -207,6 +207,12 @@ pub struct Cluster {
 impl Cluster {
     /// Starts `n` members with `extra` flags each (e.g. `--shards 4`).
     pub fn start(n: usize, extra: &[&str]) -> Cluster {
+        Cluster::start_each(&vec![extra; n])
+    }
+
+    /// Starts one member per entry of `extra`, each with its own flags.
+    pub fn start_each(extra: &[&[&str]]) -> Cluster {
+        let n = extra.len();
         let dir = tempfile::tempdir().expect("tempdir");
         let names: Vec<String> = (0..n).map(|i| format!("m{i}")).collect();
         let ports: Vec<(u16, u16)> = (0..n).map(|_| (free_port(), free_port())).collect();
@@ -219,7 +225,8 @@ impl Cluster {
         let mut members: Vec<Member> = names
             .iter()
             .zip(&ports)
-            .map(|(name, &(client_port, peer_port))| Member {
+            .zip(extra)
+            .map(|((name, &(client_port, peer_port)), extra)| Member {
                 name: name.clone(),
                 client_port,
                 peer_port,

@@ -3,7 +3,10 @@
 use std::path::PathBuf;
 
 use crate::buf::BLOCK_BYTES;
-use crate::record::{encoded_len, HARD_STATE_BYTES, RECORD_HEADER_BYTES, SEGMENT_DATA_OFFSET};
+use crate::record::{
+    encoded_len, map_bytes, BATCH_RECORD_BYTES, HARD_STATE_BYTES, RECORD_HEADER_BYTES,
+    SECTOR_BYTES, SEGMENT_DATA_OFFSET,
+};
 use crate::storage::SyncOptions;
 use crate::uring::UringOptions;
 
@@ -27,11 +30,24 @@ pub const DEFAULT_ZERO_CHUNK_BYTES: usize = 1 << 20;
 /// Reads of cold entries are coalesced up to this size per I/O.
 pub const MAX_READ_BYTES: usize = 4 << 20;
 
-/// Room a flush may need to end on a block boundary: a pad header, possibly spilling into another block.
-pub(crate) const PAD_RESERVE_BYTES: usize = RECORD_HEADER_BYTES + BLOCK_BYTES;
+/// Room a batch of at most `max_batch_bytes` may need to close on a block
+/// boundary: the pad's header and zero-sector map, spilling into one more block.
+pub(crate) const fn pad_reserve_bytes(max_batch_bytes: usize) -> usize {
+    RECORD_HEADER_BYTES + map_bytes(max_batch_bytes / SECTOR_BYTES) + BLOCK_BYTES
+}
+
+/// Room a segment must keep after a record: a seal and the pad closing its
+/// batch, and one more block, so that recovery can always seal the tail in a
+/// batch of its own after the last whole batch.
+pub(crate) const fn seal_reserve_bytes(max_batch_bytes: usize) -> usize {
+    RECORD_HEADER_BYTES + pad_reserve_bytes(max_batch_bytes) + BLOCK_BYTES
+}
 
 const _: () = assert!(
-    DEFAULT_MAX_BATCH_BYTES >= encoded_len(DEFAULT_MAX_RECORD_PAYLOAD_BYTES) + PAD_RESERVE_BYTES
+    DEFAULT_MAX_BATCH_BYTES
+        >= BATCH_RECORD_BYTES
+            + encoded_len(DEFAULT_MAX_RECORD_PAYLOAD_BYTES)
+            + pad_reserve_bytes(DEFAULT_MAX_BATCH_BYTES)
 );
 const _: () = assert!(DEFAULT_SEGMENT_SIZE_BYTES >= MIN_SEGMENT_SIZE_BYTES);
 const _: () = assert!(MAX_READ_BYTES >= encoded_len(DEFAULT_MAX_RECORD_PAYLOAD_BYTES));
@@ -98,9 +114,20 @@ impl Config {
     }
 
     /// Bytes a fresh segment spends before its first appended record:
-    /// the header block and one hard-state record per shard.
+    /// the header block, a batch record and one hard-state record per shard.
     pub(crate) fn segment_overhead_bytes(&self) -> u64 {
-        (SEGMENT_DATA_OFFSET + self.max_shards * encoded_len(HARD_STATE_BYTES)) as u64
+        (SEGMENT_DATA_OFFSET + BATCH_RECORD_BYTES + self.max_shards * encoded_len(HARD_STATE_BYTES))
+            as u64
+    }
+
+    /// See [`pad_reserve_bytes`].
+    pub(crate) fn pad_reserve_bytes(&self) -> usize {
+        pad_reserve_bytes(self.max_batch_bytes)
+    }
+
+    /// See [`seal_reserve_bytes`].
+    pub(crate) fn seal_reserve_bytes(&self) -> usize {
+        seal_reserve_bytes(self.max_batch_bytes)
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -125,7 +152,11 @@ impl Config {
             );
         }
         let record = encoded_len(self.max_record_payload_bytes) as u64;
-        let need = self.segment_overhead_bytes() + record + 2 * PAD_RESERVE_BYTES as u64;
+        // The first batch may close before the record (full), so a second
+        // batch record, the record, and the room to seal after it.
+        let need = self.segment_overhead_bytes()
+            + (self.pad_reserve_bytes() + BATCH_RECORD_BYTES + self.seal_reserve_bytes()) as u64
+            + record;
         if self.segment_size_bytes < need {
             return bad(
                 "segment_size_bytes",
@@ -136,15 +167,14 @@ impl Config {
                 ),
             );
         }
-        if self.max_batch_bytes < record as usize + PAD_RESERVE_BYTES
-            || !self.max_batch_bytes.is_multiple_of(BLOCK_BYTES)
-        {
+        let batch_need = BATCH_RECORD_BYTES + record as usize + self.pad_reserve_bytes();
+        if self.max_batch_bytes < batch_need || !self.max_batch_bytes.is_multiple_of(BLOCK_BYTES) {
             return bad(
                 "max_batch_bytes",
                 self.max_batch_bytes as u64,
                 format!(
-                    "must be a multiple of {BLOCK_BYTES} holding a largest record and a pad: at least {}",
-                    record as usize + PAD_RESERVE_BYTES
+                    "must be a multiple of {BLOCK_BYTES} holding a batch record, a largest record \
+                     and a pad: at least {batch_need}"
                 ),
             );
         }

@@ -22,7 +22,7 @@ use crate::buf::AlignedBuf;
 use crate::storage::{IoFuture, Storage, StorageFile};
 
 /// Granularity at which unsynced writes reach the disk in [`CrashStorage::after_crash`].
-pub const SECTOR_BYTES: usize = 512;
+pub const SECTOR_BYTES: usize = crate::record::SECTOR_BYTES;
 
 /// Operations a fault can be injected into.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -30,8 +30,6 @@ pub const RECORD_ALIGN_BYTES: usize = 8;
 const _: () = assert!(RECORD_HEADER_BYTES == 40);
 const _: () = assert!(RECORD_HEADER_BYTES.is_multiple_of(RECORD_ALIGN_BYTES));
 const _: () = assert!(BLOCK_BYTES.is_multiple_of(RECORD_ALIGN_BYTES));
-// A 4000-byte entry with its header and the smallest pad fills exactly one block.
-const _: () = assert!(RECORD_HEADER_BYTES * 2 + 4000 <= BLOCK_BYTES);
 
 // Hard-state payload.
 const HS_TERM_OFFSET: usize = 0;
@@ -41,7 +39,7 @@ pub(crate) const HARD_STATE_BYTES: usize = HS_COMMIT_OFFSET + size_of::<u64>();
 
 // Segment header, in the first block of every segment.
 pub(crate) const SEGMENT_MAGIC: [u8; 8] = *b"CAIRNWAL";
-pub(crate) const FORMAT_VERSION: u32 = 1;
+pub(crate) const FORMAT_VERSION: u32 = 2;
 const SEG_MAGIC_OFFSET: usize = 0;
 const SEG_VERSION_OFFSET: usize = SEG_MAGIC_OFFSET + SEGMENT_MAGIC.len();
 const SEG_FLAGS_OFFSET: usize = SEG_VERSION_OFFSET + size_of::<u32>();
@@ -53,6 +51,44 @@ pub(crate) const SEGMENT_HEADER_BYTES: usize = SEG_CRC_OFFSET + size_of::<u32>()
 /// Records of a segment start after its header block.
 pub const SEGMENT_DATA_OFFSET: usize = BLOCK_BYTES;
 const _: () = assert!(SEGMENT_HEADER_BYTES <= SEGMENT_DATA_OFFSET);
+
+/// The unit a torn write is made of: each sector of an unsynced write reaches
+/// the disk whole or not at all (see `wal/FORMAT.md`, crash cases).
+pub const SECTOR_BYTES: usize = 512;
+const _: () = assert!(BLOCK_BYTES.is_multiple_of(SECTOR_BYTES));
+
+// Batch record payload: where the batch ends, where its closing pad starts,
+// and a checksum over everything after the batch record.
+const BATCH_LEN_OFFSET: usize = 0;
+const BATCH_PAD_OFFSET: usize = BATCH_LEN_OFFSET + size_of::<u64>();
+const BATCH_BODY_CRC_OFFSET: usize = BATCH_PAD_OFFSET + size_of::<u64>();
+const BATCH_RESERVED_OFFSET: usize = BATCH_BODY_CRC_OFFSET + size_of::<u32>();
+const BATCH_PAYLOAD_BYTES: usize = BATCH_RESERVED_OFFSET + size_of::<u32>();
+/// Bytes of the record that opens every batch.
+pub(crate) const BATCH_RECORD_BYTES: usize = encoded_len(BATCH_PAYLOAD_BYTES);
+// The batch record lies within the first sector of its batch, which a torn
+// write either leaves whole or leaves unwritten.
+const _: () = assert!(BATCH_RECORD_BYTES <= SECTOR_BYTES);
+// A lone 3900-byte entry is a batch of one block: batch record, entry, and
+// the pad with the map of the block's sectors.
+const _: () = assert!(
+    BATCH_RECORD_BYTES
+        + encoded_len(3900)
+        + RECORD_HEADER_BYTES
+        + map_bytes(BLOCK_BYTES / SECTOR_BYTES)
+        <= BLOCK_BYTES
+);
+/// Sector flags per byte of a pad's zero-sector map; the top bit of every map
+/// byte is set, so no map byte (and no sector of a pad) is ever zero.
+const MAP_BITS_PER_BYTE: usize = 7;
+const MAP_MARK: u8 = 0x80;
+/// Filler of a pad after its map: never zero, for the same reason.
+const PAD_FILL: u8 = 0xa5;
+
+/// Bytes of the zero-sector map of a batch of `sectors` sectors.
+pub(crate) const fn map_bytes(sectors: usize) -> usize {
+    sectors.div_ceil(MAP_BITS_PER_BYTE)
+}
 
 /// Raft's persistent state of one shard.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -117,10 +153,13 @@ pub(crate) enum Kind {
     Entry = 1,
     HardState = 2,
     Truncate = 3,
-    /// Fills the rest of a block so every flush ends on a block boundary.
+    /// Closes a batch at a block boundary; its payload maps the batch's
+    /// all-zero sectors.
     Pad = 4,
     /// Last record of a segment: the log continues in the next segment.
     Seal = 5,
+    /// Opens a batch: its length and a checksum over the rest of it.
+    Batch = 6,
 }
 
 impl Kind {
@@ -131,6 +170,7 @@ impl Kind {
             3 => Kind::Truncate,
             4 => Kind::Pad,
             5 => Kind::Seal,
+            6 => Kind::Batch,
             _ => return None,
         })
     }
@@ -138,19 +178,6 @@ impl Kind {
 
 pub(crate) const fn encoded_len(payload_len: usize) -> usize {
     align_up(RECORD_HEADER_BYTES + payload_len, RECORD_ALIGN_BYTES)
-}
-
-/// Bytes from `offset` to the block boundary a pad record can reach: pads need
-/// room for a header, so a gap smaller than one spills into the next block.
-pub(crate) const fn pad_end(offset: usize) -> usize {
-    let gap = align_up(offset, BLOCK_BYTES) - offset;
-    if gap == 0 {
-        offset
-    } else if gap >= RECORD_HEADER_BYTES {
-        offset + gap
-    } else {
-        offset + gap + BLOCK_BYTES
-    }
 }
 
 fn crc(segment_seq: u64, header_tail: &[u8], payload: &[u8]) -> u32 {
@@ -289,31 +316,98 @@ pub(crate) fn encode(buf: &mut AlignedBuf, segment_seq: u64, rec: &Record) {
     }
 }
 
-/// Pads `buf` (which starts at file offset `base`) to a block boundary.
-pub(crate) fn encode_pad(buf: &mut AlignedBuf, segment_seq: u64, base: usize) {
-    let at = base + buf.len();
-    let end = pad_end(at);
-    if end == at {
-        return;
-    }
-    let payload = end - at - RECORD_HEADER_BYTES;
-    encode_raw(buf, segment_seq, Fields::bare(Kind::Pad), &[], payload);
-    debug_assert_eq!((base + buf.len()) % BLOCK_BYTES, 0);
+/// Reserves room for the batch record at the end of `buf`; it is written by
+/// [`finish_batch`] once the batch is complete. Returns its index in `buf`.
+pub(crate) fn reserve_batch_record(buf: &mut AlignedBuf) -> usize {
+    let at = buf.len();
+    buf.extend_zeros(BATCH_RECORD_BYTES);
+    at
 }
 
-/// Appends a seal record and zero-fills to the block boundary.
-pub(crate) fn encode_seal(buf: &mut AlignedBuf, segment_seq: u64, base: usize) {
+/// Where a batch whose records end at file offset `at` ends (a block
+/// boundary), with room for the closing pad and its map; the map's length.
+pub(crate) fn batch_end(batch_at: usize, at: usize) -> (usize, usize) {
+    let mut end = align_up(at + RECORD_HEADER_BYTES, BLOCK_BYTES);
+    loop {
+        let map = map_bytes((end - batch_at) / SECTOR_BYTES);
+        if at + RECORD_HEADER_BYTES + map <= end {
+            return (end, map);
+        }
+        end += BLOCK_BYTES;
+    }
+}
+
+/// Appends a seal record: the segment ends with the batch it is in.
+pub(crate) fn encode_seal(buf: &mut AlignedBuf, segment_seq: u64) {
     encode_raw(buf, segment_seq, Fields::bare(Kind::Seal), &[], 0);
-    let at = base + buf.len();
-    buf.extend_zeros(align_up(at, BLOCK_BYTES) - at);
+}
+
+/// Closes the batch in `buf` (which starts at file offset `base`; its batch
+/// record is at index `rec_at`): appends the pad up to the batch's block
+/// boundary, with the map of sectors that are all zero, then fills in the
+/// batch record with the batch length, the pad's place and the checksum of
+/// everything after the batch record.
+pub(crate) fn finish_batch(buf: &mut AlignedBuf, segment_seq: u64, base: usize, rec_at: usize) {
+    let batch_at = base + rec_at;
+    let pad_at = base + buf.len();
+    debug_assert_eq!(batch_at % BLOCK_BYTES, 0);
+    let (end, map_len) = batch_end(batch_at, pad_at);
+    let sectors = (end - batch_at) / SECTOR_BYTES;
+    let mut payload = vec![PAD_FILL; end - pad_at - RECORD_HEADER_BYTES];
+    payload[..map_len].fill(MAP_MARK);
+    // Sector 0 holds the batch record; sectors reaching the pad hold pad bytes,
+    // none of them zero. Only sectors wholly before the pad can be all zero.
+    for i in 1..sectors {
+        let s = rec_at + i * SECTOR_BYTES;
+        if base + s + SECTOR_BYTES > pad_at {
+            break;
+        }
+        if buf[s..s + SECTOR_BYTES].iter().all(|&x| x == 0) {
+            payload[i / MAP_BITS_PER_BYTE] |= 1 << (i % MAP_BITS_PER_BYTE);
+        }
+    }
+    encode_raw(buf, segment_seq, Fields::bare(Kind::Pad), &payload, 0);
+    debug_assert_eq!(base + buf.len(), end);
+    let body_crc = crc32fast::hash(&buf[rec_at + BATCH_RECORD_BYTES..]);
+    let mut p = [0u8; BATCH_PAYLOAD_BYTES];
+    put_u64(&mut p, BATCH_LEN_OFFSET, (end - batch_at) as u64);
+    put_u64(&mut p, BATCH_PAD_OFFSET, (pad_at - batch_at) as u64);
+    put_u32(&mut p, BATCH_BODY_CRC_OFFSET, body_crc);
+    let mut rec = AlignedBuf::with_capacity(BATCH_RECORD_BYTES);
+    encode_raw(&mut rec, segment_seq, Fields::bare(Kind::Batch), &p, 0);
+    buf[rec_at..rec_at + BATCH_RECORD_BYTES].copy_from_slice(&rec);
+}
+
+/// What a batch record says about its batch (offsets from the batch record).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct BatchInfo {
+    pub len: u64,
+    pub pad_offset: u64,
+    pub body_crc: u32,
+}
+
+impl BatchInfo {
+    /// Whether the batch at `batch_at` of `bytes` is whole: its checksum matches.
+    pub(crate) fn body_intact(&self, bytes: &[u8], batch_at: usize) -> bool {
+        let end = batch_at + self.len as usize;
+        crc32fast::hash(&bytes[batch_at + BATCH_RECORD_BYTES..end]) == self.body_crc
+    }
+}
+
+/// Whether sector `i` of a batch was all zero when written, per a pad's map.
+pub(crate) fn map_says_zero(map: &[u8], i: usize) -> bool {
+    map.get(i / MAP_BITS_PER_BYTE)
+        .is_some_and(|b| b & (1 << (i % MAP_BITS_PER_BYTE)) != 0)
 }
 
 /// A record decoded from segment bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Decoded {
     Record(Record),
-    Pad,
+    /// A pad and its payload (the batch's zero-sector map, then filler).
+    Pad(Bytes),
     Seal,
+    Batch(BatchInfo),
 }
 
 /// Why bytes at some offset are not a valid record.
@@ -330,6 +424,7 @@ pub(crate) enum Invalid {
         computed: u32,
     },
     BadHardState(u32),
+    BadBatch(u32),
     /// All-zero header: preallocated space never written.
     Zeroed,
 }
@@ -348,6 +443,7 @@ impl std::fmt::Display for Invalid {
                 "checksum mismatch (stored {stored:#010x}, computed {computed:#010x})"
             ),
             Invalid::BadHardState(l) => write!(f, "hard state payload of {l} bytes"),
+            Invalid::BadBatch(l) => write!(f, "batch record payload of {l} bytes"),
             Invalid::Zeroed => write!(f, "zeroed space"),
         }
     }
@@ -415,8 +511,21 @@ pub(crate) fn decode(
             })
         }
         Kind::Truncate => Decoded::Record(Record::Truncate { shard, index }),
-        Kind::Pad => Decoded::Pad,
+        Kind::Pad => {
+            let start = at + RECORD_HEADER_BYTES;
+            Decoded::Pad(bytes_owner.slice(start..start + len))
+        }
         Kind::Seal => Decoded::Seal,
+        Kind::Batch => {
+            if len != BATCH_PAYLOAD_BYTES {
+                return Err(Invalid::BadBatch(len as u32));
+            }
+            Decoded::Batch(BatchInfo {
+                len: get_u64(payload, BATCH_LEN_OFFSET),
+                pad_offset: get_u64(payload, BATCH_PAD_OFFSET),
+                body_crc: get_u32(payload, BATCH_BODY_CRC_OFFSET),
+            })
+        }
     };
     Ok((decoded, total))
 }
@@ -462,7 +571,11 @@ impl SegmentHeader {
         }
         let version = get_u32(b, SEG_VERSION_OFFSET);
         if version != FORMAT_VERSION {
-            return Err(format!("unsupported format version {version}"));
+            return Err(format!(
+                "WAL format version {version}, but this build reads version {FORMAT_VERSION} only \
+                 (see wal/FORMAT.md: a member with an older WAL is restored from a backup or \
+                 rejoins the cluster with an empty data directory)"
+            ));
         }
         Ok(SegmentHeader {
             seq: get_u64(b, SEG_SEQ_OFFSET),
@@ -520,19 +633,54 @@ mod tests {
     }
 
     #[test]
-    fn pad_reaches_block_boundary() {
-        for used in [0usize, 8, 4000, 4056, 4064, 4088, 4096, 5000] {
+    fn batches_end_on_block_boundaries_with_their_zero_map() {
+        for (base, used) in [
+            (0usize, 4096usize),
+            (4096, 0),
+            (8192, 100),
+            (8192, 4000),
+            (8192, 5000),
+        ] {
             let mut buf = AlignedBuf::with_capacity(64);
-            buf.extend_zeros(used);
-            let before = buf.len();
-            encode_pad(&mut buf, 1, 0);
-            assert_eq!(buf.len() % BLOCK_BYTES, 0, "used {used}");
-            if !before.is_multiple_of(BLOCK_BYTES) {
-                let bytes = Bytes::copy_from_slice(&buf);
-                let (d, n) = decode(1, &bytes, before).expect("pad decodes");
-                assert_eq!(d, Decoded::Pad);
-                assert_eq!(before + n, buf.len());
+            if base == 0 {
+                buf.extend_zeros(used);
             }
+            let rec_at = reserve_batch_record(&mut buf);
+            if base != 0 {
+                // A payload with an all-zero sector in it and data around it.
+                let mut data = vec![7u8; used];
+                if used > 4 * SECTOR_BYTES {
+                    data[SECTOR_BYTES..3 * SECTOR_BYTES + 100].fill(0);
+                }
+                let rec = Record::Entry {
+                    shard: 1,
+                    index: 1,
+                    term: 1,
+                    data: Bytes::from(data),
+                };
+                encode(&mut buf, 3, &rec);
+            }
+            finish_batch(&mut buf, 3, base, rec_at);
+            assert_eq!((base + buf.len()) % BLOCK_BYTES, 0, "{base} {used}");
+            let bytes = Bytes::copy_from_slice(&buf);
+            let Ok((Decoded::Batch(info), n)) = decode(3, &bytes, rec_at) else {
+                panic!("batch record decodes")
+            };
+            assert_eq!(n, BATCH_RECORD_BYTES);
+            assert_eq!(rec_at as u64 + info.len, buf.len() as u64);
+            assert!(info.body_intact(&bytes, rec_at));
+            let pad_at = rec_at + info.pad_offset as usize;
+            let Ok((Decoded::Pad(map), _)) = decode(3, &bytes, pad_at) else {
+                panic!("pad decodes")
+            };
+            for i in 0..info.len as usize / SECTOR_BYTES {
+                let s = rec_at + i * SECTOR_BYTES;
+                let zero = bytes[s..s + SECTOR_BYTES].iter().all(|&x| x == 0);
+                assert_eq!(map_says_zero(&map, i), zero, "{base} {used}: sector {i}");
+            }
+            let mut damaged = bytes.to_vec();
+            damaged[rec_at + BATCH_RECORD_BYTES + 3] ^= 1;
+            assert!(!info.body_intact(&damaged, rec_at));
         }
     }
 

@@ -13,15 +13,18 @@ use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 use tracing::{debug, error, info, warn};
 
-use crate::buf::{align_down, AlignedBuf, BLOCK_BYTES};
-use crate::config::{BackendChoice, Config, PAD_RESERVE_BYTES};
+use crate::buf::{AlignedBuf, BLOCK_BYTES};
+use crate::config::{BackendChoice, Config};
 use crate::error::{AppendError, OpenError, Poison, ReadError};
 use crate::record::{
-    self, pad_end, Decoded, Entry, HardState, Invalid, Lsn, Record, SegmentHeader, ShardId,
+    self, Decoded, Entry, HardState, Lsn, Record, SegmentHeader, ShardId, BATCH_RECORD_BYTES,
     RECORD_HEADER_BYTES, SEGMENT_DATA_OFFSET,
 };
 use crate::storage::{Storage, StorageFile, SyncOptions, SyncStorage};
 use crate::uring::{Uring, UringOptions, UringStorage};
+
+mod recover;
+use recover::recover;
 
 /// File name of segment `seq` whose first record has LSN `first_lsn`:
 /// `{seq:016x}-{first_lsn:016x}.wal`, so a directory listing sorts in log order.
@@ -158,6 +161,9 @@ struct Batch {
     seq: u64,
     start: u64,
     buf: AlignedBuf,
+    /// Index in `buf` of the batch record (after the header block on a
+    /// segment's first batch).
+    rec_at: usize,
     last_lsn: Lsn,
     /// Set on the first batch of a segment: the name it gets.
     new_segment: Option<String>,
@@ -184,7 +190,12 @@ struct State {
     shards: HashMap<ShardId, ShardLog>,
     cache_fifo: VecDeque<(ShardId, u64, Lsn)>,
     cache_bytes: usize,
+    /// Spares zero-filled and synced: ready to become the next segment.
     spares: VecDeque<String>,
+    /// Spares whose bytes are not known to be zero (recycled segments, spares
+    /// found at open); zero-filled before they join `spares`, so the space
+    /// past the end of the log always reads as zeros (see FORMAT.md).
+    dirty_spares: VecDeque<String>,
     next_spare_id: u64,
     spare_error: Option<io::Error>,
     to_recycle: VecDeque<String>,
@@ -702,6 +713,9 @@ impl Wal {
             {
                 let st = self.inner.st.borrow();
                 let idle = st.to_recycle.is_empty()
+                    && (st.dirty_spares.is_empty()
+                        || st.spare_error.is_some()
+                        || st.poison.is_some())
                     && (st.spares.len() >= self.inner.cfg.spare_segments
                         || st.spare_error.is_some()
                         || st.poison.is_some());
@@ -773,11 +787,22 @@ impl State {
             .back()
             .is_some_and(|b| !b.closed && b.seq == self.cursor.seq);
         if !open {
-            let buf = self.take_buf();
+            let mut buf = self.take_buf();
+            let start = self.cursor.offset;
+            // A segment's first batch starts with the header block; its batch
+            // record follows that (see `start_segment`).
+            let rec_at = if self.cursor.offset as usize >= SEGMENT_DATA_OFFSET {
+                let at = record::reserve_batch_record(&mut buf);
+                self.cursor.offset += BATCH_RECORD_BYTES as u64;
+                at
+            } else {
+                SEGMENT_DATA_OFFSET
+            };
             self.batches.push_back(Batch {
                 seq: self.cursor.seq,
-                start: self.cursor.offset,
+                start,
                 buf,
+                rec_at,
                 last_lsn: 0,
                 new_segment: None,
                 seal: false,
@@ -789,10 +814,11 @@ impl State {
         self.batches.back_mut().expect("batch just ensured")
     }
 
-    /// Closes the open batch: pads it to a block boundary.
+    /// Closes the open batch: pads it to a block boundary and fills in its
+    /// batch record.
     fn close_open_batch(&mut self) {
         if let Some(b) = self.batches.back_mut().filter(|b| !b.closed) {
-            record::encode_pad(&mut b.buf, b.seq, b.start as usize);
+            record::finish_batch(&mut b.buf, b.seq, b.start as usize, b.rec_at);
             b.closed = true;
             self.cursor.offset = b.start + b.buf.len() as u64;
         }
@@ -813,7 +839,9 @@ impl State {
             segment_size_bytes: cfg.segment_size_bytes,
         }
         .encode(&mut b.buf);
-        self.cursor.offset = SEGMENT_DATA_OFFSET as u64;
+        let rec_at = record::reserve_batch_record(&mut b.buf);
+        debug_assert_eq!(rec_at, b.rec_at);
+        self.cursor.offset = (SEGMENT_DATA_OFFSET + BATCH_RECORD_BYTES) as u64;
         self.cursor.started = true;
         self.segments.insert(
             seq,
@@ -847,8 +875,8 @@ impl State {
     fn seal_segment(&mut self) {
         let seq = self.cursor.seq;
         let b = self.open_batch();
-        let base = b.start as usize;
-        record::encode_seal(&mut b.buf, seq, base);
+        record::encode_seal(&mut b.buf, seq);
+        record::finish_batch(&mut b.buf, seq, b.start as usize, b.rec_at);
         b.seal = true;
         b.closed = true;
         self.cursor = Cursor {
@@ -866,8 +894,9 @@ impl State {
             if !self.cursor.started {
                 self.start_segment(cfg);
             }
+            self.open_batch();
             let off = self.cursor.offset as usize;
-            if pad_end(off + size) + RECORD_HEADER_BYTES > seg_size {
+            if off + size + cfg.seal_reserve_bytes() > seg_size {
                 assert!(
                     off as u64 > cfg.segment_overhead_bytes(),
                     "record of {size} bytes does not fit an empty segment of {seg_size} bytes"
@@ -876,7 +905,7 @@ impl State {
                 continue;
             }
             let full = self.batches.back().is_some_and(|b| {
-                !b.closed && b.buf.len() + size + PAD_RESERVE_BYTES > cfg.max_batch_bytes
+                !b.closed && b.buf.len() + size + cfg.pad_reserve_bytes() > cfg.max_batch_bytes
             });
             if full {
                 self.close_open_batch();
@@ -888,6 +917,7 @@ impl State {
         let offset = self.cursor.offset;
         let lsn = self.next_lsn;
         let b = self.open_batch();
+        debug_assert_eq!(b.start + b.buf.len() as u64, offset);
         record::encode(&mut b.buf, seq, rec);
         b.records += 1;
         b.last_lsn = lsn;
@@ -1101,23 +1131,7 @@ impl Inner {
         let result = async {
             let file = self.storage.open(&name, true)?;
             file.set_len(self.cfg.segment_size_bytes)?;
-            // Writing real zeros (not just fallocate) means a later data sync
-            // never converts extents or changes metadata.
-            let mut zeros = AlignedBuf::with_capacity(self.cfg.zero_chunk_bytes);
-            zeros.extend_zeros(self.cfg.zero_chunk_bytes);
-            let mut off = 0u64;
-            while off < self.cfg.segment_size_bytes {
-                let n = (self.cfg.segment_size_bytes - off).min(self.cfg.zero_chunk_bytes as u64);
-                zeros.set_len(n as usize);
-                let (b, r) = file.write_at(off, zeros).await;
-                zeros = b;
-                r?;
-                off += n;
-                if self.st.borrow().closed {
-                    return Err(io::Error::other("wal closing"));
-                }
-            }
-            file.sync_data().await?;
+            self.zero_fill(file.as_ref()).await?;
             self.storage.sync_dir().await?;
             Ok(())
         }
@@ -1129,6 +1143,37 @@ impl Inner {
                 Err(e)
             }
         }
+    }
+
+    /// Zero-fills a spare that may hold old bytes. On failure the file stays
+    /// where it is, out of the pool; the next open zero-fills it again.
+    async fn clean_spare(&self, name: &str) -> io::Result<()> {
+        let file = self.storage.open(name, false)?;
+        if file.size_bytes()? != self.cfg.segment_size_bytes {
+            file.set_len(self.cfg.segment_size_bytes)?;
+        }
+        self.zero_fill(file.as_ref()).await
+    }
+
+    /// Writes zeros over the whole segment-sized `file` and syncs it.
+    async fn zero_fill(&self, file: &dyn StorageFile) -> io::Result<()> {
+        // Writing real zeros (not just fallocate) means a later data sync
+        // never converts extents or changes metadata.
+        let mut zeros = AlignedBuf::with_capacity(self.cfg.zero_chunk_bytes);
+        zeros.extend_zeros(self.cfg.zero_chunk_bytes);
+        let mut off = 0u64;
+        while off < self.cfg.segment_size_bytes {
+            let n = (self.cfg.segment_size_bytes - off).min(self.cfg.zero_chunk_bytes as u64);
+            zeros.set_len(n as usize);
+            let (b, r) = file.write_at(off, zeros).await;
+            zeros = b;
+            r?;
+            off += n;
+            if self.st.borrow().closed {
+                return Err(io::Error::other("wal closing"));
+            }
+        }
+        file.sync_data().await
     }
 }
 
@@ -1224,13 +1269,19 @@ async fn maintenance(inner: Rc<Inner>) {
     // needing a segment, or by a release that may have freed space).
     let mut retry = false;
     loop {
-        let (closed, recycle, want_spare) = {
+        let (closed, recycle, dirty, want_spare) = {
             let mut st = inner.st.borrow_mut();
             let closed = st.closed || st.poison.is_some();
             let recycle = st.to_recycle.pop_front();
-            let want =
-                st.spares.len() < inner.cfg.spare_segments && (st.spare_error.is_none() || retry);
-            (closed, recycle, want)
+            let may = st.spare_error.is_none() || retry;
+            // It stays listed until it is clean, so `settle` sees the work.
+            let dirty = if recycle.is_none() && may {
+                st.dirty_spares.front().cloned()
+            } else {
+                None
+            };
+            let want = st.spares.len() + st.dirty_spares.len() < inner.cfg.spare_segments && may;
+            (closed, recycle, dirty, want)
         };
         if closed {
             return;
@@ -1239,32 +1290,42 @@ async fn maintenance(inner: Rc<Inner>) {
             recycle_segment(&inner, name).await;
             continue;
         }
-        if want_spare {
+        let prepared = if let Some(name) = dirty {
             retry = false;
-            match inner.prepare_spare().await {
-                Ok(name) => {
-                    debug!(spare = %name, "wal spare segment zero-filled");
-                    let mut st = inner.st.borrow_mut();
-                    st.spares.push_back(name);
-                    st.spare_error = None;
-                }
-                Err(e) => {
-                    if !inner.st.borrow().closed {
-                        warn!(error = %e, dir = %inner.cfg.dir.display(), "wal could not prepare a spare segment");
-                    }
-                    inner.st.borrow_mut().spare_error = Some(e);
-                }
-            }
-            inner.spare_ready.notify_one();
+            let r = inner.clean_spare(&name).await;
+            inner.st.borrow_mut().dirty_spares.retain(|d| *d != name);
+            r.map(|()| name)
+        } else if want_spare {
+            retry = false;
+            inner.prepare_spare().await
+        } else {
+            inner.maint_wake.notified().await;
+            retry = true;
             continue;
+        };
+        match prepared {
+            Ok(name) => {
+                debug!(spare = %name, "wal spare segment zero-filled");
+                let mut st = inner.st.borrow_mut();
+                st.spares.push_back(name);
+                st.spare_error = None;
+            }
+            Err(e) => {
+                if !inner.st.borrow().closed {
+                    warn!(error = %e, dir = %inner.cfg.dir.display(), "wal could not prepare a spare segment");
+                }
+                inner.st.borrow_mut().spare_error = Some(e);
+            }
         }
-        inner.maint_wake.notified().await;
-        retry = true;
+        inner.spare_ready.notify_one();
     }
 }
 
 async fn recycle_segment(inner: &Inner, name: String) {
-    let keep = inner.st.borrow().spares.len() < inner.cfg.max_spare_segments;
+    let keep = {
+        let st = inner.st.borrow();
+        st.spares.len() + st.dirty_spares.len() < inner.cfg.max_spare_segments
+    };
     let r = if keep {
         let spare = {
             let mut st = inner.st.borrow_mut();
@@ -1288,298 +1349,15 @@ async fn recycle_segment(inner: &Inner, name: String) {
             let mut st = inner.st.borrow_mut();
             st.metrics.segments_recycled += 1;
             if let Some(s) = spare {
+                // Its old records stay until it is zero-filled, before reuse.
                 debug!(segment = %name, spare = %s, "wal segment recycled");
-                st.spares.push_back(s);
-                st.spare_error = None;
-                drop(st);
-                inner.spare_ready.notify_one();
+                st.dirty_spares.push_back(s);
             }
         }
         Err(e) => {
             // Later segments stay in place; recycling resumes at the next open.
             warn!(segment = %name, error = %e, "wal could not recycle segment");
             inner.st.borrow_mut().to_recycle.clear();
-        }
-    }
-}
-
-/// The last segment when it has no seal: (seq, name, file, contents, end of valid records).
-type UnsealedTail = (u64, String, Rc<dyn StorageFile>, Bytes, usize);
-
-struct FoundSegment {
-    seq: u64,
-    first_lsn: Lsn,
-    name: String,
-}
-
-async fn recover(cfg: &Config, storage: &dyn Storage) -> Result<(State, Recovered), OpenError> {
-    let io_err = |name: &str| {
-        let path = storage.path_of(name);
-        move |source| OpenError::Io { path, source }
-    };
-    let names = storage.list().map_err(io_err(""))?;
-    let mut found = Vec::new();
-    let mut spares = Vec::new();
-    let mut max_spare_id = 0;
-    for n in names {
-        if let Some((seq, first_lsn)) = parse_segment_name(&n) {
-            found.push(FoundSegment {
-                seq,
-                first_lsn,
-                name: n,
-            });
-        } else if let Some(id) = parse_spare_name(&n) {
-            max_spare_id = max_spare_id.max(id);
-            spares.push(n);
-        }
-    }
-    found.sort_by_key(|f| f.seq);
-    for w in found.windows(2) {
-        if w[1].seq != w[0].seq + 1 {
-            return Err(OpenError::MissingSegment {
-                expected_seq: w[0].seq + 1,
-                before: storage.path_of(&w[0].name),
-                after: storage.path_of(&w[1].name),
-            });
-        }
-    }
-
-    let mut st = State {
-        next_lsn: 1,
-        durable_lsn: 0,
-        cursor: Cursor {
-            seq: 1,
-            offset: 0,
-            started: false,
-        },
-        batches: VecDeque::new(),
-        segments: BTreeMap::new(),
-        shards: HashMap::new(),
-        cache_fifo: VecDeque::new(),
-        cache_bytes: 0,
-        spares: VecDeque::new(),
-        next_spare_id: max_spare_id,
-        spare_error: None,
-        to_recycle: VecDeque::new(),
-        poison: None,
-        closed: false,
-        metrics: WalMetrics::new(),
-        buf_pool: Vec::new(),
-    };
-    let mut rec = Recovered::default();
-    let mut recovered_entries: BTreeMap<ShardId, Vec<Entry>> = BTreeMap::new();
-    let count = found.len();
-    let mut expected_lsn: Option<Lsn> = None;
-    let mut empty_tail: Option<String> = None;
-    let mut unsealed_tail: Option<UnsealedTail> = None;
-
-    for (i, f) in found.iter().enumerate() {
-        let is_last = i + 1 == count;
-        let path = storage.path_of(&f.name);
-        let corrupt = |offset: u64, reason: String| OpenError::Corrupt {
-            file: path.clone(),
-            offset,
-            reason,
-        };
-        let file = storage.open(&f.name, false).map_err(io_err(&f.name))?;
-        let len = file.size_bytes().map_err(io_err(&f.name))?;
-        let bytes = Bytes::from(
-            file.read_at(0, len as usize)
-                .await
-                .map_err(io_err(&f.name))?,
-        );
-        let header = SegmentHeader::decode(&bytes).and_then(|h| {
-            if h.seq == f.seq && h.first_lsn == f.first_lsn {
-                Ok(h)
-            } else {
-                Err(format!(
-                    "header says segment {:016x} first lsn {} but the name says {:016x} / {}",
-                    h.seq, h.first_lsn, f.seq, f.first_lsn
-                ))
-            }
-        });
-        let header = match header {
-            Ok(h) => h,
-            Err(why) => {
-                let has_records = bytes.len() > SEGMENT_DATA_OFFSET
-                    && record::decode(f.seq, &bytes, SEGMENT_DATA_OFFSET).is_ok();
-                if is_last && !has_records {
-                    // Named but its header never became durable (zeros, or a
-                    // recycled file's old header): the crash came between
-                    // naming the segment and its first flush. It holds nothing.
-                    info!(segment = %f.name, reason = %why, "wal tail segment was never written; recycling it");
-                    empty_tail = Some(f.name.clone());
-                    continue;
-                }
-                return Err(corrupt(0, format!("segment header: {why}")));
-            }
-        };
-        if header.segment_size_bytes != len {
-            return Err(corrupt(
-                0,
-                format!(
-                    "header says {} bytes but the file has {len}",
-                    header.segment_size_bytes
-                ),
-            ));
-        }
-        if let Some(exp) = expected_lsn {
-            if header.first_lsn != exp {
-                return Err(corrupt(
-                    0,
-                    format!(
-                        "first lsn {} but the previous segment ends before lsn {exp}",
-                        header.first_lsn
-                    ),
-                ));
-            }
-        }
-        st.segments.insert(
-            f.seq,
-            SegMeta {
-                name: f.name.clone(),
-                file: Some(file.clone()),
-                max_index: HashMap::new(),
-                sealed: false,
-            },
-        );
-        let mut lsn = header.first_lsn;
-        let mut off = SEGMENT_DATA_OFFSET;
-        let mut sealed = false;
-        loop {
-            match record::decode(f.seq, &bytes, off) {
-                Ok((Decoded::Record(r), n)) => {
-                    st.apply(&r, lsn, f.seq, off as u64, n as u32, false);
-                    apply_recovered(&mut recovered_entries, &mut rec, &r);
-                    lsn += 1;
-                    off += n;
-                }
-                Ok((Decoded::Pad, n)) => off += n,
-                Ok((Decoded::Seal, _)) => {
-                    sealed = true;
-                    break;
-                }
-                Err(inv) => {
-                    if !is_last {
-                        let reason = match inv {
-                            Invalid::Zeroed | Invalid::ShortHeader => {
-                                format!("sealed segment ends without a seal record ({inv})")
-                            }
-                            _ => format!("damaged record in a sealed segment: {inv}"),
-                        };
-                        return Err(corrupt(off as u64, reason));
-                    }
-                    // Only one flush is ever in flight, so a torn write spans
-                    // at most one batch. A batch beginning beyond that window
-                    // (batches start on block boundaries) was acknowledged:
-                    // the bad record is damage, not a torn tail.
-                    let window_end = align_down(off, BLOCK_BYTES) + cfg.max_batch_bytes;
-                    if let Some(later) = (window_end..bytes.len())
-                        .step_by(BLOCK_BYTES)
-                        .find(|&q| record::decode(f.seq, &bytes, q).is_ok())
-                    {
-                        return Err(corrupt(
-                            off as u64,
-                            format!(
-                                "damaged record in the tail segment ({inv}) with valid records \
-                                 following at offset {later}"
-                            ),
-                        ));
-                    }
-                    if inv != Invalid::Zeroed {
-                        warn!(segment = %f.name, offset = off, reason = %inv, "wal torn tail cut");
-                        rec.torn_tail = Some((path.clone(), off as u64, inv.to_string()));
-                    }
-                    break;
-                }
-            }
-        }
-        st.segments.get_mut(&f.seq).expect("inserted above").sealed = sealed;
-        expected_lsn = Some(lsn);
-        st.next_lsn = lsn;
-        st.cursor.seq = f.seq + 1;
-        if !sealed {
-            unsealed_tail = Some((f.seq, f.name.clone(), file, bytes.clone(), off));
-        }
-    }
-    if let Some(name) = empty_tail {
-        let spare = {
-            st.next_spare_id += 1;
-            spare_name(st.next_spare_id)
-        };
-        storage.rename(&name, &spare).map_err(io_err(&name))?;
-        storage.sync_dir().await.map_err(io_err(""))?;
-        spares.push(spare);
-        if let Some(f) = found.last() {
-            st.cursor.seq = f.seq;
-            if expected_lsn.is_none() {
-                st.next_lsn = f.first_lsn;
-            }
-        }
-    }
-    // The previous process's tail is sealed where its valid records end, so new
-    // appends never share a segment with bytes of an unknown (torn) state.
-    if let Some((seq, name, file, bytes, off)) = unsealed_tail {
-        let base = align_down(off, BLOCK_BYTES);
-        let mut buf = AlignedBuf::with_capacity(BLOCK_BYTES * 2);
-        buf.extend_from_slice(&bytes[base..off]);
-        record::encode_seal(&mut buf, seq, base);
-        let (_, r) = file.write_durable(base as u64, buf).await;
-        r.map_err(io_err(&name))?;
-        st.segments.get_mut(&seq).expect("tail segment").sealed = true;
-        debug!(segment = %name, offset = off, "wal tail segment sealed at open");
-    }
-    st.durable_lsn = st.next_lsn - 1;
-    rec.last_lsn = st.durable_lsn;
-    for s in spares {
-        let ok = match storage.open(&s, false) {
-            Ok(f) => f.size_bytes().ok() == Some(cfg.segment_size_bytes),
-            Err(_) => false,
-        };
-        if ok && st.spares.len() < cfg.max_spare_segments {
-            st.spares.push_back(s);
-            continue;
-        }
-        storage.remove(&s).map_err(io_err(&s))?;
-    }
-    for (shard, entries) in recovered_entries {
-        rec.shards.entry(shard).or_default().entries = entries;
-    }
-    for (shard, log) in &st.shards {
-        if log.hard_state.is_some() || !log.entries.is_empty() {
-            rec.shards.entry(*shard).or_default().hard_state = log.hard_state;
-        }
-    }
-    Ok((st, rec))
-}
-
-fn apply_recovered(out: &mut BTreeMap<ShardId, Vec<Entry>>, rec: &mut Recovered, r: &Record) {
-    match r {
-        Record::Entry {
-            shard,
-            index,
-            term,
-            data,
-        } => {
-            let v = out.entry(*shard).or_default();
-            if let Some(last) = v.last().map(|e| e.index) {
-                if *index <= last {
-                    v.retain(|e| e.index < *index);
-                } else if *index > last + 1 {
-                    v.clear();
-                }
-            }
-            v.push(Entry {
-                index: *index,
-                term: *term,
-                data: Bytes::copy_from_slice(data),
-            });
-        }
-        Record::HardState { shard, .. } => {
-            rec.shards.entry(*shard).or_default();
-        }
-        Record::Truncate { shard, index } => {
-            out.entry(*shard).or_default().retain(|e| e.index < *index);
         }
     }
 }

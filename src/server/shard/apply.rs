@@ -149,7 +149,6 @@ impl Shard {
             mvcc::ApplyError::ValueProvided => ApiError::ValueProvided,
             mvcc::ApplyError::LeaseProvided => ApiError::LeaseProvided,
             mvcc::ApplyError::DuplicateKey => ApiError::DuplicateKey,
-            mvcc::ApplyError::TooManyOps { .. } => ApiError::TooManyOps,
             mvcc::ApplyError::RequestTooLarge { .. } => ApiError::RequestTooLarge,
             mvcc::ApplyError::Read(r) => self.read_error(r),
             other if other.is_request_error() => self.storage_error(other.to_string()),

@@ -172,8 +172,6 @@ pub struct ShardSetup {
     pub election_ticks: u64,
     pub quota_backend_bytes: u64,
     pub snapshot_count: u64,
-    pub max_request_bytes: usize,
-    pub max_txn_ops: usize,
     pub shutdown: watch::Receiver<bool>,
     /// Where the shard records its metrics (None in tests without a registry).
     pub metrics: Option<crate::ops::server_metrics::ShardRecorder>,

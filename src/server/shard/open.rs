@@ -30,11 +30,9 @@ impl Shard {
                 }
             }
         }
-        let store_cfg = mvcc::Config {
-            max_request_bytes: setup.max_request_bytes,
-            max_txn_ops: setup.max_txn_ops,
-            ..mvcc::Config::default()
-        };
+        // Request limits are the API's (checked before proposing): apply
+        // must not depend on this member's flags.
+        let store_cfg = mvcc::Config::default();
         let (snapshot_reports_tx, snapshot_reports) = mpsc::unbounded_channel();
         let store = mvcc::Store::open(&setup.dir, shard, store_cfg.clone()).map_err(|source| {
             ShardOpenError::Store {
