@@ -56,7 +56,10 @@ pub fn etcdctl(endpoint: &str, args: &[&str]) -> (bool, String) {
 pub struct Member {
     pub name: String,
     pub client_port: u16,
+    /// The port the member listens on for peers.
     pub peer_port: u16,
+    /// The port its peer URL names: `peer_port`, or a proxy in front of it.
+    pub advertised_peer_port: u16,
     pub data_dir: PathBuf,
     pub log: PathBuf,
     child: Option<Child>,
@@ -87,7 +90,7 @@ impl Member {
             .arg("--listen-peer-urls")
             .arg(format!("http://127.0.0.1:{}", self.peer_port))
             .arg("--initial-advertise-peer-urls")
-            .arg(format!("http://127.0.0.1:{}", self.peer_port))
+            .arg(self.peer_url())
             .arg("--initial-cluster")
             .arg(&self.initial_cluster)
             .arg("--initial-cluster-token")
@@ -102,6 +105,21 @@ impl Member {
 
     pub fn is_running(&self) -> bool {
         self.child.is_some()
+    }
+
+    /// The process id while the member runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Sends `signal` (e.g. SIGSTOP, SIGCONT) to the running member.
+    pub fn signal(&self, signal: i32) {
+        if let Some(pid) = self.pid() {
+            // SAFETY: kill(2) on the pid of a child we own and have not reaped.
+            unsafe {
+                libc::kill(pid as i32, signal);
+            }
+        }
     }
 
     /// kill -9: no chance to sync or say goodbye.
@@ -175,7 +193,7 @@ impl Member {
     }
 
     pub fn peer_url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.peer_port)
+        format!("http://127.0.0.1:{}", self.advertised_peer_port)
     }
 
     pub fn log_text(&self) -> String {
@@ -197,28 +215,47 @@ pub struct Cluster {
 impl Cluster {
     /// Starts `n` members with `extra` flags each (e.g. `--shards 4`).
     pub fn start(n: usize, extra: &[&str]) -> Cluster {
+        Self::start_with_peer_fronts(n, extra, &[])
+    }
+
+    /// Starts `n` members; member `i` advertises `fronts[i]` as its peer port
+    /// (a proxy the test runs in front of its listen port, so every byte
+    /// between members passes through the test). No fronts: the listen ports.
+    pub fn start_with_peer_fronts(n: usize, extra: &[&str], fronts: &[u16]) -> Cluster {
+        assert!(
+            fronts.is_empty() || fronts.len() == n,
+            "one front per member"
+        );
         let dir = tempfile::tempdir().expect("tempdir");
         let names: Vec<String> = (0..n).map(|i| format!("m{i}")).collect();
-        let ports: Vec<(u16, u16)> = (0..n).map(|_| (free_port(), free_port())).collect();
+        let ports: Vec<(u16, u16, u16)> = (0..n)
+            .map(|i| {
+                let (client, peer) = (free_port(), free_port());
+                (client, peer, fronts.get(i).copied().unwrap_or(peer))
+            })
+            .collect();
         let initial_cluster = names
             .iter()
             .zip(&ports)
-            .map(|(name, (_, peer))| format!("{name}=http://127.0.0.1:{peer}"))
+            .map(|(name, (_, _, front))| format!("{name}=http://127.0.0.1:{front}"))
             .collect::<Vec<_>>()
             .join(",");
         let mut members: Vec<Member> = names
             .iter()
             .zip(&ports)
-            .map(|(name, &(client_port, peer_port))| Member {
-                name: name.clone(),
-                client_port,
-                peer_port,
-                data_dir: dir.path().join(format!("{name}.cairn")),
-                log: dir.path().join(format!("{name}.log")),
-                child: None,
-                extra_args: extra.iter().map(|s| s.to_string()).collect(),
-                initial_cluster: initial_cluster.clone(),
-            })
+            .map(
+                |(name, &(client_port, peer_port, advertised_peer_port))| Member {
+                    name: name.clone(),
+                    client_port,
+                    peer_port,
+                    advertised_peer_port,
+                    data_dir: dir.path().join(format!("{name}.cairn")),
+                    log: dir.path().join(format!("{name}.log")),
+                    child: None,
+                    extra_args: extra.iter().map(|s| s.to_string()).collect(),
+                    initial_cluster: initial_cluster.clone(),
+                },
+            )
             .collect();
         for m in &mut members {
             m.spawn();
@@ -247,6 +284,7 @@ impl Cluster {
             name: name.to_string(),
             client_port,
             peer_port,
+            advertised_peer_port: peer_port,
             data_dir: self.dir.path().join(format!("{name}.cairn")),
             log: self.dir.path().join(format!("{name}.log")),
             child: None,
