@@ -221,3 +221,79 @@ async fn a_stale_leader_does_not_keep_a_lock_for_two() {
     let anomalies = locks::check(&log);
     assert!(anomalies.is_empty(), "{anomalies:#?}");
 }
+
+/// The same hole through a process pause: shard 0's leader is stopped
+/// (SIGSTOP) while client A holds a lock through it; the majority elects a
+/// new leader, which lets A's lease expire, and client B takes the lock.
+/// Then A sends a keep-alive to the old leader and it is continued
+/// (SIGCONT): it must not renew the lease on its own word, since A would
+/// then believe it holds the lock B holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumed_stale_leader_does_not_renew_an_expired_lease() {
+    let _one = ONE_RUN.lock().await;
+    let bench = Bench::start(3, 2).await;
+    bench.wait_writable(Duration::from_secs(60)).await;
+    let leader = bench.leader().await.expect("a leader");
+    let via_leader = bench.client_endpoints(0)[leader].clone();
+    let mut a = faults::cluster::direct_client(&via_leader).await;
+    let grant = a.lease_grant(2, None).await.expect("grant A's lease");
+    let acquire = etcd_client::Txn::new()
+        .when([etcd_client::Compare::create_revision(
+            locks::LOCK_KEY,
+            etcd_client::CompareOp::Equal,
+            0,
+        )])
+        .and_then([etcd_client::TxnOp::put(
+            locks::LOCK_KEY,
+            "A",
+            Some(etcd_client::PutOptions::new().with_lease(grant.id())),
+        )]);
+    assert!(a.txn(acquire).await.expect("A acquires").succeeded());
+    let mut ka = faults::cluster::stream_client(&via_leader).await;
+    let (mut keeper, mut answers) = ka.lease_keep_alive(grant.id()).await.expect("keep-alive");
+    keeper.keep_alive().await.expect("renew");
+    let first = answers
+        .message()
+        .await
+        .expect("renewal")
+        .expect("an answer");
+    assert!(first.ttl() > 0, "A's lease renewed before the pause");
+
+    bench.cluster.members[leader].signal(libc::SIGSTOP);
+    let history = History::new();
+    let log = Arc::new(LockLog::default());
+    let b = Locker {
+        id: 1,
+        endpoints: (0..3)
+            .filter(|&m| m != leader)
+            .map(|m| bench.client_endpoints(1)[m].clone())
+            .collect(),
+        history,
+        log: log.clone(),
+        stop: Arc::new(AtomicBool::new(false)),
+        hold: Duration::from_secs(30),
+    };
+    let b_task = tokio::spawn(async move { b.run().await });
+    let deadline = Instant::now() + Duration::from_secs(40);
+    while log.renewals.lock().unwrap().is_empty() {
+        if Instant::now() > deadline {
+            bench.cluster.members[leader].signal(libc::SIGCONT);
+            panic!("B never held the lock\n{}", bench.cluster.logs());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // B holds the lock. A asks the stopped leader, which then resumes.
+    let sent = keeper.keep_alive().await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    bench.cluster.members[leader].signal(libc::SIGCONT);
+    let answer = tokio::time::timeout(Duration::from_secs(10), answers.message()).await;
+    b_task.abort();
+    println!("A's keep-alive sent: {sent:?}; the resumed leader answered {answer:?}");
+    if let (Ok(()), Ok(Ok(Some(r)))) = (&sent, &answer) {
+        assert!(
+            r.ttl() <= 0,
+            "the resumed stale leader renewed A's lease (TTL {}) while B holds the lock",
+            r.ttl()
+        );
+    }
+}

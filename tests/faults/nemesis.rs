@@ -17,7 +17,8 @@ use super::proxy::Node;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Fault {
-    /// Members split into a minority and a majority, clients spread over both.
+    /// Members split at random into a minority and a majority, clients
+    /// spread over both.
     PartitionHalves,
     /// Shard 0's leader cut off in the minority.
     PartitionLeader,
@@ -121,8 +122,15 @@ impl Nemesis {
     pub async fn inject(&mut self, bench: &mut Bench, fault: Fault) {
         let members = bench.members();
         let clients: Vec<Node> = (0..bench.clients()).map(|c| bench.client_node(c)).collect();
-        let leader_turn = self.injected.get(&fault).copied().unwrap_or(0) % 2 == 0;
-        let leader = if leader_turn || fault == Fault::PartitionLeader {
+        // The leader is the target of its own partition, and of every other
+        // kill, pause and one-way cut (the first included).
+        let turn = self.injected.get(&fault).copied().unwrap_or(0);
+        let wants_leader = match fault {
+            Fault::PartitionLeader => true,
+            Fault::Kill | Fault::Pause | Fault::OneWay => turn.is_multiple_of(2),
+            _ => false,
+        };
+        let leader = if wants_leader {
             bench.leader().await
         } else {
             None
