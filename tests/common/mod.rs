@@ -16,6 +16,27 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// A free loopback port below the kernel's ephemeral range: no outgoing
+/// connection takes it as its source port, so a member killed and restarted
+/// finds its ports free again.
+pub fn restartable_port() -> u16 {
+    use rand::Rng;
+    let ephemeral_low: u16 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32768);
+    if ephemeral_low <= 12_000 {
+        return free_port();
+    }
+    let mut rng = rand::thread_rng();
+    loop {
+        let port = rng.gen_range(10_000..ephemeral_low);
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+}
+
 /// Whether an external tool is on PATH; under CI (`CI` set) a missing tool is a
 /// failure, elsewhere the test says it skips.
 pub fn require_tool(tool: &str) -> bool {
@@ -228,9 +249,16 @@ impl Cluster {
         );
         let dir = tempfile::tempdir().expect("tempdir");
         let names: Vec<String> = (0..n).map(|i| format!("m{i}")).collect();
+        let mut taken = std::collections::HashSet::new();
+        let mut pick = || loop {
+            let port = restartable_port();
+            if taken.insert(port) {
+                return port;
+            }
+        };
         let ports: Vec<(u16, u16, u16)> = (0..n)
             .map(|i| {
-                let (client, peer) = (free_port(), free_port());
+                let (client, peer) = (pick(), pick());
                 (client, peer, fronts.get(i).copied().unwrap_or(peer))
             })
             .collect();

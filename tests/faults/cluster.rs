@@ -27,9 +27,16 @@ impl Bench {
     /// nodes' proxies.
     pub async fn start(members: usize, clients: usize) -> Bench {
         let net = Net::new();
+        // Every proxy port is bound before the members pick their ports, so
+        // no member's port can be handed to a proxy between its pick and its
+        // bind.
         let mut fronts = Vec::new();
         for _ in 0..members {
             fronts.push(proxy::bind().await);
+        }
+        let mut client_listeners = Vec::new();
+        for _ in 0..clients * members {
+            client_listeners.push(proxy::bind().await);
         }
         let front_ports: Vec<u16> = fronts
             .iter()
@@ -51,10 +58,11 @@ impl Bench {
             ));
         }
         let mut client_ports = Vec::new();
+        let mut client_listeners = client_listeners.into_iter();
         for c in 0..clients {
             let mut ports = Vec::new();
             for m in 0..members {
-                let listener = proxy::bind().await;
+                let listener = client_listeners.next().expect("one per client and member");
                 ports.push(listener.local_addr().expect("client front").port());
                 let target = loopback(cluster.members[m].client_port);
                 proxies.push(proxy::serve_client_front(

@@ -20,6 +20,22 @@ pub enum RegOp {
         expect: u64,
         new: u64,
     },
+    /// Txn: if the key's mod revision is `expect_rev`, put `new`; else read
+    /// the key.
+    CasRev {
+        expect_rev: i64,
+        new: u64,
+    },
+}
+
+impl RegOp {
+    /// The value the operation writes, if it writes.
+    pub fn written(self) -> Option<u64> {
+        match self {
+            RegOp::Read => None,
+            RegOp::Write(v) | RegOp::Cas { new: v, .. } | RegOp::CasRev { new: v, .. } => Some(v),
+        }
+    }
 }
 
 /// What a completed register operation returned.

@@ -62,9 +62,28 @@ const INITIAL: State = State {
     rev: Rev::Exact(0),
 };
 
-/// The register's transition: the state after `op` answered `out` (None for
-/// an unknown outcome), or None when the model cannot give that answer.
-fn step(s: State, op: RegOp, out: Option<RegOut>) -> Option<State> {
+/// The register's transitions: the states after `op` answered `out` (None
+/// for an unknown outcome), none when the model cannot give that answer. Two
+/// only for an unknown CAS on a revision the model knows a bound of.
+fn step(s: State, op: RegOp, out: Option<RegOut>) -> [Option<State>; 2] {
+    match (op, out) {
+        (RegOp::CasRev { expect_rev, new }, None) => {
+            let applied = State {
+                value: Some(new),
+                rev: Rev::AtLeast(expect_rev + 1),
+            };
+            match s.rev {
+                _ if s.value.is_none() => [Some(s), None],
+                Rev::Exact(r) if r == expect_rev => [Some(applied), None],
+                Rev::AtLeast(a) if a <= expect_rev => [Some(applied), Some(s)],
+                _ => [Some(s), None],
+            }
+        }
+        _ => [step_one(s, op, out), None],
+    }
+}
+
+fn step_one(s: State, op: RegOp, out: Option<RegOut>) -> Option<State> {
     let read = |value: Option<u64>, mod_rev: i64| {
         (s.value == value && s.rev.admits(mod_rev)).then_some(State {
             value,
@@ -91,6 +110,19 @@ fn step(s: State, op: RegOp, out: Option<RegOut>) -> Option<State> {
         }
         (RegOp::Cas { expect, .. }, Some(RegOut::Missed { value, mod_rev })) => {
             if s.value == Some(expect) {
+                None
+            } else {
+                read(value, mod_rev)
+            }
+        }
+        (RegOp::CasRev { expect_rev, new }, Some(RegOut::Swapped { rev })) => {
+            (s.value.is_some() && s.rev.admits(expect_rev) && rev > expect_rev).then_some(State {
+                value: Some(new),
+                rev: Rev::Exact(rev),
+            })
+        }
+        (RegOp::CasRev { expect_rev, .. }, Some(RegOut::Missed { value, mod_rev })) => {
+            if mod_rev == expect_rev && value.is_some() {
                 None
             } else {
                 read(value, mod_rev)
@@ -164,9 +196,12 @@ pub fn check_key(records: &[Record], budget_steps: u64) -> Verdict {
     let words = n.div_ceil(64);
     let mut linearized = vec![0u64; words];
     let mut seen: HashSet<(Vec<u64>, State)> = HashSet::new();
-    let mut stack: Vec<(usize, State)> = Vec::new();
+    // (call linearized, state before it, which of its transitions).
+    let mut stack: Vec<(usize, State, usize)> = Vec::new();
     let mut state = INITIAL;
     let mut entry = next[HEAD];
+    // The first transition of `entry` still to try.
+    let mut alt = 0;
     let (mut deepest, mut stuck_at) = (0usize, 0usize);
     let mut steps = 0u64;
 
@@ -198,24 +233,28 @@ pub fn check_key(records: &[Record], budget_steps: u64) -> Verdict {
                 Outcome::Ok(out) => Some(out),
                 _ => None,
             };
-            if let Some(after) = step(state, ops[op].op, out) {
+            let afters = step(state, ops[op].op, out);
+            let mut lifted = false;
+            for (i, after) in afters.iter().enumerate().skip(alt) {
+                let Some(after) = *after else { continue };
                 linearized[op / 64] |= 1 << (op % 64);
                 if seen.insert((linearized.clone(), after)) {
-                    stack.push((entry, state));
+                    stack.push((entry, state, i));
                     state = after;
                     lift(&mut next, &mut prev, entry, return_node[op]);
-                    entry = next[HEAD];
-                    continue;
+                    lifted = true;
+                    break;
                 }
                 linearized[op / 64] &= !(1 << (op % 64));
             }
-            entry = next[entry];
+            alt = 0;
+            entry = if lifted { next[HEAD] } else { next[entry] };
         } else {
             if stack.len() >= deepest {
                 deepest = stack.len();
                 stuck_at = op_of[entry];
             }
-            let Some((call, before)) = stack.pop() else {
+            let Some((call, before, tried)) = stack.pop() else {
                 return Verdict::Violation {
                     stuck_at: original_index(records, ops[stuck_at]),
                     linearized: deepest,
@@ -225,7 +264,9 @@ pub fn check_key(records: &[Record], budget_steps: u64) -> Verdict {
             state = before;
             linearized[op / 64] &= !(1 << (op % 64));
             unlift(&mut next, &mut prev, call, return_node[op]);
-            entry = next[call];
+            // The same call again, from its next transition.
+            entry = call;
+            alt = tried + 1;
         }
     }
     Verdict::Linearizable
@@ -421,6 +462,53 @@ mod tests {
                 })
             ),
         ]));
+    }
+
+    #[test]
+    fn cas_on_the_mod_revision() {
+        let cas = |e, n, i, c, out| {
+            rec(
+                RegOp::CasRev {
+                    expect_rev: e,
+                    new: n,
+                },
+                i,
+                c,
+                out,
+            )
+        };
+        assert!(lin(&[
+            write(1, 0, 1, 5),
+            cas(5, 2, 2, 3, Outcome::Ok(RegOut::Swapped { rev: 6 })),
+            cas(
+                5,
+                3,
+                4,
+                5,
+                Outcome::Ok(RegOut::Missed {
+                    value: Some(2),
+                    mod_rev: 6
+                })
+            ),
+        ]));
+        // A swap from a revision the key no longer had.
+        assert!(!lin(&[
+            write(1, 0, 1, 5),
+            write(2, 2, 3, 6),
+            cas(5, 3, 4, 5, Outcome::Ok(RegOut::Swapped { rev: 7 })),
+        ]));
+        // An unknown write leaves only a bound: an unknown CAS on it may or
+        // may not have applied, and both continuations are searched.
+        let unknown = |v, i| rec(RegOp::Write(v), i, 0, Outcome::Unknown);
+        for later in [Some(3), Some(2)] {
+            let h = [
+                write(1, 0, 1, 5),
+                unknown(2, 2),
+                cas(7, 3, 3, 0, Outcome::Unknown),
+                read(later, 10, 11, 8),
+            ];
+            assert!(lin(&h), "read {later:?}");
+        }
     }
 
     #[test]

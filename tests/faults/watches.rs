@@ -155,10 +155,8 @@ pub fn resolve_unknowns(
             out.push(r.clone());
             continue;
         }
-        let written = match r.op {
-            RegOp::Write(v) => v,
-            RegOp::Cas { new, .. } => new,
-            RegOp::Read => continue,
+        let Some(written) = r.op.written() else {
+            continue;
         };
         match seen.get(&(r.key.clone(), written)) {
             None => resolved.never += 1,
@@ -172,8 +170,8 @@ pub fn resolve_unknowns(
             Some(&(rev, at_ns)) => {
                 resolved.applied += 1;
                 let known = match r.op {
-                    RegOp::Cas { .. } => RegOut::Swapped { rev },
-                    _ => RegOut::Written { rev },
+                    RegOp::Write(_) => RegOut::Written { rev },
+                    _ => RegOut::Swapped { rev },
                 };
                 out.push(Record {
                     complete_ns: at_ns,
@@ -195,10 +193,8 @@ pub fn check(history: &[Record], watchers: &[Arc<WatchLog>], end_rev: i64) -> Ve
     let mut attempted: HashSet<(String, u64)> = HashSet::new();
     let mut never: HashSet<(String, u64)> = HashSet::new();
     for r in history {
-        let value = match r.op {
-            RegOp::Write(v) => v,
-            RegOp::Cas { new, .. } => new,
-            RegOp::Read => continue,
+        let Some(value) = r.op.written() else {
+            continue;
         };
         attempted.insert((r.key.clone(), value));
         match r.outcome {

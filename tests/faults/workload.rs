@@ -51,8 +51,10 @@ impl RegisterClient {
         let mut rng = SmallRng::seed_from_u64(self.seed);
         let mut at = self.id % self.endpoints.len();
         let mut clients: Vec<Option<etcd_client::Client>> = vec![None; self.endpoints.len()];
-        // The last value this client saw per key: CAS expects it.
+        // The last value and mod revision this client saw per key: CAS
+        // expects one of them.
         let mut seen: Vec<Option<u64>> = vec![None; self.keys];
+        let mut seen_rev: Vec<i64> = vec![0; self.keys];
         while !self.stop.load(Ordering::Relaxed) {
             if clients[at].is_none() {
                 clients[at] = Some(direct_client(&self.endpoints[at]).await);
@@ -63,12 +65,19 @@ impl RegisterClient {
             let op = match rng.gen_range(0..10) {
                 0..=3 => RegOp::Read,
                 4..=6 => RegOp::Write(self.values.next()),
-                _ => match seen[k] {
+                7 | 8 => match seen[k] {
                     Some(expect) => RegOp::Cas {
                         expect,
                         new: self.values.next(),
                     },
                     None => RegOp::Read,
+                },
+                _ => match seen_rev[k] {
+                    0 => RegOp::Read,
+                    expect_rev => RegOp::CasRev {
+                        expect_rev,
+                        new: self.values.next(),
+                    },
                 },
             };
             let invoke_ns = self.history.now_ns();
@@ -85,18 +94,15 @@ impl RegisterClient {
             };
             let complete_ns = self.history.now_ns();
             match outcome {
-                Outcome::Ok(RegOut::Read { value, .. } | RegOut::Missed { value, .. }) => {
-                    seen[k] = value
+                Outcome::Ok(
+                    RegOut::Read { value, mod_rev } | RegOut::Missed { value, mod_rev },
+                ) => {
+                    seen[k] = value;
+                    seen_rev[k] = mod_rev;
                 }
-                Outcome::Ok(RegOut::Written { .. }) => {
-                    if let RegOp::Write(v) = op {
-                        seen[k] = Some(v)
-                    }
-                }
-                Outcome::Ok(RegOut::Swapped { .. }) => {
-                    if let RegOp::Cas { new, .. } = op {
-                        seen[k] = Some(new)
-                    }
+                Outcome::Ok(RegOut::Written { rev } | RegOut::Swapped { rev }) => {
+                    seen[k] = op.written();
+                    seen_rev[k] = rev;
                 }
                 Outcome::Fail | Outcome::Unknown => {
                     clients[at] = None;
@@ -156,9 +162,20 @@ pub async fn execute(
                 rev: header_revision(r.header())?,
             })
         }
-        RegOp::Cas { expect, new } => {
+        RegOp::Cas { .. } | RegOp::CasRev { .. } => {
+            let (compare, new) = match op {
+                RegOp::Cas { expect, new } => (
+                    Compare::value(key, CompareOp::Equal, expect.to_string()),
+                    new,
+                ),
+                RegOp::CasRev { expect_rev, new } => (
+                    Compare::mod_revision(key, CompareOp::Equal, expect_rev),
+                    new,
+                ),
+                _ => unreachable!("a CAS"),
+            };
             let txn = Txn::new()
-                .when([Compare::value(key, CompareOp::Equal, expect.to_string())])
+                .when([compare])
                 .and_then([TxnOp::put(key, new.to_string(), None)])
                 .or_else([TxnOp::get(key, None)]);
             let r = c.txn(txn).await?;
