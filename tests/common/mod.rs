@@ -16,6 +16,27 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// A free loopback port below the kernel's ephemeral range: no outgoing
+/// connection takes it as its source port, so a member killed and restarted
+/// finds its ports free again.
+pub fn restartable_port() -> u16 {
+    use rand::Rng;
+    let ephemeral_low: u16 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32768);
+    if ephemeral_low <= 12_000 {
+        return free_port();
+    }
+    let mut rng = rand::thread_rng();
+    loop {
+        let port = rng.gen_range(10_000..ephemeral_low);
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+}
+
 /// Whether an external tool is on PATH; under CI (`CI` set) a missing tool is a
 /// failure, elsewhere the test says it skips.
 pub fn require_tool(tool: &str) -> bool {
@@ -56,7 +77,10 @@ pub fn etcdctl(endpoint: &str, args: &[&str]) -> (bool, String) {
 pub struct Member {
     pub name: String,
     pub client_port: u16,
+    /// The port the member listens on for peers.
     pub peer_port: u16,
+    /// The port its peer URL names: `peer_port`, or a proxy in front of it.
+    pub advertised_peer_port: u16,
     pub data_dir: PathBuf,
     pub log: PathBuf,
     child: Option<Child>,
@@ -88,7 +112,7 @@ impl Member {
             .arg("--listen-peer-urls")
             .arg(format!("http://127.0.0.1:{}", self.peer_port))
             .arg("--initial-advertise-peer-urls")
-            .arg(format!("http://127.0.0.1:{}", self.peer_port))
+            .arg(self.peer_url())
             .arg("--initial-cluster")
             .arg(&self.initial_cluster)
             .arg("--initial-cluster-token")
@@ -104,6 +128,21 @@ impl Member {
 
     pub fn is_running(&self) -> bool {
         self.child.is_some()
+    }
+
+    /// The process id while the member runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Sends `signal` (e.g. SIGSTOP, SIGCONT) to the running member.
+    pub fn signal(&self, signal: i32) {
+        if let Some(pid) = self.pid() {
+            // SAFETY: kill(2) on the pid of a child we own and have not reaped.
+            unsafe {
+                libc::kill(pid as i32, signal);
+            }
+        }
     }
 
     /// kill -9: no chance to sync or say goodbye.
@@ -185,7 +224,7 @@ impl Member {
     }
 
     pub fn peer_url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.peer_port)
+        format!("http://127.0.0.1:{}", self.advertised_peer_port)
     }
 
     pub fn log_text(&self) -> String {
@@ -207,36 +246,68 @@ pub struct Cluster {
 impl Cluster {
     /// Starts `n` members with `extra` flags each (e.g. `--shards 4`).
     pub fn start(n: usize, extra: &[&str]) -> Cluster {
-        Cluster::start_each(&vec![extra; n])
+        Cluster::start_with(&vec![extra; n], &[])
     }
 
     /// Starts one member per entry of `extra`, each with its own flags.
     pub fn start_each(extra: &[&[&str]]) -> Cluster {
+        Cluster::start_with(extra, &[])
+    }
+
+    /// Starts `n` members; member `i` advertises `fronts[i]` as its peer port
+    /// (a proxy the test runs in front of its listen port, so every byte
+    /// between members passes through the test). No fronts: the listen ports.
+    pub fn start_with_peer_fronts(n: usize, extra: &[&str], fronts: &[u16]) -> Cluster {
+        Cluster::start_with(&vec![extra; n], fronts)
+    }
+
+    /// Starts one member per entry of `extra` (its flags), member `i`
+    /// advertising `fronts[i]` as its peer port when fronts are given.
+    pub fn start_with(extra: &[&[&str]], fronts: &[u16]) -> Cluster {
         let n = extra.len();
+        assert!(
+            fronts.is_empty() || fronts.len() == n,
+            "one front per member"
+        );
         let dir = tempfile::tempdir().expect("tempdir");
         let names: Vec<String> = (0..n).map(|i| format!("m{i}")).collect();
-        let ports: Vec<(u16, u16)> = (0..n).map(|_| (free_port(), free_port())).collect();
+        let mut taken = std::collections::HashSet::new();
+        let mut pick = || loop {
+            let port = restartable_port();
+            if taken.insert(port) {
+                return port;
+            }
+        };
+        let ports: Vec<(u16, u16, u16)> = (0..n)
+            .map(|i| {
+                let (client, peer) = (pick(), pick());
+                (client, peer, fronts.get(i).copied().unwrap_or(peer))
+            })
+            .collect();
         let initial_cluster = names
             .iter()
             .zip(&ports)
-            .map(|(name, (_, peer))| format!("{name}=http://127.0.0.1:{peer}"))
+            .map(|(name, (_, _, front))| format!("{name}=http://127.0.0.1:{front}"))
             .collect::<Vec<_>>()
             .join(",");
         let mut members: Vec<Member> = names
             .iter()
             .zip(&ports)
             .zip(extra)
-            .map(|((name, &(client_port, peer_port)), extra)| Member {
-                name: name.clone(),
-                client_port,
-                peer_port,
-                data_dir: dir.path().join(format!("{name}.cairn")),
-                log: dir.path().join(format!("{name}.log")),
-                child: None,
-                extra_args: extra.iter().map(|s| s.to_string()).collect(),
-                extra_env: Vec::new(),
-                initial_cluster: initial_cluster.clone(),
-            })
+            .map(
+                |((name, &(client_port, peer_port, advertised_peer_port)), extra)| Member {
+                    name: name.clone(),
+                    client_port,
+                    peer_port,
+                    advertised_peer_port,
+                    data_dir: dir.path().join(format!("{name}.cairn")),
+                    log: dir.path().join(format!("{name}.log")),
+                    child: None,
+                    extra_args: extra.iter().map(|s| s.to_string()).collect(),
+                    extra_env: Vec::new(),
+                    initial_cluster: initial_cluster.clone(),
+                },
+            )
             .collect();
         for m in &mut members {
             m.spawn();
@@ -265,6 +336,7 @@ impl Cluster {
             name: name.to_string(),
             client_port,
             peer_port,
+            advertised_peer_port: peer_port,
             data_dir: self.dir.path().join(format!("{name}.cairn")),
             log: self.dir.path().join(format!("{name}.log")),
             child: None,
