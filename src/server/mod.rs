@@ -5,6 +5,7 @@ pub mod cluster;
 pub mod convert;
 pub mod entry;
 pub mod errors;
+pub mod gateway;
 pub mod kv;
 pub mod lease;
 pub mod maintenance;
