@@ -1,4 +1,5 @@
-//! The operator's HTTP endpoints: `/metrics`, `/health`, `/livez`, `/readyz`.
+//! The operator's HTTP endpoints: `/metrics`, `/health`, `/livez`, `/readyz`,
+//! and the HTTP/1 side of the client port.
 //!
 //! They are served in two places, as etcd does:
 //! - on their own listener for `--listen-metrics-urls` ([`serve_listener`]);
@@ -6,7 +7,8 @@
 //!   port by looking at the first bytes of each connection; Cairn does the same
 //!   ([`sniff`]): a gRPC client speaks HTTP/2 with prior knowledge and so opens
 //!   with the fixed preface `PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n`; anything that
-//!   diverges from it is HTTP/1 and is served here. The bytes read while deciding
+//!   diverges from it is HTTP/1 and is served here (paths other than these
+//!   endpoints go to an [`Http1Fallback`]: the HTTP/JSON gateway). The bytes read while deciding
 //!   are replayed to whichever server gets the connection ([`PrefixedIo`]), and
 //!   [`PrefixedIo`] implements tonic's `Connected`, so gRPC connections go to
 //!   tonic's `serve_with_incoming` through a channel ([`serve_client_port`]).
