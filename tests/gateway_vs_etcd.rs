@@ -239,6 +239,13 @@ fn gateway_answers_as_etcd_does() {
         assert_eq!(ea.status, 200, "{path} {body}: etcd {}", ea.text());
         same(&format!("{path} {body}"), &ea, &ca);
         assert_eq!(ca.content_type, "application/json", "{path}");
+        for cors in [
+            "access-control-allow-origin",
+            "access-control-allow-methods",
+            "access-control-allow-headers",
+        ] {
+            assert_eq!(ea.header(cors), ca.header(cors), "{path}: {cors}");
+        }
     }
 
     // Bad input etcd's own server refuses: same status, code and message.

@@ -16,10 +16,19 @@ pub const READ_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct Answer {
     pub status: u16,
     pub content_type: String,
+    /// Every header, names in lower case.
+    pub headers: Vec<(String, String)>,
     pub body: Vec<u8>,
 }
 
 impl Answer {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
     pub fn json(&self) -> serde_json::Value {
         serde_json::from_slice(&self.body).unwrap_or_else(|e| {
             panic!(
@@ -142,6 +151,7 @@ pub fn request_with(
     Answer {
         status,
         content_type,
+        headers,
         body,
     }
 }

@@ -37,6 +37,19 @@ use stream::{FirstMessageError, JsonMessages};
 /// The version `GET /version` reports for the cluster, as etcd 3.4 does.
 pub const CLUSTER_VERSION: &str = "3.4.0";
 
+/// The headers etcd's client port adds to every HTTP answer.
+const CORS_HEADERS: &[(&str, &str)] = &[
+    (
+        "access-control-allow-headers",
+        "accept, content-type, authorization",
+    ),
+    (
+        "access-control-allow-methods",
+        "POST, GET, OPTIONS, PUT, DELETE",
+    ),
+    ("access-control-allow-origin", "*"),
+];
+
 fn table() -> &'static RouteTable {
     static TABLE: OnceLock<RouteTable> = OnceLock::new();
     TABLE.get_or_init(RouteTable::build)
@@ -72,6 +85,17 @@ impl Gateway {
 
     /// Answers one HTTP/1 request that is not an operator endpoint.
     pub async fn handle(&self, req: Request<Incoming>) -> Response<FallbackBody> {
+        let mut response = self.answer(req).await;
+        // etcd's default CORS policy (`--cors '*'`), on every answer, so browser
+        // pages that call etcd's gateway call Cairn's alike.
+        let headers = response.headers_mut();
+        for (name, value) in CORS_HEADERS {
+            headers.insert(*name, HeaderValue::from_static(value));
+        }
+        response
+    }
+
+    async fn answer(&self, req: Request<Incoming>) -> Response<FallbackBody> {
         let path = req.uri().path();
         if path == "/version" {
             return version(req.method());
