@@ -1,5 +1,6 @@
 //! Compiles every `.proto` file under `proto/` with a pure-Rust compiler (protox),
-//! so building Cairn needs no `protoc` on the machine.
+//! so building Cairn needs no `protoc` on the machine, and writes their encoded
+//! `FileDescriptorSet` beside the generated code.
 
 use std::path::{Path, PathBuf};
 
@@ -33,6 +34,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         return Ok(());
     }
     let fds = protox::compile(&files, [&root])?;
+    // The descriptors themselves, for code that maps messages by their schema
+    // (the HTTP/JSON gateway's protobuf JSON mapping).
+    let out = PathBuf::from(std::env::var("OUT_DIR")?);
+    std::fs::write(
+        out.join("file_descriptor_set.bin"),
+        prost::Message::encode_to_vec(&fds),
+    )?;
     tonic_prost_build::configure()
         // `bytes` fields decode as slices of the receive buffer: no copy of entry data.
         .bytes(".")

@@ -232,6 +232,10 @@ impl KeyOpts {
 pub struct PutOpts {
     #[command(flatten)]
     pub keys: KeyOpts,
+    /// Send each put as JSON to etcd's HTTP/JSON gateway (`POST /v3/kv/put`)
+    /// over HTTP/1.1, one connection per client, instead of gRPC.
+    #[arg(long)]
+    pub gateway: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -1,11 +1,13 @@
 //! cairn-bench: an etcd v3 load generator that measures Cairn and etcd the same way.
 //!
-//! It speaks only the etcd v3 gRPC API through the generated clients of
-//! `cairn-proto`; it never links the server. The pieces:
+//! It speaks the etcd v3 gRPC API through the generated clients of
+//! `cairn-proto` (and, for `put --gateway`, etcd's HTTP/JSON gateway); it never
+//! links the server. The pieces:
 //! - [`config`]: the command line and its limits;
 //! - [`runner`]: connections, the closed-loop and fixed-rate drivers, warm-up;
 //! - [`workload`]: put, range, txn-put, mixed and lease-keepalive requests;
 //! - [`watch`]: watch latency from put sent to event received;
+//! - [`gateway`]: the put workload over etcd's HTTP/JSON gateway;
 //! - [`stats`]: histograms, error counts, the table and the JSON line;
 //! - [`cluster`]: local etcd or Cairn clusters on free ports (used by `compare`
 //!   and by tests);
@@ -14,6 +16,7 @@
 pub mod cluster;
 pub mod compare;
 pub mod config;
+pub mod gateway;
 pub mod runner;
 pub mod stats;
 pub mod watch;
@@ -60,6 +63,10 @@ pub async fn run_workload(
 ) -> Result<Report, BenchError> {
     global.validate()?;
     match command {
+        Command::Put(o) if o.gateway => {
+            o.keys.validate()?;
+            gateway::run(global, &o.keys, progress).await
+        }
         Command::Put(o) => {
             o.keys.validate()?;
             runner::run(global, workload::Spec::Put(o.keys.clone()), progress).await

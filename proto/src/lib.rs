@@ -27,3 +27,8 @@ pub mod raftpb {
 pub mod cairnpb {
     include!(concat!(env!("OUT_DIR"), "/cairnpb.rs"));
 }
+
+/// The encoded `google.protobuf.FileDescriptorSet` of every `.proto` file here:
+/// message, field and service names and numbers, as the code above was generated from.
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/file_descriptor_set.bin"));

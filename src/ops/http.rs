@@ -1,4 +1,5 @@
-//! The operator's HTTP endpoints: `/metrics`, `/health`, `/livez`, `/readyz`.
+//! The operator's HTTP endpoints: `/metrics`, `/health`, `/livez`, `/readyz`,
+//! and the HTTP/1 side of the client port.
 //!
 //! They are served in two places, as etcd does:
 //! - on their own listener for `--listen-metrics-urls` ([`serve_listener`]);
@@ -6,7 +7,8 @@
 //!   port by looking at the first bytes of each connection; Cairn does the same
 //!   ([`sniff`]): a gRPC client speaks HTTP/2 with prior knowledge and so opens
 //!   with the fixed preface `PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n`; anything that
-//!   diverges from it is HTTP/1 and is served here. The bytes read while deciding
+//!   diverges from it is HTTP/1 and is served here (paths other than these
+//!   endpoints go to an [`Http1Fallback`]: the HTTP/JSON gateway). The bytes read while deciding
 //!   are replayed to whichever server gets the connection ([`PrefixedIo`]), and
 //!   [`PrefixedIo`] implements tonic's `Connected`, so gRPC connections go to
 //!   tonic's `serve_with_incoming` through a channel ([`serve_client_port`]).
@@ -28,14 +30,16 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::Full;
+use futures::future::BoxFuture;
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::header::{HeaderValue, ALLOW, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::{mpsc, Notify, Semaphore};
 
 use super::metrics::Registry;
 use super::readiness::Readiness;
@@ -92,12 +96,37 @@ pub fn parse_metrics_url(url: &str) -> Result<SocketAddr, HttpError> {
         .map_err(|_| bad("host must be an IP address and a port is required"))
 }
 
+/// The body of a response from an [`Http1Fallback`]: whole or streamed.
+pub type FallbackBody = BoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
+
+/// Answers the HTTP/1 requests the operator endpoints do not know (on the client
+/// port: the HTTP/JSON gateway). It runs on the connection's task, so the
+/// endpoints and gRPC connections pay nothing for it.
+pub trait Http1Fallback: Send + Sync + std::fmt::Debug + 'static {
+    /// Answers one request. The request's extensions hold the connection's
+    /// [`ConnectionCut`], for a stream that must end its connection.
+    fn serve(&self, req: Request<Incoming>) -> BoxFuture<'static, Response<FallbackBody>>;
+}
+
+/// Closes the HTTP/1 connection a request came on, at once, whatever it is
+/// writing: how a streamed response whose reader stopped reading is ended
+/// without holding its buffers.
+#[derive(Debug, Clone, Default)]
+pub struct ConnectionCut(Arc<Notify>);
+
+impl ConnectionCut {
+    pub fn cut(&self) {
+        self.0.notify_one();
+    }
+}
+
 /// The endpoints and the sources they read. Cheap to clone (shared handles).
 #[derive(Debug, Clone)]
 pub struct OpsEndpoints {
     registry: Arc<Registry>,
     readiness: Arc<Readiness>,
     watchdog: Option<Arc<Watchdog>>,
+    fallback: Option<Arc<dyn Http1Fallback>>,
 }
 
 impl OpsEndpoints {
@@ -111,7 +140,20 @@ impl OpsEndpoints {
             registry,
             readiness,
             watchdog,
+            fallback: None,
         }
+    }
+
+    /// These endpoints, with `fallback` answering every other path.
+    pub fn with_fallback(&self, fallback: Arc<dyn Http1Fallback>) -> Self {
+        OpsEndpoints {
+            fallback: Some(fallback),
+            ..self.clone()
+        }
+    }
+
+    fn is_ops_path(path: &str) -> bool {
+        matches!(path, "/metrics" | "/health" | "/livez" | "/readyz")
     }
 
     /// Answers one request; `target` is the request path with its query.
@@ -120,8 +162,7 @@ impl OpsEndpoints {
         let verbose = query
             .split('&')
             .any(|p| p == "verbose" || p == "verbose=true");
-        let known = matches!(path, "/metrics" | "/health" | "/livez" | "/readyz");
-        if !known {
+        if !Self::is_ops_path(path) {
             return text(StatusCode::NOT_FOUND, "404 page not found\n".to_string());
         }
         if method != Method::GET && method != Method::HEAD {
@@ -222,24 +263,46 @@ impl OpsEndpoints {
         IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
         let endpoints = self.clone();
-        let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-            let target = req
-                .uri()
-                .path_and_query()
-                .map_or("/", |pq| pq.as_str())
-                .to_string();
-            let response = endpoints.respond(req.method(), &target);
-            async move { Ok::<_, Infallible>(response) }
+        let cut = ConnectionCut::default();
+        let cut_for_requests = cut.clone();
+        let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
+            let fallback = endpoints
+                .fallback
+                .as_ref()
+                .filter(|_| !Self::is_ops_path(req.uri().path()));
+            let answer: BoxFuture<'static, Response<FallbackBody>> = match fallback {
+                Some(fallback) => {
+                    req.extensions_mut().insert(cut_for_requests.clone());
+                    fallback.serve(req)
+                }
+                None => {
+                    let target = req
+                        .uri()
+                        .path_and_query()
+                        .map_or("/", |pq| pq.as_str())
+                        .to_string();
+                    let response = endpoints.respond(req.method(), &target);
+                    Box::pin(async move {
+                        response.map(|body| body.map_err(|never| match never {}).boxed())
+                    })
+                }
+            };
+            async move { Ok::<_, Infallible>(answer.await) }
         });
-        hyper::server::conn::http1::Builder::new()
+        let connection = hyper::server::conn::http1::Builder::new()
             .timer(TokioTimer::new())
             .header_read_timeout(HEADER_READ_TIMEOUT)
-            .serve_connection(TokioIo::new(io), service)
-            .await
-            .map_err(|source| HttpError::Serve {
+            .serve_connection(TokioIo::new(io), service);
+        tokio::select! {
+            served = connection => served.map_err(|source| HttpError::Serve {
                 peer: peer.to_string(),
                 source,
-            })
+            }),
+            () = cut.0.notified() => {
+                tracing::debug!(peer, "HTTP/1 connection cut");
+                Ok(())
+            }
+        }
     }
 }
 

@@ -8,6 +8,7 @@ pub mod convert;
 pub mod crash_point;
 pub mod entry;
 pub mod errors;
+pub mod gateway;
 pub mod kv;
 pub mod lease;
 pub mod maintenance;

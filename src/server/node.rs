@@ -952,7 +952,21 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
         // etcd serves /metrics and health on the client port beside gRPC: each
         // connection is sniffed; HTTP/2 goes to tonic, HTTP/1 to the ops endpoints.
         let (grpc_tx, grpc_rx) = mpsc::channel(1024);
-        let endpoints = shared.endpoints.clone();
+        let services = tonic::service::Routes::new(
+            KvServer::new(kv)
+                .max_decoding_message_size(max_message_bytes)
+                .max_encoding_message_size(usize::MAX),
+        )
+        .add_service(MaintenanceServer::new(maintenance))
+        .add_service(ClusterServer::new(cluster))
+        .add_service(WatchServer::new(watch))
+        .add_service(LeaseServer::new(lease));
+        // HTTP/1 requests that are not operator endpoints go to the HTTP/JSON
+        // gateway, which calls the same services in-process.
+        let endpoints = shared.endpoints.with_fallback(super::gateway::fallback(
+            services.clone(),
+            super::gateway::max_body_bytes(max_message_bytes),
+        ));
         tokio::task::spawn_local(async move {
             let shutdown = async move {
                 let _ = stop_http.changed().await;
@@ -964,15 +978,7 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
             }
         });
         let server = tonic::transport::Server::builder()
-            .add_service(
-                KvServer::new(kv)
-                    .max_decoding_message_size(max_message_bytes)
-                    .max_encoding_message_size(usize::MAX),
-            )
-            .add_service(MaintenanceServer::new(maintenance))
-            .add_service(ClusterServer::new(cluster))
-            .add_service(WatchServer::new(watch))
-            .add_service(LeaseServer::new(lease))
+            .add_routes(services)
             .serve_with_incoming_shutdown(
                 tokio_stream::wrappers::ReceiverStream::new(grpc_rx),
                 async move {

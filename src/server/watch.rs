@@ -68,12 +68,20 @@ impl Watch for WatchService {
             let mut next_watch_id: i64 = 0;
             // watch id -> shards it is registered on
             let mut active: HashMap<i64, Vec<ShardId>> = HashMap::new();
+            // As etcd, a client that closes its side of the stream keeps its
+            // watchers: events flow until it goes away (an HTTP/JSON gateway
+            // client always sends its whole body first).
+            let mut requests_ended = false;
             loop {
                 tokio::select! {
-                    req = incoming.message() => {
+                    req = incoming.message(), if !requests_ended => {
                         let req = match req {
                             Ok(Some(r)) => r,
-                            _ => break,
+                            Ok(None) => {
+                                requests_ended = true;
+                                continue;
+                            }
+                            Err(_) => break,
                         };
                         match req.request_union {
                             Some(watch_request::RequestUnion::CreateRequest(c)) => {
@@ -210,6 +218,7 @@ impl Watch for WatchService {
                             break;
                         }
                     }
+                    () = out_tx.closed(), if requests_ended => break,
                 }
             }
             // The client went away: the shards drop these watchers when they

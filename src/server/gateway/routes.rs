@@ -1,0 +1,145 @@
+//! Which gRPC method answers which gateway path: etcd 3.4's `google.api.http`
+//! bindings, each served under `/v3/` and `/v3beta/`. The request and response
+//! types and whether either side streams come from the compiled descriptors, so
+//! this table holds names only.
+
+use std::collections::HashMap;
+
+use prost_reflect::MessageDescriptor;
+
+use super::json::pool;
+
+/// Path (after the version prefix), gRPC service, method: as etcd 3.4.
+/// `HashKV` and `Downgrade` have no path in etcd 3.4's gateway, so none here.
+const BINDINGS: &[(&str, &str, &str)] = &[
+    ("kv/range", "KV", "Range"),
+    ("kv/put", "KV", "Put"),
+    ("kv/deleterange", "KV", "DeleteRange"),
+    ("kv/txn", "KV", "Txn"),
+    ("kv/compaction", "KV", "Compact"),
+    ("watch", "Watch", "Watch"),
+    ("lease/grant", "Lease", "LeaseGrant"),
+    ("lease/revoke", "Lease", "LeaseRevoke"),
+    ("kv/lease/revoke", "Lease", "LeaseRevoke"),
+    ("lease/keepalive", "Lease", "LeaseKeepAlive"),
+    ("lease/timetolive", "Lease", "LeaseTimeToLive"),
+    ("kv/lease/timetolive", "Lease", "LeaseTimeToLive"),
+    ("lease/leases", "Lease", "LeaseLeases"),
+    ("kv/lease/leases", "Lease", "LeaseLeases"),
+    ("cluster/member/add", "Cluster", "MemberAdd"),
+    ("cluster/member/remove", "Cluster", "MemberRemove"),
+    ("cluster/member/update", "Cluster", "MemberUpdate"),
+    ("cluster/member/list", "Cluster", "MemberList"),
+    ("cluster/member/promote", "Cluster", "MemberPromote"),
+    ("maintenance/alarm", "Maintenance", "Alarm"),
+    ("maintenance/status", "Maintenance", "Status"),
+    ("maintenance/defragment", "Maintenance", "Defragment"),
+    ("maintenance/hash", "Maintenance", "Hash"),
+    ("maintenance/snapshot", "Maintenance", "Snapshot"),
+    (
+        "maintenance/transfer-leadership",
+        "Maintenance",
+        "MoveLeader",
+    ),
+    ("auth/enable", "Auth", "AuthEnable"),
+    ("auth/disable", "Auth", "AuthDisable"),
+    ("auth/status", "Auth", "AuthStatus"),
+    ("auth/authenticate", "Auth", "Authenticate"),
+    ("auth/user/add", "Auth", "UserAdd"),
+    ("auth/user/get", "Auth", "UserGet"),
+    ("auth/user/list", "Auth", "UserList"),
+    ("auth/user/delete", "Auth", "UserDelete"),
+    ("auth/user/changepw", "Auth", "UserChangePassword"),
+    ("auth/user/grant", "Auth", "UserGrantRole"),
+    ("auth/user/revoke", "Auth", "UserRevokeRole"),
+    ("auth/role/add", "Auth", "RoleAdd"),
+    ("auth/role/get", "Auth", "RoleGet"),
+    ("auth/role/list", "Auth", "RoleList"),
+    ("auth/role/delete", "Auth", "RoleDelete"),
+    ("auth/role/grant", "Auth", "RoleGrantPermission"),
+    ("auth/role/revoke", "Auth", "RoleRevokePermission"),
+];
+
+/// The version prefixes etcd 3.4 serves the gateway under.
+pub const PREFIXES: &[&str] = &["/v3/", "/v3beta/"];
+
+/// One gRPC method reachable from the gateway.
+#[derive(Debug, Clone)]
+pub struct Route {
+    /// The gRPC request path, `/etcdserverpb.KV/Range`.
+    pub grpc_path: String,
+    pub input: MessageDescriptor,
+    pub output: MessageDescriptor,
+    pub client_streaming: bool,
+    pub server_streaming: bool,
+}
+
+/// Every gateway path with its method.
+#[derive(Debug)]
+pub struct RouteTable {
+    routes: HashMap<String, Route>,
+}
+
+impl RouteTable {
+    /// Builds the table from the compiled descriptors. A binding naming a method
+    /// the schema lacks is a build mistake, caught by this module's test.
+    pub fn build() -> RouteTable {
+        let mut routes = HashMap::new();
+        for &(path, service, method) in BINDINGS {
+            let Some(route) = route_for(service, method) else {
+                tracing::error!(service, method, "gateway binding names no compiled method");
+                continue;
+            };
+            for prefix in PREFIXES {
+                routes.insert(format!("{prefix}{path}"), route.clone());
+            }
+        }
+        RouteTable { routes }
+    }
+
+    pub fn get(&self, path: &str) -> Option<&Route> {
+        self.routes.get(path)
+    }
+
+    /// Whether `path` is under a gateway prefix (an unknown path there gets the
+    /// gateway's own 404 body).
+    pub fn is_gateway_path(path: &str) -> bool {
+        PREFIXES.iter().any(|p| path.starts_with(p))
+    }
+}
+
+fn route_for(service: &str, method: &str) -> Option<Route> {
+    let service = pool().get_service_by_name(&format!("etcdserverpb.{service}"))?;
+    let method = service.methods().find(|m| m.name() == method)?;
+    Some(Route {
+        grpc_path: format!("/{}/{}", service.full_name(), method.name()),
+        input: method.input(),
+        output: method.output(),
+        client_streaming: method.is_client_streaming(),
+        server_streaming: method.is_server_streaming(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_binding_names_a_compiled_method() {
+        for &(path, service, method) in BINDINGS {
+            assert!(
+                route_for(service, method).is_some(),
+                "{path}: etcdserverpb.{service}/{method} is not in the schema"
+            );
+        }
+        let table = RouteTable::build();
+        let watch = table.get("/v3beta/watch").expect("watch bound");
+        assert!(watch.client_streaming && watch.server_streaming);
+        assert_eq!(watch.grpc_path, "/etcdserverpb.Watch/Watch");
+        let put = table.get("/v3/kv/put").expect("put bound");
+        assert_eq!(put.input.full_name(), "etcdserverpb.PutRequest");
+        assert!(!put.client_streaming && !put.server_streaming);
+        assert!(table.get("/v3alpha/kv/put").is_none());
+        assert!(table.get("/v3/maintenance/hashkv").is_none());
+    }
+}
