@@ -694,6 +694,16 @@ mod tests {
         let mut buf = AlignedBuf::with_capacity(0);
         h.encode(&mut buf);
         assert_eq!(SegmentHeader::decode(&buf), Ok(h));
+        // A segment of format version 1 is refused by name, not misread.
+        let mut v1 = buf.to_vec();
+        put_u32(&mut v1, SEG_VERSION_OFFSET, 1);
+        let c = crc32fast::hash(&v1[..SEG_CRC_OFFSET]);
+        put_u32(&mut v1, SEG_CRC_OFFSET, c);
+        let e = SegmentHeader::decode(&v1).unwrap_err();
+        assert!(
+            e.contains("format version 1") && e.contains("version 2 only"),
+            "{e}"
+        );
         buf[20] ^= 1;
         assert!(SegmentHeader::decode(&buf).is_err());
     }

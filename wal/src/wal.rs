@@ -1,4 +1,5 @@
-//! The log itself: group commit, segments, reads, release and recovery.
+//! The log itself: group commit, segments and release; reads, recovery,
+//! spares and the backend choice live in the modules below.
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -11,20 +12,25 @@ use bytes::Bytes;
 use hdrhistogram::Histogram;
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
-use tracing::{debug, error, info, warn};
+use tracing::{debug, error, info};
 
 use crate::buf::{AlignedBuf, BLOCK_BYTES};
-use crate::config::{BackendChoice, Config};
-use crate::error::{AppendError, OpenError, Poison, ReadError};
+use crate::config::Config;
+use crate::error::{AppendError, OpenError, Poison};
 use crate::record::{
-    self, Decoded, Entry, HardState, Lsn, Record, SegmentHeader, ShardId, BATCH_RECORD_BYTES,
-    RECORD_HEADER_BYTES, SEGMENT_DATA_OFFSET,
+    self, Entry, HardState, Lsn, Record, SegmentHeader, ShardId, BATCH_RECORD_BYTES,
+    SEGMENT_DATA_OFFSET,
 };
-use crate::storage::{Storage, StorageFile, SyncOptions, SyncStorage};
-use crate::uring::{Uring, UringOptions, UringStorage};
+use crate::storage::{Storage, StorageFile};
 
+mod backend;
+mod read;
 mod recover;
+mod spares;
+use backend::lock_dir;
+pub use backend::{select_storage, LOCK_FILE_NAME};
 use recover::recover;
+use spares::maintenance;
 
 /// File name of segment `seq` whose first record has LSN `first_lsn`:
 /// `{seq:016x}-{first_lsn:016x}.wal`, so a directory listing sorts in log order.
@@ -229,116 +235,6 @@ pub struct Wal {
     tasks: Vec<JoinHandle<()>>,
 }
 
-/// Picks the backend for `cfg`, logging one line with the choice and why.
-pub fn select_storage(cfg: &Config) -> Result<Rc<dyn Storage>, OpenError> {
-    let io = |source| OpenError::Io {
-        path: cfg.dir.clone(),
-        source,
-    };
-    match cfg.backend {
-        BackendChoice::Sync(opts) => {
-            info!(backend = "sync", reason = "configured", dir = %cfg.dir.display(), "wal I/O backend");
-            Ok(Rc::new(SyncStorage::new(&cfg.dir, opts).map_err(io)?))
-        }
-        BackendChoice::Uring(opts) => {
-            let ring = ring_for(&opts).map_err(|e| OpenError::UringUnavailable {
-                dir: cfg.dir.clone(),
-                reason: uring_reason(&e),
-            })?;
-            info!(backend = "uring", reason = "configured", dir = %cfg.dir.display(), "wal I/O backend");
-            Ok(Rc::new(
-                UringStorage::new(&cfg.dir, ring, opts).map_err(io)?,
-            ))
-        }
-        BackendChoice::Auto => open_preferring_uring(cfg, Default::default(), Default::default()),
-        BackendChoice::UringOr(uring, sync) => open_preferring_uring(cfg, uring, sync),
-    }
-}
-
-/// The core's shared ring, or a ring of its own when `opts` asks for another size.
-fn ring_for(opts: &UringOptions) -> io::Result<Uring> {
-    if opts.ring_entries == crate::uring::DEFAULT_RING_ENTRIES {
-        Uring::for_this_core()
-    } else {
-        Uring::new(opts.ring_entries)
-    }
-}
-
-/// io_uring with `uring` options when this core can have a ring, else the sync
-/// backend with `sync` options; one log line says which and why.
-fn open_preferring_uring(
-    cfg: &Config,
-    uring: UringOptions,
-    sync: SyncOptions,
-) -> Result<Rc<dyn Storage>, OpenError> {
-    let io = |source| OpenError::Io {
-        path: cfg.dir.clone(),
-        source,
-    };
-    match ring_for(&uring) {
-        Ok(ring) => {
-            info!(backend = "uring", reason = "io_uring available", dir = %cfg.dir.display(), "wal I/O backend");
-            Ok(Rc::new(
-                UringStorage::new(&cfg.dir, ring, uring).map_err(io)?,
-            ))
-        }
-        Err(e) => {
-            let reason = uring_reason(&e);
-            info!(backend = "sync", reason = %reason, dir = %cfg.dir.display(), "wal I/O backend");
-            Ok(Rc::new(SyncStorage::new(&cfg.dir, sync).map_err(io)?))
-        }
-    }
-}
-
-/// Name of the lock file `Wal::open` holds in the WAL directory.
-pub const LOCK_FILE_NAME: &str = "LOCK";
-
-fn lock_dir(dir: &std::path::Path) -> Result<std::fs::File, OpenError> {
-    use std::os::fd::AsRawFd;
-    let io = |source| OpenError::Io {
-        path: dir.join(LOCK_FILE_NAME),
-        source,
-    };
-    std::fs::create_dir_all(dir).map_err(io)?;
-    let f = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(dir.join(LOCK_FILE_NAME))
-        .map_err(io)?;
-    // SAFETY: flock on a descriptor we own; no memory is involved.
-    let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-    if r != 0 {
-        let e = io::Error::last_os_error();
-        if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-            return Err(OpenError::Locked {
-                dir: dir.to_path_buf(),
-            });
-        }
-        return Err(io(e));
-    }
-    Ok(f)
-}
-
-/// Why io_uring cannot be used, in an operator's words.
-fn uring_reason(e: &io::Error) -> String {
-    let sysctl = std::fs::read_to_string("/proc/sys/kernel/io_uring_disabled")
-        .ok()
-        .map(|s| s.trim().to_string());
-    match e.raw_os_error() {
-        Some(libc::ENOSYS) => "kernel has no io_uring (ENOSYS: too old or built without it)".into(),
-        Some(libc::EPERM) | Some(libc::EACCES) => match sysctl.as_deref() {
-            Some(v @ ("1" | "2")) => {
-                format!("io_uring disabled by sysctl kernel.io_uring_disabled={v}")
-            }
-            _ => {
-                format!("io_uring forbidden ({e}): a seccomp profile or security policy blocks it")
-            }
-        },
-        _ => format!("io_uring setup failed: {e}"),
-    }
-}
-
 impl Wal {
     /// Opens (or creates) the WAL in `cfg.dir` with the configured backend and
     /// recovers its contents. Must be called inside a `LocalSet`.
@@ -506,152 +402,6 @@ impl Wal {
     /// The last hard state appended for `shard`.
     pub fn hard_state(&self, shard: ShardId) -> Option<HardState> {
         self.inner.st.borrow().shards.get(&shard)?.hard_state
-    }
-
-    /// Entries `lo..hi` of `shard`, from the tail cache or the segments.
-    /// Entries not yet durable are served from memory.
-    pub async fn entries(&self, shard: ShardId, lo: u64, hi: u64) -> Result<Vec<Entry>, ReadError> {
-        self.entries_limited(shard, lo, hi, u64::MAX).await
-    }
-
-    /// Like [`Wal::entries`], but stops before the entry that would take the
-    /// payload total past `max_bytes`; the first entry is always returned.
-    pub async fn entries_limited(
-        &self,
-        shard: ShardId,
-        lo: u64,
-        hi: u64,
-        max_bytes: u64,
-    ) -> Result<Vec<Entry>, ReadError> {
-        if lo >= hi {
-            return Ok(Vec::new());
-        }
-        let (metas, files) = {
-            let st = self.inner.st.borrow();
-            let Some(log) = st.shards.get(&shard).filter(|l| !l.entries.is_empty()) else {
-                return Err(ReadError::Unavailable {
-                    shard,
-                    index: lo,
-                    last_index: 0,
-                });
-            };
-            let first = log.entries.front().expect("non-empty").index;
-            let last = log.entries.back().expect("non-empty").index;
-            if lo < first {
-                return Err(ReadError::Compacted {
-                    shard,
-                    index: lo,
-                    first_index: first,
-                });
-            }
-            if hi > last + 1 {
-                return Err(ReadError::Unavailable {
-                    shard,
-                    index: hi - 1,
-                    last_index: last,
-                });
-            }
-            let mut total = 0u64;
-            let metas: Vec<EntryMeta> = log
-                .entries
-                .range((lo - first) as usize..(hi - first) as usize)
-                .enumerate()
-                .take_while(|(i, m)| {
-                    // The encoded length bounds the payload from above.
-                    let payload = (m.len as usize).saturating_sub(RECORD_HEADER_BYTES) as u64;
-                    total = total.saturating_add(payload);
-                    *i == 0 || total <= max_bytes
-                })
-                .map(|(_, m)| m.clone())
-                .collect();
-            let mut files = HashMap::new();
-            for m in metas.iter().filter(|m| m.data.is_none()) {
-                if let std::collections::hash_map::Entry::Vacant(v) = files.entry(m.seq) {
-                    let seg = st.segments.get(&m.seq).unwrap_or_else(|| {
-                        panic!(
-                            "shard {shard} entry {} points at released segment {}",
-                            m.index, m.seq
-                        )
-                    });
-                    let file = seg.file.clone().unwrap_or_else(|| {
-                        panic!(
-                            "shard {shard} entry {} evicted before segment {} was written",
-                            m.index, m.seq
-                        )
-                    });
-                    v.insert((seg.name.clone(), file));
-                }
-            }
-            (metas, files)
-        };
-        let mut out = Vec::with_capacity(metas.len());
-        let mut i = 0;
-        while i < metas.len() {
-            if let Some(d) = &metas[i].data {
-                out.push(Entry {
-                    index: metas[i].index,
-                    term: metas[i].term,
-                    data: d.clone(),
-                });
-                i += 1;
-                continue;
-            }
-            // Coalesce a run of cold entries that sit back to back in one segment.
-            let start = metas[i].offset;
-            let mut j = i + 1;
-            let mut end = start + metas[i].len as u64;
-            while j < metas.len()
-                && metas[j].data.is_none()
-                && metas[j].seq == metas[i].seq
-                && metas[j].offset >= end
-                && metas[j].offset + metas[j].len as u64 - start
-                    <= crate::config::MAX_READ_BYTES as u64
-            {
-                end = metas[j].offset + metas[j].len as u64;
-                j += 1;
-            }
-            let (name, file) = &files[&metas[i].seq];
-            let path = self.inner.storage.path_of(name);
-            let bytes = file
-                .read_at(start, (end - start) as usize)
-                .await
-                .map_err(|source| ReadError::Io {
-                    file: path.clone(),
-                    offset: start,
-                    source,
-                })?;
-            let bytes = Bytes::from(bytes);
-            for m in &metas[i..j] {
-                let at = (m.offset - start) as usize;
-                let corrupt = |reason: String| ReadError::Corrupt {
-                    file: path.clone(),
-                    offset: m.offset,
-                    reason,
-                };
-                match record::decode(m.seq, &bytes, at) {
-                    Ok((
-                        Decoded::Record(Record::Entry {
-                            shard: s,
-                            index,
-                            term,
-                            data,
-                        }),
-                        _,
-                    )) if s == shard && index == m.index && term == m.term => {
-                        out.push(Entry { index, term, data })
-                    }
-                    Ok((other, _)) => {
-                        return Err(corrupt(format!(
-                            "expected shard {shard} entry {} term {}, found {other:?}",
-                            m.index, m.term
-                        )))
-                    }
-                    Err(inv) => return Err(corrupt(inv.to_string())),
-                }
-            }
-            i = j;
-        }
-        Ok(out)
     }
 
     /// Says `shard` no longer needs entries up to `index` (applied and
@@ -1121,60 +871,6 @@ impl Inner {
         info!(segment = %name, "wal segment started");
         Ok(file)
     }
-
-    async fn prepare_spare(&self) -> io::Result<String> {
-        let name = {
-            let mut st = self.st.borrow_mut();
-            st.next_spare_id += 1;
-            spare_name(st.next_spare_id)
-        };
-        let result = async {
-            let file = self.storage.open(&name, true)?;
-            file.set_len(self.cfg.segment_size_bytes)?;
-            self.zero_fill(file.as_ref()).await?;
-            self.storage.sync_dir().await?;
-            Ok(())
-        }
-        .await;
-        match result {
-            Ok(()) => Ok(name),
-            Err(e) => {
-                let _ = self.storage.remove(&name);
-                Err(e)
-            }
-        }
-    }
-
-    /// Zero-fills a spare that may hold old bytes. On failure the file stays
-    /// where it is, out of the pool; the next open zero-fills it again.
-    async fn clean_spare(&self, name: &str) -> io::Result<()> {
-        let file = self.storage.open(name, false)?;
-        if file.size_bytes()? != self.cfg.segment_size_bytes {
-            file.set_len(self.cfg.segment_size_bytes)?;
-        }
-        self.zero_fill(file.as_ref()).await
-    }
-
-    /// Writes zeros over the whole segment-sized `file` and syncs it.
-    async fn zero_fill(&self, file: &dyn StorageFile) -> io::Result<()> {
-        // Writing real zeros (not just fallocate) means a later data sync
-        // never converts extents or changes metadata.
-        let mut zeros = AlignedBuf::with_capacity(self.cfg.zero_chunk_bytes);
-        zeros.extend_zeros(self.cfg.zero_chunk_bytes);
-        let mut off = 0u64;
-        while off < self.cfg.segment_size_bytes {
-            let n = (self.cfg.segment_size_bytes - off).min(self.cfg.zero_chunk_bytes as u64);
-            zeros.set_len(n as usize);
-            let (b, r) = file.write_at(off, zeros).await;
-            zeros = b;
-            r?;
-            off += n;
-            if self.st.borrow().closed {
-                return Err(io::Error::other("wal closing"));
-            }
-        }
-        file.sync_data().await
-    }
 }
 
 async fn flusher(inner: Rc<Inner>) {
@@ -1260,104 +956,6 @@ async fn flusher(inner: Rc<Inner>) {
         inner.space_wake.notify_waiters();
         if let Some(obs) = inner.observer.borrow_mut().as_mut() {
             obs(&event);
-        }
-    }
-}
-
-async fn maintenance(inner: Rc<Inner>) {
-    // After a failed preparation, try again only when woken (by the flusher
-    // needing a segment, or by a release that may have freed space).
-    let mut retry = false;
-    loop {
-        let (closed, recycle, dirty, want_spare) = {
-            let mut st = inner.st.borrow_mut();
-            let closed = st.closed || st.poison.is_some();
-            let recycle = st.to_recycle.pop_front();
-            let may = st.spare_error.is_none() || retry;
-            // It stays listed until it is clean, so `settle` sees the work.
-            let dirty = if recycle.is_none() && may {
-                st.dirty_spares.front().cloned()
-            } else {
-                None
-            };
-            let want = st.spares.len() + st.dirty_spares.len() < inner.cfg.spare_segments && may;
-            (closed, recycle, dirty, want)
-        };
-        if closed {
-            return;
-        }
-        if let Some(name) = recycle {
-            recycle_segment(&inner, name).await;
-            continue;
-        }
-        let prepared = if let Some(name) = dirty {
-            retry = false;
-            let r = inner.clean_spare(&name).await;
-            inner.st.borrow_mut().dirty_spares.retain(|d| *d != name);
-            r.map(|()| name)
-        } else if want_spare {
-            retry = false;
-            inner.prepare_spare().await
-        } else {
-            inner.maint_wake.notified().await;
-            retry = true;
-            continue;
-        };
-        match prepared {
-            Ok(name) => {
-                debug!(spare = %name, "wal spare segment zero-filled");
-                let mut st = inner.st.borrow_mut();
-                st.spares.push_back(name);
-                st.spare_error = None;
-            }
-            Err(e) => {
-                if !inner.st.borrow().closed {
-                    warn!(error = %e, dir = %inner.cfg.dir.display(), "wal could not prepare a spare segment");
-                }
-                inner.st.borrow_mut().spare_error = Some(e);
-            }
-        }
-        inner.spare_ready.notify_one();
-    }
-}
-
-async fn recycle_segment(inner: &Inner, name: String) {
-    let keep = {
-        let st = inner.st.borrow();
-        st.spares.len() + st.dirty_spares.len() < inner.cfg.max_spare_segments
-    };
-    let r = if keep {
-        let spare = {
-            let mut st = inner.st.borrow_mut();
-            st.next_spare_id += 1;
-            spare_name(st.next_spare_id)
-        };
-        match inner.storage.rename(&name, &spare) {
-            // One rename per directory sync: a crash never leaves a gap in
-            // the sequence of segments.
-            Ok(()) => inner.storage.sync_dir().await.map(|()| Some(spare)),
-            Err(e) => Err(e),
-        }
-    } else {
-        match inner.storage.remove(&name) {
-            Ok(()) => inner.storage.sync_dir().await.map(|()| None),
-            Err(e) => Err(e),
-        }
-    };
-    match r {
-        Ok(spare) => {
-            let mut st = inner.st.borrow_mut();
-            st.metrics.segments_recycled += 1;
-            if let Some(s) = spare {
-                // Its old records stay until it is zero-filled, before reuse.
-                debug!(segment = %name, spare = %s, "wal segment recycled");
-                st.dirty_spares.push_back(s);
-            }
-        }
-        Err(e) => {
-            // Later segments stay in place; recycling resumes at the next open.
-            warn!(segment = %name, error = %e, "wal could not recycle segment");
-            inner.st.borrow_mut().to_recycle.clear();
         }
     }
 }
