@@ -88,8 +88,8 @@ pub use config::{
 };
 pub use error::{AppendError, OpenError, Poison, ReadError};
 pub use record::{
-    Entry, HardState, Lsn, Record, ShardId, RECORD_ALIGN_BYTES, RECORD_HEADER_BYTES,
-    SEGMENT_DATA_OFFSET,
+    lone_record_payload_bytes, Entry, HardState, Lsn, Record, ShardId, RECORD_ALIGN_BYTES,
+    RECORD_HEADER_BYTES, SEGMENT_DATA_OFFSET,
 };
 pub use storage::{IoFuture, Storage, StorageFile, SyncOptions, SyncStorage};
 pub use uring::{

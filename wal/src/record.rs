@@ -78,6 +78,18 @@ const _: () = assert!(
         + map_bytes(BLOCK_BYTES / SECTOR_BYTES)
         <= BLOCK_BYTES
 );
+/// The largest payload of a record appended alone whose batch stays within
+/// `batch_bytes` (a whole number of blocks): the batch record, the record,
+/// and the closing pad with its sector map.
+pub const fn lone_record_payload_bytes(batch_bytes: usize) -> usize {
+    let overhead =
+        BATCH_RECORD_BYTES + 2 * RECORD_HEADER_BYTES + map_bytes(batch_bytes / SECTOR_BYTES);
+    let room = batch_bytes.saturating_sub(overhead);
+    room - room % RECORD_ALIGN_BYTES
+}
+// The lone record of a one-block batch is the 3900 bytes asserted above, at least.
+const _: () = assert!(lone_record_payload_bytes(BLOCK_BYTES) >= 3900);
+
 /// Sector flags per byte of a pad's zero-sector map; the top bit of every map
 /// byte is set, so no map byte (and no sector of a pad) is ever zero.
 const MAP_BITS_PER_BYTE: usize = 7;

@@ -13,7 +13,6 @@ use bytes::Bytes;
 use cairn_wal::{
     AlignedBuf as WalBuf, AppendError, BackendChoice, Config, DirectIo, OpenError, Record, Storage,
     SyncOptions, SyncStorage, Uring, UringOptions, UringStorage, Wal, DEFAULT_RING_ENTRIES,
-    RECORD_ALIGN_BYTES, RECORD_HEADER_BYTES,
 };
 use std::cell::RefCell;
 use std::path::{Path, PathBuf};
@@ -35,10 +34,10 @@ pub fn uring_sync_mode(mode: SyncMode) -> Option<cairn_wal::SyncMode> {
     }
 }
 
-/// Payload bytes of a record that occupies `block_size_bytes` on disk with its header.
+/// Payload bytes of a record appended alone whose write is `block_size_bytes`
+/// on disk, the WAL's batch framing included.
 pub fn payload_bytes(block_size_bytes: usize) -> usize {
-    let payload = block_size_bytes.saturating_sub(RECORD_HEADER_BYTES);
-    payload - payload % RECORD_ALIGN_BYTES
+    cairn_wal::lone_record_payload_bytes(block_size_bytes)
 }
 
 fn unsupported_mode(exp: &Experiment) -> ExperimentError {
