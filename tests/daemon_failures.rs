@@ -287,17 +287,23 @@ async fn put_keys(
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn member_behind_the_compacted_log_catches_up_by_snapshot() {
-    let mut cluster = Cluster::start(
+/// Three members that compact their logs after 100 entries, writable; the
+/// index of shard 0's leader and of a follower.
+async fn compacting_cluster() -> (Cluster, usize, usize) {
+    let cluster = Cluster::start(
         3,
         &["--shards", "1", "--cores", "1", "--snapshot-count", "100"],
     );
     let mut c = client(&cluster.members[0].endpoint()).await;
     wait_writable(&mut c, "/warmup").await;
-    // Take down a follower (any member but the leader).
     let leader = shard0_leader(&cluster).await;
-    let down = (leader + 1) % 3;
+    (cluster, leader, (leader + 1) % 3)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn member_behind_the_compacted_log_catches_up_by_snapshot() {
+    // Take down a follower (any member but the leader).
+    let (mut cluster, _, down) = compacting_cluster().await;
     cluster.members[down].kill9();
     let up: Vec<String> = cluster
         .members
@@ -331,14 +337,7 @@ async fn member_behind_the_compacted_log_catches_up_by_snapshot() {
 /// the others, and the member table the snapshot carried.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_killed_during_a_snapshot_install_recovers() {
-    let mut cluster = Cluster::start(
-        3,
-        &["--shards", "1", "--cores", "1", "--snapshot-count", "100"],
-    );
-    let mut c = client(&cluster.members[0].endpoint()).await;
-    wait_writable(&mut c, "/warmup").await;
-    let leader = shard0_leader(&cluster).await;
-    let down = (leader + 1) % 3;
+    let (mut cluster, leader, down) = compacting_cluster().await;
     let mut c = client(&cluster.members[leader].endpoint()).await;
     let mut acks = Acks::default();
     let mut learner_url = None;

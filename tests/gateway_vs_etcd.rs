@@ -431,18 +431,14 @@ fn gateway_answers_as_etcd_does() {
     assert!(el[0]["result"]["blob"].is_string(), "{}", el[0]);
     assert!(cl[0]["result"]["blob"].is_string(), "{}", cl[0]);
 
-    // MoveLeader is not served yet: Unimplemented, with its gRPC message.
-    let ca = post(
+    // MoveLeader to a member that does not exist: etcd's refusal.
+    let (ea, ca) = both(
+        e,
         c,
         "/v3/maintenance/transfer-leadership",
         r#"{"targetID":"5"}"#,
     );
-    assert_eq!(ca.status, 501, "{}", ca.text());
-    assert_eq!(ca.json()["code"], 12);
-    assert!(ca.json()["message"]
-        .as_str()
-        .unwrap()
-        .contains("MoveLeader"));
+    same_error("MoveLeader to an unknown member", &ea, &ca, true);
 
     // A token in `Authorization` goes to the call. etcd checks it even with
     // auth off (an unknown one is 401, code 16); Cairn, without its Auth

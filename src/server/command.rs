@@ -151,6 +151,12 @@ pub enum ShardCommand {
     LeaseList {
         reply: Reply<Vec<i64>>,
     },
+    /// Hands the shard's leadership to member `to`, if this member leads it
+    /// (etcd's MoveLeader); answered once the transfer has started.
+    TransferLeader {
+        to: u64,
+        reply: Reply<()>,
+    },
 }
 
 /// Identifies a watcher on a shard: the stream it belongs to and its id there.

@@ -58,6 +58,8 @@ pub enum ApiError {
     LearnerNotReady,
     #[error("etcdserver: bad leader transferee")]
     BadLeaderTransferee,
+    #[error("etcdserver: request timed out, leader transfer took too long")]
+    LeaderTransferTimeout,
     #[error("etcdserver: corrupt cluster")]
     Corrupt,
     /// This member does not lead the shard a membership change needs; the
@@ -105,6 +107,7 @@ impl ApiError {
             | LeaderChanged
             | Stopped
             | Timeout
+            | LeaderTransferTimeout
             | NotLeader { .. }
             | NotSupportedForLearner => Code::Unavailable,
             Corrupt => Code::DataLoss,

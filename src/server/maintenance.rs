@@ -18,9 +18,10 @@ use futures::future::join_all;
 use tonic::{Request, Response, Status};
 
 use super::backup::BackupEncoder;
-use super::command::{ShardCommand, ShardHash, ShardStatus};
+use super::command::{ShardCommand, ShardHash, ShardStatus, REQUEST_TIMEOUT};
 use super::errors::ApiError;
 use super::kv::Identity;
+use super::members::MemberRegistry;
 use super::router::Router;
 
 /// How long defragmenting one shard's store may take before the client is
@@ -35,7 +36,11 @@ pub const ETCD_API_VERSION: &str = "3.4.0";
 pub struct MaintenanceService {
     pub router: Arc<Router>,
     pub identity: Identity,
+    pub members: Arc<MemberRegistry>,
 }
+
+/// How often MoveLeader looks whether the transfers are done.
+const MOVE_LEADER_POLL: std::time::Duration = std::time::Duration::from_millis(50);
 
 impl MaintenanceService {
     /// Combines per-shard hashes into one member hash. One shard: its hash as is.
@@ -259,11 +264,52 @@ impl Maintenance for MaintenanceService {
         )))
     }
 
+    /// Moves the leadership of every shard this member leads to the target,
+    /// as etcd moves its one group's: a target that is unknown or a learner
+    /// is refused, a member that leads nothing is not the leader, and the
+    /// answer comes once the target leads them all.
     async fn move_leader(
         &self,
-        _: Request<MoveLeaderRequest>,
+        request: Request<MoveLeaderRequest>,
     ) -> Result<Response<MoveLeaderResponse>, Status> {
-        Err(ApiError::Unsupported("MoveLeader").into())
+        let target = request.into_inner().target_id;
+        if self.members.get(target).is_none_or(|m| m.is_learner) {
+            return Err(ApiError::BadLeaderTransferee.into());
+        }
+        let me = self.identity.member_id;
+        let statuses = self.router.all_status().await?;
+        let led: Vec<_> = statuses
+            .iter()
+            .filter(|s| s.leader == me)
+            .map(|s| s.shard)
+            .collect();
+        if led.is_empty() {
+            let leader = statuses.first().map_or(0, |s| s.leader);
+            return Err(ApiError::NotLeader { leader }.into());
+        }
+        for r in join_all(led.iter().map(|&s| self.router.transfer_leader(s, target))).await {
+            r?;
+        }
+        let deadline = tokio::time::Instant::now() + REQUEST_TIMEOUT;
+        let moved = loop {
+            let statuses: Vec<ShardStatus> = join_all(led.iter().map(|&s| self.router.status(s)))
+                .await
+                .into_iter()
+                .filter_map(Result::ok)
+                .collect();
+            if statuses.len() == led.len() && statuses.iter().all(|s| s.leader == target) {
+                break statuses;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(ApiError::LeaderTransferTimeout.into());
+            }
+            tokio::time::sleep(MOVE_LEADER_POLL).await;
+        };
+        let revision = moved.iter().map(|s| s.revision).max().unwrap_or(0);
+        let term = moved.iter().map(|s| s.term).max().unwrap_or(0);
+        Ok(Response::new(MoveLeaderResponse {
+            header: Some(self.identity.header(revision, term)),
+        }))
     }
 
     async fn downgrade(

@@ -926,6 +926,7 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
         let maintenance = MaintenanceService {
             router: shared.router.clone(),
             identity: shared.identity.clone(),
+            members: shared.members.clone(),
         };
         let watch = super::watch::WatchService {
             router: shared.router.clone(),

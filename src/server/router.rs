@@ -130,6 +130,12 @@ impl Router {
             .await
     }
 
+    /// Starts handing `shard`'s leadership to member `to`.
+    pub async fn transfer_leader(&self, shard: ShardId, to: u64) -> Result<(), ApiError> {
+        self.ask(shard, |reply| ShardCommand::TransferLeader { to, reply })
+            .await
+    }
+
     pub async fn hash_kv(&self, shard: ShardId, revision: i64) -> Result<ShardHash, ApiError> {
         self.ask(shard, |reply| ShardCommand::HashKv { revision, reply })
             .await

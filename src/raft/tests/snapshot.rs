@@ -4,10 +4,9 @@
 use super::harness::Network;
 use crate::raft::{MessageType, ProgressState, SnapshotStatus, StateRole};
 
-// Raft paper 7: when the entries a follower needs are compacted, the leader
-// sends its snapshot; the follower replaces its log and catches up.
-#[test]
-fn lagging_follower_installs_snapshot() {
+/// Member 3 cut off while the leader commits ten entries and compacts its
+/// log past them; the compaction index.
+fn lagging_follower() -> (Network, u64) {
     let mut net = Network::new(3);
     net.campaign(1);
     net.isolate(3);
@@ -15,6 +14,14 @@ fn lagging_follower_installs_snapshot() {
         net.propose(1, &format!("v{i}")).unwrap();
     }
     let index = net.compact(1);
+    (net, index)
+}
+
+// Raft paper 7: when the entries a follower needs are compacted, the leader
+// sends its snapshot; the follower replaces its log and catches up.
+#[test]
+fn lagging_follower_installs_snapshot() {
+    let (mut net, index) = lagging_follower();
     assert!(net.node(1).status().first_index > 1);
     net.heal();
     net.tick_all(3);
@@ -152,25 +159,15 @@ fn failed_snapshot_is_retried() {
 // driver holds the data of exactly the snapshot this names.
 #[test]
 fn the_pending_snapshot_is_the_one_taken() {
-    let scenario = || {
-        let mut net = Network::new(3);
-        net.campaign(1);
-        net.isolate(3);
-        for i in 0..10 {
-            net.propose(1, &format!("v{i}")).unwrap();
-        }
-        let index = net.compact(1);
-        (net, index)
-    };
     // The snapshot the leader sends once the follower is reachable.
-    let (mut net, index) = scenario();
+    let (mut net, index) = lagging_follower();
     net.heal();
     net.tick_all(3);
     let snap = net.take_sent(MessageType::MsgSnap).remove(0);
     assert_eq!(net.node(3).pending_snapshot_index(), None, "persisted");
 
     // The same state again, the snapshot stepped by hand.
-    let (mut net, same_index) = scenario();
+    let (mut net, same_index) = lagging_follower();
     assert_eq!(same_index, index);
     assert_eq!(net.node(3).pending_snapshot_index(), None);
     net.node(3).step(snap.clone()).unwrap();

@@ -4,10 +4,42 @@
 use super::*;
 
 impl Shard {
+    /// etcd's MoveLeader for this shard: only its leader hands leadership
+    /// over, and only to a voter.
+    pub(super) fn transfer_leader(&mut self, to: u64) -> Result<(), ApiError> {
+        if let Some(reason) = &self.failed {
+            return Err(self.storage_error(reason.clone()));
+        }
+        let leader = self.node.leader_id();
+        if leader != self.member_id {
+            return Err(ApiError::NotLeader { leader });
+        }
+        if !self.node.status().conf_state.voters.contains(&to) {
+            return Err(ApiError::BadLeaderTransferee);
+        }
+        if to == self.member_id {
+            return Ok(());
+        }
+        tracing::info!(
+            shard = self.id,
+            term = self.node.term(),
+            to,
+            "moving leadership on request"
+        );
+        self.node
+            .transfer_leader(to)
+            .map_err(|e| self.storage_error(e.to_string()))
+    }
+
     /// A leader that is not its shard's preferred leader hands leadership over
     /// once the preferred member is caught up, after holding it for a while
     /// (so a member that just restarted is not handed leadership mid-recovery).
     pub(super) fn maybe_hand_over_leadership(&mut self) {
+        // Spreading leadership needs several shards; with one, the leader
+        // stays where elections or MoveLeader put it, as in etcd.
+        if !self.spreads_leadership {
+            return;
+        }
         let Some(since) = self.leader_since else {
             return;
         };

@@ -253,6 +253,9 @@ pub struct Shard {
     quota_backend_bytes: u64,
     snapshot_count: u64,
     preferred_leader: u64,
+    /// Whether leadership is handed to the preferred member: only when the
+    /// member runs several shards, whose leaders then spread over members.
+    spreads_leadership: bool,
     /// When this member last became leader, for the leadership-spreading check.
     leader_since: Option<Instant>,
     nospace_alarm: bool,
@@ -466,6 +469,9 @@ impl Shard {
             ShardCommand::LeaseList { reply } => {
                 let ids = self.store.leases().iter().map(|l| l.id).collect();
                 let _ = reply.send(Ok(ids));
+            }
+            ShardCommand::TransferLeader { to, reply } => {
+                let _ = reply.send(self.transfer_leader(to));
             }
         }
     }

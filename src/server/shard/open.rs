@@ -191,6 +191,7 @@ impl Shard {
             quota_backend_bytes: setup.quota_backend_bytes,
             snapshot_count: setup.snapshot_count,
             preferred_leader,
+            spreads_leadership: setup.members.shard_count() > 1,
             leader_since: None,
             nospace_alarm: false,
             failed: None,
