@@ -62,11 +62,13 @@ pub struct Member {
     child: Option<Child>,
     extra_args: Vec<String>,
     initial_cluster: String,
+    /// "http" or "https", for both ports.
+    scheme: &'static str,
 }
 
 impl Member {
     pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
+        format!("{}://127.0.0.1:{}", self.scheme, self.client_port)
     }
 
     fn spawn(&mut self) {
@@ -85,9 +87,9 @@ impl Member {
             .arg("--advertise-client-urls")
             .arg(self.endpoint())
             .arg("--listen-peer-urls")
-            .arg(format!("http://127.0.0.1:{}", self.peer_port))
+            .arg(self.peer_url())
             .arg("--initial-advertise-peer-urls")
-            .arg(format!("http://127.0.0.1:{}", self.peer_port))
+            .arg(self.peer_url())
             .arg("--initial-cluster")
             .arg(&self.initial_cluster)
             .arg("--initial-cluster-token")
@@ -175,7 +177,7 @@ impl Member {
     }
 
     pub fn peer_url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.peer_port)
+        format!("{}://127.0.0.1:{}", self.scheme, self.peer_port)
     }
 
     pub fn log_text(&self) -> String {
@@ -198,26 +200,42 @@ impl Cluster {
     /// Starts `n` members with `extra` flags each (e.g. `--shards 4`).
     pub fn start(n: usize, extra: &[&str]) -> Cluster {
         let dir = tempfile::tempdir().expect("tempdir");
+        let extra: Vec<Vec<String>> = (0..n)
+            .map(|_| extra.iter().map(|s| s.to_string()).collect())
+            .collect();
+        Cluster::start_each(dir, "http", &extra)
+    }
+
+    /// Starts one member per entry of `extra`, each with its own flags, in
+    /// `dir`, on `scheme` ("http" or "https") client and peer URLs.
+    pub fn start_each(
+        dir: tempfile::TempDir,
+        scheme: &'static str,
+        extra: &[Vec<String>],
+    ) -> Cluster {
+        let n = extra.len();
         let names: Vec<String> = (0..n).map(|i| format!("m{i}")).collect();
         let ports: Vec<(u16, u16)> = (0..n).map(|_| (free_port(), free_port())).collect();
         let initial_cluster = names
             .iter()
             .zip(&ports)
-            .map(|(name, (_, peer))| format!("{name}=http://127.0.0.1:{peer}"))
+            .map(|(name, (_, peer))| format!("{name}={scheme}://127.0.0.1:{peer}"))
             .collect::<Vec<_>>()
             .join(",");
         let mut members: Vec<Member> = names
             .iter()
             .zip(&ports)
-            .map(|(name, &(client_port, peer_port))| Member {
+            .zip(extra)
+            .map(|((name, &(client_port, peer_port)), extra)| Member {
                 name: name.clone(),
                 client_port,
                 peer_port,
                 data_dir: dir.path().join(format!("{name}.cairn")),
                 log: dir.path().join(format!("{name}.log")),
                 child: None,
-                extra_args: extra.iter().map(|s| s.to_string()).collect(),
+                extra_args: extra.clone(),
                 initial_cluster: initial_cluster.clone(),
+                scheme,
             })
             .collect();
         for m in &mut members {
@@ -237,7 +255,8 @@ impl Cluster {
             .iter()
             .map(|m| format!("{}={}", m.name, m.peer_url()))
             .collect();
-        initial_cluster.push(format!("{name}=http://127.0.0.1:{peer_port}"));
+        let scheme = self.members.first().map_or("http", |m| m.scheme);
+        initial_cluster.push(format!("{name}={scheme}://127.0.0.1:{peer_port}"));
         let mut extra_args: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
         extra_args.extend([
             "--initial-cluster-state".to_string(),
@@ -252,6 +271,7 @@ impl Cluster {
             child: None,
             extra_args,
             initial_cluster: initial_cluster.join(","),
+            scheme,
         });
         self.members.len() - 1
     }
