@@ -431,6 +431,59 @@ fn certificates_rotate_without_restart() {
 }
 
 #[test]
+fn a_member_joins_a_tls_cluster_over_tls() {
+    if !require_tool("etcdctl") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("cairn test CA");
+    let client = Certs::write(dir.path(), "client", &ca, "client");
+    let server = Certs::write(dir.path(), "server", &ca, "server");
+    let peer = Certs::write(dir.path(), "peer", &ca, "peer");
+    let flags = mutual_tls_flags(&server, &peer);
+    let mut cluster = Cluster::start_each(dir, "https", &vec![flags.clone(); 3]);
+    let good = client.etcdctl_args();
+    let eps = cluster.endpoints();
+    ctl_eventually(&cluster, &eps[0], &good, &["put", "/join/a", "1"]);
+    // The joiner asks the members for the table over their TLS peer ports,
+    // then replicates over TLS links.
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let joiner = cluster.new_joining_member("m3", &flags);
+    let peer_url = cluster.members[joiner].peer_url();
+    let (ok, out) = ctl(
+        &eps[1],
+        &good,
+        &[
+            "member",
+            "add",
+            "m3",
+            "--learner",
+            &format!("--peer-urls={peer_url}"),
+        ],
+    );
+    assert!(ok, "member add: {out}");
+    cluster.members[joiner].restart();
+    let endpoint = cluster.members[joiner].endpoint();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (ok, out) = ctl(
+            &endpoint,
+            &good,
+            &["get", "/join/a", "--consistency=s", "--print-value-only"],
+        );
+        if ok && out.trim() == "1" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the joiner never caught up: {out}\n{}",
+            cluster.logs()
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+#[test]
 fn auto_tls_encrypts_both_ports_with_self_signed_certificates() {
     if !require_tool("etcdctl") {
         return;
