@@ -1018,6 +1018,10 @@ async fn connect(shared: &LinkShared, target: &PeerTarget) -> Result<Connection,
         )
     })?
     .map_err(|e| format!("TLS handshake: {e}"))?;
+    session
+        .get_mut()
+        .1
+        .set_buffer_limit(Some(crate::tls::SEND_BUFFER_BYTES));
     dial_greeting(
         &mut session,
         peer_addr,

@@ -218,6 +218,10 @@ async fn accept_tls(
                 detail: e.to_string(),
             })?;
         let mut session = Box::new(session);
+        session
+            .get_mut()
+            .1
+            .set_buffer_limit(Some(crate::tls::SEND_BUFFER_BYTES));
         let mut prefix = [0u8; SNIFF_BYTES];
         let mut n = 0;
         while n < SNIFF_BYTES {

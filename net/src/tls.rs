@@ -38,6 +38,11 @@ pub trait TlsSource: Send + Sync + 'static {
     fn client_config(&self) -> Result<Arc<rustls::ClientConfig>, String>;
 }
 
+/// Encrypted bytes a session may hold before a write waits for the socket.
+/// rustls's default (64 KiB) makes every vectored write of a batch stop at
+/// one 64 KiB frame; at 1 MiB one write carries a batch as in clear.
+pub const SEND_BUFFER_BYTES: usize = 1 << 20;
+
 /// A shared [`TlsSource`]; two handles are equal when they share the source.
 #[derive(Clone)]
 pub struct PeerTls(pub Arc<dyn TlsSource>);
