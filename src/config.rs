@@ -13,6 +13,7 @@ use clap::Parser;
 use serde::Deserialize;
 
 use crate::member_file::MemberFile;
+use crate::tls::TlsFiles;
 
 /// etcd's default `--max-request-bytes` (1.5 MiB).
 pub const DEFAULT_MAX_REQUEST_BYTES: usize = 3 * 512 * 1024;
@@ -163,6 +164,57 @@ pub struct Flags {
     #[arg(long, value_name = "FORMAT")]
     pub log_format: Option<String>,
 
+    /// Client port TLS certificate (PEM; the chain, leaf first), served on https:// client URLs.
+    #[arg(long, value_name = "FILE")]
+    pub cert_file: Option<PathBuf>,
+
+    /// Client port TLS private key (PEM).
+    #[arg(long, value_name = "FILE")]
+    pub key_file: Option<PathBuf>,
+
+    /// CA certificates (PEM) that client certificates must be signed by; given,
+    /// a client certificate is required (as with etcd 3.4).
+    #[arg(long, value_name = "FILE")]
+    pub trusted_ca_file: Option<PathBuf>,
+
+    /// Require a client certificate signed by --trusted-ca-file (or, without
+    /// it, by the system's CAs) on https:// client URLs.
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    pub client_cert_auth: Option<bool>,
+
+    /// Client port TLS with a self-signed certificate made in <data-dir>/fixtures/client
+    /// (for tests; ignored when --cert-file is given).
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    pub auto_tls: Option<bool>,
+
+    /// Peer TLS certificate (PEM), served on https:// peer URLs and presented to peers.
+    #[arg(long, value_name = "FILE")]
+    pub peer_cert_file: Option<PathBuf>,
+
+    /// Peer TLS private key (PEM).
+    #[arg(long, value_name = "FILE")]
+    pub peer_key_file: Option<PathBuf>,
+
+    /// CA certificates (PEM) peers' certificates must be signed by, both ways;
+    /// given, a peer must present a certificate (as with etcd 3.4).
+    #[arg(long, value_name = "FILE")]
+    pub peer_trusted_ca_file: Option<PathBuf>,
+
+    /// Require a peer certificate signed by --peer-trusted-ca-file on https:// peer URLs.
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    pub peer_client_cert_auth: Option<bool>,
+
+    /// Peer TLS with a self-signed certificate made in <data-dir>/fixtures/peer,
+    /// not verified by peers (for tests; ignored when --peer-cert-file is given).
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    pub peer_auto_tls: Option<bool>,
+
+    /// Comma-separated TLS 1.2 cipher suites (etcd's names, e.g.
+    /// TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256) for client and peer ports
+    /// (default: rustls's; TLS 1.3 suites are always offered).
+    #[arg(long, value_name = "SUITES")]
+    pub cipher_suites: Option<String>,
+
     #[command(flatten)]
     #[serde(default)]
     pub wal: WalFlags,
@@ -264,6 +316,14 @@ pub struct Config {
     pub log_level: String,
     pub log_format: LogFormat,
     pub wal: WalSettings,
+    /// Whether each of `listen_client_addrs` is an https:// URL.
+    pub listen_client_https: Vec<bool>,
+    /// Whether each of `listen_peer_addrs` is an https:// URL.
+    pub listen_peer_https: Vec<bool>,
+    pub client_tls: TlsFiles,
+    pub peer_tls: TlsFiles,
+    /// `--cipher-suites`, checked by [`crate::tls::parse_cipher_suites`].
+    pub cipher_suites: Vec<String>,
 }
 
 /// A setting that cannot be used, naming the flag it came from.
@@ -274,6 +334,13 @@ pub enum ConfigError {
     Invalid { flag: &'static str, reason: String },
     #[error("--config-file {path}: {reason}")]
     File { path: PathBuf, reason: String },
+    #[error("{flag}: {reason}")]
+    Tls { flag: String, reason: String },
+}
+
+/// A TLS flag's error: the same message form, the flag named in full.
+fn tls_invalid(flag: String, reason: String) -> ConfigError {
+    ConfigError::Tls { flag, reason }
 }
 
 fn invalid(flag: &'static str, reason: impl Into<String>) -> ConfigError {
@@ -333,6 +400,17 @@ impl Flags {
             listen_metrics_urls: self.listen_metrics_urls.or(other.listen_metrics_urls),
             log_level: self.log_level.or(other.log_level),
             log_format: self.log_format.or(other.log_format),
+            cert_file: self.cert_file.or(other.cert_file),
+            key_file: self.key_file.or(other.key_file),
+            trusted_ca_file: self.trusted_ca_file.or(other.trusted_ca_file),
+            client_cert_auth: self.client_cert_auth.or(other.client_cert_auth),
+            auto_tls: self.auto_tls.or(other.auto_tls),
+            peer_cert_file: self.peer_cert_file.or(other.peer_cert_file),
+            peer_key_file: self.peer_key_file.or(other.peer_key_file),
+            peer_trusted_ca_file: self.peer_trusted_ca_file.or(other.peer_trusted_ca_file),
+            peer_client_cert_auth: self.peer_client_cert_auth.or(other.peer_client_cert_auth),
+            peer_auto_tls: self.peer_auto_tls.or(other.peer_auto_tls),
+            cipher_suites: self.cipher_suites.or(other.cipher_suites),
             wal: WalFlags {
                 backend: self.wal.backend.or(other.wal.backend),
                 segment_size_bytes: self.wal.segment_size_bytes.or(other.wal.segment_size_bytes),
@@ -352,14 +430,24 @@ fn split_list(s: &str) -> Vec<String> {
         .collect()
 }
 
-/// The `host:port` of an etcd-style URL (`http://host:port`), checked for form
-/// only: no name is looked up (that happens where the address is used, off the
-/// cores' threads). Only plain http is served; https would need TLS, which
-/// Cairn does not terminate.
+/// Whether an etcd-style URL asks for TLS (`https://`).
+pub fn url_is_https(url: &str) -> bool {
+    url.starts_with("https://")
+}
+
+/// The `host:port` of an etcd-style URL (`http://host:port` or
+/// `https://host:port`), checked for form only: no name is looked up (that
+/// happens where the address is used, off the cores' threads).
 pub fn url_host_port(flag: &'static str, url: &str) -> Result<String, ConfigError> {
     let rest = url
         .strip_prefix("http://")
-        .ok_or_else(|| invalid(flag, format!("{url:?}: only http:// URLs are supported")))?;
+        .or_else(|| url.strip_prefix("https://"))
+        .ok_or_else(|| {
+            invalid(
+                flag,
+                format!("{url:?}: only http:// and https:// URLs are supported"),
+            )
+        })?;
     let hostport = rest.trim_end_matches('/');
     if hostport.contains('/') {
         return Err(invalid(flag, format!("{url:?}: a URL here has no path")));
@@ -368,7 +456,10 @@ pub fn url_host_port(flag: &'static str, url: &str) -> Result<String, ConfigErro
         .rsplit_once(':')
         .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
     if !port_ok {
-        return Err(invalid(flag, format!("{url:?}: expected http://host:port")));
+        return Err(invalid(
+            flag,
+            format!("{url:?}: expected http://host:port or https://host:port"),
+        ));
     }
     Ok(hostport.to_string())
 }
@@ -628,7 +719,30 @@ impl Config {
                 }
             },
         };
+        let client_tls = TlsFiles {
+            cert_file: f.cert_file,
+            key_file: f.key_file,
+            trusted_ca_file: f.trusted_ca_file,
+            client_cert_auth: f.client_cert_auth.unwrap_or(false),
+            auto_tls: f.auto_tls.unwrap_or(false),
+        };
+        let peer_tls = TlsFiles {
+            cert_file: f.peer_cert_file,
+            key_file: f.peer_key_file,
+            trusted_ca_file: f.peer_trusted_ca_file,
+            client_cert_auth: f.peer_client_cert_auth.unwrap_or(false),
+            auto_tls: f.peer_auto_tls.unwrap_or(false),
+        };
         let config = Config {
+            listen_client_https: listen_client_urls.iter().map(|u| url_is_https(u)).collect(),
+            listen_peer_https: listen_peer_urls.iter().map(|u| url_is_https(u)).collect(),
+            client_tls,
+            peer_tls,
+            cipher_suites: f
+                .cipher_suites
+                .as_deref()
+                .map(split_list)
+                .unwrap_or_default(),
             listen_client_addrs: urls_to_addrs("listen-client-urls", &listen_client_urls)?,
             listen_peer_addrs: urls_to_addrs("listen-peer-urls", &listen_peer_urls)?,
             listen_metrics_addrs: match f.listen_metrics_urls.as_deref() {
@@ -767,6 +881,62 @@ impl Config {
         if let Err(e) = crate::ops::logging::parse_log_level(&self.log_level) {
             return Err(invalid("log-level", e.to_string()));
         }
+        self.validate_tls()
+    }
+
+    /// etcd's rules for the TLS flags: an https:// URL needs a certificate
+    /// (or auto TLS) for its port, a certificate needs its key, and cipher
+    /// suites must be known. The files themselves are read at start.
+    fn validate_tls(&self) -> Result<(), ConfigError> {
+        use crate::tls::Side;
+        for (side, files) in [
+            (Side::Client, &self.client_tls),
+            (Side::Peer, &self.peer_tls),
+        ] {
+            match (&files.cert_file, &files.key_file) {
+                (Some(_), None) => {
+                    return Err(tls_invalid(
+                        side.flag("key-file"),
+                        format!("must be given with {}", side.flag("cert-file")),
+                    ))
+                }
+                (None, Some(_)) => {
+                    return Err(tls_invalid(
+                        side.flag("cert-file"),
+                        format!("must be given with {}", side.flag("key-file")),
+                    ))
+                }
+                _ => {}
+            }
+        }
+        let https_client = self.listen_client_https.iter().any(|&h| h);
+        if https_client && !self.client_tls.can_serve() {
+            return Err(invalid(
+                "listen-client-urls",
+                "TLS key/cert (--cert-file, --key-file) or --auto-tls must be provided for                  a client URL with the https scheme",
+            ));
+        }
+        if self.listen_peer_https.iter().any(|&h| h) && !self.peer_tls.can_serve() {
+            return Err(invalid(
+                "listen-peer-urls",
+                "TLS key/cert (--peer-cert-file, --peer-key-file) or --peer-auto-tls must be                  provided for a peer URL with the https scheme",
+            ));
+        }
+        let https_peers = self
+            .initial_cluster
+            .iter()
+            .flat_map(|m| m.peer_urls.iter())
+            .any(|u| url_is_https(u));
+        if https_peers && !self.peer_tls.can_serve() {
+            return Err(invalid(
+                "initial-cluster",
+                "names https:// peer URLs: this member needs peer TLS to reach them                  (--peer-cert-file and --peer-key-file, or --peer-auto-tls)",
+            ));
+        }
+        crate::tls::parse_cipher_suites(&self.cipher_suites).map_err(|e| match e {
+            crate::tls::TlsError::Flag { reason, .. } => invalid("cipher-suites", reason),
+            other => invalid("cipher-suites", other.to_string()),
+        })?;
         Ok(())
     }
 }
@@ -948,6 +1118,67 @@ mod tests {
         })
         .expect("the example validates");
         assert_eq!(c.initial_cluster.len(), 3);
+    }
+
+    #[test]
+    fn the_shipped_tls_example_config_is_valid() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("systemd/cairn-tls.toml");
+        let flags = Flags::from_file(&path).expect("systemd/cairn-tls.toml parses");
+        // Its addresses are another host's; everything else must validate.
+        let c = Config::from_flags(Flags {
+            listen_client_urls: Some("https://127.0.0.1:0".into()),
+            listen_peer_urls: Some("https://127.0.0.1:0".into()),
+            listen_metrics_urls: None,
+            ..flags
+        })
+        .expect("the TLS example validates");
+        assert_eq!(c.listen_client_https, [true]);
+        assert!(c.client_tls.client_cert_auth && c.peer_tls.client_cert_auth);
+        assert_eq!(
+            c.peer_tls.trusted_ca_file.as_deref(),
+            Some(Path::new("/etc/cairn/tls/ca.pem"))
+        );
+        assert_eq!(c.cipher_suites.len(), 2);
+    }
+
+    #[test]
+    fn tls_flags_follow_etcds_rules() {
+        // An https:// URL needs its port's certificate, or auto TLS.
+        let err = parse(&["--listen-client-urls", "https://127.0.0.1:1"]).unwrap_err();
+        assert!(err.to_string().starts_with("--listen-client-urls"), "{err}");
+        assert!(parse(&["--listen-client-urls", "https://127.0.0.1:1", "--auto-tls"]).is_ok());
+        let err = parse(&["--listen-peer-urls", "https://127.0.0.1:2"]).unwrap_err();
+        assert!(err.to_string().starts_with("--listen-peer-urls"), "{err}");
+        // A certificate needs its key, and the other way round.
+        let err = parse(&["--cert-file", "c.pem"]).unwrap_err();
+        assert!(err.to_string().starts_with("--key-file"), "{err}");
+        let err = parse(&["--peer-key-file", "k.pem"]).unwrap_err();
+        assert!(err.to_string().starts_with("--peer-cert-file"), "{err}");
+        // Bare boolean flags, as etcd's, or with a value.
+        let c = parse(&[
+            "--client-cert-auth",
+            "--peer-client-cert-auth=false",
+            "--cert-file",
+            "c.pem",
+            "--key-file",
+            "k.pem",
+        ])
+        .unwrap();
+        assert!(c.client_tls.client_cert_auth && !c.peer_tls.client_cert_auth);
+        assert_eq!(c.listen_client_https, [false], "http:// stays in clear");
+        let err = parse(&["--cipher-suites", "TLS_NOPE"]).unwrap_err();
+        assert!(err.to_string().starts_with("--cipher-suites"), "{err}");
+        // https:// peers need this member's peer TLS to reach them.
+        let err = parse(&[
+            "--name",
+            "a",
+            "--initial-advertise-peer-urls",
+            "http://127.0.0.1:12380",
+            "--initial-cluster",
+            "a=http://127.0.0.1:12380,b=https://127.0.0.1:22380",
+        ])
+        .unwrap_err();
+        assert!(err.to_string().starts_with("--initial-cluster"), "{err}");
     }
 
     #[test]

@@ -9,3 +9,4 @@ pub mod routing;
 pub mod runtime;
 pub mod server;
 pub mod sim;
+pub mod tls;

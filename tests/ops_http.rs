@@ -247,6 +247,7 @@ async fn client_port_serves_http1_here_and_hands_grpc_to_tonic() {
     tokio::spawn(serve_client_port(
         listener,
         f.endpoints.clone(),
+        None,
         grpc_tx,
         async move {
             let _ = stop_rx.await;
@@ -314,6 +315,7 @@ async fn client_port_caps_http1_connections_without_touching_grpc() {
     tokio::spawn(serve_client_port(
         listener,
         f.endpoints.clone(),
+        None,
         grpc_tx,
         std::future::pending(),
     ));

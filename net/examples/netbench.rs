@@ -10,12 +10,20 @@
 //! `frames_per_sec` and `payload_mb_per_sec` (MB = 10^6 bytes), measured at the
 //! receiver from its first to its last byte. `--compare [--rounds N]` runs raw
 //! and framed alternately and ends with the medians and their ratio.
+//! `--tls` runs the framed links inside TLS (rustls, ring, TLS 1.3 with the
+//! default suites, a certificate of a throwaway CA); with `--compare` it
+//! alternates framed in clear and framed over TLS instead, so the ratio is
+//! what TLS costs the transport.
 
 use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use cairn_net::{dial, serve_accepted, AcceptPolicy, Config, MemberSet, PeerListener, SendError};
+use cairn_net::{
+    dial, serve_accepted, AcceptPolicy, Config, MemberSet, PeerListener, PeerTls, SendError,
+    TlsSource,
+};
 use clap::Parser;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -49,6 +57,79 @@ struct Args {
     /// Most bytes per read call of the framed receiver (`read_chunk_bytes`).
     #[arg(long, default_value_t = Config::default().read_chunk_bytes)]
     read_chunk_bytes: usize,
+    /// Framed links over TLS; with `--compare`, framed in clear against
+    /// framed over TLS.
+    #[arg(long)]
+    tls: bool,
+}
+
+/// The TLS both ends use when a run asks for it.
+static TLS: OnceLock<PeerTls> = OnceLock::new();
+
+/// Fixed configs from a throwaway CA and one certificate for 127.0.0.1,
+/// presented and checked both ways as between members.
+struct BenchTls {
+    server: Arc<rustls::ServerConfig>,
+    client: Arc<rustls::ClientConfig>,
+}
+
+impl TlsSource for BenchTls {
+    fn server_config(&self) -> Result<Arc<rustls::ServerConfig>, String> {
+        Ok(self.server.clone())
+    }
+
+    fn client_config(&self) -> Result<Arc<rustls::ClientConfig>, String> {
+        Ok(self.client.clone())
+    }
+}
+
+fn bench_tls() -> PeerTls {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("ca params");
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca =
+        CertifiedIssuer::self_signed(ca_params, KeyPair::generate().expect("key")).expect("ca");
+    let key = KeyPair::generate().expect("key");
+    let cert = CertificateParams::new(vec!["127.0.0.1".to_string()])
+        .expect("params")
+        .signed_by(&key, &ca)
+        .expect("cert");
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let key_der = rustls_pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into());
+    let chain = vec![cert.der().clone()];
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca.der().clone()).expect("root");
+    let roots = Arc::new(roots);
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        roots.clone(),
+        provider.clone(),
+    )
+    .build()
+    .expect("verifier");
+    let server = rustls::ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(chain.clone(), key_der.clone_key())
+        .expect("server config");
+    let client = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_root_certificates(roots)
+        .with_client_auth_cert(chain, key_der)
+        .expect("client config");
+    PeerTls::from(Arc::new(BenchTls {
+        server: Arc::new(server),
+        client: Arc::new(client),
+    }))
+}
+
+/// What one run moves the payload with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Raw,
+    Framed,
+    FramedTls,
 }
 
 struct Received {
@@ -81,19 +162,24 @@ fn block_on_local<F: std::future::Future>(f: F) -> F::Output {
     tokio::task::LocalSet::new().block_on(&runtime, f)
 }
 
-fn config(member_id: u64, (read_buffer_bytes, read_chunk_bytes): (usize, usize)) -> Config {
+fn config(
+    member_id: u64,
+    (read_buffer_bytes, read_chunk_bytes): (usize, usize),
+    tls: bool,
+) -> Config {
     let config = Config {
         cluster_id: 0xBE4C,
         member_id,
         read_buffer_bytes,
         read_chunk_bytes,
+        tls: tls.then(|| TLS.get_or_init(bench_tls).clone()),
         ..Config::default()
     };
     config.validate().expect("valid settings");
     config
 }
 
-fn run_framed(args: &Args) -> (Sent, Received) {
+fn run_framed(args: &Args, tls: bool) -> (Sent, Received) {
     let std_listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = std_listener.local_addr().expect("addr");
     std_listener.set_nonblocking(true).expect("nonblocking");
@@ -101,7 +187,7 @@ fn run_framed(args: &Args) -> (Sent, Received) {
     let receiver = on_core("netbench-recv", move || {
         block_on_local(async move {
             let policy = AcceptPolicy {
-                config: config(1, read_buffer_bytes),
+                config: config(1, read_buffer_bytes, tls),
                 members: MemberSet::new([2]),
                 lane_count: 1,
             };
@@ -109,7 +195,7 @@ fn run_framed(args: &Args) -> (Sent, Received) {
             let mut listener = PeerListener::from_listener(listener, policy);
             let accepted = listener.accept().await;
             let (_link, mut rx) =
-                serve_accepted(accepted, &config(1, read_buffer_bytes)).expect("serve");
+                serve_accepted(accepted, &config(1, read_buffer_bytes, tls)).expect("serve");
             let mut received = Received {
                 payload_bytes: 0,
                 frames: 0,
@@ -135,7 +221,7 @@ fn run_framed(args: &Args) -> (Sent, Received) {
     let read_buffer_bytes = (args.read_buffer_bytes, args.read_chunk_bytes);
     let sender = on_core("netbench-send", move || {
         block_on_local(async move {
-            let (link, _rx) = dial(&config(2, read_buffer_bytes), 1, addr, 0).expect("dial");
+            let (link, _rx) = dial(&config(2, read_buffer_bytes, tls), 1, addr, 0).expect("dial");
             link.wait_connected().await.expect("connect");
             let payload = Bytes::from(vec![0x5Au8; frame_bytes]);
             let deadline = Instant::now() + Duration::from_secs_f64(seconds);
@@ -238,11 +324,19 @@ struct Measurement {
     queue_full: u64,
 }
 
-fn measure(args: &Args, raw: bool) -> Measurement {
-    let (sent, received) = if raw { run_raw(args) } else { run_framed(args) };
+fn measure(args: &Args, mode: Mode) -> Measurement {
+    let (sent, received) = match mode {
+        Mode::Raw => run_raw(args),
+        Mode::Framed => run_framed(args, false),
+        Mode::FramedTls => run_framed(args, true),
+    };
     let secs = received.elapsed.as_secs_f64().max(1e-9);
     Measurement {
-        mode: if raw { "raw" } else { "framed" },
+        mode: match mode {
+            Mode::Raw => "raw",
+            Mode::Framed => "framed",
+            Mode::FramedTls => "framed+tls",
+        },
         secs,
         frames: received.frames,
         frames_per_sec: received.frames as f64 / secs,
@@ -282,13 +376,20 @@ fn main() {
     if args.compare {
         // Alternating runs, so load from elsewhere on a shared machine hits
         // both modes alike; medians reported.
+        // With --tls: framed in clear is the baseline, framed over TLS the
+        // one measured against it.
+        let (base, tested) = if args.tls {
+            (Mode::Framed, Mode::FramedTls)
+        } else {
+            (Mode::Raw, Mode::Framed)
+        };
         let mut raw = Vec::new();
         let mut framed = Vec::new();
         for _ in 0..args.rounds.max(1) {
-            let m = measure(&args, true);
+            let m = measure(&args, base);
             print_row(args.frame_bytes, &m);
             raw.push(m);
-            let m = measure(&args, false);
+            let m = measure(&args, tested);
             print_row(args.frame_bytes, &m);
             framed.push(m);
         }
@@ -300,26 +401,44 @@ fn main() {
             .zip(&framed)
             .map(|(r, f)| f.payload_mb_per_sec / r.payload_mb_per_sec)
             .collect();
+        let (base_name, tested_name) = (raw[0].mode, framed[0].mode);
         println!(
-            "median of {} rounds: raw {raw_mb:.1} MB/s, framed {framed_mb:.1} MB/s, framed/raw {:.2}",
+            "median of {} rounds: {base_name} {raw_mb:.1} MB/s, {tested_name} {framed_mb:.1} MB/s, {tested_name}/{base_name} {:.2}",
             raw.len(),
             median(ratios.clone())
         );
-        println!(
-            "{}",
+        let ratio = (median(ratios) * 1000.0).round() / 1000.0;
+        let base_mb = (raw_mb * 10.0).round() / 10.0;
+        let line = if args.tls {
+            serde_json::json!({
+                "mode": "compare-tls",
+                "frame_bytes": args.frame_bytes,
+                "rounds": raw.len(),
+                "frames_per_sec": framed_fps.round(),
+                "payload_mb_per_sec": (framed_mb * 10.0).round() / 10.0,
+                "clear_payload_mb_per_sec": base_mb,
+                "tls_over_clear": ratio,
+            })
+        } else {
             serde_json::json!({
                 "mode": "compare",
                 "frame_bytes": args.frame_bytes,
                 "rounds": raw.len(),
                 "frames_per_sec": framed_fps.round(),
                 "payload_mb_per_sec": (framed_mb * 10.0).round() / 10.0,
-                "raw_payload_mb_per_sec": (raw_mb * 10.0).round() / 10.0,
-                "framed_over_raw": (median(ratios) * 1000.0).round() / 1000.0,
+                "raw_payload_mb_per_sec": base_mb,
+                "framed_over_raw": ratio,
             })
-        );
+        };
+        println!("{line}");
         return;
     }
-    let m = measure(&args, args.raw);
+    let mode = match (args.raw, args.tls) {
+        (true, _) => Mode::Raw,
+        (false, false) => Mode::Framed,
+        (false, true) => Mode::FramedTls,
+    };
+    let m = measure(&args, mode);
     print_row(args.frame_bytes, &m);
     println!(
         "{}",

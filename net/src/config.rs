@@ -74,6 +74,10 @@ pub struct Config {
     pub stream_result_timeout_ms: u64,
     /// Handshakes a listener runs at once; more connections are closed at once.
     pub max_pending_handshakes: usize,
+    /// TLS for this member's connections: when set, the listener accepts
+    /// only TLS (then the greeting inside it) and [`crate::dial`] speaks TLS,
+    /// checking the peer's certificate against the dialed host.
+    pub tls: Option<crate::tls::PeerTls>,
 }
 
 impl Default for Config {
@@ -102,6 +106,7 @@ impl Default for Config {
             stream_max_attempts: 5,
             stream_result_timeout_ms: 30_000,
             max_pending_handshakes: 256,
+            tls: None,
         }
     }
 }

@@ -4,7 +4,9 @@
 //! arrives, so the acceptor reads exactly the Hello and no byte beyond it. That
 //! is what lets an accepted connection leave the listener's runtime as a plain
 //! `std::net::TcpStream` ([`Accepted`]) and be bound to the runtime of the core
-//! owning its lane, with nothing left behind in a buffer.
+//! owning its lane, with nothing left behind in a buffer. Over TLS the same
+//! greeting runs inside the session, and the session itself (its state and
+//! any buffered bytes) travels with the socket ([`AcceptedStream::Tls`]).
 
 use std::collections::HashSet;
 use std::io;
@@ -15,7 +17,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use socket2::{SockRef, TcpKeepalive};
 use thiserror::Error;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::config::Config;
@@ -166,6 +168,13 @@ pub enum HandshakeError {
         reason: RefuseReason,
         detail: String,
     },
+    /// The TLS handshake failed (a certificate not signed by the trusted CA,
+    /// no certificate where one is required, plaintext on a TLS port, ...).
+    #[error("TLS handshake with {peer_addr}: {detail}")]
+    Tls {
+        peer_addr: SocketAddr,
+        detail: String,
+    },
     /// The peer accepted but is not who the dialer meant to reach.
     #[error("member {local_member} dialed member {expected_member} at {peer_addr} but reached member {found_member} of cluster {found_cluster}")]
     WrongPeer {
@@ -232,7 +241,16 @@ pub struct Accepted {
     pub hello: Hello,
     pub peer_addr: SocketAddr,
     /// Non-blocking, options set, handshake fully consumed.
-    pub stream: std::net::TcpStream,
+    pub stream: AcceptedStream,
+}
+
+/// The socket of an [`Accepted`] connection, detached from every runtime.
+#[derive(Debug)]
+pub enum AcceptedStream {
+    Plain(std::net::TcpStream),
+    /// A TLS session over a detached [`crate::tls::PeerSocket`]; the core
+    /// that takes it attaches the socket to its own runtime.
+    Tls(Box<crate::tls::ServerTlsStream>),
 }
 
 /// Sets TCP_NODELAY, keepalive and TCP_USER_TIMEOUT as configured.
@@ -254,8 +272,8 @@ struct RawFrame {
     payload: Bytes,
 }
 
-async fn read_handshake_frame(
-    stream: &mut TcpStream,
+async fn read_handshake_frame<S: AsyncRead + Unpin>(
+    stream: &mut S,
     peer_addr: SocketAddr,
 ) -> Result<RawFrame, HandshakeError> {
     let io_err = |source| HandshakeError::Io { peer_addr, source };
@@ -281,8 +299,8 @@ async fn read_handshake_frame(
     })
 }
 
-async fn write_handshake_frame(
-    stream: &mut TcpStream,
+async fn write_handshake_frame<S: AsyncWrite + Unpin>(
+    stream: &mut S,
     peer_addr: SocketAddr,
     kind: FrameKind,
     payload: Vec<u8>,
@@ -292,10 +310,10 @@ async fn write_handshake_frame(
     let mut frame = Vec::with_capacity(HEADER_BYTES + payload.len());
     frame.extend_from_slice(&header);
     frame.extend_from_slice(&payload);
-    stream
-        .write_all(&frame)
-        .await
-        .map_err(|source| HandshakeError::Io { peer_addr, source })
+    let io_err = |source| HandshakeError::Io { peer_addr, source };
+    stream.write_all(&frame).await.map_err(io_err)?;
+    // A TLS session holds written bytes until flushed.
+    stream.flush().await.map_err(io_err)
 }
 
 fn u64_at(bytes: &[u8], offset: usize) -> u64 {
@@ -340,11 +358,30 @@ pub async fn accept_handshake(
     let peer_addr = stream
         .peer_addr()
         .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
-    let config = &policy.config;
-    apply_socket_options(&stream, config)
+    apply_socket_options(&stream, &policy.config)
         .map_err(|source| HandshakeError::Io { peer_addr, source })?;
+    let hello = accept_greeting(&mut stream, peer_addr, policy).await?;
+    let stream = stream
+        .into_std()
+        .map_err(|source| HandshakeError::Io { peer_addr, source })?;
+    Ok(Accepted {
+        hello,
+        peer_addr,
+        stream: AcceptedStream::Plain(stream),
+    })
+}
+
+/// The accept side of the greeting on any stream (plain TCP, or the TLS
+/// session on top of it): reads the greeting, checks cluster id, version,
+/// member and lane, and answers.
+pub(crate) async fn accept_greeting<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    peer_addr: SocketAddr,
+    policy: &AcceptPolicy,
+) -> Result<Hello, HandshakeError> {
+    let config = &policy.config;
     let hello = with_timeout(config.handshake_timeout_ms, peer_addr, async {
-        let raw = read_handshake_frame(&mut stream, peer_addr).await?;
+        let raw = read_handshake_frame(stream, peer_addr).await?;
         if raw.kind != FrameKind::Hello {
             return Err(HandshakeError::UnexpectedKind { peer_addr, kind: raw.kind });
         }
@@ -436,7 +473,7 @@ pub async fn accept_handshake(
         let _ = with_timeout(
             config.handshake_timeout_ms,
             peer_addr,
-            write_handshake_frame(&mut stream, peer_addr, FrameKind::HelloRefuse, payload),
+            write_handshake_frame(stream, peer_addr, FrameKind::HelloRefuse, payload),
         )
         .await;
         return Err(HandshakeError::RefusedPeer {
@@ -454,18 +491,11 @@ pub async fn accept_handshake(
     with_timeout(
         config.handshake_timeout_ms,
         peer_addr,
-        write_handshake_frame(&mut stream, peer_addr, FrameKind::HelloAccept, payload),
+        write_handshake_frame(stream, peer_addr, FrameKind::HelloAccept, payload),
     )
     .await?;
     tracing::debug!(local_member = config.member_id, peer_member = hello.member_id, lane = hello.lane, %peer_addr, "accepted peer connection");
-    let stream = stream
-        .into_std()
-        .map_err(|source| HandshakeError::Io { peer_addr, source })?;
-    Ok(Accepted {
-        hello,
-        peer_addr,
-        stream,
-    })
+    Ok(hello)
 }
 
 fn floor_char_boundary(s: &str, max: usize) -> usize {
@@ -487,6 +517,18 @@ pub async fn dial_handshake(
     let peer_addr = stream
         .peer_addr()
         .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
+    dial_greeting(stream, peer_addr, config, peer_member, lane).await
+}
+
+/// The dial side of the greeting on any stream (plain TCP, or the TLS
+/// session on top of it).
+pub(crate) async fn dial_greeting<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    peer_addr: SocketAddr,
+    config: &Config,
+    peer_member: u64,
+    lane: u32,
+) -> Result<(), HandshakeError> {
     let hello = Hello {
         version: VERSION,
         cluster_id: config.cluster_id,

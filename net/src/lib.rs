@@ -10,6 +10,7 @@
 //!   reconnect with capped jittered backoff, counters.
 //! - [`stream`]: flow-controlled, checksummed large transfers (snapshots).
 //! - [`PeerListener`]: the per-member listener on the peer port.
+//! - [`tls`]: the same protocol inside a rustls session ([`Config::tls`]).
 //!
 //! Links run on one core's single-threaded runtime (current-thread tokio
 //! runtime plus `LocalSet`); their internals are `!Send` by design.
@@ -53,11 +54,13 @@ pub mod handshake;
 pub mod link;
 pub mod listener;
 pub mod stream;
+pub mod tls;
 
 pub use config::{Config, ConfigError};
 pub use frame::{Frame, FrameDecoder, FrameError, FrameKind, HEADER_BYTES};
 pub use handshake::{
-    accept_handshake, AcceptPolicy, Accepted, HandshakeError, Hello, MemberSet, RefuseReason,
+    accept_handshake, AcceptPolicy, Accepted, AcceptedStream, HandshakeError, Hello, MemberSet,
+    RefuseReason,
 };
 pub use link::{
     dial, serve_accepted, Backoff, CloseReason, Counters, CountersSnapshot, Inbound,
@@ -65,3 +68,4 @@ pub use link::{
 };
 pub use listener::{Incoming, PeerListener, Sniffer, SNIFF_BYTES};
 pub use stream::{BytesSource, StreamAbortReason, StreamError, StreamReport, StreamSource};
+pub use tls::{OtherStream, PeerSocket, PeerTls, Prefixed, TlsSource};

@@ -27,17 +27,17 @@ use bytes::Bytes;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use thiserror::Error;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, Notify, Semaphore};
 
 use crate::config::{Config, ConfigError};
 use crate::frame::{encode_header, Frame, FrameDecoder, FrameError, FrameKind, HEADER_BYTES};
-use crate::handshake::{apply_socket_options, dial_handshake, Accepted};
+use crate::handshake::{apply_socket_options, dial_greeting, Accepted, AcceptedStream};
 use crate::stream::{
     self, RxStream, StreamAbortReason, StreamError, StreamReport, StreamSource, TxStream,
 };
+use crate::tls::{ClientTlsStream, PeerSocket, ServerTlsStream};
 
 /// Control frames (stream acks and verdicts) may exceed the frame count limit
 /// by this much, so flow control never deadlocks behind a full data queue.
@@ -917,11 +917,18 @@ pub fn serve_accepted(
     config.validate()?;
     let peer_member = accepted.hello.member_id;
     let peer_addr = accepted.peer_addr;
-    let stream = TcpStream::from_std(accepted.stream).map_err(|source| ServeError::Io {
+    let io_err = |source| ServeError::Io {
         peer_member,
         peer_addr,
         source,
-    })?;
+    };
+    let stream = match accepted.stream {
+        AcceptedStream::Plain(s) => Connection::Plain(TcpStream::from_std(s).map_err(io_err)?),
+        AcceptedStream::Tls(mut session) => {
+            session.get_mut().0.attach().map_err(io_err)?;
+            Connection::TlsServer(session)
+        }
+    };
     let shared = Rc::new(LinkShared::new(
         config.clone(),
         peer_member,
@@ -945,7 +952,24 @@ pub fn serve_accepted(
     ))
 }
 
-async fn connect(shared: &LinkShared, target: &PeerTarget) -> Result<TcpStream, String> {
+/// One connection's socket: plain TCP, or a TLS session on top of it.
+enum Connection {
+    Plain(TcpStream),
+    TlsClient(Box<ClientTlsStream>),
+    TlsServer(Box<ServerTlsStream>),
+}
+
+impl Connection {
+    fn peer_addr(&self) -> Option<SocketAddr> {
+        match self {
+            Connection::Plain(s) => s.peer_addr().ok(),
+            Connection::TlsClient(s) => s.get_ref().0.peer_addr().ok(),
+            Connection::TlsServer(s) => s.get_ref().0.peer_addr().ok(),
+        }
+    }
+}
+
+async fn connect(shared: &LinkShared, target: &PeerTarget) -> Result<Connection, String> {
     let config = &shared.config;
     // tokio resolves a name on its blocking pool and tries each address.
     let connecting = async {
@@ -960,10 +984,54 @@ async fn connect(shared: &LinkShared, target: &PeerTarget) -> Result<TcpStream, 
             .map_err(|_| format!("connect timed out after {} ms", config.connect_timeout_ms))?
             .map_err(|e| format!("connect: {e}"))?;
     apply_socket_options(&stream, config).map_err(|e| format!("socket options: {e}"))?;
-    dial_handshake(&mut stream, config, shared.peer_member, shared.lane)
+    let peer_addr = stream
+        .peer_addr()
+        .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
+    let Some(tls) = &config.tls else {
+        dial_greeting(
+            &mut stream,
+            peer_addr,
+            config,
+            shared.peer_member,
+            shared.lane,
+        )
         .await
         .map_err(|e| e.to_string())?;
-    Ok(stream)
+        return Ok(Connection::Plain(stream));
+    };
+    let server_name = match target {
+        PeerTarget::Addr(a) => rustls::pki_types::ServerName::IpAddress(a.ip().into()),
+        PeerTarget::HostPort(h) => crate::tls::server_name_of(h)?,
+    };
+    let client_config = tls.0.client_config()?;
+    let handshake = tokio_rustls::TlsConnector::from(client_config)
+        .connect(server_name, PeerSocket::new(stream));
+    let mut session = tokio::time::timeout(
+        Duration::from_millis(config.handshake_timeout_ms),
+        handshake,
+    )
+    .await
+    .map_err(|_| {
+        format!(
+            "TLS handshake timed out after {} ms",
+            config.handshake_timeout_ms
+        )
+    })?
+    .map_err(|e| format!("TLS handshake: {e}"))?;
+    session
+        .get_mut()
+        .1
+        .set_buffer_limit(Some(crate::tls::SEND_BUFFER_BYTES));
+    dial_greeting(
+        &mut session,
+        peer_addr,
+        config,
+        shared.peer_member,
+        shared.lane,
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    Ok(Connection::TlsClient(Box::new(session)))
 }
 
 async fn supervise(shared: Rc<LinkShared>, target: PeerTarget, tx: mpsc::Sender<Vec<Inbound>>) {
@@ -979,7 +1047,7 @@ async fn supervise(shared: Rc<LinkShared>, target: PeerTarget, tx: mpsc::Sender<
     while !shared.closed.get() {
         match connect(&shared, &target).await {
             Ok(stream) => {
-                let addr = stream.peer_addr().ok();
+                let addr = stream.peer_addr();
                 if ever_connected {
                     Counters::add(&shared.counters.reconnects, 1);
                 }
@@ -1037,10 +1105,31 @@ async fn wait_closed(shared: &LinkShared) {
 
 async fn run_connection(
     shared: &Rc<LinkShared>,
-    stream: TcpStream,
+    stream: Connection,
     tx: &mpsc::Sender<Vec<Inbound>>,
 ) -> CloseReason {
-    let (mut rd, mut wr) = stream.into_split();
+    match stream {
+        Connection::Plain(s) => {
+            let (rd, wr) = s.into_split();
+            run_halves(shared, rd, wr, tx).await
+        }
+        Connection::TlsClient(s) => {
+            let (rd, wr) = tokio::io::split(s);
+            run_halves(shared, rd, wr, tx).await
+        }
+        Connection::TlsServer(s) => {
+            let (rd, wr) = tokio::io::split(s);
+            run_halves(shared, rd, wr, tx).await
+        }
+    }
+}
+
+async fn run_halves<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
+    shared: &Rc<LinkShared>,
+    mut rd: R,
+    mut wr: W,
+    tx: &mpsc::Sender<Vec<Inbound>>,
+) -> CloseReason {
     let mut rx_stream: Option<RxStream> = None;
     let reason = {
         let reader = read_loop(shared, &mut rd, tx, &mut rx_stream);
@@ -1064,7 +1153,7 @@ async fn run_connection(
     reason
 }
 
-async fn write_loop(shared: &LinkShared, wr: &mut OwnedWriteHalf) -> CloseReason {
+async fn write_loop<W: AsyncWrite + Unpin>(shared: &LinkShared, wr: &mut W) -> CloseReason {
     let mut batch: VecDeque<OutFrame> = VecDeque::new();
     loop {
         loop {
@@ -1120,8 +1209,8 @@ async fn write_loop(shared: &LinkShared, wr: &mut OwnedWriteHalf) -> CloseReason
 /// Writes a batch with vectored writes of up to `max_slices` slices: each
 /// frame's header, then its payload parts, straight from their buffers. On
 /// error returns how many whole frames and bytes made it.
-async fn write_batch(
-    wr: &mut OwnedWriteHalf,
+async fn write_batch<W: AsyncWrite + Unpin>(
+    wr: &mut W,
     batch: &VecDeque<OutFrame>,
     max_slices: usize,
     writes: &AtomicU64,
@@ -1177,12 +1266,13 @@ async fn write_batch(
             }
         }
     }
-    Ok(())
+    // A TLS session may hold the last records until flushed (plain TCP: a no-op).
+    wr.flush().await.map_err(|err| (index, written_total, err))
 }
 
-async fn read_loop(
+async fn read_loop<R: AsyncRead + Unpin>(
     shared: &LinkShared,
-    rd: &mut OwnedReadHalf,
+    rd: &mut R,
     tx: &mpsc::Sender<Vec<Inbound>>,
     rx_stream: &mut Option<RxStream>,
 ) -> CloseReason {

@@ -8,7 +8,14 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 
-use crate::handshake::{accept_handshake, AcceptPolicy, Accepted, HandshakeError};
+use bytes::Bytes;
+use tokio::io::AsyncReadExt;
+
+use crate::handshake::{
+    accept_greeting, accept_handshake, apply_socket_options, AcceptPolicy, Accepted,
+    AcceptedStream, HandshakeError,
+};
+use crate::tls::{OtherStream, PeerSocket, PeerTls, Prefixed};
 
 /// Bytes peeked at the start of a connection to decide whether it is a peer
 /// connection or another protocol sharing the port (see
@@ -20,9 +27,10 @@ pub const SNIFF_BYTES: usize = 4;
 pub enum Incoming {
     /// A peer whose greeting was accepted.
     Peer(Accepted),
-    /// A connection the sniffer claimed for another protocol, unread.
+    /// A connection the sniffer claimed for another protocol, unread (on a
+    /// TLS port: the session, with its first bytes replayed).
     Other {
-        stream: tokio::net::TcpStream,
+        stream: OtherStream,
         peer_addr: SocketAddr,
     },
 }
@@ -124,8 +132,12 @@ impl PeerListener {
                     let policy = self.policy.clone();
                     let other = self.other;
                     self.pending.spawn(async move {
+                        if let Some(tls) = policy.config.tls.clone() {
+                            return accept_tls(stream, peer_addr, &policy, &tls, other).await;
+                        }
                         if let Some(sniffer) = other {
                             if sniff(&stream, &policy, sniffer).await {
+                                let stream = OtherStream::Plain(stream);
                                 return Ok(Incoming::Other { stream, peer_addr });
                             }
                         }
@@ -173,4 +185,80 @@ async fn sniff(stream: &tokio::net::TcpStream, policy: &AcceptPolicy, sniffer: S
         // Part of the prefix is in: peek returns at once until more arrives.
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
+}
+
+/// The accept side on a TLS port: the TLS handshake (a connection that is not
+/// TLS, or whose certificate the config refuses, ends here), then the first
+/// plaintext bytes decide between the peer greeting and the other protocol.
+async fn accept_tls(
+    stream: tokio::net::TcpStream,
+    peer_addr: SocketAddr,
+    policy: &AcceptPolicy,
+    tls: &PeerTls,
+    other: Option<Sniffer>,
+) -> Result<Incoming, HandshakeError> {
+    let config = &policy.config;
+    let io_err = |source| HandshakeError::Io { peer_addr, source };
+    apply_socket_options(&stream, config).map_err(io_err)?;
+    let timeout = Duration::from_millis(config.handshake_timeout_ms);
+    let timed_out = || HandshakeError::Timeout {
+        peer_addr,
+        timeout_ms: config.handshake_timeout_ms,
+    };
+    let started = async {
+        let server_config = tls
+            .0
+            .server_config()
+            .map_err(|detail| HandshakeError::Tls { peer_addr, detail })?;
+        let session = tokio_rustls::TlsAcceptor::from(server_config)
+            .accept(PeerSocket::new(stream))
+            .await
+            .map_err(|e| HandshakeError::Tls {
+                peer_addr,
+                detail: e.to_string(),
+            })?;
+        let mut session = Box::new(session);
+        session
+            .get_mut()
+            .1
+            .set_buffer_limit(Some(crate::tls::SEND_BUFFER_BYTES));
+        let mut prefix = [0u8; SNIFF_BYTES];
+        let mut n = 0;
+        while n < SNIFF_BYTES {
+            match session.read(&mut prefix[n..]).await.map_err(io_err)? {
+                0 => break,
+                read => n += read,
+            }
+        }
+        Ok((session, prefix, n))
+    };
+    let started = match tokio::time::timeout(timeout, started).await {
+        Ok(result) => result,
+        Err(_) => Err(timed_out()),
+    };
+    let (session, prefix, n) = started.inspect_err(|error| {
+        tracing::warn!(local_member = config.member_id, %peer_addr, %error, "peer TLS handshake failed");
+    })?;
+    if let Some(sniffer) = other {
+        if n == SNIFF_BYTES && sniffer(&prefix) {
+            let stream = OtherStream::Tls(Prefixed::new(Bytes::copy_from_slice(&prefix), session));
+            return Ok(Incoming::Other { stream, peer_addr });
+        }
+    }
+    let mut io = Prefixed::new(Bytes::copy_from_slice(&prefix[..n]), session);
+    let hello = accept_greeting(&mut io, peer_addr, policy).await?;
+    // The greeting is longer than the replayed prefix, so nothing is left of it.
+    let Ok(mut session) = io.into_inner() else {
+        return Err(HandshakeError::Malformed {
+            peer_addr,
+            kind: crate::frame::FrameKind::Hello,
+            len_bytes: n,
+        });
+    };
+    session.get_mut().0.detach().map_err(io_err)?;
+    Ok(Incoming::Peer(Accepted {
+        hello,
+        peer_addr,
+        stream: AcceptedStream::Tls(session),
+    }))
 }

@@ -414,7 +414,10 @@ fn stream_starts_over_when_the_receiver_reports_a_mismatch() {
             dial(&stream_config, 1, listener.local_addr().unwrap(), 0).unwrap();
         let accepted = listener.accept().await;
         let peer = tokio::task::spawn_local(async move {
-            let mut socket = tokio::net::TcpStream::from_std(accepted.stream).unwrap();
+            let cairn_net::AcceptedStream::Plain(socket) = accepted.stream else {
+                panic!("a TLS connection on a plain port");
+            };
+            let mut socket = tokio::net::TcpStream::from_std(socket).unwrap();
             let mut decoder = FrameDecoder::new(1 << 20, 64 * 1024);
             let mut starts = Vec::new();
             let mut bytes_per_attempt = Vec::new();
@@ -535,12 +538,16 @@ fn a_port_shared_with_another_protocol_hands_over_its_connections_unread() {
             .await
             .unwrap();
         match listener.accept_any().await {
-            cairn_net::Incoming::Other { stream, .. } => {
+            cairn_net::Incoming::Other {
+                stream: cairn_net::OtherStream::Plain(stream),
+                ..
+            } => {
                 let mut buf = [0u8; 6];
                 stream.peek(&mut buf).await.unwrap();
                 assert_eq!(&buf, b"GET /x");
             }
             cairn_net::Incoming::Peer(a) => panic!("a peer from {}", a.peer_addr),
+            cairn_net::Incoming::Other { stream, .. } => panic!("{stream:?} on a plain port"),
         }
         // A peer still gets through, and garbage is still refused.
         let mut garbage = tokio::net::TcpStream::connect(addr).await.unwrap();

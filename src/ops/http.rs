@@ -19,6 +19,10 @@
 //!   its limits. Sniffing keeps the two servers independent: a plain hyper HTTP/1
 //!   server here, an untouched tonic server there, with one cheap decision per
 //!   connection (at most 24 bytes, usually one read).
+//!
+//!   On an `https://` client URL the TLS handshake comes first
+//!   ([`crate::tls::ClientPortTls`]) and the sniffing reads the decrypted bytes,
+//!   so the endpoints follow the client port's TLS and client certificates.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -38,12 +42,13 @@ use hyper::header::{HeaderValue, ALLOW, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::{mpsc, Notify, Semaphore};
 
 use super::metrics::Registry;
 use super::readiness::Readiness;
 use super::watchdog::Watchdog;
+use crate::tls::{ClientConn, ClientPortTls};
 
 /// The HTTP/2 connection preface every gRPC client sends first (RFC 9113 §3.4).
 pub const HTTP2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -479,15 +484,17 @@ where
     Ok((protocol, PrefixedIo::new(Bytes::from(prefix), stream)))
 }
 
-/// Serves the client port's non-gRPC side: accepts, sniffs each connection, serves
-/// HTTP/1 here and sends gRPC connections into `grpc`, the incoming stream of
-/// tonic's `Server::serve_with_incoming`
+/// Serves the client port's non-gRPC side: accepts, runs the TLS handshake
+/// when `tls` is given, sniffs each connection, serves HTTP/1 here and sends
+/// gRPC connections into `grpc`, the incoming stream of tonic's
+/// `Server::serve_with_incoming`
 /// (`tokio_stream::wrappers::ReceiverStream::new(rx)`). Ends when `shutdown`
 /// resolves or the gRPC side has gone.
 pub async fn serve_client_port(
     listener: TcpListener,
     endpoints: OpsEndpoints,
-    grpc: mpsc::Sender<io::Result<PrefixedIo<TcpStream>>>,
+    tls: Option<ClientPortTls>,
+    grpc: mpsc::Sender<io::Result<PrefixedIo<ClientConn>>>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), HttpError> {
     let local = listener
@@ -514,8 +521,19 @@ pub async fn serve_client_port(
         let endpoints = endpoints.clone();
         let grpc = grpc.clone();
         let http1_slots = Arc::clone(&http1_slots);
+        let tls = tls.clone();
         tokio::spawn(async move {
             let peer = peer.to_string();
+            let stream = match &tls {
+                None => ClientConn::Plain(stream),
+                Some(tls) => match tls.accept(stream).await {
+                    Ok(stream) => stream,
+                    Err(error) => {
+                        tracing::debug!(peer, %error, "client connection refused");
+                        return;
+                    }
+                },
+            };
             match sniff(stream, &peer).await {
                 Ok((Protocol::Grpc, io)) => {
                     // A closed channel means the gRPC server is shutting down;

@@ -63,6 +63,8 @@ pub enum StartError {
         source: std::io::Error,
     },
     #[error("{0}")]
+    Tls(#[from] crate::tls::TlsError),
+    #[error("{0}")]
     Other(String),
 }
 
@@ -77,7 +79,11 @@ fn data_dir_error(dir: &Path, reason: impl Into<String>) -> StartError {
 /// cluster, or joining a running one with `--initial-cluster-state existing`).
 /// Checks that the directory's layout matches the flags; a new member given no
 /// `--shards` takes the running cluster's or the backup's shard count.
-pub fn prepare_data_dir(config: &mut Config) -> Result<MemberFile, StartError> {
+/// `peer_tls`: how this member reaches https:// peers when joining.
+pub fn prepare_data_dir(
+    config: &mut Config,
+    peer_tls: Option<cairn_net::PeerTls>,
+) -> Result<MemberFile, StartError> {
     let dir = &config.data_dir.clone();
     std::fs::create_dir_all(dir).map_err(|e| data_dir_error(dir, e.to_string()))?;
     match MemberFile::load(dir).map_err(|e| data_dir_error(dir, e))? {
@@ -92,7 +98,7 @@ pub fn prepare_data_dir(config: &mut Config) -> Result<MemberFile, StartError> {
         }
         None => {
             let file = if config.initial_cluster_state == ClusterState::Existing {
-                join_cluster(config)?
+                join_cluster(config, peer_tls)?
             } else {
                 let m = Membership::bootstrap(config);
                 if let Some(path) = config.restore_snapshot.clone() {
@@ -215,7 +221,10 @@ const JOIN_UNKNOWN_SETTLE: Duration = Duration::from_secs(3);
 /// Learns the running cluster from the members named in `--initial-cluster`
 /// (their peer ports' `GET /cairn/members`), and finds this member in it by its
 /// advertised peer URLs: it must have been added with `member add` first.
-fn join_cluster(config: &mut Config) -> Result<MemberFile, StartError> {
+fn join_cluster(
+    config: &mut Config,
+    peer_tls: Option<cairn_net::PeerTls>,
+) -> Result<MemberFile, StartError> {
     let dir = &config.data_dir.clone();
     let own = &config.initial_advertise_peer_urls.clone();
     let peers: Vec<String> = config
@@ -244,7 +253,7 @@ fn join_cluster(config: &mut Config) -> Result<MemberFile, StartError> {
             .any(|m| super::members::same_urls(&m.peer_urls, own))
     };
     let table = rt.block_on(async {
-        let client = super::peer_http::PeerClient::default();
+        let client = super::peer_http::PeerClient::new(peer_tls);
         let mut errors = Vec::new();
         let mut without_me: Option<(std::time::Instant, _)> = None;
         loop {
@@ -389,13 +398,23 @@ impl CorePeers {
             .first()
             .ok_or_else(|| format!("member {to:x} has no peer URL"))?;
         let target = crate::config::url_host_port("peer-urls", url).map_err(|e| e.to_string())?;
-        let (link, rx) = cairn_net::dial(
-            &self.net,
-            to,
-            cairn_net::PeerTarget::HostPort(target),
-            shard,
-        )
-        .map_err(|e| format!("peer transport config: {e}"))?;
+        // The URL's scheme says whether the peer speaks TLS, as with etcd.
+        let net = if crate::config::url_is_https(url) {
+            if self.net.tls.is_none() {
+                return Err(format!(
+                    "{url} is https but this member has no peer TLS \
+                     (--peer-cert-file and --peer-key-file, or --peer-auto-tls)"
+                ));
+            }
+            self.net.clone()
+        } else {
+            cairn_net::Config {
+                tls: None,
+                ..self.net.clone()
+            }
+        };
+        let (link, rx) = cairn_net::dial(&net, to, cairn_net::PeerTarget::HostPort(target), shard)
+            .map_err(|e| format!("peer transport config: {e}"))?;
         tokio::task::spawn_local(forward_inbound(rx, self.inbound.clone(), to, None));
         // Dropping a replaced link closes its connection.
         self.links
@@ -519,6 +538,58 @@ async fn forward_inbound(
     }
 }
 
+/// The TLS sources of the client and peer ports, loaded (or, with auto TLS,
+/// made) before anything else, so a bad certificate or key stops the start
+/// with the flag and file named.
+fn start_tls(
+    config: &Config,
+) -> Result<
+    (
+        Option<Arc<crate::tls::CertSource>>,
+        Option<cairn_net::PeerTls>,
+    ),
+    StartError,
+> {
+    use crate::tls::{port_source, PortUse, Side};
+    let count = |flags: &[bool], https: bool| flags.iter().filter(|&&h| h == https).count();
+    let hosts = |addrs: &[SocketAddr]| -> Vec<String> {
+        addrs.iter().map(|a| a.ip().to_string()).collect()
+    };
+    let client_hosts = hosts(&config.listen_client_addrs);
+    let client = port_source(
+        Side::Client,
+        &config.client_tls,
+        &PortUse {
+            https_urls: count(&config.listen_client_https, true),
+            http_urls: count(&config.listen_client_https, false),
+            dials_https: false,
+            hosts: &client_hosts,
+            data_dir: &config.data_dir,
+            cipher_suites: &config.cipher_suites,
+        },
+    )?;
+    let peer_hosts = hosts(&config.listen_peer_addrs);
+    let dials_https = config
+        .initial_cluster
+        .iter()
+        .flat_map(|m| m.peer_urls.iter())
+        .chain(config.initial_advertise_peer_urls.iter())
+        .any(|u| crate::config::url_is_https(u));
+    let peer = port_source(
+        Side::Peer,
+        &config.peer_tls,
+        &PortUse {
+            https_urls: count(&config.listen_peer_https, true),
+            http_urls: count(&config.listen_peer_https, false),
+            dials_https,
+            hosts: &peer_hosts,
+            data_dir: &config.data_dir,
+            cipher_suites: &config.cipher_suites,
+        },
+    )?;
+    Ok((client, peer.map(cairn_net::PeerTls::from)))
+}
+
 fn bind_reuseport(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
     let domain = if addr.is_ipv4() {
         socket2::Domain::IPV4
@@ -559,6 +630,11 @@ struct Shared {
     next_watch_stream: Arc<std::sync::atomic::AtomicU64>,
     /// Lease ids this member generates, unique across its cores.
     lease_ids: Arc<super::lease::LeaseIds>,
+    /// The certificates of the https:// client URLs.
+    client_tls: Option<Arc<crate::tls::CertSource>>,
+    /// The peer certificates: the peer port's when its URL is https://, and
+    /// this member's when it reaches https:// peers.
+    peer_tls: Option<cairn_net::PeerTls>,
 }
 
 /// A started member.
@@ -584,7 +660,8 @@ impl Node {
         watchdog: Arc<crate::ops::watchdog::Watchdog>,
     ) -> Result<Node, StartError> {
         let mut config = config;
-        let file = prepare_data_dir(&mut config)?;
+        let (client_tls, peer_tls) = start_tls(&config)?;
+        let file = prepare_data_dir(&mut config, peer_tls.clone())?;
         warn_if_sharded(config.shards);
         let members = Arc::new(MemberRegistry::new(&config.data_dir, file.clone()));
         let routing = RoutingTable::new(config.shards, config.cores);
@@ -647,6 +724,7 @@ impl Node {
         let net = cairn_net::Config {
             cluster_id: file.cluster_id,
             member_id: file.member_id,
+            tls: peer_tls.clone(),
             ..cairn_net::Config::default()
         };
         let placement: Vec<(u32, usize)> = routing
@@ -671,6 +749,8 @@ impl Node {
             watchdog,
             next_watch_stream: Arc::new(std::sync::atomic::AtomicU64::new(1)),
             lease_ids: Arc::new(super::lease::LeaseIds::new(file.member_id)),
+            client_tls,
+            peer_tls,
             members: members.clone(),
             routing,
             router,
@@ -847,8 +927,19 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
             .expect("taken once");
         let listener = tokio::net::TcpListener::from_std(listener)
             .map_err(|e| StartError::Other(format!("peer listener: {e}")))?;
+        // The peer port speaks TLS when its URL is https://.
+        let accept_tls = config
+            .listen_peer_https
+            .first()
+            .copied()
+            .unwrap_or(false)
+            .then(|| shared.peer_tls.clone())
+            .flatten();
         let policy = cairn_net::AcceptPolicy {
-            config: shared.net.clone(),
+            config: cairn_net::Config {
+                tls: accept_tls,
+                ..shared.net.clone()
+            },
             members: shared.members.accepted(),
             lane_count: config.shards as u32,
         };
@@ -912,10 +1003,23 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
     let max_message_bytes = config.max_request_bytes + 512 * 1024;
     // This core's keep-alive connections to peers' HTTP sides, for lease
     // renewals and membership changes.
-    let peers = super::peer_http::PeerClient::default();
+    let peers = super::peer_http::PeerClient::new(shared.peer_tls.clone());
     let min_lease_ttl_secs =
         super::lease::min_lease_ttl_secs(config.heartbeat_interval_ms, config.election_timeout_ms);
-    for listener in listeners {
+    for (index, listener) in listeners.into_iter().enumerate() {
+        // Each listen URL's own scheme says whether it speaks TLS.
+        let tls = config
+            .listen_client_https
+            .get(index)
+            .copied()
+            .unwrap_or(false)
+            .then(|| {
+                shared
+                    .client_tls
+                    .clone()
+                    .map(crate::tls::ClientPortTls::new)
+            })
+            .flatten();
         let listener = tokio::net::TcpListener::from_std(listener)
             .map_err(|e| StartError::Other(format!("client listener: {e}")))?;
         let kv = KvService {
@@ -973,7 +1077,8 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
                 let _ = stop_http.changed().await;
             };
             if let Err(e) =
-                crate::ops::http::serve_client_port(listener, endpoints, grpc_tx, shutdown).await
+                crate::ops::http::serve_client_port(listener, endpoints, tls, grpc_tx, shutdown)
+                    .await
             {
                 tracing::error!(error = %e, "client port failed");
             }

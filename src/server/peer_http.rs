@@ -68,8 +68,9 @@ pub struct PeerHttp {
 }
 
 impl PeerHttp {
-    /// Serves HTTP/1 on one connection until the peer closes it.
-    pub async fn serve(self, stream: TcpStream, peer: String) {
+    /// Serves HTTP/1 on one connection (in clear, or the peer port's TLS
+    /// session) until the peer closes it.
+    pub async fn serve(self, stream: cairn_net::OtherStream, peer: String) {
         let service = hyper::service::service_fn(move |req: Request<Incoming>| {
             let this = self.clone();
             async move { Ok::<_, Infallible>(this.respond(req).await) }
@@ -312,13 +313,23 @@ impl<T> Forwarded<T> {
 }
 
 /// Requests to peers' HTTP sides over pooled keep-alive connections, by
-/// peer URL. Cheap to clone; clones share the pool.
+/// peer URL (https:// ones over TLS with the member's peer certificate).
+/// Cheap to clone; clones share the pool.
 #[derive(Clone, Default)]
 pub struct PeerClient {
     idle: Arc<Mutex<HashMap<String, Vec<PeerConnection>>>>,
+    tls: Option<cairn_net::PeerTls>,
 }
 
 impl PeerClient {
+    /// A client that reaches https:// peers with `tls`.
+    pub fn new(tls: Option<cairn_net::PeerTls>) -> Self {
+        PeerClient {
+            idle: Arc::default(),
+            tls,
+        }
+    }
+
     fn take_idle(&self, url: &str) -> Option<PeerConnection> {
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
         let list = idle.get_mut(url)?;
@@ -338,7 +349,7 @@ impl PeerClient {
         }
     }
 
-    async fn connect(url: &str) -> Result<PeerConnection, String> {
+    async fn connect(&self, url: &str) -> Result<PeerConnection, String> {
         // A name is looked up on tokio's blocking pool, not on this core.
         let host_port =
             crate::config::url_host_port("peer-urls", url).map_err(|e| e.to_string())?;
@@ -346,6 +357,28 @@ impl PeerClient {
             .await
             .map_err(|e| format!("connecting to {url}: {e}"))?;
         let _ = stream.set_nodelay(true);
+        if !crate::config::url_is_https(url) {
+            return Self::handshake(url, stream).await;
+        }
+        let Some(tls) = &self.tls else {
+            return Err(format!(
+                "{url} is https but this member has no peer TLS \
+                 (--peer-cert-file and --peer-key-file, or --peer-auto-tls)"
+            ));
+        };
+        let name = cairn_net::tls::server_name_of(&host_port)?;
+        let config = tls.0.client_config()?;
+        let session = tokio_rustls::TlsConnector::from(config)
+            .connect(name, stream)
+            .await
+            .map_err(|e| format!("{url}: TLS handshake: {e}"))?;
+        Self::handshake(url, session).await
+    }
+
+    async fn handshake<S>(url: &str, stream: S) -> Result<PeerConnection, String>
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
         let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
             .await
             .map_err(|e| format!("{url}: {e}"))?;
@@ -367,10 +400,11 @@ impl PeerClient {
             .ready()
             .await
             .map_err(|e| format!("{url}: connection closed: {e}"))?;
-        let mut req = Request::builder()
-            .method(method.clone())
-            .uri(path)
-            .header(hyper::header::HOST, url.trim_start_matches("http://"));
+        let mut req = Request::builder().method(method.clone()).uri(path).header(
+            hyper::header::HOST,
+            url.trim_start_matches("https://")
+                .trim_start_matches("http://"),
+        );
         for (name, value) in headers {
             req = req.header(*name, value.as_str());
         }
@@ -410,7 +444,7 @@ impl PeerClient {
                 }
             }
             if answer.is_err() {
-                let mut s = Self::connect(url).await?;
+                let mut s = self.connect(url).await?;
                 answer = Self::send(&mut s, url, &method, path, headers, body).await;
                 if answer.is_ok() {
                     self.put_idle(url, s);

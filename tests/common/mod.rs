@@ -87,11 +87,13 @@ pub struct Member {
     extra_args: Vec<String>,
     extra_env: Vec<(String, String)>,
     initial_cluster: String,
+    /// "http" or "https", for both ports.
+    scheme: &'static str,
 }
 
 impl Member {
     pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
+        format!("{}://127.0.0.1:{}", self.scheme, self.client_port)
     }
 
     fn spawn(&mut self) {
@@ -110,7 +112,7 @@ impl Member {
             .arg("--advertise-client-urls")
             .arg(self.endpoint())
             .arg("--listen-peer-urls")
-            .arg(format!("http://127.0.0.1:{}", self.peer_port))
+            .arg(format!("{}://127.0.0.1:{}", self.scheme, self.peer_port))
             .arg("--initial-advertise-peer-urls")
             .arg(self.peer_url())
             .arg("--initial-cluster")
@@ -224,7 +226,7 @@ impl Member {
     }
 
     pub fn peer_url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.advertised_peer_port)
+        format!("{}://127.0.0.1:{}", self.scheme, self.advertised_peer_port)
     }
 
     pub fn log_text(&self) -> String {
@@ -238,6 +240,14 @@ impl Drop for Member {
     }
 }
 
+fn owned(args: &[&str]) -> Vec<String> {
+    args.iter().map(|s| s.to_string()).collect()
+}
+
+fn tempdir() -> tempfile::TempDir {
+    tempfile::tempdir().expect("tempdir")
+}
+
 pub struct Cluster {
     pub members: Vec<Member>,
     pub dir: tempfile::TempDir,
@@ -246,30 +256,46 @@ pub struct Cluster {
 impl Cluster {
     /// Starts `n` members with `extra` flags each (e.g. `--shards 4`).
     pub fn start(n: usize, extra: &[&str]) -> Cluster {
-        Cluster::start_with(&vec![extra; n], &[])
+        Cluster::start_each(&vec![extra; n])
     }
 
     /// Starts one member per entry of `extra`, each with its own flags.
     pub fn start_each(extra: &[&[&str]]) -> Cluster {
-        Cluster::start_with(extra, &[])
+        let extra: Vec<Vec<String>> = extra.iter().map(|e| owned(e)).collect();
+        Cluster::start_with(tempdir(), "http", &extra, &[])
     }
 
     /// Starts `n` members; member `i` advertises `fronts[i]` as its peer port
     /// (a proxy the test runs in front of its listen port, so every byte
-    /// between members passes through the test). No fronts: the listen ports.
+    /// between members passes through the test).
     pub fn start_with_peer_fronts(n: usize, extra: &[&str], fronts: &[u16]) -> Cluster {
-        Cluster::start_with(&vec![extra; n], fronts)
+        Cluster::start_with(tempdir(), "http", &vec![owned(extra); n], fronts)
     }
 
-    /// Starts one member per entry of `extra` (its flags), member `i`
-    /// advertising `fronts[i]` as its peer port when fronts are given.
-    pub fn start_with(extra: &[&[&str]], fronts: &[u16]) -> Cluster {
+    /// Starts one member per entry of `extra`, each with its own flags, in
+    /// `dir`, on `scheme` ("http" or "https") client and peer URLs.
+    pub fn start_in(
+        dir: tempfile::TempDir,
+        scheme: &'static str,
+        extra: &[Vec<String>],
+    ) -> Cluster {
+        Cluster::start_with(dir, scheme, extra, &[])
+    }
+
+    /// Starts one member per entry of `extra` (its flags) in `dir`, on
+    /// `scheme` URLs, member `i` advertising `fronts[i]` as its peer port when
+    /// fronts are given (else its listen port).
+    pub fn start_with(
+        dir: tempfile::TempDir,
+        scheme: &'static str,
+        extra: &[Vec<String>],
+        fronts: &[u16],
+    ) -> Cluster {
         let n = extra.len();
         assert!(
             fronts.is_empty() || fronts.len() == n,
             "one front per member"
         );
-        let dir = tempfile::tempdir().expect("tempdir");
         let names: Vec<String> = (0..n).map(|i| format!("m{i}")).collect();
         let mut taken = std::collections::HashSet::new();
         let mut pick = || loop {
@@ -287,7 +313,7 @@ impl Cluster {
         let initial_cluster = names
             .iter()
             .zip(&ports)
-            .map(|(name, (_, _, front))| format!("{name}=http://127.0.0.1:{front}"))
+            .map(|(name, (_, _, front))| format!("{name}={scheme}://127.0.0.1:{front}"))
             .collect::<Vec<_>>()
             .join(",");
         let mut members: Vec<Member> = names
@@ -303,9 +329,10 @@ impl Cluster {
                     data_dir: dir.path().join(format!("{name}.cairn")),
                     log: dir.path().join(format!("{name}.log")),
                     child: None,
-                    extra_args: extra.iter().map(|s| s.to_string()).collect(),
+                    extra_args: extra.clone(),
                     extra_env: Vec::new(),
                     initial_cluster: initial_cluster.clone(),
+                    scheme,
                 },
             )
             .collect();
@@ -326,7 +353,8 @@ impl Cluster {
             .iter()
             .map(|m| format!("{}={}", m.name, m.peer_url()))
             .collect();
-        initial_cluster.push(format!("{name}=http://127.0.0.1:{peer_port}"));
+        let scheme = self.members.first().map_or("http", |m| m.scheme);
+        initial_cluster.push(format!("{name}={scheme}://127.0.0.1:{peer_port}"));
         let mut extra_args: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
         extra_args.extend([
             "--initial-cluster-state".to_string(),
@@ -343,6 +371,7 @@ impl Cluster {
             extra_args,
             extra_env: Vec::new(),
             initial_cluster: initial_cluster.join(","),
+            scheme,
         });
         self.members.len() - 1
     }
