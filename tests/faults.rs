@@ -199,10 +199,18 @@ async fn a_stale_leader_does_not_keep_a_lock_for_two() {
         hold: Duration::from_millis(500),
     };
     let b = tokio::spawn(contender.run());
-    tokio::time::sleep(Duration::from_secs(12)).await;
+    // Until B holds the lock (it renews its lease), at most a minute.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !log.renewals.lock().unwrap().iter().any(|(l, _)| *l == 1) {
+        if Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // A's holding ends by itself (a failed renewal, or its 15 s).
+    let _ = a.await;
     bench.net.heal();
     stop.store(true, Ordering::Relaxed);
-    let _ = a.await;
     let _ = b.await;
     let renewed_after_cut = log
         .renewals

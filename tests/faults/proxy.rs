@@ -107,6 +107,8 @@ pub fn serve_peer_front(
         let front_port = listener.local_addr().expect("proxy address").port();
         loop {
             let Ok((inbound, from_addr)) = listener.accept().await else {
+                // Out of descriptors, say: no busy loop meanwhile.
+                tokio::time::sleep(Duration::from_millis(10)).await;
                 continue;
             };
             net.accepted.fetch_add(1, Ordering::Relaxed);
@@ -149,6 +151,7 @@ pub fn serve_client_front(
     tokio::spawn(async move {
         loop {
             let Ok((inbound, _)) = listener.accept().await else {
+                tokio::time::sleep(Duration::from_millis(10)).await;
                 continue;
             };
             net.accepted.fetch_add(1, Ordering::Relaxed);
@@ -236,6 +239,9 @@ fn socket_inode(local: u16, remote: u16) -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
+    //! Guards the proxy against naming the wrong dialer, and against bytes
+    //! or new connections that cross a cut link.
+
     use super::*;
 
     /// The dialer lookup finds this very process as the owner of a socket it
