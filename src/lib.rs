@@ -1,6 +1,7 @@
 //! The Cairn daemon: Raft consensus per shard, thread-per-core, serving the etcd v3 API.
 
 pub mod config;
+pub mod durable_file;
 pub mod idle_poll;
 pub mod member_file;
 pub mod ops;

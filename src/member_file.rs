@@ -82,14 +82,10 @@ impl MemberFile {
             .map_err(|e| format!("{MEMBER_FILE}: {e}"))
     }
 
-    /// Writes the file atomically: a temporary file, synced, renamed over.
+    /// Writes the file atomically and durably (see [`crate::durable_file`]).
     pub fn write(&self, dir: &Path) -> std::io::Result<()> {
         let text = toml::to_string(self)
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
-        let tmp = dir.join("member.toml.tmp");
-        std::fs::write(&tmp, text)?;
-        std::fs::File::open(&tmp)?.sync_all()?;
-        std::fs::rename(&tmp, dir.join(MEMBER_FILE))?;
-        std::fs::File::open(dir)?.sync_all()
+        crate::durable_file::write(dir, MEMBER_FILE, text.as_bytes(), 0o644)
     }
 }

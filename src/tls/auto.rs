@@ -4,8 +4,6 @@
 //! for a year as etcd's are. Meant for tests and trials: it encrypts, but a
 //! client cannot tell this member from another holder of such a certificate.
 
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -70,18 +68,15 @@ pub fn self_cert(
     Ok((cert_path, key_path))
 }
 
+/// Writes a certificate or key file atomically and durably.
 fn write_file(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
-    let tmp = path.with_extension("pem.tmp");
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(mode)
-        .open(&tmp)?;
-    f.write_all(bytes)?;
-    f.sync_all()?;
-    drop(f);
-    std::fs::rename(&tmp, path)
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name().and_then(|n| n.to_str())) else {
+        return Err(std::io::Error::other(format!(
+            "{} is not a file path",
+            path.display()
+        )));
+    };
+    crate::durable_file::write(dir, name, bytes, mode)
 }
 
 /// `at` as a certificate date (whole seconds, UTC).

@@ -37,7 +37,7 @@ impl Backend {
 }
 
 /// The part of an experiment that Cairn's `[wal]` config can express. The config
-/// file's keys (read by the daemon, `src/config.rs`) are `backend` ("auto", "uring",
+/// file's keys (read by the daemon, `src/config/mod.rs`) are `backend` ("auto", "uring",
 /// "sync"), `direct-io` (bool) and `sync-mode` ("fdatasync", "dsync", "linked").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct WalSetting {

@@ -10,7 +10,7 @@ use cairn_tuning::model::{Engine, Experiment, IoMode, Outcome, SyncMode};
 use cairn_tuning::recommend::{recommend, Backend, NoRecommendation, GAIN_PERCENT_MIN};
 use common::*;
 
-/// The keys and values the daemon's `[wal]` table accepts (src/config.rs).
+/// The keys and values the daemon's `[wal]` table accepts (src/config/mod.rs).
 fn assert_config_section(toml_text: &str) -> toml::Table {
     let doc: toml::Table = toml::from_str(toml_text).expect("recommendation is valid TOML");
     let wal = doc["wal"].as_table().expect("a [wal] table");

@@ -4,6 +4,7 @@
 use std::path::Path;
 
 use super::*;
+use crate::durable_file::sync_dir;
 
 /// Splits a received snapshot stream back into the `MsgSnap` and store chunks.
 pub(super) fn decode_snapshot_stream(
@@ -76,25 +77,11 @@ fn read_checked(path: &Path) -> Result<Option<Vec<u8>>, String> {
     }
 }
 
-/// Writes `body` behind its CRC32 to `dir/name` atomically and durably:
-/// a temporary file, synced, renamed, and the directory synced.
+/// Writes `body` behind its CRC32 to `dir/name` atomically and durably.
 fn write_checked(dir: &Path, name: &str, body: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
     let mut bytes = crc32fast::hash(body).to_le_bytes().to_vec();
     bytes.extend_from_slice(body);
-    let tmp = dir.join(format!("{name}.tmp"));
-    {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(&bytes)?;
-        f.sync_all()?;
-    }
-    std::fs::rename(&tmp, dir.join(name))?;
-    sync_dir(dir)
-}
-
-/// Makes the directory's entries (creates, renames, removes) durable.
-fn sync_dir(dir: &Path) -> std::io::Result<()> {
-    std::fs::File::open(dir)?.sync_all()
+    crate::durable_file::write(dir, name, &bytes, 0o644)
 }
 
 pub(super) fn read_snapshot_meta(
