@@ -194,6 +194,11 @@ fn served_subject(port: u16, client: &Certs) -> String {
         .replace(' ', "")
 }
 
+/// The client, server and peer certificates of a cluster, signed by `ca`.
+fn cluster_certs(dir: &Path, ca: &Ca) -> [Certs; 3] {
+    ["client", "server", "peer"].map(|role| Certs::write(dir, role, ca, role))
+}
+
 fn tools_present() -> bool {
     require_tool("etcdctl") && require_tool("curl") && require_tool("openssl")
 }
@@ -206,9 +211,7 @@ fn mutual_tls_serves_the_right_certificates_and_refuses_the_rest() {
     let dir = tempfile::tempdir().unwrap();
     let ca = Ca::new("cairn test CA");
     let other_ca = Ca::new("another CA");
-    let client = Certs::write(dir.path(), "client", &ca, "client");
-    let server = Certs::write(dir.path(), "server", &ca, "server");
-    let peer = Certs::write(dir.path(), "peer", &ca, "peer");
+    let [client, server, peer] = cluster_certs(dir.path(), &ca);
     let stranger = Certs::write(dir.path(), "stranger", &other_ca, "client");
     let flags = mutual_tls_flags(&server, &peer);
     let cluster = Cluster::start_in(dir, "https", &vec![flags; 3]);
@@ -330,9 +333,7 @@ fn a_peer_with_a_certificate_from_another_ca_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let ca = Ca::new("cairn test CA");
     let other_ca = Ca::new("another CA");
-    let client = Certs::write(dir.path(), "client", &ca, "client");
-    let server = Certs::write(dir.path(), "server", &ca, "server");
-    let peer = Certs::write(dir.path(), "peer", &ca, "peer");
+    let [client, server, peer] = cluster_certs(dir.path(), &ca);
     // m2 trusts the cluster's CA but presents a peer certificate of
     // another CA: the members it dials refuse it, and it cannot serve them.
     let mut intruder = Certs::write(dir.path(), "intruder", &other_ca, "peer");
@@ -384,9 +385,7 @@ fn certificates_rotate_without_restart() {
     let dir = tempfile::tempdir().unwrap();
     let ca = Ca::new("cairn test CA");
     let new_ca = Ca::new("next year's CA");
-    let client = Certs::write(dir.path(), "client", &ca, "client");
-    let server = Certs::write(dir.path(), "server", &ca, "server");
-    let peer = Certs::write(dir.path(), "peer", &ca, "peer");
+    let [client, server, peer] = cluster_certs(dir.path(), &ca);
     let flags = mutual_tls_flags(&server, &peer);
     let mut cluster = Cluster::start_in(dir, "https", &vec![flags; 3]);
     let good = client.etcdctl_args();
@@ -437,9 +436,7 @@ fn a_member_joins_a_tls_cluster_over_tls() {
     }
     let dir = tempfile::tempdir().unwrap();
     let ca = Ca::new("cairn test CA");
-    let client = Certs::write(dir.path(), "client", &ca, "client");
-    let server = Certs::write(dir.path(), "server", &ca, "server");
-    let peer = Certs::write(dir.path(), "peer", &ca, "peer");
+    let [client, server, peer] = cluster_certs(dir.path(), &ca);
     let flags = mutual_tls_flags(&server, &peer);
     let mut cluster = Cluster::start_in(dir, "https", &vec![flags.clone(); 3]);
     let good = client.etcdctl_args();

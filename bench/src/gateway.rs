@@ -17,7 +17,7 @@ use hyper_util::rt::TokioIo;
 use tonic::{Code, Status};
 
 use crate::config::{GlobalOpts, KeyOpts};
-use crate::runner::{drive, Phase, Progress, Requester};
+use crate::runner::{warm_up_and_measure, Requester};
 use crate::stats::{Recorder, Report};
 use crate::workload::{value_of_size, KeyGen};
 use crate::BenchError;
@@ -142,38 +142,8 @@ pub async fn run(
         })?;
         clients.push(client);
     }
-    let mut warmup_requests = 0;
-    if !global.warmup().is_zero() {
-        let warm = drive(
-            clients,
-            Phase {
-                stop: crate::Stop::Duration(global.warmup()),
-                rate_per_sec: global.rate,
-            },
-            Arc::new(AtomicU64::new(0)),
-        )
-        .await?;
-        warmup_requests = warm.completed;
-        clients = warm.clients;
-    }
-    let done = Arc::new(AtomicU64::new(0));
-    let bar = Progress::start(
-        progress && !global.json,
-        "put-gateway",
-        global.stop(),
-        Arc::clone(&done),
-    );
-    let measured = drive(
-        clients,
-        Phase {
-            stop: global.stop(),
-            rate_per_sec: global.rate,
-        },
-        done,
-    )
-    .await;
-    bar.finish();
-    let measured = measured?;
+    let (measured, warmup_requests) =
+        warm_up_and_measure(global, "put-gateway", clients, progress).await?;
     Ok(Report {
         workload: "put-gateway".to_owned(),
         system: None,

@@ -241,6 +241,49 @@ pub async fn drive<C: Requester>(
     })
 }
 
+/// The warm-up (when `--warmup` is set) and the measured phase of `clients`,
+/// with a progress bar named `workload`; the measured phase and the requests
+/// the warm-up completed.
+pub async fn warm_up_and_measure<C: Requester>(
+    global: &GlobalOpts,
+    workload: &str,
+    mut clients: Vec<C>,
+    progress: bool,
+) -> Result<(PhaseResult<C>, u64), BenchError> {
+    let mut warmup_requests = 0;
+    if !global.warmup().is_zero() {
+        let warm = drive(
+            clients,
+            Phase {
+                stop: Stop::Duration(global.warmup()),
+                rate_per_sec: global.rate,
+            },
+            Arc::new(AtomicU64::new(0)),
+        )
+        .await?;
+        warmup_requests = warm.completed;
+        clients = warm.clients;
+    }
+    let done = Arc::new(AtomicU64::new(0));
+    let bar = Progress::start(
+        progress && !global.json,
+        workload,
+        global.stop(),
+        Arc::clone(&done),
+    );
+    let measured = drive(
+        clients,
+        Phase {
+            stop: global.stop(),
+            rate_per_sec: global.rate,
+        },
+        done,
+    )
+    .await;
+    bar.finish();
+    Ok((measured?, warmup_requests))
+}
+
 /// Runs a request/response workload: setup, warm-up, measured phase, teardown.
 pub async fn run(global: &GlobalOpts, spec: Spec, progress: bool) -> Result<Report, BenchError> {
     let channels = connect(global)?;
@@ -257,39 +300,8 @@ pub async fn run(global: &GlobalOpts, spec: Spec, progress: bool) -> Result<Repo
         clients.push(client);
     }
 
-    let mut warmup_requests = 0;
-    if !global.warmup().is_zero() {
-        let warm = drive(
-            clients,
-            Phase {
-                stop: Stop::Duration(global.warmup()),
-                rate_per_sec: global.rate,
-            },
-            Arc::new(AtomicU64::new(0)),
-        )
-        .await?;
-        warmup_requests = warm.completed;
-        clients = warm.clients;
-    }
-
-    let done = Arc::new(AtomicU64::new(0));
-    let bar = Progress::start(
-        progress && !global.json,
-        spec.name(),
-        global.stop(),
-        Arc::clone(&done),
-    );
-    let measured = drive(
-        clients,
-        Phase {
-            stop: global.stop(),
-            rate_per_sec: global.rate,
-        },
-        done,
-    )
-    .await;
-    bar.finish();
-    let measured = measured?;
+    let (measured, warmup_requests) =
+        warm_up_and_measure(global, spec.name(), clients, progress).await?;
     for client in measured.clients {
         client.teardown().await;
     }
