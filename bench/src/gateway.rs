@@ -4,8 +4,6 @@
 //! `--conns` does not apply). The same driver, warm-up and figures as the
 //! gRPC workloads, so the two rates compare directly on one cluster.
 
-use std::sync::atomic::AtomicU64;
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
