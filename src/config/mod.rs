@@ -15,6 +15,7 @@ use serde::Deserialize;
 use crate::member_file::MemberFile;
 use crate::tls::TlsFiles;
 
+pub mod auth;
 mod host_share;
 mod urls;
 
@@ -223,6 +224,19 @@ pub struct Flags {
     #[arg(long, value_name = "SUITES")]
     pub cipher_suites: Option<String>,
 
+    /// Auth tokens: "simple" (default), or
+    /// "jwt,pub-key=FILE,priv-key=FILE,sign-method=RS256,ttl=5m" (etcd's).
+    #[arg(long, value_name = "TYPE")]
+    pub auth_token: Option<String>,
+
+    /// Seconds a simple token lives without use (default 300, etcd's).
+    #[arg(long, value_name = "SECONDS")]
+    pub auth_token_ttl: Option<u64>,
+
+    /// bcrypt cost of new passwords, 4 to 31 (default 10, etcd's).
+    #[arg(long, value_name = "COST")]
+    pub bcrypt_cost: Option<u32>,
+
     #[command(flatten)]
     #[serde(default)]
     pub wal: WalFlags,
@@ -332,6 +346,9 @@ pub struct Config {
     pub peer_tls: TlsFiles,
     /// `--cipher-suites`, checked by [`crate::tls::parse_cipher_suites`].
     pub cipher_suites: Vec<String>,
+    /// `--auth-token`, `--auth-token-ttl`, `--bcrypt-cost`, and whether a
+    /// client certificate names the user (`--client-cert-auth`).
+    pub auth: auth::AuthOptions,
 }
 
 /// A setting that cannot be used, naming the flag it came from.
@@ -419,6 +436,9 @@ impl Flags {
             peer_client_cert_auth: self.peer_client_cert_auth.or(other.peer_client_cert_auth),
             peer_auto_tls: self.peer_auto_tls.or(other.peer_auto_tls),
             cipher_suites: self.cipher_suites.or(other.cipher_suites),
+            auth_token: self.auth_token.or(other.auth_token),
+            auth_token_ttl: self.auth_token_ttl.or(other.auth_token_ttl),
+            bcrypt_cost: self.bcrypt_cost.or(other.bcrypt_cost),
             wal: WalFlags {
                 backend: self.wal.backend.or(other.wal.backend),
                 segment_size_bytes: self.wal.segment_size_bytes.or(other.wal.segment_size_bytes),
@@ -538,6 +558,23 @@ impl Config {
                 }
             },
         };
+        let bcrypt_cost = f.bcrypt_cost.unwrap_or(10);
+        if !(4..=31).contains(&bcrypt_cost) {
+            return Err(invalid(
+                "bcrypt-cost",
+                format!("{bcrypt_cost}: must be between 4 and 31"),
+            ));
+        }
+        let auth = auth::AuthOptions {
+            token: auth::parse_auth_token(f.auth_token.as_deref().unwrap_or("simple"))
+                .map_err(|reason| invalid("auth-token", reason))?,
+            simple_token_ttl: match f.auth_token_ttl.unwrap_or(300) {
+                0 => return Err(invalid("auth-token-ttl", "must be at least 1 second")),
+                secs => Duration::from_secs(secs),
+            },
+            bcrypt_cost,
+            client_cert_auth: f.client_cert_auth.unwrap_or(false),
+        };
         let client_tls = TlsFiles {
             cert_file: f.cert_file,
             key_file: f.key_file,
@@ -592,6 +629,7 @@ impl Config {
             log_level: f.log_level.unwrap_or_else(|| "info".to_string()),
             log_format,
             wal,
+            auth,
         };
         config.validate()?;
         Ok(config)

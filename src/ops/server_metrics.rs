@@ -64,6 +64,7 @@ struct Ids {
     forwarded_requests: CoreCounter,
     idle_polls: CoreCounter,
     idle_poll_hits: CoreCounter,
+    auth_failures_limited: CoreCounter,
     has_leader: ShardGauge,
     is_leader: ShardGauge,
     leader_changes: ShardCounter,
@@ -122,6 +123,10 @@ impl Ids {
             forwarded_requests: b.core_counter(MetricSpec::new(
                 "cairn_core_forwarded_requests_total",
                 "Client requests this core forwarded to the core owning their shard.",
+            ))?,
+            auth_failures_limited: b.core_counter(MetricSpec::new(
+                "cairn_auth_failures_limited_total",
+                "Authenticate calls refused because the user or the client address failed too often.",
             ))?,
             idle_polls: b.core_counter(MetricSpec::new(
                 "cairn_core_idle_polls_total",
@@ -297,6 +302,11 @@ pub struct CoreRecorder {
 impl CoreRecorder {
     pub fn core(&self) -> usize {
         self.metrics.core()
+    }
+
+    /// An Authenticate call refused by the failure limiter.
+    pub fn auth_failure_limited(&self) {
+        self.metrics.counter_add(self.ids.auth_failures_limited, 1);
     }
 
     /// After each WAL data sync (fdatasync, or the completion of an O_DSYNC

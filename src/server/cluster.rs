@@ -41,6 +41,7 @@ pub struct ClusterService {
     pub members: Arc<MemberRegistry>,
     /// This core's keep-alive connections to the peers' HTTP sides.
     pub peers: peer_http::PeerClient,
+    pub auth: Arc<super::auth::AuthStore>,
 }
 
 fn pb_member(m: &Member) -> PbMember {
@@ -159,6 +160,7 @@ impl Cluster for ClusterService {
         &self,
         request: Request<MemberAddRequest>,
     ) -> Result<Response<MemberAddResponse>, Status> {
+        super::auth::require_admin(&self.auth, &request)?;
         let _one_at_a_time = self.members.change_lock().await;
         let req = request.into_inner();
         check_peer_urls(&req.peer_ur_ls)?;
@@ -203,6 +205,7 @@ impl Cluster for ClusterService {
         &self,
         request: Request<MemberRemoveRequest>,
     ) -> Result<Response<MemberRemoveResponse>, Status> {
+        super::auth::require_admin(&self.auth, &request)?;
         let _one_at_a_time = self.members.change_lock().await;
         let id = request.into_inner().id;
         let member = self.member(id)?;
@@ -236,6 +239,7 @@ impl Cluster for ClusterService {
         &self,
         request: Request<MemberUpdateRequest>,
     ) -> Result<Response<MemberUpdateResponse>, Status> {
+        super::auth::require_admin(&self.auth, &request)?;
         let _one_at_a_time = self.members.change_lock().await;
         let req = request.into_inner();
         check_peer_urls(&req.peer_ur_ls)?;
@@ -275,6 +279,7 @@ impl Cluster for ClusterService {
         &self,
         request: Request<MemberPromoteRequest>,
     ) -> Result<Response<MemberPromoteResponse>, Status> {
+        super::auth::require_admin(&self.auth, &request)?;
         let _one_at_a_time = self.members.change_lock().await;
         let id = request.into_inner().id;
         let member = self.member(id)?;

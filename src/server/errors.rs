@@ -77,6 +77,40 @@ pub enum ApiError {
          (keys sharing the prefix up to their second '/' do)"
     )]
     CrossShardTxn { shards: Vec<u32> },
+    #[error("etcdserver: root user does not exist")]
+    RootUserNotExist,
+    #[error("etcdserver: root user does not have root role")]
+    RootRoleNotExist,
+    #[error("etcdserver: user name already exists")]
+    UserAlreadyExist,
+    #[error("etcdserver: user name is empty")]
+    UserEmpty,
+    #[error("etcdserver: user name not found")]
+    UserNotFound,
+    #[error("etcdserver: role name already exists")]
+    RoleAlreadyExist,
+    #[error("etcdserver: role name not found")]
+    RoleNotFound,
+    #[error("etcdserver: role name is empty")]
+    RoleEmpty,
+    #[error("etcdserver: authentication failed, invalid user ID or password")]
+    AuthFailed,
+    #[error("etcdserver: permission not given")]
+    PermissionNotGiven,
+    #[error("etcdserver: permission denied")]
+    PermissionDenied,
+    #[error("etcdserver: role is not granted to the user")]
+    RoleNotGranted,
+    #[error("etcdserver: permission is not granted to the role")]
+    PermissionNotGranted,
+    #[error("etcdserver: authentication is not enabled")]
+    AuthNotEnabled,
+    #[error("etcdserver: invalid auth token")]
+    InvalidAuthToken,
+    #[error("etcdserver: invalid auth management")]
+    InvalidAuthMgmt,
+    #[error("etcdserver: revision of auth store is old")]
+    AuthOldRevision,
     #[error("cairn: {0} is not supported")]
     Unsupported(&'static str),
     /// The local store failed (I/O error, poisoned after a failed sync): the member
@@ -91,7 +125,12 @@ impl ApiError {
         use ApiError::*;
         match self {
             EmptyKey | ValueProvided | LeaseProvided | TooManyOps | DuplicateKey
-            | InvalidSortOption | RequestTooLarge | MemberBadUrls => Code::InvalidArgument,
+            | InvalidSortOption | RequestTooLarge | MemberBadUrls | UserEmpty | RoleEmpty
+            | AuthFailed | PermissionNotGiven | InvalidAuthMgmt | AuthOldRevision => {
+                Code::InvalidArgument
+            }
+            PermissionDenied => Code::PermissionDenied,
+            InvalidAuthToken => Code::Unauthenticated,
             Compacted | FutureRev | LeaseTtlTooLarge => Code::OutOfRange,
             NoSpace | TooManyRequests => Code::ResourceExhausted,
             LeaseNotFound | MemberNotFound => Code::NotFound,
@@ -102,6 +141,15 @@ impl ApiError {
             | LearnerNotReady
             | BadLeaderTransferee
             | TooManyLearners
+            | RootUserNotExist
+            | RootRoleNotExist
+            | UserAlreadyExist
+            | UserNotFound
+            | RoleAlreadyExist
+            | RoleNotFound
+            | RoleNotGranted
+            | PermissionNotGranted
+            | AuthNotEnabled
             | CrossShardTxn { .. } => Code::FailedPrecondition,
             NoLeader
             | LeaderChanged
@@ -154,6 +202,26 @@ mod tests {
                 ApiError::RequestTooLarge,
                 Code::InvalidArgument,
                 "etcdserver: request is too large",
+            ),
+            (
+                ApiError::PermissionDenied,
+                Code::PermissionDenied,
+                "etcdserver: permission denied",
+            ),
+            (
+                ApiError::InvalidAuthToken,
+                Code::Unauthenticated,
+                "etcdserver: invalid auth token",
+            ),
+            (
+                ApiError::AuthFailed,
+                Code::InvalidArgument,
+                "etcdserver: authentication failed, invalid user ID or password",
+            ),
+            (
+                ApiError::UserNotFound,
+                Code::FailedPrecondition,
+                "etcdserver: user name not found",
             ),
             (
                 ApiError::NoLeader,

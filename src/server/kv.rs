@@ -17,6 +17,7 @@ use futures::future::join_all;
 use prost::Message;
 use tonic::{Request, Response, Status};
 
+use super::auth::{caller_of, check, AuthStore};
 use super::command::WriteResult;
 use super::errors::ApiError;
 use super::merge::merge_ranges;
@@ -60,6 +61,7 @@ pub struct KvService {
     pub router: Arc<Router>,
     pub identity: Identity,
     pub limits: Limits,
+    pub auth: Arc<AuthStore>,
 }
 
 fn unexpected(what: &str) -> Status {
@@ -192,15 +194,20 @@ impl Kv for KvService {
         &self,
         request: Request<RangeRequest>,
     ) -> Result<Response<RangeResponse>, Status> {
+        let caller = caller_of(&self.auth, &request)?;
+        check::range(&self.auth, caller.as_ref(), request.get_ref())?;
         Ok(Response::new(
             self.range_across(request.into_inner()).await?,
         ))
     }
 
     async fn put(&self, request: Request<PutRequest>) -> Result<Response<PutResponse>, Status> {
+        let caller = caller_of(&self.auth, &request)?;
         let req = request.into_inner();
         validate::check_put(&req)?;
         self.check_size(&req)?;
+        check::put(&self.auth, caller.as_ref(), &req)?;
+        check::lease_keys(&self.auth, caller.as_ref(), &self.router, req.lease).await?;
         let shard = self.router.routing.shard_for_key(&req.key);
         match self.router.write(shard, ShardReq::Put(req)).await? {
             WriteResult::Put(mut r) => {
@@ -215,15 +222,21 @@ impl Kv for KvService {
         &self,
         request: Request<DeleteRangeRequest>,
     ) -> Result<Response<DeleteRangeResponse>, Status> {
+        let caller = caller_of(&self.auth, &request)?;
+        check::delete(&self.auth, caller.as_ref(), request.get_ref())?;
         Ok(Response::new(
             self.delete_across(request.into_inner()).await?,
         ))
     }
 
     async fn txn(&self, request: Request<TxnRequest>) -> Result<Response<TxnResponse>, Status> {
+        let caller = caller_of(&self.auth, &request)?;
         let req = request.into_inner();
         validate::check_txn(&req, self.limits.max_txn_ops)?;
         self.check_size(&req)?;
+        for lease in check::txn(&self.auth, caller.as_ref(), &req)? {
+            check::lease_keys(&self.auth, caller.as_ref(), &self.router, lease).await?;
+        }
         let shard = validate::txn_shard(&req, &self.router.routing)?;
         match self.router.write(shard, ShardReq::Txn(req)).await? {
             WriteResult::Txn(mut r) => {

@@ -124,6 +124,7 @@ pub struct LeaseService {
     pub min_ttl_secs: i64,
     pub ids: Arc<LeaseIds>,
     pub peers: peer_http::PeerClient,
+    pub auth: Arc<super::auth::AuthStore>,
 }
 
 impl LeaseService {
@@ -372,7 +373,9 @@ impl Lease for LeaseService {
         &self,
         request: Request<LeaseRevokeRequest>,
     ) -> Result<Response<LeaseRevokeResponse>, Status> {
+        let caller = super::auth::caller_of(&self.auth, &request)?;
         let id = request.into_inner().id;
+        super::auth::check::lease_keys(&self.auth, caller.as_ref(), &self.router, id).await?;
         let revision = self.revoke_everywhere(id).await?;
         Ok(Response::new(LeaseRevokeResponse {
             header: self.header(revision),

@@ -37,6 +37,7 @@ pub struct MaintenanceService {
     pub router: Arc<Router>,
     pub identity: Identity,
     pub members: Arc<MemberRegistry>,
+    pub auth: Arc<super::auth::AuthStore>,
 }
 
 /// How often MoveLeader looks whether the transfers are done.
@@ -146,8 +147,9 @@ impl Maintenance for MaintenanceService {
 
     async fn defragment(
         &self,
-        _: Request<DefragmentRequest>,
+        request: Request<DefragmentRequest>,
     ) -> Result<Response<DefragmentResponse>, Status> {
+        super::auth::require_admin(&self.auth, &request)?;
         // The store reuses freed pages online, so this is rarely needed: it
         // gives the disk back. Shard by shard, each blocking only its core.
         for shard in self.router.routing.shard_ids() {
@@ -162,7 +164,8 @@ impl Maintenance for MaintenanceService {
         }))
     }
 
-    async fn hash(&self, _: Request<HashRequest>) -> Result<Response<HashResponse>, Status> {
+    async fn hash(&self, request: Request<HashRequest>) -> Result<Response<HashResponse>, Status> {
+        super::auth::require_admin(&self.auth, &request)?;
         let hashes = self.all_hashes(0).await?;
         let statuses = self.router.all_status().await?;
         Ok(Response::new(HashResponse {
@@ -175,6 +178,7 @@ impl Maintenance for MaintenanceService {
         &self,
         request: Request<HashKvRequest>,
     ) -> Result<Response<HashKvResponse>, Status> {
+        super::auth::require_admin(&self.auth, &request)?;
         let req = request.into_inner();
         let hashes = self.all_hashes(req.revision).await?;
         let statuses = self.router.all_status().await?;
@@ -190,8 +194,9 @@ impl Maintenance for MaintenanceService {
 
     async fn snapshot(
         &self,
-        _: Request<SnapshotRequest>,
+        request: Request<SnapshotRequest>,
     ) -> Result<Response<Self::SnapshotStream>, Status> {
+        super::auth::require_admin(&self.auth, &request)?;
         // The file `etcdctl snapshot save` writes: see `backup.rs` for its
         // format and how `--restore-snapshot` builds a cluster from it.
         let (out_tx, out_rx) = tokio::sync::mpsc::channel::<Result<SnapshotResponse, Status>>(4);
@@ -272,6 +277,7 @@ impl Maintenance for MaintenanceService {
         &self,
         request: Request<MoveLeaderRequest>,
     ) -> Result<Response<MoveLeaderResponse>, Status> {
+        super::auth::require_admin(&self.auth, &request)?;
         let target = request.into_inner().target_id;
         if self.members.get(target).is_none_or(|m| m.is_learner) {
             return Err(ApiError::BadLeaderTransferee.into());
@@ -314,8 +320,9 @@ impl Maintenance for MaintenanceService {
 
     async fn downgrade(
         &self,
-        _: Request<DowngradeRequest>,
+        request: Request<DowngradeRequest>,
     ) -> Result<Response<DowngradeResponse>, Status> {
+        super::auth::require_admin(&self.auth, &request)?;
         Err(ApiError::Unsupported("Downgrade").into())
     }
 }

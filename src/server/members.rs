@@ -310,6 +310,7 @@ impl MemberRegistry {
             members: m.members.iter().map(Member::to_info).collect(),
             shards: self.shard_count(),
             bootstrap_voters: self.bootstrap_voters(),
+            auth: None,
         }
     }
 

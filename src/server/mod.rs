@@ -1,5 +1,6 @@
 //! The member: shards, the etcd v3 gRPC services, and how they meet.
 
+pub mod auth;
 pub mod backup;
 pub mod clock;
 pub mod cluster;

@@ -21,6 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use cairn_proto::etcdserverpb::auth_server::AuthServer;
 use cairn_proto::etcdserverpb::cluster_server::ClusterServer;
 use cairn_proto::etcdserverpb::kv_server::KvServer;
 use cairn_proto::etcdserverpb::lease_server::LeaseServer;
@@ -635,6 +636,8 @@ struct Shared {
     /// The peer certificates: the peer port's when its URL is https://, and
     /// this member's when it reaches https:// peers.
     peer_tls: Option<cairn_net::PeerTls>,
+    /// Users, roles and permissions; changed by shard 0's log.
+    auth: Arc<super::auth::AuthStore>,
 }
 
 /// A started member.
@@ -664,6 +667,8 @@ impl Node {
         let file = prepare_data_dir(&mut config, peer_tls.clone())?;
         warn_if_sharded(config.shards);
         let members = Arc::new(MemberRegistry::new(&config.data_dir, file.clone()));
+        let auth = super::auth::AuthStore::open(&config.data_dir, config.auth.clone())
+            .map_err(|e| StartError::Other(format!("auth state: {e}")))?;
         let routing = RoutingTable::new(config.shards, config.cores);
         let mut senders = Vec::new();
         let mut commands = Vec::new();
@@ -751,6 +756,7 @@ impl Node {
             lease_ids: Arc::new(super::lease::LeaseIds::new(file.member_id)),
             client_tls,
             peer_tls,
+            auth,
             members: members.clone(),
             routing,
             router,
@@ -912,6 +918,7 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
             metrics: recorder.shard(shard),
             readiness: Some(shared.readiness.clone()),
             members: shared.members.clone(),
+            auth: Some(shared.auth.clone()),
         };
         let driver = Shard::open(&mut setup).map_err(|e| StartError::Other(e.to_string()))?;
         tokio::task::spawn_local(driver.run(setup));
@@ -1026,23 +1033,27 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
             router: shared.router.clone(),
             identity: shared.identity.clone(),
             limits,
+            auth: shared.auth.clone(),
         };
         let maintenance = MaintenanceService {
             router: shared.router.clone(),
             identity: shared.identity.clone(),
             members: shared.members.clone(),
+            auth: shared.auth.clone(),
         };
         let watch = super::watch::WatchService {
             router: shared.router.clone(),
             members: shared.members.clone(),
             identity: shared.identity.clone(),
             next_stream: shared.next_watch_stream.clone(),
+            auth: shared.auth.clone(),
         };
         let cluster = ClusterService {
             identity: shared.identity.clone(),
             router: shared.router.clone(),
             members: shared.members.clone(),
             peers: peers.clone(),
+            auth: shared.auth.clone(),
         };
         let lease = super::lease::LeaseService {
             router: shared.router.clone(),
@@ -1051,6 +1062,13 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
             min_ttl_secs: min_lease_ttl_secs,
             ids: shared.lease_ids.clone(),
             peers: peers.clone(),
+            auth: shared.auth.clone(),
+        };
+        let auth = super::auth::service::AuthService {
+            auth: shared.auth.clone(),
+            router: shared.router.clone(),
+            identity: shared.identity.clone(),
+            metrics: Some(recorder.clone()),
         };
         let mut stop = shared.shutdown.clone();
         let mut stop_http = shared.shutdown.clone();
@@ -1065,7 +1083,8 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
         .add_service(MaintenanceServer::new(maintenance))
         .add_service(ClusterServer::new(cluster))
         .add_service(WatchServer::new(watch))
-        .add_service(LeaseServer::new(lease));
+        .add_service(LeaseServer::new(lease))
+        .add_service(AuthServer::new(auth));
         // HTTP/1 requests that are not operator endpoints go to the HTTP/JSON
         // gateway, which calls the same services in-process.
         let endpoints = shared.endpoints.with_fallback(super::gateway::fallback(

@@ -39,11 +39,44 @@ pub struct WatchService {
     pub members: Arc<super::members::MemberRegistry>,
     pub identity: Identity,
     pub next_stream: Arc<AtomicU64>,
+    pub auth: Arc<super::auth::AuthStore>,
 }
 
 impl WatchService {
     fn header(&self, revision: i64) -> Option<ResponseHeader> {
         Some(self.identity.header(revision, 0))
+    }
+
+    /// Whether the stream's caller may read the watched range; the cancel
+    /// reason etcd gives when not (its gRPC status, as text).
+    fn permitted(
+        &self,
+        metadata: &tonic::metadata::MetadataMap,
+        common_name: Option<&str>,
+        key: &[u8],
+        range_end: &[u8],
+    ) -> Result<(), String> {
+        if !self.auth.is_enabled() {
+            return Ok(());
+        }
+        self.auth
+            .caller(metadata, common_name)
+            .and_then(|caller| {
+                self.auth.check(
+                    caller.as_ref(),
+                    key,
+                    range_end,
+                    cairn_proto::authpb::permission::Type::Read,
+                )
+            })
+            .map_err(|e| {
+                let status = Status::from(e);
+                format!(
+                    "rpc error: code = {:?} desc = {}",
+                    status.code(),
+                    status.message()
+                )
+            })
     }
 }
 
@@ -58,6 +91,13 @@ impl Watch for WatchService {
         if self.members.local_is_learner() {
             return Err(super::errors::ApiError::NotSupportedForLearner.into());
         }
+        // Each create is checked against the stream's credentials, as etcd
+        // checks them: a token that expired since the stream opened fails.
+        let metadata = request.metadata().clone();
+        let common_name = request
+            .extensions()
+            .get::<crate::tls::ClientConnInfo>()
+            .and_then(|i| i.common_name.clone());
         let mut incoming = request.into_inner();
         let (out_tx, out_rx) =
             mpsc::channel::<Result<WatchResponse, Status>>(WATCH_STREAM_QUEUE_BATCHES);
@@ -110,6 +150,17 @@ impl Watch for WatchService {
                                         created: true,
                                         canceled: true,
                                         cancel_reason: "etcdserver: key is not provided".into(),
+                                        ..Default::default()
+                                    })).await;
+                                    continue;
+                                }
+                                if let Err(e) = svc.permitted(&metadata, common_name.as_deref(), &c.key, &c.range_end) {
+                                    let _ = out_tx.send(Ok(WatchResponse {
+                                        header: svc.header(0),
+                                        watch_id: -1,
+                                        created: true,
+                                        canceled: true,
+                                        cancel_reason: e,
                                         ..Default::default()
                                     })).await;
                                     continue;

@@ -134,13 +134,41 @@ impl AsyncWrite for ClientConn {
     }
 }
 
+/// What the gRPC services learn about a client connection: its address, and
+/// with mutual TLS the common name of its verified certificate (the user of
+/// requests without a token under `--client-cert-auth`, as in etcd).
+#[derive(Debug, Clone)]
+pub struct ClientConnInfo {
+    pub remote_addr: Option<std::net::SocketAddr>,
+    pub common_name: Option<String>,
+}
+
 impl Connected for ClientConn {
-    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+    type ConnectInfo = ClientConnInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
         match self {
-            ClientConn::Plain(s) => s.connect_info(),
-            ClientConn::Tls(s) => s.get_ref().0.connect_info(),
+            ClientConn::Plain(s) => ClientConnInfo {
+                remote_addr: s.peer_addr().ok(),
+                common_name: None,
+            },
+            ClientConn::Tls(s) => {
+                let (tcp, session) = s.get_ref();
+                ClientConnInfo {
+                    remote_addr: tcp.peer_addr().ok(),
+                    common_name: session
+                        .peer_certificates()
+                        .and_then(|chain| chain.first())
+                        .and_then(|leaf| common_name(leaf.as_ref())),
+                }
+            }
         }
     }
+}
+
+/// The subject common name of a DER certificate.
+fn common_name(der: &[u8]) -> Option<String> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
+    let cn = cert.subject().iter_common_name().next()?;
+    cn.as_str().ok().map(str::to_string)
 }

@@ -32,7 +32,7 @@ use std::sync::Arc;
 use rustls::crypto::CryptoProvider;
 use rustls::{CipherSuite, SupportedCipherSuite};
 
-pub use client_port::{ClientConn, ClientPortTls};
+pub use client_port::{ClientConn, ClientConnInfo, ClientPortTls};
 pub use source::CertSource;
 
 /// One port's TLS flags, as given.

@@ -199,6 +199,21 @@ impl Shard {
                     revision: self.store.current_revision(),
                 });
             }
+            R::Auth(change) => {
+                self.store.set_applied_index(index);
+                let applied = match &self.auth {
+                    Some(auth) if self.id == 0 => auth.apply(index, &change),
+                    _ => Err(ApiError::Unsupported("auth changes outside shard 0")),
+                };
+                if let Err(ApiError::Storage { reason, .. }) = &applied {
+                    // The change is committed but could not be kept: this
+                    // member's auth state would fall behind the log's.
+                    self.fail(reason.clone());
+                }
+                return applied.map(|()| WriteResult::Applied {
+                    revision: self.store.current_revision(),
+                });
+            }
             R::ConfChange(_) => {
                 // Conf changes arrive as conf change entries; one inside a
                 // normal entry is a proposer bug, recorded and skipped.

@@ -179,6 +179,8 @@ pub struct ShardSetup {
     pub readiness: Option<std::sync::Arc<crate::ops::readiness::Readiness>>,
     /// The member table, updated as membership changes are applied.
     pub members: std::sync::Arc<super::members::MemberRegistry>,
+    /// The auth state, which shard 0's log changes.
+    pub auth: Option<std::sync::Arc<super::auth::AuthStore>>,
 }
 
 /// An apply of one Ready's committed entries slower than this is counted as a
@@ -286,6 +288,7 @@ pub struct Shard {
     /// incarnation distinct from any earlier one's.
     boot_nonce: u64,
     members: std::sync::Arc<super::members::MemberRegistry>,
+    auth: Option<std::sync::Arc<super::auth::AuthStore>>,
     /// Membership changes waiting for the previous one to be applied (Raft
     /// takes one at a time).
     conf_change_queue: std::collections::VecDeque<(ConfChange, Reply<WriteResult>)>,

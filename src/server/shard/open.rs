@@ -22,7 +22,7 @@ impl Shard {
         if shard == 0 {
             // A snapshot install that a crash interrupted after its swap left
             // the member table it came with: member.toml follows it now.
-            let table = apply_pending_table(&setup.dir, &setup.members)
+            let table = apply_pending_table(&setup.dir, &setup.members, setup.auth.as_deref())
                 .map_err(|what| ShardOpenError::Recovery { shard, what })?;
             for m in table.iter().flat_map(|t| &t.members) {
                 if m.id != setup.member_id {
@@ -208,6 +208,7 @@ impl Shard {
             watchers: watchers::ShardWatchers::default(),
             boot_nonce,
             members: setup.members.clone(),
+            auth: setup.auth.clone(),
             conf_change_queue: std::collections::VecDeque::new(),
             is_learner,
             lease_clock: LeaseClock::new(setup.tick, setup.election_ticks),

@@ -58,32 +58,6 @@ fn pending_table_path(dir: &Path) -> PathBuf {
     dir.join("member-table.pending")
 }
 
-/// Reads a file written by [`write_checked`]: None when it does not exist.
-fn read_checked(path: &Path) -> Result<Option<Vec<u8>>, String> {
-    match std::fs::read(path) {
-        Ok(bytes) => {
-            // 4-byte little-endian CRC32 of the rest, then the body.
-            if bytes.len() < 4 {
-                return Err("shorter than its checksum".to_string());
-            }
-            let (crc, body) = bytes.split_at(4);
-            if u32::from_le_bytes(crc.try_into().expect("4 bytes")) != crc32fast::hash(body) {
-                return Err("checksum mismatch".to_string());
-            }
-            Ok(Some(body.to_vec()))
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e.to_string()),
-    }
-}
-
-/// Writes `body` behind its CRC32 to `dir/name` atomically and durably.
-fn write_checked(dir: &Path, name: &str, body: &[u8]) -> std::io::Result<()> {
-    let mut bytes = crc32fast::hash(body).to_le_bytes().to_vec();
-    bytes.extend_from_slice(body);
-    crate::durable_file::write(dir, name, &bytes, 0o644)
-}
-
 pub(super) fn read_snapshot_meta(
     shard: ShardId,
     dir: &Path,
@@ -94,7 +68,7 @@ pub(super) fn read_snapshot_meta(
         path: path.clone(),
         reason,
     };
-    match read_checked(&path).map_err(bad)? {
+    match crate::durable_file::read_checked(&path).map_err(bad)? {
         Some(body) => SnapshotMetadata::decode(body.as_slice())
             .map(Some)
             .map_err(|e| bad(e.to_string())),
@@ -103,7 +77,7 @@ pub(super) fn read_snapshot_meta(
 }
 
 pub(crate) fn write_snapshot_meta(dir: &Path, md: &SnapshotMetadata) -> std::io::Result<()> {
-    write_checked(dir, "raft-snapshot", &md.encode_to_vec())
+    crate::durable_file::write_checked(dir, "raft-snapshot", &md.encode_to_vec())
 }
 
 /// Rewrites `member.toml` from the member table a snapshot install left in
@@ -113,9 +87,12 @@ pub(crate) fn write_snapshot_meta(dir: &Path, md: &SnapshotMetadata) -> std::io:
 pub(super) fn apply_pending_table(
     dir: &Path,
     members: &crate::server::members::MemberRegistry,
+    auth: Option<&crate::server::auth::AuthStore>,
 ) -> Result<Option<cairn_proto::cairnpb::MemberTable>, String> {
     let path = pending_table_path(dir);
-    let Some(body) = read_checked(&path).map_err(|e| format!("{}: {e}", path.display()))? else {
+    let Some(body) =
+        crate::durable_file::read_checked(&path).map_err(|e| format!("{}: {e}", path.display()))?
+    else {
         return Ok(None);
     };
     let table = cairn_proto::cairnpb::MemberTable::decode(body.as_slice())
@@ -123,6 +100,11 @@ pub(super) fn apply_pending_table(
     members
         .replace_table(&table)
         .map_err(|e| format!("writing member.toml: {e}"))?;
+    // Shard 0's snapshot carries the auth state as of its sender's apply.
+    if let (Some(auth), Some(state)) = (auth, &table.auth) {
+        auth.install(state)
+            .map_err(|e| format!("writing the snapshot's auth state: {e}"))?;
+    }
     std::fs::remove_file(&path)
         .and_then(|()| sync_dir(dir))
         .map_err(|e| format!("removing {}: {e}", path.display()))?;
@@ -263,7 +245,11 @@ impl Shard {
         };
         // The member table rides along: a member that catches up by snapshot
         // may have missed the changes that added members.
-        m.context = Bytes::from(self.members.table().encode_to_vec());
+        let mut table = self.members.table();
+        if self.id == 0 {
+            table.auth = self.auth.as_ref().map(|a| a.snapshot());
+        }
+        m.context = Bytes::from(table.encode_to_vec());
         m.snapshot = Some(Snapshot {
             data: Bytes::new(),
             metadata: Some(SnapshotMetadata {
@@ -369,8 +355,12 @@ impl Shard {
             .map_err(|e| format!("writing snapshot metadata: {e}"))?;
         if let (0, Some(table)) = (self.id, &members) {
             // The table as of the snapshot's index (see applied_conf_change).
-            write_checked(&new_dir, "member-table.pending", &table.encode_to_vec())
-                .map_err(|e| format!("writing the snapshot's member table: {e}"))?;
+            crate::durable_file::write_checked(
+                &new_dir,
+                "member-table.pending",
+                &table.encode_to_vec(),
+            )
+            .map_err(|e| format!("writing the snapshot's member table: {e}"))?;
         }
         crate::server::crash_point::reached("snapshot-built");
         let truncate = [cairn_wal::Record::Truncate {
@@ -399,7 +389,7 @@ impl Shard {
         self.snapshot_meta = md.clone();
         self.conf_history.clear();
         if self.id == 0 {
-            apply_pending_table(&self.dir, &self.members)?;
+            apply_pending_table(&self.dir, &self.members, self.auth.as_deref())?;
         }
         let cs = md.conf_state.clone().unwrap_or_default();
         self.membership_changed(&cs);
