@@ -126,3 +126,64 @@ async fn a_cluster_restored_from_an_etcdctl_snapshot_has_every_key() {
         restored.logs()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restored_cluster_keeps_users_roles_and_permissions() {
+    if !common::require_tool("etcdctl") {
+        return;
+    }
+    let flags = ["--cores", "1", "--bcrypt-cost", "4"];
+    let source = Cluster::start(1, &flags);
+    let ep = source.members[0].endpoint();
+    let mut c = client(&ep).await;
+    wait_writable(&mut c, "/backup/ready").await;
+    let root = ["--user", "root:rootpw"];
+    for args in [
+        &["user", "add", "root:rootpw"][..],
+        &["auth", "enable"],
+        &[root[0], root[1], "role", "add", "app"],
+        &[
+            root[0],
+            root[1],
+            "role",
+            "grant-permission",
+            "app",
+            "readwrite",
+            "/app/",
+            "--prefix",
+        ],
+        &[root[0], root[1], "user", "add", "app:apppw"],
+        &[root[0], root[1], "user", "grant-role", "app", "app"],
+        &["--user", "app:apppw", "put", "/app/a", "1"],
+    ] {
+        let (ok, text) = etcdctl(&ep, args);
+        assert!(ok, "etcdctl {args:?}: {text}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("backup.db");
+    let save = [root[0], root[1], "snapshot", "save", file.to_str().unwrap()];
+    let (ok, text) = etcdctl(&ep, &save);
+    assert!(ok, "snapshot save failed: {text}");
+    drop(source);
+
+    let mut flags = flags.to_vec();
+    flags.extend(["--restore-snapshot", file.to_str().unwrap()]);
+    let restored = Cluster::start(1, &flags);
+    let ep = restored.members[0].endpoint();
+    // Progress-bounded: the restored member answers once it leads.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let read = loop {
+        let (ok, text) = etcdctl(&ep, &["--user", "app:apppw", "get", "/app/a"]);
+        if ok || std::time::Instant::now() > deadline {
+            break (ok, text);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    };
+    assert!(read.0 && read.1.contains("/app/a"), "{}", read.1);
+    let (ok, text) = etcdctl(&ep, &["get", "/app/a"]);
+    assert!(!ok && text.contains("user name is empty"), "{text}");
+    let (ok, text) = etcdctl(&ep, &["--user", "app:apppw", "put", "/other", "x"]);
+    assert!(!ok && text.contains("permission denied"), "{text}");
+    let (ok, text) = etcdctl(&ep, &[root[0], root[1], "role", "get", "app"]);
+    assert!(ok && text.contains("[/app/, /app0)"), "{text}");
+}

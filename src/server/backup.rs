@@ -2,7 +2,7 @@
 //! (Maintenance.Snapshot), and building a new cluster's members from it
 //! (`--restore-snapshot`).
 //!
-//! # File format (version 1)
+//! # File format (version 2)
 //! All integers little-endian.
 //! ```text
 //! "CAIRNSNP"                  8 bytes of magic
@@ -13,6 +13,7 @@
 //!   shard u32, applied_index u64
 //!   (len u32, store snapshot chunk of len bytes)*   the store's snapshot stream
 //!   0xFFFF_FFFF               end of the shard
+//! auth_len u32, auth_len bytes   the auth state (`cairnpb.AuthState`; version 2)
 //! zero bytes                  padding to a multiple of 512 bytes
 //! trailer, 32 bytes:          "CAIRNEND", body_len u64 (the bytes before the
 //!                             padding), crc32 u32 (CRC-32 IEEE of those), 12 zero bytes
@@ -29,7 +30,10 @@
 //! Every member of the new cluster is started once with the same file and an
 //! empty data directory: each shard's store is rebuilt from its part, and its
 //! Raft log starts after the store's applied index (term 1) with the new
-//! cluster's members, so all members start from the same log position.
+//! cluster's members, so all members start from the same log position. The
+//! users, roles and permissions are restored with them (`auth.state`), as
+//! etcd's snapshots carry its auth buckets. Version 1 files (no auth state)
+//! are still read.
 
 use std::path::Path;
 
@@ -39,7 +43,7 @@ use cairn_mvcc as mvcc;
 use crate::raft::{ConfState, SnapshotMetadata};
 
 pub const MAGIC: &[u8; 8] = b"CAIRNSNP";
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 const END_OF_SHARD: u32 = u32::MAX;
 
 /// Builds the file's bytes piece by piece, keeping the running checksum.
@@ -86,6 +90,13 @@ impl BackupEncoder {
         self.out(END_OF_SHARD.to_le_bytes().to_vec())
     }
 
+    /// The auth state, after the last shard.
+    pub fn auth(&mut self, state: &[u8]) -> Bytes {
+        let mut b = (state.len() as u32).to_le_bytes().to_vec();
+        b.extend_from_slice(state);
+        self.out(b)
+    }
+
     /// The padding and the trailer: the file's last bytes.
     pub fn finish(self) -> Bytes {
         let padding = (PAGE_BYTES - self.len % PAGE_BYTES) % PAGE_BYTES;
@@ -109,6 +120,8 @@ pub struct Backup {
     pub shards: u32,
     pub cluster_id: u64,
     pub parts: Vec<ShardBackup>,
+    /// The encoded `cairnpb.AuthState` (empty in version 1 files).
+    pub auth: Vec<u8>,
 }
 
 /// Reads and checks a backup file.
@@ -143,7 +156,7 @@ fn parse_backup(data: &[u8]) -> Result<Backup, String> {
     }
     let mut r = Reader { data: body, pos: 8 };
     let version = r.u32()?;
-    if version != VERSION {
+    if version != VERSION && version != 1 {
         return Err(format!(
             "snapshot version {version}; this build reads {VERSION}"
         ));
@@ -174,6 +187,12 @@ fn parse_backup(data: &[u8]) -> Result<Backup, String> {
             chunks,
         });
     }
+    let auth = if version >= 2 {
+        let len = r.u32()?;
+        r.take(len as usize)?.to_vec()
+    } else {
+        Vec::new()
+    };
     if r.pos != body.len() {
         return Err(format!("{} bytes after the last shard", body.len() - r.pos));
     }
@@ -181,6 +200,7 @@ fn parse_backup(data: &[u8]) -> Result<Backup, String> {
         shards,
         cluster_id,
         parts,
+        auth,
     })
 }
 
@@ -221,6 +241,24 @@ pub fn restore_into(
     store_config: &mvcc::Config,
     voters: &[u64],
 ) -> Result<(), String> {
+    if !backup.auth.is_empty() {
+        use prost::Message as _;
+        let mut state = cairn_proto::cairnpb::AuthState::decode(backup.auth.as_slice())
+            .map_err(|e| format!("the auth state does not decode: {e}"))?;
+        // The new cluster's shard 0 log starts after the restored store's
+        // index: every change it will carry comes after that.
+        state.applied_index = backup
+            .parts
+            .first()
+            .map_or(0, |p| p.applied_index)
+            .min(state.applied_index);
+        crate::durable_file::write_checked(
+            data_dir,
+            super::auth::AUTH_FILE,
+            &state.encode_to_vec(),
+        )
+        .map_err(|e| format!("writing {}: {e}", super::auth::AUTH_FILE))?;
+    }
     for part in backup.parts {
         let dir = data_dir.join(format!("shard-{}", part.shard));
         // Leftovers of an earlier attempt that failed before the member was
@@ -271,6 +309,7 @@ mod tests {
             out.extend_from_slice(&e.chunk(b""));
             out.extend_from_slice(&e.shard_end());
         }
+        out.extend_from_slice(&e.auth(b"auth state"));
         out.extend_from_slice(&e.finish());
         out
     }
@@ -282,6 +321,7 @@ mod tests {
         assert_eq!(b.parts.len(), 2);
         assert_eq!(b.parts[1].applied_index, 101);
         assert_eq!(b.parts[0].chunks, vec![b"first chunk".to_vec(), Vec::new()]);
+        assert_eq!(b.auth, b"auth state");
     }
 
     #[test]

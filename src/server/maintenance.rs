@@ -204,6 +204,10 @@ impl Maintenance for MaintenanceService {
         let identity = self.identity.clone();
         let statuses = self.router.all_status().await?;
         let estimate: u64 = statuses.iter().map(|s| s.db_size_in_use_bytes).sum();
+        let auth_state = {
+            use prost::Message as _;
+            self.auth.snapshot().encode_to_vec()
+        };
         tokio::spawn(async move {
             let mut enc = BackupEncoder::default();
             let mut sent = 0u64;
@@ -261,6 +265,9 @@ impl Maintenance for MaintenanceService {
                 if send(enc.shard_end(), &mut sent, false).await.is_err() {
                     return;
                 }
+            }
+            if send(enc.auth(&auth_state), &mut sent, false).await.is_err() {
+                return;
             }
             let _ = send(enc.finish(), &mut sent, true).await;
         });
