@@ -13,60 +13,10 @@
 mod common;
 mod gateway_http;
 
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use gateway_http::{open_stream, post, request, try_post_status, Answer};
 use serde_json::{json, Value};
-
-/// A real etcd on loopback with its data in a temporary directory.
-struct Etcd {
-    child: Child,
-    endpoint: String,
-    _dir: tempfile::TempDir,
-}
-
-impl Etcd {
-    fn start() -> Etcd {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let (client, peer) = (common::free_port(), common::free_port());
-        let endpoint = format!("http://127.0.0.1:{client}");
-        let peer_url = format!("http://127.0.0.1:{peer}");
-        let log = std::fs::File::create(dir.path().join("etcd.log")).expect("etcd log");
-        let child = Command::new("etcd")
-            .arg("--name")
-            .arg("m0")
-            .arg("--data-dir")
-            .arg(dir.path().join("data"))
-            .arg("--listen-client-urls")
-            .arg(&endpoint)
-            .arg("--advertise-client-urls")
-            .arg(&endpoint)
-            .arg("--listen-peer-urls")
-            .arg(&peer_url)
-            .arg("--initial-advertise-peer-urls")
-            .arg(&peer_url)
-            .arg("--initial-cluster")
-            .arg(format!("m0={peer_url}"))
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("clone log"))
-            .stderr(log)
-            .spawn()
-            .expect("start etcd");
-        Etcd {
-            child,
-            endpoint,
-            _dir: dir,
-        }
-    }
-}
-
-impl Drop for Etcd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// Waits until a gateway answers a write (a leader exists), bounded by progress
 /// of the member's start rather than a tight clock.
@@ -161,7 +111,7 @@ fn gateway_answers_as_etcd_does() {
     if !common::require_tool("etcd") {
         return;
     }
-    let etcd_server = Etcd::start();
+    let etcd_server = common::Etcd::start();
     let cluster = common::Cluster::start(1, &[]);
     let (e, c) = (etcd_server.endpoint.as_str(), cluster.members[0].endpoint());
     let c = c.as_str();

@@ -51,7 +51,9 @@ pub fn require_tool(tool: &str) -> bool {
         if std::env::var_os("CI").is_some() {
             panic!("{tool} is required under CI but is not installed");
         }
-        eprintln!("SKIP: {tool} is not installed (apt-get install etcd-client etcd-server)");
+        eprintln!(
+            "SKIP: {tool} is not installed (.ci/run installs the Debian packages the tests drive)"
+        );
     }
     found
 }
@@ -72,6 +74,60 @@ pub fn etcdctl(endpoint: &str, args: &[&str]) -> (bool, String) {
         String::from_utf8_lossy(&out.stderr)
     );
     (out.status.success(), text)
+}
+
+/// A real single-member etcd on free loopback ports, its data and log
+/// (`etcd.log`) in a temporary directory; killed when dropped.
+pub struct Etcd {
+    child: Child,
+    pub endpoint: String,
+    pub dir: tempfile::TempDir,
+}
+
+impl Etcd {
+    pub fn start() -> Etcd {
+        let dir = tempdir();
+        let (client, peer) = (free_port(), free_port());
+        let endpoint = format!("http://127.0.0.1:{client}");
+        let peer_url = format!("http://127.0.0.1:{peer}");
+        let log = std::fs::File::create(dir.path().join("etcd.log")).expect("etcd log");
+        let child = Command::new("etcd")
+            .arg("--name")
+            .arg("m0")
+            .arg("--data-dir")
+            .arg(dir.path().join("data"))
+            .arg("--listen-client-urls")
+            .arg(&endpoint)
+            .arg("--advertise-client-urls")
+            .arg(&endpoint)
+            .arg("--listen-peer-urls")
+            .arg(&peer_url)
+            .arg("--initial-advertise-peer-urls")
+            .arg(&peer_url)
+            .arg("--initial-cluster")
+            .arg(format!("m0={peer_url}"))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("clone log"))
+            .stderr(log)
+            .spawn()
+            .expect("start etcd");
+        Etcd {
+            child,
+            endpoint,
+            dir,
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("etcd.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 pub struct Member {

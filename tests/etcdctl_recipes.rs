@@ -1,0 +1,333 @@
+//! etcd 3.4's etcdctl recipes that run for a while against Cairn, as operators
+//! run them: `elect` (campaign and observe on a 3-member cluster, leadership
+//! passing on when the leader resigns or its lease goes) and `make-mirror`
+//! (from a real etcd into Cairn and from Cairn into etcd: the existing keys
+//! under a prefix, then the puts and deletes that follow). Guards against
+//! watch, lease or transaction behaviour that etcd's concurrency package
+//! (election) or its mirror syncer (a paged read at one revision, then a watch
+//! from the next) would trip over.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// How long any one step may take on a busy 2-core machine before the test
+/// gives up; steps normally take well under a second.
+const STEP_DEADLINE: Duration = Duration::from_secs(60);
+
+/// A long-running etcdctl whose stdout lines are collected as they come;
+/// killed when dropped.
+struct Background {
+    child: Child,
+    lines: Arc<Mutex<Vec<String>>>,
+    what: String,
+}
+
+impl Background {
+    fn start(endpoints: &str, args: &[&str]) -> Background {
+        let mut child = Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints={endpoints}"))
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start etcdctl");
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        for stream in [
+            Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
+            Box::new(child.stderr.take().unwrap()),
+        ] {
+            let lines = Arc::clone(&lines);
+            std::thread::spawn(move || {
+                for line in BufReader::new(stream).lines() {
+                    let Ok(line) = line else { break };
+                    lines.lock().unwrap().push(line);
+                }
+            });
+        }
+        Background {
+            child,
+            lines,
+            what: format!("etcdctl {}", args.join(" ")),
+        }
+    }
+
+    fn lines(&self) -> Vec<String> {
+        self.lines.lock().unwrap().clone()
+    }
+
+    /// Waits until the output satisfies `done`.
+    fn wait_for(&self, what: &str, done: impl Fn(&[String]) -> bool) {
+        let deadline = Instant::now() + STEP_DEADLINE;
+        while !done(&self.lines()) {
+            assert!(
+                Instant::now() < deadline,
+                "{}: never {what}; output so far: {:?}",
+                self.what,
+                self.lines()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn signal(&self, signal: i32) {
+        // SAFETY: kill(2) on the pid of a child we own and have not reaped.
+        unsafe {
+            libc::kill(self.child.id() as i32, signal);
+        }
+    }
+
+    /// Waits for the process to exit (after a signal); its success.
+    fn wait_exit(&mut self) -> bool {
+        let deadline = Instant::now() + STEP_DEADLINE;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait etcdctl") {
+                return status.success();
+            }
+            assert!(Instant::now() < deadline, "{} did not exit", self.what);
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The values an `elect` campaigner or observer printed: it prints each
+/// leader's key (`<election>/<lease id>`) and then its proposal.
+fn proposals(lines: &[String], election: &str) -> Vec<String> {
+    let key_prefix = format!("{election}/");
+    lines
+        .iter()
+        .filter(|l| !l.starts_with(&key_prefix))
+        .cloned()
+        .collect()
+}
+
+/// `etcdctl get --prefix` as (key, value) pairs, each key's value on the
+/// line after it.
+fn get_prefix(endpoint: &str, prefix: &str) -> Vec<(String, String)> {
+    let (ok, out) = common::etcdctl(endpoint, &["get", "--prefix", prefix]);
+    assert!(ok, "get --prefix {prefix} from {endpoint}: {out}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(lines.len().is_multiple_of(2), "odd get output: {out}");
+    lines
+        .chunks(2)
+        .map(|kv| (kv[0].to_string(), kv[1].to_string()))
+        .collect()
+}
+
+fn put(endpoint: &str, key: &str, value: &str) {
+    let (ok, out) = common::etcdctl(endpoint, &["put", key, value]);
+    assert!(ok, "put {key} on {endpoint}: {out}");
+}
+
+fn del(endpoint: &str, key: &str) {
+    let (ok, out) = common::etcdctl(endpoint, &["del", key]);
+    assert!(ok && out.trim() == "1", "del {key} on {endpoint}: {out}");
+}
+
+/// Waits until `endpoint` holds exactly `want` under `prefix`.
+fn wait_contents(
+    endpoint: &str,
+    prefix: &str,
+    want: &[(&str, &str)],
+    context: &dyn Fn() -> String,
+) {
+    let want: Vec<(String, String)> = want
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let deadline = Instant::now() + STEP_DEADLINE;
+    loop {
+        let got = get_prefix(endpoint, prefix);
+        if got == want {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{endpoint} under {prefix}: want {want:?}, have {got:?}\n{}",
+            context()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Waits until a put through `endpoint` succeeds (a leader exists).
+fn wait_writable(endpoint: &str) {
+    let deadline = Instant::now() + STEP_DEADLINE;
+    loop {
+        let (ok, out) = common::etcdctl(endpoint, &["put", "/ready", "1"]);
+        if ok {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{endpoint} never took a put: {out}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn etcdctl_elect_passes_leadership_on() {
+    if !common::require_tool("etcdctl") {
+        return;
+    }
+    let cluster = common::Cluster::start(3, &[]);
+    let endpoints = cluster.endpoints().join(",");
+    wait_writable(&endpoints);
+    let election = "cairn-election";
+    let observer = Background::start(&endpoints, &["elect", "-l", election]);
+    let p1 = Background::start(&endpoints, &["elect", election, "p1"]);
+    p1.wait_for("won the empty election", |l| {
+        proposals(l, election) == ["p1"]
+    });
+    observer.wait_for("saw p1 lead", |l| proposals(l, election) == ["p1"]);
+
+    // p2 campaigns: its key is there, behind p1's, and it does not lead.
+    let p2 = Background::start(&endpoints, &["elect", election, "p2"]);
+    let deadline = Instant::now() + STEP_DEADLINE;
+    while get_prefix(&endpoints, &format!("{election}/")).len() < 2 {
+        assert!(Instant::now() < deadline, "p2 never campaigned");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(proposals(&p2.lines(), election), Vec::<String>::new());
+    assert_eq!(proposals(&observer.lines(), election), ["p1"]);
+
+    // SIGTERM: etcdctl resigns (deletes its key) and revokes its lease.
+    let mut p1 = p1;
+    p1.signal(libc::SIGTERM);
+    p1.wait_exit();
+    p2.wait_for("won after p1 resigned", |l| {
+        proposals(l, election) == ["p2"]
+    });
+    observer.wait_for("saw p2 lead", |l| proposals(l, election) == ["p1", "p2"]);
+
+    // kill -9 leaves p2's key and lease behind until the lease expires (60 s
+    // for etcdctl's session); revoking the lease is what its expiry does.
+    let p3 = Background::start(&endpoints, &["elect", election, "p3"]);
+    let deadline = Instant::now() + STEP_DEADLINE;
+    while get_prefix(&endpoints, &format!("{election}/")).len() < 2 {
+        assert!(Instant::now() < deadline, "p3 never campaigned");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut p2 = p2;
+    p2.signal(libc::SIGKILL);
+    p2.wait_exit();
+    let leader_key = p2.lines()[0].clone();
+    let lease_hex = leader_key
+        .strip_prefix(&format!("{election}/"))
+        .expect("p2 printed its key");
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        proposals(&p3.lines(), election),
+        Vec::<String>::new(),
+        "p3 led while p2's lease was alive"
+    );
+    let (ok, out) = common::etcdctl(&endpoints, &["lease", "revoke", lease_hex]);
+    assert!(ok, "lease revoke {lease_hex}: {out}");
+    p3.wait_for("won after p2's lease went", |l| {
+        proposals(l, election) == ["p3"]
+    });
+    observer.wait_for("saw p3 lead", |l| {
+        proposals(l, election) == ["p1", "p2", "p3"]
+    });
+}
+
+#[test]
+fn etcdctl_make_mirror_between_etcd_and_cairn() {
+    if !common::require_tool("etcdctl") || !common::require_tool("etcd") {
+        return;
+    }
+    let etcd = common::Etcd::start();
+    let cluster = common::Cluster::start(1, &["--cores", "1"]);
+    let cairn = cluster.members[0].endpoint();
+    let etcd_ep = etcd.endpoint.clone();
+    wait_writable(&etcd_ep);
+    wait_writable(&cairn);
+    let context = || format!("==== etcd ====\n{}\n{}", etcd.log_text(), cluster.logs());
+
+    // etcd -> Cairn, same keys.
+    for (k, v) in [
+        ("/src/a", "1"),
+        ("/src/b", "2"),
+        ("/src/c", "3"),
+        ("/other", "x"),
+    ] {
+        put(&etcd_ep, k, v);
+    }
+    let to_cairn = Background::start(&etcd_ep, &["make-mirror", "--prefix", "/src/", &cairn]);
+    wait_contents(
+        &cairn,
+        "/src/",
+        &[("/src/a", "1"), ("/src/b", "2"), ("/src/c", "3")],
+        &context,
+    );
+    put(&etcd_ep, "/src/d", "4");
+    del(&etcd_ep, "/src/a");
+    put(&etcd_ep, "/src/b", "2b");
+    wait_contents(
+        &cairn,
+        "/src/",
+        &[("/src/b", "2b"), ("/src/c", "3"), ("/src/d", "4")],
+        &context,
+    );
+    assert!(
+        get_prefix(&cairn, "/other").is_empty(),
+        "mirrored outside the prefix"
+    );
+
+    // Cairn -> etcd, under another prefix.
+    for (k, v) in [("/app/x", "10"), ("/app/y", "20")] {
+        put(&cairn, k, v);
+    }
+    let to_etcd = Background::start(
+        &cairn,
+        &[
+            "make-mirror",
+            "--prefix",
+            "/app/",
+            "--dest-prefix",
+            "/copy/",
+            &etcd_ep,
+        ],
+    );
+    wait_contents(
+        &etcd_ep,
+        "/copy/",
+        &[("/copy/x", "10"), ("/copy/y", "20")],
+        &context,
+    );
+    put(&cairn, "/app/z", "30");
+    del(&cairn, "/app/x");
+    put(&cairn, "/app/y", "21");
+    wait_contents(
+        &etcd_ep,
+        "/copy/",
+        &[("/copy/y", "21"), ("/copy/z", "30")],
+        &context,
+    );
+
+    // Both mirrors were still running: neither gave up on an error.
+    let mut to_cairn = to_cairn;
+    let mut to_etcd = to_etcd;
+    for m in [&mut to_cairn, &mut to_etcd] {
+        assert!(
+            m.child.try_wait().expect("wait").is_none(),
+            "{} exited: {:?}",
+            m.what,
+            m.lines()
+        );
+    }
+}
