@@ -147,6 +147,12 @@ pub enum ShardCommand {
         keys: bool,
         reply: Reply<Option<LeaseInfo>>,
     },
+    /// The keys attached to a lease in this member's copy of the shard
+    /// (None: no such lease), answered by any member.
+    LeaseKeys {
+        id: i64,
+        reply: Reply<Option<Vec<Vec<u8>>>>,
+    },
     /// The ids of the leases in this member's copy of the shard.
     LeaseList {
         reply: Reply<Vec<i64>>,

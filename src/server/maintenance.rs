@@ -149,7 +149,7 @@ impl Maintenance for MaintenanceService {
         &self,
         request: Request<DefragmentRequest>,
     ) -> Result<Response<DefragmentResponse>, Status> {
-        super::auth::require_admin(&self.auth, &request)?;
+        super::auth::require_admin_maintenance(&self.auth, &request)?;
         // The store reuses freed pages online, so this is rarely needed: it
         // gives the disk back. Shard by shard, each blocking only its core.
         for shard in self.router.routing.shard_ids() {
@@ -165,7 +165,7 @@ impl Maintenance for MaintenanceService {
     }
 
     async fn hash(&self, request: Request<HashRequest>) -> Result<Response<HashResponse>, Status> {
-        super::auth::require_admin(&self.auth, &request)?;
+        super::auth::require_admin_maintenance(&self.auth, &request)?;
         let hashes = self.all_hashes(0).await?;
         let statuses = self.router.all_status().await?;
         Ok(Response::new(HashResponse {
@@ -178,7 +178,7 @@ impl Maintenance for MaintenanceService {
         &self,
         request: Request<HashKvRequest>,
     ) -> Result<Response<HashKvResponse>, Status> {
-        super::auth::require_admin(&self.auth, &request)?;
+        super::auth::require_admin_maintenance(&self.auth, &request)?;
         let req = request.into_inner();
         let hashes = self.all_hashes(req.revision).await?;
         let statuses = self.router.all_status().await?;
@@ -196,7 +196,7 @@ impl Maintenance for MaintenanceService {
         &self,
         request: Request<SnapshotRequest>,
     ) -> Result<Response<Self::SnapshotStream>, Status> {
-        super::auth::require_admin(&self.auth, &request)?;
+        super::auth::require_admin_maintenance(&self.auth, &request)?;
         // The file `etcdctl snapshot save` writes: see `backup.rs` for its
         // format and how `--restore-snapshot` builds a cluster from it.
         let (out_tx, out_rx) = tokio::sync::mpsc::channel::<Result<SnapshotResponse, Status>>(4);
@@ -284,7 +284,7 @@ impl Maintenance for MaintenanceService {
         &self,
         request: Request<MoveLeaderRequest>,
     ) -> Result<Response<MoveLeaderResponse>, Status> {
-        super::auth::require_admin(&self.auth, &request)?;
+        super::auth::require_admin_maintenance(&self.auth, &request)?;
         let target = request.into_inner().target_id;
         if self.members.get(target).is_none_or(|m| m.is_learner) {
             return Err(ApiError::BadLeaderTransferee.into());
@@ -329,7 +329,7 @@ impl Maintenance for MaintenanceService {
         &self,
         request: Request<DowngradeRequest>,
     ) -> Result<Response<DowngradeResponse>, Status> {
-        super::auth::require_admin(&self.auth, &request)?;
+        super::auth::require_admin_maintenance(&self.auth, &request)?;
         Err(ApiError::Unsupported("Downgrade").into())
     }
 }

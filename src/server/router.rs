@@ -125,6 +125,15 @@ impl Router {
             .await
     }
 
+    pub async fn lease_keys(
+        &self,
+        shard: ShardId,
+        id: i64,
+    ) -> Result<Option<Vec<Vec<u8>>>, ApiError> {
+        self.ask(shard, |reply| ShardCommand::LeaseKeys { id, reply })
+            .await
+    }
+
     pub async fn lease_list(&self, shard: ShardId) -> Result<Vec<i64>, ApiError> {
         self.ask(shard, |reply| ShardCommand::LeaseList { reply })
             .await

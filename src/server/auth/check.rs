@@ -99,8 +99,10 @@ pub async fn lease_keys(
         return Ok(());
     }
     for shard in router.routing.shard_ids() {
-        if let Some(info) = router.lease_query(shard, id, true).await? {
-            for key in &info.keys {
+        // This member's copy: the keys are applied state, known to every
+        // member (only a lease's remaining time needs its leader).
+        if let Some(keys) = router.lease_keys(shard, id).await? {
+            for key in &keys {
                 auth.check(caller, key, b"", PermType::Write)?;
             }
         }

@@ -311,6 +311,21 @@ pub fn require_admin<T>(auth: &AuthStore, request: &tonic::Request<T>) -> Result
     auth.check_admin(caller.as_ref())
 }
 
+/// [`require_admin`] for the Maintenance calls etcd guards in its gRPC layer
+/// (Defragment, Snapshot, Hash, HashKV, MoveLeader): etcd passes its auth
+/// package's own error on there, which gRPC answers as code Unknown with
+/// the `auth: ...` message; clients see exactly that.
+pub fn require_admin_maintenance<T>(
+    auth: &AuthStore,
+    request: &tonic::Request<T>,
+) -> Result<(), tonic::Status> {
+    require_admin(auth, request).map_err(|e| {
+        let text = e.to_string();
+        let reason = text.strip_prefix("etcdserver: ").unwrap_or(&text);
+        tonic::Status::unknown(format!("auth: {reason}"))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -469,6 +469,9 @@ impl Shard {
             ShardCommand::LeaseQuery { id, keys, reply } => {
                 let _ = reply.send(self.lease_query(id, keys));
             }
+            ShardCommand::LeaseKeys { id, reply } => {
+                let _ = reply.send(Ok(self.store.lease(id).map(|l| l.keys)));
+            }
             ShardCommand::LeaseList { reply } => {
                 let ids = self.store.leases().iter().map(|l| l.id).collect();
                 let _ = reply.send(Ok(ids));
