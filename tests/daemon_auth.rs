@@ -1027,7 +1027,7 @@ async fn gateway_authenticates_with_a_token_header(target: Target) {
 }
 
 async fn a_client_certificate_names_the_user(target: Target) {
-    use common::certs::{mutual_tls_flags, Ca, Certs};
+    use common::tls::{mutual_tls_flags, Ca, Certs};
 
     if !require_tool("etcdctl") {
         return;

@@ -13,7 +13,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::certs::{mutual_tls_flags, replace_file, s, Ca, Certs};
+use common::tls::{cluster_certs, mutual_tls_flags, replace_file, s, Ca, Certs};
 use common::{require_tool, Cluster};
 
 /// etcdctl against `endpoint` with `tls` flags; (succeeded, output).
@@ -87,11 +87,6 @@ fn served_subject(port: u16, client: &Certs) -> String {
         .find(|l| l.starts_with("subject="))
         .unwrap_or_else(|| panic!("no certificate served on {port}:\n{text}"))
         .replace(' ', "")
-}
-
-/// The client, server and peer certificates of a cluster, signed by `ca`.
-fn cluster_certs(dir: &Path, ca: &Ca) -> [Certs; 3] {
-    ["client", "server", "peer"].map(|role| Certs::write(dir, role, ca, role))
 }
 
 fn tools_present() -> bool {

@@ -11,7 +11,9 @@
 //!   endpoints go to an [`Http1Fallback`]: the HTTP/JSON gateway). The bytes read while deciding
 //!   are replayed to whichever server gets the connection ([`PrefixedIo`]), and
 //!   [`PrefixedIo`] implements tonic's `Connected`, so gRPC connections go to
-//!   tonic's `serve_with_incoming` through a channel ([`serve_client_port`]).
+//!   tonic's `serve_with_incoming` through a channel ([`serve_client_port`]),
+//!   behind [`super::h2_authority::AuthorityFix`], which lets through the
+//!   `:authority: http://host:port` etcdctl sends and h2 would refuse.
 //!
 //!   Why not let tonic accept HTTP/1 itself (`accept_http1`) and mount these
 //!   routes beside the gRPC services? That ties the endpoints to tonic's router
@@ -45,10 +47,16 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, Notify, Semaphore};
 
+use super::h2_authority::AuthorityFix;
 use super::metrics::Registry;
 use super::readiness::Readiness;
 use super::watchdog::Watchdog;
 use crate::tls::{ClientConn, ClientPortTls};
+
+/// A client port connection handed to tonic: the sniffed stream, behind the
+/// shim that lets etcdctl's `:authority: http://host:port` through
+/// ([`super::h2_authority`]).
+pub type GrpcConn = AuthorityFix<PrefixedIo<ClientConn>>;
 
 /// The HTTP/2 connection preface every gRPC client sends first (RFC 9113 §3.4).
 pub const HTTP2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -494,7 +502,7 @@ pub async fn serve_client_port(
     listener: TcpListener,
     endpoints: OpsEndpoints,
     tls: Option<ClientPortTls>,
-    grpc: mpsc::Sender<io::Result<PrefixedIo<ClientConn>>>,
+    grpc: mpsc::Sender<io::Result<GrpcConn>>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), HttpError> {
     let local = listener
@@ -536,6 +544,8 @@ pub async fn serve_client_port(
             };
             match sniff(stream, &peer).await {
                 Ok((Protocol::Grpc, io)) => {
+                    // The stream replays the preface, then the client's frames.
+                    let io = AuthorityFix::new(io, HTTP2_PREFACE.len());
                     // A closed channel means the gRPC server is shutting down;
                     // dropping the connection is the right answer then.
                     let _ = grpc.send(Ok(io)).await;

@@ -46,7 +46,9 @@
 //!    `life.extend_start_timeout(..)`); on SIGTERM/SIGINT
 //!    `life.stopping("shutting down")` before draining.
 
+pub mod h2_authority;
 pub mod host;
+pub mod hpack;
 pub mod http;
 pub mod lifecycle;
 pub mod logging;

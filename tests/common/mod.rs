@@ -3,7 +3,7 @@
 
 #![allow(dead_code)]
 
-pub mod certs;
+pub mod tls;
 
 use std::net::TcpListener;
 use std::path::PathBuf;

@@ -1,6 +1,5 @@
-//! Test certificates: a certificate authority made on the fly and leaf
-//! certificates it signs, written as PEM files, and the flags for mutual TLS
-//! on both ports.
+//! Certificates for TLS tests: a test CA, leaf certificates for 127.0.0.1,
+//! written as the files etcd's flags name.
 
 use std::path::{Path, PathBuf};
 
@@ -109,4 +108,9 @@ pub fn mutual_tls_flags(client: &Certs, peer: &Certs) -> Vec<String> {
         s(&peer.ca),
         "--peer-client-cert-auth".into(),
     ]
+}
+
+/// The client, server and peer certificates of a cluster, signed by `ca`.
+pub fn cluster_certs(dir: &Path, ca: &Ca) -> [Certs; 3] {
+    ["client", "server", "peer"].map(|role| Certs::write(dir, role, ca, role))
 }
