@@ -4,7 +4,9 @@
 //! 500 ms, standard deviation under 100 ms). Guards against a cluster that
 //! stalls, drops requests or answers with tail latencies etcd's own health
 //! check would fail. Alone in its file so no other test shares the CPUs
-//! while it measures.
+//! while it measures. It takes over a minute by design, so it runs on
+//! demand rather than in the suite:
+//! `cargo test --release --test etcdctl_check_perf -- --ignored`.
 
 mod common;
 
@@ -15,6 +17,7 @@ use std::time::{Duration, Instant};
 const RUN_DEADLINE: Duration = Duration::from_secs(240);
 
 #[test]
+#[ignore = "over a minute by design: cargo test --release --test etcdctl_check_perf -- --ignored"]
 fn etcdctl_check_perf_passes() {
     if !common::require_tool("etcdctl") {
         return;
