@@ -224,6 +224,13 @@ pub struct Flags {
     #[arg(long, value_name = "SUITES")]
     pub cipher_suites: Option<String>,
 
+    /// Test-only: the WAL's writes and syncs obey this control file (a path
+    /// under --data-dir when relative): "stall <ms>", "error", "full" or
+    /// "none" (see wal/src/fault.rs). For fault tests; never in production.
+    #[arg(long, value_name = "FILE", hide = true)]
+    #[serde(skip)]
+    pub test_disk_faults: Option<PathBuf>,
+
     /// Auth tokens: "simple" (default), or
     /// "jwt,pub-key=FILE,priv-key=FILE,sign-method=RS256,ttl=5m" (etcd's).
     #[arg(long, value_name = "TYPE")]
@@ -349,6 +356,8 @@ pub struct Config {
     /// `--auth-token`, `--auth-token-ttl`, `--bcrypt-cost`, and whether a
     /// client certificate names the user (`--client-cert-auth`).
     pub auth: auth::AuthOptions,
+    /// `--test-disk-faults`, resolved against the data directory.
+    pub test_disk_faults: Option<PathBuf>,
 }
 
 /// A setting that cannot be used, naming the flag it came from.
@@ -436,6 +445,7 @@ impl Flags {
             peer_client_cert_auth: self.peer_client_cert_auth.or(other.peer_client_cert_auth),
             peer_auto_tls: self.peer_auto_tls.or(other.peer_auto_tls),
             cipher_suites: self.cipher_suites.or(other.cipher_suites),
+            test_disk_faults: self.test_disk_faults.or(other.test_disk_faults),
             auth_token: self.auth_token.or(other.auth_token),
             auth_token_ttl: self.auth_token_ttl.or(other.auth_token_ttl),
             bcrypt_cost: self.bcrypt_cost.or(other.bcrypt_cost),
@@ -589,7 +599,9 @@ impl Config {
             client_cert_auth: f.peer_client_cert_auth.unwrap_or(false),
             auto_tls: f.peer_auto_tls.unwrap_or(false),
         };
+        let test_disk_faults = f.test_disk_faults.map(|p| data_dir.join(p));
         let config = Config {
+            test_disk_faults,
             listen_client_https: listen_client_urls.iter().map(|u| url_is_https(u)).collect(),
             listen_peer_https: listen_peer_urls.iter().map(|u| url_is_https(u)).collect(),
             client_tls,

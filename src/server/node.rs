@@ -353,6 +353,7 @@ fn new_member_file(
 fn wal_config(config: &Config, lane: usize) -> cairn_wal::Config {
     let mut wal = cairn_wal::Config::new(config.data_dir.join("wal").join(format!("lane-{lane}")));
     wal.segment_size_bytes = config.wal.segment_size_bytes;
+    wal.disk_faults = config.test_disk_faults.clone();
     wal.max_shards = config.shards.max(1);
     wal.max_record_payload_bytes = wal
         .max_record_payload_bytes

@@ -12,6 +12,9 @@ use crate::common::Cluster;
 /// How long one client request may take before its outcome is unknown.
 pub const OP_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// Each member's disk-fault control file, under its data directory.
+const DISK_FAULTS_FILE: &str = "disk-faults";
+
 pub struct Bench {
     pub cluster: Cluster,
     pub net: Arc<Net>,
@@ -23,6 +26,15 @@ pub struct Bench {
 }
 
 impl Bench {
+    /// Tells member `m`'s WAL how its disk behaves from now on: "none",
+    /// "stall <ms>", "error" or "full".
+    pub fn set_disk_fault(&self, m: usize, fault: &str) {
+        let path = self.cluster.members[m].data_dir.join(DISK_FAULTS_FILE);
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, fault).expect("write the disk-fault file");
+        std::fs::rename(&tmp, &path).expect("install the disk-fault file");
+    }
+
     /// Starts `members` members behind peer proxies and `clients` client
     /// nodes' proxies.
     pub async fn start(members: usize, clients: usize) -> Bench {
@@ -42,7 +54,11 @@ impl Bench {
             .iter()
             .map(|l| l.local_addr().expect("front").port())
             .collect();
-        let cluster = Cluster::start_with_peer_fronts(members, &[], &front_ports);
+        let cluster = Cluster::start_with_peer_fronts(
+            members,
+            &["--test-disk-faults", DISK_FAULTS_FILE],
+            &front_ports,
+        );
         let pids: Pids = Arc::new(Mutex::new(
             cluster.members.iter().map(|m| m.pid()).collect(),
         ));

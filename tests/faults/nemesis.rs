@@ -3,7 +3,8 @@
 //!
 //! Network faults cut directed links in the proxies' table, between members
 //! and between clients and members; process faults are kill -9 (restarted at
-//! the heal) and SIGSTOP (SIGCONT at the heal).
+//! the heal) and SIGSTOP (SIGCONT at the heal); disk faults go through the
+//! members' test-only `--test-disk-faults` control file (`wal/src/fault.rs`).
 
 use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
@@ -34,10 +35,16 @@ pub enum Fault {
     Pause,
     /// kill -9 of every member at once, all restarted at the heal.
     KillAll,
+    /// A member's WAL writes and syncs each take 2 s (the leader every
+    /// other time).
+    DiskStall,
+    /// A member's WAL writes and syncs fail (EIO, or ENOSPC every other
+    /// time): its shard stops; killed and restarted at the heal.
+    DiskError,
 }
 
 /// Every fault, in the order a run cycles through them.
-pub const MENU: [Fault; 8] = [
+pub const MENU: [Fault; 10] = [
     Fault::PartitionHalves,
     Fault::PartitionLeader,
     Fault::Bridge,
@@ -46,6 +53,8 @@ pub const MENU: [Fault; 8] = [
     Fault::Kill,
     Fault::Pause,
     Fault::KillAll,
+    Fault::DiskStall,
+    Fault::DiskError,
 ];
 
 impl Fault {
@@ -59,6 +68,8 @@ impl Fault {
             Fault::Kill => "kill",
             Fault::Pause => "pause",
             Fault::KillAll => "kill-all",
+            Fault::DiskStall => "disk-stall",
+            Fault::DiskError => "disk-error",
         }
     }
 
@@ -72,6 +83,11 @@ impl Fault {
 struct Harm {
     killed: Vec<usize>,
     paused: Vec<usize>,
+    /// Members whose disk fault is cleared at the heal.
+    disk: Vec<usize>,
+    /// Members whose disk failed: restarted at the heal, as an operator
+    /// would after replacing the disk.
+    disk_failed: Vec<usize>,
 }
 
 pub struct Nemesis {
@@ -127,7 +143,9 @@ impl Nemesis {
         let turn = self.injected.get(&fault).copied().unwrap_or(0);
         let wants_leader = match fault {
             Fault::PartitionLeader => true,
-            Fault::Kill | Fault::Pause | Fault::OneWay => turn.is_multiple_of(2),
+            Fault::Kill | Fault::Pause | Fault::OneWay | Fault::DiskStall | Fault::DiskError => {
+                turn.is_multiple_of(2)
+            }
             _ => false,
         };
         let leader = if wants_leader {
@@ -206,6 +224,24 @@ impl Nemesis {
                 }
                 "kill -9 every member".to_string()
             }
+            Fault::DiskStall => {
+                let x = order[0];
+                bench.set_disk_fault(x, "stall 2000");
+                self.harm.disk.push(x);
+                format!("member {x}'s disk stalls 2 s per write")
+            }
+            Fault::DiskError => {
+                let x = order[0];
+                let what = if turn.is_multiple_of(2) {
+                    "error"
+                } else {
+                    "full"
+                };
+                bench.set_disk_fault(x, what);
+                self.harm.disk.push(x);
+                self.harm.disk_failed.push(x);
+                format!("member {x}'s disk fails ({what})")
+            }
         };
         bench.refresh_pids();
         self.log
@@ -216,6 +252,15 @@ impl Nemesis {
     /// killed members restarted.
     pub fn heal(&mut self, bench: &mut Bench) {
         bench.net.heal();
+        for x in self.harm.disk.drain(..) {
+            bench.set_disk_fault(x, "none");
+        }
+        for x in self.harm.disk_failed.drain(..) {
+            // A member whose WAL failed keeps its shard stopped until it is
+            // restarted (the failure is never retried in place).
+            bench.cluster.members[x].kill9();
+            self.harm.killed.push(x);
+        }
         for x in self.harm.paused.drain(..) {
             bench.cluster.members[x].signal(libc::SIGCONT);
         }

@@ -83,6 +83,9 @@ pub struct Config {
     /// Distinct shards one WAL accepts (each costs a hard-state record per segment).
     pub max_shards: usize,
     pub zero_chunk_bytes: usize,
+    /// Test-only: writes and syncs obey this control file
+    /// ([`crate::fault`]); None for every real use.
+    pub disk_faults: Option<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -110,6 +113,7 @@ impl Config {
             tail_cache_bytes: DEFAULT_TAIL_CACHE_BYTES,
             max_shards: DEFAULT_MAX_SHARDS,
             zero_chunk_bytes: DEFAULT_ZERO_CHUNK_BYTES,
+            disk_faults: None,
         }
     }
 

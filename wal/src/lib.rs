@@ -76,6 +76,7 @@ mod buf;
 mod config;
 pub mod crash;
 mod error;
+pub mod fault;
 mod record;
 mod storage;
 mod uring;

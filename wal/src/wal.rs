@@ -241,7 +241,10 @@ impl Wal {
     pub async fn open(cfg: Config) -> Result<(Wal, Recovered), OpenError> {
         cfg.validate()?;
         let lock = lock_dir(&cfg.dir)?;
-        let storage = select_storage(&cfg)?;
+        let mut storage = select_storage(&cfg)?;
+        if let Some(control) = &cfg.disk_faults {
+            storage = std::rc::Rc::new(crate::fault::FaultStorage::new(storage, control.clone()));
+        }
         Wal::open_inner(cfg, storage, Some(lock)).await
     }
 
