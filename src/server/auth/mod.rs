@@ -216,6 +216,20 @@ impl AuthStore {
         }
     }
 
+    /// With auth enabled, the caller (refused when there is none) and the
+    /// state to judge it by; None when auth is disabled.
+    fn enabled_caller<'c>(
+        &self,
+        caller: Option<&'c Caller>,
+    ) -> Result<Option<(&'c Caller, std::sync::RwLockReadGuard<'_, AuthData>)>, ApiError> {
+        if !self.is_enabled() {
+            return Ok(None);
+        }
+        let caller = caller.ok_or(ApiError::UserEmpty)?;
+        let data = self.read();
+        Ok(data.enabled().then_some((caller, data)))
+    }
+
     /// Whether `caller` may do `kind` on `key` (`range_end` empty) or the
     /// range `[key, range_end)`, with etcd's errors.
     pub fn check(
@@ -225,14 +239,9 @@ impl AuthStore {
         range_end: &[u8],
         kind: PermType,
     ) -> Result<(), ApiError> {
-        if !self.is_enabled() {
+        let Some((caller, data)) = self.enabled_caller(caller)? else {
             return Ok(());
-        }
-        let caller = caller.ok_or(ApiError::UserEmpty)?;
-        let data = self.read();
-        if !data.enabled() {
-            return Ok(());
-        }
+        };
         if caller.revision < data.revision() {
             return Err(ApiError::AuthOldRevision);
         }
@@ -245,14 +254,9 @@ impl AuthStore {
     /// Whether `caller` holds the root role (auth management, membership
     /// changes, defragment, snapshots, hashes, leader moves).
     pub fn check_admin(&self, caller: Option<&Caller>) -> Result<(), ApiError> {
-        if !self.is_enabled() {
+        let Some((caller, data)) = self.enabled_caller(caller)? else {
             return Ok(());
-        }
-        let caller = caller.ok_or(ApiError::UserEmpty)?;
-        let data = self.read();
-        if !data.enabled() {
-            return Ok(());
-        }
+        };
         let user = data.user(&caller.user).ok_or(ApiError::UserNotFound)?;
         if state::has_root_role(user) {
             Ok(())
