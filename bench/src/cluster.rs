@@ -18,8 +18,10 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use cairn_proto::etcdserverpb::kv_client::KvClient;
 use cairn_proto::etcdserverpb::maintenance_client::MaintenanceClient;
-use cairn_proto::etcdserverpb::{PutRequest, StatusRequest};
+use cairn_proto::etcdserverpb::{MoveLeaderRequest, PutRequest, StatusRequest};
 use tonic::transport::Endpoint;
+
+use crate::security::{self, ClusterCerts, Conn, Credentials};
 
 /// Most members one local cluster may have.
 pub const MAX_MEMBERS: usize = 9;
@@ -77,6 +79,12 @@ pub enum ClusterError {
         log: PathBuf,
         tail: String,
     },
+    #[error("{system}: {action}: {reason}")]
+    Security {
+        system: System,
+        action: &'static str,
+        reason: String,
+    },
     #[error("{system} cluster did not serve within {timeout:?}: {reason} (member logs in {})", dir.display())]
     NotReady {
         system: System,
@@ -110,6 +118,22 @@ pub struct LocalCluster {
     pub base_dir: PathBuf,
     /// Every member stopped by [`LocalCluster::pause_all`] and not yet resumed.
     paused: bool,
+    /// Mutual TLS on the client and peer ports, with these certificates.
+    pub tls: Option<ClusterCerts>,
+    /// The administrator, once [`LocalCluster::enable_auth`] has run: probes
+    /// authenticate as it.
+    root: Option<Credentials>,
+}
+
+/// How [`LocalCluster::start_with`] starts the members.
+#[derive(Debug, Clone, Default)]
+pub struct StartOptions {
+    /// Cores per member (see [`LocalCluster::start_with_cores`]).
+    pub cores: Option<usize>,
+    /// Mutual TLS on both ports with these certificates: https:// URLs and
+    /// etcd's flags `--cert-file`, `--key-file`, `--trusted-ca-file`,
+    /// `--client-cert-auth` and their `--peer-*` equivalents.
+    pub tls: Option<ClusterCerts>,
 }
 
 /// Picks `n` distinct free TCP ports on 127.0.0.1. All listeners are held until
@@ -174,6 +198,19 @@ impl LocalCluster {
         base_dir: &Path,
         cores: Option<usize>,
     ) -> Result<LocalCluster, ClusterError> {
+        let options = StartOptions { cores, tls: None };
+        LocalCluster::start_with(system, binary, members, base_dir, &options)
+    }
+
+    /// [`LocalCluster::start`] with every option.
+    pub fn start_with(
+        system: System,
+        binary: &Path,
+        members: usize,
+        base_dir: &Path,
+        options: &StartOptions,
+    ) -> Result<LocalCluster, ClusterError> {
+        let cores = options.cores;
         if members == 0 || members > MAX_MEMBERS {
             return Err(ClusterError::Size { members });
         }
@@ -216,14 +253,21 @@ impl LocalCluster {
             members: Vec::with_capacity(members),
             base_dir: base_dir.to_owned(),
             paused: false,
+            tls: options.tls.clone(),
+            root: None,
+        };
+        let scheme = if options.tls.is_some() {
+            "https"
+        } else {
+            "http"
         };
         for i in 0..members {
             let name = format!("{}{i}", system.name());
             let dir = base_dir.join(&name);
             std::fs::create_dir_all(&dir).map_err(io("create", &dir))?;
             cluster.members.push(MemberProcess {
-                client_url: format!("http://127.0.0.1:{}", ports[2 * i]),
-                peer_url: format!("http://127.0.0.1:{}", ports[2 * i + 1]),
+                client_url: format!("{scheme}://127.0.0.1:{}", ports[2 * i]),
+                peer_url: format!("{scheme}://127.0.0.1:{}", ports[2 * i + 1]),
                 data_dir: dir.join("data"),
                 log_path: dir.join("member.log"),
                 name,
@@ -250,6 +294,9 @@ impl LocalCluster {
                     System::Cairn => command.args(["--cores", &n.to_string()]),
                     System::Etcd => command.env("GOMAXPROCS", n.to_string()),
                 };
+            }
+            if let Some(certs) = &options.tls {
+                command.args(certs.member_flags());
             }
             let child = command
                 .args(["--name", &m.name])
@@ -322,15 +369,33 @@ impl LocalCluster {
         Ok(())
     }
 
-    async fn probe(&self) -> Result<(), String> {
-        for m in &self.members {
-            let channel = Endpoint::from_shared(m.client_url.clone())
-                .map_err(|e| e.to_string())?
-                .timeout(PROBE_TIMEOUT)
-                .connect_timeout(PROBE_TIMEOUT)
-                .connect()
+    /// A connection to member `i`, over TLS with the client certificate when
+    /// the cluster has TLS, authenticated as root once auth is enabled.
+    pub async fn connect_member(&self, i: usize, timeout: Duration) -> Result<Conn, String> {
+        let m = &self.members[i];
+        let mut endpoint = Endpoint::from_shared(m.client_url.clone())
+            .map_err(|e| e.to_string())?
+            .timeout(timeout)
+            .connect_timeout(timeout);
+        if let Some(certs) = &self.tls {
+            let tls = certs.client_tls_config().map_err(|e| e.to_string())?;
+            endpoint = endpoint.tls_config(tls).map_err(|e| e.to_string())?;
+        }
+        let channel = endpoint
+            .connect()
+            .await
+            .map_err(|e| format!("{} not accepting: {e}", m.name))?;
+        match &self.root {
+            Some(root) => security::authenticate(channel, root)
                 .await
-                .map_err(|e| format!("{} not accepting: {e}", m.name))?;
+                .map_err(|s| format!("{} authenticate: {}", m.name, s.message())),
+            None => Ok(security::anonymous(channel)),
+        }
+    }
+
+    async fn probe(&self) -> Result<(), String> {
+        for (i, m) in self.members.iter().enumerate() {
+            let channel = self.connect_member(i, PROBE_TIMEOUT).await?;
             let status = MaintenanceClient::new(channel.clone())
                 .status(StatusRequest {})
                 .await
@@ -349,6 +414,119 @@ impl LocalCluster {
                 .map_err(|s| format!("write through {}: {}", m.name, s.message()))?;
         }
         Ok(())
+    }
+
+    /// The index of the member that leads, by its own Status.
+    pub async fn leader_index(&self) -> Result<usize, ClusterError> {
+        let mut reason = String::from("no member says it leads");
+        for (i, m) in self.members.iter().enumerate() {
+            let status = match self.connect_member(i, PROBE_TIMEOUT).await {
+                Ok(c) => MaintenanceClient::new(c)
+                    .status(StatusRequest {})
+                    .await
+                    .map_err(|s| format!("{} status: {}", m.name, s.message())),
+                Err(e) => Err(e),
+            };
+            match status.map(|s| s.into_inner()) {
+                Ok(s) if s.leader != 0 && s.header.is_some_and(|h| h.member_id == s.leader) => {
+                    return Ok(i)
+                }
+                Ok(_) => {}
+                Err(e) => reason = e,
+            }
+        }
+        Err(ClusterError::Security {
+            system: self.system,
+            action: "finding the leader",
+            reason,
+        })
+    }
+
+    /// Makes member `target` the leader (Maintenance.MoveLeader, sent to the
+    /// current leader) unless it already is, and waits until it says it leads.
+    /// Members of one host divide its CPUs by their position, so which one leads
+    /// changes what a single client measures.
+    pub async fn move_leader_to(
+        &self,
+        target: usize,
+        timeout: Duration,
+    ) -> Result<(), ClusterError> {
+        let failed = |reason: String| ClusterError::Security {
+            system: self.system,
+            action: "moving the leader",
+            reason,
+        };
+        let deadline = Instant::now() + timeout;
+        loop {
+            let leader = self.leader_index().await?;
+            if leader == target {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(failed(format!(
+                    "{} still leads after {timeout:?}",
+                    self.members[leader].name
+                )));
+            }
+            let target_id = MaintenanceClient::new(
+                self.connect_member(target, PROBE_TIMEOUT)
+                    .await
+                    .map_err(failed)?,
+            )
+            .status(StatusRequest {})
+            .await
+            .map_err(|s| failed(s.to_string()))?
+            .into_inner()
+            .header
+            .map_or(0, |h| h.member_id);
+            let leader_conn = self
+                .connect_member(leader, PROBE_TIMEOUT)
+                .await
+                .map_err(failed)?;
+            // A refusal (an election under way) is retried until the deadline.
+            let _ = MaintenanceClient::new(leader_conn)
+                .move_leader(MoveLeaderRequest { target_id })
+                .await;
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Turns auth on as `etcdctl` would (see [`security::enable_auth`]): root
+    /// with `root_password`, and `user` with readwrite on every key. Probes
+    /// authenticate as root from then on.
+    pub async fn enable_auth(
+        &mut self,
+        root_password: &str,
+        user: &Credentials,
+    ) -> Result<(), ClusterError> {
+        let failed = |reason: String| ClusterError::Security {
+            system: self.system,
+            action: "enabling auth",
+            reason,
+        };
+        let conn = self
+            .connect_member(0, PROBE_TIMEOUT)
+            .await
+            .map_err(failed)?;
+        security::enable_auth(conn, root_password, user)
+            .await
+            .map_err(|s| failed(s.to_string()))?;
+        self.root = Some(Credentials::new(security::ROOT_USER, root_password));
+        Ok(())
+    }
+
+    /// The `cairn-bench` options that reach this cluster as `user` (TLS
+    /// options when it has TLS; `--user` when given).
+    pub fn client_args(&self, user: Option<&Credentials>) -> Vec<String> {
+        let mut args = self
+            .tls
+            .as_ref()
+            .map(ClusterCerts::client_args)
+            .unwrap_or_default();
+        if let Some(user) = user {
+            args.extend(["--user".into(), user.arg()]);
+        }
+        args
     }
 
     /// Pauses member `i` (SIGSTOP): it keeps its sockets but answers nothing.

@@ -11,8 +11,9 @@ use std::time::Duration;
 use clap::{Args, Parser, ValueEnum};
 use serde_json::{json, Value};
 
-use crate::cluster::{ClusterError, LocalCluster, System};
+use crate::cluster::{ClusterError, LocalCluster, StartOptions, System};
 use crate::config::{Cli, GlobalOpts, Stop};
+use crate::security::{self, ClusterCerts, Credentials};
 use crate::stats::Report;
 use crate::BenchError;
 
@@ -163,13 +164,49 @@ pub struct CompareOpts {
     /// Directory in which the temporary data directories are made (default: $TMPDIR).
     #[arg(long)]
     pub work_dir: Option<PathBuf>,
+    /// Start both systems secured the same way: mutual TLS on client and peer
+    /// ports (a CA and certificates made for the run, in its temporary
+    /// directory), auth enabled with a root user, and the workloads run as the
+    /// non-root user `bench` (readwrite on every key), each connection
+    /// authenticating once.
+    #[arg(long)]
+    pub secure: bool,
+}
+
+/// The user the workloads of a secure comparison run as.
+pub fn bench_user() -> Credentials {
+    Credentials::new(security::BENCH_USER, security::BENCH_PASSWORD)
+}
+
+/// The client options shown under the table for a secure comparison, with
+/// `$CERTS` for the run's certificate directory.
+fn shown_security_args(secure: bool) -> Vec<String> {
+    if !secure {
+        return Vec::new();
+    }
+    [
+        "--cacert",
+        "$CERTS/ca.pem",
+        "--cert",
+        "$CERTS/client.pem",
+        "--key",
+        "$CERTS/client-key.pem",
+        "--user",
+    ]
+    .map(String::from)
+    .into_iter()
+    .chain([bench_user().arg()])
+    .collect()
 }
 
 /// Leaves only cluster `measured` running: pauses every other one and, if
 /// `measured` was paused, resumes it and waits until it serves again. A
 /// cluster that cannot be paused (a member has exited) is reported and left
 /// running: the run measured beside it still counts.
-async fn isolate(clusters: &mut [LocalCluster], measured: usize) -> Result<(), ClusterError> {
+pub(crate) async fn isolate(
+    clusters: &mut [LocalCluster],
+    measured: usize,
+) -> Result<(), ClusterError> {
     for (i, cluster) in clusters.iter_mut().enumerate() {
         if i != measured && !cluster.is_paused() {
             if let Err(e) = cluster.pause_all() {
@@ -247,8 +284,14 @@ fn duration_arg(d: Duration) -> String {
     }
 }
 
-/// The exact command line of `preset` against `endpoints`.
-pub fn preset_command(preset: Preset, endpoints: &str, global: &GlobalOpts) -> Vec<String> {
+/// The exact command line of `preset` against `endpoints`, with `client_args`
+/// (TLS and user options) after the global ones.
+pub fn preset_command(
+    preset: Preset,
+    endpoints: &str,
+    client_args: &[String],
+    global: &GlobalOpts,
+) -> Vec<String> {
     let (clients, conns, sub) = preset.shape();
     let mut args = vec![
         "cairn-bench".to_owned(),
@@ -271,6 +314,7 @@ pub fn preset_command(preset: Preset, endpoints: &str, global: &GlobalOpts) -> V
     if let Some(rate) = global.rate {
         args.extend(["--rate".into(), rate.to_string()]);
     }
+    args.extend_from_slice(client_args);
     args.extend(sub);
     args
 }
@@ -284,7 +328,7 @@ struct Row {
     failed: Vec<(System, String)>,
 }
 
-fn median(mut runs: Vec<Report>) -> Option<Report> {
+pub(crate) fn median(mut runs: Vec<Report>) -> Option<Report> {
     runs.sort_by(|a, b| a.requests_per_sec().total_cmp(&b.requests_per_sec()));
     let mid = runs.len().saturating_sub(1) / 2;
     (!runs.is_empty()).then(|| runs.swap_remove(mid))
@@ -315,6 +359,14 @@ pub async fn run(
             reason: "nothing to compare".into(),
         });
     }
+    if global.tls() || global.user.is_some() {
+        return Err(BenchError::Option {
+            option: "compare",
+            reason: "--cacert, --cert, --key and --user do not apply: compare starts its own \
+                     clusters (--secure gives both mutual TLS and auth)"
+                .into(),
+        });
+    }
     let parent = opts.work_dir.clone().unwrap_or_else(std::env::temp_dir);
     std::fs::create_dir_all(&parent).map_err(|e| BenchError::Option {
         option: "--work-dir",
@@ -328,6 +380,12 @@ pub async fn run(
             reason: format!("{}: {e}", parent.display()),
         })?;
 
+    let certs = if opts.secure {
+        Some(ClusterCerts::generate(&scratch.path().join("certs"))?)
+    } else {
+        None
+    };
+    let user = opts.secure.then(bench_user);
     let mut clusters: Vec<LocalCluster> = Vec::new();
     let mut not_measured: Vec<(System, String)> = Vec::new();
     for &system in &opts.systems {
@@ -347,30 +405,45 @@ pub async fn run(
         say(
             global,
             &format!(
-                "{system}: starting {} members from {}{}",
+                "{system}: starting {} members from {}{}{}",
                 opts.members,
                 binary.display(),
                 opts.member_cores
-                    .map_or(String::new(), |n| format!(", {n} core(s) each"))
+                    .map_or(String::new(), |n| format!(", {n} core(s) each")),
+                if opts.secure {
+                    ", mutual TLS and auth"
+                } else {
+                    ""
+                }
             ),
         );
-        let started = LocalCluster::start_with_cores(
+        let started = LocalCluster::start_with(
             system,
             &binary,
             opts.members,
             &scratch.path().join(system.name()),
-            opts.member_cores.map(usize::from),
+            &StartOptions {
+                cores: opts.member_cores.map(usize::from),
+                tls: certs.clone(),
+            },
         );
         let ready = match started {
             Ok(mut cluster) => match cluster.wait_ready(CLUSTER_READY_TIMEOUT).await {
-                Ok(()) => Ok(cluster),
+                Ok(()) => match &user {
+                    Some(user) => cluster
+                        .enable_auth(security::ROOT_PASSWORD, user)
+                        .await
+                        .map(|()| cluster)
+                        .map_err(|e| e.to_string()),
+                    None => Ok(cluster),
+                },
                 Err(e) => Err(e.to_string()),
             },
             Err(e) => Err(e.to_string()),
         };
         match ready {
             Ok(cluster) => {
-                seed(&cluster).await?;
+                seed(&cluster, user.as_ref()).await?;
                 say(
                     global,
                     &format!(
@@ -421,7 +494,12 @@ pub async fn run(
                     }
                 }
                 let cluster = &clusters[i];
-                let args = preset_command(preset, &cluster.endpoints_arg(), global);
+                let args = preset_command(
+                    preset,
+                    &cluster.endpoints_arg(),
+                    &cluster.client_args(user.as_ref()),
+                    global,
+                );
                 say(
                     global,
                     &format!(
@@ -469,7 +547,12 @@ pub async fn run(
             .collect();
         rows.push(Row {
             preset,
-            command: preset_command(preset, "$ENDPOINTS", global),
+            command: preset_command(
+                preset,
+                "$ENDPOINTS",
+                &shown_security_args(opts.secure),
+                global,
+            ),
             results,
             failed,
         });
@@ -487,19 +570,25 @@ pub async fn run(
     Ok(())
 }
 
-async fn seed(cluster: &LocalCluster) -> Result<(), BenchError> {
-    let args = [
+pub(crate) async fn seed(
+    cluster: &LocalCluster,
+    user: Option<&Credentials>,
+) -> Result<(), BenchError> {
+    let mut args = vec![
         "cairn-bench".to_owned(),
         "--endpoints".into(),
         cluster.endpoints_arg(),
         "--total".into(),
         "1".into(),
+    ];
+    args.extend(cluster.client_args(user));
+    args.extend([
         "put".into(),
         "--key-size".into(),
         "8".into(),
         "--val-size".into(),
         PRESET_VAL_SIZE_BYTES.to_string(),
-    ];
+    ]);
     let cli = Cli::parse_from(args);
     let report = crate::run_workload(&cli.global, &cli.command, false).await?;
     if report.requests() != 1 {
@@ -543,8 +632,13 @@ fn table(
 ) -> String {
     let mut out = String::new();
     out.push_str(&format!(
-        "\n{} members per system on 127.0.0.1; {}; median of {} run(s); latency in ms; ratio = cairn/etcd\n\n",
+        "\n{} members per system on 127.0.0.1{}; {}; median of {} run(s); latency in ms; ratio = cairn/etcd\n\n",
         opts.members,
+        if opts.secure {
+            ", mutual TLS on client and peer ports, auth on, workloads as user bench"
+        } else {
+            ""
+        },
         if paused {
             "each system measured while the other is paused"
         } else {
@@ -597,7 +691,14 @@ fn table(
             ));
         }
     }
-    out.push_str("\nCommands ($ENDPOINTS = the client URLs of the system's members):\n");
+    out.push_str(&format!(
+        "\nCommands ($ENDPOINTS = the client URLs of the system's members{}):\n",
+        if opts.secure {
+            ", $CERTS = the run's certificates"
+        } else {
+            ""
+        }
+    ));
     for row in rows {
         out.push_str(&format!(
             "- {}: `{}`\n",
@@ -657,6 +758,7 @@ fn summary_json(
         "compare": rows,
         "members": opts.members,
         "runs": opts.runs,
+        "secure": opts.secure,
         "others_paused": paused,
         "not_measured": not_measured,
     })
@@ -672,10 +774,18 @@ mod tests {
         for preset in Preset::value_variants() {
             let named = Preset::from_str(preset.name(), false).unwrap();
             assert_eq!(named, *preset, "the --workloads name is the table name");
-            let args = preset_command(*preset, "127.0.0.1:1,127.0.0.1:2", &global);
+            let args = preset_command(*preset, "127.0.0.1:1,127.0.0.1:2", &[], &global);
             let cli =
                 Cli::try_parse_from(&args).unwrap_or_else(|e| panic!("{}: {e}", args.join(" ")));
             cli.global.validate().unwrap();
+            assert!(!cli.global.tls() && cli.global.user.is_none());
+            let secure = shown_security_args(true);
+            let args = preset_command(*preset, "127.0.0.1:1", &secure, &global);
+            let cli =
+                Cli::try_parse_from(&args).unwrap_or_else(|e| panic!("{}: {e}", args.join(" ")));
+            cli.global.validate().unwrap();
+            assert_eq!(cli.global.cacert, Some(PathBuf::from("$CERTS/ca.pem")));
+            assert_eq!(cli.global.user, Some(bench_user()));
             assert_eq!(cli.global.stop(), Stop::Duration(DEFAULT_RUN_DURATION));
             assert_eq!(cli.global.warmup(), DEFAULT_WARMUP);
         }

@@ -1,10 +1,12 @@
 //! Command line of `cairn-bench`: global options shared by every workload, one
 //! subcommand per workload, and the limits every option is checked against.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::security::Credentials;
 use crate::BenchError;
 
 /// Most gRPC connections one run opens.
@@ -46,7 +48,7 @@ pub struct Cli {
 
 #[derive(Debug, Clone, Args)]
 pub struct GlobalOpts {
-    /// Comma-separated client URLs (http://host:port or host:port).
+    /// Comma-separated client URLs (http://host:port, https://host:port or host:port).
     #[arg(
         long,
         global = true,
@@ -80,6 +82,21 @@ pub struct GlobalOpts {
     /// Print one JSON object per run on stdout and nothing else (no table, no progress bar).
     #[arg(long, global = true)]
     pub json: bool,
+    /// CA certificate (PEM) that server certificates are verified against: TLS to
+    /// every endpoint (host:port endpoints become https://). Only this CA is
+    /// trusted, not the system's.
+    #[arg(long, global = true, value_name = "FILE")]
+    pub cacert: Option<PathBuf>,
+    /// Client certificate (PEM) for servers that require one (with --key).
+    #[arg(long, global = true, value_name = "FILE")]
+    pub cert: Option<PathBuf>,
+    /// Private key (PEM) of --cert.
+    #[arg(long = "key", id = "client_key", global = true, value_name = "FILE")]
+    pub key: Option<PathBuf>,
+    /// Authenticate as this user: each connection calls Authenticate once, and
+    /// every request it carries sends the token.
+    #[arg(long, global = true, value_name = "NAME:PASSWORD", value_parser = Credentials::parse)]
+    pub user: Option<Credentials>,
 }
 
 /// Default measured request count when neither --total nor --duration is given.
@@ -156,6 +173,44 @@ impl GlobalOpts {
                 return bad("--rate", format!("{r} is not in (0, {MAX_RATE_PER_SEC}]"));
             }
         }
+        self.validate_tls()
+    }
+
+    /// Whether connections use TLS: --cacert is given.
+    pub fn tls(&self) -> bool {
+        self.cacert.is_some()
+    }
+
+    /// A client certificate comes with its key; TLS options and https://
+    /// endpoints go together.
+    fn validate_tls(&self) -> Result<(), BenchError> {
+        let bad = |option: &'static str, reason: String| Err(BenchError::Option { option, reason });
+        match (&self.cert, &self.key) {
+            (Some(_), None) => return bad("--cert", "needs --key".into()),
+            (None, Some(_)) => return bad("--key", "needs --cert".into()),
+            (Some(_), Some(_)) if self.cacert.is_none() => {
+                return bad(
+                    "--cert",
+                    "needs --cacert (servers are verified against it only)".into(),
+                )
+            }
+            _ => {}
+        }
+        for endpoint in self.endpoints.iter().map(|e| e.trim()) {
+            let scheme = endpoint.split_once("://").map(|(scheme, _)| scheme);
+            if self.tls() && scheme == Some("http") {
+                return bad(
+                    "--endpoints",
+                    format!("{endpoint} is plaintext but --cacert asks for TLS"),
+                );
+            }
+            if !self.tls() && scheme == Some("https") {
+                return bad(
+                    "--cacert",
+                    format!("{endpoint} needs the CA that signed its certificate"),
+                );
+            }
+        }
         Ok(())
     }
 }
@@ -178,6 +233,10 @@ pub enum Command {
     /// Start a local 3-member cluster of Cairn and of etcd and run the same workloads
     /// against both, alternating, in one table.
     Compare(crate::compare::CompareOpts),
+    /// Start the same system as a plaintext and a mutual-TLS cluster (and one
+    /// with auth too, with --auth) and run the same workloads through each
+    /// one's leader, alternating: what TLS costs, in one table.
+    TlsCost(crate::tls_cost::TlsCostOpts),
 }
 
 #[derive(Debug, Clone, Args)]
@@ -456,5 +515,90 @@ mod tests {
         let cli = Cli::parse_from(["cairn-bench", "put", "--conns", "10", "--clients", "100"]);
         assert!(cli.global.validate().is_ok());
         assert_eq!(cli.global.stop(), Stop::Total(DEFAULT_TOTAL));
+    }
+
+    fn option_error(args: &[&str]) -> Option<&'static str> {
+        let cli = Cli::try_parse_from(args).unwrap_or_else(|e| panic!("{args:?}: {e}"));
+        match cli.global.validate() {
+            Ok(()) => None,
+            Err(BenchError::Option { option, .. }) => Some(option),
+            Err(e) => panic!("{args:?}: {e}"),
+        }
+    }
+
+    #[test]
+    fn tls_and_user_options_parse_anywhere_on_the_line() {
+        let cli = Cli::parse_from([
+            "cairn-bench",
+            "--endpoints",
+            "https://127.0.0.1:2379,127.0.0.1:3379",
+            "--cacert",
+            "ca.pem",
+            "range",
+            "00000000",
+            "--cert",
+            "client.pem",
+            "--key",
+            "client-key.pem",
+            "--user",
+            "bench:secret",
+        ]);
+        cli.global.validate().unwrap();
+        assert!(cli.global.tls());
+        assert_eq!(cli.global.cacert, Some(PathBuf::from("ca.pem")));
+        assert_eq!(cli.global.cert, Some(PathBuf::from("client.pem")));
+        assert_eq!(cli.global.key, Some(PathBuf::from("client-key.pem")));
+        assert_eq!(cli.global.user, Some(Credentials::new("bench", "secret")));
+        let Command::Range(range) = cli.command else {
+            panic!("not a range");
+        };
+        assert_eq!(range.key, "00000000", "--key is not the range's key");
+        assert!(Cli::try_parse_from(["cairn-bench", "--user", "nopassword", "put"]).is_err());
+    }
+
+    #[test]
+    fn tls_options_are_checked_together() {
+        let ep = |e: &'static str| ["cairn-bench", "--endpoints", e];
+        assert_eq!(
+            option_error(&[&ep("127.0.0.1:1")[..], &["--cert", "c", "put"]].concat()),
+            Some("--cert")
+        );
+        assert_eq!(
+            option_error(&[&ep("127.0.0.1:1")[..], &["--key", "k", "put"]].concat()),
+            Some("--key")
+        );
+        assert_eq!(
+            option_error(
+                &[
+                    &ep("127.0.0.1:1")[..],
+                    &["--cert", "c", "--key", "k", "put"]
+                ]
+                .concat()
+            ),
+            Some("--cert"),
+            "a client certificate without a CA"
+        );
+        assert_eq!(
+            option_error(&[&ep("https://127.0.0.1:1")[..], &["put"]].concat()),
+            Some("--cacert")
+        );
+        assert_eq!(
+            option_error(&[&ep("http://127.0.0.1:1")[..], &["--cacert", "ca", "put"]].concat()),
+            Some("--endpoints")
+        );
+        assert_eq!(
+            option_error(
+                &[
+                    &ep("127.0.0.1:1")[..],
+                    &["--cacert", "ca", "--cert", "c", "--key", "k", "put"]
+                ]
+                .concat()
+            ),
+            None
+        );
+        assert_eq!(
+            option_error(&[&ep("127.0.0.1:1")[..], &["--user", "u:p", "put"]].concat()),
+            None
+        );
     }
 }

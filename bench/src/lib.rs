@@ -8,17 +8,22 @@
 //! - [`workload`]: put, range, txn-put, mixed and lease-keepalive requests;
 //! - [`watch`]: watch latency from put sent to event received;
 //! - [`gateway`]: the put workload over etcd's HTTP/JSON gateway;
+//! - [`security`]: client TLS, per-connection authentication, and the
+//!   certificates and users of a secure local cluster;
 //! - [`stats`]: histograms, error counts, the table and the JSON line;
 //! - [`cluster`]: local etcd or Cairn clusters on free ports (used by `compare`
 //!   and by tests);
-//! - [`compare`]: both systems, alternating runs, one table.
+//! - [`compare`]: both systems, alternating runs, one table;
+//! - [`tls_cost`]: one system plaintext against mutual TLS (and auth), one table.
 
 pub mod cluster;
 pub mod compare;
 pub mod config;
 pub mod gateway;
 pub mod runner;
+pub mod security;
 pub mod stats;
+pub mod tls_cost;
 pub mod watch;
 pub mod workload;
 
@@ -44,6 +49,12 @@ pub enum BenchError {
         endpoint: String,
         status: Box<tonic::Status>,
     },
+    #[error("authenticating {user} at {endpoint}: {status}")]
+    Auth {
+        user: String,
+        endpoint: String,
+        status: Box<tonic::Status>,
+    },
     #[error("a requester task of {workload} failed: {reason}")]
     Task {
         workload: &'static str,
@@ -65,6 +76,13 @@ pub async fn run_workload(
     match command {
         Command::Put(o) if o.gateway => {
             o.keys.validate()?;
+            if global.tls() || global.user.is_some() {
+                return Err(BenchError::Option {
+                    option: "--gateway",
+                    reason: "the HTTP/JSON gateway workload speaks plaintext without auth only"
+                        .into(),
+                });
+            }
             gateway::run(global, &o.keys, progress).await
         }
         Command::Put(o) => {
@@ -96,9 +114,9 @@ pub async fn run_workload(
             o.validate()?;
             watch::run(global, o, progress).await
         }
-        Command::Compare(_) => Err(BenchError::Option {
+        Command::Compare(_) | Command::TlsCost(_) => Err(BenchError::Option {
             option: "compare",
-            reason: "compare is not a single workload".into(),
+            reason: "compare and tls-cost are not single workloads".into(),
         }),
     }
 }

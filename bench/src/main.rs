@@ -9,6 +9,7 @@ use cairn_bench::{BenchError, Cli, Command};
 async fn run(cli: Cli) -> Result<(), BenchError> {
     match &cli.command {
         Command::Compare(opts) => cairn_bench::compare::run(&cli.global, opts, true).await,
+        Command::TlsCost(opts) => cairn_bench::tls_cost::run(&cli.global, opts, true).await,
         command => {
             let report = cairn_bench::run_workload(&cli.global, command, true).await?;
             if !cli.global.json {

@@ -19,9 +19,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{ClientTlsConfig, Endpoint};
 
 use crate::config::{GlobalOpts, Stop};
+use crate::security::{self, Conn};
 use crate::stats::{Recorder, Report};
 use crate::workload::{OpClient, Spec};
 use crate::BenchError;
@@ -31,40 +32,89 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often the progress bar is redrawn.
 const PROGRESS_TICK: Duration = Duration::from_millis(100);
 
-/// Turns `host:port` into `http://host:port`; URLs with a scheme pass unchanged.
-pub fn endpoint_url(endpoint: &str) -> String {
+/// Turns `host:port` into `http://host:port`, or `https://host:port` with TLS;
+/// URLs with a scheme pass unchanged.
+pub fn endpoint_url(endpoint: &str, tls: bool) -> String {
     let endpoint = endpoint.trim();
     if endpoint.contains("://") {
         endpoint.to_owned()
+    } else if tls {
+        format!("https://{endpoint}")
     } else {
         format!("http://{endpoint}")
     }
 }
 
-/// Opens `global.conns` HTTP/2 connections, round-robin over the endpoints. They
-/// connect lazily: an unreachable endpoint shows up as counted `Unavailable`
-/// errors, not as a refusal to start.
-pub fn connect(global: &GlobalOpts) -> Result<Vec<Channel>, BenchError> {
+/// The client TLS configuration of `--cacert`, `--cert` and `--key`, if TLS is on.
+pub fn tls_config(global: &GlobalOpts) -> Result<Option<ClientTlsConfig>, BenchError> {
+    let Some(cacert) = &global.cacert else {
+        return Ok(None);
+    };
+    let identity = global.cert.as_deref().zip(global.key.as_deref());
+    security::client_tls_config(cacert, identity).map(Some)
+}
+
+/// Opens `global.conns` HTTP/2 connections, round-robin over the endpoints.
+/// Without `--user` they connect lazily: an unreachable endpoint shows up as
+/// counted `Unavailable` errors, not as a refusal to start. With `--user` each
+/// connection authenticates once, now (concurrently), and a refusal stops the
+/// run.
+pub async fn connect(global: &GlobalOpts) -> Result<Vec<Conn>, BenchError> {
+    let tls = tls_config(global)?;
     let endpoints: Vec<&String> = global
         .endpoints
         .iter()
         .filter(|e| !e.trim().is_empty())
         .collect();
-    (0..global.conns)
+    let channels = (0..global.conns)
         .map(|i| {
             let raw = endpoints[i % endpoints.len()];
-            let url = endpoint_url(raw);
-            let endpoint = Endpoint::from_shared(url).map_err(|e| BenchError::Endpoint {
+            let bad = |e: tonic::transport::Error| BenchError::Endpoint {
                 endpoint: raw.clone(),
                 reason: e.to_string(),
-            })?;
-            Ok(endpoint
+            };
+            let mut endpoint =
+                Endpoint::from_shared(endpoint_url(raw, tls.is_some())).map_err(bad)?;
+            if let Some(tls) = &tls {
+                endpoint = endpoint.tls_config(tls.clone()).map_err(bad)?;
+            }
+            let channel = endpoint
                 .timeout(global.timeout)
                 .connect_timeout(CONNECT_TIMEOUT)
                 .tcp_nodelay(true)
-                .connect_lazy())
+                .connect_lazy();
+            Ok((raw.clone(), channel))
         })
-        .collect()
+        .collect::<Result<Vec<_>, BenchError>>()?;
+    let Some(user) = &global.user else {
+        return Ok(channels
+            .into_iter()
+            .map(|(_, c)| security::anonymous(c))
+            .collect());
+    };
+    let tasks: Vec<_> = channels
+        .into_iter()
+        .map(|(endpoint, channel)| {
+            let user = user.clone();
+            tokio::spawn(async move {
+                security::authenticate(channel, &user)
+                    .await
+                    .map_err(|status| BenchError::Auth {
+                        user: user.name.clone(),
+                        endpoint,
+                        status: Box::new(status),
+                    })
+            })
+        })
+        .collect();
+    let mut conns = Vec::with_capacity(tasks.len());
+    for task in tasks {
+        conns.push(task.await.map_err(|e| BenchError::Task {
+            workload: "authenticate",
+            reason: e.to_string(),
+        })??);
+    }
+    Ok(conns)
 }
 
 /// A progress bar on stderr, shown only on a terminal and never with `--json`.
@@ -286,7 +336,7 @@ pub async fn warm_up_and_measure<C: Requester>(
 
 /// Runs a request/response workload: setup, warm-up, measured phase, teardown.
 pub async fn run(global: &GlobalOpts, spec: Spec, progress: bool) -> Result<Report, BenchError> {
-    let channels = connect(global)?;
+    let channels = connect(global).await?;
     let mut clients = Vec::with_capacity(global.clients);
     for i in 0..global.clients {
         let channel = channels[i % channels.len()].clone();
@@ -386,7 +436,15 @@ mod tests {
 
     #[test]
     fn endpoints_get_a_scheme() {
-        assert_eq!(endpoint_url("127.0.0.1:2379"), "http://127.0.0.1:2379");
-        assert_eq!(endpoint_url("https://a:1"), "https://a:1");
+        assert_eq!(
+            endpoint_url("127.0.0.1:2379", false),
+            "http://127.0.0.1:2379"
+        );
+        assert_eq!(
+            endpoint_url("127.0.0.1:2379", true),
+            "https://127.0.0.1:2379"
+        );
+        assert_eq!(endpoint_url("https://a:1", false), "https://a:1");
+        assert_eq!(endpoint_url("http://a:1", true), "http://a:1");
     }
 }

@@ -14,13 +14,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::security::Conn;
 use bytes::Bytes;
 use cairn_proto::etcdserverpb::kv_client::KvClient;
 use cairn_proto::etcdserverpb::watch_client::WatchClient;
 use cairn_proto::etcdserverpb::watch_request::RequestUnion;
 use cairn_proto::etcdserverpb::{PutRequest, WatchCreateRequest, WatchRequest};
 use tokio::sync::{mpsc, watch as signal};
-use tonic::transport::Channel;
 
 use crate::config::{GlobalOpts, Stop, WatchOpts};
 use crate::runner::{connect, drive, Phase, Progress, Requester};
@@ -39,7 +39,7 @@ pub const WATCH_KEY: &str = "cairn-bench/watch-latency";
 const WATCH_CREATE_TIMEOUT: Duration = Duration::from_secs(10);
 
 struct StampedPut {
-    kv: KvClient<Channel>,
+    kv: KvClient<Conn>,
     base: Instant,
     phase: u8,
     val_size_bytes: usize,
@@ -81,7 +81,7 @@ fn event_latency(value: &[u8], base: Instant, received: Instant) -> Option<Durat
 /// Opens one stream with `watchers` watchers on [`WATCH_KEY`] and waits until all
 /// are confirmed; then spawns its reader, which records until `shutdown` flips.
 async fn open_stream(
-    channel: Channel,
+    channel: Conn,
     watchers: usize,
     base: Instant,
     events: Arc<AtomicU64>,
@@ -163,7 +163,7 @@ pub async fn run(
     opts: &WatchOpts,
     progress: bool,
 ) -> Result<Report, BenchError> {
-    let channels = connect(global)?;
+    let channels = connect(global).await?;
     let base = Instant::now();
     let events = Arc::new(AtomicU64::new(0));
     let (shutdown_tx, shutdown_rx) = signal::channel(false);

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use crate::security::Conn;
 use bytes::Bytes;
 use cairn_proto::etcdserverpb::compare::{CompareResult, CompareTarget, TargetUnion};
 use cairn_proto::etcdserverpb::kv_client::KvClient;
@@ -15,7 +16,6 @@ use cairn_proto::etcdserverpb::{
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use tokio::sync::mpsc;
-use tonic::transport::Channel;
 use tonic::Streaming;
 
 use crate::config::{Consistency, KeyOpts, LeaseOpts, MixedOpts, RangeOpts};
@@ -140,16 +140,16 @@ pub struct LeaseStream {
 /// What one requester needs between requests.
 pub enum OpClient {
     Put {
-        kv: KvClient<Channel>,
+        kv: KvClient<Conn>,
         keys: KeyGen,
         value: Bytes,
     },
     Range {
-        kv: KvClient<Channel>,
+        kv: KvClient<Conn>,
         request: RangeRequest,
     },
     TxnPut {
-        kv: KvClient<Channel>,
+        kv: KvClient<Conn>,
         keys: KeyGen,
         value: Bytes,
         /// Newest store revision this requester has seen in a response: its view
@@ -157,14 +157,14 @@ pub enum OpClient {
         revision_seen: i64,
     },
     Mixed {
-        kv: KvClient<Channel>,
+        kv: KvClient<Conn>,
         keys: KeyGen,
         value: Bytes,
         read_ratio: f64,
         serializable: bool,
     },
     LeaseKeepalive {
-        lease: LeaseClient<Channel>,
+        lease: LeaseClient<Conn>,
         id: i64,
         stream: Option<LeaseStream>,
         timeout: Duration,
@@ -176,7 +176,7 @@ impl OpClient {
     /// (not measured).
     pub async fn setup(
         spec: &Spec,
-        channel: Channel,
+        channel: Conn,
         client: usize,
         clients: usize,
         timeout: Duration,

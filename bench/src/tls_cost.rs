@@ -1,0 +1,369 @@
+//! `cairn-bench tls-cost`: what mutual TLS on the client and peer ports (and,
+//! with `--auth`, auth on top) costs one system, side by side in one run.
+//!
+//! The same binary is started as two (or three) local clusters: plaintext,
+//! mutual TLS, and mutual TLS with auth (workloads as the non-root user
+//! `bench`). Each workload runs through the leader of each cluster in turn,
+//! alternating the order run by run, while the other clusters are paused
+//! (SIGSTOP), as `compare` does between systems. Leadership is first moved to
+//! the same member (the first) in every cluster, and the workload goes
+//! through it: a follower forwards writes, which adds a hop of its own, and
+//! members on one host divide its CPUs by position (Cairn pins them to CPUs
+//! 0, 1, 0 on two cores), so which member a cluster happened to elect would
+//! otherwise decide the figure.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser};
+use serde_json::{json, Value};
+
+use crate::cluster::{LocalCluster, StartOptions, System};
+use crate::compare::{
+    bench_user, default_cairn_bin, isolate, median, preset_command, seed, Preset,
+    CLUSTER_READY_TIMEOUT, MAX_RUNS,
+};
+use crate::config::{Cli, GlobalOpts};
+use crate::security::{self, ClusterCerts};
+use crate::stats::Report;
+use crate::BenchError;
+
+/// The member that leads every cluster while it is measured.
+pub const MEASURED_LEADER: usize = 0;
+
+#[derive(Debug, Clone, Args)]
+pub struct TlsCostOpts {
+    /// The system measured.
+    #[arg(long, value_enum, default_value = "cairn")]
+    pub system: System,
+    /// Workloads to run, comma-separated (`compare`'s names).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "put-1")]
+    pub workloads: Vec<Preset>,
+    /// Runs per workload and cluster, alternating clusters; the run with the
+    /// median requests/s is reported.
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+    /// Members per cluster.
+    #[arg(long, default_value_t = 3)]
+    pub members: usize,
+    /// Also measure a cluster with mutual TLS and auth on.
+    #[arg(long)]
+    pub auth: bool,
+    /// The Cairn daemon (default: this workspace's target/release/cairn).
+    #[arg(long)]
+    pub cairn_bin: Option<PathBuf>,
+    /// The etcd daemon.
+    #[arg(long, default_value = "etcd")]
+    pub etcd_bin: PathBuf,
+    /// Directory in which the temporary data directories are made (default: $TMPDIR).
+    #[arg(long)]
+    pub work_dir: Option<PathBuf>,
+}
+
+/// How one of the clusters is secured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Variant {
+    Plain,
+    MutualTls,
+    MutualTlsAuth,
+}
+
+impl Variant {
+    pub fn name(self) -> &'static str {
+        match self {
+            Variant::Plain => "plaintext",
+            Variant::MutualTls => "mutual TLS",
+            Variant::MutualTlsAuth => "mutual TLS + auth",
+        }
+    }
+
+    fn key(self) -> &'static str {
+        match self {
+            Variant::Plain => "plain",
+            Variant::MutualTls => "mtls",
+            Variant::MutualTlsAuth => "mtls_auth",
+        }
+    }
+}
+
+/// One workload's runs on every variant, in the order of the variants.
+struct Row {
+    preset: Preset,
+    runs: Vec<Vec<Report>>,
+}
+
+fn bad_option(option: &'static str, reason: String) -> BenchError {
+    BenchError::Option { option, reason }
+}
+
+/// Runs the measurement and prints its table (unless `--json`) and one JSON line.
+pub async fn run(
+    global: &GlobalOpts,
+    opts: &TlsCostOpts,
+    progress: bool,
+) -> Result<(), BenchError> {
+    if opts.runs == 0 || opts.runs > MAX_RUNS {
+        return Err(bad_option(
+            "--runs",
+            format!("{} is not in 1..={MAX_RUNS}", opts.runs),
+        ));
+    }
+    if opts.workloads.is_empty() {
+        return Err(bad_option("--workloads", "nothing to measure".into()));
+    }
+    if global.tls() || global.user.is_some() {
+        return Err(bad_option(
+            "tls-cost",
+            "--cacert, --cert, --key and --user do not apply: tls-cost starts its own clusters"
+                .into(),
+        ));
+    }
+    let binary = match opts.system {
+        System::Etcd => opts.etcd_bin.clone(),
+        System::Cairn => opts.cairn_bin.clone().unwrap_or_else(default_cairn_bin),
+    };
+    let parent = opts.work_dir.clone().unwrap_or_else(std::env::temp_dir);
+    let scratch = tempfile::Builder::new()
+        .prefix("cairn-bench-tls-cost-")
+        .tempdir_in(&parent)
+        .map_err(|e| bad_option("--work-dir", format!("{}: {e}", parent.display())))?;
+    let certs = ClusterCerts::generate(&scratch.path().join("certs"))?;
+    let user = bench_user();
+
+    let mut variants = vec![Variant::Plain, Variant::MutualTls];
+    if opts.auth {
+        variants.push(Variant::MutualTlsAuth);
+    }
+    let mut clusters = Vec::with_capacity(variants.len());
+    for &variant in &variants {
+        let tls = (variant != Variant::Plain).then(|| certs.clone());
+        let mut cluster = LocalCluster::start_with(
+            opts.system,
+            &binary,
+            opts.members,
+            &scratch.path().join(variant.key()),
+            &StartOptions { cores: None, tls },
+        )?;
+        cluster.wait_ready(CLUSTER_READY_TIMEOUT).await?;
+        let seed_user = if variant == Variant::MutualTlsAuth {
+            cluster.enable_auth(security::ROOT_PASSWORD, &user).await?;
+            Some(&user)
+        } else {
+            None
+        };
+        seed(&cluster, seed_user).await?;
+        if !global.json {
+            eprintln!(
+                "{} {}: {} members serving at {}",
+                opts.system,
+                variant.name(),
+                opts.members,
+                cluster.endpoints_arg()
+            );
+        }
+        clusters.push(cluster);
+    }
+
+    let mut rows = Vec::with_capacity(opts.workloads.len());
+    for &preset in &opts.workloads {
+        let mut runs: Vec<Vec<Report>> = vec![Vec::new(); variants.len()];
+        for run in 0..opts.runs {
+            let order: Vec<usize> = if run % 2 == 0 {
+                (0..variants.len()).collect()
+            } else {
+                (0..variants.len()).rev().collect()
+            };
+            for i in order {
+                isolate(&mut clusters, i).await?;
+                let cluster = &clusters[i];
+                // The same member leads every cluster (see the module comment).
+                cluster
+                    .move_leader_to(MEASURED_LEADER, CLUSTER_READY_TIMEOUT)
+                    .await?;
+                let leader = MEASURED_LEADER;
+                let user = (variants[i] == Variant::MutualTlsAuth).then_some(&user);
+                let args = preset_command(
+                    preset,
+                    &cluster.members[leader].client_url,
+                    &cluster.client_args(user),
+                    global,
+                );
+                if !global.json {
+                    eprintln!(
+                        "[{} run {}] {} via {}: {}",
+                        preset.name(),
+                        run + 1,
+                        variants[i].name(),
+                        cluster.members[leader].name,
+                        args.join(" ")
+                    );
+                }
+                let cli = Cli::try_parse_from(&args).map_err(|e| {
+                    bad_option(
+                        "tls-cost",
+                        format!("{} does not parse: {e}", args.join(" ")),
+                    )
+                })?;
+                let mut cli_global = cli.global;
+                cli_global.json = global.json;
+                let mut report = crate::run_workload(&cli_global, &cli.command, progress).await?;
+                report.system = Some(format!("{} {}", opts.system, variants[i].key()));
+                report.workload = preset.name().to_owned();
+                if !global.json {
+                    eprintln!(
+                        "    {:.0} req/s, p50 {:.3} ms, p99 {:.3} ms, errors {}",
+                        report.requests_per_sec(),
+                        report.p50_ms(),
+                        report.p99_ms(),
+                        report.errors()
+                    );
+                }
+                runs[i].push(report);
+            }
+        }
+        rows.push(Row { preset, runs });
+    }
+    for mut cluster in clusters {
+        cluster.stop();
+    }
+    drop(scratch);
+
+    if !global.json {
+        print!("{}", table(&rows, &variants, opts));
+    }
+    println!("{}", summary_json(rows, &variants, opts));
+    Ok(())
+}
+
+/// `value` over the plaintext one, as a signed percentage.
+fn added_percent(value: f64, plain: f64) -> Option<f64> {
+    (plain > 0.0).then(|| (value / plain - 1.0) * 100.0)
+}
+
+/// The median of the runs' p50s: what the p50 comparison is made on (the
+/// median run by req/s can be a run with an odd p50).
+fn median_p50_ms(runs: &[Report]) -> Option<f64> {
+    let mut p50s: Vec<f64> = runs.iter().map(Report::p50_ms).collect();
+    p50s.sort_by(f64::total_cmp);
+    p50s.get(p50s.len().saturating_sub(1) / 2).copied()
+}
+
+fn table(rows: &[Row], variants: &[Variant], opts: &TlsCostOpts) -> String {
+    let mut out = format!(
+        "\n{} {} members on 127.0.0.1 per cluster, workloads through member 0 made leader of \
+         each, the other clusters paused; {} run(s) each; latency in ms\n\n",
+        opts.system, opts.members, opts.runs
+    );
+    out.push_str(
+        "| workload | cluster | median p50 of runs | vs plaintext | p50 of every run | req/s (median run) | p99 | p99.9 | errors |\n",
+    );
+    out.push_str("|---|---|---:|---:|---|---:|---:|---:|---:|\n");
+    for row in rows {
+        let plain_p50 = median_p50_ms(&row.runs[0]);
+        for (variant, runs) in variants.iter().zip(&row.runs) {
+            let every: Vec<String> = runs.iter().map(|r| format!("{:.3}", r.p50_ms())).collect();
+            let (Some(m), Some(p50)) = (median(runs.clone()), median_p50_ms(runs)) else {
+                continue;
+            };
+            let versus = match (variant, plain_p50.and_then(|p| added_percent(p50, p))) {
+                (Variant::Plain, _) | (_, None) => "-".to_owned(),
+                (_, Some(pct)) => format!("{pct:+.1}%"),
+            };
+            out.push_str(&format!(
+                "| {} | {} | {:.3} | {} | {} | {:.0} | {:.3} | {:.3} | {} |\n",
+                row.preset.name(),
+                variant.name(),
+                p50,
+                versus,
+                every.join(" / "),
+                m.requests_per_sec(),
+                m.p99_ms(),
+                m.p999_ms(),
+                m.errors(),
+            ));
+        }
+    }
+    out
+}
+
+fn summary_json(rows: Vec<Row>, variants: &[Variant], opts: &TlsCostOpts) -> Value {
+    let rows: Vec<Value> = rows
+        .into_iter()
+        .map(|row| {
+            let plain_p50 = median_p50_ms(&row.runs[0]);
+            let mut results = serde_json::Map::new();
+            for (variant, runs) in variants.iter().zip(row.runs) {
+                let p50 = median_p50_ms(&runs);
+                let every: Vec<f64> = runs.iter().map(Report::p50_ms).collect();
+                if let Some(m) = median(runs) {
+                    let mut v = m.to_json();
+                    v["median_p50_ms_of_runs"] = json!(p50);
+                    v["p50_ms_of_every_run"] = json!(every);
+                    v["median_p50_added_percent_over_plain"] = json!(p50
+                        .zip(plain_p50)
+                        .and_then(|(p, plain)| added_percent(p, plain)));
+                    results.insert(variant.key().to_owned(), v);
+                }
+            }
+            json!({ "workload": row.preset.name(), "results": results })
+        })
+        .collect();
+    json!({
+        "tls_cost": rows,
+        "system": opts.system.name(),
+        "members": opts.members,
+        "runs": opts.runs,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn added_percent_is_relative_to_plaintext() {
+        assert_eq!(added_percent(1.15, 1.0).map(|p| p.round()), Some(15.0));
+        assert_eq!(added_percent(0.9, 1.0).map(|p| p.round()), Some(-10.0));
+        assert_eq!(added_percent(1.0, 0.0), None);
+    }
+
+    #[test]
+    fn the_p50_compared_is_the_median_of_the_runs() {
+        let run = |p50_us: u64| {
+            let mut recorder = crate::Recorder::new();
+            recorder.record_ok(std::time::Duration::from_micros(p50_us));
+            Report {
+                workload: "put-1".into(),
+                system: None,
+                clients: 1,
+                conns: 1,
+                target_rate_per_sec: None,
+                elapsed: std::time::Duration::from_secs(1),
+                warmup: std::time::Duration::ZERO,
+                warmup_requests: 0,
+                recorder,
+            }
+        };
+        let p50 = median_p50_ms(&[run(900), run(500), run(700)]).unwrap();
+        assert!((p50 - 0.7).abs() < 0.01, "{p50}");
+        assert_eq!(median_p50_ms(&[]), None);
+    }
+
+    #[test]
+    fn options_parse() {
+        let cli = Cli::parse_from([
+            "cairn-bench",
+            "tls-cost",
+            "--workloads",
+            "put-1,put-100",
+            "--runs",
+            "5",
+            "--auth",
+        ]);
+        let crate::Command::TlsCost(o) = cli.command else {
+            panic!("not tls-cost");
+        };
+        assert_eq!(o.workloads, vec![Preset::Put1, Preset::Put100]);
+        assert_eq!((o.runs, o.members, o.auth), (5, 3, true));
+        assert_eq!(o.system, System::Cairn);
+    }
+}
