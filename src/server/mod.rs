@@ -10,6 +10,7 @@ pub mod crash_point;
 pub mod entry;
 pub mod errors;
 pub mod gateway;
+pub mod identity;
 pub mod kv;
 pub mod lease;
 pub mod maintenance;

@@ -15,7 +15,7 @@ use super::tokens::SimpleTokens;
 use super::{caller_of, AuthStore, Caller};
 use crate::server::command::WriteResult;
 use crate::server::errors::ApiError;
-use crate::server::kv::Identity;
+use crate::server::identity::Identity;
 use crate::server::router::Router;
 
 /// The shard whose log carries the auth state.
