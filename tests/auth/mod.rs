@@ -326,6 +326,10 @@ pub async fn connect(
     loop {
         match etcd_client::Client::connect([endpoint], options.clone()).await {
             Ok(c) => return Ok(c),
+            // Authenticate goes through the Raft log: right after a restart
+            // it can time out or find no leader, and clients try again.
+            Err(etcd_client::Error::GRpcStatus(s))
+                if s.code() == tonic::Code::Unavailable && Instant::now() < deadline => {}
             Err(e @ etcd_client::Error::GRpcStatus(_)) => return Err(e),
             Err(e) => assert!(Instant::now() < deadline, "connecting to {endpoint}: {e}"),
         }
