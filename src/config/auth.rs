@@ -16,6 +16,36 @@ pub struct AuthOptions {
     pub client_cert_auth: bool,
 }
 
+impl AuthOptions {
+    /// The options the auth flags give (defaults: simple tokens, 300 s,
+    /// bcrypt cost 10, etcd's); a refusal names its flag.
+    pub fn from_flags(
+        auth_token: Option<&str>,
+        auth_token_ttl_secs: Option<u64>,
+        bcrypt_cost: Option<u32>,
+        client_cert_auth: bool,
+    ) -> Result<AuthOptions, (&'static str, String)> {
+        let bcrypt_cost = bcrypt_cost.unwrap_or(10);
+        if !(4..=31).contains(&bcrypt_cost) {
+            return Err((
+                "bcrypt-cost",
+                format!("{bcrypt_cost}: must be between 4 and 31"),
+            ));
+        }
+        let simple_token_ttl = match auth_token_ttl_secs.unwrap_or(300) {
+            0 => return Err(("auth-token-ttl", "must be at least 1 second".into())),
+            secs => Duration::from_secs(secs),
+        };
+        Ok(AuthOptions {
+            token: parse_auth_token(auth_token.unwrap_or("simple"))
+                .map_err(|reason| ("auth-token", reason))?,
+            simple_token_ttl,
+            bcrypt_cost,
+            client_cert_auth,
+        })
+    }
+}
+
 /// The JWT signing methods Cairn supports (etcd's names).
 pub const JWT_SIGN_METHODS: [&str; 8] = [
     "RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384",

@@ -568,23 +568,13 @@ impl Config {
                 }
             },
         };
-        let bcrypt_cost = f.bcrypt_cost.unwrap_or(10);
-        if !(4..=31).contains(&bcrypt_cost) {
-            return Err(invalid(
-                "bcrypt-cost",
-                format!("{bcrypt_cost}: must be between 4 and 31"),
-            ));
-        }
-        let auth = auth::AuthOptions {
-            token: auth::parse_auth_token(f.auth_token.as_deref().unwrap_or("simple"))
-                .map_err(|reason| invalid("auth-token", reason))?,
-            simple_token_ttl: match f.auth_token_ttl.unwrap_or(300) {
-                0 => return Err(invalid("auth-token-ttl", "must be at least 1 second")),
-                secs => Duration::from_secs(secs),
-            },
-            bcrypt_cost,
-            client_cert_auth: f.client_cert_auth.unwrap_or(false),
-        };
+        let auth = auth::AuthOptions::from_flags(
+            f.auth_token.as_deref(),
+            f.auth_token_ttl,
+            f.bcrypt_cost,
+            f.client_cert_auth.unwrap_or(false),
+        )
+        .map_err(|(flag, reason)| invalid(flag, reason))?;
         let client_tls = TlsFiles {
             cert_file: f.cert_file,
             key_file: f.key_file,

@@ -94,10 +94,7 @@ impl Watch for WatchService {
         // Each create is checked against the stream's credentials, as etcd
         // checks them: a token that expired since the stream opened fails.
         let metadata = request.metadata().clone();
-        let common_name = request
-            .extensions()
-            .get::<crate::tls::ClientConnInfo>()
-            .and_then(|i| i.common_name.clone());
+        let common_name = super::auth::conn_info(&request).and_then(|i| i.common_name.clone());
         let mut incoming = request.into_inner();
         let (out_tx, out_rx) =
             mpsc::channel::<Result<WatchResponse, Status>>(WATCH_STREAM_QUEUE_BATCHES);

@@ -134,23 +134,26 @@ impl AuthStore {
         if index <= data.applied_index() {
             return Ok(());
         }
-        let mut next = AuthData::new(data.state().clone());
-        let result = next.apply(index, change);
-        self.persist(next.state()).map_err(|e| ApiError::Storage {
-            shard: 0,
-            reason: format!("writing {AUTH_FILE}: {e}"),
-        })?;
+        // A refused change leaves the state as it was: nothing to keep.
+        let mut next = data.clone();
+        next.apply(index, change)?;
+        // Only a change that altered the state is written: replaying a
+        // no-op after a restart is a no-op again.
+        if next.revision() != data.revision() {
+            self.persist(next.state()).map_err(|e| ApiError::Storage {
+                shard: 0,
+                reason: format!("writing {AUTH_FILE}: {e}"),
+            })?;
+        }
         *data = next;
         self.enabled.store(data.enabled(), Ordering::Release);
-        if result.is_ok() {
-            match change {
-                Change::UserDelete(r) => self.simple.invalidate_user(&r.name),
-                Change::UserChangePassword(r) => self.simple.invalidate_user(&r.name),
-                Change::Disable(_) => self.simple.clear(),
-                _ => {}
-            }
+        match change {
+            Change::UserDelete(r) => self.simple.invalidate_user(&r.name),
+            Change::UserChangePassword(r) => self.simple.invalidate_user(&r.name),
+            Change::Disable(_) => self.simple.clear(),
+            _ => {}
         }
-        result
+        Ok(())
     }
 
     /// Takes the state a snapshot carried when it is newer than this one.
@@ -298,11 +301,14 @@ pub fn caller_of<T>(
     if !auth.is_enabled() {
         return Ok(None);
     }
-    let cn = request
-        .extensions()
-        .get::<crate::tls::ClientConnInfo>()
-        .and_then(|i| i.common_name.as_deref());
+    let cn = conn_info(request).and_then(|i| i.common_name.as_deref());
     auth.caller(request.metadata(), cn)
+}
+
+/// What the client port learned about a request's connection (its address,
+/// its certificate's name); none for the gateway's in-process calls.
+pub fn conn_info<T>(request: &tonic::Request<T>) -> Option<&crate::tls::ClientConnInfo> {
+    request.extensions().get()
 }
 
 /// Refuses a request whose caller does not hold the root role (with auth

@@ -145,9 +145,7 @@ impl Auth for AuthService {
         &self,
         request: Request<AuthenticateRequest>,
     ) -> Result<Response<AuthenticateResponse>, Status> {
-        let addr = request
-            .extensions()
-            .get::<crate::tls::ClientConnInfo>()
+        let addr = super::conn_info(&request)
             .and_then(|i| i.remote_addr)
             .map(|a| a.ip().to_string());
         let req = request.into_inner();

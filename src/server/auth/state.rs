@@ -14,7 +14,7 @@ use crate::server::errors::ApiError;
 pub const ROOT: &str = "root";
 
 /// The replicated state plus what is derived from it for fast checks.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct AuthData {
     state: AuthState,
     /// Each user's merged permissions, rebuilt after every change.
