@@ -23,13 +23,13 @@ pub const MAX_FRAME_PAYLOAD_BYTES: usize = 16_384;
 pub const MAX_HEADER_BLOCK_BYTES: usize = 64 * 1024;
 const _: () = assert!(MAX_HEADER_BLOCK_BYTES >= 2 * (FRAME_HEADER_BYTES + MAX_FRAME_PAYLOAD_BYTES));
 
-const HEADERS: u8 = 0x1;
+pub(super) const HEADERS: u8 = 0x1;
 const PUSH_PROMISE: u8 = 0x5;
-const CONTINUATION: u8 = 0x9;
-const END_STREAM: u8 = 0x1;
-const END_HEADERS: u8 = 0x4;
-const PADDED: u8 = 0x8;
-const PRIORITY: u8 = 0x20;
+pub(super) const CONTINUATION: u8 = 0x9;
+pub(super) const END_STREAM: u8 = 0x1;
+pub(super) const END_HEADERS: u8 = 0x4;
+pub(super) const PADDED: u8 = 0x8;
+pub(super) const PRIORITY: u8 = 0x20;
 /// Stream dependency (32 bits) and weight (8) of a HEADERS with PRIORITY.
 const PRIORITY_BYTES: usize = 5;
 
@@ -319,11 +319,6 @@ impl Scanner {
     /// [`Scanner::feed`].
     pub fn is_holding(&self) -> bool {
         !self.pending.is_empty()
-    }
-
-    /// Whether any block of this connection has been rewritten.
-    pub fn is_rewriting(&self) -> bool {
-        self.rewriter.rewriting
     }
 
     /// Scans fresh input while nothing is held. The fast path: frames that

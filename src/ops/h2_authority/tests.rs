@@ -10,20 +10,18 @@ use std::task::{Context, Poll};
 use bytes::{BufMut, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, ReadBuf};
 
-use super::scanner::{FRAME_HEADER_BYTES, MAX_FRAME_PAYLOAD_BYTES};
+use super::scanner::{
+    CONTINUATION, END_HEADERS, END_STREAM, FRAME_HEADER_BYTES, HEADERS, MAX_FRAME_PAYLOAD_BYTES,
+    PADDED, PRIORITY,
+};
 use super::*;
 use crate::ops::hpack::huffman::tests::encode as huffman;
+use crate::ops::hpack::tests::{hex, pairs};
 use crate::ops::hpack::{encode_integer, Block, Decoder};
 
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 const DATA: u8 = 0x0;
-const HEADERS: u8 = 0x1;
 const SETTINGS: u8 = 0x4;
-const CONTINUATION: u8 = 0x9;
-const END_STREAM: u8 = 0x1;
-const END_HEADERS: u8 = 0x4;
-const PADDED: u8 = 0x8;
-const PRIORITY: u8 = 0x20;
 
 /// A reader that hands out its chunks one per read (split further when the
 /// reader's buffer is smaller).
@@ -157,18 +155,7 @@ fn server_view(stream: &[u8]) -> Seen {
             if flags & END_HEADERS != 0 {
                 let mut block = Block::default();
                 decoder.decode(&fragment, &mut block).unwrap();
-                seen.blocks.push(
-                    block
-                        .fields
-                        .iter()
-                        .map(|f| {
-                            (
-                                String::from_utf8(f.name.to_vec()).unwrap(),
-                                String::from_utf8(f.value.to_vec()).unwrap(),
-                            )
-                        })
-                        .collect(),
-                );
+                seen.blocks.push(pairs(&block));
                 fragment.clear();
             }
         }
@@ -191,13 +178,6 @@ fn connection(frames: &[Vec<u8>]) -> Vec<u8> {
         out.extend_from_slice(f);
     }
     out
-}
-
-fn hex(s: &str) -> Vec<u8> {
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
-        .collect()
 }
 
 /// The header block etcdctl 3.4.23 sent for `endpoint status` with
@@ -433,10 +413,11 @@ fn scheme_is_stripped_to_host_and_port() {
     }
 }
 
-/// Rough cost of the fast path: decoding a gRPC client's usual block (all
-/// indexed) and passing its DATA frame. Prints the figure; asserts only a
-/// generous bound so a loaded machine does not fail it.
+/// The cost of the fast path, printed: decoding a gRPC client's usual block
+/// (all indexed) and passing its DATA frame. A measurement, not a check, so
+/// it runs on demand (release build, see the module doc of `h2_authority`).
 #[test]
+#[ignore = "a measurement: cargo test --release --lib ops::h2_authority::tests::decode_cost -- --ignored --nocapture"]
 fn decode_cost() {
     const REQUESTS: usize = 200_000;
     let first = Hpack::default()
@@ -471,5 +452,4 @@ fn decode_cost() {
     }
     let per_request_ns = started.elapsed().as_nanos() as f64 / REQUESTS as f64;
     println!("h2_authority decode_cost per_request_ns={per_request_ns:.0}");
-    assert!(per_request_ns < 20_000.0, "{per_request_ns} ns per request");
 }

@@ -20,10 +20,14 @@ use static_table::STATIC_TABLE;
 /// The dynamic table's size when a connection starts: the initial value of
 /// SETTINGS_HEADER_TABLE_SIZE (RFC 9113 §6.5.2).
 pub const DEFAULT_TABLE_SIZE_BYTES: usize = 4096;
-/// Largest table size a client may switch to here. The server's own limit
-/// (h2's default is 4096) is smaller still and h2 refuses larger updates, so
-/// this only bounds what a hostile client can make the shim keep.
-pub const MAX_TABLE_SIZE_BYTES: usize = 64 * 1024;
+/// Largest table size a client may switch to: the server's (h2 advertises
+/// and enforces 4096, and refuses a larger update itself).
+pub const MAX_TABLE_SIZE_BYTES: usize = DEFAULT_TABLE_SIZE_BYTES;
+/// Largest decoded header list (names, values and 32 octets per field, as
+/// §4.1 and SETTINGS_MAX_HEADER_LIST_SIZE count them) a block may expand
+/// to. hyper refuses lists over 16 KiB; the bound keeps a hostile block of
+/// references to one large entry from expanding without limit.
+pub const MAX_DECODED_LIST_BYTES: usize = 64 * 1024;
 /// Per-entry overhead counted in the table size (§4.1).
 const ENTRY_OVERHEAD_BYTES: usize = 32;
 /// An HPACK integer longer than this many continuation octets is refused; 4
@@ -47,6 +51,8 @@ pub enum DecodeError {
     TableSizeTooLarge { size: usize },
     #[error("table size update after the first header field")]
     LateTableSizeUpdate,
+    #[error("header list decodes to more than {MAX_DECODED_LIST_BYTES} bytes")]
+    ListTooLarge,
     #[error(transparent)]
     Huffman(#[from] huffman::HuffmanError),
 }
@@ -100,7 +106,9 @@ impl Decoder {
     /// connection is unusable then anyway.
     pub fn decode(&mut self, mut src: &[u8], out: &mut Block) -> Result<(), DecodeError> {
         out.clear();
+        let mut list_bytes = 0;
         while let Some(&first) = src.first() {
+            let fields_before = out.fields.len();
             if first & 0x80 != 0 {
                 let index = integer(&mut src, 7)?;
                 let (name, value) = self.get(index)?;
@@ -130,11 +138,18 @@ impl Decoder {
                 let field = self.literal(&mut src, 4, never_indexed)?;
                 out.fields.push(field);
             }
+            if let Some(added) = out.fields.get(fields_before) {
+                list_bytes += added.name.len() + added.value.len() + ENTRY_OVERHEAD_BYTES;
+                if list_bytes > MAX_DECODED_LIST_BYTES {
+                    return Err(DecodeError::ListTooLarge);
+                }
+            }
         }
         Ok(())
     }
 
-    /// Entries in the dynamic table, for tests and assertions.
+    /// Entries in the dynamic table.
+    #[cfg(test)]
     pub fn dynamic_entries(&self) -> usize {
         self.entries.len()
     }
@@ -287,4 +302,4 @@ pub fn encode_literals(block: &Block, out: &mut BytesMut) {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

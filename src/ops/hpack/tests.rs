@@ -3,7 +3,8 @@
 
 use super::*;
 
-fn hex(s: &str) -> Vec<u8> {
+/// Octets from hex digits (whitespace ignored).
+pub(crate) fn hex(s: &str) -> Vec<u8> {
     let digits: Vec<u8> = s.bytes().filter(|b| !b.is_ascii_whitespace()).collect();
     digits
         .chunks(2)
@@ -11,7 +12,8 @@ fn hex(s: &str) -> Vec<u8> {
         .collect()
 }
 
-fn pairs(block: &Block) -> Vec<(String, String)> {
+/// A block's fields as (name, value) strings.
+pub(crate) fn pairs(block: &Block) -> Vec<(String, String)> {
     block
         .fields
         .iter()
@@ -136,6 +138,7 @@ fn refuses_malformed_blocks() {
             "3f e2 ff 03",
             DecodeError::TableSizeTooLarge { size: 65_537 },
         ),
+        ("3f e2 1f", DecodeError::TableSizeTooLarge { size: 4_097 }),
         (
             "4181 00",
             DecodeError::Huffman(huffman::HuffmanError::BadPadding),
@@ -147,6 +150,35 @@ fn refuses_malformed_blocks() {
         let got = decoder.decode(&hex(src), &mut block);
         assert_eq!(got.as_ref().err(), Some(want), "{src}");
     }
+}
+
+/// One large entry referenced over and over expands a small block into a
+/// huge header list: refused once past the bound, and a list at the bound
+/// still decodes.
+#[test]
+fn a_block_that_expands_past_the_list_bound_is_refused() {
+    let value = vec![b'v'; 4000];
+    let mut src = BytesMut::new();
+    encode_integer(&mut src, 0x40, 6, 0);
+    encode_integer(&mut src, 0, 7, 1);
+    src.put_u8(b'a');
+    encode_integer(&mut src, 0, 7, value.len());
+    src.put_slice(&value);
+    let entry_bytes = 1 + value.len() + ENTRY_OVERHEAD_BYTES;
+    let fitting = MAX_DECODED_LIST_BYTES / entry_bytes;
+    let mut at_bound = src.clone();
+    for _ in 1..fitting {
+        encode_integer(&mut at_bound, 0x80, 7, STATIC_TABLE.len() + 1);
+    }
+    let mut block = Block::default();
+    Decoder::default().decode(&at_bound, &mut block).unwrap();
+    assert_eq!(block.fields.len(), fitting);
+    let mut past = at_bound;
+    encode_integer(&mut past, 0x80, 7, STATIC_TABLE.len() + 1);
+    assert_eq!(
+        Decoder::default().decode(&past, &mut block),
+        Err(DecodeError::ListTooLarge)
+    );
 }
 
 #[test]
