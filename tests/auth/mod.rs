@@ -2,9 +2,14 @@
 //! cluster started the same way (loopback ports, temporary data directories,
 //! the same flags, which Cairn names as etcd does) so that every expectation
 //! of `daemon_auth.rs` can be checked against etcd itself. Also etcdctl with
-//! credentials and stdin, and waits bounded by progress.
+//! credentials and stdin, waits bounded by progress, and the users and roles
+//! several scenarios start from. The scenarios are in the modules below.
 
-#![allow(dead_code)]
+pub mod durability;
+pub mod etcdctl;
+pub mod rbac;
+pub mod tokens;
+pub mod transports;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -16,6 +21,29 @@ use crate::common::{self, Cluster};
 /// Longest wait for a cluster to serve, for a member to catch up, or for any
 /// other condition polled by the scenarios: generous, as the machine is busy.
 pub const PATIENCE: Duration = Duration::from_secs(90);
+
+/// The `--snapshot-count` of a cluster whose members must catch up by
+/// snapshot: small, so that a few thousand writes take the log past them.
+pub const SNAPSHOT_COUNT: usize = 100;
+
+/// Cairn snapshots every `--snapshot-count` entries and keeps
+/// min(5000, `--snapshot-count`) behind the snapshot for slow followers, so
+/// its log holds at most twice [`SNAPSHOT_COUNT`] entries: this is well
+/// past them.
+const CAIRN_WRITES_PAST_THE_LOG: usize = 15 * SNAPSHOT_COUNT;
+
+/// etcd 3.4 keeps 5000 entries behind each snapshot for slow followers
+/// (`SnapshotCatchUpEntries`), whatever `--snapshot-count` says.
+const ETCD_CATCH_UP_ENTRIES: usize = 5000;
+
+/// Past etcd's catch-up window, with a few snapshots' worth to spare.
+const ETCD_WRITES_PAST_THE_LOG: usize = ETCD_CATCH_UP_ENTRIES + 6 * SNAPSHOT_COUNT;
+
+const _: () = assert!(CAIRN_WRITES_PAST_THE_LOG > 2 * SNAPSHOT_COUNT);
+const _: () = assert!(ETCD_WRITES_PAST_THE_LOG > ETCD_CATCH_UP_ENTRIES + SNAPSHOT_COUNT);
+
+/// Bcrypt at its cheapest: the tests hash many passwords on a busy machine.
+pub const FAST_BCRYPT: [&str; 2] = ["--bcrypt-cost", "4"];
 
 /// The implementation a scenario runs against.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,9 +85,8 @@ pub trait Servers: Send {
     /// Whether `member` caught up by installing a snapshot from the leader.
     fn installed_snapshot(&self, member: usize) -> bool;
     /// How many writes take the log of a cluster started with
-    /// `--snapshot-count 100` past what a member that stopped before them
-    /// can catch up by log: etcd 3.4 keeps 5000 entries behind each
-    /// snapshot, Cairn about the snapshot count.
+    /// `--snapshot-count` [`SNAPSHOT_COUNT`] past what a member that stopped
+    /// before them can catch up by log.
     fn writes_past_the_log(&self) -> usize;
 }
 
@@ -87,7 +114,7 @@ impl Servers for Cluster {
     }
 
     fn writes_past_the_log(&self) -> usize {
-        1500
+        CAIRN_WRITES_PAST_THE_LOG
     }
 }
 
@@ -222,7 +249,7 @@ impl Servers for EtcdCluster {
     }
 
     fn writes_past_the_log(&self) -> usize {
-        5600
+        ETCD_WRITES_PAST_THE_LOG
     }
 }
 
@@ -280,6 +307,12 @@ pub fn ctl_with(
 pub fn ctl(endpoint: &str, user: Option<&str>, args: &[&str]) -> (bool, String) {
     let global: Vec<String> = user.map(|u| format!("--user={u}")).into_iter().collect();
     ctl_with(endpoint, &global, args, None)
+}
+
+/// etcdctl's output, trimmed, must be `expected`.
+pub fn ctl_says(endpoint: &str, user: Option<&str>, args: &[&str], expected: &str) {
+    let out = ctl_ok(endpoint, user, args);
+    assert_eq!(out.trim(), expected, "etcdctl {user:?} {args:?}");
 }
 
 /// etcdctl that must succeed; its output.
@@ -383,6 +416,34 @@ pub async fn wait_serving_as(endpoint: &str, user: &str, password: &str, key: &s
             .map_err(|e| e.to_string())
     })
     .await
+}
+
+/// Users and roles most scenarios start from (auth still disabled): root,
+/// and alice, whose role `app` reads and writes /a/, reads /ro/ and writes
+/// /wo/; nothing grants /secret/.
+pub async fn set_up_alice(admin: &mut etcd_client::Client) {
+    use etcd_client::Permission;
+
+    admin.user_add("root", "rootpw", None).await.unwrap();
+    admin.user_add("alice", "apw", None).await.unwrap();
+    admin.role_add("app").await.unwrap();
+    for perm in [
+        Permission::read_write("/a/").with_prefix(),
+        Permission::read("/ro/").with_prefix(),
+        Permission::write("/wo/").with_prefix(),
+    ] {
+        admin.role_grant_permission("app", perm).await.unwrap();
+    }
+    admin.user_grant_role("alice", "app").await.unwrap();
+}
+
+/// Enables auth through the API: unlike `etcdctl auth enable`, which makes
+/// the role root and grants it to the root user first, AuthEnable wants
+/// both to exist.
+pub async fn enable_auth(admin: &mut etcd_client::Client) {
+    admin.role_add("root").await.unwrap();
+    admin.user_grant_role("root", "root").await.unwrap();
+    admin.auth_enable().await.unwrap();
 }
 
 /// The gRPC code and message of a refused call; panics if it succeeded.
