@@ -18,11 +18,15 @@ use crate::tls::TlsFiles;
 pub mod auth;
 mod host_share;
 mod urls;
+mod wal;
 
 use host_share::available_cores;
 pub use host_share::HostShare;
 pub use urls::{parse_initial_cluster, url_host_port, url_is_https};
 use urls::{split_list, urls_to_addrs};
+pub use wal::{
+    WalBackendChoice, WalFlags, WalSettings, WalSyncMode, DEFAULT_WAL_SEGMENT_SIZE_BYTES,
+};
 
 /// etcd's default `--max-request-bytes` (1.5 MiB).
 pub const DEFAULT_MAX_REQUEST_BYTES: usize = 3 * 512 * 1024;
@@ -42,7 +46,6 @@ pub const DEFAULT_SHARDS: usize = 1;
 /// etcd refuses requests above 10 MiB whatever the flag says; so do we, since
 /// every request is held whole in memory and in one Raft entry.
 pub const MAX_REQUEST_BYTES_LIMIT: usize = 10 * 1024 * 1024;
-pub const DEFAULT_WAL_SEGMENT_SIZE_BYTES: u64 = 64 * 1024 * 1024;
 /// Default longest idle poll of a core (`--idle-poll-us`).
 pub const DEFAULT_IDLE_POLL_US: u64 = 1000;
 /// Upper bound on `--idle-poll-us`: a core polling for longer than this is
@@ -249,29 +252,6 @@ pub struct Flags {
     pub wal: WalFlags,
 }
 
-/// WAL settings: `--wal-*` flags, or the `[wal]` table of the config file.
-#[derive(clap::Args, Deserialize, Debug, Default, Clone)]
-#[serde(rename_all = "kebab-case", deny_unknown_fields)]
-pub struct WalFlags {
-    /// WAL I/O backend: "auto" (io_uring where available), "uring" or "sync".
-    #[arg(long = "wal-backend", value_name = "BACKEND")]
-    pub backend: Option<String>,
-
-    /// Size of each preallocated WAL segment file in bytes (default 64 MiB).
-    #[arg(long = "wal-segment-size-bytes", value_name = "BYTES")]
-    pub segment_size_bytes: Option<u64>,
-
-    /// Write the WAL with O_DIRECT where the filesystem allows it (default true).
-    #[arg(long = "wal-direct-io", value_name = "BOOL")]
-    pub direct_io: Option<bool>,
-
-    /// How an append is made durable: "dsync" (default: one RWF_DSYNC write),
-    /// "fdatasync" (write, then fdatasync) or "linked" (write and fdatasync
-    /// submitted as one chain). The sync backend always writes, then fdatasyncs.
-    #[arg(long = "wal-sync-mode", value_name = "MODE")]
-    pub sync_mode: Option<String>,
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ClusterState {
     New,
@@ -282,28 +262,6 @@ pub enum ClusterState {
 pub enum LogFormat {
     Text,
     Json,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WalBackendChoice {
-    Auto,
-    Uring,
-    Sync,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WalSyncMode {
-    Fdatasync,
-    Dsync,
-    Linked,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct WalSettings {
-    pub backend: WalBackendChoice,
-    pub segment_size_bytes: u64,
-    pub direct_io: bool,
-    pub sync_mode: WalSyncMode,
 }
 
 /// One member of `--initial-cluster`.
@@ -449,12 +407,7 @@ impl Flags {
             auth_token: self.auth_token.or(other.auth_token),
             auth_token_ttl: self.auth_token_ttl.or(other.auth_token_ttl),
             bcrypt_cost: self.bcrypt_cost.or(other.bcrypt_cost),
-            wal: WalFlags {
-                backend: self.wal.backend.or(other.wal.backend),
-                segment_size_bytes: self.wal.segment_size_bytes.or(other.wal.segment_size_bytes),
-                direct_io: self.wal.direct_io.or(other.wal.direct_io),
-                sync_mode: self.wal.sync_mode.or(other.wal.sync_mode),
-            },
+            wal: self.wal.merge(other.wal),
         }
     }
 }
@@ -539,35 +492,7 @@ impl Config {
                 ))
             }
         };
-        let wal = WalSettings {
-            backend: match f.wal.backend.as_deref().unwrap_or("auto") {
-                "auto" => WalBackendChoice::Auto,
-                "uring" | "io_uring" => WalBackendChoice::Uring,
-                "sync" => WalBackendChoice::Sync,
-                other => {
-                    return Err(invalid(
-                        "wal-backend",
-                        format!("{other:?}: expected \"auto\", \"uring\" or \"sync\""),
-                    ))
-                }
-            },
-            segment_size_bytes: f
-                .wal
-                .segment_size_bytes
-                .unwrap_or(DEFAULT_WAL_SEGMENT_SIZE_BYTES),
-            direct_io: f.wal.direct_io.unwrap_or(true),
-            sync_mode: match f.wal.sync_mode.as_deref().unwrap_or("dsync") {
-                "fdatasync" => WalSyncMode::Fdatasync,
-                "dsync" => WalSyncMode::Dsync,
-                "linked" => WalSyncMode::Linked,
-                other => {
-                    return Err(invalid(
-                        "wal-sync-mode",
-                        format!("{other:?}: expected \"fdatasync\", \"dsync\" or \"linked\""),
-                    ))
-                }
-            },
-        };
+        let wal = f.wal.settings()?;
         let auth = auth::AuthOptions::from_flags(
             f.auth_token.as_deref(),
             f.auth_token_ttl,
