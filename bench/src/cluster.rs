@@ -85,6 +85,12 @@ pub enum ClusterError {
         action: &'static str,
         reason: String,
     },
+    #[error("{system}: {action}: {reason}")]
+    Leadership {
+        system: System,
+        action: &'static str,
+        reason: String,
+    },
     #[error("{system} cluster did not serve within {timeout:?}: {reason} (member logs in {})", dir.display())]
     NotReady {
         system: System,
@@ -119,7 +125,7 @@ pub struct LocalCluster {
     /// Every member stopped by [`LocalCluster::pause_all`] and not yet resumed.
     paused: bool,
     /// Mutual TLS on the client and peer ports, with these certificates.
-    pub tls: Option<ClusterCerts>,
+    tls: Option<ClusterCerts>,
     /// The administrator, once [`LocalCluster::enable_auth`] has run: probes
     /// authenticate as it.
     root: Option<Credentials>,
@@ -128,7 +134,9 @@ pub struct LocalCluster {
 /// How [`LocalCluster::start_with`] starts the members.
 #[derive(Debug, Clone, Default)]
 pub struct StartOptions {
-    /// Cores per member (see [`LocalCluster::start_with_cores`]).
+    /// Cores per member: Cairn's `--cores N`, etcd's `GOMAXPROCS=N` (Go's
+    /// count of threads running Go code at once), so both systems get the same
+    /// share of a machine that hosts every member.
     pub cores: Option<usize>,
     /// Mutual TLS on both ports with these certificates: https:// URLs and
     /// etcd's flags `--cert-file`, `--key-file`, `--trusted-ca-file`,
@@ -184,22 +192,7 @@ impl LocalCluster {
         members: usize,
         base_dir: &Path,
     ) -> Result<LocalCluster, ClusterError> {
-        LocalCluster::start_with_cores(system, binary, members, base_dir, None)
-    }
-
-    /// [`LocalCluster::start`], each member limited to `cores` cores when given:
-    /// Cairn's `--cores N`, etcd's `GOMAXPROCS=N` (Go's count of threads running
-    /// Go code at once), so both systems get the same share of a machine that
-    /// hosts every member.
-    pub fn start_with_cores(
-        system: System,
-        binary: &Path,
-        members: usize,
-        base_dir: &Path,
-        cores: Option<usize>,
-    ) -> Result<LocalCluster, ClusterError> {
-        let options = StartOptions { cores, tls: None };
-        LocalCluster::start_with(system, binary, members, base_dir, &options)
+        LocalCluster::start_with(system, binary, members, base_dir, &StartOptions::default())
     }
 
     /// [`LocalCluster::start`] with every option.
@@ -418,6 +411,17 @@ impl LocalCluster {
 
     /// The index of the member that leads, by its own Status.
     pub async fn leader_index(&self) -> Result<usize, ClusterError> {
+        self.find_leader()
+            .await
+            .map_err(|reason| ClusterError::Leadership {
+                system: self.system,
+                action: "finding the leader",
+                reason,
+            })
+    }
+
+    /// [`LocalCluster::leader_index`], or why no member says it leads.
+    async fn find_leader(&self) -> Result<usize, String> {
         let mut reason = String::from("no member says it leads");
         for (i, m) in self.members.iter().enumerate() {
             let status = match self.connect_member(i, PROBE_TIMEOUT).await {
@@ -435,11 +439,20 @@ impl LocalCluster {
                 Err(e) => reason = e,
             }
         }
-        Err(ClusterError::Security {
-            system: self.system,
-            action: "finding the leader",
-            reason,
-        })
+        Err(reason)
+    }
+
+    /// Member `i`'s id, by its own Status.
+    async fn member_id(&self, i: usize) -> Result<u64, String> {
+        let name = &self.members[i].name;
+        MaintenanceClient::new(self.connect_member(i, PROBE_TIMEOUT).await?)
+            .status(StatusRequest {})
+            .await
+            .map_err(|s| format!("{name} status: {}", s.message()))?
+            .into_inner()
+            .header
+            .map(|h| h.member_id)
+            .ok_or_else(|| format!("{name} answered Status without a response header"))
     }
 
     /// Makes member `target` the leader (Maintenance.MoveLeader, sent to the
@@ -451,42 +464,36 @@ impl LocalCluster {
         target: usize,
         timeout: Duration,
     ) -> Result<(), ClusterError> {
-        let failed = |reason: String| ClusterError::Security {
+        let failed = |reason: String| ClusterError::Leadership {
             system: self.system,
             action: "moving the leader",
             reason,
         };
         let deadline = Instant::now() + timeout;
+        let target_id = self.member_id(target).await.map_err(failed)?;
         loop {
-            let leader = self.leader_index().await?;
-            if leader == target {
+            // No leader at the moment (an election under way, as right after a
+            // MoveLeader or a resume), a leader out of reach and a refused
+            // MoveLeader all mean "not yet": retried until the deadline.
+            let leader = self.find_leader().await;
+            if leader == Ok(target) {
                 return Ok(());
             }
             if Instant::now() >= deadline {
-                return Err(failed(format!(
-                    "{} still leads after {timeout:?}",
-                    self.members[leader].name
-                )));
+                return Err(failed(match leader {
+                    Ok(other) => {
+                        format!("{} still leads after {timeout:?}", self.members[other].name)
+                    }
+                    Err(reason) => format!("no leader after {timeout:?}: {reason}"),
+                }));
             }
-            let target_id = MaintenanceClient::new(
-                self.connect_member(target, PROBE_TIMEOUT)
-                    .await
-                    .map_err(failed)?,
-            )
-            .status(StatusRequest {})
-            .await
-            .map_err(|s| failed(s.to_string()))?
-            .into_inner()
-            .header
-            .map_or(0, |h| h.member_id);
-            let leader_conn = self
-                .connect_member(leader, PROBE_TIMEOUT)
-                .await
-                .map_err(failed)?;
-            // A refusal (an election under way) is retried until the deadline.
-            let _ = MaintenanceClient::new(leader_conn)
-                .move_leader(MoveLeaderRequest { target_id })
-                .await;
+            if let Ok(leader) = leader {
+                if let Ok(conn) = self.connect_member(leader, PROBE_TIMEOUT).await {
+                    let _ = MaintenanceClient::new(conn)
+                        .move_leader(MoveLeaderRequest { target_id })
+                        .await;
+                }
+            }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }

@@ -2,125 +2,25 @@
 //! against both, alternating, one table with the ratio Cairn/etcd.
 //!
 //! Each workload row runs as the exact `cairn-bench` command line shown under the
-//! table (parsed by the same parser a user's command goes through), so any row can
-//! be reproduced by hand against any cluster.
+//! table (see [`crate::preset`]), so any row can be reproduced by hand against
+//! any cluster.
 
-use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::path::PathBuf;
 
-use clap::{Args, Parser, ValueEnum};
+use clap::Args;
 use serde_json::{json, Value};
 
-use crate::cluster::{ClusterError, LocalCluster, StartOptions, System};
-use crate::config::{Cli, GlobalOpts, Stop};
-use crate::security::{self, ClusterCerts, Credentials};
+use crate::binaries::default_cairn_bin;
+use crate::cluster::{LocalCluster, StartOptions, System};
+use crate::config::GlobalOpts;
+use crate::preset::{preset_command, shown_security_args, Preset};
+use crate::security::{bench_user, ClusterCerts};
+use crate::session::{
+    alternating_order, check_runs, isolate, median, parse_preset, print_run, run_failed,
+    run_preset, say, scratch_dir, seed, start_secured,
+};
 use crate::stats::Report;
 use crate::BenchError;
-
-/// How long a cluster gets to elect leaders and commit a first write, after it
-/// starts and after it is resumed from a pause.
-pub const CLUSTER_READY_TIMEOUT: Duration = Duration::from_secs(60);
-/// Measured phase of each run when neither --duration nor --total is given.
-pub const DEFAULT_RUN_DURATION: Duration = Duration::from_secs(10);
-/// Warm-up of each run when --warmup is not given.
-pub const DEFAULT_WARMUP: Duration = Duration::from_secs(2);
-/// Most runs per workload and system.
-pub const MAX_RUNS: usize = 99;
-/// The key the range presets read; written once at cluster start.
-pub const RANGE_KEY: &str = "00000000";
-/// Value size of the write presets (etcd's published figures use 256 B values).
-pub const PRESET_VAL_SIZE_BYTES: usize = 256;
-/// Distinct keys of the write presets.
-pub const PRESET_KEY_SPACE: u64 = 100_000;
-
-/// The workload rows `compare` knows, each a fixed `cairn-bench` command.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Preset {
-    /// put, 1 client over 1 connection.
-    #[value(name = "put-1")]
-    Put1,
-    /// put, 100 clients over 10 connections.
-    #[value(name = "put-100")]
-    Put100,
-    /// linearizable range of one key, 100 clients over 10 connections.
-    RangeL,
-    /// serializable range of one key, 100 clients over 10 connections.
-    RangeS,
-    /// compare-and-swap txn, 100 clients over 10 connections.
-    TxnPut,
-    /// watch latency, 100 watchers over 10 streams, 100 puts/s from 10 putters.
-    Watch,
-    /// 90% linearizable reads, 10% writes, 100 clients over 10 connections.
-    Mixed,
-    /// lease keep-alive round trips, 100 clients over 10 connections.
-    LeaseKeepalive,
-}
-
-impl Preset {
-    pub fn name(self) -> &'static str {
-        match self {
-            Preset::Put1 => "put-1",
-            Preset::Put100 => "put-100",
-            Preset::RangeL => "range-l",
-            Preset::RangeS => "range-s",
-            Preset::TxnPut => "txn-put",
-            Preset::Watch => "watch",
-            Preset::Mixed => "mixed",
-            Preset::LeaseKeepalive => "lease-keepalive",
-        }
-    }
-
-    /// (clients, conns) and the subcommand with its options.
-    fn shape(self) -> (usize, usize, Vec<String>) {
-        let keys = |cmd: &str| {
-            vec![
-                cmd.to_owned(),
-                "--key-size".into(),
-                "8".into(),
-                "--val-size".into(),
-                PRESET_VAL_SIZE_BYTES.to_string(),
-                "--key-space-size".into(),
-                PRESET_KEY_SPACE.to_string(),
-            ]
-        };
-        let range = |c: &str| {
-            vec![
-                "range".into(),
-                RANGE_KEY.into(),
-                "--consistency".into(),
-                c.into(),
-            ]
-        };
-        match self {
-            Preset::Put1 => (1, 1, keys("put")),
-            Preset::Put100 => (100, 10, keys("put")),
-            Preset::RangeL => (100, 10, range("l")),
-            Preset::RangeS => (100, 10, range("s")),
-            Preset::TxnPut => (100, 10, keys("txn-put")),
-            Preset::Watch => (
-                10,
-                10,
-                [
-                    "watch-latency",
-                    "--streams",
-                    "10",
-                    "--watchers-per-stream",
-                    "10",
-                    "--put-rate",
-                    "100",
-                ]
-                .map(String::from)
-                .to_vec(),
-            ),
-            Preset::Mixed => {
-                let mut v = keys("mixed");
-                v.extend(["--read-ratio", "0.9", "--consistency", "l"].map(String::from));
-                (100, 10, v)
-            }
-            Preset::LeaseKeepalive => (100, 10, vec!["lease-keepalive".into()]),
-        }
-    }
-}
 
 #[derive(Debug, Clone, Args)]
 pub struct CompareOpts {
@@ -173,152 +73,6 @@ pub struct CompareOpts {
     pub secure: bool,
 }
 
-/// The user the workloads of a secure comparison run as.
-pub fn bench_user() -> Credentials {
-    Credentials::new(security::BENCH_USER, security::BENCH_PASSWORD)
-}
-
-/// The client options shown under the table for a secure comparison, with
-/// `$CERTS` for the run's certificate directory.
-fn shown_security_args(secure: bool) -> Vec<String> {
-    if !secure {
-        return Vec::new();
-    }
-    [
-        "--cacert",
-        "$CERTS/ca.pem",
-        "--cert",
-        "$CERTS/client.pem",
-        "--key",
-        "$CERTS/client-key.pem",
-        "--user",
-    ]
-    .map(String::from)
-    .into_iter()
-    .chain([bench_user().arg()])
-    .collect()
-}
-
-/// Leaves only cluster `measured` running: pauses every other one and, if
-/// `measured` was paused, resumes it and waits until it serves again. A
-/// cluster that cannot be paused (a member has exited) is reported and left
-/// running: the run measured beside it still counts.
-pub(crate) async fn isolate(
-    clusters: &mut [LocalCluster],
-    measured: usize,
-) -> Result<(), ClusterError> {
-    for (i, cluster) in clusters.iter_mut().enumerate() {
-        if i != measured && !cluster.is_paused() {
-            if let Err(e) = cluster.pause_all() {
-                eprintln!("    {} left running: {e}", cluster.system);
-            }
-        }
-    }
-    let cluster = &mut clusters[measured];
-    if cluster.is_paused() {
-        cluster.resume_all()?;
-        cluster.wait_ready(CLUSTER_READY_TIMEOUT).await?;
-    }
-    Ok(())
-}
-
-/// Says that a run of `preset` failed on `system` and records why, once per
-/// system, for the row.
-fn run_failed(
-    failed: &mut Vec<(System, String)>,
-    preset: Preset,
-    system: System,
-    why: &dyn std::fmt::Display,
-) {
-    eprintln!("    {} FAILED on {system}: {why}", preset.name());
-    if !failed.iter().any(|(s, _)| *s == system) {
-        failed.push((system, why.to_string()));
-    }
-}
-
-/// The workspace's shared `target` directory (the bench crate sits one level down).
-fn workspace_target_dir() -> PathBuf {
-    let bench_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
-    bench_dir.parent().unwrap_or(bench_dir).join("target")
-}
-
-/// This workspace's release build of the daemon.
-pub fn default_cairn_bin() -> PathBuf {
-    workspace_target_dir().join("release").join("cairn")
-}
-
-/// The most recently built runnable `cairn` of this workspace, release or debug:
-/// what functional tests run against (performance figures want the release build).
-pub fn newest_workspace_cairn_bin() -> Option<PathBuf> {
-    let target = workspace_target_dir();
-    ["release", "debug"]
-        .into_iter()
-        .map(|profile| target.join(profile).join("cairn"))
-        .filter(|bin| {
-            std::process::Command::new(bin)
-                .arg("--version")
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success())
-        })
-        .max_by_key(|bin| std::fs::metadata(bin).and_then(|m| m.modified()).ok())
-}
-
-/// [`newest_workspace_cairn_bin`] for tests: when there is none, applies the
-/// rule of [`crate::binary_available_or_skip`] to the debug build's path (fail
-/// under `CI`, else a skip note) and returns `None`.
-pub fn workspace_cairn_or_skip() -> Option<PathBuf> {
-    let bin = newest_workspace_cairn_bin();
-    if bin.is_none() {
-        crate::binary_available_or_skip(&workspace_target_dir().join("debug").join("cairn"));
-    }
-    bin
-}
-
-fn duration_arg(d: Duration) -> String {
-    if d.subsec_millis() == 0 && d.subsec_nanos() == 0 {
-        format!("{}s", d.as_secs())
-    } else {
-        format!("{}ms", d.as_millis())
-    }
-}
-
-/// The exact command line of `preset` against `endpoints`, with `client_args`
-/// (TLS and user options) after the global ones.
-pub fn preset_command(
-    preset: Preset,
-    endpoints: &str,
-    client_args: &[String],
-    global: &GlobalOpts,
-) -> Vec<String> {
-    let (clients, conns, sub) = preset.shape();
-    let mut args = vec![
-        "cairn-bench".to_owned(),
-        "--endpoints".into(),
-        endpoints.to_owned(),
-        "--conns".into(),
-        conns.to_string(),
-        "--clients".into(),
-        clients.to_string(),
-    ];
-    match global.stop() {
-        Stop::Duration(d) => args.extend(["--duration".into(), duration_arg(d)]),
-        Stop::Total(n) if global.total.is_some() => args.extend(["--total".into(), n.to_string()]),
-        Stop::Total(_) => args.extend(["--duration".into(), duration_arg(DEFAULT_RUN_DURATION)]),
-    }
-    args.extend([
-        "--warmup".into(),
-        duration_arg(global.warmup.unwrap_or(DEFAULT_WARMUP)),
-    ]);
-    if let Some(rate) = global.rate {
-        args.extend(["--rate".into(), rate.to_string()]);
-    }
-    args.extend_from_slice(client_args);
-    args.extend(sub);
-    args
-}
-
 struct Row {
     preset: Preset,
     command: Vec<String>,
@@ -328,18 +82,6 @@ struct Row {
     failed: Vec<(System, String)>,
 }
 
-pub(crate) fn median(mut runs: Vec<Report>) -> Option<Report> {
-    runs.sort_by(|a, b| a.requests_per_sec().total_cmp(&b.requests_per_sec()));
-    let mid = runs.len().saturating_sub(1) / 2;
-    (!runs.is_empty()).then(|| runs.swap_remove(mid))
-}
-
-fn say(global: &GlobalOpts, text: &str) {
-    if !global.json {
-        eprintln!("{text}");
-    }
-}
-
 /// Runs the comparison. Clusters live in this future: if it is dropped (Ctrl-C),
 /// their drop stops every member.
 pub async fn run(
@@ -347,12 +89,7 @@ pub async fn run(
     opts: &CompareOpts,
     progress: bool,
 ) -> Result<(), BenchError> {
-    if opts.runs == 0 || opts.runs > MAX_RUNS {
-        return Err(BenchError::Option {
-            option: "--runs",
-            reason: format!("{} is not in 1..={MAX_RUNS}", opts.runs),
-        });
-    }
+    check_runs(opts.runs)?;
     if opts.workloads.is_empty() || opts.systems.is_empty() {
         return Err(BenchError::Option {
             option: "--workloads",
@@ -367,18 +104,7 @@ pub async fn run(
                 .into(),
         });
     }
-    let parent = opts.work_dir.clone().unwrap_or_else(std::env::temp_dir);
-    std::fs::create_dir_all(&parent).map_err(|e| BenchError::Option {
-        option: "--work-dir",
-        reason: format!("{}: {e}", parent.display()),
-    })?;
-    let scratch = tempfile::Builder::new()
-        .prefix("cairn-bench-compare-")
-        .tempdir_in(&parent)
-        .map_err(|e| BenchError::Option {
-            option: "--work-dir",
-            reason: format!("{}: {e}", parent.display()),
-        })?;
+    let scratch = scratch_dir(opts.work_dir.as_deref(), "cairn-bench-compare-")?;
 
     let certs = if opts.secure {
         Some(ClusterCerts::generate(&scratch.path().join("certs"))?)
@@ -417,31 +143,13 @@ pub async fn run(
                 }
             ),
         );
-        let started = LocalCluster::start_with(
-            system,
-            &binary,
-            opts.members,
-            &scratch.path().join(system.name()),
-            &StartOptions {
-                cores: opts.member_cores.map(usize::from),
-                tls: certs.clone(),
-            },
-        );
-        let ready = match started {
-            Ok(mut cluster) => match cluster.wait_ready(CLUSTER_READY_TIMEOUT).await {
-                Ok(()) => match &user {
-                    Some(user) => cluster
-                        .enable_auth(security::ROOT_PASSWORD, user)
-                        .await
-                        .map(|()| cluster)
-                        .map_err(|e| e.to_string()),
-                    None => Ok(cluster),
-                },
-                Err(e) => Err(e.to_string()),
-            },
-            Err(e) => Err(e.to_string()),
+        let options = StartOptions {
+            cores: opts.member_cores.map(usize::from),
+            tls: certs.clone(),
         };
-        match ready {
+        let dir = scratch.path().join(system.name());
+        let started = start_secured(system, &binary, opts.members, &dir, &options, user.as_ref());
+        match started.await {
             Ok(cluster) => {
                 seed(&cluster, user.as_ref()).await?;
                 say(
@@ -454,9 +162,9 @@ pub async fn run(
                 );
                 clusters.push(cluster);
             }
-            Err(why) => {
-                eprintln!("{system}: NOT MEASURED: it failed to start: {why}");
-                not_measured.push((system, why));
+            Err(e) => {
+                eprintln!("{system}: NOT MEASURED: it failed to start: {e}");
+                not_measured.push((system, e.to_string()));
             }
         }
     }
@@ -477,14 +185,7 @@ pub async fn run(
         let mut runs: Vec<Vec<Report>> = vec![Vec::new(); clusters.len()];
         let mut failed: Vec<(System, String)> = Vec::new();
         for run in 0..opts.runs {
-            // Alternate which system goes first so drift (page cache, thermal,
-            // neighbours) does not always favour the same one.
-            let order: Vec<usize> = if run % 2 == 0 {
-                (0..clusters.len()).collect()
-            } else {
-                (0..clusters.len()).rev().collect()
-            };
-            for i in order {
+            for i in alternating_order(run, clusters.len()) {
                 done_runs += 1;
                 if paused {
                     if let Err(e) = isolate(&mut clusters, i).await {
@@ -509,34 +210,20 @@ pub async fn run(
                         args.join(" ")
                     ),
                 );
-                let cli = Cli::try_parse_from(&args).map_err(|e| BenchError::Option {
-                    option: "compare",
-                    reason: format!("preset {} does not parse: {e}", preset.name()),
-                })?;
-                let mut cli_global = cli.global;
-                cli_global.json = global.json;
-                let mut report =
-                    match crate::run_workload(&cli_global, &cli.command, progress).await {
-                        Ok(report) => report,
-                        Err(e) => {
-                            // One system lacking a feature must not cost the other's row.
-                            run_failed(&mut failed, preset, cluster.system, &e);
-                            continue;
-                        }
-                    };
-                report.system = Some(cluster.system.name().to_owned());
-                report.workload = preset.name().to_owned();
+                let cli = parse_preset("compare", preset, &args, global)?;
+                let system = cluster.system.name().to_owned();
+                let report = match run_preset(&cli, preset, system, progress).await {
+                    Ok(report) => report,
+                    Err(e) => {
+                        // One system lacking a feature must not cost the other's row.
+                        run_failed(&mut failed, preset, cluster.system, &e);
+                        continue;
+                    }
+                };
                 if global.json {
                     println!("{}", report.to_json());
-                } else {
-                    eprintln!(
-                        "    {:.0} req/s, p50 {:.3} ms, p99 {:.3} ms, errors {}",
-                        report.requests_per_sec(),
-                        report.p50_ms(),
-                        report.p99_ms(),
-                        report.errors()
-                    );
                 }
+                print_run(global, &report);
                 runs[i].push(report);
             }
         }
@@ -567,39 +254,6 @@ pub async fn run(
         print!("{}", table(&rows, &not_measured, opts, paused));
     }
     println!("{summary}");
-    Ok(())
-}
-
-pub(crate) async fn seed(
-    cluster: &LocalCluster,
-    user: Option<&Credentials>,
-) -> Result<(), BenchError> {
-    let mut args = vec![
-        "cairn-bench".to_owned(),
-        "--endpoints".into(),
-        cluster.endpoints_arg(),
-        "--total".into(),
-        "1".into(),
-    ];
-    args.extend(cluster.client_args(user));
-    args.extend([
-        "put".into(),
-        "--key-size".into(),
-        "8".into(),
-        "--val-size".into(),
-        PRESET_VAL_SIZE_BYTES.to_string(),
-    ]);
-    let cli = Cli::parse_from(args);
-    let report = crate::run_workload(&cli.global, &cli.command, false).await?;
-    if report.requests() != 1 {
-        return Err(BenchError::Task {
-            workload: "put",
-            reason: format!(
-                "seeding {RANGE_KEY} on {} failed: {:?}",
-                cluster.system, report.recorder.errors
-            ),
-        });
-    }
     Ok(())
 }
 
@@ -762,56 +416,4 @@ fn summary_json(
         "others_paused": paused,
         "not_measured": not_measured,
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_preset_is_a_valid_command() {
-        let global = Cli::parse_from(["cairn-bench", "put"]).global;
-        for preset in Preset::value_variants() {
-            let named = Preset::from_str(preset.name(), false).unwrap();
-            assert_eq!(named, *preset, "the --workloads name is the table name");
-            let args = preset_command(*preset, "127.0.0.1:1,127.0.0.1:2", &[], &global);
-            let cli =
-                Cli::try_parse_from(&args).unwrap_or_else(|e| panic!("{}: {e}", args.join(" ")));
-            cli.global.validate().unwrap();
-            assert!(!cli.global.tls() && cli.global.user.is_none());
-            let secure = shown_security_args(true);
-            let args = preset_command(*preset, "127.0.0.1:1", &secure, &global);
-            let cli =
-                Cli::try_parse_from(&args).unwrap_or_else(|e| panic!("{}: {e}", args.join(" ")));
-            cli.global.validate().unwrap();
-            assert_eq!(cli.global.cacert, Some(PathBuf::from("$CERTS/ca.pem")));
-            assert_eq!(cli.global.user, Some(bench_user()));
-            assert_eq!(cli.global.stop(), Stop::Duration(DEFAULT_RUN_DURATION));
-            assert_eq!(cli.global.warmup(), DEFAULT_WARMUP);
-        }
-    }
-
-    #[test]
-    fn median_picks_the_middle_run() {
-        let report = |rps: u64| Report {
-            workload: "put".into(),
-            system: None,
-            clients: 1,
-            conns: 1,
-            target_rate_per_sec: None,
-            elapsed: Duration::from_secs(1),
-            warmup: Duration::ZERO,
-            warmup_requests: 0,
-            recorder: {
-                let mut r = crate::Recorder::new();
-                for _ in 0..rps {
-                    r.record_ok(Duration::from_millis(1));
-                }
-                r
-            },
-        };
-        let m = median(vec![report(30), report(10), report(20)]).unwrap();
-        assert_eq!(m.requests(), 20);
-        assert!(median(Vec::new()).is_none());
-    }
 }

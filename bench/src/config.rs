@@ -558,47 +558,32 @@ mod tests {
 
     #[test]
     fn tls_options_are_checked_together() {
-        let ep = |e: &'static str| ["cairn-bench", "--endpoints", e];
-        assert_eq!(
-            option_error(&[&ep("127.0.0.1:1")[..], &["--cert", "c", "put"]].concat()),
-            Some("--cert")
-        );
-        assert_eq!(
-            option_error(&[&ep("127.0.0.1:1")[..], &["--key", "k", "put"]].concat()),
-            Some("--key")
-        );
-        assert_eq!(
-            option_error(
-                &[
-                    &ep("127.0.0.1:1")[..],
-                    &["--cert", "c", "--key", "k", "put"]
-                ]
-                .concat()
+        // (endpoint, options before the subcommand, the option blamed or None)
+        let cases: [(&str, &[&str], Option<&str>); 7] = [
+            ("127.0.0.1:1", &["--cert", "c"], Some("--cert")),
+            ("127.0.0.1:1", &["--key", "k"], Some("--key")),
+            // A client certificate without a CA.
+            (
+                "127.0.0.1:1",
+                &["--cert", "c", "--key", "k"],
+                Some("--cert"),
             ),
-            Some("--cert"),
-            "a client certificate without a CA"
-        );
-        assert_eq!(
-            option_error(&[&ep("https://127.0.0.1:1")[..], &["put"]].concat()),
-            Some("--cacert")
-        );
-        assert_eq!(
-            option_error(&[&ep("http://127.0.0.1:1")[..], &["--cacert", "ca", "put"]].concat()),
-            Some("--endpoints")
-        );
-        assert_eq!(
-            option_error(
-                &[
-                    &ep("127.0.0.1:1")[..],
-                    &["--cacert", "ca", "--cert", "c", "--key", "k", "put"]
-                ]
-                .concat()
+            ("https://127.0.0.1:1", &[], Some("--cacert")),
+            (
+                "http://127.0.0.1:1",
+                &["--cacert", "ca"],
+                Some("--endpoints"),
             ),
-            None
-        );
-        assert_eq!(
-            option_error(&[&ep("127.0.0.1:1")[..], &["--user", "u:p", "put"]].concat()),
-            None
-        );
+            (
+                "127.0.0.1:1",
+                &["--cacert", "ca", "--cert", "c", "--key", "k"],
+                None,
+            ),
+            ("127.0.0.1:1", &["--user", "u:p"], None),
+        ];
+        for (endpoint, extra, expected) in cases {
+            let args = [&["cairn-bench", "--endpoints", endpoint], extra, &["put"]].concat();
+            assert_eq!(option_error(&args), expected, "{args:?}");
+        }
     }
 }

@@ -13,15 +13,23 @@
 //! - [`stats`]: histograms, error counts, the table and the JSON line;
 //! - [`cluster`]: local etcd or Cairn clusters on free ports (used by `compare`
 //!   and by tests);
+//! - [`binaries`]: where this workspace's `cairn` is;
+//! - [`preset`]: the workloads of `compare` and `tls-cost`, each a fixed
+//!   command line;
+//! - [`session`]: what `compare` and `tls-cost` share: starting, pausing and
+//!   seeding clusters, running a preset, the median run;
 //! - [`compare`]: both systems, alternating runs, one table;
 //! - [`tls_cost`]: one system plaintext against mutual TLS (and auth), one table.
 
+pub mod binaries;
 pub mod cluster;
 pub mod compare;
 pub mod config;
 pub mod gateway;
+pub mod preset;
 pub mod runner;
 pub mod security;
+pub mod session;
 pub mod stats;
 pub mod tls_cost;
 pub mod watch;

@@ -87,6 +87,11 @@ impl Credentials {
     }
 }
 
+/// The user the workloads of a secure local cluster run as.
+pub fn bench_user() -> Credentials {
+    Credentials::new(BENCH_USER, BENCH_PASSWORD)
+}
+
 /// Adds a connection's token, if it has one, to every request it carries.
 #[derive(Clone, Debug, Default)]
 pub struct TokenInterceptor {
@@ -189,8 +194,22 @@ fn cert_error(what: &str, e: rcgen::Error) -> BenchError {
 }
 
 impl ClusterCerts {
+    /// Where [`ClusterCerts::generate`] writes the files in `dir`. The paths
+    /// only: nothing is read or written.
+    pub fn in_dir(dir: &Path) -> ClusterCerts {
+        ClusterCerts {
+            ca: dir.join("ca.pem"),
+            server_cert: dir.join("server.pem"),
+            server_key: dir.join("server-key.pem"),
+            peer_cert: dir.join("peer.pem"),
+            peer_key: dir.join("peer-key.pem"),
+            client_cert: dir.join("client.pem"),
+            client_key: dir.join("client-key.pem"),
+        }
+    }
+
     /// Makes a CA and the three leaf certificates (ECDSA P-256) and writes them
-    /// as PEM files into `dir`.
+    /// as PEM files into `dir`, at the paths of [`ClusterCerts::in_dir`].
     pub fn generate(dir: &Path) -> Result<ClusterCerts, BenchError> {
         let mut ca_params =
             CertificateParams::new(Vec::<String>::new()).map_err(|e| cert_error("CA", e))?;
@@ -248,15 +267,7 @@ impl ClusterCerts {
             option: "--secure",
             reason: format!("creating {}: {e}", dir.display()),
         })?;
-        let certs = ClusterCerts {
-            ca: dir.join("ca.pem"),
-            server_cert: dir.join("server.pem"),
-            server_key: dir.join("server-key.pem"),
-            peer_cert: dir.join("peer.pem"),
-            peer_key: dir.join("peer-key.pem"),
-            client_cert: dir.join("client.pem"),
-            client_key: dir.join("client-key.pem"),
-        };
+        let certs = ClusterCerts::in_dir(dir);
         let files = [
             (&certs.ca, ca.pem()),
             (&certs.server_cert, server.0),

@@ -14,16 +14,18 @@
 
 use std::path::PathBuf;
 
-use clap::{Args, Parser};
+use clap::Args;
 use serde_json::{json, Value};
 
-use crate::cluster::{LocalCluster, StartOptions, System};
-use crate::compare::{
-    bench_user, default_cairn_bin, isolate, median, preset_command, seed, Preset,
-    CLUSTER_READY_TIMEOUT, MAX_RUNS,
+use crate::binaries::default_cairn_bin;
+use crate::cluster::{StartOptions, System};
+use crate::config::GlobalOpts;
+use crate::preset::{preset_command, Preset};
+use crate::security::{bench_user, ClusterCerts};
+use crate::session::{
+    alternating_order, check_runs, isolate, median, parse_preset, print_run, run_preset, say,
+    scratch_dir, seed, start_secured, CLUSTER_READY_TIMEOUT,
 };
-use crate::config::{Cli, GlobalOpts};
-use crate::security::{self, ClusterCerts};
 use crate::stats::Report;
 use crate::BenchError;
 
@@ -91,41 +93,32 @@ struct Row {
     runs: Vec<Vec<Report>>,
 }
 
-fn bad_option(option: &'static str, reason: String) -> BenchError {
-    BenchError::Option { option, reason }
-}
-
 /// Runs the measurement and prints its table (unless `--json`) and one JSON line.
 pub async fn run(
     global: &GlobalOpts,
     opts: &TlsCostOpts,
     progress: bool,
 ) -> Result<(), BenchError> {
-    if opts.runs == 0 || opts.runs > MAX_RUNS {
-        return Err(bad_option(
-            "--runs",
-            format!("{} is not in 1..={MAX_RUNS}", opts.runs),
-        ));
-    }
+    check_runs(opts.runs)?;
     if opts.workloads.is_empty() {
-        return Err(bad_option("--workloads", "nothing to measure".into()));
+        return Err(BenchError::Option {
+            option: "--workloads",
+            reason: "nothing to measure".into(),
+        });
     }
     if global.tls() || global.user.is_some() {
-        return Err(bad_option(
-            "tls-cost",
-            "--cacert, --cert, --key and --user do not apply: tls-cost starts its own clusters"
+        return Err(BenchError::Option {
+            option: "tls-cost",
+            reason: "--cacert, --cert, --key and --user do not apply: tls-cost starts its own \
+                     clusters"
                 .into(),
-        ));
+        });
     }
     let binary = match opts.system {
         System::Etcd => opts.etcd_bin.clone(),
         System::Cairn => opts.cairn_bin.clone().unwrap_or_else(default_cairn_bin),
     };
-    let parent = opts.work_dir.clone().unwrap_or_else(std::env::temp_dir);
-    let scratch = tempfile::Builder::new()
-        .prefix("cairn-bench-tls-cost-")
-        .tempdir_in(&parent)
-        .map_err(|e| bad_option("--work-dir", format!("{}: {e}", parent.display())))?;
+    let scratch = scratch_dir(opts.work_dir.as_deref(), "cairn-bench-tls-cost-")?;
     let certs = ClusterCerts::generate(&scratch.path().join("certs"))?;
     let user = bench_user();
 
@@ -135,31 +128,25 @@ pub async fn run(
     }
     let mut clusters = Vec::with_capacity(variants.len());
     for &variant in &variants {
-        let tls = (variant != Variant::Plain).then(|| certs.clone());
-        let mut cluster = LocalCluster::start_with(
-            opts.system,
-            &binary,
-            opts.members,
-            &scratch.path().join(variant.key()),
-            &StartOptions { cores: None, tls },
-        )?;
-        cluster.wait_ready(CLUSTER_READY_TIMEOUT).await?;
-        let seed_user = if variant == Variant::MutualTlsAuth {
-            cluster.enable_auth(security::ROOT_PASSWORD, &user).await?;
-            Some(&user)
-        } else {
-            None
+        let options = StartOptions {
+            cores: None,
+            tls: (variant != Variant::Plain).then(|| certs.clone()),
         };
-        seed(&cluster, seed_user).await?;
-        if !global.json {
-            eprintln!(
+        let dir = scratch.path().join(variant.key());
+        let user = (variant == Variant::MutualTlsAuth).then_some(&user);
+        let cluster =
+            start_secured(opts.system, &binary, opts.members, &dir, &options, user).await?;
+        seed(&cluster, user).await?;
+        say(
+            global,
+            &format!(
                 "{} {}: {} members serving at {}",
                 opts.system,
                 variant.name(),
                 opts.members,
                 cluster.endpoints_arg()
-            );
-        }
+            ),
+        );
         clusters.push(cluster);
     }
 
@@ -167,56 +154,36 @@ pub async fn run(
     for &preset in &opts.workloads {
         let mut runs: Vec<Vec<Report>> = vec![Vec::new(); variants.len()];
         for run in 0..opts.runs {
-            let order: Vec<usize> = if run % 2 == 0 {
-                (0..variants.len()).collect()
-            } else {
-                (0..variants.len()).rev().collect()
-            };
-            for i in order {
+            for i in alternating_order(run, variants.len()) {
                 isolate(&mut clusters, i).await?;
                 let cluster = &clusters[i];
                 // The same member leads every cluster (see the module comment).
                 cluster
                     .move_leader_to(MEASURED_LEADER, CLUSTER_READY_TIMEOUT)
                     .await?;
-                let leader = MEASURED_LEADER;
+                let leader = &cluster.members[MEASURED_LEADER];
                 let user = (variants[i] == Variant::MutualTlsAuth).then_some(&user);
                 let args = preset_command(
                     preset,
-                    &cluster.members[leader].client_url,
+                    &leader.client_url,
                     &cluster.client_args(user),
                     global,
                 );
-                if !global.json {
-                    eprintln!(
+                say(
+                    global,
+                    &format!(
                         "[{} run {}] {} via {}: {}",
                         preset.name(),
                         run + 1,
                         variants[i].name(),
-                        cluster.members[leader].name,
+                        leader.name,
                         args.join(" ")
-                    );
-                }
-                let cli = Cli::try_parse_from(&args).map_err(|e| {
-                    bad_option(
-                        "tls-cost",
-                        format!("{} does not parse: {e}", args.join(" ")),
-                    )
-                })?;
-                let mut cli_global = cli.global;
-                cli_global.json = global.json;
-                let mut report = crate::run_workload(&cli_global, &cli.command, progress).await?;
-                report.system = Some(format!("{} {}", opts.system, variants[i].key()));
-                report.workload = preset.name().to_owned();
-                if !global.json {
-                    eprintln!(
-                        "    {:.0} req/s, p50 {:.3} ms, p99 {:.3} ms, errors {}",
-                        report.requests_per_sec(),
-                        report.p50_ms(),
-                        report.p99_ms(),
-                        report.errors()
-                    );
-                }
+                    ),
+                );
+                let cli = parse_preset("tls-cost", preset, &args, global)?;
+                let system = format!("{} {}", opts.system, variants[i].key());
+                let report = run_preset(&cli, preset, system, progress).await?;
+                print_run(global, &report);
                 runs[i].push(report);
             }
         }
@@ -350,6 +317,9 @@ mod tests {
 
     #[test]
     fn options_parse() {
+        use crate::config::Cli;
+        use clap::Parser;
+
         let cli = Cli::parse_from([
             "cairn-bench",
             "tls-cost",

@@ -12,11 +12,12 @@ use std::time::Duration;
 
 mod common;
 
+use cairn_bench::cluster::StartOptions;
 use cairn_bench::{LocalCluster, System};
 use common::{bench, watch_latency_40_puts};
 
 async fn cairn_cluster(dir: &Path) -> Option<LocalCluster> {
-    let bin = cairn_bench::compare::workspace_cairn_or_skip()?;
+    let bin = cairn_bench::binaries::workspace_cairn_or_skip()?;
     let mut cluster = LocalCluster::start(System::Cairn, &bin, 3, dir).expect("start cairn");
     cluster
         .wait_ready(Duration::from_secs(60))
@@ -146,11 +147,15 @@ async fn fixed_rate_mode_reports_a_cairn_stall_in_p999() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn member_cores_reach_cairn_as_its_cores_flag() {
-    let Some(bin) = cairn_bench::compare::workspace_cairn_or_skip() else {
+    let Some(bin) = cairn_bench::binaries::workspace_cairn_or_skip() else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let mut cluster = LocalCluster::start_with_cores(System::Cairn, &bin, 1, dir.path(), Some(1))
+    let options = StartOptions {
+        cores: Some(1),
+        ..StartOptions::default()
+    };
+    let mut cluster = LocalCluster::start_with(System::Cairn, &bin, 1, dir.path(), &options)
         .expect("start cairn");
     cluster
         .wait_ready(Duration::from_secs(60))

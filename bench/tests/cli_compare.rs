@@ -273,7 +273,7 @@ fn compare_pauses_the_system_it_is_not_measuring() {
     if !cairn_bench::binary_available_or_skip(Path::new("etcd")) {
         return;
     }
-    let Some(cairn) = cairn_bench::compare::workspace_cairn_or_skip() else {
+    let Some(cairn) = cairn_bench::binaries::workspace_cairn_or_skip() else {
         return;
     };
     let work = tempfile::tempdir().unwrap();

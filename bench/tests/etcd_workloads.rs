@@ -12,6 +12,7 @@ use std::time::Duration;
 
 mod common;
 
+use cairn_bench::cluster::StartOptions;
 use cairn_bench::{LocalCluster, Report, System};
 use common::{bench, watch_latency_40_puts};
 
@@ -290,8 +291,12 @@ async fn member_cores_limit_etcd_with_gomaxprocs() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
+    let options = StartOptions {
+        cores: Some(1),
+        ..StartOptions::default()
+    };
     let mut cluster =
-        LocalCluster::start_with_cores(System::Etcd, Path::new("etcd"), 1, dir.path(), Some(1))
+        LocalCluster::start_with(System::Etcd, Path::new("etcd"), 1, dir.path(), &options)
             .expect("start etcd");
     cluster
         .wait_ready(READY_TIMEOUT)

@@ -19,7 +19,7 @@ use common::bench;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gateway_puts_land_and_are_counted() {
     let dir = tempfile::tempdir().unwrap();
-    let Some(bin) = cairn_bench::compare::workspace_cairn_or_skip() else {
+    let Some(bin) = cairn_bench::binaries::workspace_cairn_or_skip() else {
         return;
     };
     let mut cairn = LocalCluster::start(System::Cairn, &bin, 1, dir.path()).expect("start cairn");

@@ -15,8 +15,7 @@ use std::time::Duration;
 mod common;
 
 use cairn_bench::cluster::StartOptions;
-use cairn_bench::compare::bench_user;
-use cairn_bench::security::{self, ClusterCerts};
+use cairn_bench::security::{self, bench_user, ClusterCerts};
 use cairn_bench::{run_workload, BenchError, Cli, LocalCluster, System};
 use clap::Parser;
 use common::bench;
@@ -135,7 +134,7 @@ async fn workloads_run_authenticated_over_mutual_tls(system: System, bin: &Path)
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cairn_serves_workloads_over_mutual_tls_with_auth() {
-    let Some(bin) = cairn_bench::compare::workspace_cairn_or_skip() else {
+    let Some(bin) = cairn_bench::binaries::workspace_cairn_or_skip() else {
         return;
     };
     workloads_run_authenticated_over_mutual_tls(System::Cairn, &bin).await;
