@@ -170,16 +170,16 @@ async fn a_restored_cluster_keeps_users_roles_and_permissions() {
     flags.extend(["--restore-snapshot", file.to_str().unwrap()]);
     let restored = Cluster::start(1, &flags);
     let ep = restored.members[0].endpoint();
-    // Progress-bounded: the restored member answers once it leads.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    let read = loop {
-        let (ok, text) = etcdctl(&ep, &["--user", "app:apppw", "get", "/app/a"]);
-        if ok || std::time::Instant::now() > deadline {
-            break (ok, text);
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    };
-    assert!(read.0 && read.1.contains("/app/a"), "{}", read.1);
+    // The restored member answers once it leads.
+    let read = common::wait_until(
+        "the restored member serving app",
+        std::time::Duration::from_secs(60),
+        || match etcdctl(&ep, &["--user", "app:apppw", "get", "/app/a"]) {
+            (true, text) => Ok(text),
+            (false, text) => Err(text),
+        },
+    );
+    assert!(read.contains("/app/a"), "{read}");
     let (ok, text) = etcdctl(&ep, &["get", "/app/a"]);
     assert!(!ok && text.contains("user name is empty"), "{text}");
     let (ok, text) = etcdctl(&ep, &["--user", "app:apppw", "put", "/other", "x"]);

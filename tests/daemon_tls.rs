@@ -11,9 +11,10 @@ mod common;
 use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::tls::{cluster_certs, mutual_tls_flags, replace_file, s, Ca, Certs};
+use common::replace_file;
+use common::tls::{cluster_certs, mutual_tls_flags, s, Ca, Certs};
 use common::{require_tool, Cluster};
 
 /// etcdctl against `endpoint` with `tls` flags; (succeeded, output).
@@ -35,19 +36,15 @@ fn ctl(endpoint: &str, tls: &[String], args: &[&str]) -> (bool, String) {
 
 /// Retries `args` until it succeeds (the cluster starting), for at most 60 s.
 fn ctl_eventually(cluster: &Cluster, endpoint: &str, tls: &[String], args: &[&str]) -> String {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let (ok, out) = ctl(endpoint, tls, args);
-        if ok {
-            return out;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "etcdctl {args:?} at {endpoint} never succeeded: {out}\n{}",
-            cluster.logs()
-        );
-        std::thread::sleep(Duration::from_millis(300));
-    }
+    common::try_wait_until(
+        &format!("etcdctl {args:?} at {endpoint} succeeding"),
+        Duration::from_secs(60),
+        || match ctl(endpoint, tls, args) {
+            (true, out) => Ok(out),
+            (false, out) => Err(out),
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", cluster.logs()))
 }
 
 fn get_value(endpoint: &str, tls: &[String], key: &str) -> Option<String> {
@@ -242,23 +239,19 @@ fn a_peer_with_a_certificate_from_another_ca_is_refused() {
     assert_eq!(get_value(&eps[1], &good, "/peer/a").as_deref(), Some("1"));
     // The members m2 dials refuse its certificate (from an unknown issuer)
     // and log it; m2 never gets the log, so its own reads see nothing.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let refused = cluster.members[..2].iter().any(|m| {
-            m.log_text()
-                .lines()
-                .any(|l| l.contains("peer TLS handshake failed") && l.contains("UnknownIssuer"))
-        });
-        if refused {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no refused TLS handshake logged\n{}",
-            cluster.logs()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    common::try_wait_until(
+        "a refused TLS handshake logged",
+        Duration::from_secs(60),
+        || {
+            let refused = cluster.members[..2].iter().any(|m| {
+                m.log_text()
+                    .lines()
+                    .any(|l| l.contains("peer TLS handshake failed") && l.contains("UnknownIssuer"))
+            });
+            refused.then_some(()).ok_or_else(|| "none yet".to_string())
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", cluster.logs()));
     let (ok, out) = ctl(
         &eps[2],
         &good,
@@ -351,23 +344,15 @@ fn a_member_joins_a_tls_cluster_over_tls() {
     assert!(ok, "member add: {out}");
     cluster.members[joiner].restart();
     let endpoint = cluster.members[joiner].endpoint();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
+    common::try_wait_until("the joiner catching up", Duration::from_secs(60), || {
         let (ok, out) = ctl(
             &endpoint,
             &good,
             &["get", "/join/a", "--consistency=s", "--print-value-only"],
         );
-        if ok && out.trim() == "1" {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the joiner never caught up: {out}\n{}",
-            cluster.logs()
-        );
-        std::thread::sleep(Duration::from_millis(300));
-    }
+        (ok && out.trim() == "1").then_some(()).ok_or(out)
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", cluster.logs()));
 }
 
 #[test]

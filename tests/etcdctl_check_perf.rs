@@ -24,11 +24,15 @@ fn etcdctl_check_perf_passes() {
     }
     let cluster = common::Cluster::start(3, &[]);
     let endpoints = cluster.endpoints().join(",");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !common::etcdctl(&endpoints, &["put", "/ready", "1"]).0 {
-        assert!(Instant::now() < deadline, "no leader\n{}", cluster.logs());
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    common::try_wait_until(
+        "a leader",
+        Duration::from_secs(60),
+        || match common::etcdctl(&endpoints, &["put", "/ready", "1"]) {
+            (true, _) => Ok(()),
+            (false, out) => Err(out),
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", cluster.logs()));
 
     let out_path = cluster.dir.path().join("check-perf.out");
     let out = std::fs::File::create(&out_path).expect("create output file");

@@ -9,7 +9,7 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::tls::{cluster_certs, mutual_tls_flags, Ca};
 use common::{etcdctl, require_tool, Cluster};
@@ -32,21 +32,17 @@ fn ok(cluster: &Cluster, endpoints: &str, tls: &[String], args: &[&str]) -> Stri
 
 /// Waits until `endpoint` takes writes: the cluster has a leader.
 fn wait_writable(cluster: &Cluster, endpoint: &str, tls: &[String]) {
-    let deadline = Instant::now() + Duration::from_secs(60);
     let mut args: Vec<&str> = tls.iter().map(String::as_str).collect();
     args.extend(["put", "/endpoints/ready", "1"]);
-    loop {
-        let (success, out) = etcdctl(endpoint, &args);
-        if success {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{endpoint} never took a write: {out}\n{}",
-            cluster.logs()
-        );
-        std::thread::sleep(Duration::from_millis(300));
-    }
+    common::try_wait_until(
+        &format!("{endpoint} taking a write"),
+        Duration::from_secs(60),
+        || match etcdctl(endpoint, &args) {
+            (true, _) => Ok(()),
+            (false, out) => Err(out),
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", cluster.logs()));
 }
 
 /// Each endpoint's (member id, leader id) from `endpoint status -w json`.
@@ -102,18 +98,18 @@ fn check_endpoint_commands(cluster: &Cluster, tls: &[String]) {
     let target = before.iter().map(|s| s.1).find(|&m| m != leader).unwrap();
     let out = ok(cluster, &all, tls, &["move-leader", &format!("{target:x}")]);
     assert!(out.contains("Leadership transferred"), "{out}");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let after = statuses(cluster, &all, tls);
-        if after.iter().all(|s| s.2 == target) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "leadership never reached {target:x}: {after:?}"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    common::wait_until(
+        &format!("leadership reaching {target:x}"),
+        Duration::from_secs(20),
+        || {
+            let after = statuses(cluster, &all, tls);
+            if after.iter().all(|s| s.2 == target) {
+                Ok(())
+            } else {
+                Err(format!("{after:?}"))
+            }
+        },
+    );
 }
 
 #[test]

@@ -12,7 +12,7 @@ mod common;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// How long any one step may take on a busy 2-core machine before the test
 /// gives up; steps normally take well under a second.
@@ -63,16 +63,14 @@ impl Background {
 
     /// Waits until the output satisfies `done`.
     fn wait_for(&self, what: &str, done: impl Fn(&[String]) -> bool) {
-        let deadline = Instant::now() + STEP_DEADLINE;
-        while !done(&self.lines()) {
-            assert!(
-                Instant::now() < deadline,
-                "{}: never {what}; output so far: {:?}",
-                self.what,
-                self.lines()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        common::wait_until(&format!("{}: {what}", self.what), STEP_DEADLINE, || {
+            let lines = self.lines();
+            if done(&lines) {
+                Ok(())
+            } else {
+                Err(format!("output so far: {lines:?}"))
+            }
+        });
     }
 
     fn signal(&self, signal: i32) {
@@ -84,14 +82,13 @@ impl Background {
 
     /// Waits for the process to exit (after a signal); its success.
     fn wait_exit(&mut self) -> bool {
-        let deadline = Instant::now() + STEP_DEADLINE;
-        loop {
-            if let Some(status) = self.child.try_wait().expect("wait etcdctl") {
-                return status.success();
+        let what = format!("{} exiting", self.what);
+        common::wait_until(&what, STEP_DEADLINE, || {
+            match self.child.try_wait().expect("wait etcdctl") {
+                Some(status) => Ok(status.success()),
+                None => Err("still running".into()),
             }
-            assert!(Instant::now() < deadline, "{} did not exit", self.what);
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        })
     }
 }
 
@@ -126,6 +123,18 @@ fn get_prefix(endpoint: &str, prefix: &str) -> Vec<(String, String)> {
         .collect()
 }
 
+/// Waits until `count` campaigners' keys are under `election`.
+fn campaigners(endpoints: &str, election: &str, count: usize, what: &str) {
+    common::wait_until(what, STEP_DEADLINE, || {
+        let keys = get_prefix(endpoints, &format!("{election}/"));
+        if keys.len() >= count {
+            Ok(())
+        } else {
+            Err(format!("keys {keys:?}"))
+        }
+    });
+}
+
 fn put(endpoint: &str, key: &str, value: &str) {
     let (ok, out) = common::etcdctl(endpoint, &["put", key, value]);
     assert!(ok, "put {key} on {endpoint}: {out}");
@@ -147,35 +156,31 @@ fn wait_contents(
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
-    let deadline = Instant::now() + STEP_DEADLINE;
-    loop {
-        let got = get_prefix(endpoint, prefix);
-        if got == want {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{endpoint} under {prefix}: want {want:?}, have {got:?}\n{}",
-            context()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    common::try_wait_until(
+        &format!("{endpoint} holding {want:?} under {prefix}"),
+        STEP_DEADLINE,
+        || {
+            let got = get_prefix(endpoint, prefix);
+            if got == want {
+                Ok(())
+            } else {
+                Err(format!("have {got:?}"))
+            }
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", context()));
 }
 
 /// Waits until a put through `endpoint` succeeds (a leader exists).
 fn wait_writable(endpoint: &str) {
-    let deadline = Instant::now() + STEP_DEADLINE;
-    loop {
-        let (ok, out) = common::etcdctl(endpoint, &["put", "/ready", "1"]);
-        if ok {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{endpoint} never took a put: {out}"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    common::wait_until(
+        &format!("{endpoint} taking a put"),
+        STEP_DEADLINE,
+        || match common::etcdctl(endpoint, &["put", "/ready", "1"]) {
+            (true, _) => Ok(()),
+            (false, out) => Err(out),
+        },
+    );
 }
 
 #[test]
@@ -196,11 +201,7 @@ fn etcdctl_elect_passes_leadership_on() {
 
     // p2 campaigns: its key is there, behind p1's, and it does not lead.
     let p2 = Background::start(&endpoints, &["elect", election, "p2"]);
-    let deadline = Instant::now() + STEP_DEADLINE;
-    while get_prefix(&endpoints, &format!("{election}/")).len() < 2 {
-        assert!(Instant::now() < deadline, "p2 never campaigned");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    campaigners(&endpoints, election, 2, "p2 campaigning");
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(proposals(&p2.lines(), election), Vec::<String>::new());
     assert_eq!(proposals(&observer.lines(), election), ["p1"]);
@@ -217,11 +218,7 @@ fn etcdctl_elect_passes_leadership_on() {
     // kill -9 leaves p2's key and lease behind until the lease expires (60 s
     // for etcdctl's session); revoking the lease is what its expiry does.
     let p3 = Background::start(&endpoints, &["elect", election, "p3"]);
-    let deadline = Instant::now() + STEP_DEADLINE;
-    while get_prefix(&endpoints, &format!("{election}/")).len() < 2 {
-        assert!(Instant::now() < deadline, "p3 never campaigned");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    campaigners(&endpoints, election, 2, "p3 campaigning");
     let mut p2 = p2;
     p2.signal(libc::SIGKILL);
     p2.wait_exit();

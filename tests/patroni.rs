@@ -18,6 +18,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::try_wait_until;
+
 /// Patroni's leader lock TTL, loop and retry budget (seconds), short to keep
 /// the test short; Patroni wants `loop_wait + 2 * retry_timeout <= ttl`.
 const TTL_S: u64 = 10;
@@ -246,6 +248,14 @@ postgresql:
     }
 }
 
+/// Whether `node`'s PostgreSQL has `rows` rows, for a wait.
+fn has_rows(node: &Node, rows: i64) -> Result<(), String> {
+    match node.count_rows() {
+        Some(n) if n == rows => Ok(()),
+        other => Err(format!("{} counts {other:?} rows", node.name)),
+    }
+}
+
 impl Drop for Node {
     fn drop(&mut self) {
         self.kill9();
@@ -291,18 +301,6 @@ fn connected_ports(pid: u32, ports: &[u16]) -> Vec<(u16, usize)> {
     counts
 }
 
-fn wait_until(what: &str, context: &dyn Fn() -> String, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + STEP_DEADLINE;
-    while !done() {
-        assert!(
-            Instant::now() < deadline,
-            "{what} did not happen within {STEP_DEADLINE:?}\n{}",
-            context()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn patroni_fails_over_on_cairn() {
     if !common::require_tool("patroni") || !common::require_tool("psql") {
@@ -344,18 +342,13 @@ async fn patroni_fails_over_on_cairn() {
     };
 
     // One node bootstraps and takes the leader key; the other follows it.
-    let mut leader = 0;
-    wait_until(
-        "a Patroni leader",
-        &|| context(&nodes, &cluster),
-        || match nodes.iter().position(Node::is_leader) {
-            Some(i) => {
-                leader = i;
-                true
-            }
-            None => false,
-        },
-    );
+    let leader = try_wait_until("a Patroni leader", STEP_DEADLINE, || {
+        nodes
+            .iter()
+            .position(Node::is_leader)
+            .ok_or_else(|| "no node leads".to_string())
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", context(&nodes, &cluster)));
     let replica = 1 - leader;
     eprintln!(
         "{} leads after {:.1} s",
@@ -366,17 +359,20 @@ async fn patroni_fails_over_on_cairn() {
         "CREATE TABLE cairn_rows (n int); INSERT INTO cairn_rows SELECT generate_series(1, {ROWS})"
     ));
     assert!(ok, "writing through the leader: {out}");
-    wait_until(
-        "the replica streaming the rows",
-        &|| context(&nodes, &cluster),
-        || nodes[replica].count_rows() == Some(ROWS),
-    );
+    try_wait_until("the replica streaming the rows", STEP_DEADLINE, || {
+        has_rows(&nodes[replica], ROWS)
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", context(&nodes, &cluster)));
     // Patroni reports the replica healthy once its next loop has seen it.
-    wait_until(
+    try_wait_until(
         "the replica reported healthy",
-        &|| context(&nodes, &cluster),
-        || nodes[replica].rest_status("/replica") == Some(200),
-    );
+        STEP_DEADLINE,
+        || match nodes[replica].rest_status("/replica") {
+            Some(200) => Ok(()),
+            other => Err(format!("GET /replica: {other:?}")),
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", context(&nodes, &cluster)));
 
     // kill -9 the Cairn member the leader's Patroni talks to (any one of the
     // three leaves a quorum): Patroni moves to another and keeps its lock
@@ -416,11 +412,10 @@ async fn patroni_fails_over_on_cairn() {
         ok,
         "writing through the leader after the member died: {out}"
     );
-    wait_until(
-        "the replica streaming the last row",
-        &|| context(&nodes, &cluster),
-        || nodes[replica].count_rows() == Some(ROWS + 1),
-    );
+    try_wait_until("the replica streaming the last row", STEP_DEADLINE, || {
+        has_rows(&nodes[replica], ROWS + 1)
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", context(&nodes, &cluster)));
 
     // kill -9 the leader's Patroni and postmaster: its lease expires and the
     // replica promotes itself.
@@ -428,22 +423,29 @@ async fn patroni_fails_over_on_cairn() {
     assert!(postmaster.is_some(), "no postmaster pid for the leader");
     nodes[leader].kill9();
     let killed = Instant::now();
-    wait_until(
-        "the replica taking over",
-        &|| context(&nodes, &cluster),
-        || nodes[replica].is_leader(),
-    );
+    try_wait_until("the replica taking over", STEP_DEADLINE, || {
+        if nodes[replica].is_leader() {
+            Ok(())
+        } else {
+            Err("not the leader".into())
+        }
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", context(&nodes, &cluster)));
     eprintln!(
         "{} leads {:.1} s after the leader was killed (TTL {TTL_S} s)",
         nodes[replica].name,
         killed.elapsed().as_secs_f64()
     );
     // Promotion follows the leader key; wait until PostgreSQL takes writes.
-    wait_until(
+    try_wait_until(
         "the new leader taking writes",
-        &|| context(&nodes, &cluster),
-        || nodes[replica].psql("INSERT INTO cairn_rows VALUES (-1)").0,
-    );
+        STEP_DEADLINE,
+        || match nodes[replica].psql("INSERT INTO cairn_rows VALUES (-1)") {
+            (true, _) => Ok(()),
+            (false, out) => Err(out),
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", context(&nodes, &cluster)));
     assert_eq!(nodes[replica].count_rows(), Some(ROWS + 2));
     let (status, body) = nodes[replica].rest_get("/cluster").expect("GET /cluster");
     assert_eq!(status, 200, "{body}");

@@ -7,11 +7,11 @@ use etcd_client::{Permission, RoleRevokePermissionOptions};
 use tonic::Code;
 
 use super::{
-    assert_refused, connect, connect_as, ctl, ctl_fails, ctl_says, enable_auth, eventually,
-    wait_serving, wait_serving_as, Target, AUTH_FAILED, FAST_BCRYPT, PERMISSION_DENIED,
-    SNAPSHOT_COUNT, USER_EMPTY,
+    assert_refused, connect, connect_as, ctl, ctl_fails, ctl_says, enable_auth, wait_serving,
+    wait_serving_as, Target, AUTH_FAILED, FAST_BCRYPT, PATIENCE, PERMISSION_DENIED, SNAPSHOT_COUNT,
+    USER_EMPTY,
 };
-use crate::common::require_tool;
+use crate::common::{eventually, require_tool};
 
 /// The state `auth_state_survives_crashes_and_reaches_a_member_by_snapshot`
 /// sets up, as seen through `ep`.
@@ -125,7 +125,7 @@ pub async fn auth_state_survives_crashes_and_reaches_a_member_by_snapshot(target
     // It catches up by snapshot, then answers from the new state alone.
     let ep2 = eps[2].as_str();
     let serializable = "--consistency=s";
-    eventually(&format!("{ep2} caught up"), || async {
+    eventually(&format!("{ep2} caught up"), PATIENCE, || async {
         let (ok, out) = ctl(
             ep2,
             Some("root:rootpw"),

@@ -5,22 +5,26 @@
 //! member that another does not enforce.
 
 use super::{
-    ctl, ctl_fails, ctl_says, ctl_with, eventually, wait_serving, Target, AUTH_FAILED, FAST_BCRYPT,
+    ctl, ctl_fails, ctl_says, ctl_with, wait_serving, Target, AUTH_FAILED, FAST_BCRYPT, PATIENCE,
     PERMISSION_DENIED, USER_EMPTY,
 };
-use crate::common::require_tool;
+use crate::common::{eventually, require_tool};
 
 /// etcdctl's answer at `endpoint` eventually fails with `message`: a change
 /// committed through another member reaches this one.
 async fn ctl_eventually_fails(endpoint: &str, user: Option<&str>, args: &[&str], message: &str) {
-    eventually(&format!("{args:?} refused at {endpoint}"), || async {
-        let (ok, out) = ctl(endpoint, user, args);
-        if !ok && out.contains(&format!("Error: {message}")) {
-            Ok(())
-        } else {
-            Err(out)
-        }
-    })
+    eventually(
+        &format!("{args:?} refused at {endpoint}"),
+        PATIENCE,
+        || async {
+            let (ok, out) = ctl(endpoint, user, args);
+            if !ok && out.contains(&format!("Error: {message}")) {
+                Ok(())
+            } else {
+                Err(out)
+            }
+        },
+    )
     .await
 }
 
@@ -350,7 +354,7 @@ pub async fn etcdctl_manages_users_roles_and_permissions(target: Target) {
     // Disabled: anyone does anything again, and the users and roles remain.
     ctl_says(ep, root, &["auth", "disable"], "Authentication Disabled");
     for ep in &eps {
-        eventually(&format!("{ep} serves without a user"), || async {
+        eventually(&format!("{ep} serves without a user"), PATIENCE, || async {
             let (ok, out) = ctl(ep, None, &["get", "/s"]);
             (ok && out.trim() == "/s\ns").then_some(()).ok_or(out)
         })

@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::common::{self, Cluster};
+use crate::common::{self, eventually, Cluster};
 
 /// Longest wait for a cluster to serve, for a member to catch up, or for any
 /// other condition polled by the scenarios: generous, as the machine is busy.
@@ -332,23 +332,6 @@ pub fn ctl_fails(endpoint: &str, user: Option<&str>, args: &[&str], message: &st
     );
 }
 
-/// Polls `check` until it returns Some, for at most [`PATIENCE`]; panics
-/// with `what` and the last state `check` described otherwise.
-pub async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, String>>,
-{
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        match check().await {
-            Ok(v) => return v,
-            Err(last) => assert!(Instant::now() < deadline, "{what}: never happened: {last}"),
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
 /// Connects to `endpoint` with `options`, retrying transport errors while
 /// the member starts; a refusal by the server (a gRPC status) is returned.
 pub async fn connect(
@@ -405,16 +388,20 @@ pub async fn wait_serving(servers: &dyn Servers) {
 /// Waits until `endpoint` serves `user` a write (auth enabled): after a
 /// restart, until the member is back and the cluster has a leader.
 pub async fn wait_serving_as(endpoint: &str, user: &str, password: &str, key: &str) {
-    eventually(&format!("{endpoint} serves {user} a write"), || async {
-        let options = etcd_client::ConnectOptions::new().with_user(user, password);
-        let mut c = etcd_client::Client::connect([endpoint], Some(options))
-            .await
-            .map_err(|e| e.to_string())?;
-        c.put(key, "1", None)
-            .await
-            .map(|_| ())
-            .map_err(|e| e.to_string())
-    })
+    eventually(
+        &format!("{endpoint} serves {user} a write"),
+        PATIENCE,
+        || async {
+            let options = etcd_client::ConnectOptions::new().with_user(user, password);
+            let mut c = etcd_client::Client::connect([endpoint], Some(options))
+                .await
+                .map_err(|e| e.to_string())?;
+            c.put(key, "1", None)
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        },
+    )
     .await
 }
 

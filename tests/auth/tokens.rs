@@ -11,10 +11,11 @@ use serde_json::json;
 use tonic::Code;
 
 use super::{
-    assert_refused, connect, connect_as, denied, enable_auth, eventually, set_up_alice,
-    wait_serving, Target, AUTH_FAILED, FAST_BCRYPT, INVALID_TOKEN, PATIENCE,
+    assert_refused, connect, connect_as, denied, enable_auth, set_up_alice, wait_serving, Target,
+    AUTH_FAILED, FAST_BCRYPT, INVALID_TOKEN, PATIENCE,
 };
-use crate::{common, gateway_http};
+use crate::common::{self, eventually};
+use crate::gateway_http;
 
 pub async fn an_unused_simple_token_expires_and_the_client_reauthenticates(target: Target) {
     const TTL: Duration = Duration::from_secs(2);
@@ -199,7 +200,7 @@ async fn failed_authentications_are_rate_limited() {
     }
 
     // Once a failure is given back, the right password works again.
-    eventually("alice authenticates after the refill", || async {
+    eventually("alice authenticates after the refill", PATIENCE, || async {
         attempt("alice".into(), "apw")
             .await
             .map_err(|e| format!("{e:?}"))

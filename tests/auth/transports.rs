@@ -6,10 +6,10 @@
 use serde_json::json;
 
 use super::{
-    connect, ctl_with, enable_auth, eventually, set_up_alice, wait_serving, Target, AUTH_FAILED,
-    FAST_BCRYPT, INVALID_TOKEN, PERMISSION_DENIED, USER_EMPTY,
+    connect, ctl_with, enable_auth, set_up_alice, wait_serving, Target, AUTH_FAILED, FAST_BCRYPT,
+    INVALID_TOKEN, PATIENCE, PERMISSION_DENIED, USER_EMPTY,
 };
-use crate::common::{self, require_tool};
+use crate::common::{self, eventually, require_tool};
 use crate::gateway_http;
 
 pub async fn gateway_authenticates_with_a_token_header(target: Target) {
@@ -56,7 +56,7 @@ pub async fn gateway_authenticates_with_a_token_header(target: Target) {
     // A simple token reaches the other members through the log (the member
     // that makes it puts it in the Authenticate entry): they accept it too.
     for other in &servers.endpoints()[1..] {
-        eventually(&format!("{other} accepts the token"), || async {
+        eventually(&format!("{other} accepts the token"), PATIENCE, || async {
             let answer = gateway_http::request_with(
                 other,
                 "POST",
@@ -149,7 +149,7 @@ pub async fn a_client_certificate_names_the_user(target: Target) {
     let ep = servers.endpoints()[0].clone();
     let ep = ep.as_str();
     let run = |tls: &[String], args: &[&str]| ctl_with(ep, tls, args, None);
-    eventually("the TLS cluster serves", || async {
+    eventually("the TLS cluster serves", PATIENCE, || async {
         let (ok, out) = run(&root, &["put", "/ready", "1"]);
         ok.then_some(()).ok_or(out)
     })

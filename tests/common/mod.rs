@@ -6,9 +6,71 @@
 pub mod tls;
 
 use std::net::TcpListener;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+/// How often [`wait_until`] and [`eventually`] look again: often enough
+/// that a wait ends soon after its condition holds, rarely enough that a
+/// poll running etcdctl does not load the busy machine.
+pub const POLL_INTERVAL: Duration = Duration::from_millis(200);
+
+/// Polls `check` every [`POLL_INTERVAL`] until it returns `Ok`, for at most
+/// `within`; otherwise the error names `what` and the last state `check`
+/// described, for the caller to add the members' logs. `check` runs at
+/// least once, even if the time is up.
+pub fn try_wait_until<T>(
+    what: &str,
+    within: Duration,
+    mut check: impl FnMut() -> Result<T, String>,
+) -> Result<T, String> {
+    let deadline = Instant::now() + within;
+    loop {
+        match check() {
+            Ok(v) => return Ok(v),
+            Err(last) if Instant::now() >= deadline => {
+                return Err(format!("{what}: not within {within:?}; last: {last}"))
+            }
+            Err(_) => std::thread::sleep(POLL_INTERVAL),
+        }
+    }
+}
+
+/// [`try_wait_until`] that panics when the time is up.
+pub fn wait_until<T>(what: &str, within: Duration, check: impl FnMut() -> Result<T, String>) -> T {
+    try_wait_until(what, within, check).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The async twin of [`wait_until`]: polls `check` until it returns `Ok`,
+/// for at most `within`; panics with `what` and the last state `check`
+/// described otherwise.
+pub async fn eventually<T, F, Fut>(what: &str, within: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    let deadline = Instant::now() + within;
+    loop {
+        match check().await {
+            Ok(v) => return v,
+            Err(last) => assert!(
+                Instant::now() < deadline,
+                "{what}: not within {within:?}; last: {last}"
+            ),
+        }
+        tokio::time::sleep(POLL_INTERVAL).await;
+    }
+}
+
+/// Writes a file as an operator replacing a file a running member reads
+/// should (a rotated certificate, a fault to inject): a new file renamed
+/// over the old one, so the member never reads half of it.
+pub fn replace_file(path: &Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap_or_else(|e| panic!("writing {}: {e}", tmp.display()));
+    std::fs::rename(&tmp, path)
+        .unwrap_or_else(|e| panic!("renaming {} to {}: {e}", tmp.display(), path.display()));
+}
 
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")

@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
+use super::replace_file;
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
     KeyPair, KeyUsagePurpose,
@@ -76,14 +77,6 @@ impl Certs {
             format!("--key={}", self.key.display()),
         ]
     }
-}
-
-/// Writes a file as an operator rotating certificates should: a new file
-/// renamed over the old one.
-pub fn replace_file(path: &Path, text: &str) {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, text).unwrap();
-    std::fs::rename(&tmp, path).unwrap();
 }
 
 pub fn s(p: &Path) -> String {

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::proxy::{self, Net, Node, Pids};
-use crate::common::Cluster;
+use crate::common::{self, Cluster};
 
 /// How long one client request may take before its outcome is unknown.
 pub const OP_TIMEOUT: Duration = Duration::from_secs(2);
@@ -30,9 +30,7 @@ impl Bench {
     /// "stall <ms>", "error" or "full".
     pub fn set_disk_fault(&self, m: usize, fault: &str) {
         let path = self.cluster.members[m].data_dir.join(DISK_FAULTS_FILE);
-        let tmp = path.with_extension("tmp");
-        std::fs::write(&tmp, fault).expect("write the disk-fault file");
-        std::fs::rename(&tmp, &path).expect("install the disk-fault file");
+        common::replace_file(&path, fault);
     }
 
     /// Starts `members` members behind peer proxies and `clients` client
