@@ -242,6 +242,42 @@ fn etcdctl_elect_passes_leadership_on() {
     });
 }
 
+/// One `make-mirror` round from `source` to `dest`, of the keys under
+/// `prefix` (under `dest_prefix` at `dest` if given, else the same keys):
+/// `seed` is put at the source before the mirror starts, and the
+/// destination must then hold `want[0]` (the mirror's first paged read);
+/// `changes` (a put, or a delete for `None`) follow at the source while it
+/// runs, and the destination must then hold `want[1]` (its watch). The
+/// mirror, still running.
+fn mirror_round(
+    (source, dest): (&str, &str),
+    (prefix, dest_prefix): (&str, Option<&str>),
+    seed: &[(&str, &str)],
+    changes: &[(&str, Option<&str>)],
+    want: [&[(&str, &str)]; 2],
+    context: &dyn Fn() -> String,
+) -> Background {
+    for (k, v) in seed {
+        put(source, k, v);
+    }
+    let mut args = vec!["make-mirror", "--prefix", prefix];
+    if let Some(d) = dest_prefix {
+        args.extend(["--dest-prefix", d]);
+    }
+    args.push(dest);
+    let mirror = Background::start(source, &args);
+    let under = dest_prefix.unwrap_or(prefix);
+    wait_contents(dest, under, want[0], context);
+    for (k, v) in changes {
+        match v {
+            Some(v) => put(source, k, v),
+            None => del(source, k),
+        }
+    }
+    wait_contents(dest, under, want[1], context);
+    mirror
+}
+
 #[test]
 fn etcdctl_make_mirror_between_etcd_and_cairn() {
     if !common::require_tool("etcdctl") || !common::require_tool("etcd") {
@@ -256,28 +292,24 @@ fn etcdctl_make_mirror_between_etcd_and_cairn() {
     let context = || format!("==== etcd ====\n{}\n{}", etcd.log_text(), cluster.logs());
 
     // etcd -> Cairn, same keys.
-    for (k, v) in [
-        ("/src/a", "1"),
-        ("/src/b", "2"),
-        ("/src/c", "3"),
-        ("/other", "x"),
-    ] {
-        put(&etcd_ep, k, v);
-    }
-    let to_cairn = Background::start(&etcd_ep, &["make-mirror", "--prefix", "/src/", &cairn]);
-    wait_contents(
-        &cairn,
-        "/src/",
-        &[("/src/a", "1"), ("/src/b", "2"), ("/src/c", "3")],
-        &context,
-    );
-    put(&etcd_ep, "/src/d", "4");
-    del(&etcd_ep, "/src/a");
-    put(&etcd_ep, "/src/b", "2b");
-    wait_contents(
-        &cairn,
-        "/src/",
-        &[("/src/b", "2b"), ("/src/c", "3"), ("/src/d", "4")],
+    let to_cairn = mirror_round(
+        (&etcd_ep, &cairn),
+        ("/src/", None),
+        &[
+            ("/src/a", "1"),
+            ("/src/b", "2"),
+            ("/src/c", "3"),
+            ("/other", "x"),
+        ],
+        &[
+            ("/src/d", Some("4")),
+            ("/src/a", None),
+            ("/src/b", Some("2b")),
+        ],
+        [
+            &[("/src/a", "1"), ("/src/b", "2"), ("/src/c", "3")],
+            &[("/src/b", "2b"), ("/src/c", "3"), ("/src/d", "4")],
+        ],
         &context,
     );
     assert!(
@@ -286,33 +318,19 @@ fn etcdctl_make_mirror_between_etcd_and_cairn() {
     );
 
     // Cairn -> etcd, under another prefix.
-    for (k, v) in [("/app/x", "10"), ("/app/y", "20")] {
-        put(&cairn, k, v);
-    }
-    let to_etcd = Background::start(
-        &cairn,
+    let to_etcd = mirror_round(
+        (&cairn, &etcd_ep),
+        ("/app/", Some("/copy/")),
+        &[("/app/x", "10"), ("/app/y", "20")],
         &[
-            "make-mirror",
-            "--prefix",
-            "/app/",
-            "--dest-prefix",
-            "/copy/",
-            &etcd_ep,
+            ("/app/z", Some("30")),
+            ("/app/x", None),
+            ("/app/y", Some("21")),
         ],
-    );
-    wait_contents(
-        &etcd_ep,
-        "/copy/",
-        &[("/copy/x", "10"), ("/copy/y", "20")],
-        &context,
-    );
-    put(&cairn, "/app/z", "30");
-    del(&cairn, "/app/x");
-    put(&cairn, "/app/y", "21");
-    wait_contents(
-        &etcd_ep,
-        "/copy/",
-        &[("/copy/y", "21"), ("/copy/z", "30")],
+        [
+            &[("/copy/x", "10"), ("/copy/y", "20")],
+            &[("/copy/y", "21"), ("/copy/z", "30")],
+        ],
         &context,
     );
 
