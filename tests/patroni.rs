@@ -378,11 +378,30 @@ async fn patroni_fails_over_on_cairn() {
     // three leaves a quorum): Patroni moves to another and keeps its lock
     // past a whole TTL.
     let patroni_pid = nodes[leader].patroni_pid().expect("leader's patroni runs");
-    let used = connected_ports(patroni_pid, &client_ports);
-    let victim = used
-        .first()
-        .and_then(|(port, _)| client_ports.iter().position(|c| c == port))
-        .unwrap_or(2);
+    // Patroni keeps its connection to Cairn open between its loops; a poll
+    // rides over one being reopened.
+    let (victim, used) = try_wait_until(
+        &format!("{}'s Patroni connected to Cairn", nodes[leader].name),
+        STEP_DEADLINE,
+        || {
+            let used = connected_ports(patroni_pid, &client_ports);
+            match used
+                .first()
+                .and_then(|(port, _)| client_ports.iter().position(|c| c == port))
+            {
+                Some(victim) => Ok((victim, used)),
+                None => Err(format!(
+                    "pid {patroni_pid} has no connection to the client ports {client_ports:?}"
+                )),
+            }
+        },
+    )
+    .unwrap_or_else(|e| {
+        panic!(
+            "{e}: the member it talks to is unknown, so losing it cannot be tested\n{}",
+            context(&nodes, &cluster)
+        )
+    });
     eprintln!(
         "{} talks to Cairn ports (port, connections) {used:?}; killing {}",
         nodes[leader].name, cluster.members[victim].name
