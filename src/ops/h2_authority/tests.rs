@@ -211,20 +211,30 @@ async fn etcdctl_endpoint_status_block_is_rewritten() {
     );
 }
 
+/// A gRPC client's first request: method and scheme indexed, path and
+/// authority inserted into the dynamic table.
+fn grpc_first(path: &str, authority: &str) -> Hpack {
+    Hpack::default()
+        .indexed(3)
+        .indexed(6)
+        .insert(4, path, true)
+        .insert(1, authority, true)
+}
+
+/// A later request of the same client: method and scheme indexed, then the
+/// `inserted` entries the first request added, by index (oldest first).
+fn grpc_again(inserted: usize) -> Vec<u8> {
+    // Dynamic index 62 (just past the static table) is the newest entry.
+    (62..62 + inserted)
+        .rev()
+        .fold(Hpack::default().indexed(3).indexed(6), Hpack::indexed)
+        .bytes()
+}
+
 #[tokio::test]
 async fn good_authorities_pass_byte_for_byte() {
-    let first = Hpack::default()
-        .indexed(3)
-        .indexed(6)
-        .insert(4, "/etcdserverpb.KV/Range", true)
-        .insert(1, "127.0.0.1:2379", true)
-        .bytes();
-    let second = Hpack::default()
-        .indexed(3)
-        .indexed(6)
-        .indexed(63)
-        .indexed(62)
-        .bytes();
+    let first = grpc_first("/etcdserverpb.KV/Range", "127.0.0.1:2379").bytes();
+    let second = grpc_again(2);
     let input = connection(&[
         frame(HEADERS, END_HEADERS, 1, &first),
         frame(DATA, END_STREAM, 1, &vec![0; 16_000]),
@@ -237,18 +247,8 @@ async fn good_authorities_pass_byte_for_byte() {
 /// table; the second only names its index.
 #[tokio::test]
 async fn dynamic_table_entries_are_followed_across_requests() {
-    let first = Hpack::default()
-        .indexed(3)
-        .indexed(6)
-        .insert(4, "/etcdserverpb.Maintenance/Status", true)
-        .insert(1, "http://127.0.0.1:2379", true)
-        .bytes();
-    let second = Hpack::default()
-        .indexed(3)
-        .indexed(6)
-        .indexed(63)
-        .indexed(62)
-        .bytes();
+    let first = grpc_first("/etcdserverpb.Maintenance/Status", "http://127.0.0.1:2379").bytes();
+    let second = grpc_again(2);
     let input = connection(&[
         frame(HEADERS, END_HEADERS, 1, &first),
         frame(DATA, END_STREAM, 1, &[0; 5]),
@@ -420,22 +420,11 @@ fn scheme_is_stripped_to_host_and_port() {
 #[ignore = "a measurement: cargo test --release --lib ops::h2_authority::tests::decode_cost -- --ignored --nocapture"]
 fn decode_cost() {
     const REQUESTS: usize = 200_000;
-    let first = Hpack::default()
-        .indexed(3)
-        .indexed(6)
-        .insert(4, "/etcdserverpb.KV/Range", true)
-        .insert(1, "127.0.0.1:2379", true)
+    let first = grpc_first("/etcdserverpb.KV/Range", "127.0.0.1:2379")
         .insert(31, "application/grpc", true)
         .insert(58, "grpc-go/1.26.0", true)
         .bytes();
-    let steady = Hpack::default()
-        .indexed(3)
-        .indexed(6)
-        .indexed(65)
-        .indexed(64)
-        .indexed(63)
-        .indexed(62)
-        .bytes();
+    let steady = grpc_again(4);
     let requests: Vec<Vec<u8>> = (0..REQUESTS)
         .map(|i| {
             let block = if i == 0 { &first } else { &steady };
