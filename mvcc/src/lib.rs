@@ -12,6 +12,7 @@
 
 mod btree;
 pub mod error;
+pub mod fault;
 mod index;
 pub mod page;
 mod pager;

@@ -16,6 +16,7 @@ use crate::btree::{self, Mutation, TreeKey};
 use crate::error::{
     ApplyError, CommitError, DefragError, IoOp, OpenError, ReadError, StorageError,
 };
+use crate::fault::FaultStorage;
 use crate::index::{End, Index, KeyHash};
 use crate::page::{CorruptPage, Meta, META_FLAG_RESTORING, META_PAGES, PAGE_SIZE_BYTES};
 use crate::pager::{PageSource, Pager, SharedStorage};
@@ -45,6 +46,9 @@ pub struct Config {
     pub defrag_step_pages: usize,
     /// Sync commits on a background thread where the storage allows it.
     pub background_sync: bool,
+    /// Test-only: a control file whose words stall or fail the store's
+    /// syncs (`fault.rs`); None in production.
+    pub sync_faults: Option<PathBuf>,
 }
 
 /// Largest key plus value one put may carry: a bound of the store's format
@@ -68,6 +72,7 @@ impl Default for Config {
             snapshot_chunk_bytes: 1024 * 1024,
             defrag_step_pages: 16 * 1024,
             background_sync: true,
+            sync_faults: None,
         }
     }
 }
@@ -237,7 +242,10 @@ impl Store {
         let fs = FileStorage::open(&path).map_err(storage_err(&name, IoOp::Open, 0))?;
         flock(fs.file().expect("a real file"))
             .map_err(|_| OpenError::Locked { file: name.clone() })?;
-        Store::open_with(Box::new(fs), &name, cfg)
+        match cfg.sync_faults.clone() {
+            Some(control) => Store::open_with(Box::new(FaultStorage::new(fs, control)), &name, cfg),
+            None => Store::open_with(Box::new(fs), &name, cfg),
+        }
     }
 
     /// The file that holds `shard`'s store in `dir`.

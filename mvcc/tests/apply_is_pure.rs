@@ -25,6 +25,7 @@ fn small_config() -> Config {
         snapshot_chunk_bytes: 4096,
         defrag_step_pages: 1,
         background_sync: false,
+        sync_faults: None,
     }
 }
 

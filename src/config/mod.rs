@@ -229,10 +229,20 @@ pub struct Flags {
 
     /// Test-only: the WAL's writes and syncs obey this control file (a path
     /// under --data-dir when relative): "stall <ms>", "error", "full" or
-    /// "none" (see wal/src/fault.rs). For fault tests; never in production.
+    /// "none" (see wal/src/fault.rs); the stores' syncs obey its words
+    /// "store-stall <ms>" and "store-error" (mvcc/src/fault.rs). For fault
+    /// tests; never in production.
     #[arg(long, value_name = "FILE", hide = true)]
     #[serde(skip)]
     pub test_disk_faults: Option<PathBuf>,
+
+    /// Test-only: the wall clock this member reads is moved by the offset
+    /// in this control file (a path under --data-dir when relative):
+    /// "offset <ms>", signed (see server/clock.rs). For fault tests; never
+    /// in production.
+    #[arg(long, value_name = "FILE", hide = true)]
+    #[serde(skip)]
+    pub test_clock_file: Option<PathBuf>,
 
     /// Auth tokens: "simple" (default), or
     /// "jwt,pub-key=FILE,priv-key=FILE,sign-method=RS256,ttl=5m" (etcd's).
@@ -316,6 +326,8 @@ pub struct Config {
     pub auth: auth::AuthOptions,
     /// `--test-disk-faults`, resolved against the data directory.
     pub test_disk_faults: Option<PathBuf>,
+    /// `--test-clock-file`, resolved against the data directory.
+    pub test_clock_file: Option<PathBuf>,
 }
 
 /// A setting that cannot be used, naming the flag it came from.
@@ -404,6 +416,7 @@ impl Flags {
             peer_auto_tls: self.peer_auto_tls.or(other.peer_auto_tls),
             cipher_suites: self.cipher_suites.or(other.cipher_suites),
             test_disk_faults: self.test_disk_faults.or(other.test_disk_faults),
+            test_clock_file: self.test_clock_file.or(other.test_clock_file),
             auth_token: self.auth_token.or(other.auth_token),
             auth_token_ttl: self.auth_token_ttl.or(other.auth_token_ttl),
             bcrypt_cost: self.bcrypt_cost.or(other.bcrypt_cost),
@@ -515,8 +528,10 @@ impl Config {
             auto_tls: f.peer_auto_tls.unwrap_or(false),
         };
         let test_disk_faults = f.test_disk_faults.map(|p| data_dir.join(p));
+        let test_clock_file = f.test_clock_file.map(|p| data_dir.join(p));
         let config = Config {
             test_disk_faults,
+            test_clock_file,
             listen_client_https: listen_client_urls.iter().map(|u| url_is_https(u)).collect(),
             listen_peer_https: listen_peer_urls.iter().map(|u| url_is_https(u)).collect(),
             client_tls,

@@ -194,6 +194,7 @@ impl Node {
         watchdog: Arc<crate::ops::watchdog::Watchdog>,
     ) -> Result<Node, StartError> {
         let mut config = config;
+        super::clock::follow(config.test_clock_file.clone());
         let (client_tls, peer_tls) = start_tls(&config)?;
         let file = prepare_data_dir(&mut config, peer_tls.clone())?;
         warn_if_sharded(config.shards);
@@ -450,6 +451,7 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
             readiness: Some(shared.readiness.clone()),
             members: shared.members.clone(),
             auth: Some(shared.auth.clone()),
+            disk_faults: config.test_disk_faults.clone(),
         };
         let driver = Shard::open(&mut setup).map_err(|e| StartError::Other(e.to_string()))?;
         tokio::task::spawn_local(driver.run(setup));

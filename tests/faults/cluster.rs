@@ -14,6 +14,8 @@ pub const OP_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Each member's disk-fault control file, under its data directory.
 const DISK_FAULTS_FILE: &str = "disk-faults";
+/// Each member's wall-clock control file, under its data directory.
+const CLOCK_FILE: &str = "clock-offset";
 
 pub struct Bench {
     pub cluster: Cluster,
@@ -26,11 +28,18 @@ pub struct Bench {
 }
 
 impl Bench {
-    /// Tells member `m`'s WAL how its disk behaves from now on: "none",
-    /// "stall <ms>", "error" or "full".
+    /// Tells member `m` how its disk behaves from now on: "none", for its
+    /// WAL "stall <ms>", "error" or "full", for its stores' syncs
+    /// "store-stall <ms>" or "store-error".
     pub fn set_disk_fault(&self, m: usize, fault: &str) {
         let path = self.cluster.members[m].data_dir.join(DISK_FAULTS_FILE);
         common::replace_file(&path, fault);
+    }
+
+    /// Moves member `m`'s wall clock `offset_ms` away from the system's.
+    pub fn set_clock_offset(&self, m: usize, offset_ms: i64) {
+        let path = self.cluster.members[m].data_dir.join(CLOCK_FILE);
+        common::replace_file(&path, &format!("offset {offset_ms}"));
     }
 
     /// Starts `members` members behind peer proxies and `clients` client
@@ -54,7 +63,12 @@ impl Bench {
             .collect();
         let cluster = Cluster::start_with_peer_fronts(
             members,
-            &["--test-disk-faults", DISK_FAULTS_FILE],
+            &[
+                "--test-disk-faults",
+                DISK_FAULTS_FILE,
+                "--test-clock-file",
+                CLOCK_FILE,
+            ],
             &front_ports,
         );
         let pids: Pids = Arc::new(Mutex::new(

@@ -4,7 +4,9 @@
 //! Network faults cut directed links in the proxies' table, between members
 //! and between clients and members; process faults are kill -9 (restarted at
 //! the heal) and SIGSTOP (SIGCONT at the heal); disk faults go through the
-//! members' test-only `--test-disk-faults` control file (`wal/src/fault.rs`).
+//! members' test-only `--test-disk-faults` control file (`wal/src/fault.rs`
+//! for the WAL, `mvcc/src/fault.rs` for the stores' syncs), clock jumps
+//! through their `--test-clock-file` (`src/server/clock.rs`).
 
 use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
@@ -41,10 +43,21 @@ pub enum Fault {
     /// A member's WAL writes and syncs fail (EIO, or ENOSPC every other
     /// time): its shard stops; killed and restarted at the heal.
     DiskError,
+    /// A member's store syncs (off the write path) each take 2 s (the
+    /// leader every other time).
+    StoreStall,
+    /// A member's store syncs fail with EIO: its shard stops; killed and
+    /// restarted at the heal.
+    StoreError,
+    /// A member's wall clock jumps forward or back by seconds to a day (the
+    /// leader every other time), and every other time the member is also
+    /// killed -9 and restarted under the jumped clock; jumped back at the
+    /// heal.
+    ClockJump,
 }
 
 /// Every fault, in the order a run cycles through them.
-pub const MENU: [Fault; 10] = [
+pub const MENU: [Fault; 13] = [
     Fault::PartitionHalves,
     Fault::PartitionLeader,
     Fault::Bridge,
@@ -55,6 +68,9 @@ pub const MENU: [Fault; 10] = [
     Fault::KillAll,
     Fault::DiskStall,
     Fault::DiskError,
+    Fault::StoreStall,
+    Fault::StoreError,
+    Fault::ClockJump,
 ];
 
 impl Fault {
@@ -70,6 +86,9 @@ impl Fault {
             Fault::KillAll => "kill-all",
             Fault::DiskStall => "disk-stall",
             Fault::DiskError => "disk-error",
+            Fault::StoreStall => "store-stall",
+            Fault::StoreError => "store-error",
+            Fault::ClockJump => "clock-jump",
         }
     }
 
@@ -88,6 +107,8 @@ struct Harm {
     /// Members whose disk failed: restarted at the heal, as an operator
     /// would after replacing the disk.
     disk_failed: Vec<usize>,
+    /// Members whose clock is jumped back at the heal.
+    clock: Vec<usize>,
 }
 
 pub struct Nemesis {
@@ -143,9 +164,14 @@ impl Nemesis {
         let turn = self.injected.get(&fault).copied().unwrap_or(0);
         let wants_leader = match fault {
             Fault::PartitionLeader => true,
-            Fault::Kill | Fault::Pause | Fault::OneWay | Fault::DiskStall | Fault::DiskError => {
-                turn.is_multiple_of(2)
-            }
+            Fault::Kill
+            | Fault::Pause
+            | Fault::OneWay
+            | Fault::DiskStall
+            | Fault::DiskError
+            | Fault::StoreStall
+            | Fault::StoreError
+            | Fault::ClockJump => turn.is_multiple_of(2),
             _ => false,
         };
         let leader = if wants_leader {
@@ -242,6 +268,44 @@ impl Nemesis {
                 self.harm.disk_failed.push(x);
                 format!("member {x}'s disk fails ({what})")
             }
+            Fault::StoreStall => {
+                let x = order[0];
+                bench.set_disk_fault(x, "store-stall 2000");
+                self.harm.disk.push(x);
+                format!("member {x}'s store syncs stall 2 s each")
+            }
+            Fault::StoreError => {
+                let x = order[0];
+                bench.set_disk_fault(x, "store-error");
+                self.harm.disk.push(x);
+                self.harm.disk_failed.push(x);
+                format!("member {x}'s store syncs fail (EIO)")
+            }
+            Fault::ClockJump => {
+                let x = order[0];
+                let magnitude_ms: i64 = *[5_000, 600_000, 86_400_000]
+                    .choose(&mut self.rng)
+                    .expect("a magnitude");
+                let offset = if self.rng.gen_bool(0.5) {
+                    magnitude_ms
+                } else {
+                    -magnitude_ms
+                };
+                bench.set_clock_offset(x, offset);
+                self.harm.clock.push(x);
+                // Every other jump also restarts the member under the
+                // jumped clock: what it reads from the clock at start
+                // (lease ids, election seeds) comes from the jumped time.
+                let restarted = turn % 4 >= 2;
+                if restarted {
+                    bench.cluster.members[x].kill9();
+                    bench.cluster.members[x].restart();
+                }
+                format!(
+                    "member {x}'s clock jumps {offset:+} ms{}",
+                    if restarted { ", restarted" } else { "" }
+                )
+            }
         };
         bench.refresh_pids();
         self.log
@@ -254,6 +318,9 @@ impl Nemesis {
         bench.net.heal();
         for x in self.harm.disk.drain(..) {
             bench.set_disk_fault(x, "none");
+        }
+        for x in self.harm.clock.drain(..) {
+            bench.set_clock_offset(x, 0);
         }
         for x in self.harm.disk_failed.drain(..) {
             // A member whose WAL failed keeps its shard stopped until it is

@@ -181,6 +181,9 @@ pub struct ShardSetup {
     pub members: std::sync::Arc<super::members::MemberRegistry>,
     /// The auth state, which shard 0's log changes.
     pub auth: Option<std::sync::Arc<super::auth::AuthStore>>,
+    /// Test-only: the control file that stalls or fails the store's syncs
+    /// (`--test-disk-faults`; the WAL reads the same file).
+    pub disk_faults: Option<PathBuf>,
 }
 
 /// An apply of one Ready's committed entries slower than this is counted as a

@@ -32,7 +32,10 @@ impl Shard {
         }
         // Request limits are the API's (checked before proposing): apply
         // must not depend on this member's flags.
-        let store_cfg = mvcc::Config::default();
+        let store_cfg = mvcc::Config {
+            sync_faults: setup.disk_faults.clone(),
+            ..mvcc::Config::default()
+        };
         let (snapshot_reports_tx, snapshot_reports) = mpsc::unbounded_channel();
         let store = mvcc::Store::open(&setup.dir, shard, store_cfg.clone()).map_err(|source| {
             ShardOpenError::Store {
