@@ -7,36 +7,10 @@
 
 mod common;
 
-use std::io::{Read, Write};
 use std::os::unix::net::UnixDatagram;
 use std::time::{Duration, Instant};
 
-use common::{client, wait_writable, Cluster};
-
-fn http_get(port: u16, path: &str) -> (u16, String) {
-    // Not listening yet: code 0, and the caller retries.
-    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
-        return (0, String::new());
-    };
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
-    let code = out
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = out
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (code, body)
-}
+use common::{client, http_get, wait_writable, Cluster};
 
 /// The value of an unlabelled sample, checking every line parses as the
 /// Prometheus text format (name, optional labels, value).

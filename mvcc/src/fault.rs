@@ -3,10 +3,13 @@
 //! background syncer's), reads a control file that says what the disk does:
 //!
 //! ```text
-//! "store-stall <ms>"   each sync waits <ms> first
-//! "store-error"        each sync fails with EIO
-//! anything else        nothing: the real file's answer
+//! "store-stall <ms> [file]"   each sync waits <ms> first
+//! "store-error [file]"        each sync fails with EIO
+//! anything else               nothing: the real file's answer
 //! ```
+//!
+//! With a file name (`shard-1.mvcc`), only the store whose file has that
+//! name is faulted; without, every store of the member.
 //!
 //! The words differ from the WAL's (`wal/src/fault.rs`), so one control file
 //! can hold a WAL fault or a store fault. Only used when [`crate::Config`]
@@ -28,23 +31,32 @@ pub enum SyncFault {
 }
 
 impl SyncFault {
-    /// Reads the control file; anything unreadable or unknown is no fault.
-    pub fn read(path: &Path) -> SyncFault {
-        std::fs::read_to_string(path).map_or(SyncFault::None, |t| SyncFault::parse(&t))
+    /// Reads the control file for the store in `file` (its file name);
+    /// anything unreadable or unknown is no fault.
+    pub fn read(path: &Path, file: &str) -> SyncFault {
+        std::fs::read_to_string(path).map_or(SyncFault::None, |t| SyncFault::parse(&t, file))
     }
 
-    pub fn parse(text: &str) -> SyncFault {
+    /// What `text` asks of the store in `file`.
+    pub fn parse(text: &str, file: &str) -> SyncFault {
         let mut words = text.split_whitespace();
-        match (words.next(), words.next().map(str::parse::<u64>)) {
-            (Some("store-stall"), Some(Ok(ms))) => SyncFault::Stall(Duration::from_millis(ms)),
-            (Some("store-error"), _) => SyncFault::Error,
-            _ => SyncFault::None,
+        let (fault, target) = match words.next() {
+            Some("store-stall") => match words.next().map(str::parse::<u64>) {
+                Some(Ok(ms)) => (SyncFault::Stall(Duration::from_millis(ms)), words.next()),
+                _ => return SyncFault::None,
+            },
+            Some("store-error") => (SyncFault::Error, words.next()),
+            _ => return SyncFault::None,
+        };
+        match target {
+            Some(name) if name != file => SyncFault::None,
+            _ => fault,
         }
     }
 
     /// Waits or fails as the control file says, before a real sync.
-    fn before_sync(path: &Path) -> io::Result<()> {
-        match SyncFault::read(path) {
+    fn before_sync(path: &Path, file: &str) -> io::Result<()> {
+        match SyncFault::read(path, file) {
             SyncFault::None => Ok(()),
             SyncFault::Stall(d) => {
                 std::thread::sleep(d);
@@ -59,11 +71,17 @@ impl SyncFault {
 pub struct FaultStorage<S> {
     inner: S,
     control: PathBuf,
+    /// The store file's name, which a control line may target.
+    file: String,
 }
 
 impl<S: Storage> FaultStorage<S> {
-    pub fn new(inner: S, control: PathBuf) -> FaultStorage<S> {
-        FaultStorage { inner, control }
+    pub fn new(inner: S, control: PathBuf, file: &str) -> FaultStorage<S> {
+        FaultStorage {
+            inner,
+            control,
+            file: file.to_string(),
+        }
     }
 }
 
@@ -85,7 +103,7 @@ impl<S: Storage> Storage for FaultStorage<S> {
     }
 
     fn sync_data(&mut self) -> io::Result<()> {
-        SyncFault::before_sync(&self.control)?;
+        SyncFault::before_sync(&self.control, &self.file)?;
         self.inner.sync_data()
     }
 
@@ -98,6 +116,7 @@ impl<S: Storage> Storage for FaultStorage<S> {
         Some(Box::new(FaultSyncHandle {
             inner,
             control: self.control.clone(),
+            file: self.file.clone(),
         }))
     }
 }
@@ -106,6 +125,7 @@ impl<S: Storage> Storage for FaultStorage<S> {
 struct FaultSyncHandle {
     inner: Box<dyn SyncHandle>,
     control: PathBuf,
+    file: String,
 }
 
 impl SyncHandle for FaultSyncHandle {
@@ -114,7 +134,7 @@ impl SyncHandle for FaultSyncHandle {
     }
 
     fn sync_data(&mut self) -> io::Result<()> {
-        SyncFault::before_sync(&self.control)?;
+        SyncFault::before_sync(&self.control, &self.file)?;
         self.inner.sync_data()
     }
 }
@@ -126,17 +146,27 @@ mod tests {
 
     #[test]
     fn the_control_file_words_are_the_stores_own() {
+        let f = "shard-0.mvcc";
         assert_eq!(
-            SyncFault::parse("store-stall 250\n"),
+            SyncFault::parse("store-stall 250\n", f),
             SyncFault::Stall(Duration::from_millis(250))
         );
-        assert_eq!(SyncFault::parse("store-error"), SyncFault::Error);
+        assert_eq!(SyncFault::parse("store-error", f), SyncFault::Error);
+        // A named store: that one only.
+        assert_eq!(
+            SyncFault::parse("store-stall 250 shard-0.mvcc", f),
+            SyncFault::Stall(Duration::from_millis(250))
+        );
+        assert_eq!(
+            SyncFault::parse("store-error shard-1.mvcc", f),
+            SyncFault::None
+        );
         // The WAL's words, and garbage, leave the store alone.
         for other in ["", "none", "stall 2000", "error", "full", "store-stall x"] {
-            assert_eq!(SyncFault::parse(other), SyncFault::None, "{other:?}");
+            assert_eq!(SyncFault::parse(other, f), SyncFault::None, "{other:?}");
         }
         assert_eq!(
-            SyncFault::read(Path::new("/nonexistent/control")),
+            SyncFault::read(Path::new("/nonexistent/control"), f),
             SyncFault::None
         );
     }
@@ -145,7 +175,7 @@ mod tests {
     fn syncs_fail_while_the_file_says_so_and_writes_do_not() {
         let dir = tempfile::tempdir().unwrap();
         let control = dir.path().join("faults");
-        let mut s = FaultStorage::new(MemStorage::new(), control.clone());
+        let mut s = FaultStorage::new(MemStorage::new(), control.clone(), "shard-0.mvcc");
         s.write_at(b"abc", 0).unwrap();
         s.sync_data().unwrap();
         std::fs::write(&control, "store-error").unwrap();

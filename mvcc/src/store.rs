@@ -114,6 +114,9 @@ pub struct CommitStats {
     pub last_sync_us: u64,
     pub pages_written: u64,
     pub bytes_written: u64,
+    /// Commits [`Store::commit_unless_busy`] left for later because the
+    /// background syncer was behind.
+    pub deferred: u64,
 }
 
 /// What a defragment did.
@@ -243,7 +246,11 @@ impl Store {
         flock(fs.file().expect("a real file"))
             .map_err(|_| OpenError::Locked { file: name.clone() })?;
         match cfg.sync_faults.clone() {
-            Some(control) => Store::open_with(Box::new(FaultStorage::new(fs, control)), &name, cfg),
+            Some(control) => {
+                let file = path.file_name().map(|f| f.to_string_lossy().into_owned());
+                let faulty = FaultStorage::new(fs, control, &file.unwrap_or_default());
+                Store::open_with(Box::new(faulty), &name, cfg)
+            }
             None => Store::open_with(Box::new(fs), &name, cfg),
         }
     }
@@ -1127,6 +1134,50 @@ impl Store {
         Ok(true)
     }
 
+    /// Like [`Store::commit`], but when committing now would wait for the
+    /// background syncer (its queue full, or the pages this commit needs
+    /// freed only once an earlier commit is durable), leaves the changes
+    /// pending and answers `Ok(false)`, so a slow disk does not stop the
+    /// thread that applies. Reads see pending changes as before. Once the
+    /// pending changes reach half of `max_batch_bytes` it commits, waiting
+    /// if it must, so memory stays bounded.
+    pub fn commit_unless_busy(&mut self) -> Result<bool, CommitError> {
+        if !self.poisoned
+            && !self.meta_writer.has_failed()
+            && self.pending_bytes < self.cfg.max_batch_bytes / 2
+            && self.commit_would_wait()
+        {
+            self.stats.deferred += 1;
+            return Ok(false);
+        }
+        self.commit()
+    }
+
+    /// Whether a commit now would wait for the background syncer.
+    fn commit_would_wait(&self) -> bool {
+        let durable = self.meta_writer.durable_txn();
+        self.meta_writer
+            .would_wait(self.committed.txn.saturating_sub(durable))
+            || self.must_wait_for_free_pages(durable)
+    }
+
+    /// Whether this commit may need more pages than are free now while
+    /// pages freed by commits still syncing would give them back.
+    fn must_wait_for_free_pages(&self, durable: u64) -> bool {
+        let need_pages = (self.pending_bytes / (PAGE_SIZE_BYTES / 2)
+            + self.pending_deletes.len() / 4
+            + self.lease_dirty.len()
+            + 16) as u64;
+        let available =
+            self.pager.free.len() as u64 + (self.pager.file_pages - self.pager.high_water);
+        available < need_pages
+            && self
+                .pager
+                .pending_free
+                .front()
+                .is_some_and(|(t, _)| *t > durable)
+    }
+
     pub(crate) fn oldest_snapshot(&self) -> Option<u64> {
         self.snapshots.borrow().keys().next().copied()
     }
@@ -1189,20 +1240,7 @@ impl Store {
         // Pages freed by commits still syncing become reusable once those are
         // durable. When this commit may need more than is free now, wait for
         // that rather than grow the file for good.
-        let need_pages = (self.pending_bytes / (PAGE_SIZE_BYTES / 2)
-            + self.pending_deletes.len() / 4
-            + self.lease_dirty.len()
-            + 16) as u64;
-        let available =
-            self.pager.free.len() as u64 + (self.pager.file_pages - self.pager.high_water);
-        let durable = self.meta_writer.durable_txn();
-        if available < need_pages
-            && self
-                .pager
-                .pending_free
-                .front()
-                .is_some_and(|(t, _)| *t > durable)
-        {
+        if self.must_wait_for_free_pages(self.meta_writer.durable_txn()) {
             self.meta_writer.wait_durable(self.committed.txn)?;
             let oldest = self.oldest_snapshot();
             let durable = self.meta_writer.durable_txn();

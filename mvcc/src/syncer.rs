@@ -116,6 +116,22 @@ impl MetaWriter {
         }
     }
 
+    /// Whether the background syncer has failed (the store is poisoned).
+    pub(crate) fn has_failed(&self) -> bool {
+        match &self.mode {
+            Mode::Inline { .. } => false,
+            Mode::Thread { shared, .. } => {
+                shared.failure.lock().expect("sync failure lock").is_some()
+            }
+        }
+    }
+
+    /// Whether handing over one more commit, with `in_flight` commits not yet
+    /// durable, could wait for the syncer's queue.
+    pub(crate) fn would_wait(&self, in_flight: u64) -> bool {
+        matches!(self.mode, Mode::Thread { .. }) && in_flight >= MAX_INFLIGHT_COMMITS as u64
+    }
+
     fn failure(&self) -> Option<StorageError> {
         let Mode::Thread { shared, .. } = &self.mode else {
             return None;

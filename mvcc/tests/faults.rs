@@ -3,7 +3,9 @@
 //! with an error naming the file and page; a write or sync error poisons the
 //! store until reopened; a full disk is reported as such; a second opener is
 //! locked out; damaged or incomplete snapshot streams are refused; keys and
-//! values of any bytes and sizes up to the store's format limit round-trip.
+//! values of any bytes and sizes up to the store's format limit round-trip;
+//! a stalled background sync defers commits instead of blocking the applier,
+//! and a failed one still surfaces.
 
 use cairn_mvcc::*;
 
@@ -268,4 +270,73 @@ fn any_bytes_and_sizes_up_to_the_limit_round_trip() {
         "{}",
         store.size_in_use_bytes()
     );
+}
+
+/// A store on a real file whose syncs obey the control file `faults`.
+fn open_with_sync_faults(dir: &std::path::Path) -> Store {
+    let cfg = Config {
+        sync_faults: Some(dir.join("faults")),
+        ..Config::default()
+    };
+    Store::open(dir, 0, cfg).unwrap()
+}
+
+#[test]
+fn a_stalled_syncer_defers_commits_and_they_land_once_it_recovers() {
+    let dir = tempfile::tempdir().unwrap();
+    let control = dir.path().join("faults");
+    let mut store = open_with_sync_faults(dir.path());
+    std::fs::write(&control, "store-stall 2000").unwrap();
+    // Many more commits than the syncer's queue holds, while its first sync
+    // sleeps: the ones past the queue are left pending, not waited for.
+    for i in 1..=64u64 {
+        store
+            .apply(i, &put(format!("k{i}").as_bytes(), b"v"))
+            .unwrap();
+        store.commit_unless_busy().unwrap();
+    }
+    assert!(
+        store.commit_stats().deferred > 0,
+        "no commit was deferred: {:?}",
+        store.commit_stats()
+    );
+    assert_eq!(
+        get(&store, b"k64").as_deref(),
+        Some(&b"v"[..]),
+        "reads see pending changes"
+    );
+    std::fs::write(&control, "none").unwrap();
+    // Bounded by progress: the syncer drains, then the deferred changes commit.
+    let mut rounds = 0;
+    while store.committed_index() < 64 {
+        store.commit_unless_busy().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        rounds += 1;
+        assert!(rounds < 2_000, "the deferred commit never landed");
+    }
+    store.sync().unwrap();
+    drop(store);
+    let store = open_with_sync_faults(dir.path());
+    assert_eq!(store.applied_index(), 64);
+    assert_eq!(get(&store, b"k1").as_deref(), Some(&b"v"[..]));
+}
+
+#[test]
+fn a_failed_sync_is_reported_not_deferred_forever() {
+    let dir = tempfile::tempdir().unwrap();
+    let control = dir.path().join("faults");
+    let mut store = open_with_sync_faults(dir.path());
+    std::fs::write(&control, "store-error").unwrap();
+    let mut failed = None;
+    for i in 1..=2_000u64 {
+        store.apply(i, &put(b"k", b"v")).unwrap();
+        if let Err(e) = store.commit_unless_busy() {
+            failed = Some(e);
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let e = failed.expect("the failed sync never surfaced");
+    assert!(e.to_string().contains("Input/output error"), "{e}");
+    assert!(store.is_poisoned());
 }

@@ -41,10 +41,12 @@ impl Shard {
 
     /// Writes what was applied since the last commit to the store file. Off the
     /// write path: the WAL already made every applied entry durable, so a commit
-    /// only bounds how much a restart replays.
+    /// only bounds how much a restart replays. While the store's syncer is
+    /// behind (a slow disk), the commit is left for a later turn rather than
+    /// wait on this core, where every other shard of the core would wait too.
     pub(super) fn commit_store(&mut self) {
         let started = Instant::now();
-        match self.store.commit() {
+        match self.store.commit_unless_busy() {
             Ok(wrote) => {
                 if wrote {
                     if let Some(m) = &self.metrics {
