@@ -4,10 +4,11 @@
 //! kills -9 and restarts members (one or all), and stops them with SIGSTOP.
 //! Checkers judge the recorded history: linearizable registers and CAS per
 //! key, lease-based locks never held by two clients at once, watchers that
-//! see every event once and in order across reconnects, and no acknowledged
-//! write lost when the whole cluster is killed and restarted. Guards against
-//! stale or lost reads and writes under faults, split-brain locks, and watch
-//! gaps; a planted bug (serializable reads judged as linearizable) shows the
+//! see every event once and in order across reconnects, no acknowledged
+//! write lost when the whole cluster is killed and restarted, and multi-key
+//! list-append txns strictly serializable (Elle's inference). Guards against
+//! stale or lost reads and writes under faults, split-brain locks, watch
+//! gaps, and txns that break atomicity or isolation; a planted bug (serializable reads judged as linearizable) shows the
 //! checkers catch what they claim to.
 //!
 //! The short run is part of the normal suite (`cargo test --test faults`).
@@ -25,12 +26,14 @@ mod common;
 
 mod faults {
     pub mod cluster;
+    pub mod elle;
     pub mod history;
     pub mod linearizable;
     pub mod locks;
     pub mod nemesis;
     pub mod proxy;
     pub mod run;
+    pub mod txns;
     pub mod watches;
     pub mod workload;
 }
@@ -70,6 +73,11 @@ async fn short_run_over_every_fault_finds_no_anomaly() {
         report.table()
     );
     assert!(
+        report.txn_ok > 100,
+        "too few txns committed to judge\n{}",
+        report.table()
+    );
+    assert!(
         report.lock_holds > 0,
         "no lock was ever held\n{}",
         report.table()
@@ -96,6 +104,7 @@ async fn short_run_catches_planted_stale_reads() {
         let mut cfg = RunConfig::short(&[Fault::PartitionHalves, Fault::OneWay]);
         cfg.duration = Duration::from_secs(21);
         cfg.lockers = 0;
+        cfg.txn_clients = 0;
         cfg.serializable_reads = true;
         let report = run(cfg).await;
         println!("run {attempt}\n{}", report.table());

@@ -1,7 +1,7 @@
-//! One bench run: a cluster behind proxies, register clients, watchers and
-//! lockers working while the nemesis injects faults; then every fault
-//! healed, the whole cluster killed -9 and restarted, a final read of every
-//! key, and every checker over what was recorded.
+//! One bench run: a cluster behind proxies, register clients, watchers,
+//! lockers and txn clients working while the nemesis injects faults; then
+//! every fault healed, the whole cluster killed -9 and restarted, a final
+//! read of every key, and every checker over what was recorded.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -12,10 +12,12 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use super::cluster::{direct_client, Bench, OP_TIMEOUT};
+use super::elle;
 use super::history::{History, Outcome, Record, RegOp, RegOut};
 use super::linearizable;
 use super::locks::{self, LockLog, Locker};
 use super::nemesis::{Fault, Nemesis};
+use super::txns::{self, TxnClient, TxnKeys, TxnLog};
 use super::watches::{self, WatchLog, Watcher, WATCH_PREFIX};
 use super::workload::{self, register_key, RegisterClient, Values};
 
@@ -28,7 +30,11 @@ pub struct RunConfig {
     pub register_clients: usize,
     pub watchers: usize,
     pub lockers: usize,
+    /// Clients running multi-key list-append txns.
+    pub txn_clients: usize,
     pub keys: usize,
+    /// Keys the txns read and append to at a time.
+    pub txn_keys: usize,
     pub faults: Vec<Fault>,
     /// How long the nemesis works.
     pub duration: Duration,
@@ -47,7 +53,9 @@ impl RunConfig {
             register_clients: 4,
             watchers: 2,
             lockers: 2,
+            txn_clients: 2,
             keys: 3,
+            txn_keys: 8,
             faults: faults.to_vec(),
             duration: Duration::from_secs(56),
             hold: Duration::from_secs(4),
@@ -78,6 +86,12 @@ pub struct RunReport {
     pub unknown: usize,
     pub lock_holds: usize,
     pub fenced_writes: usize,
+    /// The clients' txns: committed, certainly not, unknown; and unknown
+    /// ones a read showed committed.
+    pub txn_ok: usize,
+    pub txn_failed: usize,
+    pub txn_unknown: usize,
+    pub txn_unknown_committed: usize,
     pub watch_events: Vec<usize>,
     pub watch_reconnects: u64,
     pub watch_cancels: usize,
@@ -119,6 +133,17 @@ impl RunReport {
             "| {} | {} | {} | {} | {} | {} |\n",
             self.ops, self.ok, self.failed, self.unknown, self.unknown_applied, self.unknown_never
         ));
+        t.push_str(
+            "| txns | ok | failed | unknown | unknown, read committed |\n|---|---|---|---|---|\n",
+        );
+        t.push_str(&format!(
+            "| {} | {} | {} | {} | {} |\n",
+            self.txn_ok + self.txn_failed + self.txn_unknown,
+            self.txn_ok,
+            self.txn_failed,
+            self.txn_unknown,
+            self.txn_unknown_committed
+        ));
         t.push_str(&format!(
             "lock holds {}, fenced writes {}, watch events per watcher {:?}, watch reconnects {}, watch cancels {}\n",
             self.lock_holds, self.fenced_writes, self.watch_events, self.watch_reconnects, self.watch_cancels
@@ -150,6 +175,10 @@ impl RunReport {
             "unknown_applied": self.unknown_applied, "unknown_never": self.unknown_never,
             "check_s": self.check_time.as_secs_f64(),
             "lock_holds": self.lock_holds, "fenced_writes": self.fenced_writes,
+            "txns": {
+                "ok": self.txn_ok, "failed": self.txn_failed, "unknown": self.txn_unknown,
+                "unknown_committed": self.txn_unknown_committed,
+            },
             "watch_events": self.watch_events,
             "anomalies": self.anomalies.iter().map(|(c, a)| (*c, a.len())).collect::<BTreeMap<_, _>>(),
             "gave_up_keys": self.gave_up_keys.len(),
@@ -161,7 +190,7 @@ impl RunReport {
 
 pub async fn run(cfg: RunConfig) -> RunReport {
     let started = Instant::now();
-    let clients = cfg.register_clients + cfg.watchers + cfg.lockers;
+    let clients = cfg.register_clients + cfg.watchers + cfg.lockers + cfg.txn_clients;
     let mut bench = Bench::start(cfg.members, clients).await;
     bench.wait_writable(RECOVERY_BOUND).await;
     let mut rng = SmallRng::seed_from_u64(cfg.seed);
@@ -227,6 +256,27 @@ pub async fn run(cfg: RunConfig) -> RunReport {
             .run(),
         ));
     }
+    let txn_log = Arc::new(TxnLog::default());
+    let txn_keys = TxnKeys::new(cfg.txn_keys);
+    // Their own generator, so the nemesis's schedule for a seed is the same
+    // with or without txn clients.
+    let mut txn_rng = SmallRng::seed_from_u64(cfg.seed.rotate_left(32));
+    for t in 0..cfg.txn_clients {
+        let c = cfg.register_clients + cfg.watchers + cfg.lockers + t;
+        tasks.push(tokio::spawn(
+            TxnClient {
+                id: t,
+                endpoints: bench.client_endpoints(c),
+                keys: txn_keys.clone(),
+                values: values.clone(),
+                clock: history.clone(),
+                log: txn_log.clone(),
+                stop: stop.clone(),
+                seed: txn_rng.gen(),
+            }
+            .run(),
+        ));
+    }
 
     let mut nemesis = Nemesis::new(SmallRng::seed_from_u64(rng.gen()));
     let until = Instant::now() + cfg.duration;
@@ -256,6 +306,7 @@ pub async fn run(cfg: RunConfig) -> RunReport {
     bench.refresh_pids();
     bench.wait_writable(RECOVERY_BOUND).await;
     let final_reads = read_every_key(&bench, &history, cfg.keys).await;
+    txns::read_final(&bench, &history, &txn_log, txn_keys.used(), RECOVERY_BOUND).await;
 
     // Watchers must reach the last revision; they stopped at the flag, so
     // run fresh ones from where each stopped.
@@ -323,6 +374,12 @@ pub async fn run(cfg: RunConfig) -> RunReport {
     report.unknown_applied = resolved.applied;
     report.unknown_never = resolved.never;
     report.anomalies.insert("lock", locks::check(&lock_log));
+    let txn_verdict = elle::check(&txn_log.records());
+    report
+        .anomalies
+        .insert("txn-serializability", txn_verdict.anomalies);
+    (report.txn_ok, report.txn_failed, report.txn_unknown) = txn_log.counts();
+    report.txn_unknown_committed = txn_verdict.committed_unknown;
     report.lock_holds = lock_log.holds.lock().unwrap().len();
     report.fenced_writes = lock_log.fenced.lock().unwrap().len();
     report.watch_events = watch_logs
