@@ -315,6 +315,26 @@ impl Shard {
             tokio::select! {
                 biased;
                 _ = setup.shutdown.changed() => break,
+                // The tick first: it is ready once per interval, so it
+                // cannot starve the queues below, and a flood of peer
+                // messages or commands cannot starve it (elections,
+                // heartbeats and lease expiry run on it).
+                _ = ticker.tick() => {
+                    if self.failed.is_none() {
+                        self.node.tick();
+                        self.maybe_hand_over_leadership();
+                        self.expire_leases();
+                        // Watchers that were behind (full queues) catch up.
+                        if !self.watchers.is_empty() {
+                            self.watchers.notify(self.id, &self.store);
+                        }
+                        if last_commit.elapsed() >= STORE_COMMIT_INTERVAL {
+                            self.commit_store();
+                            last_commit = Instant::now();
+                        }
+                    }
+                    self.expire();
+                }
                 durable = self.durable.wait_for(oldest_write), if !self.in_flight.is_empty() && self.failed.is_none() => {
                     if !durable {
                         self.fail(self.wal_failure());
@@ -341,22 +361,6 @@ impl Shard {
                             Err(_) => break,
                         }
                     }
-                }
-                _ = ticker.tick() => {
-                    if self.failed.is_none() {
-                        self.node.tick();
-                        self.maybe_hand_over_leadership();
-                        self.expire_leases();
-                        // Watchers that were behind (full queues) catch up.
-                        if !self.watchers.is_empty() {
-                            self.watchers.notify(self.id, &self.store);
-                        }
-                        if last_commit.elapsed() >= STORE_COMMIT_INTERVAL {
-                            self.commit_store();
-                            last_commit = Instant::now();
-                        }
-                    }
-                    self.expire();
                 }
             }
             if self.failed.is_some() {
