@@ -170,7 +170,8 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
 /// client, on the majority side, takes it. The scenario: client A holds the
 /// lock through shard 0's leader and keeps its lease alive there; the leader
 /// and A are cut off from the other members and client B, which keeps trying
-/// to take the lock.
+/// to take the lock. No keep-alive A sends after the cut may be answered with
+/// a TTL: the leader confirms with a quorum before renewing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_leader_does_not_keep_a_lock_for_two() {
     let _one = ONE_RUN.lock().await;
@@ -203,8 +204,10 @@ async fn a_stale_leader_does_not_keep_a_lock_for_two() {
     let others: Vec<usize> = (0..3).filter(|&m| m != leader).collect();
     let mut majority = others.clone();
     majority.push(b_node);
-    let cut_at_ns = history.now_ns();
     bench.net.set_cut(cut_between(&[leader, a_node], &majority));
+    // Taken once the cut is in place: a keep-alive sent after it cannot reach
+    // the majority, nor can the leader's round to confirm it still leads.
+    let cut_at_ns = history.now_ns();
     let contender = Locker {
         id: 1,
         endpoints: others
@@ -242,6 +245,16 @@ async fn a_stale_leader_does_not_keep_a_lock_for_two() {
     assert!(
         holds.iter().any(|h| h.locker == 1),
         "B never took the lock after the cut: the scenario did not happen\n{}",
+        bench.cluster.logs()
+    );
+    // The cut-off leader must not renew on its own word: each renewal waits
+    // for a quorum to confirm it still leads, which the cut denies. (Two
+    // holders need more than one such renewal: the new leader also waits an
+    // election timeout past each TTL; this catches the first.)
+    assert_eq!(
+        renewed_after_cut,
+        0,
+        "the cut-off leader renewed A's lease without a quorum\n{}",
         bench.cluster.logs()
     );
     let anomalies = locks::check(&log);

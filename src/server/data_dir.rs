@@ -193,7 +193,7 @@ fn join_cluster(
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| StartError::Other(format!("runtime for joining: {e}")))?;
+        .map_err(StartError::io("runtime for joining"))?;
     let deadline = std::time::Instant::now() + JOIN_TIMEOUT;
     // A member that has not applied the `member add` yet answers without
     // this member: ask again (any member) until one knows it, or time runs out.

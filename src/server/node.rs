@@ -199,8 +199,7 @@ impl Node {
         let file = prepare_data_dir(&mut config, peer_tls.clone())?;
         warn_if_sharded(config.shards);
         let members = Arc::new(MemberRegistry::new(&config.data_dir, file.clone()));
-        let auth = super::auth::AuthStore::open(&config.data_dir, config.auth.clone())
-            .map_err(|e| StartError::Other(format!("auth state: {e}")))?;
+        let auth = super::auth::AuthStore::open(&config.data_dir, config.auth.clone())?;
         let routing = RoutingTable::new(config.shards, config.cores);
         let mut senders = Vec::new();
         let mut commands = Vec::new();
@@ -233,7 +232,7 @@ impl Node {
             })?;
             let bound = first
                 .local_addr()
-                .map_err(|e| StartError::Other(e.to_string()))?;
+                .map_err(StartError::io("the client port's address"))?;
             client_addrs.push(bound);
             client_listeners[0].push(first);
             for listeners in client_listeners.iter_mut().skip(1) {
@@ -253,10 +252,10 @@ impl Node {
             })?;
         peer_listener
             .set_nonblocking(true)
-            .map_err(|e| StartError::Other(e.to_string()))?;
+            .map_err(StartError::io("the peer port"))?;
         let peer_addr = peer_listener
             .local_addr()
-            .map_err(|e| StartError::Other(e.to_string()))?;
+            .map_err(StartError::io("the peer port's address"))?;
 
         let net = cairn_net::Config {
             cluster_id: file.cluster_id,
@@ -269,8 +268,7 @@ impl Node {
             .map(|s| (s, routing.core_for_shard(s)))
             .collect();
         let (registry, recorders) =
-            crate::ops::server_metrics::server_metrics(config.cores, &placement)
-                .map_err(|e| StartError::Other(format!("metrics registry: {e}")))?;
+            crate::ops::server_metrics::server_metrics(config.cores, &placement)?;
         let shard_ids: Vec<u32> = routing.shard_ids().collect();
         let readiness = crate::ops::readiness::Readiness::new(&shard_ids);
         let endpoints = crate::ops::http::OpsEndpoints::new(
@@ -321,7 +319,7 @@ impl Node {
                 }
             },
         )
-        .map_err(|e| StartError::Other(format!("starting core threads: {e}")))?;
+        .map_err(StartError::io("starting core threads"))?;
         Ok(Node {
             cores,
             shutdown: shutdown_tx,
@@ -353,7 +351,7 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
 
     let (wal, mut recovered) = cairn_wal::Wal::open(wal_config(config, core))
         .await
-        .map_err(|e| StartError::Other(format!("core {core}: opening its WAL: {e}")))?;
+        .map_err(|source| StartError::Wal { core, source })?;
     if let Some((file, offset, reason)) = &recovered.torn_tail {
         tracing::warn!(core, file = %file.display(), offset, reason = %reason, "WAL torn tail cut");
     }
@@ -412,7 +410,10 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
             }
             peers
                 .dial(shard, m.id, &m.peer_urls)
-                .map_err(|e| StartError::Other(format!("member {:x}: {e}", m.id)))?;
+                .map_err(|reason| StartError::Peer {
+                    member: m.id,
+                    reason,
+                })?;
         }
     }
 
@@ -453,7 +454,7 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
             auth: Some(shared.auth.clone()),
             disk_faults: config.test_disk_faults.clone(),
         };
-        let driver = Shard::open(&mut setup).map_err(|e| StartError::Other(e.to_string()))?;
+        let driver = Shard::open(&mut setup)?;
         tokio::task::spawn_local(driver.run(setup));
     }
 
@@ -465,8 +466,8 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
             .expect("peer listener")
             .take()
             .expect("taken once");
-        let listener = tokio::net::TcpListener::from_std(listener)
-            .map_err(|e| StartError::Other(format!("peer listener: {e}")))?;
+        let listener =
+            tokio::net::TcpListener::from_std(listener).map_err(StartError::io("peer listener"))?;
         // The peer port speaks TLS when its URL is https://.
         let accept_tls = config
             .listen_peer_https
@@ -561,7 +562,7 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
             })
             .flatten();
         let listener = tokio::net::TcpListener::from_std(listener)
-            .map_err(|e| StartError::Other(format!("client listener: {e}")))?;
+            .map_err(StartError::io("client listener"))?;
         let kv = KvService {
             router: shared.router.clone(),
             identity: shared.identity.clone(),
@@ -666,7 +667,7 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
         for &addr in &config.listen_metrics_addrs {
             let listener = crate::ops::http::bind(addr)
                 .await
-                .map_err(|e| StartError::Other(format!("--listen-metrics-urls: {e}")))?;
+                .map_err(StartError::MetricsListener)?;
             let endpoints = shared.endpoints.clone();
             let mut stop = shared.shutdown.clone();
             tokio::task::spawn_local(async move {
