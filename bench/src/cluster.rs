@@ -117,6 +117,29 @@ impl MemberProcess {
     }
 }
 
+/// CPU time (user + system, every thread) process `pid` has used so far,
+/// from `/proc/<pid>/stat`.
+pub fn process_cpu_time(pid: u32) -> std::io::Result<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // The command name may hold spaces: fields are counted after its ')'.
+    let bad = || std::io::Error::new(std::io::ErrorKind::InvalidData, "unexpected /proc stat");
+    let rest = stat.rfind(')').map(|i| &stat[i + 1..]).ok_or_else(bad)?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after ')'.
+    let tick = |i: usize| -> std::io::Result<u64> {
+        fields.get(i).and_then(|f| f.parse().ok()).ok_or_else(bad)
+    };
+    let ticks = tick(11)? + tick(12)?;
+    // SAFETY: sysconf only reads a configuration value.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    let per_second = if per_second > 0 {
+        per_second as u64
+    } else {
+        100
+    };
+    Ok(Duration::from_micros(ticks * 1_000_000 / per_second))
+}
+
 #[derive(Debug)]
 pub struct LocalCluster {
     pub system: System,
@@ -524,6 +547,15 @@ impl LocalCluster {
 
     /// The `cairn-bench` options that reach this cluster as `user` (TLS
     /// options when it has TLS; `--user` when given).
+    /// CPU time the running members have used so far, summed; None when a
+    /// member's is unreadable (it is not running).
+    pub fn cpu_time(&self) -> Option<Duration> {
+        self.members
+            .iter()
+            .map(|m| process_cpu_time(m.pid()?).ok())
+            .sum()
+    }
+
     pub fn client_args(&self, user: Option<&Credentials>) -> Vec<String> {
         let mut args = self
             .tls
@@ -622,5 +654,30 @@ impl LocalCluster {
 impl Drop for LocalCluster {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_process_cpu_time_grows_with_work() {
+        let me = std::process::id();
+        let before = process_cpu_time(me).unwrap();
+        // Busy until the clock-tick counters move (a loaded machine may give
+        // this thread little CPU), bounded.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut x = 0u64;
+        while process_cpu_time(me).unwrap() <= before {
+            assert!(
+                Instant::now() < deadline,
+                "CPU time never grew from {before:?}"
+            );
+            for _ in 0..1_000_000 {
+                x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
+            }
+        }
+        assert!(process_cpu_time(u32::MAX).is_err(), "no such process");
     }
 }

@@ -6,6 +6,7 @@
 //! any cluster.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::Args;
 use serde_json::{json, Value};
@@ -212,8 +213,13 @@ pub async fn run(
                 );
                 let cli = parse_preset("compare", preset, &args, global)?;
                 let system = cluster.system.name().to_owned();
+                let cpu_before = cluster.cpu_time();
                 let report = match run_preset(&cli, preset, system, progress).await {
-                    Ok(report) => report,
+                    Ok(mut report) => {
+                        report.server_cpu_us_per_op =
+                            cpu_per_op(cpu_before, cluster.cpu_time(), &report);
+                        report
+                    }
                     Err(e) => {
                         // One system lacking a feature must not cost the other's row.
                         run_failed(&mut failed, preset, cluster.system, &e);
@@ -255,6 +261,14 @@ pub async fn run(
     }
     println!("{summary}");
     Ok(())
+}
+
+/// The members' CPU time over a run divided by the requests it answered
+/// (warm-up included, as the CPU time is), in microseconds.
+fn cpu_per_op(before: Option<Duration>, after: Option<Duration>, report: &Report) -> Option<f64> {
+    let used = after?.checked_sub(before?)?;
+    let requests = report.requests() + report.warmup_requests;
+    (requests > 0).then(|| used.as_secs_f64() * 1e6 / requests as f64)
 }
 
 fn ratio(cairn: Option<f64>, etcd: Option<f64>) -> String {
@@ -332,6 +346,25 @@ fn table(
             cell(row, System::Cairn, p999(System::Cairn), 3),
             figure(errs(System::Etcd), 0),
             figure(errs(System::Cairn), 0),
+        ));
+    }
+    out.push_str(
+        "\nServer CPU per request: user + system time of the members over a run (warm-up included) divided by the requests answered, in µs\n\n",
+    );
+    out.push_str("| workload | etcd CPU µs/op | cairn CPU µs/op | ratio |\n|---|---:|---:|---:|\n");
+    for row in rows {
+        let cpu = |system: System| {
+            row.results
+                .iter()
+                .find(|(s, _)| *s == system)
+                .and_then(|(_, r)| r.server_cpu_us_per_op)
+        };
+        out.push_str(&format!(
+            "| {} | {} | {} | {} |\n",
+            row.preset.name(),
+            cell(row, System::Etcd, cpu(System::Etcd), 1),
+            cell(row, System::Cairn, cpu(System::Cairn), 1),
+            ratio(cpu(System::Cairn), cpu(System::Etcd)),
         ));
     }
     for (system, why) in not_measured {

@@ -152,6 +152,7 @@ pub async fn run(
         warmup: global.warmup(),
         warmup_requests,
         recorder: measured.recorder,
+        server_cpu_us_per_op: None,
     })
 }
 

@@ -365,6 +365,7 @@ pub async fn run(global: &GlobalOpts, spec: Spec, progress: bool) -> Result<Repo
         warmup: global.warmup(),
         warmup_requests,
         recorder: measured.recorder,
+        server_cpu_us_per_op: None,
     })
 }
 

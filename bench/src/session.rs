@@ -137,11 +137,14 @@ pub(crate) fn print_run(global: &GlobalOpts, report: &Report) {
     say(
         global,
         &format!(
-            "    {:.0} req/s, p50 {:.3} ms, p99 {:.3} ms, errors {}",
+            "    {:.0} req/s, p50 {:.3} ms, p99 {:.3} ms, errors {}{}",
             report.requests_per_sec(),
             report.p50_ms(),
             report.p99_ms(),
-            report.errors()
+            report.errors(),
+            report
+                .server_cpu_us_per_op
+                .map_or(String::new(), |us| format!(", server CPU {us:.1} µs/op"))
         ),
     );
 }
@@ -230,6 +233,7 @@ mod tests {
                 }
                 r
             },
+            server_cpu_us_per_op: None,
         };
         let m = median(vec![report(30), report(10), report(20)]).unwrap();
         assert_eq!(m.requests(), 20);

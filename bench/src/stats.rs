@@ -120,6 +120,10 @@ pub struct Report {
     pub warmup: Duration,
     pub warmup_requests: u64,
     pub recorder: Recorder,
+    /// CPU time (user + system) the measured members used over the run,
+    /// warm-up included, per request answered, in microseconds; known when
+    /// the bench started the members itself (`compare`).
+    pub server_cpu_us_per_op: Option<f64>,
 }
 
 fn ms(us: u64) -> f64 {
@@ -196,6 +200,7 @@ impl Report {
             "p999_ms": round(self.p999_ms()),
             "p9999_ms": round(self.p9999_ms()),
             "max_ms": round(self.max_ms()),
+            "server_cpu_us_per_op": self.server_cpu_us_per_op.map(round),
         })
     }
 
@@ -279,6 +284,7 @@ mod tests {
             warmup: Duration::ZERO,
             warmup_requests: 0,
             recorder: a,
+            server_cpu_us_per_op: None,
         };
         assert_eq!(report.requests(), 1000);
         assert_eq!(report.errors(), 1);

@@ -308,6 +308,7 @@ mod tests {
                 warmup: std::time::Duration::ZERO,
                 warmup_requests: 0,
                 recorder,
+                server_cpu_us_per_op: None,
             }
         };
         let p50 = median_p50_ms(&[run(900), run(500), run(700)]).unwrap();

@@ -263,6 +263,7 @@ pub async fn run(
         warmup: global.warmup(),
         warmup_requests,
         recorder,
+        server_cpu_us_per_op: None,
     })
 }
 

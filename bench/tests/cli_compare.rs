@@ -127,6 +127,14 @@ fn compare_says_plainly_when_cairn_is_missing() {
             > 0
     );
     assert!(summary["not_measured"]["cairn"].is_string());
+    // The members' CPU per request, for the system that ran.
+    assert!(
+        summary["compare"][0]["results"]["etcd"]["server_cpu_us_per_op"]
+            .as_f64()
+            .is_some_and(|us| us > 0.0),
+        "etcd's CPU per request in {summary}"
+    );
+    assert!(stdout.contains("| workload | etcd CPU µs/op |"), "{stdout}");
     // With one system started there is nothing to pause, and the header and
     // summary say so.
     assert_eq!(summary["others_paused"], false);
