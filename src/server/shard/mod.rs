@@ -70,6 +70,7 @@ use crate::server::entry;
 use crate::server::errors::ApiError;
 
 mod apply;
+mod held_snapshot;
 mod lease_clock;
 mod leases;
 mod membership;
@@ -82,6 +83,7 @@ mod snapshots;
 mod tests;
 mod watchers;
 
+use held_snapshot::HeldSnapshot;
 use lease_clock::LeaseClock;
 pub use lease_clock::MAX_LEASE_TTL_SECS;
 use pipeline::{InFlightWrite, Waiter};
@@ -266,11 +268,8 @@ pub struct Shard {
     nospace_alarm: bool,
     /// Set once the store or WAL failed: the shard refuses writes until restart.
     failed: Option<String>,
-    /// The received snapshot Raft accepted and has yet to see installed, by
-    /// its index: its store chunks and the member table that came with it.
-    /// One Raft refused is never kept (it is never installed), so a stream of
-    /// refused ones cannot push out the one Raft waits for.
-    incoming_snapshot: Option<(u64, IncomingSnapshot)>,
+    /// The data of the received snapshot Raft waits to see installed.
+    held_snapshot: HeldSnapshot,
     /// Membership after each conf change applied since the log's snapshot
     /// metadata, by entry index: a compaction records the membership at its
     /// own index, not the applied one.
@@ -536,22 +535,15 @@ impl Shard {
                         .ok()
                         .filter(|t| t.cluster_id == self.members.cluster_id());
                     self.step(msg);
-                    // Raft takes a snapshot by making it the one it waits to
-                    // see persisted; only that one is ever installed.
                     let pending = self.node.pending_snapshot_index();
-                    if pending == Some(index) {
-                        self.incoming_snapshot =
-                            Some((index, IncomingSnapshot { chunks, members }));
-                    } else {
+                    let incoming = IncomingSnapshot { chunks, members };
+                    if !self.held_snapshot.received(index, incoming, pending) {
                         tracing::info!(
                             shard = self.id,
                             index,
                             ?pending,
                             "snapshot not taken by raft; dropped"
                         );
-                        if self.incoming_snapshot.as_ref().map(|(i, _)| *i) != pending {
-                            self.incoming_snapshot = None;
-                        }
                     }
                 }
                 Err(e) => {

@@ -198,7 +198,7 @@ impl Shard {
             leader_since: None,
             nospace_alarm: false,
             failed: None,
-            incoming_snapshot: None,
+            held_snapshot: HeldSnapshot::default(),
             conf_history,
             snapshot_reports_tx,
             snapshot_reports,

@@ -328,16 +328,7 @@ impl Shard {
     /// snapshot's index) and entries durable.
     pub(super) async fn install_snapshot(&mut self, snapshot: &Snapshot) -> Result<(), String> {
         let md = snapshot.metadata.clone().unwrap_or_default();
-        let incoming = match self.incoming_snapshot.take() {
-            Some((index, incoming)) if index == md.index => incoming,
-            held => {
-                return Err(format!(
-                    "raft accepted a snapshot at index {} but the data held is for {:?}",
-                    md.index,
-                    held.map(|(index, _)| index)
-                ))
-            }
-        };
+        let incoming = self.held_snapshot.take(md.index)?;
         let IncomingSnapshot { chunks, members } = incoming;
         let new_dir = swap_dir(&self.dir, "new");
         let old_dir = swap_dir(&self.dir, "old");
