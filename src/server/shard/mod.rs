@@ -79,6 +79,7 @@ mod pipeline;
 mod proposals;
 mod reads;
 mod snapshots;
+mod store_swap;
 #[cfg(test)]
 mod tests;
 mod watchers;
@@ -91,8 +92,7 @@ use proposals::HeldWrite;
 use reads::{read_context_counter, PendingRead, PendingRenewal, ReadRound};
 pub(crate) use snapshots::write_snapshot_meta;
 use snapshots::{
-    apply_pending_table, decode_snapshot_stream, finish_interrupted_swap, read_snapshot_meta,
-    IncomingSnapshot,
+    apply_pending_table, decode_snapshot_stream, read_snapshot_meta, IncomingSnapshot,
 };
 
 /// Inputs drained per turn before Raft's Ready is processed: bounds the time one

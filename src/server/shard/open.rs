@@ -8,12 +8,14 @@ impl Shard {
     /// metadata and the WAL, and starts its Raft node.
     pub fn open(setup: &mut ShardSetup) -> Result<Shard, ShardOpenError> {
         let shard = setup.shard;
-        finish_interrupted_swap(&setup.dir).map_err(|e| ShardOpenError::Recovery {
-            shard,
-            what: format!(
-                "finishing an interrupted snapshot install in {}: {e}",
-                setup.dir.display()
-            ),
+        store_swap::finish_interrupted_swap(&mut store_swap::RealFs, &setup.dir).map_err(|e| {
+            ShardOpenError::Recovery {
+                shard,
+                what: format!(
+                    "finishing an interrupted snapshot install in {}: {e}",
+                    setup.dir.display()
+                ),
+            }
         })?;
         std::fs::create_dir_all(&setup.dir).map_err(|e| ShardOpenError::Recovery {
             shard,

@@ -3,6 +3,7 @@
 
 use std::path::Path;
 
+use super::store_swap;
 use super::*;
 use crate::durable_file::sync_dir;
 
@@ -109,47 +110,6 @@ pub(super) fn apply_pending_table(
         .and_then(|()| sync_dir(dir))
         .map_err(|e| format!("removing {}: {e}", path.display()))?;
     Ok(Some(table))
-}
-
-/// `<shard dir>.<suffix>`: where a snapshot's store is built (`new`) and where
-/// the replaced one goes (`old`) while the two are swapped.
-pub(super) fn swap_dir(dir: &Path, suffix: &str) -> PathBuf {
-    let mut name = dir.file_name().unwrap_or_default().to_os_string();
-    name.push(".");
-    name.push(suffix);
-    dir.with_file_name(name)
-}
-
-/// Completes or undoes a snapshot install a crash interrupted. The swap is two
-/// renames (dir -> old, new -> dir): with `dir` gone the new store is complete
-/// and takes its place; with `dir` present the swap never started and the
-/// partial new store is dropped. A leftover old store is removed. Every step
-/// is made durable (the parent directory synced) before the shard opens, so
-/// a second crash cannot bring the undone state back.
-pub(super) fn finish_interrupted_swap(dir: &Path) -> std::io::Result<()> {
-    let new_dir = swap_dir(dir, "new");
-    let old_dir = swap_dir(dir, "old");
-    let parent = match dir.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
-    let mut changed = false;
-    if !dir.exists() && new_dir.exists() {
-        std::fs::rename(&new_dir, dir)?;
-        changed = true;
-    }
-    if new_dir.exists() {
-        std::fs::remove_dir_all(&new_dir)?;
-        changed = true;
-    }
-    if old_dir.exists() {
-        std::fs::remove_dir_all(&old_dir)?;
-        changed = true;
-    }
-    if changed {
-        sync_dir(parent)?;
-    }
-    Ok(())
 }
 
 /// How long a snapshot transfer to a follower may go without sending a chunk
@@ -330,8 +290,7 @@ impl Shard {
         let md = snapshot.metadata.clone().unwrap_or_default();
         let incoming = self.held_snapshot.take(md.index)?;
         let IncomingSnapshot { chunks, members } = incoming;
-        let new_dir = swap_dir(&self.dir, "new");
-        let old_dir = swap_dir(&self.dir, "old");
+        let new_dir = store_swap::swap_dir(&self.dir, "new");
         let _ = std::fs::remove_dir_all(&new_dir);
         let store = mvcc::Store::restore(&new_dir, self.id, self.store_config.clone(), chunks)
             .map_err(|e| format!("restoring the store from a snapshot: {e}"))?;
@@ -366,16 +325,8 @@ impl Shard {
         crate::server::crash_point::reached("snapshot-truncated");
         let old = std::mem::replace(&mut self.store, store);
         drop(old);
-        let swap = || -> std::io::Result<()> {
-            let _ = std::fs::remove_dir_all(&old_dir);
-            std::fs::rename(&self.dir, &old_dir)?;
-            std::fs::rename(&new_dir, &self.dir)?;
-            if let Some(parent) = self.dir.parent() {
-                sync_dir(parent)?;
-            }
-            std::fs::remove_dir_all(&old_dir)
-        };
-        swap().map_err(|e| format!("swapping in the snapshot's store: {e}"))?;
+        store_swap::swap_in(&mut store_swap::RealFs, &self.dir)
+            .map_err(|e| format!("swapping in the snapshot's store: {e}"))?;
         crate::server::crash_point::reached("snapshot-swapped");
         self.snapshot_meta = md.clone();
         self.conf_history.clear();
