@@ -6,38 +6,20 @@
 //! or a supervisor that never hears from it.
 
 mod common;
+#[path = "ops_promtext.rs"]
+mod promtext;
 
 use std::os::unix::net::UnixDatagram;
 use std::time::{Duration, Instant};
 
 use common::{client, http_get, wait_writable, Cluster};
 
-/// The value of an unlabelled sample, checking every line parses as the
-/// Prometheus text format (name, optional labels, value).
+/// The value of an unlabelled sample; the whole exposition must parse.
 fn sample(text: &str, name: &str) -> f64 {
-    let mut found = None;
-    for line in text.lines() {
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        let (series, value) = line
-            .rsplit_once(' ')
-            .unwrap_or_else(|| panic!("bad sample line {line:?}"));
-        let v: f64 = value
-            .parse()
-            .unwrap_or_else(|_| panic!("bad value in {line:?}"));
-        let metric = series.split('{').next().unwrap();
-        assert!(
-            metric
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'),
-            "bad metric name in {line:?}"
-        );
-        if series == name {
-            found = Some(v);
-        }
-    }
-    found.unwrap_or_else(|| panic!("{name} not exported"))
+    promtext::parse(text)
+        .unwrap_or_else(|e| panic!("bad exposition: {e}\n{text}"))
+        .value(name, &[])
+        .unwrap_or_else(|| panic!("{name} not exported once"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,18 +7,19 @@
 //! would stop the ticks and heartbeats of every shard on that core.
 
 mod common;
+#[path = "ops_promtext.rs"]
+mod promtext;
 
 use std::time::{Duration, Instant};
 
 use common::{client, http_get, wait_writable, Cluster};
 
-/// A labelled sample's value in a Prometheus text exposition.
+/// Shard `shard`'s sample `name` in a Prometheus text exposition.
 fn sample(text: &str, name: &str, shard: u32) -> Option<f64> {
-    let label = format!("shard=\"{shard}\"");
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .find(|l| l.starts_with(&format!("{name}{{")) && l.contains(&label))
-        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+    let shard = shard.to_string();
+    promtext::parse(text)
+        .ok()?
+        .value(name, &[("shard", shard.as_str())])
 }
 
 /// Shard `shard`'s (Raft term, leader changes seen) on each member.

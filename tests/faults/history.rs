@@ -70,11 +70,87 @@ pub struct Record {
     pub outcome: Outcome,
 }
 
+/// How a logged operation ended, as counted in a run's table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ended {
+    Ok,
+    Failed,
+    Unknown,
+}
+
+/// A record a [`Log`] holds.
+pub trait Logged: Clone {
+    fn ended(&self) -> Ended;
+    /// Marks an unknown outcome as never completing: it may take effect at
+    /// any time.
+    fn never_completes(&mut self);
+    /// Whether the record is a client's operation (counted in the table).
+    fn counted(&self) -> bool {
+        true
+    }
+}
+
+impl Logged for Record {
+    fn ended(&self) -> Ended {
+        match self.outcome {
+            Outcome::Ok(_) => Ended::Ok,
+            Outcome::Fail => Ended::Failed,
+            Outcome::Unknown => Ended::Unknown,
+        }
+    }
+
+    fn never_completes(&mut self) {
+        self.complete_ns = u64::MAX;
+    }
+}
+
+/// Records of a run, in the order they completed.
+pub struct Log<R> {
+    records: Mutex<Vec<R>>,
+}
+
+impl<R> Default for Log<R> {
+    fn default() -> Self {
+        Log {
+            records: Mutex::new(Vec::new()),
+        }
+    }
+}
+
+impl<R: Logged> Log<R> {
+    pub fn push(&self, mut record: R) {
+        if record.ended() == Ended::Unknown {
+            record.never_completes();
+        }
+        self.records.lock().unwrap().push(record);
+    }
+
+    pub fn records(&self) -> Vec<R> {
+        self.records.lock().unwrap().clone()
+    }
+
+    /// (ok, failed, unknown) counts of the counted records.
+    pub fn counts(&self) -> (usize, usize, usize) {
+        let records = self.records.lock().unwrap();
+        let count = |e: Ended| {
+            records
+                .iter()
+                .filter(|r| r.counted() && r.ended() == e)
+                .count()
+        };
+        (
+            count(Ended::Ok),
+            count(Ended::Failed),
+            count(Ended::Unknown),
+        )
+    }
+}
+
 /// The shared, append-only history of a run.
 #[derive(Clone)]
 pub struct History {
     start: Instant,
-    records: Arc<Mutex<Vec<Record>>>,
+    log: Arc<Log<Record>>,
 }
 
 impl Default for History {
@@ -87,7 +163,7 @@ impl History {
     pub fn new() -> History {
         History {
             start: Instant::now(),
-            records: Arc::new(Mutex::new(Vec::new())),
+            log: Arc::default(),
         }
     }
 
@@ -96,25 +172,16 @@ impl History {
         self.start.elapsed().as_nanos() as u64
     }
 
-    pub fn push(&self, mut record: Record) {
-        if record.outcome == Outcome::Unknown {
-            record.complete_ns = u64::MAX;
-        }
-        self.records.lock().unwrap().push(record);
+    pub fn push(&self, record: Record) {
+        self.log.push(record);
     }
 
     pub fn records(&self) -> Vec<Record> {
-        self.records.lock().unwrap().clone()
+        self.log.records()
     }
 
     /// (ok, failed, unknown) counts.
     pub fn counts(&self) -> (usize, usize, usize) {
-        let records = self.records.lock().unwrap();
-        let count = |f: fn(&Outcome) -> bool| records.iter().filter(|r| f(&r.outcome)).count();
-        (
-            count(|o| matches!(o, Outcome::Ok(_))),
-            count(|o| matches!(o, Outcome::Fail)),
-            count(|o| matches!(o, Outcome::Unknown)),
-        )
+        self.log.counts()
     }
 }

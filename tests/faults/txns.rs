@@ -23,7 +23,7 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
 use super::cluster::{direct_client, Bench, OP_TIMEOUT};
-use super::history::History;
+use super::history::{Ended, History, Log, Logged};
 use super::workload::Values;
 
 /// Every txn key is under it (outside the watchers' register prefix).
@@ -113,41 +113,27 @@ pub struct TxnRecord {
     pub outcome: TxnOutcome,
 }
 
-/// The txns of a run, in the order they completed.
-#[derive(Default)]
-pub struct TxnLog {
-    records: Mutex<Vec<TxnRecord>>,
-}
-
-impl TxnLog {
-    pub fn push(&self, mut record: TxnRecord) {
-        if record.outcome == TxnOutcome::Unknown {
-            record.complete_ns = u64::MAX;
+impl Logged for TxnRecord {
+    fn ended(&self) -> Ended {
+        match self.outcome {
+            TxnOutcome::Ok => Ended::Ok,
+            TxnOutcome::Failed => Ended::Failed,
+            TxnOutcome::Unknown => Ended::Unknown,
         }
-        self.records.lock().unwrap().push(record);
     }
 
-    pub fn records(&self) -> Vec<TxnRecord> {
-        self.records.lock().unwrap().clone()
+    fn never_completes(&mut self) {
+        self.complete_ns = u64::MAX;
     }
 
-    /// (ok, failed, unknown) counts of the clients' txns (the final reads
-    /// left out).
-    pub fn counts(&self) -> (usize, usize, usize) {
-        let records = self.records.lock().unwrap();
-        let count = |o: TxnOutcome| {
-            records
-                .iter()
-                .filter(|r| r.client != FINAL_READER && r.outcome == o)
-                .count()
-        };
-        (
-            count(TxnOutcome::Ok),
-            count(TxnOutcome::Failed),
-            count(TxnOutcome::Unknown),
-        )
+    /// The final reads are the checker's, not a client's.
+    fn counted(&self) -> bool {
+        self.client != FINAL_READER
     }
 }
+
+/// The txns of a run, in the order they completed.
+pub type TxnLog = Log<TxnRecord>;
 
 pub fn encode(list: &[u64]) -> String {
     list.iter()
