@@ -398,3 +398,132 @@ async fn a_member_killed_during_a_snapshot_install_recovers() {
         cluster.logs()
     );
 }
+
+/// The number after `field=` on the first line of `log` that holds `message`.
+fn logged_number(log: &str, message: &str, field: &str) -> Option<u64> {
+    let line = log.lines().find(|l| l.contains(message))?;
+    let at = line.find(&format!("{field}="))? + field.len() + 1;
+    line[at..]
+        .split(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// An old leader's log tail does not outlive the snapshot that replaced it.
+/// Shard 0's leader, its followers killed, appends writes it can never
+/// commit, far past what the others later commit once they are restarted and
+/// it is killed. Restarted, it is sent their snapshot, whose index lies
+/// inside that tail, and dies right after swapping in the store. Restarted
+/// again, it must open with the snapshot's log alone (the tail truncated
+/// before the swap), catch up, and hold every acknowledged write: a log of
+/// the snapshot followed by the older tail would make it vote as if its log
+/// ended there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_old_leaders_tail_does_not_outlive_a_snapshot_install() {
+    // A long election timeout: the cut-off leader takes writes for as long
+    // before check-quorum makes it step down, a loaded machine included.
+    let mut cluster = Cluster::start(
+        3,
+        &[
+            "--shards",
+            "1",
+            "--cores",
+            "1",
+            "--snapshot-count",
+            "100",
+            "--election-timeout",
+            "5000",
+        ],
+    );
+    let mut c = client(&cluster.members[0].endpoint()).await;
+    wait_writable(&mut c, "/warmup").await;
+    let old = shard0_leader(&cluster).await;
+    let others: Vec<usize> = (0..3).filter(|&i| i != old).collect();
+    // Killed, not stopped: a stopped follower's socket would still take in
+    // part of the tail, which it reads once continued.
+    for &i in &others {
+        cluster.members[i].kill9();
+    }
+    // Puts the old leader appends until check-quorum makes it step down;
+    // every one times out.
+    let endpoint = cluster.members[old].endpoint();
+    let stop = Instant::now() + Duration::from_secs(6);
+    let mut writers = Vec::new();
+    for w in 0..4 {
+        let c = client(&endpoint).await;
+        for t in 0..100 {
+            let mut c = c.clone();
+            writers.push(tokio::spawn(async move {
+                let mut seq = 0;
+                while Instant::now() < stop {
+                    let put = c.put(format!("/tail/{w}/{t}/{seq}"), "x", None);
+                    let _ = tokio::time::timeout(Duration::from_millis(500), put).await;
+                    seq += 1;
+                }
+            }));
+        }
+    }
+    for w in writers {
+        w.await.unwrap();
+    }
+    cluster.members[old].kill9();
+    for &i in &others {
+        cluster.members[i].restart();
+    }
+    let mut c = client(&cluster.members[others[0]].endpoint()).await;
+    wait_writable(&mut c, "/crash/resumed").await;
+    let mut acks = Acks::default();
+    put_keys(&mut c, "/crash/after", 300, &mut acks, &cluster).await;
+    // Restarted once more, they forget the messages their links still hold
+    // for the old leader (an append from the start of their term would match
+    // its log and cut the tail), and their logs begin past the old leader's
+    // last committed entry: it can only be sent a snapshot.
+    for &i in &others {
+        cluster.members[i].kill9();
+        cluster.members[i].restart();
+    }
+    let mut c = client(&cluster.members[others[0]].endpoint()).await;
+    wait_writable(&mut c, "/crash/restarted").await;
+
+    let member = &mut cluster.members[old];
+    member.set_env(&[("CAIRN_CRASH_AT", "snapshot-swapped")]);
+    let before = member.log_text().len();
+    member.restart();
+    let deadline = Instant::now() + Duration::from_secs(240);
+    while member.wait_exit(Duration::from_secs(5)).is_none() {
+        let log = member.log_text();
+        assert!(
+            Instant::now() < deadline,
+            "{} never reached snapshot-swapped:\n{}",
+            member.name,
+            &log[before..]
+        );
+    }
+    let log = member.log_text()[before..].to_string();
+    assert!(
+        log.contains("crash point snapshot-swapped reached"),
+        "{log}"
+    );
+    // The test holds only if the snapshot lands inside the old tail.
+    let tail_end = logged_number(&log, "shard recovered", "last_index").expect("last index");
+    let snapshot = logged_number(&log, "snapshot received", "index").expect("snapshot index");
+    eprintln!("the old leader's log ends at {tail_end}; the snapshot is at {snapshot}");
+    assert!(
+        snapshot < tail_end,
+        "the old leader's log ends at {tail_end}, before the snapshot at {snapshot}: \
+         it appended too little to test a tail past the snapshot\n{log}"
+    );
+
+    member.set_env(&[]);
+    let before = member.log_text().len();
+    member.restart();
+    wait_same_hash(&cluster).await;
+    check_acked(&cluster.members[old].endpoint(), &acks).await;
+    let log = cluster.members[old].log_text()[before..].to_string();
+    let opened_at = logged_number(&log, "shard recovered", "last_index").expect("last index");
+    assert_eq!(
+        opened_at, snapshot,
+        "the log was rebuilt past the snapshot from the old tail\n{log}"
+    );
+}

@@ -89,6 +89,24 @@ impl Shard {
                 });
             }
         }
+        // Terms never go down along a log. A tail of an older term behind the
+        // snapshot is one the snapshot replaced, left by an install whose
+        // Truncate did not reach the WAL before its store: this member would
+        // vote as if its log ended there.
+        let mut prev = (snapshot_meta.index, snapshot_meta.term);
+        for e in &entries {
+            if e.term < prev.1 {
+                return Err(ShardOpenError::Recovery {
+                    shard,
+                    what: format!(
+                        "the WAL's entry {} has term {}, below the term {} of index {}: \
+                         a log tail that a snapshot or a newer leader replaced was not truncated",
+                        e.index, e.term, prev.1, prev.0
+                    ),
+                });
+            }
+            prev = (e.index, e.term);
+        }
         if applied < snapshot_meta.index {
             return Err(ShardOpenError::Recovery {
                 shard,
