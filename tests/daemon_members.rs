@@ -153,13 +153,15 @@ async fn learner_joins_is_promoted_and_members_are_removed() {
     let mut c3 = client(&ep3).await;
     // The learner catches up: every key readable locally (serializable).
     // Each shard arrives whole, by snapshot; the wait is bounded by progress
-    // (one more shard caught up), since a loaded machine may take long.
+    // (one more shard caught up). Catch-up took at most 1.6 s in 71 runs on
+    // a loaded machine; 30 s without progress is a stall (a snapshot transfer
+    // abandoned after its 60 s idle timeout would be one), not load.
     let local_count = GetOptions::new()
         .with_prefix()
         .with_serializable()
         .with_count_only();
     let mut caught_up = 0;
-    let mut deadline = Instant::now() + Duration::from_secs(90);
+    let mut deadline = Instant::now() + Duration::from_secs(30);
     while caught_up < 2 {
         let mut now_caught_up = 0;
         for prefix in ["/a/", "/b/"] {
@@ -169,11 +171,11 @@ async fn learner_joins_is_promoted_and_members_are_removed() {
         }
         if now_caught_up > caught_up {
             caught_up = now_caught_up;
-            deadline = Instant::now() + Duration::from_secs(90);
+            deadline = Instant::now() + Duration::from_secs(30);
         }
         assert!(
             Instant::now() < deadline,
-            "the learner has {caught_up} of 2 shards after 90 s without progress:\n{}",
+            "the learner has {caught_up} of 2 shards after 30 s without progress:\n{}",
             cluster.logs()
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
