@@ -1,0 +1,515 @@
+//! Applying writes with etcd's semantics to the in-memory key index and the
+//! pending batch: puts, deletes, txns with their checks, compaction and
+//! leases.
+
+use std::collections::HashSet;
+use std::rc::Rc;
+
+use super::{LeaseState, Store, MAX_REQUEST_BYTES_LIMIT};
+use crate::error::{ApplyError, ReadError};
+use crate::index::End;
+use crate::record::Record;
+use crate::types::*;
+use crate::view::View;
+
+/// Revision allocator of one write transaction.
+struct Tx {
+    main: i64,
+    sub: i64,
+}
+
+impl Tx {
+    fn next(&mut self) -> Revision {
+        let r = Revision {
+            main: self.main,
+            sub: self.sub,
+        };
+        self.sub += 1;
+        r
+    }
+    fn wrote(&self) -> bool {
+        self.sub > 0
+    }
+}
+
+impl Store {
+    /// Applies Raft entry `index` carrying `op`. Request errors (compacted, key
+    /// not found, ...) leave the keyspace unchanged but still advance the applied
+    /// index; the entry was applied, its answer is the error.
+    pub fn apply(&mut self, index: u64, op: &Op) -> Result<OpResult, ApplyError> {
+        if self.poisoned {
+            return Err(ApplyError::Poisoned {
+                file: self.file.to_string(),
+            });
+        }
+        if index <= self.applied_index {
+            return Err(ApplyError::StaleIndex {
+                index,
+                applied: self.applied_index,
+            });
+        }
+        if self.pending_bytes >= self.cfg.max_batch_bytes {
+            return Err(ApplyError::BatchFull {
+                bytes: self.pending_bytes,
+            });
+        }
+        let r = self.apply_op(op);
+        match &r {
+            Err(e) if !e.is_request_error() => {
+                self.poisoned = true;
+                tracing::error!(file = %self.file, index, error = %e, "apply failed; store poisoned");
+            }
+            _ => self.applied_index = index,
+        }
+        r
+    }
+
+    /// Records that Raft entry `index` (one that does not touch the keyspace) is applied.
+    pub fn set_applied_index(&mut self, index: u64) {
+        assert!(
+            index >= self.applied_index,
+            "{}: applied index going back from {} to {index}",
+            self.file,
+            self.applied_index
+        );
+        self.applied_index = index;
+    }
+
+    fn apply_op(&mut self, op: &Op) -> Result<OpResult, ApplyError> {
+        let mut tx = Tx {
+            main: self.current_rev + 1,
+            sub: 0,
+        };
+        let r = match op {
+            Op::Put(p) => {
+                self.check_put(p)?;
+                let mut resp = self.do_put(&mut tx, p)?;
+                resp.revision = tx.main;
+                OpResult::Put(resp)
+            }
+            Op::DeleteRange(d) => {
+                if d.key.is_empty() {
+                    return Err(ApplyError::EmptyKey);
+                }
+                let mut resp = self.do_delete(&mut tx, d)?;
+                resp.revision = if tx.wrote() {
+                    tx.main
+                } else {
+                    self.current_rev
+                };
+                OpResult::DeleteRange(resp)
+            }
+            Op::Txn(t) => OpResult::Txn(self.do_txn_top(&mut tx, t)?),
+            Op::Compact(c) => OpResult::Compact(self.do_compact(c)?),
+            Op::LeaseGrant { id, ttl_secs } => {
+                if *id == 0 {
+                    return Err(ApplyError::LeaseIdZero);
+                }
+                if self.leases.contains_key(id) {
+                    return Err(ApplyError::LeaseExists { id: *id });
+                }
+                self.leases.insert(
+                    *id,
+                    LeaseState {
+                        ttl_secs: *ttl_secs,
+                        ..LeaseState::default()
+                    },
+                );
+                self.lease_dirty.insert(*id);
+                OpResult::LeaseGrant {
+                    revision: self.current_rev,
+                }
+            }
+            Op::LeaseRevoke { id } => {
+                let Some(l) = self.leases.get(id) else {
+                    return Err(ApplyError::LeaseNotFound { id: *id });
+                };
+                let keys: Vec<Vec<u8>> = l.keys.iter().cloned().collect();
+                let mut deleted = 0;
+                for key in keys {
+                    let d = DeleteRangeRequest {
+                        key,
+                        range_end: Vec::new(),
+                        prev_kv: false,
+                    };
+                    deleted += self.do_delete(&mut tx, &d)?.deleted;
+                }
+                self.leases.remove(id);
+                self.lease_dirty.insert(*id);
+                OpResult::LeaseRevoke {
+                    revision: if tx.wrote() {
+                        tx.main
+                    } else {
+                        self.current_rev
+                    },
+                    deleted,
+                }
+            }
+            Op::LeaseCheckpoint {
+                id,
+                remaining_ttl_secs,
+            } => {
+                let Some(l) = self.leases.get_mut(id) else {
+                    return Err(ApplyError::LeaseNotFound { id: *id });
+                };
+                l.remaining_ttl_secs = *remaining_ttl_secs;
+                self.lease_dirty.insert(*id);
+                OpResult::LeaseCheckpoint {
+                    revision: self.current_rev,
+                }
+            }
+        };
+        if tx.wrote() {
+            self.current_rev = tx.main;
+        }
+        Ok(r)
+    }
+
+    fn check_put(&self, p: &PutRequest) -> Result<(), ApplyError> {
+        if p.key.is_empty() {
+            return Err(ApplyError::EmptyKey);
+        }
+        let bytes = p.key.len() + p.value.len();
+        if bytes > MAX_REQUEST_BYTES_LIMIT {
+            return Err(ApplyError::RequestTooLarge {
+                bytes,
+                max: MAX_REQUEST_BYTES_LIMIT,
+            });
+        }
+        if p.ignore_value && !p.value.is_empty() {
+            return Err(ApplyError::ValueProvided);
+        }
+        if p.ignore_lease && p.lease != 0 {
+            return Err(ApplyError::LeaseProvided);
+        }
+        if (p.ignore_value || p.ignore_lease) && !self.index.borrow().is_live(&p.key) {
+            return Err(ApplyError::KeyNotFound);
+        }
+        if !p.ignore_lease && p.lease != 0 && !self.leases.contains_key(&p.lease) {
+            return Err(ApplyError::LeaseNotFound { id: p.lease });
+        }
+        Ok(())
+    }
+
+    fn read_rev(&self, tx: &Tx) -> i64 {
+        if tx.wrote() {
+            tx.main
+        } else {
+            self.current_rev
+        }
+    }
+
+    fn latest_kv(&self, tx: &Tx, key: &[u8]) -> Result<Option<KeyValue>, ReadError> {
+        let at = self.read_rev(tx);
+        let idx = self.index.borrow();
+        match idx.get(key, at) {
+            Some(f) => Ok(Some(self.view(&idx, at).kv(f.modified, false)?)),
+            None => Ok(None),
+        }
+    }
+
+    fn push_record(&mut self, rec: Record) {
+        self.pending_bytes += rec.encoded_len();
+        self.pending.push(Rc::new(rec));
+    }
+
+    fn set_key_lease(&mut self, key: &[u8], lease: i64) {
+        if lease == 0 && self.key_lease.is_empty() {
+            return;
+        }
+        let old = self.key_lease.get(key).copied().unwrap_or(0);
+        if old == lease {
+            return;
+        }
+        if old != 0 {
+            if let Some(l) = self.leases.get_mut(&old) {
+                l.keys.remove(key);
+            }
+            self.key_lease.remove(key);
+        }
+        if lease != 0 {
+            if let Some(l) = self.leases.get_mut(&lease) {
+                l.keys.insert(key.to_vec());
+            }
+            self.key_lease.insert(key.to_vec(), lease);
+        }
+    }
+
+    fn do_put(&mut self, tx: &mut Tx, p: &PutRequest) -> Result<PutResponse, ApplyError> {
+        let prev = if p.prev_kv || p.ignore_value || p.ignore_lease {
+            self.latest_kv(tx, &p.key)?
+        } else {
+            None
+        };
+        let value = match (&prev, p.ignore_value) {
+            (Some(prev), true) => prev.value.clone(),
+            _ => p.value.clone(),
+        };
+        let lease = match (&prev, p.ignore_lease) {
+            (Some(prev), true) => prev.lease,
+            _ => p.lease,
+        };
+        let rev = tx.next();
+        let (created, version) = self.index.borrow_mut().put(&p.key, rev);
+        self.set_key_lease(&p.key, lease);
+        self.push_record(Record {
+            rev,
+            tombstone: false,
+            kv: KeyValue {
+                key: p.key.clone(),
+                create_revision: created.main,
+                mod_revision: rev.main,
+                version,
+                value,
+                lease,
+            },
+        });
+        Ok(PutResponse {
+            revision: rev.main,
+            prev_kv: if p.prev_kv { prev } else { None },
+        })
+    }
+
+    fn do_delete(
+        &mut self,
+        tx: &mut Tx,
+        d: &DeleteRangeRequest,
+    ) -> Result<DeleteRangeResponse, ApplyError> {
+        let at = self.read_rev(tx);
+        let end = End::from_range_end(&d.range_end);
+        let mut keys = Vec::new();
+        self.index
+            .borrow()
+            .visit(&d.key, &end, at, None, false, |k, f| {
+                keys.push((k.to_vec(), f.modified));
+                true
+            });
+        let mut prev_kvs = Vec::new();
+        if d.prev_kv {
+            let idx = self.index.borrow();
+            let v = self.view(&idx, at);
+            for (_, rev) in &keys {
+                prev_kvs.push(v.kv(*rev, false)?);
+            }
+        }
+        for (key, _) in &keys {
+            let rev = tx.next();
+            let live = self.index.borrow_mut().tombstone(key, rev);
+            assert!(
+                live,
+                "{}: deleting key that the index listed as live",
+                self.file
+            );
+            self.set_key_lease(key, 0);
+            self.push_record(Record {
+                rev,
+                tombstone: true,
+                kv: KeyValue {
+                    key: key.clone(),
+                    mod_revision: rev.main,
+                    ..KeyValue::default()
+                },
+            });
+        }
+        Ok(DeleteRangeResponse {
+            revision: tx.main,
+            deleted: keys.len() as i64,
+            prev_kvs,
+        })
+    }
+
+    fn do_compact(&mut self, c: &CompactionRequest) -> Result<CompactionResponse, ApplyError> {
+        let compact = self.compact_rev.get();
+        if c.revision <= compact {
+            return Err(ApplyError::Compacted {
+                revision: c.revision,
+                compact_revision: compact,
+            });
+        }
+        if c.revision > self.current_rev {
+            return Err(ApplyError::FutureRevision {
+                revision: c.revision,
+                current_revision: self.current_rev,
+            });
+        }
+        let removed = self.index.borrow_mut().compact(c.revision);
+        tracing::debug!(file = %self.file, revision = c.revision, removed = removed.len(), "compacted");
+        self.pending_deletes.extend(removed);
+        self.compact_rev.set(c.revision);
+        Ok(CompactionResponse {
+            revision: self.current_rev,
+        })
+    }
+
+    fn do_txn_top(&mut self, tx: &mut Tx, t: &TxnRequest) -> Result<TxnResponse, ApplyError> {
+        check_txn(t)?;
+        let mut path = Vec::new();
+        {
+            let idx = self.index.borrow();
+            let v = self.view(&idx, self.current_rev);
+            txn_path(&v, t, &mut path)?;
+        }
+        let mut pos = 0;
+        self.check_txn_path(t, &path, &mut pos)?;
+        let mut pos = 0;
+        let mut resp = self.do_txn(tx, t, &path, &mut pos)?;
+        let rev = if tx.wrote() {
+            tx.main
+        } else {
+            self.current_rev
+        };
+        set_txn_revision(&mut resp, rev);
+        Ok(resp)
+    }
+
+    /// Checks the ops of the chosen branches before any runs, so a txn is
+    /// applied whole or not at all.
+    fn check_txn_path(
+        &self,
+        t: &TxnRequest,
+        path: &[bool],
+        pos: &mut usize,
+    ) -> Result<(), ApplyError> {
+        let ok = path[*pos];
+        *pos += 1;
+        for op in if ok { &t.success } else { &t.failure } {
+            match op {
+                RequestOp::Put(p) => self.check_put(p)?,
+                RequestOp::DeleteRange(d) if d.key.is_empty() => return Err(ApplyError::EmptyKey),
+                RequestOp::DeleteRange(_) => {}
+                RequestOp::Range(r) => {
+                    if r.key.is_empty() {
+                        return Err(ApplyError::EmptyKey);
+                    }
+                    let idx = self.index.borrow();
+                    self.view(&idx, self.current_rev).check_rev(r.revision)?;
+                }
+                RequestOp::Txn(nested) => self.check_txn_path(nested, path, pos)?,
+            }
+        }
+        Ok(())
+    }
+
+    fn do_txn(
+        &mut self,
+        tx: &mut Tx,
+        t: &TxnRequest,
+        path: &[bool],
+        pos: &mut usize,
+    ) -> Result<TxnResponse, ApplyError> {
+        let succeeded = path[*pos];
+        *pos += 1;
+        let ops = if succeeded { &t.success } else { &t.failure };
+        let mut responses = Vec::with_capacity(ops.len());
+        for op in ops {
+            responses.push(match op {
+                RequestOp::Range(r) => {
+                    let at = self.read_rev(tx);
+                    let idx = self.index.borrow();
+                    ResponseOp::Range(self.view(&idx, at).range(r)?)
+                }
+                RequestOp::Put(p) => ResponseOp::Put(self.do_put(tx, p)?),
+                RequestOp::DeleteRange(d) => ResponseOp::DeleteRange(self.do_delete(tx, d)?),
+                RequestOp::Txn(nested) => ResponseOp::Txn(self.do_txn(tx, nested, path, pos)?),
+            });
+        }
+        Ok(TxnResponse {
+            revision: 0,
+            succeeded,
+            responses,
+        })
+    }
+}
+
+fn set_txn_revision(resp: &mut TxnResponse, rev: i64) {
+    resp.revision = rev;
+    for r in &mut resp.responses {
+        match r {
+            ResponseOp::Range(x) => x.revision = rev,
+            ResponseOp::Put(x) => x.revision = rev,
+            ResponseOp::DeleteRange(x) => x.revision = rev,
+            ResponseOp::Txn(x) => set_txn_revision(x, rev),
+        }
+    }
+}
+
+/// etcd evaluates every compare on the chosen path against the state before
+/// the txn, before running any op.
+fn txn_path(v: &View<'_>, t: &TxnRequest, path: &mut Vec<bool>) -> Result<(), ReadError> {
+    let mut ok = true;
+    for c in &t.compare {
+        if !v.compare(c)? {
+            ok = false;
+            break;
+        }
+    }
+    path.push(ok);
+    for op in if ok { &t.success } else { &t.failure } {
+        if let RequestOp::Txn(nested) = op {
+            txn_path(v, nested, path)?;
+        }
+    }
+    Ok(())
+}
+
+fn in_range(k: &[u8], start: &[u8], end: &End) -> bool {
+    match end {
+        End::Single => k == start,
+        End::Open => k >= start,
+        End::Before(e) => k >= start && k < e.as_slice(),
+    }
+}
+
+type Dels = Vec<(Vec<u8>, End)>;
+
+fn intersects(dels: &Dels, k: &[u8]) -> bool {
+    dels.iter().any(|(s, e)| in_range(k, s, e))
+}
+
+/// etcd's rule: within one path a key is put at most once and never inside a
+/// range the same path deletes.
+/// No limit on the number of ops here: that is the API's `--max-txn-ops`,
+/// checked before proposing, and apply must not depend on a member's flags.
+fn check_intervals(ops: &[RequestOp]) -> Result<(HashSet<Vec<u8>>, Dels), ApplyError> {
+    let mut dels: Dels = ops
+        .iter()
+        .filter_map(|op| match op {
+            RequestOp::DeleteRange(d) => Some((d.key.clone(), End::from_range_end(&d.range_end))),
+            _ => None,
+        })
+        .collect();
+    let mut puts = HashSet::new();
+    for op in ops {
+        let RequestOp::Txn(t) = op else { continue };
+        let (then_puts, then_dels) = check_intervals(&t.success)?;
+        let (else_puts, else_dels) = check_intervals(&t.failure)?;
+        for k in &then_puts {
+            if puts.contains(k) || intersects(&dels, k) {
+                return Err(ApplyError::DuplicateKey);
+            }
+        }
+        for k in &else_puts {
+            if (puts.contains(k) && !then_puts.contains(k)) || intersects(&dels, k) {
+                return Err(ApplyError::DuplicateKey);
+            }
+        }
+        puts.extend(then_puts);
+        puts.extend(else_puts);
+        dels.extend(then_dels);
+        dels.extend(else_dels);
+    }
+    for op in ops {
+        let RequestOp::Put(p) = op else { continue };
+        if puts.contains(&p.key) || intersects(&dels, &p.key) {
+            return Err(ApplyError::DuplicateKey);
+        }
+        puts.insert(p.key.clone());
+    }
+    Ok((puts, dels))
+}
+
+fn check_txn(t: &TxnRequest) -> Result<(), ApplyError> {
+    check_intervals(&t.success)?;
+    check_intervals(&t.failure)?;
+    Ok(())
+}

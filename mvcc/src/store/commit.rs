@@ -1,0 +1,303 @@
+//! The commit and sync path: writing the pending batch to the copy-on-write
+//! file, the background syncer's interplay (deferred commits, waits for
+//! durability and for pages freed by commits still syncing), growth, remap
+//! and shrink of the file.
+
+use std::rc::Rc;
+use std::time::Instant;
+
+use super::{encode_lease, storage_err, Store};
+use crate::btree::{self, Mutation};
+use crate::error::{CommitError, IoOp, StorageError};
+use crate::page::{Meta, META_PAGES, PAGE_SIZE_BYTES};
+use crate::pager::PageSource;
+
+impl Store {
+    /// Waits until every commit so far is durable.
+    pub fn sync(&mut self) -> Result<(), CommitError> {
+        if let Err(e) = self.meta_writer.wait_durable(self.committed.txn) {
+            self.poisoned = true;
+            return Err(e.into());
+        }
+        let oldest = self.oldest_snapshot();
+        let durable = self.meta_writer.durable_txn();
+        self.pager.release_pending(oldest, durable);
+        Ok(())
+    }
+
+    fn has_changes(&self) -> bool {
+        !self.pending.is_empty()
+            || !self.pending_deletes.is_empty()
+            || !self.lease_dirty.is_empty()
+            || self.applied_index != self.committed.applied_index
+            || self.current_rev != self.committed.current_rev
+            || self.compact_rev.get() != self.committed.compact_rev
+    }
+
+    /// Writes everything applied since the last commit to the file: pages, sync,
+    /// then the meta page, sync. Returns whether anything was written.
+    pub fn commit(&mut self) -> Result<bool, CommitError> {
+        if self.poisoned {
+            return Err(CommitError::Poisoned {
+                file: self.file.to_string(),
+            });
+        }
+        if !self.has_changes() {
+            return Ok(false);
+        }
+        self.commit_with(None, 0)?;
+        Ok(true)
+    }
+
+    /// Like [`Store::commit`], but when committing now would wait for the
+    /// background syncer (its queue full, or the pages this commit needs
+    /// freed only once an earlier commit is durable), leaves the changes
+    /// pending and answers `Ok(false)`, so a slow disk does not stop the
+    /// thread that applies. Reads see pending changes as before. Once the
+    /// pending changes reach half of `max_batch_bytes` it commits, waiting
+    /// if it must, so memory stays bounded.
+    pub fn commit_unless_busy(&mut self) -> Result<bool, CommitError> {
+        if !self.poisoned
+            && !self.meta_writer.has_failed()
+            && self.pending_bytes < self.cfg.max_batch_bytes / 2
+            && self.commit_would_wait()
+        {
+            self.stats.deferred += 1;
+            return Ok(false);
+        }
+        self.commit()
+    }
+
+    /// Whether a commit now would wait for the background syncer.
+    fn commit_would_wait(&self) -> bool {
+        let durable = self.meta_writer.durable_txn();
+        self.meta_writer
+            .would_wait(self.committed.txn.saturating_sub(durable))
+            || self.must_wait_for_free_pages(durable)
+    }
+
+    /// Whether this commit may need more pages than are free now while
+    /// pages freed by commits still syncing would give them back.
+    fn must_wait_for_free_pages(&self, durable: u64) -> bool {
+        let need_pages = (self.pending_bytes / (PAGE_SIZE_BYTES / 2)
+            + self.pending_deletes.len() / 4
+            + self.lease_dirty.len()
+            + 16) as u64;
+        let available =
+            self.pager.free.len() as u64 + (self.pager.file_pages - self.pager.high_water);
+        available < need_pages
+            && self
+                .pager
+                .pending_free
+                .front()
+                .is_some_and(|(t, _)| *t > durable)
+    }
+
+    pub(crate) fn oldest_snapshot(&self) -> Option<u64> {
+        self.snapshots.borrow().keys().next().copied()
+    }
+
+    /// The commit machinery; `relocate` moves pages at or past a limit (defragment).
+    pub(crate) fn commit_with(
+        &mut self,
+        relocate: Option<(u64, usize)>,
+        flags: u32,
+    ) -> Result<(), CommitError> {
+        let started = Instant::now();
+        let r = self.commit_inner(relocate, flags);
+        let elapsed_us = started.elapsed().as_micros() as u64;
+        match r {
+            Ok(sync_us) => {
+                self.stats.commits += 1;
+                self.stats.last_commit_us = elapsed_us;
+                self.stats.max_commit_us = self.stats.max_commit_us.max(elapsed_us);
+                self.stats.total_commit_us += elapsed_us;
+                self.stats.last_sync_us = sync_us;
+                Ok(())
+            }
+            Err(e) => {
+                self.poisoned = true;
+                tracing::error!(file = %self.file, applied_index = self.applied_index, error = %e, "commit failed; store poisoned until reopened");
+                Err(e)
+            }
+        }
+    }
+
+    fn rev_mutations(&mut self) -> Vec<Mutation> {
+        let pending = std::mem::take(&mut self.pending);
+        let deletes = std::mem::take(&mut self.pending_deletes);
+        let mut muts: Vec<Mutation> = Vec::with_capacity(pending.len() + deletes.len());
+        let mut di = deletes.iter().peekable();
+        for rec in &pending {
+            while let Some(d) = di.next_if(|d| **d < rec.rev) {
+                muts.push(((d.main as u64, d.sub as u64), None));
+            }
+            if di.next_if(|d| **d == rec.rev).is_some() {
+                // Applied and compacted away inside one batch: never stored.
+                continue;
+            }
+            muts.push((
+                (rec.rev.main as u64, rec.rev.sub as u64),
+                Some(rec.encode()),
+            ));
+        }
+        for d in di {
+            muts.push(((d.main as u64, d.sub as u64), None));
+        }
+        muts
+    }
+
+    fn commit_inner(
+        &mut self,
+        relocate: Option<(u64, usize)>,
+        flags: u32,
+    ) -> Result<u64, CommitError> {
+        // Pages freed by commits still syncing become reusable once those are
+        // durable. When this commit may need more than is free now, wait for
+        // that rather than grow the file for good.
+        if self.must_wait_for_free_pages(self.meta_writer.durable_txn()) {
+            self.meta_writer.wait_durable(self.committed.txn)?;
+            let oldest = self.oldest_snapshot();
+            let durable = self.meta_writer.durable_txn();
+            self.pager.release_pending(oldest, durable);
+        }
+        let txn = self.committed.txn + 1;
+        self.pager.txn = txn;
+        let muts = self.rev_mutations();
+        let mut rev_root = btree::apply(&mut self.pager, self.committed.rev_root, muts)?;
+        let lease_muts: Vec<Mutation> = std::mem::take(&mut self.lease_dirty)
+            .into_iter()
+            .map(|id| ((id as u64, 0), self.leases.get(&id).map(encode_lease)))
+            .collect();
+        let mut lease_root = btree::apply(&mut self.pager, self.committed.lease_root, lease_muts)?;
+        if let Some((limit, budget)) = relocate {
+            let mut budget = budget;
+            rev_root = btree::relocate(&mut self.pager, rev_root, limit, &mut budget)?;
+            lease_root = btree::relocate(&mut self.pager, lease_root, limit, &mut budget)?;
+        }
+        let meta = Meta {
+            txn,
+            rev_root,
+            lease_root,
+            applied_index: self.applied_index,
+            current_rev: self.current_rev,
+            compact_rev: self.compact_rev.get(),
+            flags,
+        };
+        self.commit_meta(meta)
+    }
+
+    /// Writes the commit the pager built, under `meta`, and retires replaced pages.
+    pub(crate) fn commit_meta(&mut self, meta: Meta) -> Result<u64, CommitError> {
+        let txn = meta.txn;
+        let sync_us = self.write_commit(&meta)?;
+        self.committed = meta;
+        self.pending_bytes = 0;
+        let freed = std::mem::take(&mut self.pager.freed_now);
+        self.pager.pending_free.push_back((txn, freed));
+        let oldest = self.oldest_snapshot();
+        let durable = self.meta_writer.durable_txn();
+        self.pager.release_pending(oldest, durable);
+        if self.shrink_wanted {
+            self.shrink()?;
+        }
+        Ok(sync_us)
+    }
+
+    /// Grows the file if needed, writes the dirty pages, syncs, writes the meta, syncs.
+    fn write_commit(&mut self, meta: &Meta) -> Result<u64, CommitError> {
+        let file = self.file.clone();
+        let need = self.pager.high_water;
+        let mut remap = false;
+        if need > self.pager.file_pages {
+            let cur = self.pager.file_pages;
+            // Grow by a sixteenth: few remaps, little overshoot.
+            let step_bytes = (cur * PAGE_SIZE_BYTES as u64 / 16)
+                .clamp(self.cfg.grow_min_bytes, self.cfg.grow_max_bytes);
+            let new_pages = need.max(cur + step_bytes / PAGE_SIZE_BYTES as u64);
+            let len = new_pages * PAGE_SIZE_BYTES as u64;
+            self.pager
+                .storage
+                .borrow_mut()
+                .set_len(len)
+                .map_err(storage_err(&file, IoOp::Grow, len))?;
+            self.pager.file_pages = new_pages;
+            remap = true;
+        }
+        let dirty = std::mem::take(&mut self.pager.dirty);
+        let pages = dirty.len() as u64;
+        self.pager.source.forget(dirty.keys().copied());
+        let mut run: Vec<u8> = Vec::new();
+        let mut run_start = 0u64;
+        let mut run_next = 0u64;
+        const MAX_RUN_BYTES: usize = 1024 * 1024;
+        {
+            let mut st = self.pager.storage.borrow_mut();
+            let mut flush = |run: &mut Vec<u8>, start: u64| -> Result<(), StorageError> {
+                if run.is_empty() {
+                    return Ok(());
+                }
+                let off = start * PAGE_SIZE_BYTES as u64;
+                st.write_at(run, off)
+                    .map_err(storage_err(&file, IoOp::Write, off))?;
+                run.clear();
+                Ok(())
+            };
+            for (id, page) in dirty {
+                assert!(
+                    id >= META_PAGES && id < self.pager.file_pages,
+                    "{file}: dirty page {id} outside the file"
+                );
+                if id != run_next || run.len() >= MAX_RUN_BYTES {
+                    flush(&mut run, run_start)?;
+                    run_start = id;
+                }
+                run.extend_from_slice(&page);
+                run_next = id + 1;
+            }
+            flush(&mut run, run_start)?;
+        }
+        let sync_us = self.meta_writer.commit(&self.pager.storage, *meta)?;
+        let sync_us = self.meta_writer.last_sync_us().unwrap_or(sync_us);
+        self.stats.pages_written += pages + 1;
+        self.stats.bytes_written += (pages + 1) * PAGE_SIZE_BYTES as u64;
+        if remap {
+            self.remap()?;
+        }
+        Ok(sync_us)
+    }
+
+    fn remap(&mut self) -> Result<(), CommitError> {
+        let src = PageSource::new(&self.pager.storage, &self.file, Some(&self.pager.source))
+            .map_err(storage_err(&self.file, IoOp::Map, 0))?;
+        self.pager.source = Rc::new(src);
+        Ok(())
+    }
+
+    /// Cuts free pages off the end of the file. Only pages in the free set go:
+    /// no meta and no live snapshot can reach them.
+    pub(super) fn shrink(&mut self) -> Result<(), CommitError> {
+        let mut hw = self.pager.high_water;
+        while hw > META_PAGES && self.pager.free.contains(&(hw - 1)) {
+            hw -= 1;
+            self.pager.free.remove(&hw);
+        }
+        self.pager.high_water = hw;
+        if hw < self.pager.file_pages {
+            let len = hw * PAGE_SIZE_BYTES as u64;
+            let file = self.file.clone();
+            let mut st = self.pager.storage.borrow_mut();
+            st.set_len(len)
+                .map_err(storage_err(&file, IoOp::Shrink, len))?;
+            st.sync_data()
+                .map_err(storage_err(&file, IoOp::Sync, len))?;
+            drop(st);
+            self.pager.file_pages = hw;
+            self.remap()?;
+        }
+        if self.pager.pending_free.is_empty() {
+            self.shrink_wanted = false;
+        }
+        Ok(())
+    }
+}

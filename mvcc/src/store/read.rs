@@ -1,0 +1,130 @@
+//! Reads: ranges, single keys, HashKV, events and leases, over everything
+//! applied so far.
+//!
+//! Reads see every applied write, committed or not: records of the open batch
+//! are served from memory until the commit moves them into the revision tree.
+
+use super::Store;
+use crate::error::ReadError;
+use crate::record::RecordView;
+use crate::types::*;
+
+impl Store {
+    /// A range with etcd's semantics over everything applied so far.
+    pub fn range(&self, req: &RangeRequest) -> Result<RangeResponse, ReadError> {
+        let idx = self.index.borrow();
+        self.view(&idx, self.current_rev).range(req)
+    }
+
+    /// The latest value of one key, if it exists.
+    pub fn get(&self, key: &[u8]) -> Result<Option<KeyValue>, ReadError> {
+        let idx = self.index.borrow();
+        let v = self.view(&idx, self.current_rev);
+        match idx.get(key, self.current_rev) {
+            Some(f) => Ok(Some(v.kv(f.modified, false)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// etcd's HashKV: a CRC32 over every record up to `revision` (0: current)
+    /// that compaction has kept, in revision order.
+    pub fn hash_kv(&self, revision: i64) -> Result<HashKv, ReadError> {
+        let idx = self.index.borrow();
+        let v = self.view(&idx, self.current_rev);
+        let at = v.check_rev(revision)?;
+        let mut h = crc32fast::Hasher::new();
+        v.for_each_record(
+            Revision { main: 0, sub: 0 },
+            &self.pending_deletes,
+            |rev, bytes| {
+                if rev.main > at {
+                    return false;
+                }
+                h.update(&rev.main.to_le_bytes());
+                h.update(&rev.sub.to_le_bytes());
+                h.update(bytes);
+                true
+            },
+        )?;
+        Ok(HashKv {
+            hash: h.finalize(),
+            compact_revision: self.compact_rev.get(),
+            hash_revision: at,
+            revision: self.current_rev,
+        })
+    }
+
+    /// Changes at or after `start_revision`, in revision order, at most `max_events`.
+    pub fn events(&self, start_revision: i64, max_events: usize) -> Result<Vec<Event>, ReadError> {
+        let compact = self.compact_rev.get();
+        if start_revision < compact {
+            return Err(ReadError::Compacted {
+                revision: start_revision,
+                compact_revision: compact,
+            });
+        }
+        let idx = self.index.borrow();
+        let v = self.view(&idx, self.current_rev);
+        let mut out = Vec::new();
+        let mut bad = None;
+        v.for_each_record(
+            Revision {
+                main: start_revision.max(0),
+                sub: 0,
+            },
+            &self.pending_deletes,
+            |rev, bytes| {
+                if out.len() >= max_events {
+                    return false;
+                }
+                match RecordView::parse(bytes) {
+                    Ok(r) => out.push(Event {
+                        kind: if r.tombstone() {
+                            EventKind::Delete
+                        } else {
+                            EventKind::Put
+                        },
+                        kv: r.to_kv(false),
+                        revision: rev,
+                    }),
+                    Err(what) => {
+                        bad = Some((rev, what));
+                        return false;
+                    }
+                }
+                true
+            },
+        )?;
+        if let Some((rev, _)) = bad {
+            return Err(ReadError::MissingRevision {
+                file: self.file.to_string(),
+                main: rev.main,
+                sub: rev.sub,
+            });
+        }
+        Ok(out)
+    }
+
+    /// A lease and its attached keys.
+    pub fn lease(&self, id: i64) -> Option<Lease> {
+        self.leases.get(&id).map(|l| Lease {
+            id,
+            ttl_secs: l.ttl_secs,
+            remaining_ttl_secs: l.remaining_ttl_secs,
+            keys: l.keys.iter().cloned().collect(),
+        })
+    }
+
+    /// Every lease, by id, without their keys.
+    pub fn leases(&self) -> Vec<Lease> {
+        self.leases
+            .iter()
+            .map(|(id, l)| Lease {
+                id: *id,
+                ttl_secs: l.ttl_secs,
+                remaining_ttl_secs: l.remaining_ttl_secs,
+                keys: Vec::new(),
+            })
+            .collect()
+    }
+}
