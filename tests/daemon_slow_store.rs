@@ -1,10 +1,11 @@
 //! A slow store disk stalls no other shard: with every store sync of shard 0
 //! taking 3 s on the member that leads shard 1 (store commits are off the
-//! write path: the WAL already holds every entry), writes keep flowing to
-//! both shards, and shard 1, driven by the same core thread as shard 0,
-//! keeps its leader. Guards
-//! against a core thread that waits on one shard's store syncs, which
-//! would stop the ticks and heartbeats of every shard on that core.
+//! write path: the WAL already holds every entry), and then every write of
+//! shard 0's snapshot metadata (at each log compaction), writes keep flowing
+//! to both shards, and shard 1, driven by the same core thread as shard 0,
+//! keeps its leader. Guards against a core thread that waits on one shard's
+//! store syncs or metadata writes, which would stop the ticks and heartbeats
+//! of every shard on that core.
 
 mod common;
 #[path = "ops_promtext.rs"]
@@ -59,6 +60,8 @@ async fn a_stalled_store_on_one_shard_leaves_the_other_shards_leader_alone() {
             "1",
             "--election-timeout",
             "2000",
+            "--snapshot-count",
+            "100",
             "--test-disk-faults",
             "faults",
         ],
@@ -91,10 +94,49 @@ async fn a_stalled_store_on_one_shard_leaves_the_other_shards_leader_alone() {
         })
         .expect("a member leads shard 1");
     let faults = leader.data_dir.join("faults");
-    common::replace_file(&faults, "store-stall 3000 shard-0.mvcc");
-    // Writes under many prefixes reach both shards, so shard 0 keeps
-    // committing into its stalled store for several stalled rounds.
-    let until = Instant::now() + Duration::from_secs(12);
+    // The store's syncs stall first, then the snapshot metadata each log
+    // compaction of shard 0 writes (one per 100 entries here), for longer
+    // than any election timeout: a core that waited for it would stop shard
+    // 1's heartbeats past every follower's patience.
+    for fault in [
+        "store-stall 3000 shard-0.mvcc",
+        "store-stall 6000 shard-0/raft-snapshot",
+    ] {
+        let compactions_before = leader
+            .log_text()
+            .matches("raft log compacted shard=0")
+            .count();
+        common::replace_file(&faults, fault);
+        let acked = write_for(&mut c, Duration::from_secs(12)).await;
+        common::replace_file(&faults, "none");
+        let after = terms(&cluster, 1);
+        assert!(
+            acked > 100,
+            "writes stopped under {fault:?}: {acked} acknowledged\n{}",
+            cluster.logs()
+        );
+        assert_eq!(
+            before,
+            after,
+            "shard 1's (term, leader changes) per member moved under {fault:?}\n{}",
+            cluster.logs()
+        );
+        let compactions = leader
+            .log_text()
+            .matches("raft log compacted shard=0")
+            .count();
+        assert!(
+            !fault.ends_with("raft-snapshot") || compactions > compactions_before,
+            "shard 0 never compacted its log under {fault:?}\n{}",
+            cluster.logs()
+        );
+    }
+}
+
+/// Writes under many prefixes, so both shards get them, for `time`;
+/// returns how many were acknowledged.
+async fn write_for(c: &mut etcd_client::Client, time: Duration) -> u64 {
+    let until = Instant::now() + time;
     let mut acked = 0u64;
     let mut i = 0u64;
     while Instant::now() < until {
@@ -107,17 +149,5 @@ async fn a_stalled_store_on_one_shard_leaves_the_other_shards_leader_alone() {
             acked += 1;
         }
     }
-    common::replace_file(&faults, "none");
-    let after = terms(&cluster, 1);
-    assert!(
-        acked > 100,
-        "writes stopped while shard 0's store stalled: {acked} acknowledged\n{}",
-        cluster.logs()
-    );
-    assert_eq!(
-        before,
-        after,
-        "shard 1's (term, leader changes) per member moved while shard 0's store stalled\n{}",
-        cluster.logs()
-    );
+    acked
 }

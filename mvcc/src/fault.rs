@@ -54,8 +54,10 @@ impl SyncFault {
         }
     }
 
-    /// Waits or fails as the control file says, before a real sync.
-    fn before_sync(path: &Path, file: &str) -> io::Result<()> {
+    /// Waits or fails as the control file says, before a real sync of
+    /// `file`. The member's other durable files of a store (its shard's
+    /// snapshot metadata, `shard-<n>/raft-snapshot`) go through it too.
+    pub fn before_sync(path: &Path, file: &str) -> io::Result<()> {
         match SyncFault::read(path, file) {
             SyncFault::None => Ok(()),
             SyncFault::Stall(d) => {

@@ -271,8 +271,13 @@ impl Shard {
 
     /// Compacts the in-memory log once enough entries are applied, keeping
     /// [`CATCH_UP_ENTRIES`] for slow followers, and lets the WAL release the
-    /// segments the shard no longer needs.
+    /// segments the shard no longer needs. The snapshot metadata that records
+    /// the compaction is written and synced on a blocking thread, off the
+    /// core; [`Shard::finish_compaction`] compacts once it is durable.
     pub(super) fn maybe_compact_log(&mut self) {
+        if self.compaction.is_some() {
+            return;
+        }
         let applied = self.node.applied_index();
         // A small --snapshot-count also keeps fewer entries for slow followers.
         let keep = CATCH_UP_ENTRIES.min(self.snapshot_count);
@@ -300,10 +305,50 @@ impl Shard {
             index: compact_to,
             term,
         };
-        if let Err(e) = write_snapshot_meta(&self.dir, &md) {
-            tracing::warn!(shard = self.id, error = %e, "writing snapshot metadata failed; log not compacted");
+        let dir = self.dir.clone();
+        let written = md.clone();
+        let faults = self.store_config.sync_faults.clone();
+        let write = tokio::task::spawn_blocking(move || {
+            if let Some(control) = &faults {
+                let name = dir.file_name().unwrap_or_default().to_string_lossy();
+                mvcc::fault::SyncFault::before_sync(control, &format!("{name}/raft-snapshot"))?;
+            }
+            write_snapshot_meta(&dir, &written)
+        });
+        self.compaction = Some((md, write));
+    }
+
+    /// Waits for the snapshot metadata being written, if any, and compacts
+    /// the log up to it.
+    pub(super) async fn finish_compaction(&mut self) {
+        if self.compaction.is_some() {
+            let (md, written) = compaction_written(&mut self.compaction).await;
+            self.compacted(md, written);
+        }
+    }
+
+    /// Compacts the log up to `md` once its metadata write ended well.
+    pub(super) fn compacted(
+        &mut self,
+        md: SnapshotMetadata,
+        written: Result<std::io::Result<()>, tokio::task::JoinError>,
+    ) {
+        match written {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(shard = self.id, error = %e, "writing snapshot metadata failed; log not compacted");
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(shard = self.id, error = %e, "the snapshot metadata writer stopped; log not compacted");
+                return;
+            }
+        }
+        // A snapshot installed meanwhile moved the log past this point.
+        if md.index <= self.snapshot_meta.index || self.failed.is_some() {
             return;
         }
+        let compact_to = md.index;
         let conf_state = md.conf_state.clone().unwrap_or_default();
         if let Err(e) = self
             .node
@@ -320,8 +365,32 @@ impl Shard {
         self.snapshot_meta = md;
         self.conf_history.retain(|(index, _)| *index > compact_to);
         self.wal.release(u64::from(self.id), compact_to);
-        tracing::debug!(shard = self.id, index = compact_to, "raft log compacted");
+        tracing::info!(shard = self.id, index = compact_to, "raft log compacted");
     }
+}
+
+/// A log compaction whose snapshot metadata is being written off the core.
+pub(super) type Compaction = (
+    SnapshotMetadata,
+    tokio::task::JoinHandle<std::io::Result<()>>,
+);
+
+/// Waits for the metadata write of the compaction in `c` and takes it.
+/// Borrows only that field, so the shard's loop can wait on it beside its
+/// other inputs; dropped before the write ends, it leaves the compaction in
+/// place.
+pub(super) async fn compaction_written(
+    c: &mut Option<Compaction>,
+) -> (
+    SnapshotMetadata,
+    Result<std::io::Result<()>, tokio::task::JoinError>,
+) {
+    let written = match c.as_mut() {
+        Some((_, write)) => write.await,
+        None => std::future::pending().await,
+    };
+    let (md, _) = c.take().expect("the compaction awaited above");
+    (md, written)
 }
 
 /// The membership after the last conf change at or before `index`, else the

@@ -279,6 +279,9 @@ pub struct Shard {
     snapshot_reports: mpsc::UnboundedReceiver<(u64, raft::SnapshotStatus)>,
     /// Followers a snapshot is being streamed to right now.
     snapshots_in_flight: std::collections::HashSet<u64>,
+    /// The snapshot metadata of a log compaction, being written off the
+    /// core; the log is compacted once it is durable.
+    compaction: Option<apply::Compaction>,
     store_config: mvcc::Config,
     metrics: Option<crate::ops::server_metrics::ShardRecorder>,
     readiness: Option<std::sync::Arc<crate::ops::readiness::Readiness>>,
@@ -347,6 +350,9 @@ impl Shard {
                             Err(_) => break,
                         }
                     }
+                }
+                (md, written) = apply::compaction_written(&mut self.compaction), if self.compaction.is_some() => {
+                    self.compacted(md, written);
                 }
                 Some((to, status)) = self.snapshot_reports.recv() => {
                     self.snapshots_in_flight.remove(&to);

@@ -223,6 +223,7 @@ impl Shard {
             snapshot_reports_tx,
             snapshot_reports,
             snapshots_in_flight: std::collections::HashSet::new(),
+            compaction: None,
             store_config: store_cfg,
             metrics: setup.metrics.clone(),
             readiness: setup.readiness.clone(),

@@ -288,6 +288,9 @@ impl Shard {
     /// snapshot's index) and entries durable.
     pub(super) async fn install_snapshot(&mut self, snapshot: &Snapshot) -> Result<(), String> {
         let md = snapshot.metadata.clone().unwrap_or_default();
+        // A compaction's metadata write in flight ends before the directory
+        // it writes into is swapped away.
+        self.finish_compaction().await;
         let incoming = self.held_snapshot.take(md.index)?;
         let IncomingSnapshot { chunks, members } = incoming;
         let new_dir = store_swap::swap_dir(&self.dir, "new");
