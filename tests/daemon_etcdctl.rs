@@ -49,6 +49,18 @@ fn ctl(args: &[&str], stdin: Option<&str>) -> (bool, String) {
     (out.status.success(), text)
 }
 
+/// The `raft_term` of a response header, wherever etcdctl's JSON puts it.
+fn raft_term(v: &serde_json::Value) -> Option<u64> {
+    match v {
+        serde_json::Value::Object(m) => m
+            .get("raft_term")
+            .and_then(serde_json::Value::as_u64)
+            .or_else(|| m.values().find_map(raft_term)),
+        serde_json::Value::Array(a) => a.iter().find_map(raft_term),
+        _ => None,
+    }
+}
+
 fn ok(args: &[&str]) -> String {
     let (success, out) = ctl(args, None);
     assert!(success, "etcdctl {args:?} failed:\n{out}");
@@ -98,7 +110,26 @@ fn etcdctl_works_against_a_default_cairn() {
     assert_eq!(g["count"], 1);
     assert_eq!(g["kvs"][0]["version"], 3);
     assert!(g["header"]["cluster_id"].as_u64().unwrap() != 0);
-    assert!(g["header"]["raft_term"].as_u64().unwrap() >= 1);
+    let term = g["header"]["raft_term"].as_u64().unwrap();
+    assert!(term >= 1);
+    // Headers no shard produces carry the member's term too, as etcd's do.
+    for args in [
+        &["lease", "grant", "30"][..],
+        &["lease", "list"],
+        &["member", "list"],
+    ] {
+        let v = json(args);
+        assert_eq!(raft_term(&v), Some(term), "etcdctl {args:?}: {v}");
+    }
+    let watch = Command::new("timeout")
+        .args(["5", "etcdctl", "--endpoints=127.0.0.1:2379", "watch", "foo"])
+        .args(["--rev", "1", "-w", "json"])
+        .output()
+        .expect("run etcdctl watch");
+    let out = String::from_utf8_lossy(&watch.stdout);
+    let first: serde_json::Value = serde_json::from_str(out.lines().next().unwrap_or(""))
+        .unwrap_or_else(|e| panic!("etcdctl watch -w json: {e}: {out}"));
+    assert_eq!(raft_term(&first), Some(term), "etcdctl watch: {first}");
     // --rev reads the past.
     assert_eq!(
         ok(&["get", "foo", "--rev", &rev_baz.to_string()]),

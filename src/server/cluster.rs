@@ -84,7 +84,7 @@ impl ClusterService {
     }
 
     fn header(&self) -> Option<cairn_proto::etcdserverpb::ResponseHeader> {
-        Some(self.identity.header(0, 0))
+        Some(self.identity.header_now(0))
     }
 
     /// Carries out `change` of `member` on every shard, in a task of its own:

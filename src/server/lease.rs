@@ -333,7 +333,7 @@ impl LeaseService {
     }
 
     fn header(&self, revision: i64) -> Option<cairn_proto::etcdserverpb::ResponseHeader> {
-        Some(self.identity.header(revision, 0))
+        Some(self.identity.header_now(revision))
     }
 }
 

@@ -160,7 +160,7 @@ impl Maintenance for MaintenanceService {
                 .await?;
         }
         Ok(Response::new(DefragmentResponse {
-            header: Some(self.identity.header(0, 0)),
+            header: Some(self.identity.header_now(0)),
         }))
     }
 
@@ -219,7 +219,7 @@ impl Maintenance for MaintenanceService {
                     estimate.saturating_sub(*sent).max(1)
                 };
                 out_tx.send(Ok(SnapshotResponse {
-                    header: Some(identity.header(0, 0)),
+                    header: Some(identity.header_now(0)),
                     remaining_bytes,
                     blob,
                     version: String::new(),

@@ -214,10 +214,7 @@ impl Node {
             inbound_rx.push(std::sync::Mutex::new(Some(rx)));
         }
         let router = Router::new(routing.clone(), senders);
-        let identity = Identity {
-            cluster_id: file.cluster_id,
-            member_id: file.member_id,
-        };
+        let identity = Identity::new(file.cluster_id, file.member_id);
 
         // Bind everything before any core starts, so a port in use fails the
         // start with a clear error instead of a half-started member.
@@ -453,6 +450,7 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
             members: shared.members.clone(),
             auth: Some(shared.auth.clone()),
             disk_faults: config.test_disk_faults.clone(),
+            term_out: (shard == 0).then(|| shared.identity.raft_term.clone()),
         };
         let driver = Shard::open(&mut setup)?;
         tokio::task::spawn_local(driver.run(setup));

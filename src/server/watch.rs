@@ -44,7 +44,7 @@ pub struct WatchService {
 
 impl WatchService {
     fn header(&self, revision: i64) -> Option<ResponseHeader> {
-        Some(self.identity.header(revision, 0))
+        Some(self.identity.header_now(revision))
     }
 
     /// Whether the stream's caller may read the watched range; the cancel

@@ -32,7 +32,7 @@ pub struct AuthService {
 
 impl AuthService {
     fn header(&self, revision: i64) -> Option<ResponseHeader> {
-        Some(self.identity.header(revision, 0))
+        Some(self.identity.header_now(revision))
     }
 
     /// Proposes a change and waits for it to be applied; the store revision

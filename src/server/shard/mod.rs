@@ -186,6 +186,9 @@ pub struct ShardSetup {
     /// Test-only: the control file that stalls or fails the store's syncs
     /// (`--test-disk-faults`; the WAL reads the same file).
     pub disk_faults: Option<PathBuf>,
+    /// Where the shard publishes its Raft term for response headers no shard
+    /// produces (shard 0 only).
+    pub term_out: Option<std::sync::Arc<std::sync::atomic::AtomicU64>>,
 }
 
 /// An apply of one Ready's committed entries slower than this is counted as a
@@ -282,6 +285,8 @@ pub struct Shard {
     /// The snapshot metadata of a log compaction, being written off the
     /// core; the log is compacted once it is durable.
     compaction: Option<apply::Compaction>,
+    /// See [`ShardSetup::term_out`].
+    term_out: Option<std::sync::Arc<std::sync::atomic::AtomicU64>>,
     store_config: mvcc::Config,
     metrics: Option<crate::ops::server_metrics::ShardRecorder>,
     readiness: Option<std::sync::Arc<crate::ops::readiness::Readiness>>,

@@ -224,6 +224,7 @@ impl Shard {
             snapshot_reports,
             snapshots_in_flight: std::collections::HashSet::new(),
             compaction: None,
+            term_out: setup.term_out.clone(),
             store_config: store_cfg,
             metrics: setup.metrics.clone(),
             readiness: setup.readiness.clone(),

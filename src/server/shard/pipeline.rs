@@ -101,6 +101,9 @@ impl Shard {
     pub(super) fn record_progress(&mut self) {
         let committed = self.node.committed_index();
         let applied = self.node.applied_index();
+        if let Some(term) = &self.term_out {
+            term.store(self.node.term(), std::sync::atomic::Ordering::Relaxed);
+        }
         if let Some(m) = &self.metrics {
             m.set_committed_index(committed);
             m.set_applied_index(applied);
