@@ -6,6 +6,8 @@
 //! getting anything but etcd's errors — or taking the daemon down.
 
 mod common;
+#[path = "ops_promtext.rs"]
+mod promtext;
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -432,6 +434,13 @@ async fn defragment_gives_freed_space_back_to_the_disk() {
         before,
         after.db_size()
     );
+    // Status reports one Raft log's indexes, shard 0's (whose term it gives
+    // too), not a sum over the shards' logs.
+    let (_, body) = common::http_get(cluster.members[0].client_port, "/metrics");
+    let committed = promtext::parse(&body)
+        .unwrap()
+        .value("cairn_shard_proposals_committed_total", &[("shard", "0")]);
+    assert_eq!(Some(after.raft_index() as f64), committed, "{body}");
     // Still serving, with the data that is left.
     c.put("/da/after", "1", None).await.unwrap();
     let r = c.get("/defrag/ready", None).await.unwrap();

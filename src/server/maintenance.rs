@@ -136,9 +136,11 @@ impl Maintenance for MaintenanceService {
             version: ETCD_API_VERSION.to_string(),
             db_size: statuses.iter().map(|s| s.db_size_bytes as i64).sum(),
             leader: first.leader,
-            raft_index: statuses.iter().map(|s| s.commit_index).sum(),
+            // One Raft log's indexes, as etcd reports its one log's: shard
+            // 0's, whose term the headers carry too.
+            raft_index: first.commit_index,
             raft_term: first.term,
-            raft_applied_index: statuses.iter().map(|s| s.applied_index).sum(),
+            raft_applied_index: first.applied_index,
             errors,
             db_size_in_use: statuses.iter().map(|s| s.db_size_in_use_bytes as i64).sum(),
             is_learner: first.is_learner,
