@@ -91,7 +91,7 @@ impl KvService {
         )
         .await;
         let mut merged = DeleteRangeResponse::default();
-        for part in parts {
+        for (&shard, part) in shards.iter().zip(parts) {
             match part? {
                 WriteResult::DeleteRange(r) => {
                     merged.deleted += r.deleted;
@@ -103,7 +103,7 @@ impl KvService {
                 }
                 _ => {
                     return Err(ApiError::Storage {
-                        shard: 0,
+                        shard,
                         reason: "delete answered with another result kind".into(),
                     })
                 }
@@ -132,7 +132,7 @@ impl KvService {
         let mut header = None;
         let mut any_ok = false;
         let mut first_err = None;
-        for part in parts {
+        for (st, part) in statuses.iter().zip(parts) {
             match part {
                 Ok(WriteResult::Compaction(r)) => {
                     any_ok = true;
@@ -150,7 +150,7 @@ impl KvService {
                 Err(e) => return Err(e),
                 Ok(_) => {
                     return Err(ApiError::Storage {
-                        shard: 0,
+                        shard: st.shard,
                         reason: "compaction answered with another result kind".into(),
                     })
                 }

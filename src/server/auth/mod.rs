@@ -29,6 +29,9 @@ use tokens::{JwtTokens, SimpleTokens, TokenKind};
 /// The file holding this member's copy of the auth state.
 pub const AUTH_FILE: &str = "auth.state";
 
+/// The shard whose log carries the auth state.
+pub const AUTH_SHARD: u32 = 0;
+
 pub use crate::config::auth::AuthOptions;
 
 /// Who a request comes from, once authenticated.
@@ -141,7 +144,7 @@ impl AuthStore {
         // no-op after a restart is a no-op again.
         if next.revision() != data.revision() {
             self.persist(next.state()).map_err(|e| ApiError::Storage {
-                shard: 0,
+                shard: AUTH_SHARD,
                 reason: format!("writing {AUTH_FILE}: {e}"),
             })?;
         }
@@ -282,7 +285,7 @@ impl AuthStore {
         Some(match jwt.sign(user, revision) {
             Some(Ok(token)) => Ok(token),
             Some(Err(e)) => Err(ApiError::Storage {
-                shard: 0,
+                shard: AUTH_SHARD,
                 reason: format!("signing a token: {e}"),
             }),
             None => Err(ApiError::Unsupported(

@@ -18,8 +18,7 @@ use crate::server::errors::ApiError;
 use crate::server::identity::Identity;
 use crate::server::router::Router;
 
-/// The shard whose log carries the auth state.
-const AUTH_SHARD: u32 = 0;
+use super::AUTH_SHARD;
 
 #[derive(Clone)]
 pub struct AuthService {
