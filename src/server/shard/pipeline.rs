@@ -249,7 +249,7 @@ impl Shard {
             // The log restarts after the snapshot: the install makes the WAL
             // drop whatever it holds past it (the old log's tail).
             if let Err(e) = self.install_snapshot(snapshot).await {
-                self.fail(e);
+                self.fail(e.to_string());
                 return false;
             }
         }

@@ -117,6 +117,33 @@ pub(super) fn apply_pending_table(
 /// failed, and sends a fresh snapshot when the follower next answers.
 pub const SNAPSHOT_SEND_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// Why a snapshot Raft accepted could not be installed: the shard fails.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum InstallError {
+    #[error("{0}")]
+    NotHeld(String),
+    #[error("restoring the store from a snapshot: {0}")]
+    Restore(#[source] mvcc::SnapshotError),
+    #[error("the snapshot's store has applied index {store}, its metadata says {metadata}")]
+    AppliedIndex { store: u64, metadata: u64 },
+    #[error("{what}: {source}")]
+    Io {
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("WAL append failed: {0}")]
+    Wal(#[source] cairn_wal::AppendError),
+    #[error("installing the snapshot's member table: {0}")]
+    MemberTable(String),
+}
+
+impl InstallError {
+    fn io(what: &'static str) -> impl FnOnce(std::io::Error) -> InstallError {
+        move |source| InstallError::Io { what, source }
+    }
+}
+
 /// A snapshot received from a leader, waiting for Raft to accept it.
 pub(super) struct IncomingSnapshot {
     pub(super) chunks: Vec<Vec<u8>>,
@@ -286,26 +313,31 @@ impl Shard {
     ///
     /// The caller then makes the Ready's hard state (its commit is the
     /// snapshot's index) and entries durable.
-    pub(super) async fn install_snapshot(&mut self, snapshot: &Snapshot) -> Result<(), String> {
+    pub(super) async fn install_snapshot(
+        &mut self,
+        snapshot: &Snapshot,
+    ) -> Result<(), InstallError> {
         let md = snapshot.metadata.clone().unwrap_or_default();
         // A compaction's metadata write in flight ends before the directory
         // it writes into is swapped away.
         self.finish_compaction().await;
-        let incoming = self.held_snapshot.take(md.index)?;
+        let incoming = self
+            .held_snapshot
+            .take(md.index)
+            .map_err(InstallError::NotHeld)?;
         let IncomingSnapshot { chunks, members } = incoming;
         let new_dir = store_swap::swap_dir(&self.dir, "new");
         let _ = std::fs::remove_dir_all(&new_dir);
         let store = mvcc::Store::restore(&new_dir, self.id, self.store_config.clone(), chunks)
-            .map_err(|e| format!("restoring the store from a snapshot: {e}"))?;
+            .map_err(InstallError::Restore)?;
         if store.applied_index() != md.index {
-            return Err(format!(
-                "the snapshot's store has applied index {}, its metadata says {}",
-                store.applied_index(),
-                md.index
-            ));
+            return Err(InstallError::AppliedIndex {
+                store: store.applied_index(),
+                metadata: md.index,
+            });
         }
         write_snapshot_meta(&new_dir, &md)
-            .map_err(|e| format!("writing snapshot metadata: {e}"))?;
+            .map_err(InstallError::io("writing snapshot metadata"))?;
         if let (0, Some(table)) = (self.id, &members) {
             // The table as of the snapshot's index (see applied_conf_change).
             crate::durable_file::write_checked(
@@ -313,7 +345,7 @@ impl Shard {
                 "member-table.pending",
                 &table.encode_to_vec(),
             )
-            .map_err(|e| format!("writing the snapshot's member table: {e}"))?;
+            .map_err(InstallError::io("writing the snapshot's member table"))?;
         }
         crate::server::crash_point::reached("snapshot-built");
         let truncate = [cairn_wal::Record::Truncate {
@@ -324,17 +356,18 @@ impl Shard {
             .wal
             .append(&truncate)
             .await
-            .map_err(|e| format!("WAL append failed: {e}"))?;
+            .map_err(InstallError::Wal)?;
         crate::server::crash_point::reached("snapshot-truncated");
         let old = std::mem::replace(&mut self.store, store);
         drop(old);
         store_swap::swap_in(&mut store_swap::RealFs, &self.dir)
-            .map_err(|e| format!("swapping in the snapshot's store: {e}"))?;
+            .map_err(InstallError::io("swapping in the snapshot's store"))?;
         crate::server::crash_point::reached("snapshot-swapped");
         self.snapshot_meta = md.clone();
         self.conf_history.clear();
         if self.id == 0 {
-            apply_pending_table(&self.dir, &self.members, self.auth.as_deref())?;
+            apply_pending_table(&self.dir, &self.members, self.auth.as_deref())
+                .map_err(InstallError::MemberTable)?;
         }
         let cs = md.conf_state.clone().unwrap_or_default();
         self.membership_changed(&cs);
