@@ -169,6 +169,12 @@ impl Membership {
 #[derive(Debug)]
 pub struct MemberRegistry {
     dir: PathBuf,
+    /// Fixed for the member's life, so read without a lock on request paths.
+    cluster_id: u64,
+    local_id: u64,
+    /// Whether this member is a learner, kept in step with `state`: read by
+    /// every Watch and LeaseKeepAlive stream as it starts.
+    local_learner: AtomicBool,
     state: RwLock<Membership>,
     /// The file as last written; serialises writers.
     file: Mutex<MemberFile>,
@@ -185,8 +191,14 @@ impl MemberRegistry {
     pub fn new(dir: &Path, file: MemberFile) -> MemberRegistry {
         let members = file.members.clone();
         let accepted = cairn_net::MemberSet::new(members.iter().map(|m| m.id));
+        let learner = members
+            .iter()
+            .any(|m| m.id == file.member_id && m.is_learner);
         MemberRegistry {
             dir: dir.to_path_buf(),
+            cluster_id: file.cluster_id,
+            local_id: file.member_id,
+            local_learner: AtomicBool::new(learner),
             state: RwLock::new(Membership {
                 cluster_id: file.cluster_id,
                 local_id: file.member_id,
@@ -223,22 +235,15 @@ impl MemberRegistry {
     /// as done here (as `member list` shows it); a member missing from its own
     /// table is not a learner (etcd's check is the same).
     pub fn local_is_learner(&self) -> bool {
-        let state = self.state.read().unwrap_or_else(|e| e.into_inner());
-        state.get(state.local_id).is_some_and(|m| m.is_learner)
+        self.local_learner.load(Ordering::Acquire)
     }
 
     pub fn local_id(&self) -> u64 {
-        self.state
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .local_id
+        self.local_id
     }
 
     pub fn cluster_id(&self) -> u64 {
-        self.state
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .cluster_id
+        self.cluster_id
     }
 
     /// The set the peer listener checks greetings against.
@@ -297,6 +302,8 @@ impl MemberRegistry {
             if !f(&mut state) {
                 return Ok(());
             }
+            let learner = state.get(state.local_id).is_some_and(|m| m.is_learner);
+            self.local_learner.store(learner, Ordering::Release);
             state.members.clone()
         };
         file.members = members;
