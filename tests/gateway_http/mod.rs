@@ -94,9 +94,20 @@ fn send(stream: &mut TcpStream, method: &str, path: &str, body: &[u8], headers: 
     }
 }
 
-fn read_head(reader: &mut BufReader<TcpStream>) -> (u16, Vec<(String, String)>) {
+/// Reads the status line and headers of the answer to `what` (the request,
+/// named in a failure), sent at `sent`.
+fn read_head(
+    reader: &mut BufReader<TcpStream>,
+    what: &str,
+    sent: std::time::Instant,
+) -> (u16, Vec<(String, String)>) {
     let mut line = String::new();
-    reader.read_line(&mut line).expect("status line");
+    if let Err(e) = reader.read_line(&mut line) {
+        panic!(
+            "{what}: no status line {:?} after the request was sent: {e}",
+            sent.elapsed()
+        );
+    }
     let status = line
         .split_whitespace()
         .nth(1)
@@ -131,8 +142,9 @@ pub fn request_with(
 ) -> Answer {
     let mut stream = connect(endpoint);
     send(&mut stream, method, path, body, headers);
+    let sent = std::time::Instant::now();
     let mut reader = BufReader::new(stream);
-    let (status, headers) = read_head(&mut reader);
+    let (status, headers) = read_head(&mut reader, &format!("{method} {endpoint}{path}"), sent);
     let header = |name: &str| {
         headers
             .iter()
@@ -174,8 +186,9 @@ pub fn post(endpoint: &str, path: &str, body: &str) -> Answer {
 pub fn open_stream(endpoint: &str, path: &str, body: &str) -> Streamed {
     let mut stream = connect(endpoint);
     send(&mut stream, "POST", path, body.as_bytes(), &[]);
+    let sent = std::time::Instant::now();
     let mut reader = BufReader::new(stream);
-    let (status, headers) = read_head(&mut reader);
+    let (status, headers) = read_head(&mut reader, &format!("POST {endpoint}{path}"), sent);
     let chunked = headers
         .iter()
         .any(|(k, v)| k == "transfer-encoding" && v.contains("chunked"));
