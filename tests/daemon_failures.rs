@@ -358,29 +358,7 @@ async fn a_member_killed_during_a_snapshot_install_recovers() {
             learner_url = Some(url);
         }
         let member = &mut cluster.members[down];
-        member.set_env(&[("CAIRN_CRASH_AT", point)]);
-        let before = member.log_text().len();
-        member.restart();
-        // It dies by its own SIGKILL once the install reaches the point.
-        // Catching up is slow on a loaded machine; a member that fails or
-        // takes minutes has a bug.
-        let deadline = Instant::now() + Duration::from_secs(240);
-        while member.wait_exit(Duration::from_secs(5)).is_none() {
-            let log = member.log_text();
-            assert!(!log[before..].contains("shard failed"), "{log}");
-            assert!(
-                Instant::now() < deadline,
-                "{} never reached {point}:\n{}",
-                member.name,
-                &log[before..]
-            );
-        }
-        let log = member.log_text();
-        assert!(
-            log[before..].contains(&format!("crash point {point} reached")),
-            "{}",
-            &log[before..]
-        );
+        restart_until_crash_point(member, point);
         member.set_env(&[]);
         member.restart();
         wait_same_hash(&cluster).await;
@@ -397,6 +375,32 @@ async fn a_member_killed_during_a_snapshot_install_recovers() {
         list.members(),
         cluster.logs()
     );
+}
+
+/// Restarts `member` with `CAIRN_CRASH_AT=point` and waits until it dies by
+/// its own SIGKILL there; returns its log of that run. Catching up is slow on
+/// a loaded machine; a member that fails a shard or takes minutes has a bug.
+fn restart_until_crash_point(member: &mut common::Member, point: &str) -> String {
+    member.set_env(&[("CAIRN_CRASH_AT", point)]);
+    let before = member.log_text().len();
+    member.restart();
+    let deadline = Instant::now() + Duration::from_secs(240);
+    while member.wait_exit(Duration::from_secs(5)).is_none() {
+        let log = member.log_text();
+        assert!(!log[before..].contains("shard failed"), "{log}");
+        assert!(
+            Instant::now() < deadline,
+            "{} never reached {point}:\n{}",
+            member.name,
+            &log[before..]
+        );
+    }
+    let log = member.log_text()[before..].to_string();
+    assert!(
+        log.contains(&format!("crash point {point} reached")),
+        "{log}"
+    );
+    log
 }
 
 /// The number after `field=` on the first line of `log` that holds `message`.
@@ -487,24 +491,7 @@ async fn an_old_leaders_tail_does_not_outlive_a_snapshot_install() {
     wait_writable(&mut c, "/crash/restarted").await;
 
     let member = &mut cluster.members[old];
-    member.set_env(&[("CAIRN_CRASH_AT", "snapshot-swapped")]);
-    let before = member.log_text().len();
-    member.restart();
-    let deadline = Instant::now() + Duration::from_secs(240);
-    while member.wait_exit(Duration::from_secs(5)).is_none() {
-        let log = member.log_text();
-        assert!(
-            Instant::now() < deadline,
-            "{} never reached snapshot-swapped:\n{}",
-            member.name,
-            &log[before..]
-        );
-    }
-    let log = member.log_text()[before..].to_string();
-    assert!(
-        log.contains("crash point snapshot-swapped reached"),
-        "{log}"
-    );
+    let log = restart_until_crash_point(member, "snapshot-swapped");
     // The test holds only if the snapshot lands inside the old tail.
     let tail_end = logged_number(&log, "shard recovered", "last_index").expect("last index");
     let snapshot = logged_number(&log, "snapshot received", "index").expect("snapshot index");

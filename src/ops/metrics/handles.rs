@@ -167,11 +167,9 @@ impl ShardMetrics {
 
 #[cfg(test)]
 mod tests {
-    use crate::ops::metrics::{Aggregate, MemberSeries, MetricSpec, MetricType, RegistryBuilder};
+    use crate::ops::metrics::{Aggregate, MemberSeries, MetricType, RegistryBuilder};
 
-    fn spec(name: &'static str) -> MetricSpec {
-        MetricSpec::new(name, "help")
-    }
+    use crate::ops::metrics::spec;
 
     #[test]
     fn gauges_go_down_as_well_as_up() {

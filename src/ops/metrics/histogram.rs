@@ -80,11 +80,9 @@ pub(super) fn duration_nanos(elapsed: Duration) -> u64 {
 mod tests {
     use super::*;
     use crate::ops::metrics::render::format_float;
-    use crate::ops::metrics::{MetricSpec, RegistryBuilder};
+    use crate::ops::metrics::RegistryBuilder;
 
-    fn spec(name: &'static str) -> MetricSpec {
-        MetricSpec::new(name, "help")
-    }
+    use crate::ops::metrics::spec;
 
     #[test]
     fn etcd_disk_layout_is_exponential_from_1ms_by_2_for_14() {

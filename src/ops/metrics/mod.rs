@@ -38,6 +38,13 @@ pub use handles::{
 pub use histogram::{BucketLayout, BATCH_SIZE, ETCD_DISK_SECONDS};
 pub use registry::{Registry, RegistryBuilder};
 
+/// A metric named `name` with placeholder help, for the unit tests of the
+/// registry's modules.
+#[cfg(test)]
+fn spec(name: &'static str) -> MetricSpec {
+    MetricSpec::new(name, "help")
+}
+
 /// Most cores one registry describes; the daemon refuses more cores than this anyway.
 pub const MAX_CORES: usize = 1024;
 /// Most shards one registry describes.

@@ -259,9 +259,7 @@ impl Registry {
 mod tests {
     use super::*;
 
-    fn spec(name: &'static str) -> MetricSpec {
-        MetricSpec::new(name, "help")
-    }
+    use crate::ops::metrics::spec;
 
     #[test]
     fn bad_definitions_are_refused_with_the_name() {

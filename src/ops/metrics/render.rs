@@ -201,11 +201,9 @@ fn escape_label_value(v: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ops::metrics::{MetricSpec, RegistryBuilder, ShardMetrics};
+    use crate::ops::metrics::{RegistryBuilder, ShardMetrics};
 
-    fn spec(name: &'static str) -> MetricSpec {
-        MetricSpec::new(name, "help")
-    }
+    use crate::ops::metrics::spec;
 
     #[test]
     fn member_series_sum_and_min_over_shards() {

@@ -101,8 +101,12 @@ impl Shard {
     pub(super) fn record_progress(&mut self) {
         let committed = self.node.committed_index();
         let applied = self.node.applied_index();
-        if let Some(term) = &self.term_out {
-            term.store(self.node.term(), std::sync::atomic::Ordering::Relaxed);
+        // Written only when it moves: every header on every core reads it.
+        if let Some(published) = &self.term_out {
+            let term = self.node.term();
+            if published.load(std::sync::atomic::Ordering::Relaxed) != term {
+                published.store(term, std::sync::atomic::Ordering::Relaxed);
+            }
         }
         if let Some(m) = &self.metrics {
             m.set_committed_index(committed);
