@@ -237,6 +237,10 @@ pub enum Command {
     /// with auth too, with --auth) and run the same workloads through each
     /// one's leader, alternating: what TLS costs, in one table.
     TlsCost(crate::tls_cost::TlsCostOpts),
+    /// Start the system and measure put-100 alone and beside many reading
+    /// watchers plus one that never reads, alternating: what watchers cost
+    /// writers, and the members' memory, in one table.
+    WatchLoad(crate::watch_load::WatchLoadOpts),
 }
 
 #[derive(Debug, Clone, Args)]

@@ -7,6 +7,7 @@
 //! - [`runner`]: connections, the closed-loop and fixed-rate drivers, warm-up;
 //! - [`workload`]: put, range, txn-put, mixed and lease-keepalive requests;
 //! - [`watch`]: watch latency from put sent to event received;
+//! - [`watch_load`]: what many watchers, one never reading, cost writers;
 //! - [`gateway`]: the put workload over etcd's HTTP/JSON gateway;
 //! - [`security`]: client TLS, per-connection authentication, and the
 //!   certificates and users of a secure local cluster;
@@ -33,6 +34,7 @@ pub mod session;
 pub mod stats;
 pub mod tls_cost;
 pub mod watch;
+pub mod watch_load;
 pub mod workload;
 
 pub use cluster::{ClusterError, LocalCluster, System};
@@ -122,10 +124,12 @@ pub async fn run_workload(
             o.validate()?;
             watch::run(global, o, progress).await
         }
-        Command::Compare(_) | Command::TlsCost(_) => Err(BenchError::Option {
-            option: "compare",
-            reason: "compare and tls-cost are not single workloads".into(),
-        }),
+        Command::Compare(_) | Command::TlsCost(_) | Command::WatchLoad(_) => {
+            Err(BenchError::Option {
+                option: "compare",
+                reason: "compare, tls-cost and watch-load are not single workloads".into(),
+            })
+        }
     }
 }
 

@@ -23,6 +23,7 @@ use crate::types::*;
 use crate::view::View;
 
 mod apply;
+pub(crate) mod changes;
 mod commit;
 mod defrag;
 mod read;
@@ -207,6 +208,8 @@ pub struct Store {
     pub(crate) stats: CommitStats,
     pub(crate) shrink_wanted: bool,
     pub(crate) meta_writer: MetaWriter,
+    /// Applied records not yet taken by the change consumer, while capturing.
+    pub(crate) captured: Option<Vec<changes::Change>>,
 }
 
 fn storage_err(
@@ -376,6 +379,7 @@ impl Store {
             stats: CommitStats::default(),
             shrink_wanted: false,
             meta_writer,
+            captured: None,
         };
         let records = store.rebuild()?;
         tracing::info!(

@@ -1,9 +1,9 @@
 //! Watch: the etcd v3 Watch service. Each shard feeds its watchers from its
-//! own table (`shard::watchers`) after each apply.
+//! own table (`shard::watchers`) with the changes each apply made.
 //!
 //! A slow watcher never slows a writer: each watch stream has a bounded queue,
-//! and a shard that finds it full leaves that watcher where it was and retries
-//! on a later turn, reading the missed events back from the store (catch-up).
+//! and a shard that finds it full moves that watcher to catch-up, where it
+//! reads the missed events back from the store once its queue has room again.
 //! Apply never waits for a watcher.
 //!
 //! A watch over keys of several shards is registered on each of them; each

@@ -210,7 +210,9 @@ impl Store {
 
     fn push_record(&mut self, rec: Record) {
         self.pending_bytes += rec.encoded_len();
-        self.pending.push(Rc::new(rec));
+        let rec = Rc::new(rec);
+        self.capture(&rec);
+        self.pending.push(rec);
     }
 
     fn set_key_lease(&mut self, key: &[u8], lease: i64) {

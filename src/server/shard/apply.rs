@@ -34,9 +34,7 @@ impl Shard {
             self.commit_store();
         }
         self.check_quota();
-        if !self.watchers.is_empty() {
-            self.watchers.notify(self.id, &self.store);
-        }
+        self.watchers.notify(self.id, &mut self.store);
     }
 
     /// Writes what was applied since the last commit to the store file. Off the

@@ -332,9 +332,8 @@ impl Shard {
                         self.maybe_hand_over_leadership();
                         self.expire_leases();
                         // Watchers that were behind (full queues) catch up.
-                        if !self.watchers.is_empty() {
-                            self.watchers.notify(self.id, &self.store);
-                        }
+                        self.watchers.sweep_closed();
+                        self.watchers.notify(self.id, &mut self.store);
                         if last_commit.elapsed() >= STORE_COMMIT_INTERVAL {
                             self.commit_store();
                             last_commit = Instant::now();
@@ -429,7 +428,7 @@ impl Shard {
                 self.watchers.add(key, spec, start_revision, current, tx);
                 let _ = reply.send(Ok(current));
                 // A watcher starting in the past gets its history now.
-                self.watchers.notify(self.id, &self.store);
+                self.watchers.notify(self.id, &mut self.store);
             }
             ShardCommand::CancelWatch { key, reply } => {
                 self.watchers.remove(&key);
@@ -458,9 +457,7 @@ impl Shard {
             }
             ShardCommand::WatchProgress { stream, reply } => {
                 // Deliver what can go out now, then say how far that got.
-                if !self.watchers.is_empty() {
-                    self.watchers.notify(self.id, &self.store);
-                }
+                self.watchers.notify(self.id, &mut self.store);
                 let current = self.store.current_revision();
                 let _ = reply.send(Ok(self.watchers.delivered_through(stream, current)));
             }

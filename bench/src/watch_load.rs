@@ -1,0 +1,511 @@
+//! `cairn-bench watch-load`: what many watchers, one of which never reads,
+//! cost the writers, side by side in one run.
+//!
+//! Each system is started once. Each run measures the `put-100` preset twice,
+//! in alternating order: once with no watcher, once while `--watchers`
+//! watchers (one key each, spread over `--streams` streams on ten
+//! connections) read their events and one more watcher, on a connection of its
+//! own, watches every key and never reads. The watched keys are every tenth
+//! key of the preset's key space, so about one put in ten has a reader
+//! waiting for it, and the stalled watcher has every put.
+//!
+//! The stalled watcher's cost is read from the members' resident memory: once
+//! the watchers are open (before the puts) and once after the puts. Memory
+//! that grew with every put held for a watcher that never reads would show as
+//! the difference.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use clap::Args;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+use cairn_proto::etcdserverpb::watch_client::WatchClient;
+use cairn_proto::etcdserverpb::watch_request::RequestUnion;
+use cairn_proto::etcdserverpb::{WatchCreateRequest, WatchRequest, WatchResponse};
+
+use crate::binaries::default_cairn_bin;
+use crate::cluster::{LocalCluster, StartOptions, System};
+use crate::config::GlobalOpts;
+use crate::preset::{preset_command, Preset, PRESET_KEY_SPACE};
+use crate::security::Conn;
+use crate::session::{
+    alternating_order, check_runs, isolate, parse_preset, print_run, run_preset, say, scratch_dir,
+    seed, start_secured,
+};
+use crate::stats::Report;
+use crate::BenchError;
+
+/// Most watchers one run opens.
+pub const MAX_LOAD_WATCHERS: usize = 100_000;
+/// Connections the reading watchers' streams are spread over.
+const WATCH_CONNS: usize = 10;
+/// How long a stream may take to confirm its watchers.
+const CREATE_TIMEOUT: Duration = Duration::from_secs(60);
+/// The preset's key length: watched keys are spelled as its keys are.
+const KEY_BYTES: usize = 8;
+
+#[derive(Debug, Clone, Args)]
+pub struct WatchLoadOpts {
+    /// Systems to start, comma-separated.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "cairn")]
+    pub systems: Vec<System>,
+    /// Reading watchers, one key each.
+    #[arg(long, default_value_t = 10_000)]
+    pub watchers: usize,
+    /// Streams the reading watchers are spread over.
+    #[arg(long, default_value_t = 100)]
+    pub streams: usize,
+    /// Runs, each measuring with and without watchers; the run with the
+    /// median requests/s of each is reported.
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+    /// Members per cluster.
+    #[arg(long, default_value_t = 1)]
+    pub members: usize,
+    /// The Cairn daemon (default: this workspace's target/release/cairn).
+    #[arg(long)]
+    pub cairn_bin: Option<PathBuf>,
+    /// The etcd daemon.
+    #[arg(long, default_value = "etcd")]
+    pub etcd_bin: PathBuf,
+    /// Directory in which the temporary data directories are made (default: $TMPDIR).
+    #[arg(long)]
+    pub work_dir: Option<PathBuf>,
+}
+
+impl WatchLoadOpts {
+    fn validate(&self) -> Result<(), BenchError> {
+        check_runs(self.runs)?;
+        let bad = |option: &'static str, reason: String| Err(BenchError::Option { option, reason });
+        if self.systems.is_empty() {
+            return bad("--systems", "nothing to measure".into());
+        }
+        let keys = (PRESET_KEY_SPACE / 10) as usize;
+        if self.watchers == 0 || self.watchers > MAX_LOAD_WATCHERS.min(keys) {
+            return bad(
+                "--watchers",
+                format!(
+                    "{} is not in 1..={}",
+                    self.watchers,
+                    MAX_LOAD_WATCHERS.min(keys)
+                ),
+            );
+        }
+        if self.streams == 0 || self.streams > self.watchers {
+            return bad(
+                "--streams",
+                format!("{} is not in 1..={}", self.streams, self.watchers),
+            );
+        }
+        Ok(())
+    }
+}
+
+/// The key of watcher `i`: every tenth key of the put preset's key space.
+fn watched_key(i: usize) -> Bytes {
+    Bytes::from(format!("{:0width$}", i * 10, width = KEY_BYTES))
+}
+
+/// The watchers of one measured run; dropping them closes every stream.
+struct OpenWatchers {
+    readers: Vec<tokio::task::JoinHandle<()>>,
+    events: Arc<AtomicU64>,
+    /// The stalled stream: its request side, kept open, and its responses,
+    /// never read after the watcher was confirmed.
+    _stalled: (mpsc::Sender<WatchRequest>, tonic::Streaming<WatchResponse>),
+}
+
+impl Drop for OpenWatchers {
+    fn drop(&mut self) {
+        for r in &self.readers {
+            r.abort();
+        }
+    }
+}
+
+/// Opens a stream with a create request per key and waits until every
+/// watcher is confirmed. Returns the request side (kept open) and the rest
+/// of the responses.
+async fn open_stream(
+    conn: Conn,
+    keys: Vec<(Bytes, Bytes)>,
+) -> Result<(mpsc::Sender<WatchRequest>, tonic::Streaming<WatchResponse>), BenchError> {
+    let failed = |reason: String| BenchError::Task {
+        workload: "watch-load",
+        reason,
+    };
+    let n = keys.len();
+    let (tx, rx) = mpsc::channel(n.max(1));
+    for (key, range_end) in keys {
+        let create = WatchRequest {
+            request_union: Some(RequestUnion::CreateRequest(WatchCreateRequest {
+                key,
+                range_end,
+                ..Default::default()
+            })),
+        };
+        tx.send(create)
+            .await
+            .map_err(|_| failed("watch stream closed during setup".into()))?;
+    }
+    let mut responses = tokio::time::timeout(
+        CREATE_TIMEOUT,
+        WatchClient::new(conn).watch(ReceiverStream::new(rx)),
+    )
+    .await
+    .map_err(|_| failed("watch stream not opened in time".into()))?
+    .map_err(|s| failed(format!("watch: {}", s.message())))?
+    .into_inner();
+    let mut created = 0;
+    while created < n {
+        let resp = tokio::time::timeout(CREATE_TIMEOUT, responses.message())
+            .await
+            .map_err(|_| failed(format!("{created} of {n} watchers confirmed in time")))?
+            .map_err(|s| failed(format!("watch stream: {}", s.message())))?
+            .ok_or_else(|| failed("watch stream ended during setup".into()))?;
+        if resp.canceled {
+            return Err(failed(format!("watch refused: {}", resp.cancel_reason)));
+        }
+        if resp.created {
+            created += 1;
+        }
+    }
+    Ok((tx, responses))
+}
+
+async fn open_watchers(
+    cluster: &LocalCluster,
+    opts: &WatchLoadOpts,
+) -> Result<OpenWatchers, BenchError> {
+    let connect = |i: usize| async move {
+        let member = i % cluster.members.len();
+        cluster
+            .connect_member(member, CREATE_TIMEOUT)
+            .await
+            .map_err(|reason| BenchError::Task {
+                workload: "watch-load",
+                reason,
+            })
+    };
+    let mut conns = Vec::with_capacity(WATCH_CONNS);
+    for i in 0..WATCH_CONNS.min(opts.streams) {
+        conns.push(connect(i).await?);
+    }
+    let events = Arc::new(AtomicU64::new(0));
+    let per_stream = opts.watchers.div_ceil(opts.streams);
+    let mut readers = Vec::with_capacity(opts.streams);
+    for s in 0..opts.streams {
+        let keys: Vec<(Bytes, Bytes)> = (s * per_stream..((s + 1) * per_stream).min(opts.watchers))
+            .map(|i| (watched_key(i), Bytes::new()))
+            .collect();
+        if keys.is_empty() {
+            continue;
+        }
+        let (tx, mut responses) = open_stream(conns[s % conns.len()].clone(), keys).await?;
+        let events = Arc::clone(&events);
+        readers.push(tokio::spawn(async move {
+            let _keep_open = tx;
+            while let Ok(Some(resp)) = responses.message().await {
+                events.fetch_add(resp.events.len() as u64, Ordering::Relaxed);
+            }
+        }));
+    }
+    // Every key, on a connection of its own: a stream that stops reading holds
+    // its connection's flow-control window.
+    let stalled = open_stream(
+        connect(0).await?,
+        vec![(Bytes::from_static(b"\0"), Bytes::from_static(b"\0"))],
+    )
+    .await?;
+    Ok(OpenWatchers {
+        readers,
+        events,
+        _stalled: stalled,
+    })
+}
+
+/// Anonymous resident memory of the members (heap and stacks, not the store's
+/// mapped file), summed, in bytes (None if one is gone).
+fn members_rss(cluster: &LocalCluster) -> Option<u64> {
+    cluster
+        .members
+        .iter()
+        .map(|m| {
+            let status = std::fs::read_to_string(format!("/proc/{}/status", m.pid()?)).ok()?;
+            let line = status.lines().find(|l| l.starts_with("RssAnon:"))?;
+            let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+            Some(kib * 1024)
+        })
+        .sum()
+}
+
+/// One measured run: the put report, the members' memory before and after
+/// the puts, and what the watchers saw (none without watchers).
+struct Measured {
+    report: Report,
+    events: u64,
+    rss_before: Option<u64>,
+    rss_after: Option<u64>,
+}
+
+/// Runs the put preset on `cluster`, with the members' memory and CPU time
+/// read around it.
+async fn measure(
+    cluster: &LocalCluster,
+    cli: &crate::config::Cli,
+    progress: bool,
+) -> Result<Measured, BenchError> {
+    let rss_before = members_rss(cluster);
+    let cpu_before = cluster.cpu_time();
+    let mut report = run_preset(
+        cli,
+        Preset::Put100,
+        cluster.system.name().to_owned(),
+        progress,
+    )
+    .await?;
+    report.server_cpu_us_per_op = cpu_per_op(cpu_before, cluster.cpu_time(), &report);
+    Ok(Measured {
+        report,
+        events: 0,
+        rss_before,
+        rss_after: members_rss(cluster),
+    })
+}
+
+/// Runs the measurement and prints its table (unless `--json`) and one JSON line.
+pub async fn run(
+    global: &GlobalOpts,
+    opts: &WatchLoadOpts,
+    progress: bool,
+) -> Result<(), BenchError> {
+    opts.validate()?;
+    if global.tls() || global.user.is_some() {
+        return Err(BenchError::Option {
+            option: "watch-load",
+            reason: "--cacert, --cert, --key and --user do not apply: watch-load starts its own \
+                     clusters"
+                .into(),
+        });
+    }
+    let scratch = scratch_dir(opts.work_dir.as_deref(), "cairn-bench-watch-load-")?;
+    let mut clusters = Vec::with_capacity(opts.systems.len());
+    for &system in &opts.systems {
+        let binary = match system {
+            System::Etcd => opts.etcd_bin.clone(),
+            System::Cairn => opts.cairn_bin.clone().unwrap_or_else(default_cairn_bin),
+        };
+        let dir = scratch.path().join(system.name());
+        let cluster = start_secured(
+            system,
+            &binary,
+            opts.members,
+            &dir,
+            &StartOptions::default(),
+            None,
+        )
+        .await?;
+        seed(&cluster, None).await?;
+        say(
+            global,
+            &format!(
+                "{system}: {} members serving at {}",
+                opts.members,
+                cluster.endpoints_arg()
+            ),
+        );
+        clusters.push(cluster);
+    }
+
+    let mut quiet: Vec<Vec<Measured>> = clusters.iter().map(|_| Vec::new()).collect();
+    let mut watched: Vec<Vec<Measured>> = clusters.iter().map(|_| Vec::new()).collect();
+    for run in 0..opts.runs {
+        for i in alternating_order(run, clusters.len()) {
+            isolate(&mut clusters, i).await?;
+            for with_watchers in alternate(run) {
+                let cluster = &clusters[i];
+                let args = preset_command(Preset::Put100, &cluster.endpoints_arg(), &[], global);
+                let cli = parse_preset("watch-load", Preset::Put100, &args, global)?;
+                let label = if with_watchers {
+                    format!("{} watchers + 1 stalled", opts.watchers)
+                } else {
+                    "no watchers".to_owned()
+                };
+                say(
+                    global,
+                    &format!(
+                        "[run {}] {} with {label}: {}",
+                        run + 1,
+                        cluster.system,
+                        args.join(" ")
+                    ),
+                );
+                let measured = if with_watchers {
+                    let open = open_watchers(cluster, opts).await?;
+                    let mut m = measure(cluster, &cli, progress).await?;
+                    m.events = open.events.load(Ordering::Relaxed);
+                    drop(open);
+                    m
+                } else {
+                    measure(cluster, &cli, progress).await?
+                };
+                print_run(global, &measured.report);
+                say(
+                    global,
+                    &format!(
+                        "    {} events read; members' memory {} MiB before the puts, {} MiB after",
+                        measured.events,
+                        mib(measured.rss_before),
+                        mib(measured.rss_after)
+                    ),
+                );
+                if with_watchers {
+                    watched[i].push(measured);
+                } else {
+                    quiet[i].push(measured);
+                }
+            }
+        }
+    }
+    let systems: Vec<System> = clusters.iter().map(|c| c.system).collect();
+    for mut cluster in clusters {
+        cluster.stop();
+    }
+    drop(scratch);
+
+    let rows: Vec<(System, Measured, Measured)> = systems
+        .into_iter()
+        .zip(quiet)
+        .zip(watched)
+        .filter_map(|((system, q), w)| Some((system, median_run(q)?, median_run(w)?)))
+        .collect();
+    if !global.json {
+        print!("{}", table(&rows, opts));
+    }
+    println!("{}", summary_json(&rows, opts));
+    Ok(())
+}
+
+/// Whether run `run` measures with watchers first or second.
+fn alternate(run: usize) -> [bool; 2] {
+    if run.is_multiple_of(2) {
+        [false, true]
+    } else {
+        [true, false]
+    }
+}
+
+/// The run with the median requests/s.
+fn median_run(mut runs: Vec<Measured>) -> Option<Measured> {
+    runs.sort_by(|a, b| {
+        a.report
+            .requests_per_sec()
+            .total_cmp(&b.report.requests_per_sec())
+    });
+    let mid = runs.len() / 2;
+    (!runs.is_empty()).then(|| runs.swap_remove(mid))
+}
+
+fn mib(bytes: Option<u64>) -> String {
+    bytes.map_or_else(
+        || "-".into(),
+        |b| format!("{:.1}", b as f64 / (1 << 20) as f64),
+    )
+}
+
+/// The members' CPU time over a run divided by the requests it answered
+/// (warm-up included, as the CPU time is), in microseconds.
+fn cpu_per_op(before: Option<Duration>, after: Option<Duration>, report: &Report) -> Option<f64> {
+    let used = after?.checked_sub(before?)?;
+    let requests = report.requests() + report.warmup_requests;
+    (requests > 0).then(|| used.as_secs_f64() * 1e6 / requests as f64)
+}
+
+fn table(rows: &[(System, Measured, Measured)], opts: &WatchLoadOpts) -> String {
+    let mut out = format!(
+        "\nput-100 on {} member(s), alone and beside {} reading watchers plus 1 that never reads; median of {} run(s); latency in ms\n\n",
+        opts.members, opts.watchers, opts.runs
+    );
+    out.push_str(
+        "| system | watchers | req/s | p50 | p99 | p99.9 | p99 ratio | server CPU µs/op | events read | members' heap before / after puts (MiB) |\n",
+    );
+    out.push_str("|---|---|---:|---:|---:|---:|---:|---:|---:|---|\n");
+    for (system, quiet, watched) in rows {
+        for (label, m) in [
+            ("none".to_owned(), quiet),
+            (format!("{} + 1 stalled", opts.watchers), watched),
+        ] {
+            let r = &m.report;
+            out.push_str(&format!(
+                "| {system} | {label} | {:.0} | {:.3} | {:.3} | {:.3} | {:.2} | {} | {} | {} / {} |\n",
+                r.requests_per_sec(),
+                r.p50_ms(),
+                r.p99_ms(),
+                r.p999_ms(),
+                r.p99_ms() / quiet.report.p99_ms(),
+                r.server_cpu_us_per_op
+                    .map_or_else(|| "-".into(), |c| format!("{c:.1}")),
+                m.events,
+                mib(m.rss_before),
+                mib(m.rss_after),
+            ));
+        }
+    }
+    out.push_str(
+        "\np99 ratio: p99 over the p99 without watchers. Server CPU: user + system time of the members over the run (warm-up included) per request. Heap: anonymous resident memory of the members, summed, before and after the puts (with watchers: once they are open).\n",
+    );
+    out
+}
+
+fn summary_json(rows: &[(System, Measured, Measured)], opts: &WatchLoadOpts) -> Value {
+    let side = |m: &Measured| {
+        json!({
+            "report": m.report.to_json(),
+            "events_read": m.events,
+            "members_anon_rss_bytes_before": m.rss_before,
+            "members_anon_rss_bytes_after": m.rss_after,
+        })
+    };
+    let rows: Vec<Value> = rows
+        .iter()
+        .map(|(system, quiet, watched)| {
+            json!({
+                "system": system.name(),
+                "without_watchers": side(quiet),
+                "with_watchers": side(watched),
+                "p99_ratio": watched.report.p99_ms() / quiet.report.p99_ms(),
+            })
+        })
+        .collect();
+    json!({
+        "watch_load": rows,
+        "watchers": opts.watchers,
+        "streams": opts.streams,
+        "members": opts.members,
+        "runs": opts.runs,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn watched_keys_are_keys_the_put_preset_writes() {
+        assert_eq!(watched_key(0), Bytes::from_static(b"00000000"));
+        assert_eq!(watched_key(9_999), Bytes::from_static(b"00099990"));
+        assert!((9_999 * 10) < PRESET_KEY_SPACE as usize);
+    }
+
+    #[test]
+    fn runs_alternate_which_side_goes_first() {
+        assert_eq!(alternate(0), [false, true]);
+        assert_eq!(alternate(1), [true, false]);
+    }
+}
