@@ -18,11 +18,10 @@ use cairn_proto::etcdserverpb::watch_server::WatchServer;
 use tokio::sync::{mpsc, watch};
 
 use super::cluster::ClusterService;
-use super::command::ShardCommand;
 use super::kv::{Identity, KvService, Limits};
 use super::maintenance::MaintenanceService;
 use super::members::MemberRegistry;
-use super::router::{Router, SHARD_QUEUE_COMMANDS};
+use super::router::{command_channels, CommandInbox, Router};
 use super::shard::{Shard, ShardInbound, ShardSetup};
 use crate::config::{Config, WalBackendChoice, WalSyncMode};
 use crate::routing::{RoutingTable, ShardId};
@@ -143,11 +142,12 @@ struct Shared {
     config: Config,
     members: Arc<MemberRegistry>,
     routing: RoutingTable,
-    router: Arc<Router>,
+    /// Each core's router: its own channel to every shard.
+    routers: Vec<Arc<Router>>,
     identity: Identity,
     net: cairn_net::Config,
-    /// Receivers of every shard's command channel, taken by the owning core.
-    commands: Vec<std::sync::Mutex<Option<mpsc::Receiver<ShardCommand>>>>,
+    /// Every shard's command inbox, taken by the owning core.
+    commands: Vec<std::sync::Mutex<Option<CommandInbox>>>,
     inbound_tx: Arc<Vec<mpsc::Sender<ShardInbound>>>,
     inbound_rx: Vec<std::sync::Mutex<Option<mpsc::Receiver<ShardInbound>>>>,
     client_listeners: Vec<std::sync::Mutex<Vec<std::net::TcpListener>>>,
@@ -201,19 +201,20 @@ impl Node {
         let members = Arc::new(MemberRegistry::new(&config.data_dir, file.clone()));
         let auth = super::auth::AuthStore::open(&config.data_dir, config.auth.clone())?;
         let routing = RoutingTable::new(config.shards, config.cores);
-        let mut senders = Vec::new();
-        let mut commands = Vec::new();
+        let channels = command_channels(&routing, config.cores);
+        let routers = channels.routers;
+        let commands = channels
+            .inboxes
+            .into_iter()
+            .map(|inbox| std::sync::Mutex::new(Some(inbox)))
+            .collect();
         let mut inbound_tx = Vec::new();
         let mut inbound_rx = Vec::new();
         for _ in 0..config.shards {
-            let (tx, rx) = mpsc::channel(SHARD_QUEUE_COMMANDS);
-            senders.push(tx);
-            commands.push(std::sync::Mutex::new(Some(rx)));
             let (tx, rx) = mpsc::channel(SHARD_INBOUND_MESSAGES);
             inbound_tx.push(tx);
             inbound_rx.push(std::sync::Mutex::new(Some(rx)));
         }
-        let router = Router::new(routing.clone(), senders);
         let identity = Identity::new(file.cluster_id, file.member_id);
 
         // Bind everything before any core starts, so a port in use fails the
@@ -286,7 +287,7 @@ impl Node {
             auth,
             members: members.clone(),
             routing,
-            router,
+            routers,
             identity,
             net,
             commands,
@@ -486,7 +487,7 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
         let mut peer_listener = cairn_net::PeerListener::from_listener(listener, policy)
             .with_other_protocol(super::peer_http::is_http);
         let peer_http = super::peer_http::PeerHttp {
-            router: shared.router.clone(),
+            router: shared.routers[core].clone(),
             members: shared.members.clone(),
         };
         let cores = ctx.cores.clone();
@@ -562,19 +563,19 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
         let listener = tokio::net::TcpListener::from_std(listener)
             .map_err(StartError::io("client listener"))?;
         let kv = KvService {
-            router: shared.router.clone(),
+            router: shared.routers[core].clone(),
             identity: shared.identity.clone(),
             limits,
             auth: shared.auth.clone(),
         };
         let maintenance = MaintenanceService {
-            router: shared.router.clone(),
+            router: shared.routers[core].clone(),
             identity: shared.identity.clone(),
             members: shared.members.clone(),
             auth: shared.auth.clone(),
         };
         let watch = super::watch::WatchService {
-            router: shared.router.clone(),
+            router: shared.routers[core].clone(),
             members: shared.members.clone(),
             identity: shared.identity.clone(),
             next_stream: shared.next_watch_stream.clone(),
@@ -582,13 +583,13 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
         };
         let cluster = ClusterService {
             identity: shared.identity.clone(),
-            router: shared.router.clone(),
+            router: shared.routers[core].clone(),
             members: shared.members.clone(),
             peers: peers.clone(),
             auth: shared.auth.clone(),
         };
         let lease = super::lease::LeaseService {
-            router: shared.router.clone(),
+            router: shared.routers[core].clone(),
             members: shared.members.clone(),
             identity: shared.identity.clone(),
             min_ttl_secs: min_lease_ttl_secs,
@@ -598,7 +599,7 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
         };
         let auth = super::auth::service::AuthService {
             auth: shared.auth.clone(),
-            router: shared.router.clone(),
+            router: shared.routers[core].clone(),
             identity: shared.identity.clone(),
             metrics: Some(recorder.clone()),
         };
@@ -655,7 +656,7 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
             shared.shutdown.clone(),
         ));
         tokio::task::spawn_local(super::cluster::publish_attributes(
-            shared.router.clone(),
+            shared.routers[core].clone(),
             shared.members.clone(),
             peers.clone(),
             config.name.clone(),

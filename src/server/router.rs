@@ -1,12 +1,16 @@
 //! How a client request reaches the shard that owns its keys.
 //!
-//! Every core holds a copy of the router: the routing table and a sender to each
-//! shard's driver. Shard drivers live on the core that owns them and keep their
-//! state there (`!Send`); the only way in is a [`ShardCommand`] through this
-//! channel, answered through a oneshot. Channels are bounded, so a burst of
-//! clients waits for room instead of growing memory.
+//! Every core holds its own router: the routing table and, for each shard, a
+//! sender of the channel from this core to that shard's driver. Shard drivers
+//! live on the core that owns them and keep their state there (`!Send`); the
+//! only way in is a [`ShardCommand`] through such a channel, answered through a
+//! oneshot. There is one channel per (core, shard) pair, so the cores sending
+//! to one shard never contend on a shared queue; the driver takes from all of
+//! its channels in turn ([`CommandInbox`]). Channels are bounded, so a burst
+//! of clients waits for room instead of growing memory.
 
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use cairn_proto::cairnpb::shard_request;
@@ -19,10 +23,98 @@ use super::command::{
 use super::errors::ApiError;
 use crate::routing::{RoutingTable, ShardId};
 
-/// Commands queued for one shard before senders wait.
+/// Commands queued from one core for one shard before that core's senders wait.
 pub const SHARD_QUEUE_COMMANDS: usize = 16_384;
 
-/// The routing table plus a sender to every shard of this member.
+/// The command channels of a member: `routers[core]` sends from `core` to
+/// every shard, and `inboxes[shard]` takes what every core sent to `shard`.
+pub struct CommandChannels {
+    pub routers: Vec<Arc<Router>>,
+    pub inboxes: Vec<CommandInbox>,
+}
+
+/// Makes one bounded channel per (core, shard) pair.
+pub fn command_channels(routing: &RoutingTable, cores: usize) -> CommandChannels {
+    let shards = routing.shard_count();
+    let mut receivers: Vec<Vec<mpsc::Receiver<ShardCommand>>> =
+        (0..shards).map(|_| Vec::with_capacity(cores)).collect();
+    let routers = (0..cores.max(1))
+        .map(|_| {
+            let senders = receivers
+                .iter_mut()
+                .map(|from_cores| {
+                    let (tx, rx) = mpsc::channel(SHARD_QUEUE_COMMANDS);
+                    from_cores.push(rx);
+                    tx
+                })
+                .collect();
+            Router::new(routing.clone(), senders)
+        })
+        .collect();
+    CommandChannels {
+        routers,
+        inboxes: receivers.into_iter().map(CommandInbox::new).collect(),
+    }
+}
+
+/// A shard's commands: one channel from each core, taken from in turn so no
+/// core's queue waits behind another's.
+#[derive(Debug)]
+pub struct CommandInbox {
+    from_cores: Vec<mpsc::Receiver<ShardCommand>>,
+    /// The channel looked at first next time.
+    next: usize,
+}
+
+impl CommandInbox {
+    pub fn new(from_cores: Vec<mpsc::Receiver<ShardCommand>>) -> CommandInbox {
+        CommandInbox {
+            from_cores,
+            next: 0,
+        }
+    }
+
+    /// The next command from any core; None once every sender is gone.
+    pub async fn recv(&mut self) -> Option<ShardCommand> {
+        std::future::poll_fn(|cx| self.poll_recv(cx)).await
+    }
+
+    fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<ShardCommand>> {
+        let n = self.from_cores.len();
+        let mut closed = 0;
+        for i in 0..n {
+            let k = (self.next + i) % n;
+            match self.from_cores[k].poll_recv(cx) {
+                Poll::Ready(Some(cmd)) => {
+                    self.next = (k + 1) % n;
+                    return Poll::Ready(Some(cmd));
+                }
+                Poll::Ready(None) => closed += 1,
+                Poll::Pending => {}
+            }
+        }
+        if closed == n {
+            Poll::Ready(None)
+        } else {
+            Poll::Pending
+        }
+    }
+
+    /// A command already queued on any channel, without waiting.
+    pub fn try_recv(&mut self) -> Option<ShardCommand> {
+        let n = self.from_cores.len();
+        for i in 0..n {
+            let k = (self.next + i) % n;
+            if let Ok(cmd) = self.from_cores[k].try_recv() {
+                self.next = (k + 1) % n;
+                return Some(cmd);
+            }
+        }
+        None
+    }
+}
+
+/// The routing table plus a sender to every shard of this member, from one core.
 #[derive(Debug)]
 pub struct Router {
     pub routing: RoutingTable,
@@ -148,5 +240,54 @@ impl Router {
     pub async fn hash_kv(&self, shard: ShardId, revision: i64) -> Result<ShardHash, ApiError> {
         self.ask(shard, |reply| ShardCommand::HashKv { revision, reply })
             .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Queues a command from `core` that names its sender by `tag`.
+    fn send(channels: &CommandChannels, core: usize, tag: i64) {
+        let (reply, _) = oneshot::channel();
+        channels.routers[core].shards[0]
+            .try_send(ShardCommand::LeaseRenew { id: tag, reply })
+            .expect("room");
+    }
+
+    fn tag(cmd: ShardCommand) -> i64 {
+        match cmd {
+            ShardCommand::LeaseRenew { id, .. } => id,
+            _ => panic!("only renewals were sent"),
+        }
+    }
+
+    #[tokio::test]
+    async fn each_core_has_its_own_channel_to_a_shard_and_the_inbox_takes_them_in_turn() {
+        let routing = RoutingTable::new(1, 2);
+        let mut channels = command_channels(&routing, 2);
+        assert_eq!(channels.routers.len(), 2);
+        let mut inbox = channels.inboxes.pop().unwrap();
+        // Core 0 queues three, then core 1 one: core 1's does not wait
+        // behind all of core 0's.
+        for t in [1, 2, 3] {
+            send(&channels, 0, t);
+        }
+        send(&channels, 1, 10);
+        let mut order = Vec::new();
+        while let Some(cmd) = inbox.try_recv() {
+            order.push(tag(cmd));
+        }
+        assert_eq!(order, [1, 10, 2, 3]);
+        // Waiting wakes for a command from either core, and ends once every
+        // core's router is gone.
+        let waiting = tokio::spawn(async move {
+            let first = inbox.recv().await.map(tag);
+            (first, inbox.recv().await.is_none())
+        });
+        tokio::task::yield_now().await;
+        send(&channels, 1, 20);
+        drop(channels.routers);
+        assert_eq!(waiting.await.unwrap(), (Some(20), true));
     }
 }

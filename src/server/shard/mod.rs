@@ -168,7 +168,7 @@ pub struct ShardSetup {
     pub wal: Rc<cairn_wal::Wal>,
     pub recovered: cairn_wal::RecoveredShard,
     pub peers: Rc<dyn PeerSender>,
-    pub commands: mpsc::Receiver<ShardCommand>,
+    pub commands: super::router::CommandInbox,
     pub inbound: mpsc::Receiver<ShardInbound>,
     pub tick: Duration,
     pub election_ticks: u64,
@@ -366,8 +366,8 @@ impl Shard {
                     self.handle(cmd);
                     for _ in 0..MAX_INPUTS_PER_TURN {
                         match setup.commands.try_recv() {
-                            Ok(c) => self.handle(c),
-                            Err(_) => break,
+                            Some(c) => self.handle(c),
+                            None => break,
                         }
                     }
                 }
