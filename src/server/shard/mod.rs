@@ -407,7 +407,7 @@ impl Shard {
             ShardCommand::Write { request, reply } => self.propose(request, reply),
             ShardCommand::Range { request, reply } => {
                 if request.serializable {
-                    let _ = reply.send(self.serve_range(&request));
+                    self.serve_range(&request, reply);
                 } else if self.is_learner {
                     let _ = reply.send(Err(ApiError::NotSupportedForLearner));
                 } else {

@@ -1,7 +1,12 @@
 //! Linearizable reads: ReadIndex rounds, and reads served once the
-//! confirmed index is applied.
+//! confirmed index is applied. How a range is read from the store, in chunks
+//! off a snapshot, is in `ranges`.
 
 use super::*;
+
+mod ranges;
+
+use ranges::read_error_to_api;
 
 /// A linearizable read waiting for its ReadIndex round and then for apply.
 pub(super) struct PendingRead {
@@ -98,19 +103,7 @@ impl Shard {
     }
 
     pub(super) fn read_error(&self, e: mvcc::ReadError) -> ApiError {
-        match e {
-            mvcc::ReadError::Compacted { .. } => ApiError::Compacted,
-            mvcc::ReadError::FutureRevision { .. } => ApiError::FutureRev,
-            mvcc::ReadError::EmptyKey => ApiError::EmptyKey,
-            other => self.storage_error(other.to_string()),
-        }
-    }
-
-    pub(super) fn serve_range(&self, request: &RangeRequest) -> Result<RangeResponse, ApiError> {
-        self.store
-            .range(&convert::range_from_pb(request))
-            .map(|r| convert::range_to_pb(r, self.header(0)))
-            .map_err(|e| self.read_error(e))
+        read_error_to_api(self.id, e)
     }
 
     /// A ReadIndex round came back: a quorum acknowledged this member as
@@ -139,7 +132,7 @@ impl Shard {
                 break;
             }
             for r in entry.remove() {
-                let _ = r.reply.send(self.serve_range(&r.request));
+                self.serve_range(&r.request, r.reply);
             }
         }
     }
