@@ -5,18 +5,27 @@
 //! <data-dir>/member.toml        identity, layout and the member table
 //! <data-dir>/wal/lane-<i>/      the WAL of core i (shards s with s % lanes == i)
 //! <data-dir>/shard-<s>/         shard s: its store file and raft-snapshot metadata
+//! <data-dir>/shard-<s>/snapshot-incoming-*
+//!                               a snapshot being received or waiting to be
+//!                               installed (deleted when the shard opens)
 //! ```
 //! The layout (shard count, WAL lanes) is fixed when the member is created: a
 //! restart without `--shards` and `--cores` takes it from `member.toml` (see
 //! `Config::from_flags`), and one with other values is refused with a message
 //! saying what the directory holds.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::members::{Member, MemberFile, Membership, LAYOUT_VERSION, MEMBER_FILE};
 use super::start_error::StartError;
 use crate::config::{ClusterState, Config};
+use crate::routing::ShardId;
+
+/// The directory of shard `shard`'s store, in the member's data directory.
+pub fn shard_dir(data_dir: &Path, shard: ShardId) -> PathBuf {
+    data_dir.join(format!("shard-{shard}"))
+}
 
 fn data_dir_error(dir: &Path, reason: impl Into<String>) -> StartError {
     StartError::DataDir {

@@ -400,6 +400,7 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
         links: RefCell::new(HashMap::new()),
         net: shared.net.clone(),
         inbound: shared.inbound_tx.clone(),
+        data_dir: config.data_dir.clone(),
     });
     for &shard in &my_shards {
         for m in &membership.members {
@@ -432,7 +433,7 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
             shard,
             member_id: membership.local_id,
             initial_voters: shared.members.bootstrap_voters(),
-            dir: config.data_dir.join(format!("shard-{shard}")),
+            dir: super::data_dir::shard_dir(&config.data_dir, shard),
             wal: wal.clone(),
             recovered: recovered
                 .shards
@@ -518,6 +519,7 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
                             tokio::task::spawn_local(forward_inbound(
                                 rx,
                                 shared3.inbound_tx.clone(),
+                                shared3.config.data_dir.clone(),
                                 peer,
                                 Some(link),
                             ));

@@ -4,18 +4,20 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use bytes::Bytes;
 use prost::Message as _;
 use tokio::sync::mpsc;
 
-use super::shard::{PeerSender, ShardInbound};
+use super::data_dir::shard_dir;
+use super::shard::{PeerSender, ShardInbound, SpoolError, StreamSpool};
 use crate::raft;
 use crate::routing::ShardId;
 
-/// Largest snapshot stream a member accepts. A snapshot is assembled in memory
-/// (as slices of the receive buffers) before the store is restored from it.
+/// Largest snapshot stream a member accepts, checked as its bytes arrive. A
+/// snapshot is spooled to a file as it arrives, so this bounds disk, not memory.
 pub const MAX_SNAPSHOT_STREAM_BYTES: u64 = 4 * 1024 * 1024 * 1024;
 
 /// A link and the peer URLs it was dialed at.
@@ -26,6 +28,8 @@ pub(super) struct CorePeers {
     pub(super) links: RefCell<HashMap<(ShardId, u64), DialedLink>>,
     pub(super) net: cairn_net::Config,
     pub(super) inbound: Arc<Vec<mpsc::Sender<ShardInbound>>>,
+    /// The member's data directory, where received snapshots are spooled.
+    pub(super) data_dir: PathBuf,
 }
 
 impl CorePeers {
@@ -51,7 +55,13 @@ impl CorePeers {
         };
         let (link, rx) = cairn_net::dial(&net, to, cairn_net::PeerTarget::HostPort(target), shard)
             .map_err(|e| format!("peer transport config: {e}"))?;
-        tokio::task::spawn_local(forward_inbound(rx, self.inbound.clone(), to, None));
+        tokio::task::spawn_local(forward_inbound(
+            rx,
+            self.inbound.clone(),
+            self.data_dir.clone(),
+            to,
+            None,
+        ));
         // Dropping a replaced link closes its connection.
         self.links
             .borrow_mut()
@@ -98,17 +108,26 @@ impl PeerSender for CorePeers {
     }
 }
 
-/// Decodes Raft messages from an inbound link and hands them to their shard.
+/// Decodes Raft messages from an inbound link and hands them to their shard;
+/// spools snapshot streams to files in the shard's directory as they arrive
+/// (see [`StreamSpool`]), and hands a complete one to the shard as its file.
 /// `_link` is the link the receiver belongs to when nothing else holds it (an
 /// accepted connection): dropping a link closes its connection.
+///
+/// While a stream's writer is behind, this waits; the link's inbound queue
+/// fills and the transport stops acknowledging the stream, so the sender
+/// slows to the disk's pace. It also
+/// waits for the end of a stream to be synced, so the messages the leader
+/// sends after a snapshot reach the shard after it.
 pub(super) async fn forward_inbound(
     mut rx: cairn_net::InboundReceiver,
     inbound: Arc<Vec<mpsc::Sender<ShardInbound>>>,
+    data_dir: PathBuf,
     peer: u64,
     _link: Option<cairn_net::Link>,
 ) {
-    // Snapshot streams being received: stream id -> (shard, chunks, bytes).
-    let mut streams: HashMap<u64, (u32, Vec<Bytes>, u64)> = HashMap::new();
+    // Snapshot streams being received, by stream id. Dropping one deletes its file.
+    let mut streams: HashMap<u64, StreamSpool> = HashMap::new();
     while let Some(item) = rx.recv().await {
         let (shard_id, delivery) = match item {
             cairn_net::Inbound::Message {
@@ -123,38 +142,75 @@ pub(super) async fn forward_inbound(
             cairn_net::Inbound::StreamStart {
                 stream_id,
                 shard_id,
-                ..
+                attempt,
             } => {
-                streams.insert(stream_id, (shard_id, Vec::new(), 0));
+                // An earlier attempt of the same stream is dropped.
+                streams.remove(&stream_id);
+                if inbound.get(shard_id as usize).is_none() {
+                    tracing::warn!(
+                        peer,
+                        shard = shard_id,
+                        "snapshot stream for an unknown shard dropped"
+                    );
+                    continue;
+                }
+                let dir = shard_dir(&data_dir, shard_id);
+                match StreamSpool::start(
+                    &dir,
+                    shard_id,
+                    peer,
+                    stream_id,
+                    attempt,
+                    MAX_SNAPSHOT_STREAM_BYTES,
+                ) {
+                    Ok(spool) => {
+                        streams.insert(stream_id, spool);
+                    }
+                    Err(e) => {
+                        tracing::warn!(peer, shard = shard_id, error = %e, "snapshot stream dropped")
+                    }
+                }
                 continue;
             }
             cairn_net::Inbound::StreamChunk {
                 stream_id, data, ..
             } => {
-                let mut over = false;
-                if let Some((shard, chunks, total)) = streams.get_mut(&stream_id) {
-                    *total += data.len() as u64;
-                    if *total > MAX_SNAPSHOT_STREAM_BYTES {
+                let Some(spool) = streams.get_mut(&stream_id) else {
+                    continue;
+                };
+                match spool.append(data).await {
+                    Ok(()) => {}
+                    // The writer logged why, naming the file.
+                    Err(SpoolError::WriterGone { .. }) => {
+                        streams.remove(&stream_id);
+                    }
+                    Err(e) => {
                         tracing::warn!(
                             peer,
-                            shard = *shard,
-                            limit_bytes = MAX_SNAPSHOT_STREAM_BYTES,
-                            "snapshot stream over the limit dropped"
+                            shard = spool.shard(),
+                            file = %spool.path().display(),
+                            error = %e,
+                            "snapshot stream dropped"
                         );
-                        over = true;
-                    } else {
-                        chunks.push(data);
+                        streams.remove(&stream_id);
                     }
-                }
-                if over {
-                    streams.remove(&stream_id);
                 }
                 continue;
             }
-            cairn_net::Inbound::StreamEnd { stream_id, .. } => match streams.remove(&stream_id) {
-                Some((shard, chunks, _)) => (shard, ShardInbound::Snapshot(chunks)),
-                None => continue,
-            },
+            cairn_net::Inbound::StreamEnd { stream_id, .. } => {
+                let Some(spool) = streams.remove(&stream_id) else {
+                    continue;
+                };
+                let shard = spool.shard();
+                match spool.finish().await {
+                    Ok(spooled) => (shard, ShardInbound::Snapshot(spooled)),
+                    Err(SpoolError::WriterGone { .. }) => continue,
+                    Err(e) => {
+                        tracing::warn!(peer, shard, error = %e, "snapshot stream dropped");
+                        continue;
+                    }
+                }
+            }
             cairn_net::Inbound::StreamAborted { stream_id, .. } => {
                 streams.remove(&stream_id);
                 continue;

@@ -79,6 +79,7 @@ mod pipeline;
 mod proposals;
 mod reads;
 mod snapshots;
+mod spool;
 mod store_swap;
 #[cfg(test)]
 mod tests;
@@ -91,9 +92,8 @@ use pipeline::{InFlightWrite, Waiter};
 use proposals::HeldWrite;
 use reads::{read_context_counter, PendingRead, PendingRenewal, ReadRound};
 pub(crate) use snapshots::write_snapshot_meta;
-use snapshots::{
-    apply_pending_table, decode_snapshot_stream, read_snapshot_meta, IncomingSnapshot,
-};
+use snapshots::{apply_pending_table, read_snapshot_meta, IncomingSnapshot};
+pub use spool::{SpoolError, SpooledSnapshot, StreamSpool};
 
 /// Inputs drained per turn before Raft's Ready is processed: bounds the time one
 /// turn takes, so ticks are not starved by a flood of messages.
@@ -148,10 +148,9 @@ pub trait PeerSender {
 #[derive(Debug)]
 pub enum ShardInbound {
     Raft(raft::Message),
-    /// A complete snapshot stream, as the receive buffers' slices: a
-    /// length-prefixed `MsgSnap` followed by length-prefixed store chunks
-    /// (every length a little-endian u32).
-    Snapshot(Vec<Bytes>),
+    /// A complete snapshot stream, spooled to a file in the shard's
+    /// directory (see [`spool`]): its `MsgSnap`, and its store chunks.
+    Snapshot(SpooledSnapshot),
 }
 
 /// Everything a shard driver starts from.
@@ -526,38 +525,36 @@ impl Shard {
     fn receive(&mut self, inbound: ShardInbound) {
         match inbound {
             ShardInbound::Raft(m) => self.step(m),
-            ShardInbound::Snapshot(parts) => match decode_snapshot_stream(parts) {
-                Ok((msg, chunks)) => {
-                    let index = msg
-                        .snapshot
-                        .as_ref()
-                        .and_then(|s| s.metadata.as_ref())
-                        .map_or(0, |m| m.index);
+            ShardInbound::Snapshot(spooled) => {
+                let (msg, chunks) = spooled.into_parts();
+                let index = msg
+                    .snapshot
+                    .as_ref()
+                    .and_then(|s| s.metadata.as_ref())
+                    .map_or(0, |m| m.index);
+                tracing::info!(
+                    shard = self.id,
+                    index,
+                    bytes = chunks.len_bytes(),
+                    file = %chunks.path().display(),
+                    "snapshot received"
+                );
+                let members = cairn_proto::cairnpb::MemberTable::decode(msg.context.clone())
+                    .ok()
+                    .filter(|t| t.cluster_id == self.members.cluster_id());
+                self.step(msg);
+                let pending = self.node.pending_snapshot_index();
+                // A snapshot Raft does not take is dropped, and its file with it.
+                let incoming = IncomingSnapshot { chunks, members };
+                if !self.held_snapshot.received(index, incoming, pending) {
                     tracing::info!(
                         shard = self.id,
                         index,
-                        chunks = chunks.len(),
-                        "snapshot received"
+                        ?pending,
+                        "snapshot not taken by raft; dropped"
                     );
-                    let members = cairn_proto::cairnpb::MemberTable::decode(msg.context.clone())
-                        .ok()
-                        .filter(|t| t.cluster_id == self.members.cluster_id());
-                    self.step(msg);
-                    let pending = self.node.pending_snapshot_index();
-                    let incoming = IncomingSnapshot { chunks, members };
-                    if !self.held_snapshot.received(index, incoming, pending) {
-                        tracing::info!(
-                            shard = self.id,
-                            index,
-                            ?pending,
-                            "snapshot not taken by raft; dropped"
-                        );
-                    }
                 }
-                Err(e) => {
-                    tracing::warn!(shard = self.id, error = %e, "malformed snapshot stream dropped")
-                }
-            },
+            }
         }
     }
 

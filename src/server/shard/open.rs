@@ -21,6 +21,23 @@ impl Shard {
             shard,
             what: format!("creating {}: {e}", setup.dir.display()),
         })?;
+        // Snapshots being received when the member stopped: Raft sends a
+        // fresh one if this member still needs it.
+        let removed =
+            spool::remove_leftovers(&setup.dir).map_err(|e| ShardOpenError::Recovery {
+                shard,
+                what: format!(
+                    "removing snapshot spool files left in {}: {e}",
+                    setup.dir.display()
+                ),
+            })?;
+        if removed > 0 {
+            tracing::info!(
+                shard,
+                files = removed,
+                "removed unfinished snapshot spool files"
+            );
+        }
         if shard == 0 {
             // A snapshot install that a crash interrupted after its swap left
             // the member table it came with: member.toml follows it now.

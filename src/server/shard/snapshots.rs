@@ -3,45 +3,10 @@
 
 use std::path::Path;
 
+use super::spool::{SpoolError, SpooledChunks};
 use super::store_swap;
 use super::*;
 use crate::durable_file::sync_dir;
-
-/// Splits a received snapshot stream back into the `MsgSnap` and store chunks.
-pub(super) fn decode_snapshot_stream(
-    parts: Vec<Bytes>,
-) -> Result<(raft::Message, Vec<Vec<u8>>), String> {
-    let mut all = bytes::BytesMut::with_capacity(parts.iter().map(Bytes::len).sum());
-    for p in parts {
-        all.extend_from_slice(&p);
-    }
-    let all = all.freeze();
-    fn take(all: &Bytes, pos: &mut usize, what: &str) -> Result<Bytes, String> {
-        if all.len() < *pos + 4 {
-            return Err(format!(
-                "snapshot stream ends inside the length of the {what}"
-            ));
-        }
-        let len = u32::from_le_bytes(all[*pos..*pos + 4].try_into().expect("4 bytes")) as usize;
-        *pos += 4;
-        if all.len() < *pos + len {
-            return Err(format!(
-                "snapshot stream ends inside the {what} ({len} bytes announced)"
-            ));
-        }
-        let b = all.slice(*pos..*pos + len);
-        *pos += len;
-        Ok(b)
-    }
-    let mut pos = 0usize;
-    let msg = raft::Message::decode(take(&all, &mut pos, "message")?)
-        .map_err(|e| format!("snapshot message: {e}"))?;
-    let mut chunks = Vec::new();
-    while pos < all.len() {
-        chunks.push(take(&all, &mut pos, "store chunk")?.to_vec());
-    }
-    Ok((msg, chunks))
-}
 
 /// Snapshot metadata of the shard's log: the index and term the log starts
 /// after, and the membership then. Kept in `<shard dir>/raft-snapshot`, written
@@ -124,6 +89,8 @@ pub(super) enum InstallError {
     NotHeld(String),
     #[error("restoring the store from a snapshot: {0}")]
     Restore(#[source] mvcc::SnapshotError),
+    #[error("reading the received snapshot: {0}")]
+    Spool(#[source] SpoolError),
     #[error("the snapshot's store has applied index {store}, its metadata says {metadata}")]
     AppliedIndex { store: u64, metadata: u64 },
     #[error("{what}: {source}")]
@@ -145,14 +112,15 @@ impl InstallError {
 }
 
 /// A snapshot received from a leader, waiting for Raft to accept it.
+/// Dropping it deletes its spool file.
 pub(super) struct IncomingSnapshot {
-    pub(super) chunks: Vec<Vec<u8>>,
+    pub(super) chunks: SpooledChunks,
     pub(super) members: Option<cairn_proto::cairnpb::MemberTable>,
 }
 
 /// A snapshot stream read from the store as it is sent: the length-prefixed
-/// `MsgSnap`, then each store chunk length-prefixed (the layout
-/// [`decode_snapshot_stream`] reads). The store snapshot it reads from never
+/// `MsgSnap`, then each store chunk length-prefixed (the layout of a spool
+/// file, see [`super::spool`]). The store snapshot it reads from never
 /// blocks the shard's writes. It cannot start over once read from: a transfer
 /// that fails part way fails, and Raft asks for a fresh snapshot.
 pub(super) struct StoreSnapshotSource {
@@ -328,8 +296,19 @@ impl Shard {
         let IncomingSnapshot { chunks, members } = incoming;
         let new_dir = store_swap::swap_dir(&self.dir, "new");
         let _ = std::fs::remove_dir_all(&new_dir);
-        let store = mvcc::Store::restore(&new_dir, self.id, self.store_config.clone(), chunks)
-            .map_err(InstallError::Restore)?;
+        // One store chunk at a time from the spool file. A chunk that cannot
+        // be read ends the stream early, which the restore refuses too; the
+        // spool's error says why.
+        let mut reader = chunks.reader();
+        let restored =
+            mvcc::Store::restore(&new_dir, self.id, self.store_config.clone(), &mut reader);
+        if let Some(e) = reader.into_error() {
+            return Err(InstallError::Spool(e));
+        }
+        let store = restored.map_err(InstallError::Restore)?;
+        // Deleted before the directories are swapped, so that nothing else
+        // touches the shard's directory during the swap.
+        chunks.remove();
         if store.applied_index() != md.index {
             return Err(InstallError::AppliedIndex {
                 store: store.applied_index(),
