@@ -6,7 +6,6 @@
 //! any cluster.
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 use clap::Args;
 use serde_json::{json, Value};
@@ -17,8 +16,8 @@ use crate::config::GlobalOpts;
 use crate::preset::{preset_command, shown_security_args, Preset};
 use crate::security::{bench_user, ClusterCerts};
 use crate::session::{
-    alternating_order, check_runs, isolate, median, parse_preset, print_run, run_failed,
-    run_preset, say, scratch_dir, seed, start_secured,
+    alternating_order, check_runs, cpu_per_op, isolate, median, parse_preset, print_run,
+    run_failed, run_preset, say, scratch_dir, seed, start_secured,
 };
 use crate::stats::Report;
 use crate::BenchError;
@@ -261,14 +260,6 @@ pub async fn run(
     }
     println!("{summary}");
     Ok(())
-}
-
-/// The members' CPU time over a run divided by the requests it answered
-/// (warm-up included, as the CPU time is), in microseconds.
-fn cpu_per_op(before: Option<Duration>, after: Option<Duration>, report: &Report) -> Option<f64> {
-    let used = after?.checked_sub(before?)?;
-    let requests = report.requests() + report.warmup_requests;
-    (requests > 0).then(|| used.as_secs_f64() * 1e6 / requests as f64)
 }
 
 fn ratio(cairn: Option<f64>, etcd: Option<f64>) -> String {

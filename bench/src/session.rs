@@ -132,6 +132,18 @@ pub(crate) async fn run_preset(
     Ok(report)
 }
 
+/// The members' CPU time over a run divided by the requests it answered
+/// (warm-up included, as the CPU time is), in microseconds.
+pub(crate) fn cpu_per_op(
+    before: Option<Duration>,
+    after: Option<Duration>,
+    report: &Report,
+) -> Option<f64> {
+    let used = after?.checked_sub(before?)?;
+    let requests = report.requests() + report.warmup_requests;
+    (requests > 0).then(|| used.as_secs_f64() * 1e6 / requests as f64)
+}
+
 /// The progress line of one run, unless only JSON is printed.
 pub(crate) fn print_run(global: &GlobalOpts, report: &Report) {
     say(

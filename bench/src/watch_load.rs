@@ -35,8 +35,8 @@ use crate::config::GlobalOpts;
 use crate::preset::{preset_command, Preset, PRESET_KEY_SPACE};
 use crate::security::Conn;
 use crate::session::{
-    alternating_order, check_runs, isolate, parse_preset, print_run, run_preset, say, scratch_dir,
-    seed, start_secured,
+    alternating_order, check_runs, cpu_per_op, isolate, parse_preset, print_run, run_preset, say,
+    scratch_dir, seed, start_secured,
 };
 use crate::stats::Report;
 use crate::BenchError;
@@ -417,14 +417,6 @@ fn mib(bytes: Option<u64>) -> String {
         || "-".into(),
         |b| format!("{:.1}", b as f64 / (1 << 20) as f64),
     )
-}
-
-/// The members' CPU time over a run divided by the requests it answered
-/// (warm-up included, as the CPU time is), in microseconds.
-fn cpu_per_op(before: Option<Duration>, after: Option<Duration>, report: &Report) -> Option<f64> {
-    let used = after?.checked_sub(before?)?;
-    let requests = report.requests() + report.warmup_requests;
-    (requests > 0).then(|| used.as_secs_f64() * 1e6 / requests as f64)
 }
 
 fn table(rows: &[(System, Measured, Measured)], opts: &WatchLoadOpts) -> String {

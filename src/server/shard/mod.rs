@@ -82,6 +82,8 @@ mod snapshots;
 mod spool;
 mod store_swap;
 #[cfg(test)]
+mod test_store;
+#[cfg(test)]
 mod tests;
 mod watchers;
 

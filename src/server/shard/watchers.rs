@@ -425,6 +425,7 @@ fn previous(store: &mvcc::Store, key: &[u8], revision: i64) -> Option<mvccpb::Ke
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::server::shard::test_store::TestStore;
     use rand::rngs::SmallRng;
     use rand::{Rng, SeedableRng};
 
@@ -461,33 +462,6 @@ mod tests {
                     ));
                 }
             }
-        }
-    }
-
-    struct Harness {
-        _dir: tempfile::TempDir,
-        store: mvcc::Store,
-        index: u64,
-    }
-
-    impl Harness {
-        fn new() -> Harness {
-            let dir = tempfile::tempdir().unwrap();
-            let store = mvcc::Store::open(dir.path(), 0, mvcc::Config::default()).unwrap();
-            Harness {
-                _dir: dir,
-                store,
-                index: 0,
-            }
-        }
-
-        fn apply(&mut self, op: mvcc::Op) {
-            self.index += 1;
-            self.store.apply(self.index, &op).unwrap();
-        }
-
-        fn put(&mut self, key: &str, value: &str) {
-            self.apply(mvcc::Op::Put(put_req(key, value)));
         }
     }
 
@@ -578,11 +552,11 @@ mod tests {
     fn every_watcher_gets_each_matching_event_once_in_order_at_any_reading_pace() {
         for seed in 0..30u64 {
             let mut rng = SmallRng::seed_from_u64(seed);
-            let mut h = Harness::new();
+            let mut h = TestStore::new(0);
             let mut watchers = ShardWatchers::default();
             let mut clients = Vec::new();
             for i in 0..5 {
-                h.put(&format!("k{i}"), "initial");
+                h.put(&format!("k{i}"), "initial", 0);
             }
             for id in 0..24i64 {
                 let spec = random_spec(&mut rng);
@@ -652,7 +626,7 @@ mod tests {
 
     #[test]
     fn a_stalled_watcher_holds_a_bounded_queue_and_the_others_stay_fed() {
-        let mut h = Harness::new();
+        let mut h = TestStore::new(0);
         let mut watchers = ShardWatchers::default();
         let spec = WatchSpec {
             key: b"k".to_vec(),
@@ -667,7 +641,7 @@ mod tests {
         watchers.add((1, 1), spec.clone(), 0, start, stalled_tx);
         watchers.add((2, 1), spec, 0, start, live_tx);
         for i in 1..=1_000 {
-            h.put(&format!("k{}", i % 10), "v");
+            h.put(&format!("k{}", i % 10), "v", 0);
             watchers.notify(0, &mut h.store);
             let batch = live_rx
                 .try_recv()
@@ -684,7 +658,7 @@ mod tests {
 
     #[test]
     fn a_watcher_behind_a_compaction_is_cancelled_with_the_compact_revision() {
-        let mut h = Harness::new();
+        let mut h = TestStore::new(0);
         let mut watchers = ShardWatchers::default();
         let (tx, mut rx) = mpsc::channel(1);
         let spec = WatchSpec {
@@ -697,7 +671,7 @@ mod tests {
         let start = h.store.current_revision();
         watchers.add((1, 7), spec, 0, start, tx);
         for _ in 0..3 {
-            h.put("a", "v");
+            h.put("a", "v", 0);
             watchers.notify(0, &mut h.store);
         }
         // A queue of one: the first put went out, the next two did not.
@@ -718,7 +692,7 @@ mod tests {
 
     #[test]
     fn a_replaced_store_makes_synced_watchers_read_from_it() {
-        let mut a = Harness::new();
+        let mut a = TestStore::new(0);
         let mut watchers = ShardWatchers::default();
         let (tx, mut rx) = mpsc::channel(16);
         let spec = WatchSpec {
@@ -730,12 +704,12 @@ mod tests {
         };
         let start = a.store.current_revision();
         watchers.add((1, 1), spec.clone(), 0, start, tx);
-        a.put("k1", "1");
+        a.put("k1", "1", 0);
         watchers.notify(0, &mut a.store);
         // A store installed from a snapshot: the same first write and more.
-        let mut b = Harness::new();
+        let mut b = TestStore::new(0);
         for v in ["1", "2", "3"] {
-            b.put("k1", v);
+            b.put("k1", v, 0);
         }
         watchers.notify(0, &mut b.store);
         let mut got = Vec::new();
@@ -750,14 +724,14 @@ mod tests {
         assert_eq!(got[2].prev_kv.as_ref().unwrap().value.as_ref(), b"2");
         assert_eq!(watchers.behind_count(), 0);
         // And fed from apply again afterwards.
-        b.put("k2", "x");
+        b.put("k2", "x", 0);
         watchers.notify(0, &mut b.store);
         assert_eq!(rx.try_recv().unwrap().events.len(), 1);
     }
 
     #[test]
     fn closed_streams_are_swept_and_capture_stops_with_the_last_watcher() {
-        let mut h = Harness::new();
+        let mut h = TestStore::new(0);
         let mut watchers = ShardWatchers::default();
         let (tx, rx) = mpsc::channel(1);
         let current = h.store.current_revision();

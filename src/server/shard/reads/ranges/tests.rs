@@ -29,44 +29,7 @@ fn header() -> pb::ResponseHeader {
     }
 }
 
-struct Fixture {
-    _dir: tempfile::TempDir,
-    store: mvcc::Store,
-    index: u64,
-}
-
-impl Fixture {
-    fn new() -> Fixture {
-        let dir = tempfile::tempdir().unwrap();
-        let store = mvcc::Store::open(dir.path(), SHARD, mvcc::Config::default()).unwrap();
-        Fixture {
-            _dir: dir,
-            store,
-            index: 0,
-        }
-    }
-
-    fn apply(&mut self, op: mvcc::Op) {
-        self.index += 1;
-        self.store.apply(self.index, &op).unwrap();
-    }
-
-    fn put(&mut self, key: &str, value: String, lease: i64) {
-        self.apply(mvcc::Op::Put(mvcc::PutRequest {
-            key: key.into(),
-            value: value.into(),
-            lease,
-            ..Default::default()
-        }));
-    }
-
-    fn delete(&mut self, key: &str) {
-        self.apply(mvcc::Op::DeleteRange(mvcc::DeleteRangeRequest {
-            key: key.into(),
-            ..Default::default()
-        }));
-    }
-}
+use crate::server::shard::test_store::TestStore;
 
 /// Revisions of [`populated`] worth reading at.
 struct Revisions {
@@ -82,8 +45,8 @@ struct Revisions {
 /// moves them), some overwritten, some deleted, some under a lease, the
 /// oldest history compacted; part of it committed to the file, the rest in
 /// the store's open batch.
-fn populated() -> (Fixture, Revisions) {
-    let mut f = Fixture::new();
+fn populated() -> (TestStore, Revisions) {
+    let mut f = TestStore::new(SHARD);
     f.apply(mvcc::Op::LeaseGrant {
         id: LEASE,
         ttl_secs: 60,
@@ -115,7 +78,7 @@ fn populated() -> (Fixture, Revisions) {
         revision: compacted + 1,
     }));
     // Left uncommitted: reads take the open batch's records from memory.
-    f.put("/b/0000", "back".into(), 0);
+    f.put("/b/0000", "back", 0);
     (
         f,
         Revisions {
@@ -422,7 +385,7 @@ const LONG_RANGE_CHUNK_KEYS: usize = 10;
 
 #[test]
 fn a_long_range_lets_the_cores_other_tasks_run_between_its_chunks() {
-    let mut f = Fixture::new();
+    let mut f = TestStore::new(SHARD);
     for i in 0..LONG_RANGE_KEYS {
         f.put(&format!("/k/{i:05}"), format!("old{i}"), 0);
     }
@@ -463,7 +426,7 @@ fn a_long_range_lets_the_cores_other_tasks_run_between_its_chunks() {
                         let i = n % LONG_RANGE_KEYS;
                         fixture.put(&format!("/k/{i:05}"), format!("new{n}"), 0);
                         fixture.delete(&format!("/k/{:05}", (i * 7) % LONG_RANGE_KEYS));
-                        fixture.put(&format!("/k/new{n}"), "new".into(), 0);
+                        fixture.put(&format!("/k/new{n}"), "new", 0);
                         if n % 50 == 0 {
                             fixture.store.commit().unwrap();
                         }
@@ -489,9 +452,9 @@ fn a_long_range_lets_the_cores_other_tasks_run_between_its_chunks() {
 
 #[test]
 fn a_read_error_mid_range_is_the_answer_not_a_partial_range() {
-    let mut f = Fixture::new();
+    let mut f = TestStore::new(SHARD);
     for i in 0..LONG_RANGE_KEYS {
-        f.put(&format!("/k/{i:05}"), "v".into(), 0);
+        f.put(&format!("/k/{i:05}"), "v", 0);
     }
     let RangeStart::Chunked(range) = start_range(
         &f.store,
@@ -504,7 +467,7 @@ fn a_read_error_mid_range_is_the_answer_not_a_partial_range() {
     };
     // A compaction past the snapshot's revision, applied while the range is
     // in flight, takes the history it reads.
-    f.put("/k/00000", "newer".into(), 0);
+    f.put("/k/00000", "newer", 0);
     let revision = f.store.current_revision();
     f.apply(mvcc::Op::Compact(mvcc::CompactionRequest { revision }));
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -520,9 +483,9 @@ fn a_read_error_mid_range_is_the_answer_not_a_partial_range() {
 
 #[test]
 fn a_range_whose_client_is_gone_stops_reading() {
-    let mut f = Fixture::new();
+    let mut f = TestStore::new(SHARD);
     for i in 0..LONG_RANGE_KEYS {
-        f.put(&format!("/k/{i:05}"), "v".into(), 0);
+        f.put(&format!("/k/{i:05}"), "v", 0);
     }
     let RangeStart::Chunked(range) = start_range(
         &f.store,
@@ -567,7 +530,7 @@ fn range_figures() {
     const KEYS: usize = 200_000;
     const PENDING: usize = 10_000;
     const SMALL_READS: u32 = 20_000;
-    let mut f = Fixture::new();
+    let mut f = TestStore::new(SHARD);
     for i in 0..KEYS {
         f.put(&format!("/k/{i:06}"), "v".repeat(100), 0);
         if i % 10_000 == 0 {
