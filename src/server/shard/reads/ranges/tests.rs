@@ -450,8 +450,8 @@ fn a_long_range_lets_the_cores_other_tasks_run_between_its_chunks() {
     assert!(f.borrow().store.current_revision() > expected.unwrap().header.unwrap().revision);
 }
 
-#[test]
-fn a_read_error_mid_range_is_the_answer_not_a_partial_range() {
+/// A store of many keys and a range over them whose first chunk was read.
+fn long_range_started() -> (TestStore, Box<ChunkedRange>) {
     let mut f = TestStore::new(SHARD);
     for i in 0..LONG_RANGE_KEYS {
         f.put(&format!("/k/{i:05}"), "v", 0);
@@ -465,6 +465,12 @@ fn a_read_error_mid_range_is_the_answer_not_a_partial_range() {
     ) else {
         panic!("a range of many chunks is answered in one");
     };
+    (f, range)
+}
+
+#[test]
+fn a_read_error_mid_range_is_the_answer_not_a_partial_range() {
+    let (mut f, range) = long_range_started();
     // A compaction past the snapshot's revision, applied while the range is
     // in flight, takes the history it reads.
     f.put("/k/00000", "newer", 0);
@@ -483,19 +489,7 @@ fn a_read_error_mid_range_is_the_answer_not_a_partial_range() {
 
 #[test]
 fn a_range_whose_client_is_gone_stops_reading() {
-    let mut f = TestStore::new(SHARD);
-    for i in 0..LONG_RANGE_KEYS {
-        f.put(&format!("/k/{i:05}"), "v", 0);
-    }
-    let RangeStart::Chunked(range) = start_range(
-        &f.store,
-        &range("/k/", "/k0"),
-        header(),
-        LONG_RANGE_CHUNK_KEYS,
-        SHARD,
-    ) else {
-        panic!("a range of many chunks is answered in one");
-    };
+    let (_f, range) = long_range_started();
     let (tx, rx) = oneshot::channel();
     drop(rx);
     let rt = tokio::runtime::Builder::new_current_thread()
