@@ -43,6 +43,10 @@ impl Member {
 }
 
 pub const MEMBER_FILE: &str = "member.toml";
+
+fn first_routing_version() -> u32 {
+    1
+}
 pub const LAYOUT_VERSION: u32 = 1;
 
 /// What `member.toml` records: this member's identity, the data directory's
@@ -55,6 +59,11 @@ pub struct MemberFile {
     pub member_id: u64,
     pub cluster_id: u64,
     pub shards: u32,
+    /// The routing rule the shards' keys were placed by
+    /// ([`crate::routing::ROUTING_VERSION`]); files written before it was
+    /// recorded were placed by rule 1.
+    #[serde(default = "first_routing_version")]
+    pub routing_version: u32,
     pub wal_lanes: u32,
     /// Set once this member learnt it was removed from the cluster: it must not
     /// start again with this data directory.
@@ -87,5 +96,23 @@ impl MemberFile {
         let text = toml::to_string(self)
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
         crate::durable_file::write(dir, MEMBER_FILE, text.as_bytes(), 0o644)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_from_before_the_routing_rule_was_recorded_reads_as_rule_1() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join(MEMBER_FILE),
+            "layout_version = 1\nname = \"a\"\nmember_id = 1\ncluster_id = 2\n\
+             shards = 2\nwal_lanes = 1\nmembers = []\n",
+        )
+        .unwrap();
+        let file = MemberFile::load(dir.path()).unwrap().unwrap();
+        assert_eq!(file.routing_version, 1);
     }
 }

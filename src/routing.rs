@@ -1,11 +1,19 @@
 //! Key routing: which shard a key belongs to, which shards a range touches, and
 //! which core owns a shard.
 //!
-//! A key belongs to the shard chosen by a hash of its routing prefix: the key up to
-//! and including its second '/' (`/registry/pods/default/x` routes by
-//! `/registry/pods/`), or the whole key when it has fewer separators. Keys that share
-//! a routing prefix therefore share a shard, so prefix listings of one resource type
-//! and txns over one resource type stay on one Raft group.
+//! A key belongs to the shard chosen by a hash of its routing prefix. A key that
+//! starts with '/' routes by its first two path segments, up to and including
+//! its third '/' (`/registry/pods/default/x` routes by `/registry/pods/`), so
+//! Kubernetes' resource types, each under `/registry/<type>/`, spread over the
+//! shards. Any other key routes by itself up to and including its first '/'
+//! (`mylock/694d7f4b` by `mylock/`, so etcd's lock and election recipes keep a
+//! name's keys together). A key with fewer separators routes by the whole key. Keys that share a routing prefix share a shard, so prefix
+//! listings of one resource type and txns over one resource type stay on one
+//! Raft group.
+//!
+//! A data directory of several shards holds every key on the shard this rule
+//! gave it, so the rule is versioned ([`ROUTING_VERSION`], recorded in
+//! `member.toml` and in backups) and never changes under existing data.
 //!
 //! The table is immutable once built and copied to every core, so lookups take no
 //! lock.
@@ -13,13 +21,30 @@
 /// Shard identifier; shards are numbered 0..shards.
 pub type ShardId = u32;
 
+/// The routing rule of this build. Version 1 routed every key up to its
+/// second '/', so all of Kubernetes' `/registry/...` keys shared a shard and
+/// `mylock/<lease>` did not share one with `mylock/`.
+pub const ROUTING_VERSION: u32 = 2;
+
+/// The separators a routing prefix of `key` ends with: three for a key that
+/// starts with '/' (its leading separator and two path segments), one for
+/// any other.
+fn prefix_separators(key: &[u8]) -> usize {
+    if key.first() == Some(&b'/') {
+        3
+    } else {
+        1
+    }
+}
+
 /// The part of a key that decides its shard.
 pub fn routing_prefix(key: &[u8]) -> &[u8] {
+    let wanted = prefix_separators(key);
     let mut slashes = 0;
     for (i, &b) in key.iter().enumerate() {
         if b == b'/' {
             slashes += 1;
-            if slashes == 2 {
+            if slashes == wanted {
                 return &key[..=i];
             }
         }
@@ -27,10 +52,10 @@ pub fn routing_prefix(key: &[u8]) -> &[u8] {
     key
 }
 
-/// True when `key` has a full routing prefix (two separators), so every key that
-/// starts with that prefix routes the same way.
+/// True when `key` has a full routing prefix, so every key that starts with
+/// `key` routes the same way.
 fn has_full_prefix(key: &[u8]) -> bool {
-    key.iter().filter(|&&b| b == b'/').count() >= 2
+    key.iter().filter(|&&b| b == b'/').count() >= prefix_separators(key)
 }
 
 /// FNV-1a, 64-bit: stable across builds and platforms, which the routing of data
@@ -126,9 +151,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn routing_prefix_is_up_to_the_second_slash() {
-        assert_eq!(routing_prefix(b"/registry/pods/default/x"), b"/registry/");
-        assert_eq!(routing_prefix(b"a/b/c"), b"a/b/");
+    fn routing_prefix_is_two_path_segments_or_up_to_the_first_slash() {
+        assert_eq!(
+            routing_prefix(b"/registry/pods/default/x"),
+            b"/registry/pods/"
+        );
+        assert_eq!(routing_prefix(b"/registry/pods/"), b"/registry/pods/");
+        assert_eq!(routing_prefix(b"/registry/pods"), b"/registry/pods");
+        assert_eq!(routing_prefix(b"/locks/y"), b"/locks/y");
+        assert_eq!(routing_prefix(b"a/b/c"), b"a/");
+        assert_eq!(routing_prefix(b"mylock/694d7f4b"), b"mylock/");
+        assert_eq!(routing_prefix(b"locks-x/694d7f4b"), b"locks-x/");
+        assert_eq!(routing_prefix(b"/locks/y/694d7f4b"), b"/locks/y/");
         assert_eq!(routing_prefix(b"/one"), b"/one");
         assert_eq!(routing_prefix(b"plain"), b"plain");
         assert_eq!(routing_prefix(b""), b"");
@@ -138,9 +172,47 @@ mod tests {
     fn keys_with_the_same_prefix_share_a_shard() {
         let t = RoutingTable::new(16, 2);
         let s = t.shard_for_key(b"/registry/pods/a");
-        for k in [&b"/registry/x"[..], b"/registry/pods/b/c", b"/registry/"] {
+        for k in [
+            &b"/registry/pods/"[..],
+            b"/registry/pods/b/c",
+            b"/registry/pods/ns/x",
+        ] {
             assert_eq!(t.shard_for_key(k), s, "{}", String::from_utf8_lossy(k));
         }
+        let s = t.shard_for_key(b"mylock/");
+        assert_eq!(t.shard_for_key(b"mylock/694d7f4b"), s);
+        assert_eq!(t.shard_for_key(b"mylock/b/c"), s);
+    }
+
+    #[test]
+    fn kubernetes_resource_types_spread_over_the_shards() {
+        let t = RoutingTable::new(8, 2);
+        let types = [
+            "pods",
+            "services",
+            "endpoints",
+            "configmaps",
+            "secrets",
+            "deployments",
+            "replicasets",
+            "events",
+            "leases",
+            "nodes",
+            "namespaces",
+            "serviceaccounts",
+            "statefulsets",
+            "daemonsets",
+            "jobs",
+            "cronjobs",
+        ];
+        let shards: std::collections::BTreeSet<ShardId> = types
+            .iter()
+            .map(|ty| t.shard_for_key(format!("/registry/{ty}/default/x").as_bytes()))
+            .collect();
+        assert!(
+            shards.len() >= 5,
+            "16 resource types on {shards:?} of 8 shards"
+        );
     }
 
     #[test]
@@ -166,11 +238,28 @@ mod tests {
             vec![one]
         );
         assert_eq!(
-            t.shards_for_range(b"/registry/", &prefix_end(b"/registry/")),
+            t.shards_for_range(b"/registry/pods/ns/", &prefix_end(b"/registry/pods/ns/")),
             vec![one]
         );
-        // A prefix shorter than a routing prefix, from-key, or a range crossing
-        // prefixes may touch every shard.
+        // etcd's lock recipe: `mylock/<lease>` and a listing of `mylock/`.
+        let lock = t.shard_for_key(b"mylock/694d7f4b");
+        assert_eq!(
+            t.shards_for_range(b"mylock/", &prefix_end(b"mylock/")),
+            vec![lock]
+        );
+        let lock = t.shard_for_key(b"/locks/y/694d7f4b");
+        assert_eq!(
+            t.shards_for_range(b"/locks/y/", &prefix_end(b"/locks/y/")),
+            vec![lock]
+        );
+        // A prefix shorter than a routing prefix (every resource type under
+        // `/registry/`), from-key, or a range crossing prefixes may touch
+        // every shard.
+        assert_eq!(
+            t.shards_for_range(b"/registry/", &prefix_end(b"/registry/"))
+                .len(),
+            8
+        );
         assert_eq!(t.shards_for_range(b"/reg", &prefix_end(b"/reg")).len(), 8);
         assert_eq!(t.shards_for_range(b"/registry/a", b"\0").len(), 8);
         assert_eq!(t.shards_for_range(b"/registry/a", b"/z").len(), 8);

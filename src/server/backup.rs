@@ -2,11 +2,11 @@
 //! (Maintenance.Snapshot), and building a new cluster's members from it
 //! (`--restore-snapshot`).
 //!
-//! # File format (version 2)
+//! # File format (version 3)
 //! All integers little-endian.
 //! ```text
 //! "CAIRNSNP"                  8 bytes of magic
-//! version u32 = 1
+//! version u32 = 3
 //! shards u32                  the shard count of the cluster it came from
 //! cluster_id u64, member_id u64   where it was taken (informational)
 //! per shard, in shard order:
@@ -34,6 +34,13 @@
 //! users, roles and permissions are restored with them (`auth.state`), as
 //! etcd's snapshots carry its auth buckets. Version 1 files (no auth state)
 //! are still read.
+//!
+//! Version 3 is version 2 with its keys placed by routing rule 2
+//! ([`crate::routing::ROUTING_VERSION`]): each shard's part holds the keys that
+//! rule gives the shard. A version 1 or 2 file of one shard restores as ever
+//! (one shard holds every key whatever the rule); one of several shards was
+//! placed by rule 1 and is refused, since its keys would sit on shards this
+//! build never looks them up on.
 
 use std::path::Path;
 
@@ -43,7 +50,9 @@ use cairn_mvcc as mvcc;
 use crate::raft::{ConfState, SnapshotMetadata};
 
 pub const MAGIC: &[u8; 8] = b"CAIRNSNP";
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
+/// The first file version whose keys are placed by routing rule 2.
+const FIRST_VERSION_OF_ROUTING_2: u32 = 3;
 const END_OF_SHARD: u32 = u32::MAX;
 
 /// Builds the file's bytes piece by piece, keeping the running checksum.
@@ -65,8 +74,18 @@ impl BackupEncoder {
     }
 
     pub fn header(&mut self, shards: u32, cluster_id: u64, member_id: u64) -> Bytes {
+        self.header_of_version(VERSION, shards, cluster_id, member_id)
+    }
+
+    fn header_of_version(
+        &mut self,
+        version: u32,
+        shards: u32,
+        cluster_id: u64,
+        member_id: u64,
+    ) -> Bytes {
         let mut b = MAGIC.to_vec();
-        b.extend_from_slice(&VERSION.to_le_bytes());
+        b.extend_from_slice(&version.to_le_bytes());
         b.extend_from_slice(&shards.to_le_bytes());
         b.extend_from_slice(&cluster_id.to_le_bytes());
         b.extend_from_slice(&member_id.to_le_bytes());
@@ -156,12 +175,20 @@ fn parse_backup(data: &[u8]) -> Result<Backup, String> {
     }
     let mut r = Reader { data: body, pos: 8 };
     let version = r.u32()?;
-    if version != VERSION && version != 1 {
+    if !(1..=VERSION).contains(&version) {
         return Err(format!(
-            "snapshot version {version}; this build reads {VERSION}"
+            "snapshot version {version}; this build reads 1 to {VERSION}"
         ));
     }
     let shards = r.u32()?;
+    if shards > 1 && version < FIRST_VERSION_OF_ROUTING_2 {
+        return Err(format!(
+            "snapshot version {version} of {shards} shards placed its keys by routing rule 1; \
+             this build routes by rule {}: restore it with the build that took it and copy \
+             its keys into a new cluster (`etcdctl make-mirror`)",
+            crate::routing::ROUTING_VERSION
+        ));
+    }
     let cluster_id = r.u64()?;
     let _member_id = r.u64()?;
     let mut parts = Vec::with_capacity(shards as usize);
@@ -300,10 +327,14 @@ mod tests {
     use super::*;
 
     fn sample() -> Vec<u8> {
+        sample_of(VERSION, 2)
+    }
+
+    fn sample_of(version: u32, shards: u32) -> Vec<u8> {
         let mut e = BackupEncoder::default();
         let mut out = Vec::new();
-        out.extend_from_slice(&e.header(2, 7, 9));
-        for s in 0..2u32 {
+        out.extend_from_slice(&e.header_of_version(version, shards, 7, 9));
+        for s in 0..shards {
             out.extend_from_slice(&e.shard_start(s, 100 + u64::from(s)));
             out.extend_from_slice(&e.chunk(b"first chunk"));
             out.extend_from_slice(&e.chunk(b""));
@@ -322,6 +353,14 @@ mod tests {
         assert_eq!(b.parts[1].applied_index, 101);
         assert_eq!(b.parts[0].chunks, vec![b"first chunk".to_vec(), Vec::new()]);
         assert_eq!(b.auth, b"auth state");
+    }
+
+    #[test]
+    fn shards_placed_by_routing_rule_1_are_refused_and_one_shard_is_not() {
+        let err = parse_backup(&sample_of(2, 2)).err().unwrap();
+        assert!(err.contains("routing rule 1"), "{err}");
+        assert_eq!(parse_backup(&sample_of(2, 1)).unwrap().parts.len(), 1);
+        assert!(parse_backup(&sample_of(VERSION + 1, 1)).is_err());
     }
 
     #[test]

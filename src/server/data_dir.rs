@@ -134,6 +134,19 @@ fn check_member_file(config: &Config, file: &MemberFile) -> Result<(), StartErro
             ),
         ));
     }
+    if file.shards > 1 && file.routing_version != crate::routing::ROUTING_VERSION {
+        return Err(data_dir_error(
+            dir,
+            format!(
+                "its {} shards hold their keys by routing rule {}, and this build routes by rule {}: \
+                 copy its keys into a new cluster with the build that wrote it \
+                 (`etcdctl make-mirror`)",
+                file.shards,
+                file.routing_version,
+                crate::routing::ROUTING_VERSION
+            ),
+        ));
+    }
     if file.shards as usize != config.shards {
         return Err(data_dir_error(
             dir,
@@ -301,9 +314,41 @@ fn new_member_file(
         member_id,
         cluster_id,
         shards: config.shards as u32,
+        routing_version: crate::routing::ROUTING_VERSION,
         wal_lanes: config.cores as u32,
         removed: false,
         bootstrap_voters,
         members,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+
+    use super::*;
+    use crate::config::Flags;
+
+    fn config(dir: &Path, shards: &str) -> Config {
+        let dir = dir.to_str().unwrap();
+        let flags = Flags::try_parse_from(["cairn", "--data-dir", dir, "--shards", shards]);
+        Config::from_flags(flags.unwrap()).unwrap()
+    }
+
+    #[test]
+    fn shards_placed_by_another_routing_rule_refuse_to_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let two = config(dir.path(), "2");
+        let mut file = new_member_file(&two, 1, 2, vec![1], Vec::new());
+        assert_eq!(file.routing_version, crate::routing::ROUTING_VERSION);
+        assert!(check_member_file(&two, &file).is_ok());
+        file.routing_version = 1;
+        let err = check_member_file(&two, &file).unwrap_err().to_string();
+        assert!(err.contains("routing rule 1"), "{err}");
+        // One shard holds every key whatever the rule.
+        let one = config(dir.path(), "1");
+        let mut file = new_member_file(&one, 1, 2, vec![1], Vec::new());
+        file.routing_version = 1;
+        assert!(check_member_file(&one, &file).is_ok());
     }
 }
