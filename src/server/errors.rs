@@ -74,7 +74,8 @@ pub enum ApiError {
     /// shard and does not commit across groups.
     #[error(
         "cairn: txn keys span shards {shards:?}; the keys of one txn must route to one shard \
-         (keys sharing the prefix up to their second '/' do)"
+         (keys sharing a routing prefix do: the first two path segments of a key that \
+         starts with '/', otherwise the key up to its first '/')"
     )]
     CrossShardTxn { shards: Vec<u32> },
     #[error("etcdserver: root user does not exist")]
