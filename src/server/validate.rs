@@ -300,7 +300,7 @@ mod tests {
         let mut b = 0;
         // Find two keys on different shards.
         for i in 0..100 {
-            let s = routing.shard_for_key(format!("/x{i}/").as_bytes());
+            let s = routing.shard_for_key(format!("/x{i}/a/").as_bytes());
             if i == 0 {
                 a = s;
             } else if s != a {
@@ -309,7 +309,7 @@ mod tests {
             }
         }
         let t = TxnRequest {
-            success: vec![put("/x0/k"), put(&format!("/x{b}/k"))],
+            success: vec![put("/x0/a/k"), put(&format!("/x{b}/a/k"))],
             ..Default::default()
         };
         match txn_shard(&t, &routing) {
@@ -317,7 +317,7 @@ mod tests {
             other => panic!("expected a cross-shard refusal, got {other:?}"),
         }
         let t = TxnRequest {
-            success: vec![put("/x0/k"), put("/x0/j")],
+            success: vec![put("/x0/a/k"), put("/x0/a/j")],
             ..Default::default()
         };
         assert_eq!(txn_shard(&t, &routing), Ok(a));
