@@ -42,3 +42,18 @@ pub fn workspace_cairn_or_skip() -> Option<PathBuf> {
     }
     bin
 }
+
+/// The daemon a local cluster of `system` runs: `etcd_bin` for etcd, and for
+/// Cairn `cairn_bin` or else this workspace's release build.
+pub fn system_binary(
+    system: crate::cluster::System,
+    cairn_bin: Option<&Path>,
+    etcd_bin: &Path,
+) -> PathBuf {
+    match system {
+        crate::cluster::System::Etcd => etcd_bin.to_path_buf(),
+        crate::cluster::System::Cairn => {
+            cairn_bin.map_or_else(default_cairn_bin, Path::to_path_buf)
+        }
+    }
+}

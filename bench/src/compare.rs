@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use clap::Args;
 use serde_json::{json, Value};
 
-use crate::binaries::default_cairn_bin;
+use crate::binaries::system_binary;
 use crate::cluster::{LocalCluster, StartOptions, System};
 use crate::config::GlobalOpts;
 use crate::preset::{preset_command, shown_security_args, Preset};
@@ -115,10 +115,7 @@ pub async fn run(
     let mut clusters: Vec<LocalCluster> = Vec::new();
     let mut not_measured: Vec<(System, String)> = Vec::new();
     for &system in &opts.systems {
-        let binary = match system {
-            System::Etcd => opts.etcd_bin.clone(),
-            System::Cairn => opts.cairn_bin.clone().unwrap_or_else(default_cairn_bin),
-        };
+        let binary = system_binary(system, opts.cairn_bin.as_deref(), &opts.etcd_bin);
         if system == System::Cairn && opts.cairn_bin.is_none() && !binary.exists() {
             let why = format!(
                 "{} does not exist; build it with `cargo build --release` in the workspace",

@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use clap::Args;
 use serde_json::{json, Value};
 
-use crate::binaries::default_cairn_bin;
+use crate::binaries::system_binary;
 use crate::cluster::{StartOptions, System};
 use crate::config::GlobalOpts;
 use crate::preset::{preset_command, Preset};
@@ -114,10 +114,7 @@ pub async fn run(
                 .into(),
         });
     }
-    let binary = match opts.system {
-        System::Etcd => opts.etcd_bin.clone(),
-        System::Cairn => opts.cairn_bin.clone().unwrap_or_else(default_cairn_bin),
-    };
+    let binary = system_binary(opts.system, opts.cairn_bin.as_deref(), &opts.etcd_bin);
     let scratch = scratch_dir(opts.work_dir.as_deref(), "cairn-bench-tls-cost-")?;
     let certs = ClusterCerts::generate(&scratch.path().join("certs"))?;
     let user = bench_user();

@@ -29,7 +29,7 @@ use cairn_proto::etcdserverpb::watch_client::WatchClient;
 use cairn_proto::etcdserverpb::watch_request::RequestUnion;
 use cairn_proto::etcdserverpb::{WatchCreateRequest, WatchRequest, WatchResponse};
 
-use crate::binaries::default_cairn_bin;
+use crate::binaries::system_binary;
 use crate::cluster::{LocalCluster, StartOptions, System};
 use crate::config::GlobalOpts;
 use crate::preset::{preset_command, Preset, PRESET_KEY_SPACE};
@@ -297,10 +297,7 @@ pub async fn run(
     let scratch = scratch_dir(opts.work_dir.as_deref(), "cairn-bench-watch-load-")?;
     let mut clusters = Vec::with_capacity(opts.systems.len());
     for &system in &opts.systems {
-        let binary = match system {
-            System::Etcd => opts.etcd_bin.clone(),
-            System::Cairn => opts.cairn_bin.clone().unwrap_or_else(default_cairn_bin),
-        };
+        let binary = system_binary(system, opts.cairn_bin.as_deref(), &opts.etcd_bin);
         let dir = scratch.path().join(system.name());
         let cluster = start_secured(
             system,

@@ -183,6 +183,9 @@ impl ShardWatchers {
         let mut out: HashMap<WatcherKey, Vec<mvccpb::Event>> = HashMap::new();
         for c in changes {
             let key = c.kv().key.as_slice();
+            // The key's previous value, read once for all the prev_kv
+            // watchers of this change.
+            let mut prev: Option<Option<mvccpb::KeyValue>> = None;
             let single = self.by_key.get(key).into_iter().flatten();
             let ranged = self
                 .ranges
@@ -193,7 +196,11 @@ impl ShardWatchers {
                 if c.revision().main < w.next_rev {
                     continue;
                 }
-                if let Some(event) = event_for(&w.spec, store, c.kind(), c.kv(), c.revision()) {
+                let prev_kv = || {
+                    prev.get_or_insert_with(|| previous(store, key, c.revision().main))
+                        .clone()
+                };
+                if let Some(event) = event_for(&w.spec, c.kind(), c.kv(), prev_kv) {
                     out.entry(*wk).or_default().push(event);
                 }
             }
@@ -303,7 +310,11 @@ impl ShardWatchers {
                 .iter()
                 .filter(|e| e.revision.main >= w.next_rev && e.revision.main <= scanned)
                 .filter(|e| w.spec.matches(&e.kv.key))
-                .filter_map(|e| event_for(&w.spec, store, e.kind, &e.kv, e.revision))
+                .filter_map(|e| {
+                    event_for(&w.spec, e.kind, &e.kv, || {
+                        previous(store, &e.kv.key, e.revision.main)
+                    })
+                })
                 .collect();
             let sent = out.is_empty()
                 || match w.tx.try_send(WatchBatch {
@@ -384,13 +395,13 @@ impl ShardWatchers {
     }
 }
 
-/// The event a watcher with `spec` gets for a change, if its filters keep it.
+/// The event a watcher with `spec` gets for a change, if its filters keep it;
+/// `prev_kv` is asked for the key's previous value only if the spec wants it.
 fn event_for(
     spec: &WatchSpec,
-    store: &mvcc::Store,
     kind: mvcc::EventKind,
     kv: &mvcc::KeyValue,
-    revision: mvcc::Revision,
+    prev_kv: impl FnOnce() -> Option<mvccpb::KeyValue>,
 ) -> Option<mvccpb::Event> {
     let kind = match kind {
         mvcc::EventKind::Put if spec.no_put => return None,
@@ -398,11 +409,7 @@ fn event_for(
         mvcc::EventKind::Put => mvccpb::event::EventType::Put,
         mvcc::EventKind::Delete => mvccpb::event::EventType::Delete,
     };
-    let prev_kv = if spec.prev_kv {
-        previous(store, &kv.key, revision.main)
-    } else {
-        None
-    };
+    let prev_kv = if spec.prev_kv { prev_kv() } else { None };
     Some(mvccpb::Event {
         r#type: kind as i32,
         kv: Some(kv_to_pb(kv.clone())),
