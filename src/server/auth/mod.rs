@@ -5,24 +5,27 @@
 //! the result in `<data dir>/auth.state`, and hands it to a member that catches
 //! up by snapshot. The API services ask this member's [`AuthStore`] who a
 //! request comes from ([`AuthStore::caller`]) and whether it may do what it
-//! asks ([`AuthStore::check`]); with auth disabled both are one atomic load.
+//! asks ([`AuthStore::check`]); with auth disabled both are one atomic load,
+//! and with auth enabled they take no lock (the state is [`Published`]).
 
 pub mod check;
 pub mod limiter;
 pub mod perms;
+pub mod published;
 pub mod service;
 pub mod state;
 pub mod tokens;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
 use cairn_proto::authpb::permission::Type as PermType;
 use cairn_proto::cairnpb::{auth_change::Change, AuthChange, AuthState};
 use prost::Message as _;
 
 use super::errors::ApiError;
+use published::Published;
 use state::AuthData;
 use tokens::{JwtTokens, SimpleTokens, TokenKind};
 
@@ -47,7 +50,7 @@ pub struct Caller {
 pub struct AuthStore {
     /// Mirrors the state's flag, read without a lock on every request.
     enabled: AtomicBool,
-    data: RwLock<AuthData>,
+    data: Published<AuthData>,
     dir: PathBuf,
     simple: SimpleTokens,
     jwt: Option<JwtTokens>,
@@ -84,7 +87,7 @@ impl AuthStore {
         };
         Ok(Arc::new(AuthStore {
             enabled: AtomicBool::new(state.enabled),
-            data: RwLock::new(AuthData::new(state)),
+            data: Published::new(AuthData::new(state)),
             dir: dir.to_path_buf(),
             simple: SimpleTokens::new(options.simple_token_ttl),
             jwt,
@@ -98,25 +101,17 @@ impl AuthStore {
     }
 
     pub fn revision(&self) -> u64 {
-        self.read().revision()
+        self.with(|d| d.revision())
     }
 
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, AuthData> {
-        self.data.read().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn write(&self) -> std::sync::RwLockWriteGuard<'_, AuthData> {
-        self.data.write().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Reads the state under its lock.
+    /// Reads the state (without a lock).
     pub fn with<T>(&self, f: impl FnOnce(&AuthData) -> T) -> T {
-        f(&self.read())
+        self.data.read(f)
     }
 
     /// The state as shard 0's snapshots carry it.
     pub fn snapshot(&self) -> AuthState {
-        self.read().state().clone()
+        self.with(|d| d.state().clone())
     }
 
     /// Applies a change committed at shard 0's log `index`. A change at or
@@ -133,23 +128,24 @@ impl AuthStore {
             }
             return Ok(());
         }
-        let mut data = self.write();
-        if index <= data.applied_index() {
+        let mut data = self.data.write();
+        if index <= data.get().applied_index() {
             return Ok(());
         }
         // A refused change leaves the state as it was: nothing to keep.
-        let mut next = data.clone();
+        let mut next = data.get().clone();
         next.apply(index, change)?;
         // Only a change that altered the state is written: replaying a
         // no-op after a restart is a no-op again.
-        if next.revision() != data.revision() {
+        if next.revision() != data.get().revision() {
             self.persist(next.state()).map_err(|e| ApiError::Storage {
                 shard: AUTH_SHARD,
                 reason: format!("writing {AUTH_FILE}: {e}"),
             })?;
         }
-        *data = next;
-        self.enabled.store(data.enabled(), Ordering::Release);
+        let enabled = next.enabled();
+        data.set(next);
+        self.enabled.store(enabled, Ordering::Release);
         match change {
             Change::UserDelete(r) => self.simple.invalidate_user(&r.name),
             Change::UserChangePassword(r) => self.simple.invalidate_user(&r.name),
@@ -161,13 +157,13 @@ impl AuthStore {
 
     /// Takes the state a snapshot carried when it is newer than this one.
     pub fn install(&self, state: &AuthState) -> std::io::Result<()> {
-        let mut data = self.write();
-        if state.applied_index <= data.applied_index() {
+        let mut data = self.data.write();
+        if state.applied_index <= data.get().applied_index() {
             return Ok(());
         }
         self.persist(state)?;
-        *data = AuthData::new(state.clone());
-        self.enabled.store(data.enabled(), Ordering::Release);
+        data.set(AuthData::new(state.clone()));
+        self.enabled.store(state.enabled, Ordering::Release);
         self.simple.clear();
         Ok(())
     }
@@ -222,18 +218,24 @@ impl AuthStore {
         }
     }
 
-    /// With auth enabled, the caller (refused when there is none) and the
-    /// state to judge it by; None when auth is disabled.
-    fn enabled_caller<'c>(
+    /// With auth enabled, `judge` of the caller (refused when there is none)
+    /// by the current state; Ok when auth is disabled.
+    fn judge_caller(
         &self,
-        caller: Option<&'c Caller>,
-    ) -> Result<Option<(&'c Caller, std::sync::RwLockReadGuard<'_, AuthData>)>, ApiError> {
+        caller: Option<&Caller>,
+        judge: impl FnOnce(&Caller, &AuthData) -> Result<(), ApiError>,
+    ) -> Result<(), ApiError> {
         if !self.is_enabled() {
-            return Ok(None);
+            return Ok(());
         }
         let caller = caller.ok_or(ApiError::UserEmpty)?;
-        let data = self.read();
-        Ok(data.enabled().then_some((caller, data)))
+        self.with(|data| {
+            if data.enabled() {
+                judge(caller, data)
+            } else {
+                Ok(())
+            }
+        })
     }
 
     /// Whether `caller` may do `kind` on `key` (`range_end` empty) or the
@@ -245,30 +247,28 @@ impl AuthStore {
         range_end: &[u8],
         kind: PermType,
     ) -> Result<(), ApiError> {
-        let Some((caller, data)) = self.enabled_caller(caller)? else {
-            return Ok(());
-        };
-        if caller.revision < data.revision() {
-            return Err(ApiError::AuthOldRevision);
-        }
-        match data.perms(&caller.user) {
-            Some(p) if p.permits(key, range_end, kind) => Ok(()),
-            _ => Err(ApiError::PermissionDenied),
-        }
+        self.judge_caller(caller, |caller, data| {
+            if caller.revision < data.revision() {
+                return Err(ApiError::AuthOldRevision);
+            }
+            match data.perms(&caller.user) {
+                Some(p) if p.permits(key, range_end, kind) => Ok(()),
+                _ => Err(ApiError::PermissionDenied),
+            }
+        })
     }
 
     /// Whether `caller` holds the root role (auth management, membership
     /// changes, defragment, snapshots, hashes, leader moves).
     pub fn check_admin(&self, caller: Option<&Caller>) -> Result<(), ApiError> {
-        let Some((caller, data)) = self.enabled_caller(caller)? else {
-            return Ok(());
-        };
-        let user = data.user(&caller.user).ok_or(ApiError::UserNotFound)?;
-        if state::has_root_role(user) {
-            Ok(())
-        } else {
-            Err(ApiError::PermissionDenied)
-        }
+        self.judge_caller(caller, |caller, data| {
+            let user = data.user(&caller.user).ok_or(ApiError::UserNotFound)?;
+            if state::has_root_role(user) {
+                Ok(())
+            } else {
+                Err(ApiError::PermissionDenied)
+            }
+        })
     }
 
     /// Looks up a simple token's user without renewing it (for tests).

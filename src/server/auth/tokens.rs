@@ -14,8 +14,11 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 pub use crate::config::auth::{JwtOptions, TokenKind};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use super::published::Published;
 
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use rand::Rng;
@@ -29,17 +32,28 @@ fn algorithm(sign_method: &str) -> Result<Algorithm, String> {
 }
 
 /// The simple tokens this member knows, each with the user it stands for and
-/// when it was last used.
+/// when it was last used. Every request with a token reads the table, so it
+/// is [`Published`]: looked up without a lock; a use renews the token with
+/// one atomic store, at most every [`SimpleTokens::renew_step`].
 pub struct SimpleTokens {
     ttl: Duration,
-    tokens: Mutex<HashMap<String, (String, Instant)>>,
+    /// Instants are kept as milliseconds since this one.
+    epoch: Instant,
+    tokens: Published<HashMap<String, Arc<TokenUse>>>,
+}
+
+/// A token's user and when it was last used.
+struct TokenUse {
+    user: String,
+    used_ms: AtomicU64,
 }
 
 impl SimpleTokens {
     pub fn new(ttl: Duration) -> SimpleTokens {
         SimpleTokens {
             ttl,
-            tokens: Mutex::new(HashMap::new()),
+            epoch: Instant::now(),
+            tokens: Published::new(HashMap::new()),
         }
     }
 
@@ -53,34 +67,74 @@ impl SimpleTokens {
         format!("{letters}.{}", rng.gen_range(1..u32::MAX))
     }
 
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    fn ttl_ms(&self) -> u64 {
+        self.ttl.as_millis() as u64
+    }
+
+    /// How stale a token's last use may get before a use records a new one:
+    /// a sixteenth of the TTL, at most a second. A token in steady use is
+    /// renewed without every request writing to the same memory.
+    fn renew_step(&self) -> u64 {
+        (self.ttl_ms() / 16).min(1_000)
+    }
+
+    fn live(&self, t: &TokenUse, now: u64) -> bool {
+        now.saturating_sub(t.used_ms.load(Ordering::Relaxed)) < self.ttl_ms()
+    }
+
+    /// Replaces the table with `f`'s edit of its live tokens.
+    fn edit(&self, f: impl FnOnce(&mut HashMap<String, Arc<TokenUse>>)) {
+        let now = self.now_ms();
+        let mut w = self.tokens.write();
+        let mut next: HashMap<String, Arc<TokenUse>> = w
+            .get()
+            .iter()
+            .filter(|(_, t)| self.live(t, now))
+            .map(|(k, t)| (k.clone(), t.clone()))
+            .collect();
+        f(&mut next);
+        w.set(next);
+    }
+
     pub fn assign(&self, token: &str, user: &str) {
-        let mut tokens = self.tokens.lock().expect("simple tokens");
-        let now = Instant::now();
-        let ttl = self.ttl;
-        tokens.retain(|_, (_, used)| now.duration_since(*used) < ttl);
-        tokens.insert(token.to_string(), (user.to_string(), now));
+        let used_ms = AtomicU64::new(self.now_ms());
+        self.edit(|tokens| {
+            tokens.insert(
+                token.to_string(),
+                Arc::new(TokenUse {
+                    user: user.to_string(),
+                    used_ms,
+                }),
+            );
+        });
     }
 
     /// The user a token stands for, renewing its time to live.
     pub fn user_of(&self, token: &str) -> Option<String> {
-        let mut tokens = self.tokens.lock().expect("simple tokens");
-        let now = Instant::now();
-        let (user, used) = tokens.get_mut(token)?;
-        if now.duration_since(*used) >= self.ttl {
-            tokens.remove(token);
-            return None;
-        }
-        *used = now;
-        Some(user.clone())
+        let now = self.now_ms();
+        self.tokens.read(|tokens| {
+            let t = tokens.get(token)?;
+            if !self.live(t, now) {
+                // Dropped from the table by the next change to it.
+                return None;
+            }
+            if now - t.used_ms.load(Ordering::Relaxed) >= self.renew_step() {
+                t.used_ms.fetch_max(now, Ordering::Relaxed);
+            }
+            Some(t.user.clone())
+        })
     }
 
     pub fn invalidate_user(&self, user: &str) {
-        let mut tokens = self.tokens.lock().expect("simple tokens");
-        tokens.retain(|_, (u, _)| u != user);
+        self.edit(|tokens| tokens.retain(|_, t| t.user != user));
     }
 
     pub fn clear(&self) {
-        self.tokens.lock().expect("simple tokens").clear();
+        self.edit(|tokens| tokens.clear());
     }
 }
 
