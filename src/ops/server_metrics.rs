@@ -74,6 +74,7 @@ struct Ids {
     proposals_pending: ShardGauge,
     proposals_failed: ShardCounter,
     slow_applies: ShardCounter,
+    apply_turns_capped: ShardCounter,
     backend_commit: ShardHistogram,
     db_size_bytes: ShardGauge,
     db_size_in_use_bytes: ShardGauge,
@@ -228,6 +229,11 @@ impl Ids {
                     Sum,
                 )),
             )?,
+            apply_turns_capped: b.shard_counter(MetricSpec::new(
+                "cairn_shard_apply_turns_capped_total",
+                "Turns of this shard's driver that stopped applying at the per-turn budget \
+                 and left the rest of the committed entries for the next turn.",
+            ))?,
             backend_commit: b.shard_histogram(
                 MetricSpec::new(
                     "cairn_shard_backend_commit_duration_seconds",
@@ -418,6 +424,12 @@ impl ShardRecorder {
     #[inline]
     pub fn slow_apply(&self) {
         self.metrics.counter_add(self.ids.slow_applies, 1);
+    }
+
+    /// A turn that stopped applying at its budget (the rest goes on next turn).
+    #[inline]
+    pub fn apply_turn_capped(&self) {
+        self.metrics.counter_add(self.ids.apply_turns_capped, 1);
     }
 
     /// After each commit of the shard's MVCC store (write pages, sync, flip meta).

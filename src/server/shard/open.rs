@@ -169,6 +169,7 @@ impl Shard {
         cfg.applied_index = applied.max(snapshot_meta.index);
         cfg.seed = setup.member_id ^ (u64::from(shard) << 32) ^ crate::server::clock::now_ms();
         cfg.async_append = true;
+        cfg.max_committed_size_per_ready_bytes = APPLY_BYTES_PER_TURN as u64;
         let boot_nonce: u64 = rand::random::<u64>() | 1;
         let mut node =
             RawNode::new(&cfg, storage).map_err(|source| ShardOpenError::Raft { shard, source })?;
