@@ -15,7 +15,9 @@ pub enum ReadOnlyOption {
 }
 
 /// A Raft safety rule to switch off, so that tests can show the simulator
-/// catches the resulting violations. Never set outside tests.
+/// catches the resulting violations. Only a build with the `raft-mutations`
+/// feature (test builds, through the package's dev-dependency on itself)
+/// can set one: a release build's [`Config`] has no such knob.
 #[doc(hidden)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SafetyMutation {
@@ -77,6 +79,7 @@ pub struct Config {
     /// handed out only up to this member's durable log, so whatever the
     /// driver applies is already durable here.
     pub async_append: bool,
+    #[cfg(feature = "raft-mutations")]
     #[doc(hidden)]
     pub mutation: Option<SafetyMutation>,
 }
@@ -103,8 +106,18 @@ impl Config {
             leader_transfer_timeout_ticks: 10,
             seed: id,
             async_append: false,
+            #[cfg(feature = "raft-mutations")]
             mutation: None,
         }
+    }
+
+    /// The safety rule a test switched off; always None in a build without
+    /// the `raft-mutations` feature.
+    pub fn mutation(&self) -> Option<SafetyMutation> {
+        #[cfg(feature = "raft-mutations")]
+        return self.mutation;
+        #[cfg(not(feature = "raft-mutations"))]
+        None
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {

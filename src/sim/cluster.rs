@@ -232,7 +232,10 @@ impl Sim {
         t.max_uncommitted_entries_size_bytes =
             *[64u64, 1 << 20].choose(&mut rng).expect("non-empty");
         t.leader_transfer_timeout_ticks = ELECTION_TIMEOUT_TICKS;
-        t.mutation = cfg.mutation;
+        #[cfg(feature = "raft-mutations")]
+        {
+            t.mutation = cfg.mutation;
+        }
         t.async_append = cfg.pipelined;
         let mut members = Vec::new();
         for id in 1..=(cfg.members + SPARE_MEMBERS) as u64 {

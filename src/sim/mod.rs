@@ -125,6 +125,9 @@ impl SimConfig {
                 max_members: MAX_MEMBERS - SPARE_MEMBERS,
             });
         }
+        if self.mutation.is_some() && cfg!(not(feature = "raft-mutations")) {
+            return Err(SimConfigError::MutationsNotBuilt);
+        }
         Ok(())
     }
 }
@@ -137,6 +140,8 @@ pub enum SimConfigError {
     Members { members: usize, max_members: usize },
     #[error("unknown safety mutation {0:?} (known: commit-previous-term-by-count, vote-without-log-check)")]
     UnknownMutation(String),
+    #[error("safety mutations need a build with the `raft-mutations` feature (test and example builds have it)")]
+    MutationsNotBuilt,
 }
 
 /// Counters of one run, for the summary table.

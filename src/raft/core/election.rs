@@ -184,7 +184,7 @@ impl<S: Storage> Raft<S> {
         let can_vote = self.vote == m.from
             || (self.vote == NONE && self.leader_id == NONE)
             || (t == MessageType::MsgPreVote && m.term > self.term);
-        let log_ok = self.cfg.mutation == Some(SafetyMutation::VoteWithoutLogCheck)
+        let log_ok = self.cfg.mutation() == Some(SafetyMutation::VoteWithoutLogCheck)
             || self.log.is_up_to_date(m.index, m.log_term);
         let mut resp = new_msg(m.from, vote_resp_type(t));
         if can_vote && log_ok {

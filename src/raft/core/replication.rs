@@ -15,7 +15,7 @@ use crate::raft::{ConfChange, Entry, EntryType, Message, MessageType, RaftError,
 
 impl<S: Storage> Raft<S> {
     fn check_term(&self) -> bool {
-        self.cfg.mutation != Some(SafetyMutation::CommitPreviousTermByCount)
+        self.cfg.mutation() != Some(SafetyMutation::CommitPreviousTermByCount)
     }
 
     /// Sends an append (or a snapshot) to `to` if its progress allows;
