@@ -117,8 +117,9 @@ pub enum ReadError {
 }
 
 /// Errors of applying one write. Request errors (compacted, key not found...)
-/// leave the store unchanged and still count the entry as applied; the others
-/// poison the store.
+/// leave the store unchanged and still count the entry as applied; `Poisoned`,
+/// `StaleIndex`, `StaleRevision` and `BatchFull` refuse the entry before
+/// touching anything; the others poison the store.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ApplyError {
@@ -152,6 +153,16 @@ pub enum ApplyError {
     RequestTooLarge { bytes: usize, max: usize },
     #[error("entry {index} is not after the applied index {applied}")]
     StaleIndex { index: u64, applied: u64 },
+    /// `Store::apply_at` was given a revision the store has already reached:
+    /// the entry is refused untouched and the store stays usable.
+    #[error(
+        "{file}: entry revision {revision} is not after the store's revision {current_revision}"
+    )]
+    StaleRevision {
+        file: String,
+        revision: i64,
+        current_revision: i64,
+    },
     #[error("the write batch is full ({bytes} bytes); commit before applying more")]
     BatchFull { bytes: usize },
     #[error("{file}: store is poisoned by an earlier write or sync failure; reopen it")]
@@ -169,6 +180,7 @@ impl ApplyError {
                 | ApplyError::Read(_)
                 | ApplyError::BatchFull { .. }
                 | ApplyError::StaleIndex { .. }
+                | ApplyError::StaleRevision { .. }
         )
     }
 }

@@ -2,11 +2,15 @@
 //! copy-on-write B+tree on mmapped pages, with etcd's semantics.
 //!
 //! One [`Store`] holds one shard's keyspace in one file. The server applies
-//! committed Raft entries with [`Store::apply`] and makes a batch of them
-//! durable with [`Store::commit`], which also records the last applied Raft
-//! index. Reads see every applied entry; [`Store::snapshot`] gives a
-//! consistent view that never blocks the writer. The store knows nothing of
-//! Raft, gRPC or protobufs: its request and response types mirror etcd's.
+//! committed Raft entries with [`Store::apply`] (each write at the revision
+//! after the store's, as etcd does) or [`Store::apply_at`] (each entry at the
+//! revision it carries, so a shard of a keyspace with one revision counter
+//! holds sparse revisions yet reads, compacts and hashes at any revision it
+//! has reached), and makes a batch of them durable with [`Store::commit`],
+//! which also records the last applied Raft index and the reached revision.
+//! Reads see every applied entry; [`Store::snapshot`] gives a consistent view
+//! that never blocks the writer. The store knows nothing of Raft, gRPC or
+//! protobufs: its request and response types mirror etcd's.
 //!
 //! The file format is described in `mvcc/FORMAT.md`.
 

@@ -13,7 +13,8 @@
 //! 13  4  payload length P
 //! 17  4  CRC32 of bytes 4..17 and the payload
 //! 21  P  payload
-//! header:  applied_index u64, current_rev i64, compact_rev i64, format u32
+//! header:  applied_index u64, current_rev i64 (the revision reached),
+//!          compact_rev i64, format u32
 //! records: repeated { main i64, sub i64, length u32, encoded record }
 //! leases:  repeated { id i64, ttl i64, remaining ttl i64 }
 //! end:     record count u64, lease count u64

@@ -192,6 +192,11 @@ pub struct Store {
     pub(crate) index: Rc<RefCell<Index>>,
     /// The meta of the last completed commit.
     pub(crate) committed: Meta,
+    /// The revision the store has reached: every record has a main revision
+    /// at or below it, and no entry at or below it remains to be applied.
+    /// `apply` moves it to each revision it writes, `apply_at` to the
+    /// revision of each entry, written or not; reads at 0 read here, reads
+    /// and compactions up to it are valid.
     pub(crate) current_rev: i64,
     pub(crate) compact_rev: Rc<Cell<i64>>,
     pub(crate) applied_index: u64,
@@ -527,6 +532,12 @@ impl Store {
         self.meta_writer.durable_index()
     }
 
+    /// The revision the store has reached: the newest revision a read or a
+    /// compaction may name, the one a read at revision 0 sees, and the one
+    /// read answers report. With [`Store::apply`] alone it is the revision
+    /// of the last write (etcd's current revision); with
+    /// [`Store::apply_at`] it is the revision of the last applied entry,
+    /// which may have written nothing here.
     pub fn current_revision(&self) -> i64 {
         self.current_rev
     }

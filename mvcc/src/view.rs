@@ -15,10 +15,13 @@ pub(crate) struct View<'a> {
     pub src: &'a Rc<PageSource>,
     pub rev_root: u64,
     /// Records up to this revision are in the tree; later ones in `pending`.
+    /// The revision the last commit reached; the tree may hold no record at it.
     pub committed_rev: i64,
     pub pending: &'a [Rc<Record>],
     pub index: &'a Index,
-    /// What revision 0 means, and the newest readable revision.
+    /// What revision 0 means, and the newest readable revision: the revision
+    /// the store has reached, which need not be the revision of a write.
+    /// Reads at a revision no write has see the last write before it.
     pub current_rev: i64,
     pub compact_rev: i64,
 }

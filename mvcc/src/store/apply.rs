@@ -1,6 +1,14 @@
 //! Applying writes with etcd's semantics to the in-memory key index and the
 //! pending batch: puts, deletes, txns with their checks, compaction and
 //! leases.
+//!
+//! An entry is applied either at the revision after the store's (`apply`,
+//! etcd's own rule: the revision moves only when the entry writes) or at the
+//! revision it carries (`apply_at`, for a shard of a keyspace whose revisions
+//! come from one counter, so a shard's revisions are sparse). Both run the
+//! same code: an op reads the state just before its revision and writes at
+//! its revision; they differ only in the revision an op that writes nothing
+//! leaves the store at and answers with.
 
 use std::collections::HashSet;
 use std::rc::Rc;
@@ -14,8 +22,13 @@ use crate::view::View;
 
 /// Revision allocator of one write transaction.
 struct Tx {
+    /// Main revision of every write of the op.
     main: i64,
     sub: i64,
+    /// The store's revision once the op is applied if it writes nothing, and
+    /// the revision its answers then carry: `main - 1` for `apply`, `main`
+    /// for `apply_at`.
+    idle_rev: i64,
 }
 
 impl Tx {
@@ -30,13 +43,86 @@ impl Tx {
     fn wrote(&self) -> bool {
         self.sub > 0
     }
+    /// The newest revision the op sees before its first write. Nothing on
+    /// this store has a revision between the store's revision and `main`
+    /// (`apply_at` requires its revision to be past the store's), so the
+    /// state here is the store's state before the op.
+    fn before(&self) -> i64 {
+        self.main - 1
+    }
+    /// The revision the op's reads see: its own writes once it has written.
+    fn read_rev(&self) -> i64 {
+        if self.wrote() {
+            self.main
+        } else {
+            self.before()
+        }
+    }
+    /// The revision the op's answers carry and the store is at afterwards.
+    fn result_rev(&self) -> i64 {
+        if self.wrote() {
+            self.main
+        } else {
+            self.idle_rev
+        }
+    }
 }
 
 impl Store {
-    /// Applies Raft entry `index` carrying `op`. Request errors (compacted, key
-    /// not found, ...) leave the keyspace unchanged but still advance the applied
-    /// index; the entry was applied, its answer is the error.
+    /// Applies Raft entry `index` carrying `op` at the revision after the
+    /// store's: every write of the op gets main revision
+    /// `current_revision() + 1`, and the store's revision moves there only if
+    /// the op wrote (etcd's rule). Request errors (compacted, key not found,
+    /// ...) leave the keyspace unchanged but still advance the applied index;
+    /// the entry was applied, its answer is the error.
     pub fn apply(&mut self, index: u64, op: &Op) -> Result<OpResult, ApplyError> {
+        self.check_apply(index)?;
+        let main = self.current_rev + 1;
+        let tx = Tx {
+            main,
+            sub: 0,
+            idle_rev: main - 1,
+        };
+        self.apply_entry(index, tx, op)
+    }
+
+    /// Applies Raft entry `index` carrying `op` at `revision`, the revision
+    /// the entry carries: every write of the op (puts, deletes, the ops of a
+    /// txn, the deletes of a lease revoke) gets main revision `revision`,
+    /// with sub revisions in the order of the writes. The op sees the state
+    /// before it, as with [`Store::apply`]: its compares, the ranges of a txn
+    /// and a compaction may name any revision up to `revision - 1`.
+    ///
+    /// Afterwards the store's revision ([`Store::current_revision`]) is
+    /// `revision` whether or not the op wrote, and whether or not its answer
+    /// is a request error: it is the revision this store has reached, and no
+    /// entry at or below it remains to be applied here, so reads and
+    /// compactions at any revision up to it are valid even where this store
+    /// holds no write. Every revision the answer carries is `revision`.
+    ///
+    /// `revision` must be past the store's revision, else
+    /// [`ApplyError::StaleRevision`]: the entry is not applied, the applied
+    /// index does not move, and the store stays usable (the caller gave a
+    /// wrong revision; nothing was touched).
+    pub fn apply_at(&mut self, index: u64, revision: i64, op: &Op) -> Result<OpResult, ApplyError> {
+        self.check_apply(index)?;
+        if revision <= self.current_rev {
+            return Err(ApplyError::StaleRevision {
+                file: self.file.to_string(),
+                revision,
+                current_revision: self.current_rev,
+            });
+        }
+        let tx = Tx {
+            main: revision,
+            sub: 0,
+            idle_rev: revision,
+        };
+        self.apply_entry(index, tx, op)
+    }
+
+    /// Refusals that apply nothing and leave the store as it is.
+    fn check_apply(&self, index: u64) -> Result<(), ApplyError> {
         if self.poisoned {
             return Err(ApplyError::Poisoned {
                 file: self.file.to_string(),
@@ -53,13 +139,31 @@ impl Store {
                 bytes: self.pending_bytes,
             });
         }
-        let r = self.apply_op(op);
+        Ok(())
+    }
+
+    /// Runs `op` and records entry `index` as applied, with the store at the
+    /// op's resulting revision, unless the op failed in a way that poisons
+    /// the store. A request error wrote nothing (every check runs before the
+    /// first write), so the store is then at `tx.idle_rev`.
+    fn apply_entry(&mut self, index: u64, mut tx: Tx, op: &Op) -> Result<OpResult, ApplyError> {
+        let r = self.apply_op(&mut tx, op);
         match &r {
             Err(e) if !e.is_request_error() => {
                 self.poisoned = true;
                 tracing::error!(file = %self.file, index, error = %e, "apply failed; store poisoned");
             }
-            _ => self.applied_index = index,
+            _ => {
+                let reached = tx.result_rev();
+                assert!(
+                    reached >= self.current_rev,
+                    "{}: revision going back from {} to {reached}",
+                    self.file,
+                    self.current_rev
+                );
+                self.applied_index = index;
+                self.current_rev = reached;
+            }
         }
         r
     }
@@ -75,32 +179,22 @@ impl Store {
         self.applied_index = index;
     }
 
-    fn apply_op(&mut self, op: &Op) -> Result<OpResult, ApplyError> {
-        let mut tx = Tx {
-            main: self.current_rev + 1,
-            sub: 0,
-        };
+    fn apply_op(&mut self, tx: &mut Tx, op: &Op) -> Result<OpResult, ApplyError> {
         let r = match op {
             Op::Put(p) => {
                 self.check_put(p)?;
-                let mut resp = self.do_put(&mut tx, p)?;
-                resp.revision = tx.main;
-                OpResult::Put(resp)
+                OpResult::Put(self.do_put(tx, p)?)
             }
             Op::DeleteRange(d) => {
                 if d.key.is_empty() {
                     return Err(ApplyError::EmptyKey);
                 }
-                let mut resp = self.do_delete(&mut tx, d)?;
-                resp.revision = if tx.wrote() {
-                    tx.main
-                } else {
-                    self.current_rev
-                };
+                let mut resp = self.do_delete(tx, d)?;
+                resp.revision = tx.result_rev();
                 OpResult::DeleteRange(resp)
             }
-            Op::Txn(t) => OpResult::Txn(self.do_txn_top(&mut tx, t)?),
-            Op::Compact(c) => OpResult::Compact(self.do_compact(c)?),
+            Op::Txn(t) => OpResult::Txn(self.do_txn_top(tx, t)?),
+            Op::Compact(c) => OpResult::Compact(self.do_compact(tx, c)?),
             Op::LeaseGrant { id, ttl_secs } => {
                 if *id == 0 {
                     return Err(ApplyError::LeaseIdZero);
@@ -117,7 +211,7 @@ impl Store {
                 );
                 self.lease_dirty.insert(*id);
                 OpResult::LeaseGrant {
-                    revision: self.current_rev,
+                    revision: tx.result_rev(),
                 }
             }
             Op::LeaseRevoke { id } => {
@@ -132,16 +226,12 @@ impl Store {
                         range_end: Vec::new(),
                         prev_kv: false,
                     };
-                    deleted += self.do_delete(&mut tx, &d)?.deleted;
+                    deleted += self.do_delete(tx, &d)?.deleted;
                 }
                 self.leases.remove(id);
                 self.lease_dirty.insert(*id);
                 OpResult::LeaseRevoke {
-                    revision: if tx.wrote() {
-                        tx.main
-                    } else {
-                        self.current_rev
-                    },
+                    revision: tx.result_rev(),
                     deleted,
                 }
             }
@@ -155,13 +245,10 @@ impl Store {
                 l.remaining_ttl_secs = *remaining_ttl_secs;
                 self.lease_dirty.insert(*id);
                 OpResult::LeaseCheckpoint {
-                    revision: self.current_rev,
+                    revision: tx.result_rev(),
                 }
             }
         };
-        if tx.wrote() {
-            self.current_rev = tx.main;
-        }
         Ok(r)
     }
 
@@ -191,16 +278,8 @@ impl Store {
         Ok(())
     }
 
-    fn read_rev(&self, tx: &Tx) -> i64 {
-        if tx.wrote() {
-            tx.main
-        } else {
-            self.current_rev
-        }
-    }
-
     fn latest_kv(&self, tx: &Tx, key: &[u8]) -> Result<Option<KeyValue>, ReadError> {
-        let at = self.read_rev(tx);
+        let at = tx.read_rev();
         let idx = self.index.borrow();
         match idx.get(key, at) {
             Some(f) => Ok(Some(self.view(&idx, at).kv(f.modified, false)?)),
@@ -277,7 +356,7 @@ impl Store {
         tx: &mut Tx,
         d: &DeleteRangeRequest,
     ) -> Result<DeleteRangeResponse, ApplyError> {
-        let at = self.read_rev(tx);
+        let at = tx.read_rev();
         let end = End::from_range_end(&d.range_end);
         let mut keys = Vec::new();
         self.index
@@ -320,7 +399,14 @@ impl Store {
         })
     }
 
-    fn do_compact(&mut self, c: &CompactionRequest) -> Result<CompactionResponse, ApplyError> {
+    /// Compacts at `c.revision`, which may be any revision the op sees,
+    /// written here or not: for every key the newest version at or below it
+    /// stays, as in etcd.
+    fn do_compact(
+        &mut self,
+        tx: &Tx,
+        c: &CompactionRequest,
+    ) -> Result<CompactionResponse, ApplyError> {
         let compact = self.compact_rev.get();
         if c.revision <= compact {
             return Err(ApplyError::Compacted {
@@ -328,10 +414,10 @@ impl Store {
                 compact_revision: compact,
             });
         }
-        if c.revision > self.current_rev {
+        if c.revision > tx.before() {
             return Err(ApplyError::FutureRevision {
                 revision: c.revision,
-                current_revision: self.current_rev,
+                current_revision: tx.before(),
             });
         }
         let removed = self.index.borrow_mut().compact(c.revision);
@@ -339,7 +425,7 @@ impl Store {
         self.pending_deletes.extend(removed);
         self.compact_rev.set(c.revision);
         Ok(CompactionResponse {
-            revision: self.current_rev,
+            revision: tx.result_rev(),
         })
     }
 
@@ -348,19 +434,14 @@ impl Store {
         let mut path = Vec::new();
         {
             let idx = self.index.borrow();
-            let v = self.view(&idx, self.current_rev);
+            let v = self.view(&idx, tx.before());
             txn_path(&v, t, &mut path)?;
         }
         let mut pos = 0;
-        self.check_txn_path(t, &path, &mut pos)?;
+        self.check_txn_path(tx, t, &path, &mut pos)?;
         let mut pos = 0;
         let mut resp = self.do_txn(tx, t, &path, &mut pos)?;
-        let rev = if tx.wrote() {
-            tx.main
-        } else {
-            self.current_rev
-        };
-        set_txn_revision(&mut resp, rev);
+        set_txn_revision(&mut resp, tx.result_rev());
         Ok(resp)
     }
 
@@ -368,6 +449,7 @@ impl Store {
     /// applied whole or not at all.
     fn check_txn_path(
         &self,
+        tx: &Tx,
         t: &TxnRequest,
         path: &[bool],
         pos: &mut usize,
@@ -384,9 +466,9 @@ impl Store {
                         return Err(ApplyError::EmptyKey);
                     }
                     let idx = self.index.borrow();
-                    self.view(&idx, self.current_rev).check_rev(r.revision)?;
+                    self.view(&idx, tx.before()).check_rev(r.revision)?;
                 }
-                RequestOp::Txn(nested) => self.check_txn_path(nested, path, pos)?,
+                RequestOp::Txn(nested) => self.check_txn_path(tx, nested, path, pos)?,
             }
         }
         Ok(())
@@ -406,7 +488,7 @@ impl Store {
         for op in ops {
             responses.push(match op {
                 RequestOp::Range(r) => {
-                    let at = self.read_rev(tx);
+                    let at = tx.read_rev();
                     let idx = self.index.borrow();
                     ResponseOp::Range(self.view(&idx, at).range(r)?)
                 }
