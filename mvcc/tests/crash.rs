@@ -3,7 +3,10 @@
 //! reopening from the durable image (unsynced writes lost, or torn at sector
 //! boundaries) the store must equal the model at the last completed commit (or,
 //! when the torn write happens to include the in-flight meta page, the
-//! in-flight commit), with the matching applied index.
+//! in-flight commit), with the matching applied index. Run again with
+//! entries applied at the sparse revisions they carry (`apply_at`), the
+//! reached revision after recovery must be the one committed, also where the
+//! last entry of a commit wrote nothing.
 //!
 //! More seeds: `MVCC_CRASH_SEEDS=200 cargo test --release -p cairn-mvcc --test crash`.
 
@@ -14,10 +17,24 @@ use common::*;
 
 const OPS: usize = 160;
 
+/// How entries get their revisions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Revisions {
+    /// `apply`: each write at the revision after the store's.
+    Next,
+    /// `apply_at`: each entry at the revision it carries, 1 to 4 past the last.
+    Sparse,
+}
+
 /// Runs the workload of `seed`; with `crash_at`, the n-th sync stops the machine.
 /// Returns (syncs used, model at the last completed commit, model of the commit
 /// in flight when the machine stopped).
-fn run(seed: u64, storage: &MemStorage, crash_at: Option<u64>) -> (u64, Model, Option<Model>) {
+fn run(
+    seed: u64,
+    storage: &MemStorage,
+    crash_at: Option<u64>,
+    revs: Revisions,
+) -> (u64, Model, Option<Model>) {
     let mut rng = SmallRng::seed_from_u64(seed);
     let mut store =
         Store::open_with(Box::new(storage.clone()), "crash", Config::default()).unwrap();
@@ -30,8 +47,16 @@ fn run(seed: u64, storage: &MemStorage, crash_at: Option<u64>) -> (u64, Model, O
     for i in 0..OPS {
         let op = random_op(&mut rng, &m);
         let index = i as u64 + 1;
-        let accepted = m.apply(index, &op);
-        let r = store.apply(index, &op);
+        let (accepted, r) = match revs {
+            Revisions::Next => (m.apply(index, &op), store.apply(index, &op)),
+            Revisions::Sparse => {
+                let revision = m.rev + rng.gen_range(1i64..=4);
+                (
+                    m.apply_at(index, revision, &op),
+                    store.apply_at(index, revision, &op),
+                )
+            }
+        };
         assert_eq!(r.is_ok(), accepted, "seed {seed} op {i}: {op:?} -> {r:?}");
         if rng.gen_range(0..6) == 0 || i + 1 == OPS {
             match store.commit() {
@@ -56,10 +81,19 @@ fn run(seed: u64, storage: &MemStorage, crash_at: Option<u64>) -> (u64, Model, O
     (storage.syncs_done() - start_syncs, committed, None)
 }
 
-fn crash_every_sync_point(seed: u64) {
+/// Whether a commit of `m` records a revision reached by an entry that wrote
+/// nothing.
+fn reached_past_last_write(m: &Model) -> bool {
+    m.events.last().is_some_and(|e| e.revision.main < m.rev)
+}
+
+/// Crashes the workload of `seed` at each of its sync points; returns how
+/// many recoveries found a revision reached past the last write.
+fn crash_every_sync_point(seed: u64, revs: Revisions) -> usize {
     let full = MemStorage::new();
-    let (syncs, _, _) = run(seed, &full, None);
+    let (syncs, _, _) = run(seed, &full, None, revs);
     assert!(syncs >= 4, "seed {seed}: workload made only {syncs} syncs");
+    let mut past_last_write = 0;
     for n in 1..=syncs {
         for mode in [
             CrashMode::LoseUnsynced,
@@ -68,7 +102,7 @@ fn crash_every_sync_point(seed: u64) {
             },
         ] {
             let storage = MemStorage::new();
-            let (_, committed, inflight) = run(seed, &storage, Some(n));
+            let (_, committed, inflight) = run(seed, &storage, Some(n), revs);
             let inflight = inflight.unwrap_or_else(|| panic!("seed {seed}: no crash at sync {n}"));
             let image = storage.crash_image(mode);
             let store = Store::open_with(Box::new(image), "crash", Config::default())
@@ -87,15 +121,18 @@ fn crash_every_sync_point(seed: u64) {
                 );
                 &inflight
             };
-            let mut rng = SmallRng::seed_from_u64(n);
-            check(
-                &store,
-                want,
-                &mut rng,
-                &format!("seed {seed} crash at sync {n} {mode:?}"),
+            let ctx = format!("seed {seed} crash at sync {n} {mode:?} {revs:?}");
+            assert_eq!(
+                store.current_revision(),
+                want.rev,
+                "{ctx}: reached revision after recovery"
             );
+            past_last_write += usize::from(reached_past_last_write(want));
+            let mut rng = SmallRng::seed_from_u64(n);
+            check(&store, want, &mut rng, &ctx);
         }
     }
+    past_last_write
 }
 
 #[test]
@@ -105,14 +142,30 @@ fn reopen_after_a_crash_at_any_sync_point_equals_the_last_commit() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(6);
     for seed in 0..seeds {
-        crash_every_sync_point(seed);
+        crash_every_sync_point(seed, Revisions::Next);
     }
+}
+
+#[test]
+fn reopen_after_a_crash_with_sparse_revisions_finds_the_committed_reached_revision() {
+    let seeds: u64 = std::env::var("MVCC_CRASH_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(6);
+    let mut past_last_write = 0;
+    for seed in 0..seeds {
+        past_last_write += crash_every_sync_point(seed, Revisions::Sparse);
+    }
+    assert!(
+        past_last_write > 0,
+        "no recovery found a revision reached by an entry that wrote nothing"
+    );
 }
 
 #[test]
 fn store_keeps_working_after_reopen_from_a_crash() {
     let storage = MemStorage::new();
-    let (_, committed, _) = run(77, &storage, Some(9));
+    let (_, committed, _) = run(77, &storage, Some(9), Revisions::Next);
     let image = storage.crash_image(CrashMode::LoseUnsynced);
     let mut store = Store::open_with(Box::new(image.clone()), "crash", Config::default()).unwrap();
     let mut m = committed;

@@ -1,5 +1,7 @@
-//! A plain in-memory model of every revision of an etcd keyspace, and a random
-//! workload generator, shared by the model and crash tests.
+//! A plain in-memory model of every revision of an etcd keyspace (applied at
+//! the next revision as etcd does, or at the sparse revisions entries carry),
+//! and a random workload generator, shared by the model, sparse-model and
+//! crash tests.
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
@@ -71,10 +73,16 @@ int_range!(u8, i32, u32, u64, usize, i64);
 #[derive(Clone, Debug, Default)]
 pub struct Model {
     pub history: BTreeMap<Vec<u8>, Vec<(i64, Option<KeyValue>)>>,
+    /// The revision reached: the last write's with `apply`, the last entry's
+    /// with `apply_at`.
     pub rev: i64,
     pub compact: i64,
     pub leases: BTreeMap<i64, i64>,
     pub applied_index: u64,
+    /// Every write in revision order, as watch events.
+    pub events: Vec<Event>,
+    /// Sub revision of the next write of the op being applied.
+    sub: i64,
 }
 
 impl Model {
@@ -122,6 +130,7 @@ impl Model {
             value: value.to_vec(),
             lease,
         };
+        self.push_event(EventKind::Put, kv.clone());
         let h = self.history.entry(key.to_vec()).or_default();
         if h.last().is_some_and(|(r, _)| *r == rev) {
             h.pop();
@@ -130,11 +139,107 @@ impl Model {
     }
 
     fn delete_at(&mut self, key: &[u8], rev: i64) {
+        self.push_event(
+            EventKind::Delete,
+            KeyValue {
+                key: key.to_vec(),
+                mod_revision: rev,
+                ..KeyValue::default()
+            },
+        );
         let h = self.history.entry(key.to_vec()).or_default();
         if h.last().is_some_and(|(r, _)| *r == rev) {
             h.pop();
         }
         h.push((rev, None));
+    }
+
+    fn push_event(&mut self, kind: EventKind, kv: KeyValue) {
+        let revision = Revision {
+            main: kv.mod_revision,
+            sub: self.sub,
+        };
+        self.sub += 1;
+        self.events.push(Event { kind, kv, revision });
+    }
+
+    /// The events the store lists from `start` (at or above the compaction
+    /// revision): every write from `start` on, except that compaction has
+    /// removed the deletes at exactly the compaction revision.
+    pub fn events_from(&self, start: i64, max: usize) -> Vec<Event> {
+        self.events
+            .iter()
+            .filter(|e| e.revision.main >= start)
+            .filter(|e| !(e.revision.main == self.compact && e.kind == EventKind::Delete))
+            .take(max)
+            .cloned()
+            .collect()
+    }
+
+    /// etcd's range at `at` (checked by the caller), with the header revision
+    /// the store reports.
+    pub fn range_at(&self, req: &RangeRequest, at: i64) -> RangeResponse {
+        let keys = self.keys_in(&req.key, &req.range_end, at);
+        let mut resp = RangeResponse {
+            revision: self.rev,
+            count: keys.len() as i64,
+            ..RangeResponse::default()
+        };
+        if req.count_only {
+            return resp;
+        }
+        let mut kvs: Vec<KeyValue> = keys
+            .iter()
+            .map(|k| self.get_at(k, at).expect("key in range"))
+            .filter(|kv| {
+                let (m, c) = (kv.mod_revision, kv.create_revision);
+                !(req.max_mod_revision != 0 && m > req.max_mod_revision
+                    || req.min_mod_revision != 0 && m < req.min_mod_revision
+                    || req.max_create_revision != 0 && c > req.max_create_revision
+                    || req.min_create_revision != 0 && c < req.min_create_revision)
+            })
+            .collect();
+        let sort = match (req.sort_target, req.sort_order) {
+            (SortTarget::Key, SortOrder::None | SortOrder::Ascend) => None,
+            (t, o) => Some((t, o == SortOrder::Descend)),
+        };
+        if let Some((target, descend)) = sort {
+            let key = |a: &KeyValue, b: &KeyValue| match target {
+                SortTarget::Key => a.key.cmp(&b.key),
+                SortTarget::Version => a.version.cmp(&b.version),
+                SortTarget::Create => a.create_revision.cmp(&b.create_revision),
+                SortTarget::Mod => a.mod_revision.cmp(&b.mod_revision),
+                SortTarget::Value => a.value.cmp(&b.value),
+            };
+            if descend {
+                kvs.sort_by(|a, b| key(b, a));
+            } else {
+                kvs.sort_by(key);
+            }
+        }
+        if req.limit > 0 && kvs.len() > req.limit as usize {
+            kvs.truncate(req.limit as usize);
+            resp.more = true;
+        }
+        if req.keys_only {
+            for kv in &mut kvs {
+                kv.value = Vec::new();
+            }
+        }
+        resp.kvs = kvs;
+        resp
+    }
+
+    /// The revision a read at `revision` (0: the reached one) sees, or the
+    /// store's refusal.
+    pub fn read_rev(&self, revision: i64) -> Result<i64, &'static str> {
+        check_rev(revision, self.rev, self.compact)
+    }
+
+    /// etcd's range with its revision checks.
+    pub fn range(&self, req: &RangeRequest) -> Result<RangeResponse, &'static str> {
+        let at = self.read_rev(req.revision)?;
+        Ok(self.range_at(req, at))
     }
 
     fn keys_in(&self, start: &[u8], end: &[u8], at: i64) -> Vec<Vec<u8>> {
@@ -146,7 +251,8 @@ impl Model {
             .collect()
     }
 
-    fn compare(&self, c: &Compare) -> bool {
+    /// etcd's compare against the state at the reached revision.
+    pub fn compare(&self, c: &Compare) -> bool {
         let keys = self.keys_in(&c.key, &c.range_end, self.rev);
         if keys.is_empty() {
             if matches!(c.target, CompareTarget::Value(_)) {
@@ -160,8 +266,30 @@ impl Model {
 
     /// Applies `op` as etcd would; returns false when the store must refuse it.
     pub fn apply(&mut self, index: u64, op: &Op) -> bool {
-        self.applied_index = index;
         let next = self.rev + 1;
+        self.apply_with(index, next, op)
+    }
+
+    /// Applies `op` at `revision` (past the reached one) as `Store::apply_at`
+    /// does: writes at `revision`, and the model reaches `revision` whether
+    /// the op wrote, wrote nothing, or was refused.
+    pub fn apply_at(&mut self, index: u64, revision: i64, op: &Op) -> bool {
+        assert!(
+            revision > self.rev,
+            "model: revision {revision} not after {}",
+            self.rev
+        );
+        let ok = self.apply_with(index, revision, op);
+        self.rev = revision;
+        ok
+    }
+
+    /// Writes at `next`; reads see the state before, at `next - 1`, which
+    /// equals the state at the reached revision.
+    fn apply_with(&mut self, index: u64, next: i64, op: &Op) -> bool {
+        self.applied_index = index;
+        self.sub = 0;
+        let before = next - 1;
         match op {
             Op::Put(p) => {
                 if p.lease != 0 && !self.leases.contains_key(&p.lease) {
@@ -182,6 +310,21 @@ impl Model {
             Op::Txn(t) => {
                 let ok = t.compare.iter().all(|c| self.compare(c));
                 let ops = if ok { &t.success } else { &t.failure };
+                for op in ops {
+                    match op {
+                        RequestOp::Put(p)
+                            if p.lease != 0 && !self.leases.contains_key(&p.lease) =>
+                        {
+                            return false;
+                        }
+                        RequestOp::Range(r)
+                            if check_rev(r.revision, before, self.compact).is_err() =>
+                        {
+                            return false;
+                        }
+                        _ => {}
+                    }
+                }
                 let mut wrote = false;
                 for op in ops {
                     match op {
@@ -204,7 +347,7 @@ impl Model {
                 }
             }
             Op::Compact(c) => {
-                if c.revision <= self.compact || c.revision > self.rev {
+                if c.revision <= self.compact || c.revision > before {
                     return false;
                 }
                 self.compact = c.revision;
@@ -231,10 +374,23 @@ impl Model {
                     self.rev = next;
                 }
             }
-            Op::LeaseCheckpoint { .. } => {}
+            Op::LeaseCheckpoint { id, .. } => return self.leases.contains_key(id),
         }
         true
     }
+}
+
+/// The store's check of a read revision: 0 reads `current`; above `current`
+/// is a future revision; below `compact` is compacted.
+pub fn check_rev(revision: i64, current: i64, compact: i64) -> Result<i64, &'static str> {
+    if revision > current {
+        return Err("future revision");
+    }
+    let at = if revision <= 0 { current } else { revision };
+    if at < compact {
+        return Err("compacted");
+    }
+    Ok(at)
 }
 
 pub fn in_range(k: &[u8], start: &[u8], end: &[u8]) -> bool {
@@ -278,7 +434,7 @@ pub fn value(rng: &mut SmallRng) -> Vec<u8> {
     (0..len).map(|_| rng.byte()).collect()
 }
 
-fn range_end(rng: &mut SmallRng, k: &[u8]) -> Vec<u8> {
+pub fn range_end(rng: &mut SmallRng, k: &[u8]) -> Vec<u8> {
     match rng.gen_range(0..4) {
         0 => Vec::new(),
         1 => vec![0],
