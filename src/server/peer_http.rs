@@ -284,8 +284,13 @@ async fn serve_lease(router: &Router, path: &str, shard: &str, body: Bytes) -> P
     }
 }
 
-/// Idle keep-alive connections kept per peer URL by one client.
-const IDLE_CONNECTIONS_PER_PEER: usize = 8;
+/// Idle keep-alive connections kept per peer URL by one client (one per
+/// core). A request holds its connection until answered, so the pool must
+/// cover the requests a core forwards at once (a lease keep-alive stream per
+/// client, forwarded from a follower): a connection dropped for lack of room
+/// is a TCP connect and a TIME_WAIT socket for the next request that finds
+/// the pool empty.
+const IDLE_CONNECTIONS_PER_PEER: usize = 256;
 
 /// What a peer's HTTP side answered: its body, that another member leads the
 /// shard asked about (`x-cairn-leader`, 0 when none is known), or a failure
@@ -603,6 +608,64 @@ impl PeerClient {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn concurrent_calls_reuse_pooled_connections() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let counter = accepted.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
+                counter.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    // Slow enough that every call of a wave is in flight at once.
+                    let service = hyper::service::service_fn(|_: Request<Incoming>| async {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"ok"))))
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        let client = PeerClient::new(None);
+        let wave = || {
+            futures::future::join_all((0..64).map(|_| {
+                client.call(
+                    &url,
+                    Method::POST,
+                    "/cairn/lease-renew",
+                    &[],
+                    Bytes::new(),
+                    Duration::from_secs(30),
+                )
+            }))
+        };
+        for answer in wave().await {
+            assert!(matches!(answer, Forwarded::Ok(_)), "{answer:?}");
+        }
+        let opened = accepted.load(Ordering::SeqCst);
+        assert!(
+            (1..=64).contains(&opened),
+            "{opened} connections for 64 calls"
+        );
+        for _ in 0..3 {
+            for answer in wave().await {
+                assert!(matches!(answer, Forwarded::Ok(_)), "{answer:?}");
+            }
+        }
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            opened,
+            "waves of as many calls at once as the first opened new connections"
+        );
+    }
 
     #[test]
     fn only_http_methods_this_side_serves_are_sniffed() {
