@@ -1,6 +1,7 @@
 //! etcd 3.4's etcdctl recipes that run for a while against Cairn, as operators
 //! run them: `elect` (campaign and observe on a 3-member cluster, leadership
-//! passing on when the leader resigns or its lease goes) and `make-mirror`
+//! passing on when the leader resigns or its lease goes), `lock` and `elect`
+//! under contention on names of every shape at every shard count, and `make-mirror`
 //! (from a real etcd into Cairn and from Cairn into etcd: the existing keys
 //! under a prefix, then the puts and deletes that follow). Guards against
 //! watch, lease or transaction behaviour that etcd's concurrency package
@@ -240,6 +241,108 @@ fn etcdctl_elect_passes_leadership_on() {
     observer.wait_for("saw p3 lead", |l| {
         proposals(l, election) == ["p1", "p2", "p3"]
     });
+}
+
+/// Names of every shape a user gives a lock or an election: plain, with a
+/// dash, and a '/' path. etcd's recipes put `<name>/<lease>` and read the
+/// `<name>/` prefix in one txn, so a name works only if routing keeps its
+/// keys on one shard, whatever `--shards` is.
+const NAME_SHAPES: [&str; 3] = ["mylock", "locks-x", "/locks/y"];
+
+/// `etcdctl lock` contenders per name.
+const CONTENDERS: usize = 3;
+
+/// Contenders lock every name shape at once, each holding its lock for a
+/// moment while it writes `enter`/`exit` to the name's log: no two holds of
+/// one name may overlap. Then one election per name shape: the first
+/// campaigner leads, the second waits, and leads once the first resigns.
+fn recipes_hold_on_every_name_shape(endpoints: &str, what: &str, context: &dyn Fn() -> String) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = |n: usize| dir.path().join(format!("lock-{n}.log"));
+    let mut holders = Vec::new();
+    for (n, name) in NAME_SHAPES.iter().enumerate() {
+        for c in 0..CONTENDERS {
+            let section = format!(
+                "echo enter {c} >> {log}; sleep 0.05; echo exit {c} >> {log}",
+                log = log(n).display()
+            );
+            holders.push(Background::start(
+                endpoints,
+                &["lock", name, "--", "sh", "-c", &section],
+            ));
+        }
+    }
+    for h in &mut holders {
+        let ok = h.wait_exit();
+        assert!(
+            ok,
+            "{what}: {} failed: {:?}\n{}",
+            h.what,
+            h.lines(),
+            context()
+        );
+    }
+    for (n, name) in NAME_SHAPES.iter().enumerate() {
+        let text = std::fs::read_to_string(log(n)).expect("lock log");
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines.len(),
+            2 * CONTENDERS,
+            "{what}: lock {name}: {lines:?}"
+        );
+        let mut holders_seen = Vec::new();
+        for pair in lines.chunks(2) {
+            let who = pair[0].strip_prefix("enter ");
+            assert!(
+                who.is_some() && pair[1].strip_prefix("exit ") == who,
+                "{what}: holds of lock {name} overlapped: {lines:?}"
+            );
+            holders_seen.push(who);
+        }
+        holders_seen.sort();
+        holders_seen.dedup();
+        assert_eq!(
+            holders_seen.len(),
+            CONTENDERS,
+            "{what}: lock {name}: {lines:?}"
+        );
+    }
+    for name in NAME_SHAPES {
+        let election = format!("{name}-election");
+        let mut first = Background::start(endpoints, &["elect", &election, "first"]);
+        first.wait_for("won the empty election", |l| {
+            proposals(l, &election) == ["first"]
+        });
+        let second = Background::start(endpoints, &["elect", &election, "second"]);
+        campaigners(endpoints, &election, 2, "second campaigning");
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(
+            proposals(&second.lines(), &election),
+            Vec::<String>::new(),
+            "{what}: second led {election} while first did"
+        );
+        first.signal(libc::SIGTERM);
+        first.wait_exit();
+        second.wait_for("won after first resigned", |l| {
+            proposals(l, &election) == ["second"]
+        });
+    }
+}
+
+#[test]
+fn lock_and_elect_hold_on_names_of_every_shape_at_every_shard_count() {
+    if !common::require_tool("etcdctl") {
+        return;
+    }
+    for members in [1, 3] {
+        for shards in [1, 2, 4, 8] {
+            let what = format!("{members} member(s), --shards {shards}");
+            let cluster = common::Cluster::start(members, &["--shards", &shards.to_string()]);
+            let endpoints = cluster.endpoints().join(",");
+            wait_writable(&endpoints);
+            recipes_hold_on_every_name_shape(&endpoints, &what, &|| cluster.logs());
+        }
+    }
 }
 
 /// One `make-mirror` round from `source` to `dest`, of the keys under
