@@ -3,9 +3,10 @@
 //! write path: the WAL already holds every entry), and then every write of
 //! shard 0's snapshot metadata (at each log compaction), writes keep flowing
 //! to both shards, and shard 1, driven by the same core thread as shard 0,
-//! keeps its leader. Guards against a core thread that waits on one shard's
-//! store syncs or metadata writes, which would stop the ticks and heartbeats
-//! of every shard on that core.
+//! keeps its leader; likewise while the member defragments its stores.
+//! Guards against a core thread that waits on one shard's store syncs or
+//! metadata writes, which would stop the ticks and heartbeats of every shard
+//! on that core.
 
 mod common;
 #[path = "ops_promtext.rs"]
@@ -131,6 +132,31 @@ async fn a_stalled_store_on_one_shard_leaves_the_other_shards_leader_alone() {
             cluster.logs()
         );
     }
+
+    // A defragment of the leader's stores while shard 0's store syncs stall:
+    // its steps wait for the syncer on the ticks, never on the core.
+    common::replace_file(&faults, "store-stall 3000 shard-0.mvcc");
+    let mut admin = client(&leader.endpoint()).await;
+    let defrag = tokio::spawn(async move { admin.defragment().await });
+    let acked = write_for(&mut c, Duration::from_secs(12)).await;
+    common::replace_file(&faults, "none");
+    let after = terms(&cluster, 1);
+    assert!(
+        acked > 100,
+        "writes stopped during a defragment: {acked} acknowledged\n{}",
+        cluster.logs()
+    );
+    assert_eq!(
+        before,
+        after,
+        "shard 1's (term, leader changes) per member moved during a defragment\n{}",
+        cluster.logs()
+    );
+    let answer = tokio::time::timeout(Duration::from_secs(120), defrag)
+        .await
+        .expect("the defragment answers once the stall is lifted")
+        .expect("defragment task");
+    assert!(answer.is_ok(), "defragment: {answer:?}\n{}", cluster.logs());
 }
 
 /// Writes under many prefixes, so both shards get them, for `time`;

@@ -36,5 +36,8 @@ pub use page::{CorruptPage, PageFault, PAGE_SIZE_BYTES};
 pub use snapshot::{RangeStream, Snapshot, SnapshotStream};
 pub use storage::{CrashMode, FileStorage, MemStorage, Storage, SyncHandle};
 pub use store::changes::Change;
-pub use store::{CommitStats, Config, DefragReport, DirLock, Store, MAX_REQUEST_BYTES_LIMIT};
+pub use store::{
+    CommitStats, Config, DefragProgress, DefragReport, DefragRun, DirLock, Store,
+    MAX_REQUEST_BYTES_LIMIT,
+};
 pub use types::*;

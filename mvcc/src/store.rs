@@ -26,6 +26,7 @@ mod apply;
 pub(crate) mod changes;
 mod commit;
 mod defrag;
+pub use defrag::{DefragProgress, DefragRun};
 mod read;
 
 /// Tuning of one store. Nothing here changes what `apply` does with an
@@ -212,6 +213,8 @@ pub struct Store {
     pub(crate) poisoned: bool,
     pub(crate) stats: CommitStats,
     pub(crate) shrink_wanted: bool,
+    /// Pages the last commit moved below a defragment's limit.
+    pub(crate) relocated_pages: usize,
     pub(crate) meta_writer: MetaWriter,
     /// Applied records not yet taken by the change consumer, while capturing.
     pub(crate) captured: Option<Vec<changes::Change>>,
@@ -383,6 +386,7 @@ impl Store {
             poisoned: false,
             stats: CommitStats::default(),
             shrink_wanted: false,
+            relocated_pages: 0,
             meta_writer,
             captured: None,
         };

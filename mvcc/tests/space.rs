@@ -151,3 +151,93 @@ fn defragment_shrinks_the_file_while_a_snapshot_keeps_reading() {
     assert_eq!(store.key_count(), 1001);
     assert_eq!(store.applied_index(), index);
 }
+
+/// A store of 20,000 keys whose first 19,000 are deleted and compacted away,
+/// all committed and durable: most of its file is free pages, the live ones
+/// at the end.
+fn mostly_free_store(dir: &std::path::Path) -> (Store, u64) {
+    let mut store = Store::open(dir, 0, small_growth()).unwrap();
+    let mut index = 0;
+    for i in 0..20_000u32 {
+        index += 1;
+        store
+            .apply(index, &put(format!("k{i:06}").as_bytes(), &[i as u8; 200]))
+            .unwrap();
+        if index % 1000 == 0 {
+            store.commit().unwrap();
+        }
+    }
+    index += 1;
+    store
+        .apply(
+            index,
+            &Op::DeleteRange(DeleteRangeRequest {
+                key: b"k".to_vec(),
+                range_end: b"k019000".to_vec(),
+                prev_kv: false,
+            }),
+        )
+        .unwrap();
+    let rev = store.current_revision();
+    index += 1;
+    store
+        .apply(index, &Op::Compact(CompactionRequest { revision: rev }))
+        .unwrap();
+    store.commit().unwrap();
+    store.sync().unwrap();
+    (store, index)
+}
+
+#[test]
+fn a_defragment_in_steps_never_waits_while_writes_and_commits_go_on_between_steps() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut store, mut index) = mostly_free_store(dir.path());
+    let before = store.size_bytes();
+    let mut run = store.defragment_start();
+    let (mut moved, mut waiting, mut written) = (0, 0, 0u32);
+    let report = loop {
+        // 16 pages a step: the live pages at the end take several.
+        match store.defragment_step(&mut run, 16).unwrap() {
+            DefragProgress::Moved => moved += 1,
+            DefragProgress::Waiting => {
+                waiting += 1;
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            DefragProgress::Done(report) => break report,
+        }
+        assert!(moved + waiting < 100_000, "the run never ends: {run:?}");
+        // The store's owner goes on writing and committing between steps.
+        index += 1;
+        store
+            .apply(index, &put(format!("new{written:05}").as_bytes(), b"v"))
+            .unwrap();
+        written += 1;
+        store.commit_unless_busy().unwrap();
+    };
+    assert!(moved > 2, "{moved} steps moved pages ({report:?})");
+    let after = store.size_bytes();
+    assert!(
+        after * 4 < before,
+        "defragment in steps left {after} of {before} bytes ({report:?}, {moved} moved, {waiting} waiting)"
+    );
+    store.commit().unwrap();
+    store.sync().unwrap();
+    drop(store);
+    let store = Store::open(dir.path(), 0, small_growth()).unwrap();
+    assert_eq!(store.applied_index(), index);
+    assert_eq!(store.key_count(), 1000 + written as usize);
+    for i in [19_000u32, 19_500, 19_999] {
+        assert_eq!(
+            store
+                .get(format!("k{i:06}").as_bytes())
+                .unwrap()
+                .unwrap()
+                .value,
+            vec![i as u8; 200]
+        );
+    }
+    assert!(store
+        .get(format!("new{:05}", written - 1).as_bytes())
+        .unwrap()
+        .is_some());
+}

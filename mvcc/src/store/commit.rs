@@ -19,13 +19,18 @@ impl Store {
             self.poisoned = true;
             return Err(e.into());
         }
-        let oldest = self.oldest_snapshot();
-        let durable = self.meta_writer.durable_txn();
-        self.pager.release_pending(oldest, durable);
+        self.release_durable_pages();
         Ok(())
     }
 
-    fn has_changes(&self) -> bool {
+    /// Frees the pages that commits now durable gave up and no snapshot reads.
+    pub(super) fn release_durable_pages(&mut self) {
+        let oldest = self.oldest_snapshot();
+        let durable = self.meta_writer.durable_txn();
+        self.pager.release_pending(oldest, durable);
+    }
+
+    pub(super) fn has_changes(&self) -> bool {
         !self.pending.is_empty()
             || !self.pending_deletes.is_empty()
             || !self.lease_dirty.is_empty()
@@ -69,7 +74,7 @@ impl Store {
     }
 
     /// Whether a commit now would wait for the background syncer.
-    fn commit_would_wait(&self) -> bool {
+    pub(super) fn commit_would_wait(&self) -> bool {
         let durable = self.meta_writer.durable_txn();
         self.meta_writer
             .would_wait(self.committed.txn.saturating_sub(durable))
@@ -170,10 +175,12 @@ impl Store {
             .map(|id| ((id as u64, 0), self.leases.get(&id).map(encode_lease)))
             .collect();
         let mut lease_root = btree::apply(&mut self.pager, self.committed.lease_root, lease_muts)?;
-        if let Some((limit, budget)) = relocate {
-            let mut budget = budget;
+        self.relocated_pages = 0;
+        if let Some((limit, pages)) = relocate {
+            let mut budget = pages;
             rev_root = btree::relocate(&mut self.pager, rev_root, limit, &mut budget)?;
             lease_root = btree::relocate(&mut self.pager, lease_root, limit, &mut budget)?;
+            self.relocated_pages = pages - budget;
         }
         let meta = Meta {
             txn,

@@ -3,6 +3,19 @@
 
 use super::*;
 
+/// A defragment in progress and the clients waiting for it.
+pub(super) struct Defrag {
+    run: mvcc::DefragRun,
+    replies: Vec<Reply<()>>,
+    started: Instant,
+}
+
+impl Defrag {
+    pub(super) fn into_replies(self) -> Vec<Reply<()>> {
+        self.replies
+    }
+}
+
 impl Shard {
     pub(super) fn apply(&mut self, entries: &[raft::Entry]) {
         if entries.is_empty() {
@@ -63,18 +76,58 @@ impl Shard {
         }
     }
 
-    pub(super) fn defragment(&mut self) -> Result<(), ApiError> {
+    /// Starts defragmenting the store (or joins the run in progress); the
+    /// reply goes out when the run is done. The run goes on in steps on the
+    /// ticks ([`Shard::defragment_steps`]), so the core never waits for the
+    /// store's disk and other shards' ticks keep their pace.
+    pub(super) fn defragment(&mut self, reply: Reply<()>) {
         if let Some(reason) = &self.failed {
-            return Err(self.storage_error(reason.clone()));
+            let _ = reply.send(Err(self.storage_error(reason.clone())));
+            return;
         }
-        let started = Instant::now();
-        match self.store.defragment() {
+        match &mut self.defrag {
+            Some(run) => run.replies.push(reply),
+            None => {
+                self.defrag = Some(Defrag {
+                    run: self.store.defragment_start(),
+                    replies: vec![reply],
+                    started: Instant::now(),
+                })
+            }
+        }
+        self.defragment_steps();
+    }
+
+    /// Carries the defragment in progress on for up to [`DEFRAG_TURN`]: steps
+    /// of [`DEFRAG_STEP_PAGES`], each written here and synced by the store's
+    /// syncer; a step that would wait for a sync ends the turn.
+    pub(super) fn defragment_steps(&mut self) {
+        let Some(mut defrag) = self.defrag.take() else {
+            return;
+        };
+        let turn = Instant::now();
+        let outcome = loop {
+            match self
+                .store
+                .defragment_step(&mut defrag.run, DEFRAG_STEP_PAGES)
+            {
+                Ok(mvcc::DefragProgress::Moved) if turn.elapsed() < DEFRAG_TURN => continue,
+                Ok(mvcc::DefragProgress::Moved | mvcc::DefragProgress::Waiting) => {
+                    self.defrag = Some(defrag);
+                    return;
+                }
+                Ok(mvcc::DefragProgress::Done(report)) => break Ok(report),
+                Err(e) => break Err(e),
+            }
+        };
+        let result = match outcome {
             Ok(report) => {
                 tracing::info!(
                     shard = self.id,
                     before_bytes = report.file_bytes_before,
                     after_bytes = report.file_bytes_after,
-                    took_ms = started.elapsed().as_millis() as u64,
+                    steps = report.steps,
+                    took_ms = defrag.started.elapsed().as_millis() as u64,
                     "store defragmented"
                 );
                 if let Some(m) = &self.metrics {
@@ -89,6 +142,9 @@ impl Shard {
                 self.fail(reason.clone());
                 Err(self.storage_error(reason))
             }
+        };
+        for reply in defrag.replies {
+            let _ = reply.send(result.clone());
         }
     }
 

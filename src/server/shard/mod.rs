@@ -105,6 +105,12 @@ pub use spool::{SpoolError, SpooledSnapshot, StreamSpool};
 /// core for tens of milliseconds at most, well inside a tick.
 pub const APPLY_BYTES_PER_TURN: usize = 4 << 20;
 
+/// Pages one defragment step moves (4 MiB): the most a step writes on the core.
+pub const DEFRAG_STEP_PAGES: usize = 1024;
+
+/// Longest a tick spends on defragment steps before the shard goes on.
+pub const DEFRAG_TURN: Duration = Duration::from_millis(10);
+
 /// Inputs drained per turn before Raft's Ready is processed: bounds the time one
 /// turn takes, so ticks are not starved by a flood of messages.
 pub const MAX_INPUTS_PER_TURN: usize = 1024;
@@ -315,6 +321,8 @@ pub struct Shard {
     is_learner: bool,
     /// Time left of every lease, while this member leads the shard.
     lease_clock: LeaseClock,
+    /// The defragment in progress, carried on in steps on the ticks.
+    defrag: Option<apply::Defrag>,
 }
 
 impl Shard {
@@ -340,6 +348,7 @@ impl Shard {
                         self.node.tick();
                         self.maybe_hand_over_leadership();
                         self.expire_leases();
+                        self.defragment_steps();
                         // Watchers that were behind (full queues) catch up.
                         self.watchers.sweep_closed();
                         self.watchers.notify(self.id, &mut self.store);
@@ -393,6 +402,11 @@ impl Shard {
                 }
                 for r in self.renewals_this_turn.drain(..) {
                     let _ = r.reply.send(Err(err.clone()));
+                }
+                if let Some(defrag) = self.defrag.take() {
+                    for reply in defrag.into_replies() {
+                        let _ = reply.send(Err(err.clone()));
+                    }
                 }
                 continue;
             }
@@ -476,9 +490,7 @@ impl Shard {
                     }
                 });
             }
-            ShardCommand::Defragment { reply } => {
-                let _ = reply.send(self.defragment());
-            }
+            ShardCommand::Defragment { reply } => self.defragment(reply),
             ShardCommand::WatchProgress { stream, reply } => {
                 // Deliver what can go out now, then say how far that got.
                 self.watchers.notify(self.id, &mut self.store);

@@ -255,6 +255,7 @@ impl Shard {
             conf_change_queue: std::collections::VecDeque::new(),
             is_learner,
             lease_clock: LeaseClock::new(setup.tick, setup.election_ticks),
+            defrag: None,
         })
     }
 }

@@ -339,6 +339,12 @@ impl Shard {
         crate::server::crash_point::reached("snapshot-truncated");
         let old = std::mem::replace(&mut self.store, store);
         drop(old);
+        if let Some(defrag) = self.defrag.take() {
+            // The store it was shrinking is gone; the new one is compact.
+            for reply in defrag.into_replies() {
+                let _ = reply.send(Ok(()));
+            }
+        }
         store_swap::swap_in(&mut store_swap::RealFs, &self.dir)
             .map_err(InstallError::io("swapping in the snapshot's store"))?;
         crate::server::crash_point::reached("snapshot-swapped");
