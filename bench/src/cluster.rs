@@ -140,6 +140,50 @@ pub fn process_cpu_time(pid: u32) -> std::io::Result<Duration> {
     Ok(Duration::from_micros(ticks * 1_000_000 / per_second))
 }
 
+/// Resident memory of processes, summed, in bytes (`/proc/<pid>/status`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Resident {
+    /// VmRSS: everything resident.
+    pub total: u64,
+    /// RssAnon: heap and stacks.
+    pub anon: u64,
+    /// RssFile: mapped files (the store's pages) and the binary.
+    pub file: u64,
+}
+
+impl Resident {
+    /// Process `pid`'s resident memory.
+    pub fn of(pid: u32) -> Option<Resident> {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        let field = |name: &str| -> Option<u64> {
+            let line = status.lines().find(|l| l.starts_with(name))?;
+            let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+            Some(kib * 1024)
+        };
+        Some(Resident {
+            total: field("VmRSS:")?,
+            anon: field("RssAnon:")?,
+            file: field("RssFile:")?,
+        })
+    }
+
+    /// The sum over `cluster`'s members (None if one is gone).
+    pub fn of_members(cluster: &LocalCluster) -> Option<Resident> {
+        cluster
+            .members
+            .iter()
+            .map(|m| Resident::of(m.pid()?))
+            .try_fold(Resident::default(), |sum, r| {
+                let r = r?;
+                Some(Resident {
+                    total: sum.total + r.total,
+                    anon: sum.anon + r.anon,
+                    file: sum.file + r.file,
+                })
+            })
+    }
+}
+
 #[derive(Debug)]
 pub struct LocalCluster {
     pub system: System,

@@ -241,6 +241,10 @@ pub enum Command {
     /// watchers plus one that never reads, alternating: what watchers cost
     /// writers, and the members' memory, in one table.
     WatchLoad(crate::watch_load::WatchLoadOpts),
+    /// Start each system alone, write the same puts (100,000 of 256 B by
+    /// default) and read its members' resident memory before and after, in
+    /// one table.
+    Memory(crate::memory::MemoryOpts),
 }
 
 #[derive(Debug, Clone, Args)]

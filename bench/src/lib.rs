@@ -8,6 +8,7 @@
 //! - [`workload`]: put, range, txn-put, mixed and lease-keepalive requests;
 //! - [`watch`]: watch latency from put sent to event received;
 //! - [`watch_load`]: what many watchers, one never reading, cost writers;
+//! - [`memory`]: the members' resident memory after the same puts;
 //! - [`gateway`]: the put workload over etcd's HTTP/JSON gateway;
 //! - [`security`]: client TLS, per-connection authentication, and the
 //!   certificates and users of a secure local cluster;
@@ -27,6 +28,7 @@ pub mod cluster;
 pub mod compare;
 pub mod config;
 pub mod gateway;
+pub mod memory;
 pub mod preset;
 pub mod runner;
 pub mod security;
@@ -124,10 +126,10 @@ pub async fn run_workload(
             o.validate()?;
             watch::run(global, o, progress).await
         }
-        Command::Compare(_) | Command::TlsCost(_) | Command::WatchLoad(_) => {
+        Command::Compare(_) | Command::TlsCost(_) | Command::WatchLoad(_) | Command::Memory(_) => {
             Err(BenchError::Option {
                 option: "compare",
-                reason: "compare, tls-cost and watch-load are not single workloads".into(),
+                reason: "compare, tls-cost, watch-load and memory are not single workloads".into(),
             })
         }
     }

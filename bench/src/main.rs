@@ -11,6 +11,7 @@ async fn run(cli: Cli) -> Result<(), BenchError> {
         Command::Compare(opts) => cairn_bench::compare::run(&cli.global, opts, true).await,
         Command::TlsCost(opts) => cairn_bench::tls_cost::run(&cli.global, opts, true).await,
         Command::WatchLoad(opts) => cairn_bench::watch_load::run(&cli.global, opts, true).await,
+        Command::Memory(opts) => cairn_bench::memory::run(&cli.global, opts, true).await,
         command => {
             let report = cairn_bench::run_workload(&cli.global, command, true).await?;
             if !cli.global.json {

@@ -30,7 +30,7 @@ use cairn_proto::etcdserverpb::watch_request::RequestUnion;
 use cairn_proto::etcdserverpb::{WatchCreateRequest, WatchRequest, WatchResponse};
 
 use crate::binaries::system_binary;
-use crate::cluster::{LocalCluster, StartOptions, System};
+use crate::cluster::{LocalCluster, Resident, StartOptions, System};
 use crate::config::GlobalOpts;
 use crate::preset::{preset_command, Preset, PRESET_KEY_SPACE};
 use crate::security::Conn;
@@ -233,16 +233,7 @@ async fn open_watchers(
 /// Anonymous resident memory of the members (heap and stacks, not the store's
 /// mapped file), summed, in bytes (None if one is gone).
 fn members_rss(cluster: &LocalCluster) -> Option<u64> {
-    cluster
-        .members
-        .iter()
-        .map(|m| {
-            let status = std::fs::read_to_string(format!("/proc/{}/status", m.pid()?)).ok()?;
-            let line = status.lines().find(|l| l.starts_with("RssAnon:"))?;
-            let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-            Some(kib * 1024)
-        })
-        .sum()
+    Resident::of_members(cluster).map(|r| r.anon)
 }
 
 /// One measured run: the put report, the members' memory before and after

@@ -354,3 +354,46 @@ fn compare_pauses_the_system_it_is_not_measuring() {
         assert_eq!(row["results"][system]["errors"], 0, "{summary}");
     }
 }
+
+#[test]
+fn memory_reports_the_members_resident_memory_after_the_puts() {
+    if !cairn_bench::binary_available_or_skip(Path::new("etcd")) {
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let (stdout, stderr, code) = run(&[
+        "memory",
+        "--systems",
+        "etcd",
+        "--members",
+        "1",
+        "--puts",
+        "2000",
+        "--settle",
+        "0s",
+        "--work-dir",
+        work.path().to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    let row = stdout
+        .lines()
+        .find(|l| l.starts_with("| etcd |"))
+        .unwrap_or_else(|| panic!("no etcd row: {stdout}"));
+    let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+    assert_eq!(cells[3], "2000", "{row}");
+    let summary: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    let etcd = &summary["memory"][0];
+    assert_eq!(etcd["system"], "etcd");
+    let after = etcd["resident_after_bytes"].as_u64().unwrap();
+    let parts = etcd["anonymous_after_bytes"].as_u64().unwrap()
+        + etcd["file_after_bytes"].as_u64().unwrap();
+    assert!(after > 1 << 20, "{etcd}");
+    // VmRSS is RssAnon + RssFile + RssShmem.
+    assert!(parts <= after, "{etcd}");
+    assert!(etcd["puts_per_sec"].as_f64().unwrap() > 0.0, "{etcd}");
+    assert_eq!(
+        std::fs::read_dir(work.path()).unwrap().count(),
+        0,
+        "memory left data behind"
+    );
+}

@@ -44,7 +44,10 @@ impl PageSource {
             // refers to them is live. The file is shrunk only past pages that are
             // free for every reader. So the bytes behind any slice handed out from
             // this mapping do not change while the slice is alive.
-            let map = unsafe { memmap2::MmapOptions::new().populate().map(f)? };
+            // Not populated: pages become resident as they are read, so the
+            // mapping costs memory for the pages in use, not the whole file,
+            // and a remap after the file grew does not fault in every page.
+            let map = unsafe { memmap2::MmapOptions::new().map(f)? };
             let words = (map.len() / PAGE_SIZE_BYTES).div_ceil(64);
             let mut checked = match prev {
                 Some(PageSource::Map { checked, .. }) => checked.borrow().clone(),
