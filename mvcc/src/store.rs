@@ -536,6 +536,14 @@ impl Store {
         self.meta_writer.durable_index()
     }
 
+    /// Closes a store that is being thrown away (replaced by a snapshot's):
+    /// unlike dropping it, does not wait for its sync thread to finish the
+    /// syncs it has queued; the thread finishes them and closes the file on
+    /// its own. What the store holds need not be durable after this.
+    pub fn discard(mut self) {
+        self.meta_writer.detach();
+    }
+
     /// The revision the store has reached: the newest revision a read or a
     /// compaction may name, the one a read at revision 0 sees, and the one
     /// read answers report. With [`Store::apply`] alone it is the revision

@@ -216,6 +216,16 @@ impl MetaWriter {
     }
 }
 
+impl MetaWriter {
+    /// Lets the sync thread finish its queue on its own: dropping this writer
+    /// then does not wait for it.
+    pub(crate) fn detach(&mut self) {
+        if let Mode::Thread { join, .. } = &mut self.mode {
+            drop(join.take());
+        }
+    }
+}
+
 impl Drop for MetaWriter {
     fn drop(&mut self) {
         if let Mode::Thread { tx, join, .. } = &mut self.mode {

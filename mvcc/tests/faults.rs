@@ -322,6 +322,36 @@ fn a_stalled_syncer_defers_commits_and_they_land_once_it_recovers() {
 }
 
 #[test]
+fn a_discarded_store_does_not_wait_for_its_stalled_syncer_and_a_dropped_one_does() {
+    let stall = std::time::Duration::from_millis(1500);
+    for discard in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let control = dir.path().join("faults");
+        let mut store = open_with_sync_faults(dir.path());
+        std::fs::write(&control, format!("store-stall {}", stall.as_millis())).unwrap();
+        store.apply(1, &put(b"k", b"v")).unwrap();
+        // The syncer takes the commit and sleeps in its sync.
+        assert!(store.commit_unless_busy().unwrap());
+        let started = std::time::Instant::now();
+        if discard {
+            store.discard();
+            assert!(
+                started.elapsed() < stall / 2,
+                "discard waited {:?} for a sync stalled {stall:?}",
+                started.elapsed()
+            );
+        } else {
+            drop(store);
+            assert!(
+                started.elapsed() >= stall / 2,
+                "drop returned after {:?}, before the stalled sync ended",
+                started.elapsed()
+            );
+        }
+    }
+}
+
+#[test]
 fn a_failed_sync_is_reported_not_deferred_forever() {
     let dir = tempfile::tempdir().unwrap();
     let control = dir.path().join("faults");

@@ -337,8 +337,9 @@ impl Shard {
             .await
             .map_err(InstallError::Wal)?;
         crate::server::crash_point::reached("snapshot-truncated");
-        let old = std::mem::replace(&mut self.store, store);
-        drop(old);
+        // The replaced store's queued syncs finish on its own thread: what it
+        // holds is superseded, and waiting for them here would stop the core.
+        std::mem::replace(&mut self.store, store).discard();
         if let Some(defrag) = self.defrag.take() {
             // The store it was shrinking is gone; the new one is compact.
             for reply in defrag.into_replies() {
