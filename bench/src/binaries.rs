@@ -43,17 +43,30 @@ pub fn workspace_cairn_or_skip() -> Option<PathBuf> {
     bin
 }
 
-/// The daemon a local cluster of `system` runs: `etcd_bin` for etcd, and for
-/// Cairn `cairn_bin` or else this workspace's release build.
-pub fn system_binary(
-    system: crate::cluster::System,
-    cairn_bin: Option<&Path>,
-    etcd_bin: &Path,
-) -> PathBuf {
-    match system {
-        crate::cluster::System::Etcd => etcd_bin.to_path_buf(),
-        crate::cluster::System::Cairn => {
-            cairn_bin.map_or_else(default_cairn_bin, Path::to_path_buf)
+/// Where a command that starts its own clusters (`compare`, `tls-cost`,
+/// `watch-load`, `memory`) finds the daemons and makes their data directories.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DaemonOpts {
+    /// The Cairn daemon (default: this workspace's target/release/cairn).
+    #[arg(long)]
+    pub cairn_bin: Option<PathBuf>,
+    /// The etcd daemon.
+    #[arg(long, default_value = "etcd")]
+    pub etcd_bin: PathBuf,
+    /// Directory in which the temporary data directories are made (default: $TMPDIR).
+    #[arg(long)]
+    pub work_dir: Option<PathBuf>,
+}
+
+impl DaemonOpts {
+    /// The daemon a local cluster of `system` runs: `--etcd-bin` for etcd,
+    /// and for Cairn `--cairn-bin` or else this workspace's release build.
+    pub fn binary(&self, system: crate::cluster::System) -> PathBuf {
+        match system {
+            crate::cluster::System::Etcd => self.etcd_bin.clone(),
+            crate::cluster::System::Cairn => {
+                self.cairn_bin.clone().unwrap_or_else(default_cairn_bin)
+            }
         }
     }
 }

@@ -5,12 +5,10 @@
 //! table (see [`crate::preset`]), so any row can be reproduced by hand against
 //! any cluster.
 
-use std::path::PathBuf;
-
 use clap::Args;
 use serde_json::{json, Value};
 
-use crate::binaries::system_binary;
+use crate::binaries::DaemonOpts;
 use crate::cluster::{LocalCluster, StartOptions, System};
 use crate::config::GlobalOpts;
 use crate::preset::{preset_command, shown_security_args, Preset};
@@ -55,15 +53,8 @@ pub struct CompareOpts {
     /// measured.
     #[arg(long)]
     pub others_running: bool,
-    /// The Cairn daemon (default: this workspace's target/release/cairn).
-    #[arg(long)]
-    pub cairn_bin: Option<PathBuf>,
-    /// The etcd daemon.
-    #[arg(long, default_value = "etcd")]
-    pub etcd_bin: PathBuf,
-    /// Directory in which the temporary data directories are made (default: $TMPDIR).
-    #[arg(long)]
-    pub work_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub daemons: DaemonOpts,
     /// Start both systems secured the same way: mutual TLS on client and peer
     /// ports (a CA and certificates made for the run, in its temporary
     /// directory), auth enabled with a root user, and the workloads run as the
@@ -104,7 +95,7 @@ pub async fn run(
                 .into(),
         });
     }
-    let scratch = scratch_dir(opts.work_dir.as_deref(), "cairn-bench-compare-")?;
+    let scratch = scratch_dir(opts.daemons.work_dir.as_deref(), "cairn-bench-compare-")?;
 
     let certs = if opts.secure {
         Some(ClusterCerts::generate(&scratch.path().join("certs"))?)
@@ -115,8 +106,8 @@ pub async fn run(
     let mut clusters: Vec<LocalCluster> = Vec::new();
     let mut not_measured: Vec<(System, String)> = Vec::new();
     for &system in &opts.systems {
-        let binary = system_binary(system, opts.cairn_bin.as_deref(), &opts.etcd_bin);
-        if system == System::Cairn && opts.cairn_bin.is_none() && !binary.exists() {
+        let binary = opts.daemons.binary(system);
+        if system == System::Cairn && opts.daemons.cairn_bin.is_none() && !binary.exists() {
             let why = format!(
                 "{} does not exist; build it with `cargo build --release` in the workspace",
                 binary.display()

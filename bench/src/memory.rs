@@ -9,13 +9,12 @@
 //! `/proc/<pid>/status`, summed over the members, and split into anonymous
 //! (heap, stacks) and file-backed (mapped store files, the binary) pages.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser as _};
 use serde_json::json;
 
-use crate::binaries::system_binary;
+use crate::binaries::DaemonOpts;
 use crate::cluster::{Resident, StartOptions, System};
 use crate::config::{parse_duration, Cli, GlobalOpts};
 use crate::session::{say, scratch_dir, start_secured};
@@ -41,15 +40,8 @@ pub struct MemoryOpts {
     /// Wait after the puts before memory is read, e.g. 5s.
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     pub settle: Duration,
-    /// The Cairn daemon (default: this workspace's target/release/cairn).
-    #[arg(long)]
-    pub cairn_bin: Option<PathBuf>,
-    /// The etcd daemon.
-    #[arg(long, default_value = "etcd")]
-    pub etcd_bin: PathBuf,
-    /// Directory in which the temporary data directories are made (default: $TMPDIR).
-    #[arg(long)]
-    pub work_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub daemons: DaemonOpts,
 }
 
 /// One system's figures.
@@ -82,10 +74,10 @@ pub async fn run(global: &GlobalOpts, opts: &MemoryOpts, progress: bool) -> Resu
                 .into(),
         );
     }
-    let scratch = scratch_dir(opts.work_dir.as_deref(), "cairn-bench-memory-")?;
+    let scratch = scratch_dir(opts.daemons.work_dir.as_deref(), "cairn-bench-memory-")?;
     let mut rows = Vec::new();
     for &system in &opts.systems {
-        let binary = system_binary(system, opts.cairn_bin.as_deref(), &opts.etcd_bin);
+        let binary = opts.daemons.binary(system);
         let dir = scratch.path().join(system.name());
         let cluster = start_secured(
             system,

@@ -12,12 +12,10 @@
 //! 0, 1, 0 on two cores), so which member a cluster happened to elect would
 //! otherwise decide the figure.
 
-use std::path::PathBuf;
-
 use clap::Args;
 use serde_json::{json, Value};
 
-use crate::binaries::system_binary;
+use crate::binaries::DaemonOpts;
 use crate::cluster::{StartOptions, System};
 use crate::config::GlobalOpts;
 use crate::preset::{preset_command, Preset};
@@ -50,15 +48,8 @@ pub struct TlsCostOpts {
     /// Also measure a cluster with mutual TLS and auth on.
     #[arg(long)]
     pub auth: bool,
-    /// The Cairn daemon (default: this workspace's target/release/cairn).
-    #[arg(long)]
-    pub cairn_bin: Option<PathBuf>,
-    /// The etcd daemon.
-    #[arg(long, default_value = "etcd")]
-    pub etcd_bin: PathBuf,
-    /// Directory in which the temporary data directories are made (default: $TMPDIR).
-    #[arg(long)]
-    pub work_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub daemons: DaemonOpts,
 }
 
 /// How one of the clusters is secured.
@@ -114,8 +105,8 @@ pub async fn run(
                 .into(),
         });
     }
-    let binary = system_binary(opts.system, opts.cairn_bin.as_deref(), &opts.etcd_bin);
-    let scratch = scratch_dir(opts.work_dir.as_deref(), "cairn-bench-tls-cost-")?;
+    let binary = opts.daemons.binary(opts.system);
+    let scratch = scratch_dir(opts.daemons.work_dir.as_deref(), "cairn-bench-tls-cost-")?;
     let certs = ClusterCerts::generate(&scratch.path().join("certs"))?;
     let user = bench_user();
 

@@ -14,7 +14,6 @@
 //! that grew with every put held for a watcher that never reads would show as
 //! the difference.
 
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,7 +28,7 @@ use cairn_proto::etcdserverpb::watch_client::WatchClient;
 use cairn_proto::etcdserverpb::watch_request::RequestUnion;
 use cairn_proto::etcdserverpb::{WatchCreateRequest, WatchRequest, WatchResponse};
 
-use crate::binaries::system_binary;
+use crate::binaries::DaemonOpts;
 use crate::cluster::{LocalCluster, Resident, StartOptions, System};
 use crate::config::GlobalOpts;
 use crate::preset::{preset_command, Preset, PRESET_KEY_SPACE};
@@ -68,15 +67,8 @@ pub struct WatchLoadOpts {
     /// Members per cluster.
     #[arg(long, default_value_t = 1)]
     pub members: usize,
-    /// The Cairn daemon (default: this workspace's target/release/cairn).
-    #[arg(long)]
-    pub cairn_bin: Option<PathBuf>,
-    /// The etcd daemon.
-    #[arg(long, default_value = "etcd")]
-    pub etcd_bin: PathBuf,
-    /// Directory in which the temporary data directories are made (default: $TMPDIR).
-    #[arg(long)]
-    pub work_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub daemons: DaemonOpts,
 }
 
 impl WatchLoadOpts {
@@ -285,10 +277,10 @@ pub async fn run(
                 .into(),
         });
     }
-    let scratch = scratch_dir(opts.work_dir.as_deref(), "cairn-bench-watch-load-")?;
+    let scratch = scratch_dir(opts.daemons.work_dir.as_deref(), "cairn-bench-watch-load-")?;
     let mut clusters = Vec::with_capacity(opts.systems.len());
     for &system in &opts.systems {
-        let binary = system_binary(system, opts.cairn_bin.as_deref(), &opts.etcd_bin);
+        let binary = opts.daemons.binary(system);
         let dir = scratch.path().join(system.name());
         let cluster = start_secured(
             system,

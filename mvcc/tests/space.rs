@@ -82,36 +82,7 @@ fn steady_overwrites_with_compaction_stop_growing_the_file() {
 #[test]
 fn defragment_shrinks_the_file_while_a_snapshot_keeps_reading() {
     let dir = tempfile::tempdir().unwrap();
-    let mut store = Store::open(dir.path(), 0, small_growth()).unwrap();
-    let mut index = 0;
-    for i in 0..20_000u32 {
-        index += 1;
-        store
-            .apply(index, &put(format!("k{i:06}").as_bytes(), &[i as u8; 200]))
-            .unwrap();
-        if index % 1000 == 0 {
-            store.commit().unwrap();
-        }
-    }
-    // Delete the first 95% of the keys (the low pages) and compact them away.
-    index += 1;
-    store
-        .apply(
-            index,
-            &Op::DeleteRange(DeleteRangeRequest {
-                key: b"k".to_vec(),
-                range_end: b"k019000".to_vec(),
-                prev_kv: false,
-            }),
-        )
-        .unwrap();
-    let rev = store.current_revision();
-    index += 1;
-    store
-        .apply(index, &Op::Compact(CompactionRequest { revision: rev }))
-        .unwrap();
-    store.commit().unwrap();
-    store.sync().unwrap();
+    let (mut store, mut index) = mostly_free_store(dir.path());
     let snap = store.snapshot();
     let before = store.size_bytes();
     let report = store.defragment().unwrap();
