@@ -183,6 +183,9 @@ async fn bench(args: Args) {
     let per_sync = appends as f64 / syncs.max(1) as f64;
     let backend = wal.backend();
     let mib_per_sec = (m.bytes_written - m0.bytes_written) as f64 / elapsed / (1 << 20) as f64;
+    let zero_fill_mib_per_sec =
+        (m.zero_fill_bytes - m0.zero_fill_bytes) as f64 / elapsed / (1 << 20) as f64;
+    let spare_waits = m.spare_waits - m0.spare_waits;
 
     println!("walbench: {backend}");
     println!("{:<28} {:>14}", "writers", args.writers);
@@ -193,6 +196,14 @@ async fn bench(args: Args) {
     println!("{:<28} {:>14}", "syncs", syncs);
     println!("{:<28} {:>14.2}", "appends/sync", per_sync);
     println!("{:<28} {:>14.1}", "written MiB/s", mib_per_sec);
+    println!(
+        "{:<28} {:>14.1}",
+        "spare zero-fill MiB/s", zero_fill_mib_per_sec
+    );
+    println!(
+        "{:<28} {:>14}",
+        "rolls that waited for a spare", spare_waits
+    );
     println!("{:<28} {:>14}", "append->durable p50 us", p50_us);
     println!("{:<28} {:>14}", "append->durable p99 us", p99_us);
     println!("{:<28} {:>14}", "append->durable p99.9 us", p999_us);
@@ -221,6 +232,8 @@ async fn bench(args: Args) {
         "flush_p50_us": m.flush_latency_us.value_at_quantile(0.5),
         "flush_p99_us": m.flush_latency_us.value_at_quantile(0.99),
         "written_mib_per_sec": mib_per_sec,
+        "zero_fill_mib_per_sec": zero_fill_mib_per_sec,
+        "spare_waits": spare_waits,
     });
     Rc::try_unwrap(wal)
         .ok()

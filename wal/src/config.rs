@@ -24,7 +24,8 @@ pub const DEFAULT_TAIL_CACHE_BYTES: usize = 64 << 20;
 pub const DEFAULT_SPARE_SEGMENTS: usize = 1;
 pub const DEFAULT_MAX_SPARE_SEGMENTS: usize = 4;
 pub const DEFAULT_MAX_SHARDS: usize = 1024;
-/// Zero-filling writes go out in chunks of this size so they never hold the
+/// Zero-filling writes go out in chunks of this size: large enough that a
+/// busy log sees one every 256 appends of 4 KiB, small enough not to hold the
 /// disk for long in front of a flush.
 pub const DEFAULT_ZERO_CHUNK_BYTES: usize = 1 << 20;
 /// Reads of cold entries are coalesced up to this size per I/O.
@@ -82,6 +83,8 @@ pub struct Config {
     pub tail_cache_bytes: usize,
     /// Distinct shards one WAL accepts (each costs a hard-state record per segment).
     pub max_shards: usize,
+    /// Size of one zero-filling write of a spare. Spares are zero-filled
+    /// while the log is idle, or paced to the log's progress when it is busy.
     pub zero_chunk_bytes: usize,
     /// Test-only: writes and syncs obey this control file
     /// ([`crate::fault`]); None for every real use.
@@ -132,6 +135,14 @@ impl Config {
     /// See [`seal_reserve_bytes`].
     pub(crate) fn seal_reserve_bytes(&self) -> usize {
         seal_reserve_bytes(self.max_batch_bytes)
+    }
+
+    /// How far a spare's zero-fill keeps ahead of the log once it has to
+    /// keep pace (`wal/src/wal/pacing.rs`): a largest flush, which can move
+    /// the log that far between two checks, and two zero chunks, the one in
+    /// flight and the time of the spare's closing sync.
+    pub fn zero_fill_lead_bytes(&self) -> u64 {
+        (self.max_batch_bytes + 2 * self.zero_chunk_bytes) as u64
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {

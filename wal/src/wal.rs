@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io;
 use std::path::PathBuf;
 use std::rc::Rc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use hdrhistogram::Histogram;
@@ -25,6 +25,7 @@ mod backend;
 mod batch;
 mod flush;
 mod index;
+mod pacing;
 mod read;
 mod recover;
 mod spares;
@@ -89,6 +90,14 @@ pub struct WalMetrics {
     pub bytes_written: u64,
     pub segments_started: u64,
     pub segments_recycled: u64,
+    /// Segment starts that found no spare ready and waited for one.
+    pub spare_waits: u64,
+    /// Bytes of zeros written to prepare spares.
+    pub zero_fill_bytes: u64,
+    /// Of those, bytes written because the log was about to need the spare
+    /// (kept ahead of a busy log, or needed at once); the rest went out
+    /// while the log was idle.
+    pub zero_fill_busy_bytes: u64,
     /// Duration of each flush, write submitted to data durable, in microseconds.
     pub flush_latency_us: Histogram<u64>,
     /// Appends completed per flush.
@@ -107,6 +116,9 @@ impl WalMetrics {
             bytes_written: 0,
             segments_started: 0,
             segments_recycled: 0,
+            spare_waits: 0,
+            zero_fill_bytes: 0,
+            zero_fill_busy_bytes: 0,
             flush_latency_us: h(60_000_000),
             batch_appends: h(1 << 24),
             batch_bytes: h(1 << 32),
@@ -206,6 +218,16 @@ struct State {
     dirty_spares: VecDeque<String>,
     next_spare_id: u64,
     spare_error: Option<io::Error>,
+    /// Segments started in memory whose first batch has not yet taken a
+    /// spare: they claim the ready spares before any later segment.
+    segments_awaiting_spare: u64,
+    /// Bytes of the spare being zero-filled still to write (None: no
+    /// zero-fill under way, or only its closing sync).
+    zero_fill_left_bytes: Option<u64>,
+    /// Whether a batch is being written and synced.
+    flush_in_flight: bool,
+    /// When the last flush ended (or the log opened): idleness for zero-filling.
+    last_flush_end: Instant,
     to_recycle: VecDeque<String>,
     poison: Option<Rc<Poison>>,
     closed: bool,
@@ -225,6 +247,8 @@ struct Inner {
     space_wake: Notify,
     spare_ready: Notify,
     maint_wake: Notify,
+    /// Wakes a paced zero-fill when it falls due (see `pacing`).
+    zero_wake: Notify,
     observer: RefCell<Option<FlushObserver>>,
     /// Held while the log is open so no second opener writes the same directory.
     _lock: Option<std::fs::File>,
@@ -288,6 +312,7 @@ impl Wal {
             space_wake: Notify::new(),
             spare_ready: Notify::new(),
             maint_wake: Notify::new(),
+            zero_wake: Notify::new(),
             observer: RefCell::new(None),
             _lock: lock,
         });
@@ -463,6 +488,8 @@ impl Wal {
     }
 
     /// Waits until background work (recycling, zero-filling spares) is idle.
+    /// Spares are zero-filled at full speed once no flush has run for a
+    /// moment, so this returns soon after appends stop.
     pub async fn settle(&self) {
         loop {
             {
@@ -487,6 +514,7 @@ impl Wal {
         self.inner.st.borrow_mut().closed = true;
         self.inner.flush_wake.notify_one();
         self.inner.maint_wake.notify_one();
+        self.inner.zero_wake.notify_one();
         self.inner.spare_ready.notify_one();
         for t in self.tasks.drain(..) {
             let _ = t.await;
@@ -499,6 +527,7 @@ impl Drop for Wal {
         self.inner.st.borrow_mut().closed = true;
         self.inner.flush_wake.notify_one();
         self.inner.maint_wake.notify_one();
+        self.inner.zero_wake.notify_one();
         self.inner.spare_ready.notify_one();
     }
 }

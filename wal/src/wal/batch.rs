@@ -93,6 +93,7 @@ impl State {
             },
         );
         self.metrics.segments_started += 1;
+        self.segments_awaiting_spare += 1;
         // Every segment restates each shard's hard state, so releasing older
         // segments never loses the latest one.
         let mut states: Vec<(ShardId, HardState)> = self

@@ -50,10 +50,12 @@ impl Inner {
             return Ok(seg.file.clone().expect("segment opened by its first batch"));
         };
         let path = self.storage.path_of(name);
+        let mut waited = false;
         let spare = loop {
             {
                 let mut st = self.st.borrow_mut();
                 if let Some(s) = st.spares.pop_front() {
+                    st.segments_awaiting_spare -= 1;
                     break s;
                 }
                 if let Some(e) = st.spare_error.take() {
@@ -62,8 +64,14 @@ impl Inner {
                 if st.poison.is_some() {
                     return Err((path, io::Error::other("wal poisoned")));
                 }
+                if !waited {
+                    waited = true;
+                    st.metrics.spare_waits += 1;
+                }
             }
             self.maint_wake.notify_one();
+            // A paced zero-fill is now due at full speed.
+            self.zero_wake.notify_one();
             debug!(segment = %name, "wal flush waits for a spare segment");
             self.spare_ready.notified().await;
         };
@@ -122,6 +130,7 @@ pub(super) async fn flusher(inner: Rc<Inner>) {
             continue;
         };
         debug_assert!(batch.closed && batch.buf.len() % BLOCK_BYTES == 0);
+        inner.st.borrow_mut().flush_in_flight = true;
         let file = match inner.batch_file(&batch).await {
             Ok(f) => f,
             Err((path, e)) => {
@@ -132,7 +141,8 @@ pub(super) async fn flusher(inner: Rc<Inner>) {
         let bytes = batch.buf.len();
         let t0 = Instant::now();
         let (buf, res) = file.write_durable(batch.start, batch.buf).await;
-        let latency = t0.elapsed();
+        let end = Instant::now();
+        let latency = end - t0;
         if let Err(e) = res {
             let name = inner
                 .st
@@ -144,8 +154,10 @@ pub(super) async fn flusher(inner: Rc<Inner>) {
             inner.poison(path, batch.start, &e);
             return;
         }
-        let event = {
+        let (event, zero_fill_due) = {
             let mut st = inner.st.borrow_mut();
+            st.flush_in_flight = false;
+            st.last_flush_end = end;
             if st.buf_pool.len() < BUF_POOL_MAX && buf.capacity() <= inner.cfg.max_batch_bytes * 2 {
                 let mut buf = buf;
                 buf.clear();
@@ -168,14 +180,18 @@ pub(super) async fn flusher(inner: Rc<Inner>) {
                 }
             }
             st.evict_cache(inner.cfg.tail_cache_bytes);
-            FlushEvent {
+            let event = FlushEvent {
                 appends: batch.appends,
                 records: batch.records,
                 bytes,
                 latency,
                 durable_lsn: st.durable_lsn,
-            }
+            };
+            (event, st.zero_fill_due(&inner.cfg))
         };
+        if zero_fill_due {
+            inner.zero_wake.notify_one();
+        }
         let lsn = event.durable_lsn;
         inner.durable_tx.send_modify(|d| d.lsn = lsn);
         inner.space_wake.notify_waiters();

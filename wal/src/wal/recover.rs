@@ -5,6 +5,7 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::rc::Rc;
+use std::time::Instant;
 
 use bytes::Bytes;
 use tracing::{debug, info, warn};
@@ -325,6 +326,10 @@ pub(super) async fn recover(
         dirty_spares: VecDeque::new(),
         next_spare_id: max_spare_id,
         spare_error: None,
+        segments_awaiting_spare: 0,
+        zero_fill_left_bytes: None,
+        flush_in_flight: false,
+        last_flush_end: Instant::now(),
         to_recycle: VecDeque::new(),
         poison: None,
         closed: false,

@@ -1,9 +1,11 @@
 //! Spare segments: zero-filled ahead of need, recycled from released
 //! segments and zero-filled again before reuse, so the space past the end
-//! of the log always reads as zeros (see `wal/FORMAT.md`).
+//! of the log always reads as zeros (see `wal/FORMAT.md`). The zero-filling
+//! writes take turns with the log's flushes as `pacing` decides.
 
 use std::io;
 use std::rc::Rc;
+use std::time::Instant;
 
 use tracing::{debug, warn};
 
@@ -45,25 +47,68 @@ impl Inner {
         self.zero_fill(file.as_ref()).await
     }
 
-    /// Writes zeros over the whole segment-sized `file` and syncs it.
+    /// Writes zeros over the whole segment-sized `file` and syncs it, one
+    /// chunk at a time when [`Inner::zero_fill_turn`] allows.
     async fn zero_fill(&self, file: &dyn StorageFile) -> io::Result<()> {
-        // Writing real zeros (not just fallocate) means a later data sync
-        // never converts extents or changes metadata.
-        let mut zeros = AlignedBuf::with_capacity(self.cfg.zero_chunk_bytes);
-        zeros.extend_zeros(self.cfg.zero_chunk_bytes);
-        let mut off = 0u64;
-        while off < self.cfg.segment_size_bytes {
-            let n = (self.cfg.segment_size_bytes - off).min(self.cfg.zero_chunk_bytes as u64);
-            zeros.set_len(n as usize);
-            let (b, r) = file.write_at(off, zeros).await;
-            zeros = b;
-            r?;
-            off += n;
-            if self.st.borrow().closed {
-                return Err(io::Error::other("wal closing"));
+        let size = self.cfg.segment_size_bytes;
+        self.st.borrow_mut().zero_fill_left_bytes = Some(size);
+        let r = async {
+            // Writing real zeros (not just fallocate) means a later data sync
+            // never converts extents or changes metadata.
+            let mut zeros = AlignedBuf::with_capacity(self.cfg.zero_chunk_bytes);
+            zeros.extend_zeros(self.cfg.zero_chunk_bytes);
+            let mut off = 0u64;
+            while off < size {
+                let busy = self.zero_fill_turn().await?;
+                let n = (size - off).min(self.cfg.zero_chunk_bytes as u64);
+                zeros.set_len(n as usize);
+                let (b, r) = file.write_at(off, zeros).await;
+                zeros = b;
+                r?;
+                off += n;
+                let mut st = self.st.borrow_mut();
+                st.zero_fill_left_bytes = Some(size - off);
+                st.metrics.zero_fill_bytes += n;
+                if busy {
+                    st.metrics.zero_fill_busy_bytes += n;
+                }
             }
+            // The closing sync is never held back: the chunks are written.
+            self.st.borrow_mut().zero_fill_left_bytes = None;
+            file.sync_data().await
         }
-        file.sync_data().await
+        .await;
+        self.st.borrow_mut().zero_fill_left_bytes = None;
+        r
+    }
+
+    /// Resolves when the next zero chunk may be written: at once when it is
+    /// due to keep ahead of the log or the log is idle (or poisoned: nothing
+    /// waits on the disk then); otherwise on the flusher's word that it has
+    /// fallen due, or once the log has gone idle. Says whether the chunk goes
+    /// out beside a busy log.
+    async fn zero_fill_turn(&self) -> io::Result<bool> {
+        loop {
+            let wait = {
+                let st = self.st.borrow();
+                if st.closed {
+                    return Err(io::Error::other("wal closing"));
+                }
+                if st.poison.is_some() {
+                    return Ok(false);
+                }
+                if st.zero_fill_due(&self.cfg) {
+                    return Ok(true);
+                }
+                let now = Instant::now();
+                match st.log_idle_at() {
+                    Some(at) if at <= now => return Ok(false),
+                    Some(at) => at - now,
+                    None => super::pacing::ZERO_FILL_IDLE,
+                }
+            };
+            let _ = tokio::time::timeout(wait, self.zero_wake.notified()).await;
+        }
     }
 }
 
