@@ -240,6 +240,11 @@ pub struct Measurement {
     pub cdf: Vec<(f64, f64)>,
     /// Whether the bytes read back after the run matched what was written.
     pub verified: bool,
+    /// Zeros written during the measured phase to prepare space ahead of the
+    /// appends: the whole WAL's spare segments, zero-filled at the pace of
+    /// its log as a log running at this rate must. The other engines write
+    /// into one file prepared before the clock starts: 0.
+    pub zero_fill_bytes: u64,
 }
 
 /// How an experiment ended.

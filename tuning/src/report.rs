@@ -101,8 +101,21 @@ pub fn table_row(index: usize, r: &ExperimentResult) -> String {
             (e.batch_max_bytes >> 10).to_string()
         },
         figures,
-        r.outcome.status()
+        status_text(r)
     )
+}
+
+/// The outcome's status, with the zeros the engine wrote beside its appends
+/// during the measured phase when it wrote any (the WAL's spare segments).
+fn status_text(r: &ExperimentResult) -> String {
+    match r.outcome.measurement() {
+        Some(m) if m.zero_fill_bytes > 0 => format!(
+            "{} (+{:.1} MiB spare zero-fill)",
+            r.outcome.status(),
+            m.zero_fill_bytes as f64 / (1u64 << 20) as f64
+        ),
+        _ => r.outcome.status(),
+    }
 }
 
 /// The whole table, header first.
@@ -354,7 +367,7 @@ pub fn html(report: &RunReport) -> String {
         let _ = write!(
             s,
             "<td class=\"l\">{}</td></tr>",
-            escape_html(&r.outcome.status())
+            escape_html(&status_text(r))
         );
     }
     s.push_str("</table><h2>Latency CDF per experiment</h2>");

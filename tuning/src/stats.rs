@@ -66,6 +66,7 @@ impl Recorder {
             latency: self.summary(),
             cdf: cdf(&self.histogram),
             verified,
+            zero_fill_bytes: 0,
         }
     }
 }

@@ -49,6 +49,37 @@ fn table_has_a_row_per_experiment_with_status() {
 }
 
 #[test]
+fn spare_zero_fill_during_the_run_is_shown_beside_the_figures() {
+    let mut filled = measured(5000.0, 400.0);
+    if let Outcome::Measured(m) = &mut filled {
+        m.zero_fill_bytes = 3 << 20;
+    }
+    let results = vec![
+        result(wal(IoMode::Direct, SyncMode::RwfDsync), filled),
+        result(
+            wal(IoMode::Direct, SyncMode::Fdatasync),
+            measured(8000.0, 300.0),
+        ),
+    ];
+    let t = table(&results);
+    let lines: Vec<&str> = t.lines().collect();
+    assert!(
+        lines[1].ends_with("ok (+3.0 MiB spare zero-fill)"),
+        "{}",
+        lines[1]
+    );
+    assert!(lines[2].ends_with("ok"), "{}", lines[2]);
+    let rec = recommend(&results, &disk());
+    let report = RunReport::new(disk(), true, results, rec, 1.0);
+    let v: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();
+    assert_eq!(
+        v["experiments"][0]["outcome"]["zero_fill_bytes"],
+        3u64 << 20
+    );
+    assert!(html(&report).contains("ok (+3.0 MiB spare zero-fill)"));
+}
+
+#[test]
 fn json_is_one_object_with_results_and_recommendation() {
     let json = sample_report().to_json();
     assert!(!json.contains('\n'));

@@ -40,6 +40,7 @@ pub fn measured(appends_per_sec: f64, p99_us: f64) -> Outcome {
             (p99_us * 4.0, 1.0),
         ],
         verified: true,
+        zero_fill_bytes: 0,
     })
 }
 
