@@ -153,7 +153,8 @@ impl Maintenance for MaintenanceService {
     ) -> Result<Response<DefragmentResponse>, Status> {
         super::auth::require_admin_maintenance(&self.auth, &request)?;
         // The store reuses freed pages online, so this is rarely needed: it
-        // gives the disk back. Shard by shard, each blocking only its core.
+        // gives the disk back. Shard by shard; each shard runs it in steps on
+        // its ticks, so its core keeps serving meanwhile.
         for shard in self.router.routing.shard_ids() {
             self.router
                 .ask_within(shard, DEFRAGMENT_TIMEOUT, |reply| {
