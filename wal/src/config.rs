@@ -24,10 +24,12 @@ pub const DEFAULT_TAIL_CACHE_BYTES: usize = 64 << 20;
 pub const DEFAULT_SPARE_SEGMENTS: usize = 1;
 pub const DEFAULT_MAX_SPARE_SEGMENTS: usize = 4;
 pub const DEFAULT_MAX_SHARDS: usize = 1024;
-/// Zero-filling writes go out in chunks of this size: large enough that a
-/// busy log sees one every 256 appends of 4 KiB, small enough not to hold the
-/// disk for long in front of a flush.
-pub const DEFAULT_ZERO_CHUNK_BYTES: usize = 1 << 20;
+/// Zero-filling writes go out in chunks of this size. Beside a busy log one
+/// goes out per chunk of log, and the append whose flush meets it waits for
+/// it: with one writer of 4 KiB appends, 256 KiB chunks (one per 64 appends)
+/// left its p99 at about 290 µs where 1 MiB chunks gave about 520 µs, and
+/// its rate no lower (`wal/BENCHMARKS.md`).
+pub const DEFAULT_ZERO_CHUNK_BYTES: usize = 256 << 10;
 /// Reads of cold entries are coalesced up to this size per I/O.
 pub const MAX_READ_BYTES: usize = 4 << 20;
 

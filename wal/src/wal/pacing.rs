@@ -5,14 +5,14 @@
 //! Back of the envelope: every byte a busy log writes costs a byte of zeros
 //! in the spare that follows its segment, so zero-filling can be placed but
 //! not avoided. One writer of 4 KiB appends at ~110 µs each writes ~36 MiB/s.
-//! Written flat out right after a roll (a 64 MiB spare in 1 MiB writes), the
+//! Written flat out right after a roll (a 64 MiB spare in chunk writes), the
 //! zeros sit in front of every durable append for as long as they run, and
 //! on a disk with a volatile write cache each append's cache flush also
 //! carries the zeros written since the previous one. Paced, the spare's
 //! zeroed prefix stays [`Config::zero_fill_lead_bytes`] ahead of the log,
 //! measured against the space the log has left before it needs this spare:
 //! after a burst of the lead at each roll, one zero chunk goes out per chunk
-//! of log (one 1 MiB write per 256 appends of 4 KiB), and the roll still
+//! of log (one 256 KiB write per 64 appends of 4 KiB), and the roll still
 //! finds the spare zeroed and synced unless the disk cannot take the log's
 //! bytes twice over. What remains is the bandwidth: `wal/BENCHMARKS.md` has
 //! its cost to one writer.
