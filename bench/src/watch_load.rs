@@ -222,12 +222,6 @@ async fn open_watchers(
     })
 }
 
-/// Anonymous resident memory of the members (heap and stacks, not the store's
-/// mapped file), summed, in bytes (None if one is gone).
-fn members_rss(cluster: &LocalCluster) -> Option<u64> {
-    Resident::of_members(cluster).map(|r| r.anon)
-}
-
 /// One measured run: the put report, the members' memory before and after
 /// the puts, and what the watchers saw (none without watchers).
 struct Measured {
@@ -244,7 +238,7 @@ async fn measure(
     cli: &crate::config::Cli,
     progress: bool,
 ) -> Result<Measured, BenchError> {
-    let rss_before = members_rss(cluster);
+    let rss_before = Resident::of_members(cluster).map(|r| r.anon);
     let cpu_before = cluster.cpu_time();
     let mut report = run_preset(
         cli,
@@ -258,7 +252,7 @@ async fn measure(
         report,
         events: 0,
         rss_before,
-        rss_after: members_rss(cluster),
+        rss_after: Resident::of_members(cluster).map(|r| r.anon),
     })
 }
 
