@@ -18,6 +18,16 @@ use common::{bench, watch_latency_40_puts};
 
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// A TCP socket bound to a free port of 127.0.0.1 without listening: the kernel
+/// refuses connections to it, and no other test can take the port meanwhile.
+fn dead_port() -> socket2::Socket {
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
+        .expect("create a socket");
+    let any: std::net::SocketAddr = "127.0.0.1:0".parse().unwrap();
+    socket.bind(&any.into()).expect("bind a free port");
+    socket
+}
+
 async fn single_etcd(dir: &Path) -> Option<LocalCluster> {
     if !cairn_bench::binary_available_or_skip(Path::new("etcd")) {
         return None;
@@ -170,8 +180,10 @@ async fn warmup_is_excluded_from_the_figures() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_requests_are_counted_by_code() {
-    // Nothing listens on a port we just released: every request fails.
-    let port = cairn_bench::cluster::free_ports(1).unwrap()[0];
+    // A socket bound but never listening keeps its port reserved for this test
+    // while every connection to it is refused.
+    let dead = dead_port();
+    let port = dead.local_addr().unwrap().as_socket().unwrap().port();
     let ep = format!("127.0.0.1:{port}");
     let r = bench(&[
         "--endpoints",
