@@ -449,52 +449,36 @@ async fn defragment_gives_freed_space_back_to_the_disk() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_carry_on_while_leadership_is_handed_over() {
-    // Three shards on three members: a shard's leader hands leadership to the
-    // shard's preferred member after 3 s of leading. Writers through every
-    // member keep going across the handovers; a proposal that reaches a
-    // leader in the middle of one waits for the new leader instead of being
-    // lost (its client would hang until the request timeout) or refused.
+    // Three shards on three members, all led by one member (the keyspace
+    // leader). MoveLeader, asked of that member every 1.5 s, hands every
+    // shard to the next member while writers through every member keep
+    // going: a proposal that reaches a leader in the middle of a handover,
+    // or a member whose revision counter has not opened yet, waits for the
+    // new leader instead of being lost (its client would hang until the
+    // request timeout) or refused.
     let flags = ["--shards", "3", "--cores", "1"];
-    let mut cluster = Cluster::start(3, &flags);
+    let cluster = Cluster::start(3, &flags);
     let mut c = client(&cluster.members[0].endpoint()).await;
     wait_writable(&mut c, "/handover/ready").await;
-    // The first elections may pick every shard's preferred member, and then
-    // nothing is handed over. Shard 0 prefers the smallest member id: once
-    // that member leads it, stop it so another takes over, and start it
-    // again; the stand-in hands shard 0 back 3 s after its election, while
-    // the writers below run.
-    let list = c.member_list().await.unwrap();
-    let preferred_name = list
+    let ids: Vec<(String, u64)> = c
+        .member_list()
+        .await
+        .unwrap()
         .members()
         .iter()
-        .min_by_key(|m| m.id())
-        .unwrap()
-        .name()
-        .to_string();
-    let preferred = cluster
-        .members
-        .iter()
-        .position(|m| m.name == preferred_name)
-        .unwrap();
-    common::wait_shard0_leader(&cluster, preferred).await;
-    assert_eq!(cluster.members[preferred].terminate(), Some(0));
-    let stand_in = common::shard0_leader(&cluster).await;
-    assert_ne!(stand_in, preferred);
-    cluster.members[preferred].restart();
-    let endpoint = cluster.members[preferred].endpoint();
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while client(&endpoint).await.status().await.is_err() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{preferred_name} does not serve after its restart\n{}",
-            cluster.logs()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let handovers_before = cluster
-        .logs()
-        .matches("handing leadership to the shard's preferred member")
-        .count();
+        .map(|m| (m.name().to_string(), m.id()))
+        .collect();
+    let id_of = |i: usize| {
+        ids.iter()
+            .find(|(name, _)| *name == cluster.members[i].name)
+            .map(|(_, id)| *id)
+            .unwrap()
+    };
+    let openings = |logs: &str| {
+        logs.matches("keyspace leader: this member assigns revisions")
+            .count()
+    };
+    let opened_before = openings(&cluster.logs());
     let mut writers = Vec::new();
     for (w, m) in cluster.members.iter().enumerate() {
         let endpoint = m.endpoint();
@@ -517,6 +501,21 @@ async fn writes_carry_on_while_leadership_is_handed_over() {
             (n, failures)
         }));
     }
+    let mut moves = 0;
+    for _ in 0..4 {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let from = common::shard0_leader(&cluster).await;
+        let to = (from + 1) % cluster.members.len();
+        let mut l = client(&cluster.members[from].endpoint()).await;
+        match l.move_leader(id_of(to)).await {
+            Ok(_) => moves += 1,
+            Err(e) => panic!(
+                "move leader to {}: {e}\n{}",
+                cluster.members[to].name,
+                cluster.logs()
+            ),
+        }
+    }
     let mut written = 0;
     for w in writers {
         let (n, failures) = w.await.unwrap();
@@ -524,11 +523,10 @@ async fn writes_carry_on_while_leadership_is_handed_over() {
         written += n;
     }
     let logs = cluster.logs();
+    assert_eq!(moves, 4);
     assert!(
-        logs.matches("handing leadership to the shard's preferred member")
-            .count()
-            > handovers_before,
-        "no handover happened while writing:\n{logs}"
+        openings(&logs) >= opened_before + 4,
+        "the revision counter did not open on each new leader:\n{logs}"
     );
     assert!(written > 100, "only {written} writes");
 }

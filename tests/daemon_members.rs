@@ -434,27 +434,19 @@ async fn bad_membership_requests_on_the_peer_port_are_refused() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn removing_a_member_that_leads_shards_completes_from_any_member() {
-    // Three shards over three members: once leadership has spread, each
-    // member leads one shard, so the member removed leads one of them
-    // whichever it is; the removal is asked of another member.
+    // Three shards over three members: shard 0's leader leads every shard
+    // (the keyspace leader), and it is the member removed, asked of another
+    // member; shard 0 is the shard a removal reaches last.
     let flags = ["--shards", "3", "--cores", "1"];
     let mut cluster = Cluster::start(3, &flags);
     let mut c = client(&cluster.members[1].endpoint()).await;
     wait_writable(&mut c, "/spread/ready").await;
-    // Shard 0 prefers the smallest id: that member leads shard 0, the shard a
-    // removal reaches last.
     let list = wait_published(&c).await;
-    let (victim_id, victim_name, _, _) = list.iter().min_by_key(|m| m.0).cloned().unwrap();
-    let victim = cluster
-        .members
-        .iter()
-        .position(|m| m.name == victim_name)
-        .unwrap();
+    let victim = common::shard0_leader(&cluster).await;
+    let victim_name = cluster.members[victim].name.clone();
+    let (victim_id, _, _, _) = list.iter().find(|m| m.1 == victim_name).cloned().unwrap();
     let asker = (victim + 1) % 3;
     let mut asker_client = client(&cluster.members[asker].endpoint()).await;
-    // Leadership spreads (handover after 3 s of leading): wait until the
-    // victim leads shard 0, the case this test is about.
-    common::wait_shard0_leader(&cluster, victim).await;
     asker_client
         .member_remove(victim_id)
         .await

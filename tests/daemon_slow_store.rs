@@ -69,8 +69,8 @@ async fn a_stalled_store_on_one_shard_leaves_the_other_shards_leader_alone() {
     );
     let mut c = client(&cluster.members[0].endpoint()).await;
     wait_writable(&mut c, "/slow/ready").await;
-    // Leadership settles first: each shard's leadership is handed to its
-    // preferred member soon after start (a term change of its own).
+    // Leadership settles first: every shard's leadership is handed to shard
+    // 0's leader soon after start (a term change of its own).
     let mut before = terms(&cluster, 1);
     let mut stable_since = Instant::now();
     let settle_by = Instant::now() + Duration::from_secs(60);

@@ -90,11 +90,13 @@ pub(super) fn warn_if_sharded(shards: usize) {
     if shards > 1 {
         tracing::warn!(
             shards,
-            "running {shards} shards: unlike etcd, each shard has its own revision \
-             counter (a range's header carries the highest; a watch from a revision \
-             read on one shard can miss events of another), txns whose keys span \
-             shards are refused, and compaction is per shard; --shards 1 (the \
-             default) keeps etcd's semantics over the whole keyspace"
+            "running {shards} shards: unlike etcd, a range over several shards is \
+             not one consistent cut (a write to another shard in flight during it \
+             may be missing, and a watch from its revision can miss it), a read at \
+             a revision one shard has not reached fails as a future revision, txns \
+             whose keys span shards are refused, and compaction is per shard; \
+             writes do follow one revision order; --shards 1 (the default) keeps \
+             etcd's semantics over the whole keyspace"
         );
     }
 }

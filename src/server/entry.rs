@@ -32,6 +32,19 @@ pub fn to_wal(shard: u32, e: &Entry) -> cairn_wal::Record {
     }
 }
 
+/// `data`, an encoded `ShardRequest`, with its `revision` set: the field is
+/// appended, and a decoder keeps the last occurrence of a field, so a
+/// forwarded proposal is stamped without decoding it.
+pub fn with_revision(data: &[u8], revision: i64) -> Bytes {
+    let mut out = bytes::BytesMut::with_capacity(data.len() + 11);
+    out.extend_from_slice(data);
+    prost::encoding::int64::encode(REVISION_FIELD, &revision, &mut out);
+    out.freeze()
+}
+
+/// `ShardRequest.revision`'s field number.
+const REVISION_FIELD: u32 = 12;
+
 /// Why a stored entry could not be read back.
 #[derive(Debug, thiserror::Error)]
 #[error("shard {shard}: WAL entry {index} does not decode as a shard request: {source}")]
@@ -95,6 +108,7 @@ mod tests {
                 value: Bytes::from_static(b"v"),
                 ..Default::default()
             })),
+            revision: 0,
         };
         let cases = [
             Entry {
@@ -127,6 +141,26 @@ mod tests {
         for e in cases {
             assert_eq!(round_trip(e.clone()), e);
         }
+    }
+
+    #[test]
+    fn a_stamped_request_decodes_with_its_revision_and_the_last_stamp_wins() {
+        let put = ShardRequest {
+            id: 3,
+            member: 4,
+            request: Some(shard_request::Request::Put(PutRequest {
+                key: Bytes::from_static(b"k"),
+                ..Default::default()
+            })),
+            revision: 0,
+        };
+        let once = with_revision(&put.encode_to_vec(), 41);
+        let decoded = ShardRequest::decode(once.clone()).unwrap();
+        assert_eq!(decoded.revision, 41);
+        assert_eq!((decoded.id, decoded.member), (3, 4));
+        assert_eq!(decoded.request, put.request);
+        let twice = with_revision(&once, i64::MAX);
+        assert_eq!(ShardRequest::decode(twice).unwrap().revision, i64::MAX);
     }
 
     #[test]

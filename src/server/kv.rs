@@ -82,8 +82,8 @@ impl KvService {
             .router
             .routing
             .shards_for_range(&req.key, &req.range_end);
-        // Each shard deletes its part at its own revision: a delete spanning
-        // shards is one revision per shard, not one for the whole range.
+        // Each shard deletes its part at a revision of its own: a delete
+        // spanning shards is one revision per shard, not one for the range.
         let parts = join_all(
             shards
                 .iter()
@@ -115,9 +115,10 @@ impl KvService {
     }
 
     async fn compact_all(&self, req: CompactionRequest) -> Result<CompactionResponse, ApiError> {
-        // Every shard has its own revision counter. A compaction names a revision
-        // some shard has reached; shards that have not reached it compact up to
-        // their current revision. With --shards 1 this is exactly etcd.
+        // A compaction names a revision some shard has reached; shards that
+        // have not reached it (their writes took other revisions of the one
+        // counter) compact up to their current revision. With --shards 1 this
+        // is exactly etcd.
         let statuses = self.router.all_status().await?;
         let max_rev = statuses.iter().map(|s| s.revision).max().unwrap_or(0);
         if req.revision > max_rev {

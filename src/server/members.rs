@@ -81,18 +81,6 @@ pub fn same_urls(a: &[String], b: &[String]) -> bool {
     a == b
 }
 
-/// The voter `shard` hands its leadership to, which spreads leadership over
-/// the voters: the voters in a fixed (sorted) order, shard `s` preferring the
-/// one at position `s % voters`. 0 (nobody) without voters.
-pub fn preferred_leader(voters: &[u64], shard: u32) -> u64 {
-    let mut ids = voters.to_vec();
-    ids.sort_unstable();
-    if ids.is_empty() {
-        return 0;
-    }
-    ids[shard as usize % ids.len()]
-}
-
 /// The members of the cluster as this member knows them.
 #[derive(Debug, Clone)]
 pub struct Membership {
@@ -419,14 +407,5 @@ mod tests {
         assert_ne!(member_id(&urls, "one"), member_id(&urls, "two"));
         assert_ne!(cluster_id(&[1, 2], "one"), cluster_id(&[1, 2], "two"));
         assert_eq!(cluster_id(&[2, 1], "t"), cluster_id(&[1, 2], "t"));
-    }
-
-    #[test]
-    fn leadership_preference_spreads_over_members() {
-        let m = Membership::bootstrap(&config("a", 12380));
-        let prefs: std::collections::BTreeSet<u64> = (0..3)
-            .map(|s| preferred_leader(&m.voter_ids(), s))
-            .collect();
-        assert_eq!(prefs.len(), 3);
     }
 }

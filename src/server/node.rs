@@ -169,6 +169,8 @@ struct Shared {
     peer_tls: Option<cairn_net::PeerTls>,
     /// Users, roles and permissions; changed by shard 0's log.
     auth: Arc<super::auth::AuthStore>,
+    /// The revision counter of the member's shards, with several shards.
+    keyspace: Option<Arc<super::shard::Keyspace>>,
 }
 
 /// A started member.
@@ -285,6 +287,8 @@ impl Node {
             client_tls,
             peer_tls,
             auth,
+            keyspace: (members.shard_count() > 1)
+                .then(|| Arc::new(super::shard::Keyspace::new(members.shard_count() as usize))),
             members: members.clone(),
             routing,
             routers,
@@ -453,6 +457,7 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
             auth: Some(shared.auth.clone()),
             disk_faults: config.test_disk_faults.clone(),
             term_out: (shard == 0).then(|| shared.identity.raft_term.clone()),
+            keyspace: shared.keyspace.clone(),
         };
         let driver = Shard::open(&mut setup)?;
         tokio::task::spawn_local(driver.run(setup));

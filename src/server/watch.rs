@@ -7,8 +7,9 @@
 //! Apply never waits for a watcher.
 //!
 //! A watch over keys of several shards is registered on each of them; each
-//! shard delivers its events in its own revision order (shards have separate
-//! revision counters). With `--shards 1` ordering is exactly etcd's.
+//! shard delivers its events in revision order, and the shards' events are
+//! not merged into one order yet. With `--shards 1` ordering is exactly
+//! etcd's.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -577,7 +577,7 @@ pub async fn shard0_leader(cluster: &Cluster) -> usize {
     }
 }
 
-/// Waits (up to 20 s, as leadership spreads) until member `member` leads
+/// Waits (up to 20 s, as leadership moves) until member `member` leads
 /// shard 0; panics with the members' logs if it never does.
 pub async fn wait_shard0_leader(cluster: &Cluster, member: usize) {
     let deadline = Instant::now() + Duration::from_secs(20);

@@ -180,7 +180,7 @@ impl Shard {
         };
         let mine = req.member == self.member_id;
         let result = match req.request {
-            Some(r) => self.apply_request(e.index, r),
+            Some(r) => self.apply_request(e.index, req.revision, r),
             None => {
                 self.store.set_applied_index(e.index);
                 Ok(WriteResult::Applied {
@@ -216,9 +216,12 @@ impl Shard {
         }
     }
 
+    /// Applies one request at `revision` (0: the store's next revision, as
+    /// with one shard).
     pub(super) fn apply_request(
         &mut self,
         index: u64,
+        revision: i64,
         r: shard_request::Request,
     ) -> Result<WriteResult, ApiError> {
         use shard_request::Request as R;
@@ -282,7 +285,11 @@ impl Shard {
                 return Err(ApiError::Unsupported("conf change as a normal entry"));
             }
         };
-        let applied = self.store.apply(index, &op);
+        let applied = if revision > 0 {
+            self.store.apply_at(index, revision, &op)
+        } else {
+            self.store.apply(index, &op)
+        };
         if let Some((id, ttl)) = lease_change {
             match (ttl, &applied) {
                 (Some(ttl), Ok(_)) => self.lease_clock.granted(id, ttl, Instant::now()),

@@ -72,10 +72,16 @@ impl Shard {
     pub(super) fn expire_leases(&mut self) {
         if !self.lease_clock.is_ready(self.store.applied_index())
             || self.node.leader_id() != self.member_id
+            || !self.takes_proposals()
         {
             return;
         }
         for id in self.lease_clock.due(Instant::now()) {
+            let Some(revision) = self.proposal_revision() else {
+                // No revisions assigned here now: the lease comes due again
+                // after the retry delay.
+                continue;
+            };
             // No client waits on it: request id 0.
             let data = ShardRequest {
                 id: 0,
@@ -83,6 +89,7 @@ impl Shard {
                 request: Some(shard_request::Request::LeaseRevoke(
                     pb::LeaseRevokeRequest { id },
                 )),
+                revision,
             }
             .encode_to_vec();
             match self.node.propose(Bytes::from(data)) {

@@ -1,5 +1,5 @@
 //! Membership of the shard's group: conf changes proposed and applied, and
-//! leadership handed to the shard's preferred member.
+//! leadership handed to shard 0's leader.
 
 use super::*;
 
@@ -31,21 +31,24 @@ impl Shard {
             .map_err(|e| self.storage_error(e.to_string()))
     }
 
-    /// A leader that is not its shard's preferred leader hands leadership over
-    /// once the preferred member is caught up, after holding it for a while
-    /// (so a member that just restarted is not handed leadership mid-recovery).
+    /// With several shards, every shard is led by shard 0's leader (the
+    /// keyspace leader, see [`keyspace`](super::keyspace)): a leader of
+    /// another shard hands it to shard 0's leader once that member has its
+    /// whole log, and tries again every [`LEADERSHIP_HANDOVER_RETRY`] while
+    /// it still leads. With one shard the leader stays where elections or
+    /// MoveLeader put it, as in etcd.
     pub(super) fn maybe_hand_over_leadership(&mut self) {
-        // Spreading leadership needs several shards; with one, the leader
-        // stays where elections or MoveLeader put it, as in etcd.
-        if !self.spreads_leadership {
-            return;
-        }
-        let Some(since) = self.leader_since else {
+        let Some(keyspace) = &self.keyspace else {
             return;
         };
-        if self.preferred_leader == self.member_id
-            || self.preferred_leader == raft::NONE
-            || since.elapsed() < LEADERSHIP_HANDOVER_AFTER
+        let to = keyspace.shard0_leader();
+        if self.id == 0
+            || to == raft::NONE
+            || to == self.member_id
+            || self.node.leader_id() != self.member_id
+            || self
+                .handover_tried
+                .is_some_and(|t| t.elapsed() < LEADERSHIP_HANDOVER_RETRY)
         {
             return;
         }
@@ -57,17 +60,16 @@ impl Shard {
         let caught_up = status
             .progress
             .iter()
-            .any(|p| p.id == self.preferred_leader && !p.is_learner && p.matched == last);
+            .any(|p| p.id == to && !p.is_learner && p.matched == last);
         if caught_up {
             tracing::info!(
                 shard = self.id,
                 term = self.node.term(),
-                to = self.preferred_leader,
-                "handing leadership to the shard's preferred member"
+                to,
+                "handing leadership to shard 0's leader"
             );
-            // Wait another full period before trying again, whatever happens.
-            self.leader_since = Some(Instant::now());
-            let _ = self.node.transfer_leader(self.preferred_leader);
+            self.handover_tried = Some(Instant::now());
+            let _ = self.node.transfer_leader(to);
         }
     }
 
@@ -244,14 +246,8 @@ impl Shard {
     }
 
     /// Follows a change of the shard's voters and learners (applied, or
-    /// installed with a snapshot): whether this member is a learner, and the
-    /// member leadership keeps spreading to.
+    /// installed with a snapshot): whether this member is a learner.
     pub(super) fn membership_changed(&mut self, cs: &ConfState) {
         self.is_learner = cs.learners.contains(&self.member_id);
-        let preferred = crate::server::members::preferred_leader(&cs.voters, self.id);
-        if preferred != self.preferred_leader {
-            self.preferred_leader = preferred;
-            self.leader_since = self.leader_since.map(|_| Instant::now());
-        }
     }
 }

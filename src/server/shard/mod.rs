@@ -41,7 +41,9 @@
 //! - `apply`: committed entries into the store; commits, quota, compaction.
 //! - `reads`: ReadIndex rounds and the reads they confirm.
 //! - `proposals`: writes into Raft, and requests held while no leader takes them.
-//! - `membership`: conf changes and leadership handover.
+//! - `membership`: conf changes, and leadership handed to shard 0's leader.
+//! - `keyspace`: the revision counter the member's shards share when it leads
+//!   them all.
 //! - `snapshots`: snapshot metadata, sending and installing snapshots.
 //! - `leases`: lease TTLs on the leader.
 //!
@@ -73,6 +75,7 @@ use crate::server::errors::ApiError;
 
 mod apply;
 mod held_snapshot;
+pub mod keyspace;
 mod lease_clock;
 mod leases;
 mod membership;
@@ -90,6 +93,7 @@ mod tests;
 mod watchers;
 
 use held_snapshot::HeldSnapshot;
+pub use keyspace::Keyspace;
 use lease_clock::LeaseClock;
 pub use lease_clock::MAX_LEASE_TTL_SECS;
 use pipeline::{InFlightWrite, Waiter};
@@ -130,9 +134,9 @@ pub const MAX_LEADERLESS_REQUESTS: usize = 16_384;
 /// Bytes of proposals that may wait for a leader at once; more fail at once.
 pub const MAX_LEADERLESS_WRITE_BYTES: usize = 64 << 20;
 
-/// How long a member leads a shard it is not preferred for before handing it
-/// to the preferred member.
-pub const LEADERSHIP_HANDOVER_AFTER: Duration = Duration::from_secs(3);
+/// How long a shard's leader waits after trying to hand its leadership to
+/// shard 0's leader before it tries again.
+pub const LEADERSHIP_HANDOVER_RETRY: Duration = Duration::from_secs(1);
 
 /// Applied bytes after which the store commits at once rather than on the next
 /// tick: bounds the store's uncommitted batch.
@@ -204,6 +208,9 @@ pub struct ShardSetup {
     /// Where the shard publishes its Raft term for response headers no shard
     /// produces (shard 0 only).
     pub term_out: Option<std::sync::Arc<std::sync::atomic::AtomicU64>>,
+    /// The keyspace's revision counter, one per member, when it runs several
+    /// shards (see [`keyspace`]).
+    pub keyspace: Option<std::sync::Arc<Keyspace>>,
 }
 
 /// An apply of one Ready's committed entries slower than this is counted as a
@@ -277,12 +284,14 @@ pub struct Shard {
     snapshot_meta: SnapshotMetadata,
     quota_backend_bytes: u64,
     snapshot_count: u64,
-    preferred_leader: u64,
-    /// Whether leadership is handed to the preferred member: only when the
-    /// member runs several shards, whose leaders then spread over members.
-    spreads_leadership: bool,
-    /// When this member last became leader, for the leadership-spreading check.
-    leader_since: Option<Instant>,
+    /// The keyspace's revision counter, shared by the member's shards (None
+    /// with one shard, whose store numbers its writes itself).
+    keyspace: Option<std::sync::Arc<Keyspace>>,
+    /// Led here: the index this shard must apply before it tells the
+    /// keyspace it is ready (its current term's first entry).
+    keyspace_ready_at: Option<u64>,
+    /// When this leader last tried to hand the shard to shard 0's leader.
+    handover_tried: Option<Instant>,
     nospace_alarm: bool,
     /// Set once the store or WAL failed: the shard refuses writes until restart.
     failed: Option<String>,
@@ -595,11 +604,13 @@ impl Shard {
         }
     }
 
-    fn step(&mut self, msg: raft::Message) {
+    fn step(&mut self, mut msg: raft::Message) {
         if self.failed.is_some() {
             return;
         }
-        if msg.msg_type == raft::MessageType::MsgProp as i32 && !self.takes_proposals() {
+        if msg.msg_type == raft::MessageType::MsgProp as i32
+            && (!self.takes_proposals() || !self.stamp_forwarded(&mut msg))
+        {
             let from = msg.from;
             if let Some(HeldWrite::Forwarded(_)) = self.hold_write(HeldWrite::Forwarded(msg)) {
                 tracing::warn!(

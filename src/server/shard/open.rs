@@ -193,10 +193,6 @@ impl Shard {
         }
         let conf_state = node.status().conf_state;
         let is_learner = conf_state.learners.contains(&setup.member_id);
-        // The member this shard's leadership is handed to when it is healthy,
-        // so that leadership (and the write load it brings) spreads over the
-        // shard's voters.
-        let preferred_leader = crate::server::members::preferred_leader(&conf_state.voters, shard);
         tracing::info!(
             shard,
             applied,
@@ -231,9 +227,9 @@ impl Shard {
             snapshot_meta,
             quota_backend_bytes: setup.quota_backend_bytes,
             snapshot_count: setup.snapshot_count,
-            preferred_leader,
-            spreads_leadership: setup.members.shard_count() > 1,
-            leader_since: None,
+            keyspace: setup.keyspace.clone(),
+            keyspace_ready_at: None,
+            handover_tried: None,
             nospace_alarm: false,
             failed: None,
             held_snapshot: HeldSnapshot::default(),

@@ -29,7 +29,16 @@ impl Shard {
             );
             // Proposals this member made may still commit under a new leader;
             // their waiters stay and are answered on apply, or expire.
-            self.leader_since = (ss.role == StateRole::Leader).then(Instant::now);
+            self.handover_tried = None;
+            if let Some(k) = &self.keyspace {
+                if self.id == 0 {
+                    k.set_shard0_leader(ss.leader_id);
+                }
+                // Ready again only once this term's first entry is applied.
+                k.shard_not_ready(self.id);
+                self.keyspace_ready_at =
+                    (ss.role == StateRole::Leader).then(|| self.node.last_index());
+            }
             self.lease_role_changed(ss.role == StateRole::Leader);
             // A leader change drops ReadIndex rounds in flight; asking again is
             // always safe.
@@ -81,6 +90,7 @@ impl Shard {
                 m.slow_apply();
             }
         }
+        self.maybe_keyspace_ready();
         for rs in std::mem::take(&mut read_states) {
             let ctx = read_context_counter(&rs.request_ctx, self.member_id, self.boot_nonce);
             if let Some(round) = self.read_rounds.remove(&ctx) {
@@ -94,6 +104,21 @@ impl Shard {
         self.record_progress();
         self.serve_confirmed_reads();
         self.maybe_compact_log();
+    }
+
+    /// A leader that has applied its term's first entry (so every entry of
+    /// earlier terms) tells the keyspace, with the revision it reached.
+    fn maybe_keyspace_ready(&mut self) {
+        let (Some(k), Some(at)) = (&self.keyspace, self.keyspace_ready_at) else {
+            return;
+        };
+        if self.store.applied_index() < at {
+            return;
+        }
+        self.keyspace_ready_at = None;
+        if self.node.leader_id() == self.member_id {
+            k.shard_ready(self.id, self.node.term(), self.store.current_revision());
+        }
     }
 
     /// Exports indexes and sizes, and tells readiness once the shard has caught
@@ -296,6 +321,10 @@ impl Shard {
         if self.failed.is_some() {
             return;
         }
+        if let Some(k) = &self.keyspace {
+            k.shard_not_ready(self.id);
+        }
+        self.keyspace_ready_at = None;
         tracing::error!(shard = self.id, reason = %reason, "shard failed; restart the member");
         // Queued writes will never be made durable by this incarnation: the
         // loop must not wait for them (a poisoned WAL answers at once).

@@ -24,9 +24,47 @@ impl HeldWrite {
 
 impl Shard {
     /// Whether a proposal made now reaches a leader that appends it: one is
-    /// known and is not handing leadership over.
+    /// known and is not handing leadership over, and when it is this member
+    /// and the keyspace has several shards, this member assigns revisions.
     pub(super) fn takes_proposals(&self) -> bool {
-        self.node.leader_id() != raft::NONE && self.node.lead_transferee() == raft::NONE
+        let leader = self.node.leader_id();
+        leader != raft::NONE
+            && self.node.lead_transferee() == raft::NONE
+            && (leader != self.member_id || self.keyspace.as_ref().is_none_or(|k| k.is_open()))
+    }
+
+    /// The revision a proposal made here now carries: 0 when the store
+    /// numbers writes itself (one shard) or another member leads (it stamps
+    /// the forwarded proposal); None when this member leads but assigns no
+    /// revisions now, and the write must wait.
+    pub(super) fn proposal_revision(&self) -> Option<i64> {
+        match &self.keyspace {
+            Some(k) if self.node.leader_id() == self.member_id => k.next_revision(),
+            _ => Some(0),
+        }
+    }
+
+    /// Gives each write of a proposal forwarded to this leader its revision.
+    /// False when this member assigns no revisions now: the proposal waits
+    /// (stamped again when released; the last stamp is the one read).
+    pub(super) fn stamp_forwarded(&self, msg: &mut raft::Message) -> bool {
+        let Some(k) = &self.keyspace else {
+            return true;
+        };
+        if self.node.leader_id() != self.member_id {
+            // Raft passes it on to the leader, which stamps it.
+            return true;
+        }
+        for e in &mut msg.entries {
+            if e.entry_type != EntryType::EntryNormal as i32 || e.data.is_empty() {
+                continue;
+            }
+            let Some(revision) = k.next_revision() else {
+                return false;
+            };
+            e.data = entry::with_revision(&e.data, revision);
+        }
+        true
     }
 
     /// True for requests that may add data, which a NOSPACE alarm refuses.
@@ -60,12 +98,22 @@ impl Shard {
             }
             return;
         }
+        let Some(revision) = self.proposal_revision() else {
+            // Keyspace leadership was lost since the check above.
+            if let Some(HeldWrite::Local(_, reply)) =
+                self.hold_write(HeldWrite::Local(request, reply))
+            {
+                let _ = reply.send(Err(ApiError::NoLeader));
+            }
+            return;
+        };
         self.next_request_id += 1;
         let id = self.next_request_id;
         let data = ShardRequest {
             id,
             member: self.member_id,
             request: Some(request),
+            revision,
         }
         .encode_to_vec();
         match self.node.propose(Bytes::from(data)) {
