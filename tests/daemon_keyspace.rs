@@ -192,3 +192,180 @@ async fn writes_to_every_shard_follow_one_revision_order_across_a_leader_crash()
     )
     .await;
 }
+
+/// One acknowledged write: key, value, revision, and when it was
+/// acknowledged.
+#[derive(Debug, Clone)]
+struct Acked {
+    key: String,
+    value: String,
+    revision: i64,
+    at: Instant,
+}
+
+/// One linearizable read over every `cut-` key: when it started, its header
+/// revision, and what it returned (key to mod revision and value).
+#[derive(Debug)]
+struct Read {
+    member: usize,
+    started: Instant,
+    revision: i64,
+    kvs: BTreeMap<String, (i64, String)>,
+}
+
+fn kvs_of(r: &etcd_client::GetResponse) -> BTreeMap<String, (i64, String)> {
+    r.kvs()
+        .iter()
+        .map(|kv| {
+            (
+                String::from_utf8_lossy(kv.key()).into_owned(),
+                (
+                    kv.mod_revision(),
+                    String::from_utf8_lossy(kv.value()).into_owned(),
+                ),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_over_every_shard_is_one_cut_of_the_revision_order_through_any_member() {
+    let flags = ["--shards", "4", "--cores", "1"];
+    let cluster = Cluster::start(3, &flags);
+    let mut c = client(&cluster.members[0].endpoint()).await;
+    wait_writable(&mut c, "/keyspace/ready").await;
+    wait_keyspace_leader(&cluster).await;
+    let routing = cairn::routing::RoutingTable::new(SHARDS as usize, 1);
+    let key = |w: usize, j: usize| format!("cut-{w}-{j}");
+    let reached: std::collections::BTreeSet<u32> = (0..2)
+        .flat_map(|w| (0..8).map(move |j| (w, j)))
+        .map(|(w, j)| routing.shard_for_key(key(w, j).as_bytes()))
+        .collect();
+    assert!(
+        reached.len() >= 3,
+        "the keys reach most shards: {reached:?}"
+    );
+
+    let run = Duration::from_secs(4);
+    let mut writers = Vec::new();
+    for w in 0..2 {
+        let endpoint = cluster.members[w].endpoint();
+        writers.push(tokio::spawn(async move {
+            let mut c = client(&endpoint).await;
+            let until = Instant::now() + run;
+            let (mut acked, mut uncertain) = (Vec::new(), Vec::new());
+            let mut n = 0;
+            while Instant::now() < until {
+                let k = key(w, n % 8);
+                let value = format!("{w}-{n}");
+                let put = c.put(k.as_str(), value.as_str(), None);
+                match tokio::time::timeout(Duration::from_secs(10), put).await {
+                    Ok(Ok(r)) => acked.push(Acked {
+                        key: k,
+                        value,
+                        revision: r.header().unwrap().revision(),
+                        at: Instant::now(),
+                    }),
+                    // Its outcome is unknown: the key is not checked.
+                    _ => uncertain.push(k),
+                }
+                n += 1;
+            }
+            (acked, uncertain)
+        }));
+    }
+    let mut readers = Vec::new();
+    for (member, m) in cluster.members.iter().enumerate() {
+        let endpoint = m.endpoint();
+        readers.push(tokio::spawn(async move {
+            let mut c = client(&endpoint).await;
+            let until = Instant::now() + run;
+            let mut reads = Vec::new();
+            let mut failures = Vec::new();
+            while Instant::now() < until {
+                let started = Instant::now();
+                let opts = etcd_client::GetOptions::new().with_prefix();
+                match c.get("cut-", Some(opts)).await {
+                    Ok(r) => reads.push(Read {
+                        member,
+                        started,
+                        revision: r.header().unwrap().revision(),
+                        kvs: kvs_of(&r),
+                    }),
+                    Err(e) => failures.push(e.to_string()),
+                }
+            }
+            (reads, failures)
+        }));
+    }
+    let mut acked = Vec::new();
+    let mut uncertain = std::collections::BTreeSet::new();
+    for w in writers {
+        let (a, u) = w.await.unwrap();
+        acked.extend(a);
+        uncertain.extend(u);
+    }
+    let mut reads = Vec::new();
+    for r in readers {
+        let (rs, failures) = r.await.unwrap();
+        assert!(failures.is_empty(), "{failures:?}\n{}", cluster.logs());
+        reads.extend(rs);
+    }
+    assert!(acked.len() > 50, "only {} writes", acked.len());
+    for m in 0..3 {
+        assert!(
+            reads.iter().filter(|r| r.member == m).count() > 10,
+            "member {m} served few reads"
+        );
+    }
+
+    for read in &reads {
+        // Linearizable: every write acknowledged before the read began is
+        // at or below its revision.
+        if let Some(missed) = acked
+            .iter()
+            .find(|a| a.at < read.started && a.revision > read.revision)
+        {
+            panic!(
+                "a read through member {} at revision {} began after {missed:?} was acknowledged",
+                read.member, read.revision
+            );
+        }
+        // One cut: each key holds its last acknowledged write at or below
+        // the read's revision, and nothing above it.
+        for w in 0..2 {
+            for j in 0..8 {
+                let k = key(w, j);
+                if uncertain.contains(&k) {
+                    continue;
+                }
+                let expected = acked
+                    .iter()
+                    .filter(|a| a.key == k && a.revision <= read.revision)
+                    .max_by_key(|a| a.revision)
+                    .map(|a| (a.revision, a.value.clone()));
+                let got = read.kvs.get(&k).cloned();
+                assert_eq!(
+                    got, expected,
+                    "{k} in a read through member {} at revision {}",
+                    read.member, read.revision
+                );
+            }
+        }
+    }
+
+    // Read again at each read's revision later: the same answer.
+    let mut c = client(&cluster.members[2].endpoint()).await;
+    for read in reads.iter().step_by(7) {
+        let opts = etcd_client::GetOptions::new()
+            .with_prefix()
+            .with_revision(read.revision);
+        let again = c.get("cut-", Some(opts)).await.unwrap();
+        assert_eq!(
+            kvs_of(&again),
+            read.kvs,
+            "read again at revision {}",
+            read.revision
+        );
+    }
+}

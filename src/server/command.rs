@@ -20,6 +20,17 @@ use crate::routing::ShardId;
 /// because leader failover takes well under 2 s.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Where a linearizable read over several shards is read (docs/KEYSPACE.md,
+/// "Consistent reads"): at `revision`, the keyspace leader's counter when the
+/// read began, once the shard has applied up to `index`, which the leader's
+/// ReadPoint gave after taking `revision`: every entry of the shard with a
+/// revision up to it is at or below that index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadAt {
+    pub revision: i64,
+    pub index: u64,
+}
+
 /// What a write returned once applied.
 #[derive(Debug, Clone)]
 pub enum WriteResult {
@@ -84,10 +95,18 @@ pub enum ShardCommand {
         reply: Reply<WriteResult>,
     },
     /// Read; a linearizable read (`serializable` false) first confirms through
-    /// ReadIndex that this member has applied every write committed before it.
+    /// ReadIndex that this member has applied every write committed before it,
+    /// unless `at` gives the point the keyspace leader already confirmed.
     Range {
         request: RangeRequest,
+        at: Option<ReadAt>,
         reply: Reply<RangeResponse>,
+    },
+    /// With several shards: confirms through ReadIndex that this member
+    /// leads the shard, and answers the index every entry proposed before the
+    /// command arrived is at or below (see [`ReadAt`]).
+    ReadPoint {
+        reply: Reply<u64>,
     },
     Status {
         reply: Reply<ShardStatus>,

@@ -18,11 +18,15 @@ use prost::Message;
 use tonic::{Request, Response, Status};
 
 use super::auth::{caller_of, check, AuthStore};
-use super::command::WriteResult;
+use super::command::{ReadAt, WriteResult};
 use super::errors::ApiError;
+use super::members::MemberRegistry;
 use super::merge::merge_ranges;
+use super::peer_http;
 use super::router::Router;
+use super::shard::LEADERLESS_WAIT;
 use super::validate;
+use crate::routing::ShardId;
 
 pub use super::identity::Identity;
 
@@ -39,6 +43,9 @@ pub struct KvService {
     pub identity: Identity,
     pub limits: Limits,
     pub auth: Arc<AuthStore>,
+    /// Where the keyspace leader is found for a read point.
+    pub members: Arc<MemberRegistry>,
+    pub peers: peer_http::PeerClient,
 }
 
 fn unexpected(what: &str) -> Status {
@@ -55,13 +62,26 @@ impl KvService {
         Ok(())
     }
 
-    pub async fn range_across(&self, req: RangeRequest) -> Result<RangeResponse, ApiError> {
+    pub async fn range_across(&self, req: RangeRequest) -> Result<RangeResponse, Status> {
         validate::check_range(&req)?;
         let shards = self
             .router
             .routing
             .shards_for_range(&req.key, &req.range_end);
-        let mut resp = if shards.len() == 1 {
+        let mut resp = if self.router.keyspace.is_some() && !req.serializable {
+            // Several shards: one point of the revision order for them all.
+            let (revision, indexes) = self.read_point(&shards).await?;
+            if req.revision > revision {
+                return Err(ApiError::FutureRev.into());
+            }
+            let parts = join_all(shards.iter().zip(indexes).map(|(&s, index)| {
+                self.router
+                    .range_at(s, req.clone(), ReadAt { revision, index })
+            }))
+            .await;
+            let parts: Result<Vec<_>, _> = parts.into_iter().collect();
+            merge_ranges(&req, parts?)
+        } else if shards.len() == 1 {
             self.router.range(shards[0], req).await?
         } else {
             let parts = join_all(shards.iter().map(|&s| self.router.range(s, req.clone()))).await;
@@ -70,6 +90,19 @@ impl KvService {
         };
         self.identity.stamp(&mut resp.header);
         Ok(resp)
+    }
+
+    /// The read point of a linearizable read over `shards`, from the keyspace
+    /// leader: this member, or asked over the peer port.
+    async fn read_point(&self, shards: &[ShardId]) -> Result<(i64, Vec<u64>), Status> {
+        let cluster_id = self.members.cluster_id();
+        peer_http::at_shard_leader(
+            &self.members,
+            LEADERLESS_WAIT,
+            || self.router.read_point(shards),
+            |url| async move { self.peers.read_point(&url, cluster_id, shards).await },
+        )
+        .await
     }
 
     async fn delete_across(

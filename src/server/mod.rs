@@ -12,6 +12,7 @@ pub mod entry;
 pub mod errors;
 pub mod gateway;
 pub mod identity;
+pub mod keyspace;
 pub mod kv;
 pub mod lease;
 pub mod maintenance;

@@ -18,6 +18,7 @@ use cairn_proto::etcdserverpb::watch_server::WatchServer;
 use tokio::sync::{mpsc, watch};
 
 use super::cluster::ClusterService;
+use super::keyspace::Keyspace;
 use super::kv::{Identity, KvService, Limits};
 use super::maintenance::MaintenanceService;
 use super::members::MemberRegistry;
@@ -170,7 +171,7 @@ struct Shared {
     /// Users, roles and permissions; changed by shard 0's log.
     auth: Arc<super::auth::AuthStore>,
     /// The revision counter of the member's shards, with several shards.
-    keyspace: Option<Arc<super::shard::Keyspace>>,
+    keyspace: Option<Arc<Keyspace>>,
 }
 
 /// A started member.
@@ -203,7 +204,8 @@ impl Node {
         let members = Arc::new(MemberRegistry::new(&config.data_dir, file.clone()));
         let auth = super::auth::AuthStore::open(&config.data_dir, config.auth.clone())?;
         let routing = RoutingTable::new(config.shards, config.cores);
-        let channels = command_channels(&routing, config.cores);
+        let keyspace = (config.shards > 1).then(|| Arc::new(Keyspace::new(config.shards)));
+        let channels = command_channels(&routing, config.cores, keyspace.clone());
         let routers = channels.routers;
         let commands = channels
             .inboxes
@@ -287,8 +289,7 @@ impl Node {
             client_tls,
             peer_tls,
             auth,
-            keyspace: (members.shard_count() > 1)
-                .then(|| Arc::new(super::shard::Keyspace::new(members.shard_count() as usize))),
+            keyspace,
             members: members.clone(),
             routing,
             routers,
@@ -574,6 +575,8 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
             identity: shared.identity.clone(),
             limits,
             auth: shared.auth.clone(),
+            members: shared.members.clone(),
+            peers: peers.clone(),
         };
         let maintenance = MaintenanceService {
             router: shared.routers[core].clone(),

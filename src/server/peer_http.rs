@@ -10,6 +10,7 @@
 //! | `POST /cairn/conf-change` | carries out a membership change of one shard (`cairnpb.ShardConfChange`) if this member leads the shard: `200`, or `409` with `x-cairn-leader` naming the leader, or the gRPC error as `x-cairn-grpc-code` plus the message |
 //! | `POST /cairn/removed` | tells a member it was removed from the cluster (`x-cairn-member` must be its id): it stops |
 //! | `POST /cairn/lease-renew` | renews a lease at the leader of the shard in `x-cairn-shard` (`etcdserverpb.LeaseKeepAliveRequest`; answer `LeaseKeepAliveResponse`, TTL 0 when the shard has no such lease): `200`, or `409` with `x-cairn-leader` as above |
+//! | `POST /cairn/read-point` | the read point of a linearizable read over the shards listed (`cairnpb.KeyspaceReadPoint`), if this member is the keyspace leader: `200` with the revision and each shard's index, or `409` with `x-cairn-leader` naming shard 0's (or that shard's) leader |
 //! | `POST /cairn/lease-ttl` | a lease's time left at the leader of the shard in `x-cairn-shard` (`LeaseTimeToLiveRequest`; answer `LeaseTimeToLiveResponse` with the time left in milliseconds, -1 when the shard has no such lease): `200` or `409` as above |
 //!
 //! Every request but `GET /cairn/members` must carry the cluster id in
@@ -21,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use cairn_proto::cairnpb::{MemberTable, ShardConfChange};
+use cairn_proto::cairnpb::{KeyspaceReadPoint, MemberTable, ShardConfChange};
 use cairn_proto::etcdserverpb::{
     LeaseKeepAliveRequest, LeaseKeepAliveResponse, LeaseTimeToLiveRequest, LeaseTimeToLiveResponse,
 };
@@ -97,7 +98,11 @@ impl PeerHttp {
         if method != Method::POST
             || !matches!(
                 path.as_str(),
-                "/cairn/conf-change" | "/cairn/removed" | "/cairn/lease-renew" | "/cairn/lease-ttl"
+                "/cairn/conf-change"
+                    | "/cairn/removed"
+                    | "/cairn/lease-renew"
+                    | "/cairn/lease-ttl"
+                    | "/cairn/read-point"
             )
         {
             return text(StatusCode::NOT_FOUND, format!("no {method} {path} here"));
@@ -150,6 +155,9 @@ impl PeerHttp {
                 PeerLeaseAnswer::BadRequest(m) => text(StatusCode::BAD_REQUEST, m),
             };
         }
+        if path == "/cairn/read-point" {
+            return serve_read_point(&self.router, body).await;
+        }
         let change = match ShardConfChange::decode(body) {
             Ok(c) => c,
             Err(e) => return text(StatusCode::BAD_REQUEST, format!("bad change: {e}")),
@@ -178,6 +186,40 @@ impl PeerHttp {
             Err(ApiError::NotLeader { leader }) => not_leader(leader),
             Err(e) => failed(&e),
         }
+    }
+}
+
+/// Serves `POST /cairn/read-point`: see [`KeyspaceReadPoint`].
+async fn serve_read_point(router: &Router, body: Bytes) -> Response<Full<Bytes>> {
+    let asked = match KeyspaceReadPoint::decode(body) {
+        Ok(a) => a,
+        Err(e) => return text(StatusCode::BAD_REQUEST, format!("bad read point: {e}")),
+    };
+    let shard_count = router.routing.shard_count();
+    if asked.shards.is_empty() || asked.shards.iter().any(|&s| s as usize >= shard_count) {
+        return text(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "shards {:?} asked; this member has shards 0 to {}",
+                asked.shards,
+                shard_count - 1
+            ),
+        );
+    }
+    match router.read_point(&asked.shards).await {
+        Ok((revision, indexes)) => answer(
+            StatusCode::OK,
+            Bytes::from(
+                KeyspaceReadPoint {
+                    shards: asked.shards,
+                    indexes,
+                    revision,
+                }
+                .encode_to_vec(),
+            ),
+        ),
+        Err(ApiError::NotLeader { leader }) => not_leader(leader),
+        Err(e) => failed(&e),
     }
 }
 
@@ -535,6 +577,42 @@ where
 }
 
 impl PeerClient {
+    /// Asks the member at `url` for the read point of a linearizable read
+    /// over `shards`: the revision, and each shard's index.
+    pub async fn read_point(
+        &self,
+        url: &str,
+        cluster_id: u64,
+        shards: &[ShardId],
+    ) -> Forwarded<(i64, Vec<u64>)> {
+        let body = KeyspaceReadPoint {
+            shards: shards.to_vec(),
+            ..Default::default()
+        }
+        .encode_to_vec();
+        self.call(
+            url,
+            Method::POST,
+            "/cairn/read-point",
+            &[(CLUSTER_HEADER, format!("{cluster_id:x}"))],
+            Bytes::from(body),
+            PEER_HTTP_TIMEOUT,
+        )
+        .await
+        .and_decode(|b| {
+            let point = KeyspaceReadPoint::decode(b).map_err(|e| format!("bad read point: {e}"))?;
+            if point.shards != shards || point.indexes.len() != shards.len() {
+                return Err(format!(
+                    "read point for shards {:?} answered for {:?} with {} indexes",
+                    shards,
+                    point.shards,
+                    point.indexes.len()
+                ));
+            }
+            Ok((point.revision, point.indexes))
+        })
+    }
+
     /// Fetches the member table from a member's peer URL.
     pub async fn fetch_members(&self, peer_url: &str) -> Result<MemberTable, String> {
         let answer = self

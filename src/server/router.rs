@@ -18,9 +18,10 @@ use cairn_proto::etcdserverpb::{RangeRequest, RangeResponse};
 use tokio::sync::{mpsc, oneshot};
 
 use super::command::{
-    LeaseInfo, Reply, ShardCommand, ShardHash, ShardStatus, WriteResult, REQUEST_TIMEOUT,
+    LeaseInfo, ReadAt, Reply, ShardCommand, ShardHash, ShardStatus, WriteResult, REQUEST_TIMEOUT,
 };
 use super::errors::ApiError;
+use super::keyspace::Keyspace;
 use crate::routing::{RoutingTable, ShardId};
 
 /// Commands queued from one core for one shard before that core's senders wait.
@@ -34,7 +35,11 @@ pub struct CommandChannels {
 }
 
 /// Makes one bounded channel per (core, shard) pair.
-pub fn command_channels(routing: &RoutingTable, cores: usize) -> CommandChannels {
+pub fn command_channels(
+    routing: &RoutingTable,
+    cores: usize,
+    keyspace: Option<Arc<Keyspace>>,
+) -> CommandChannels {
     let shards = routing.shard_count();
     let mut receivers: Vec<Vec<mpsc::Receiver<ShardCommand>>> =
         (0..shards).map(|_| Vec::with_capacity(cores)).collect();
@@ -48,7 +53,7 @@ pub fn command_channels(routing: &RoutingTable, cores: usize) -> CommandChannels
                     tx
                 })
                 .collect();
-            Router::new(routing.clone(), senders)
+            Router::new(routing.clone(), senders, keyspace.clone())
         })
         .collect();
     CommandChannels {
@@ -119,12 +124,22 @@ impl CommandInbox {
 pub struct Router {
     pub routing: RoutingTable,
     shards: Vec<mpsc::Sender<ShardCommand>>,
+    /// The member's revision counter, with several shards.
+    pub keyspace: Option<Arc<Keyspace>>,
 }
 
 impl Router {
-    pub fn new(routing: RoutingTable, shards: Vec<mpsc::Sender<ShardCommand>>) -> Arc<Router> {
+    pub fn new(
+        routing: RoutingTable,
+        shards: Vec<mpsc::Sender<ShardCommand>>,
+        keyspace: Option<Arc<Keyspace>>,
+    ) -> Arc<Router> {
         assert_eq!(routing.shard_count(), shards.len(), "one sender per shard");
-        Arc::new(Router { routing, shards })
+        Arc::new(Router {
+            routing,
+            shards,
+            keyspace,
+        })
     }
 
     /// Sends a command to `shard` and waits for its answer, at most
@@ -169,8 +184,51 @@ impl Router {
         shard: ShardId,
         request: RangeRequest,
     ) -> Result<RangeResponse, ApiError> {
-        self.ask(shard, |reply| ShardCommand::Range { request, reply })
-            .await
+        self.ask(shard, |reply| ShardCommand::Range {
+            request,
+            at: None,
+            reply,
+        })
+        .await
+    }
+
+    /// A linearizable range at a point the keyspace leader confirmed.
+    pub async fn range_at(
+        &self,
+        shard: ShardId,
+        request: RangeRequest,
+        at: ReadAt,
+    ) -> Result<RangeResponse, ApiError> {
+        self.ask(shard, |reply| ShardCommand::Range {
+            request,
+            at: Some(at),
+            reply,
+        })
+        .await
+    }
+
+    /// The read point of a linearizable read over `shards`, if this member
+    /// is the keyspace leader: its counter now, and for each shard the index
+    /// of its last entry proposed by then, each confirmed by a ReadIndex
+    /// round started after the counter was read. Otherwise `NotLeader` with
+    /// the member that leads the shard asked about (or shard 0).
+    pub async fn read_point(&self, shards: &[ShardId]) -> Result<(i64, Vec<u64>), ApiError> {
+        let Some(keyspace) = &self.keyspace else {
+            return Err(ApiError::Unsupported("read points with one shard"));
+        };
+        let Some(revision) = keyspace.current() else {
+            return Err(match keyspace.shard0_leader() {
+                crate::raft::NONE => ApiError::NoLeader,
+                leader => ApiError::NotLeader { leader },
+            });
+        };
+        let indexes = futures::future::join_all(
+            shards
+                .iter()
+                .map(|&s| self.ask(s, |reply| ShardCommand::ReadPoint { reply })),
+        )
+        .await;
+        Ok((revision, indexes.into_iter().collect::<Result<_, _>>()?))
     }
 
     pub async fn status(&self, shard: ShardId) -> Result<ShardStatus, ApiError> {
@@ -265,7 +323,7 @@ mod tests {
     #[tokio::test]
     async fn each_core_has_its_own_channel_to_a_shard_and_the_inbox_takes_them_in_turn() {
         let routing = RoutingTable::new(1, 2);
-        let mut channels = command_channels(&routing, 2);
+        let mut channels = command_channels(&routing, 2, None);
         assert_eq!(channels.routers.len(), 2);
         let mut inbox = channels.inboxes.pop().unwrap();
         // Core 0 queues three, then core 1 one: core 1's does not wait

@@ -42,8 +42,6 @@
 //! - `reads`: ReadIndex rounds and the reads they confirm.
 //! - `proposals`: writes into Raft, and requests held while no leader takes them.
 //! - `membership`: conf changes, and leadership handed to shard 0's leader.
-//! - `keyspace`: the revision counter the member's shards share when it leads
-//!   them all.
 //! - `snapshots`: snapshot metadata, sending and installing snapshots.
 //! - `leases`: lease TTLs on the leader.
 //!
@@ -72,10 +70,10 @@ use crate::server::command::{
 use crate::server::convert;
 use crate::server::entry;
 use crate::server::errors::ApiError;
+use crate::server::keyspace::Keyspace;
 
 mod apply;
 mod held_snapshot;
-pub mod keyspace;
 mod lease_clock;
 mod leases;
 mod membership;
@@ -93,12 +91,11 @@ mod tests;
 mod watchers;
 
 use held_snapshot::HeldSnapshot;
-pub use keyspace::Keyspace;
 use lease_clock::LeaseClock;
 pub use lease_clock::MAX_LEASE_TTL_SECS;
 use pipeline::{InFlightWrite, Waiter};
 use proposals::HeldWrite;
-use reads::{read_context_counter, PendingRead, PendingRenewal, ReadRound};
+use reads::{read_context_counter, PendingPoint, PendingRead, PendingRenewal, ReadRound};
 pub(crate) use snapshots::write_snapshot_meta;
 use snapshots::{apply_pending_table, read_snapshot_meta, IncomingSnapshot};
 pub use spool::{SpoolError, SpooledSnapshot, StreamSpool};
@@ -209,7 +206,7 @@ pub struct ShardSetup {
     /// produces (shard 0 only).
     pub term_out: Option<std::sync::Arc<std::sync::atomic::AtomicU64>>,
     /// The keyspace's revision counter, one per member, when it runs several
-    /// shards (see [`keyspace`]).
+    /// shards (see [`crate::server::keyspace`]).
     pub keyspace: Option<std::sync::Arc<Keyspace>>,
 }
 
@@ -260,6 +257,8 @@ pub struct Shard {
     reads_this_turn: Vec<PendingRead>,
     /// Lease keep-alives collected this turn, confirmed by the same round.
     renewals_this_turn: Vec<PendingRenewal>,
+    /// Read points asked this turn, confirmed by the same round.
+    points_this_turn: Vec<PendingPoint>,
     /// Writes and reads that arrived while no leader was known or while this
     /// leader hands leadership over: they wait (at most [`LEADERLESS_WAIT`])
     /// instead of failing during a short election or transfer.
@@ -412,6 +411,9 @@ impl Shard {
                 for r in self.renewals_this_turn.drain(..) {
                     let _ = r.reply.send(Err(err.clone()));
                 }
+                for p in self.points_this_turn.drain(..) {
+                    let _ = p.reply.send(Err(err.clone()));
+                }
                 if let Some(defrag) = self.defrag.take() {
                     for reply in defrag.into_replies() {
                         let _ = reply.send(Err(err.clone()));
@@ -452,15 +454,26 @@ impl Shard {
     fn handle(&mut self, cmd: ShardCommand) {
         match cmd {
             ShardCommand::Write { request, reply } => self.propose(request, reply),
-            ShardCommand::Range { request, reply } => {
+            ShardCommand::Range { request, at, reply } => {
                 if request.serializable {
-                    self.serve_range(&request, reply);
+                    self.serve_range(&request, reply, None);
                 } else if self.is_learner {
                     let _ = reply.send(Err(ApiError::NotSupportedForLearner));
+                } else if let Some(at) = at {
+                    self.read_at(PendingRead {
+                        request,
+                        reply,
+                        at: Some(at),
+                    });
                 } else {
-                    self.reads_this_turn.push(PendingRead { request, reply });
+                    self.reads_this_turn.push(PendingRead {
+                        request,
+                        reply,
+                        at: None,
+                    });
                 }
             }
+            ShardCommand::ReadPoint { reply } => self.read_point(reply),
             ShardCommand::Status { reply } => {
                 let _ = reply.send(Ok(self.status()));
             }

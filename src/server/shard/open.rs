@@ -214,6 +214,7 @@ impl Shard {
             next_request_id: (boot_nonce & 0xffff_ffff_0000_0000) | 1,
             reads_this_turn: Vec::new(),
             renewals_this_turn: Vec::new(),
+            points_this_turn: Vec::new(),
             leaderless_writes: std::collections::VecDeque::new(),
             leaderless_write_bytes: 0,
             leaderless_reads: Vec::new(),

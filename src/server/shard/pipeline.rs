@@ -41,10 +41,16 @@ impl Shard {
             }
             self.lease_role_changed(ss.role == StateRole::Leader);
             // A leader change drops ReadIndex rounds in flight; asking again is
-            // always safe.
+            // always safe. A read point is the leader's only: its asker goes
+            // to the new leader.
             for (_, round) in self.read_rounds.drain() {
                 self.reads_this_turn.extend(round.reads);
                 self.renewals_this_turn.extend(round.renewals);
+                for p in round.points {
+                    let _ = p.reply.send(Err(ApiError::NotLeader {
+                        leader: ss.leader_id,
+                    }));
+                }
             }
             let known = ss.leader_id != raft::NONE;
             if let Some(m) = &self.metrics {
@@ -334,11 +340,13 @@ impl Shard {
             let _ = w.reply.send(Err(err.clone()));
         }
         let mut renewals = std::mem::take(&mut self.renewals_this_turn);
+        let mut points = std::mem::take(&mut self.points_this_turn);
         let reads = self
             .read_rounds
             .drain()
             .flat_map(|(_, r)| {
                 renewals.extend(r.renewals);
+                points.extend(r.points);
                 r.reads
             })
             .chain(
@@ -358,6 +366,9 @@ impl Shard {
         }
         for r in renewals {
             let _ = r.reply.send(Err(err.clone()));
+        }
+        for p in points {
+            let _ = p.reply.send(Err(err.clone()));
         }
         while let Some((_, write)) = self.next_held_write() {
             if let HeldWrite::Local(_, reply) = write {

@@ -215,6 +215,9 @@ impl Shard {
                 for r in round.renewals {
                     let _ = r.reply.send(Err(ApiError::Timeout));
                 }
+                for p in round.points {
+                    let _ = p.reply.send(Err(ApiError::Timeout));
+                }
             }
         }
     }

@@ -1,6 +1,10 @@
 //! Linearizable reads: ReadIndex rounds, and reads served once the
-//! confirmed index is applied. How a range is read from the store, in chunks
-//! off a snapshot, is in `ranges`.
+//! confirmed index is applied. With several shards, a linearizable read is
+//! read at a point of the one revision order (docs/KEYSPACE.md, "Consistent
+//! reads"): the keyspace leader's shards answer read points here, and each
+//! touched shard serves the read at the point's revision once it has applied
+//! the point's index. How a range is read from the store, in chunks off a
+//! snapshot, is in `ranges`.
 
 use super::*;
 
@@ -12,6 +16,17 @@ use ranges::read_error_to_api;
 pub(super) struct PendingRead {
     pub(super) request: RangeRequest,
     pub(super) reply: Reply<RangeResponse>,
+    /// The read point it is read at (several shards); None: at the store's
+    /// revision when served.
+    pub(super) at: Option<crate::server::command::ReadAt>,
+}
+
+/// A read point asked of this leader: answered, once a ReadIndex round
+/// started after it arrived confirms the leadership, with the later of the
+/// round's index and `last_index`, the log's last index when it arrived.
+pub(super) struct PendingPoint {
+    pub(super) last_index: u64,
+    pub(super) reply: Reply<u64>,
 }
 
 /// A lease keep-alive waiting for the ReadIndex round that proves this member
@@ -27,6 +42,7 @@ pub(super) struct ReadRound {
     pub(super) since: Instant,
     pub(super) reads: Vec<PendingRead>,
     pub(super) renewals: Vec<PendingRenewal>,
+    pub(super) points: Vec<PendingPoint>,
 }
 
 /// The counter of a read context this incarnation made, or 0 for any other.
@@ -51,7 +67,16 @@ impl Shard {
                 }
             }
         }
-        if self.reads_this_turn.is_empty() && self.renewals_this_turn.is_empty() {
+        if !self.points_this_turn.is_empty() && self.node.leader_id() != self.member_id {
+            let leader = self.node.leader_id();
+            for p in self.points_this_turn.drain(..) {
+                let _ = p.reply.send(Err(ApiError::NotLeader { leader }));
+            }
+        }
+        if self.reads_this_turn.is_empty()
+            && self.renewals_this_turn.is_empty()
+            && self.points_this_turn.is_empty()
+        {
             return;
         }
         if self.node.leader_id() == raft::NONE {
@@ -69,6 +94,7 @@ impl Shard {
         }
         let reads = std::mem::take(&mut self.reads_this_turn);
         let renewals = std::mem::take(&mut self.renewals_this_turn);
+        let points = std::mem::take(&mut self.points_this_turn);
         let ctx = self.next_read_ctx;
         self.next_read_ctx += 1;
         // Contexts are unique across members and restarts: a leader ignores a
@@ -86,6 +112,7 @@ impl Shard {
                         since: Instant::now(),
                         reads,
                         renewals,
+                        points,
                     },
                 );
             }
@@ -95,6 +122,11 @@ impl Shard {
                 }
                 for r in renewals {
                     let _ = r
+                        .reply
+                        .send(Err(ApiError::NotLeader { leader: raft::NONE }));
+                }
+                for p in points {
+                    let _ = p
                         .reply
                         .send(Err(ApiError::NotLeader { leader: raft::NONE }));
                 }
@@ -123,6 +155,41 @@ impl Shard {
                 .map(|()| self.lease_clock.renew(r.id, round.since));
             let _ = r.reply.send(renewed);
         }
+        for p in round.points {
+            let _ = p.reply.send(Ok(index.max(p.last_index)));
+        }
+    }
+
+    /// A read point asked of this shard: see [`PendingPoint`]. Only the
+    /// leader answers one; the asker goes to the leader otherwise.
+    pub(super) fn read_point(&mut self, reply: Reply<u64>) {
+        if let Some(reason) = &self.failed {
+            let _ = reply.send(Err(self.storage_error(reason.clone())));
+            return;
+        }
+        let leader = self.node.leader_id();
+        if leader != self.member_id {
+            let _ = reply.send(Err(match leader {
+                raft::NONE => ApiError::NoLeader,
+                leader => ApiError::NotLeader { leader },
+            }));
+            return;
+        }
+        self.points_this_turn.push(PendingPoint {
+            last_index: self.node.last_index(),
+            reply,
+        });
+    }
+
+    /// A read at a point the keyspace leader confirmed: served once this
+    /// member has applied the point's index.
+    pub(super) fn read_at(&mut self, read: PendingRead) {
+        let index = read.at.map_or(0, |at| at.index);
+        if index <= self.node.applied_index() {
+            self.serve_range(&read.request, read.reply, read.at.map(|at| at.revision));
+        } else {
+            self.confirmed_reads.entry(index).or_default().push(read);
+        }
     }
 
     pub(super) fn serve_confirmed_reads(&mut self) {
@@ -132,7 +199,7 @@ impl Shard {
                 break;
             }
             for r in entry.remove() {
-                self.serve_range(&r.request, r.reply);
+                self.serve_range(&r.request, r.reply, r.at.map(|at| at.revision));
             }
         }
     }

@@ -64,23 +64,63 @@ pub(in crate::server::shard) struct ChunkedRange {
     shard: ShardId,
     /// Chunks read so far, for the log of an abandoned range.
     chunks: usize,
+    /// The header's revision when not the snapshot's (a read point).
+    header_revision: Option<i64>,
 }
 
 impl Shard {
     /// Answers `request` from a snapshot of the store taken now: at once when
     /// it fits in one chunk, otherwise from a task that reads the rest a chunk
     /// at a time between the core's other work.
+    ///
+    /// With a read `point` (several shards; this shard has applied every
+    /// entry with a revision up to it), the range is read at the point, or at
+    /// the request's revision if it names an earlier one, and the header
+    /// carries the point: entries applied since with later revisions are
+    /// left out, and where the store has reached no revision past the read's
+    /// its current state is that of the read's revision.
     pub(in crate::server::shard) fn serve_range(
         &self,
         request: &RangeRequest,
         reply: Reply<RangeResponse>,
+        point: Option<i64>,
     ) {
         let chunk_keys = self.store.config().range_chunk_keys;
+        let at_point;
+        let request = match point {
+            Some(point) if request.revision > point => {
+                let _ = reply.send(Err(ApiError::FutureRev));
+                return;
+            }
+            Some(point) => {
+                let revision = if request.revision > 0 {
+                    request.revision
+                } else {
+                    point
+                };
+                at_point = RangeRequest {
+                    revision: if revision >= self.store.current_revision() {
+                        0
+                    } else {
+                        revision
+                    },
+                    ..request.clone()
+                };
+                &at_point
+            }
+            None => request,
+        };
         match start_range(&self.store, request, self.header(0), chunk_keys, self.id) {
-            RangeStart::Answered(answer) => {
+            RangeStart::Answered(mut answer) => {
+                if let (Some(point), Ok(r)) = (point, &mut answer) {
+                    if let Some(h) = r.header.as_mut() {
+                        h.revision = point;
+                    }
+                }
                 let _ = reply.send(answer);
             }
-            RangeStart::Chunked(range) => {
+            RangeStart::Chunked(mut range) => {
+                range.header_revision = point;
                 tokio::task::spawn_local(read_rest(range, reply));
             }
         }
@@ -147,6 +187,7 @@ pub(in crate::server::shard) fn start_range(
         chunk_keys,
         shard,
         chunks: 0,
+        header_revision: None,
     };
     match range.read_chunk() {
         Step::Answered(answer) => RangeStart::Answered(answer),
@@ -248,7 +289,7 @@ impl ChunkedRange {
     fn response(&mut self) -> RangeResponse {
         RangeResponse {
             header: Some(pb::ResponseHeader {
-                revision: self.stream.revision(),
+                revision: self.header_revision.unwrap_or(self.stream.revision()),
                 ..self.header
             }),
             kvs: std::mem::take(&mut self.kvs),

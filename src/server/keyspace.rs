@@ -7,17 +7,35 @@
 //! that revision.
 //!
 //! The counter opens only once this member leads every shard and each shard
-//! has applied everything of earlier terms (its current term's first entry);
-//! it then starts above the largest revision any shard has applied, so a
-//! write proposed now gets a revision above every write committed under an
-//! earlier leader. Losing any shard's leadership closes it; writes then wait,
-//! as they wait for an election, until it opens again here or elsewhere.
+//! has applied everything of earlier terms (its current term's first entry).
+//! Revisions are numbered by **epoch**: the term in which this member leads
+//! shard 0, a number no other keyspace leader ever had. Epoch `e` hands out
+//! revisions above `e << EPOCH_SHIFT` (and above the largest revision any
+//! shard has applied), so every revision of a later keyspace leader is above
+//! every revision of an earlier one, including revisions an earlier leader
+//! handed out that no log kept (an entry lost with its leadership, or a read
+//! point): a read at such a point stays a consistent cut. Losing any shard's
+//! leadership closes the counter; writes then wait, as they wait for an
+//! election, until it opens again here or elsewhere.
 //!
 //! One `Keyspace` per member, shared by its cores. The request path reads two
 //! atomics; the mutex is taken only when a shard's leadership changes.
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::Mutex;
+
+/// Revisions of epoch `e` lie in `(e << EPOCH_SHIFT, (e + 1) << EPOCH_SHIFT)`:
+/// about 10^12 writes per keyspace leadership (four months at 100,000 a
+/// second), and shard 0 terms up to 2^23 before an int64 runs out.
+pub const EPOCH_SHIFT: u32 = 40;
+
+/// The largest epoch (shard 0 term) whose revisions fit an int64.
+pub const MAX_EPOCH: u64 = (i64::MAX >> EPOCH_SHIFT) as u64 - 1;
+
+/// The first revision of `epoch` is above this.
+pub fn epoch_start(epoch: u64) -> i64 {
+    (epoch.min(MAX_EPOCH) as i64) << EPOCH_SHIFT
+}
 
 /// Where each shard's leadership on this member stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,12 +47,15 @@ enum Slot {
     Ready { term: u64, revision: i64 },
 }
 
+#[derive(Debug)]
 pub struct Keyspace {
     slots: Mutex<Vec<Slot>>,
     /// Whether this member assigns revisions now.
     open: AtomicBool,
     /// The last revision handed out (or the base it starts above).
     counter: AtomicI64,
+    /// The last revision the open epoch may hand out.
+    epoch_end: AtomicI64,
     /// Shard 0's leader as this member knows it ([`raft::NONE`] if none):
     /// the member every other shard's leadership moves to.
     ///
@@ -50,6 +71,7 @@ impl Keyspace {
             slots: Mutex::new(vec![Slot::NotReady; shards]),
             open: AtomicBool::new(false),
             counter: AtomicI64::new(0),
+            epoch_end: AtomicI64::new(0),
             shard0_leader: AtomicU64::new(crate::raft::NONE),
             opened: AtomicU64::new(0),
         }
@@ -61,7 +83,28 @@ impl Keyspace {
         if !self.open.load(Ordering::Acquire) {
             return None;
         }
-        Some(self.counter.fetch_add(1, Ordering::AcqRel) + 1)
+        let revision = self.counter.fetch_add(1, Ordering::AcqRel) + 1;
+        if revision > self.epoch_end.load(Ordering::Acquire) {
+            // The epoch's revisions are used up: writes wait until shard 0
+            // changes leader (a new epoch).
+            tracing::error!(
+                revision,
+                "every revision of this keyspace leadership is used; move shard 0's leadership"
+            );
+            return None;
+        }
+        Some(revision)
+    }
+
+    /// The last revision handed out, while this member assigns revisions:
+    /// every write acknowledged so far has a revision at or below it, and
+    /// every write proposed later (here or by a later leader) one above it.
+    pub fn current(&self) -> Option<i64> {
+        if !self.open.load(Ordering::Acquire) {
+            return None;
+        }
+        let end = self.epoch_end.load(Ordering::Acquire);
+        Some(self.counter.load(Ordering::Acquire).min(end))
     }
 
     /// Whether this member assigns revisions now.
@@ -84,13 +127,24 @@ impl Keyspace {
                 Slot::NotReady => return,
             }
         }
-        // Never below what this member handed out before: a revision is
-        // used at most once even if an entry carrying it was lost.
+        let Slot::Ready { term: epoch, .. } = slots[0] else {
+            return;
+        };
+        if epoch > MAX_EPOCH {
+            tracing::error!(epoch, "shard 0's term is past the last revision epoch");
+            return;
+        }
+        // Above every revision of an earlier epoch, and never below what
+        // this member handed out before in this epoch.
+        let base = base.max(epoch_start(epoch));
         let previous = self.counter.fetch_max(base, Ordering::AcqRel);
+        self.epoch_end
+            .store(epoch_start(epoch + 1) - 1, Ordering::Release);
         self.open.store(true, Ordering::Release);
         let times = self.opened.fetch_add(1, Ordering::Relaxed) + 1;
         tracing::info!(
             revision = base.max(previous),
+            epoch,
             times,
             "keyspace leader: this member assigns revisions to every shard's writes"
         );
@@ -133,44 +187,64 @@ mod tests {
     use super::*;
 
     #[test]
-    fn opens_only_when_every_shard_is_ready_and_starts_above_every_revision() {
+    fn opens_only_when_every_shard_is_ready_and_starts_above_its_epoch_and_every_revision() {
         let k = Keyspace::new(3);
         assert_eq!(k.next_revision(), None);
         k.shard_ready(0, 2, 10);
         k.shard_ready(2, 2, 40);
         assert_eq!(k.next_revision(), None, "shard 1 is not ready");
+        assert_eq!(k.current(), None);
         k.shard_ready(1, 3, 25);
-        assert_eq!(k.next_revision(), Some(41));
-        assert_eq!(k.next_revision(), Some(42));
+        assert_eq!(k.next_revision(), Some(epoch_start(2) + 1));
+        assert_eq!(k.next_revision(), Some(epoch_start(2) + 2));
+        assert_eq!(k.current(), Some(epoch_start(2) + 2));
     }
 
     #[test]
-    fn closes_when_any_shard_is_lost_and_never_hands_out_a_revision_twice() {
+    fn a_later_epoch_is_above_every_revision_of_an_earlier_one() {
         let k = Keyspace::new(2);
         k.shard_ready(0, 1, 5);
         k.shard_ready(1, 1, 7);
-        assert_eq!(k.next_revision(), Some(8));
-        assert_eq!(k.next_revision(), Some(9));
+        let first = k.next_revision().unwrap();
+        let point = k.current().unwrap();
+        assert_eq!(first, point);
         k.shard_not_ready(1);
         assert_eq!(k.next_revision(), None);
-        // Ready again with logs that never got 8 and 9 (those entries were
-        // lost): the counter still starts above what it handed out.
+        // Ready again in the same epoch with logs that never got `first`
+        // (the entry was lost): the counter still goes on above it.
         k.shard_ready(1, 2, 7);
-        assert_eq!(k.next_revision(), Some(10));
+        assert_eq!(k.next_revision(), Some(first + 1));
         assert_eq!(k.times_opened(), 2);
-        // Ready again with a log that went further under another leader.
+        // Shard 0 changed leader and came back: a new epoch, above any
+        // revision or read point of the old one.
         k.shard_not_ready(0);
-        k.shard_ready(0, 3, 100);
-        assert_eq!(k.next_revision(), Some(101));
+        k.shard_ready(0, 4, 7);
+        let next = k.next_revision().unwrap();
+        assert_eq!(next, epoch_start(4) + 1);
+        assert!(next > point + 1);
     }
 
     #[test]
-    fn shards_not_on_this_member_are_ignored() {
+    fn a_used_up_epoch_hands_out_nothing_and_its_point_stays_inside_it() {
+        let k = Keyspace::new(1);
+        k.shard_ready(0, 1, epoch_start(2) - 2);
+        assert_eq!(k.next_revision(), Some(epoch_start(2) - 1));
+        assert_eq!(k.next_revision(), None);
+        assert_eq!(k.current(), Some(epoch_start(2) - 1));
+        k.shard_not_ready(0);
+        k.shard_ready(0, 2, epoch_start(2) - 1);
+        assert_eq!(k.next_revision(), Some(epoch_start(2) + 1));
+    }
+
+    #[test]
+    fn shards_not_on_this_member_are_ignored_and_huge_terms_never_open() {
         let k = Keyspace::new(1);
         k.shard_ready(5, 1, 1);
         k.shard_not_ready(5);
         assert_eq!(k.next_revision(), None);
-        k.shard_ready(0, 1, 3);
-        assert_eq!(k.next_revision(), Some(4));
+        k.shard_ready(0, MAX_EPOCH + 1, 3);
+        assert_eq!(k.next_revision(), None);
+        k.shard_ready(0, MAX_EPOCH, 3);
+        assert_eq!(k.next_revision(), Some(epoch_start(MAX_EPOCH) + 1));
     }
 }
