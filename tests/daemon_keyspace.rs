@@ -3,7 +3,9 @@
 //! to keys on different shards, made one after another through any member,
 //! get strictly increasing revisions, also across a kill -9 of that member;
 //! every member stores each acknowledged write at the revision its client
-//! was told, and the members agree on every key.
+//! was told, and the members agree on every key. Linearizable reads over
+//! every shard, through any member, are one cut of that order at their
+//! header revision, and a compaction compacts every shard at one revision.
 
 mod common;
 
@@ -368,4 +370,33 @@ async fn a_read_over_every_shard_is_one_cut_of_the_revision_order_through_any_me
             read.revision
         );
     }
+
+    // Compaction at one revision for the whole keyspace: every shard keeps
+    // the cut at it, and refuses any revision below it.
+    let mid = &reads[reads.len() / 2];
+    let last = reads.iter().map(|r| r.revision).max().unwrap();
+    let e = c.compact(last + 1_000_000, None).await.unwrap_err();
+    assert!(e.to_string().contains("future revision"), "{e}");
+    c.compact(mid.revision, None).await.unwrap();
+    let at = |revision| {
+        etcd_client::GetOptions::new()
+            .with_prefix()
+            .with_revision(revision)
+    };
+    let kept = c.get("cut-", Some(at(mid.revision))).await.unwrap();
+    assert_eq!(kvs_of(&kept), mid.kvs);
+    for w in 0..2 {
+        for j in 0..8 {
+            let opts = etcd_client::GetOptions::new().with_revision(mid.revision - 1);
+            let e = c.get(key(w, j), Some(opts)).await.unwrap_err();
+            assert!(
+                e.to_string()
+                    .contains("required revision has been compacted"),
+                "{}: {e}",
+                key(w, j)
+            );
+        }
+    }
+    let e = c.compact(mid.revision, None).await.unwrap_err();
+    assert!(e.to_string().contains("compacted"), "{e}");
 }

@@ -90,12 +90,12 @@ pub(super) fn warn_if_sharded(shards: usize) {
     if shards > 1 {
         tracing::warn!(
             shards,
-            "running {shards} shards: unlike etcd, a range over several shards is \
-             not one consistent cut (a write to another shard in flight during it \
-             may be missing, and a watch from its revision can miss it), a read at \
-             a revision one shard has not reached fails as a future revision, txns \
-             whose keys span shards are refused, and compaction is per shard; \
-             writes do follow one revision order; --shards 1 (the default) keeps \
+            "running {shards} shards: unlike etcd, a watch over several shards \
+             delivers each shard's events in order but does not merge them into \
+             one order, a serializable read at a revision one shard has not \
+             reached fails as a future revision, and txns whose keys span shards \
+             are refused; writes follow one revision order and linearizable reads \
+             and compactions are one cut of it; --shards 1 (the default) keeps \
              etcd's semantics over the whole keyspace"
         );
     }

@@ -32,9 +32,10 @@ pub const EPOCH_SHIFT: u32 = 40;
 /// The largest epoch (shard 0 term) whose revisions fit an int64.
 pub const MAX_EPOCH: u64 = (i64::MAX >> EPOCH_SHIFT) as u64 - 1;
 
-/// The first revision of `epoch` is above this.
+/// The first revision of `epoch` is above this (the last of epoch `e` is
+/// `epoch_start(e + 1) - 1`, which fits an int64 up to [`MAX_EPOCH`]).
 pub fn epoch_start(epoch: u64) -> i64 {
-    (epoch.min(MAX_EPOCH) as i64) << EPOCH_SHIFT
+    (epoch.min(MAX_EPOCH + 1) as i64) << EPOCH_SHIFT
 }
 
 /// Where each shard's leadership on this member stands.

@@ -147,26 +147,32 @@ impl KvService {
         Ok(merged)
     }
 
-    async fn compact_all(&self, req: CompactionRequest) -> Result<CompactionResponse, ApiError> {
-        // A compaction names a revision some shard has reached; shards that
-        // have not reached it (their writes took other revisions of the one
-        // counter) compact up to their current revision. With --shards 1 this
-        // is exactly etcd.
-        let statuses = self.router.all_status().await?;
-        let max_rev = statuses.iter().map(|s| s.revision).max().unwrap_or(0);
-        if req.revision > max_rev {
-            return Err(ApiError::FutureRev);
+    /// Compacts every shard at the request's revision, which must be at or
+    /// below the keyspace's read point (etcd's "future revision" otherwise).
+    /// Each shard's compaction entry takes a revision above the read point,
+    /// so it comes after every entry of its shard at or below the compacted
+    /// revision: one compaction point for the whole keyspace. With one shard
+    /// this is exactly etcd.
+    async fn compact_all(&self, req: CompactionRequest) -> Result<CompactionResponse, Status> {
+        let shards: Vec<ShardId> = self.router.routing.shard_ids().collect();
+        let current = if self.router.keyspace.is_some() {
+            self.read_point(&shards).await?.0
+        } else {
+            self.router.status(0).await?.revision
+        };
+        if req.revision > current {
+            return Err(ApiError::FutureRev.into());
         }
-        let parts = join_all(statuses.iter().map(|st| {
-            let mut r = req;
-            r.revision = r.revision.min(st.revision);
-            self.router.write(st.shard, ShardReq::Compaction(r))
-        }))
+        let parts = join_all(
+            shards
+                .iter()
+                .map(|&s| self.router.write(s, ShardReq::Compaction(req))),
+        )
         .await;
         let mut header = None;
         let mut any_ok = false;
         let mut first_err = None;
-        for (st, part) in statuses.iter().zip(parts) {
+        for (&shard, part) in shards.iter().zip(parts) {
             match part {
                 Ok(WriteResult::Compaction(r)) => {
                     any_ok = true;
@@ -178,20 +184,22 @@ impl KvService {
                         header = r.header;
                     }
                 }
-                // A shard already compacted at or past this revision is not an
-                // error for the cluster unless every shard says so.
+                // A shard already compacted at or past this revision (a
+                // compaction retried after part of it failed) is not an error
+                // for the cluster unless every shard says so.
                 Err(ApiError::Compacted) => first_err = first_err.or(Some(ApiError::Compacted)),
-                Err(e) => return Err(e),
+                Err(e) => return Err(e.into()),
                 Ok(_) => {
                     return Err(ApiError::Storage {
-                        shard: st.shard,
+                        shard,
                         reason: "compaction answered with another result kind".into(),
-                    })
+                    }
+                    .into())
                 }
             }
         }
         if !any_ok {
-            return Err(first_err.unwrap_or(ApiError::Compacted));
+            return Err(first_err.unwrap_or(ApiError::Compacted).into());
         }
         let mut resp = CompactionResponse { header };
         self.identity.stamp(&mut resp.header);
