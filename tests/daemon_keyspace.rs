@@ -400,3 +400,169 @@ async fn a_read_over_every_shard_is_one_cut_of_the_revision_order_through_any_me
     let e = c.compact(mid.revision, None).await.unwrap_err();
     assert!(e.to_string().contains("compacted"), "{e}");
 }
+
+/// Reads a watch stream until it has delivered an event at or above
+/// `until`; each event as (revision, key, value), in arrival order.
+async fn watch_until(
+    stream: &mut etcd_client::WatchStream,
+    until: i64,
+    what: &str,
+) -> Vec<(i64, String, String)> {
+    let mut seen: Vec<(i64, String, String)> = Vec::new();
+    while seen.last().is_none_or(|e| e.0 < until) {
+        let resp = tokio::time::timeout(Duration::from_secs(20), stream.message())
+            .await
+            .unwrap_or_else(|_| panic!("{what}: no event within 20 s after {:?}", seen.last()))
+            .unwrap()
+            .expect("stream open");
+        assert!(
+            !resp.canceled(),
+            "{what}: cancelled: {}",
+            resp.cancel_reason()
+        );
+        for e in resp.events() {
+            let kv = e.kv().unwrap();
+            seen.push((
+                kv.mod_revision(),
+                kv.key_str().unwrap().to_string(),
+                kv.value_str().unwrap().to_string(),
+            ));
+        }
+    }
+    seen
+}
+
+/// Every acknowledged write above `after` exactly once, in revision order,
+/// and nothing at or below it.
+fn check_watched(what: &str, seen: &[(i64, String, String)], acked: &[Acked], after: i64) {
+    for pair in seen.windows(2) {
+        assert!(
+            pair[0].0 < pair[1].0,
+            "{what}: events out of revision order: {pair:?}"
+        );
+    }
+    assert!(
+        seen.iter().all(|e| e.0 > after),
+        "{what}: an event at or below {after}"
+    );
+    let by_revision: BTreeMap<i64, (String, String)> = seen
+        .iter()
+        .map(|(r, k, v)| (*r, (k.clone(), v.clone())))
+        .collect();
+    let last = seen.last().map_or(after, |e| e.0);
+    for a in acked
+        .iter()
+        .filter(|a| a.revision > after && a.revision <= last)
+    {
+        assert_eq!(
+            by_revision.get(&a.revision),
+            Some(&(a.key.clone(), a.value.clone())),
+            "{what}: acknowledged write missing"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_then_watch_over_every_shard_sees_every_later_write_once_in_order() {
+    let flags = ["--shards", "4", "--cores", "1"];
+    let cluster = Cluster::start(3, &flags);
+    let mut c = client(&cluster.members[0].endpoint()).await;
+    wait_writable(&mut c, "/keyspace/ready").await;
+    wait_keyspace_leader(&cluster).await;
+    let key = |w: usize, j: usize| format!("lw-{w}-{j}");
+
+    let mut writers = Vec::new();
+    for w in 0..2 {
+        let endpoint = cluster.members[w].endpoint();
+        writers.push(tokio::spawn(async move {
+            let mut c = client(&endpoint).await;
+            let until = Instant::now() + Duration::from_secs(3);
+            let mut acked = Vec::new();
+            let mut n = 0;
+            while Instant::now() < until {
+                let k = key(w, n % 8);
+                let value = format!("{w}-{n}");
+                let r = c.put(k.as_str(), value.as_str(), None).await.unwrap();
+                acked.push(Acked {
+                    key: k,
+                    value,
+                    revision: r.header().unwrap().revision(),
+                    at: Instant::now(),
+                });
+                n += 1;
+            }
+            acked
+        }));
+    }
+    // List, then watch from the list's revision, through a member that
+    // leads nothing, while the writers go on.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let follower = (0..3)
+        .find(|&i| Some(i) != keyspace_leader(&cluster))
+        .unwrap();
+    let mut w = client(&cluster.members[follower].endpoint()).await;
+    let listed = w
+        .get("lw-", Some(etcd_client::GetOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    let list_revision = listed.header().unwrap().revision();
+    let mut stream = w
+        .watch(
+            "lw-",
+            Some(
+                etcd_client::WatchOptions::new()
+                    .with_prefix()
+                    .with_start_revision(list_revision + 1),
+            ),
+        )
+        .await
+        .unwrap();
+    let mut acked = Vec::new();
+    for writer in writers {
+        acked.extend(writer.await.unwrap());
+    }
+    acked.sort_by_key(|a| a.revision);
+    let last = acked.last().unwrap().revision;
+    let seen = watch_until(&mut stream, last, "list-then-watch").await;
+    check_watched("list-then-watch", &seen, &acked, list_revision);
+    // The list plus what the watch delivered is every key's last write.
+    let mut state: BTreeMap<String, String> = kvs_of(&listed)
+        .into_iter()
+        .map(|(k, (_, v))| (k, v))
+        .collect();
+    for (_, k, v) in &seen {
+        state.insert(k.clone(), v.clone());
+    }
+    let mut expected = BTreeMap::new();
+    for a in &acked {
+        expected.insert(a.key.clone(), a.value.clone());
+    }
+    assert_eq!(state, expected);
+
+    // One write to one shard, the others idle: its event is released once
+    // the idle shards have closed its revision.
+    let one = c.put("lw-single", "x", None).await.unwrap();
+    let single = one.header().unwrap().revision();
+    let more = watch_until(&mut stream, single, "a write while the other shards idle").await;
+    assert_eq!(
+        more,
+        vec![(single, "lw-single".to_string(), "x".to_string())]
+    );
+
+    // A watch from the first write's revision catches up from the stores in
+    // one order too.
+    let first = acked.first().unwrap().revision;
+    let mut again = w
+        .watch(
+            "lw-",
+            Some(
+                etcd_client::WatchOptions::new()
+                    .with_prefix()
+                    .with_start_revision(first),
+            ),
+        )
+        .await
+        .unwrap();
+    let seen = watch_until(&mut again, last, "watch from the past").await;
+    check_watched("watch from the past", &seen, &acked, first - 1);
+}

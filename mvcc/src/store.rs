@@ -217,7 +217,9 @@ pub struct Store {
     pub(crate) relocated_pages: usize,
     pub(crate) meta_writer: MetaWriter,
     /// Applied records not yet taken by the change consumer, while capturing.
-    pub(crate) captured: Option<Vec<changes::Change>>,
+    /// While capturing: the revision the store had when the window began
+    /// (capture turned on, or the last take), and the changes since.
+    pub(crate) captured: Option<(i64, Vec<changes::Change>)>,
 }
 
 fn storage_err(

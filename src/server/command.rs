@@ -194,6 +194,10 @@ pub struct WatchSpec {
     pub prev_kv: bool,
     pub no_put: bool,
     pub no_delete: bool,
+    /// The watcher also gets a batch with no events whenever the shard's
+    /// revision moves: a watch over several shards orders their events by
+    /// how far each has sent (`WatchBatch::through`).
+    pub progress: bool,
 }
 
 impl WatchSpec {
@@ -215,6 +219,9 @@ pub struct WatchBatch {
     pub watch_id: i64,
     pub shard: ShardId,
     pub revision: i64,
+    /// Every event of the watcher up to this revision has been sent, with
+    /// this batch or before.
+    pub through: i64,
     pub events: Vec<mvccpb::Event>,
     /// Set when the watcher's next revision was compacted away: it is cancelled.
     pub compact_revision: Option<i64>,

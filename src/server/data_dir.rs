@@ -90,13 +90,12 @@ pub(super) fn warn_if_sharded(shards: usize) {
     if shards > 1 {
         tracing::warn!(
             shards,
-            "running {shards} shards: unlike etcd, a watch over several shards \
-             delivers each shard's events in order but does not merge them into \
-             one order, a serializable read at a revision one shard has not \
-             reached fails as a future revision, and txns whose keys span shards \
-             are refused; writes follow one revision order and linearizable reads \
-             and compactions are one cut of it; --shards 1 (the default) keeps \
-             etcd's semantics over the whole keyspace"
+            "running {shards} shards: unlike etcd, txns whose keys span shards \
+             are refused, and a serializable read at a revision one shard has not \
+             reached fails as a future revision; writes follow one revision order, \
+             and linearizable reads, watches and compactions are consistent with \
+             it; --shards 1 (the default) keeps etcd's semantics over the whole \
+             keyspace"
         );
     }
 }

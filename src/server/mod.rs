@@ -26,3 +26,4 @@ pub mod shard;
 pub mod start_error;
 pub mod validate;
 pub mod watch;
+pub mod watch_merge;

@@ -7,9 +7,9 @@
 //! Apply never waits for a watcher.
 //!
 //! A watch over keys of several shards is registered on each of them; each
-//! shard delivers its events in revision order, and the shards' events are
-//! not merged into one order yet. With `--shards 1` ordering is exactly
-//! etcd's.
+//! shard delivers its events in revision order, and the stream releases them
+//! in one revision order as the shards say how far they have sent
+//! (`watch_merge`). With `--shards 1` ordering is exactly etcd's.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,6 +26,7 @@ use tonic::{Request, Response, Status, Streaming};
 use super::command::{ShardCommand, WatchBatch, WatchSpec};
 use super::kv::Identity;
 use super::router::Router;
+use super::watch_merge::Merge;
 use crate::routing::ShardId;
 
 /// Event batches queued per watch stream before its watchers fall back to
@@ -106,6 +107,9 @@ impl Watch for WatchService {
             let mut next_watch_id: i64 = 0;
             // watch id -> shards it is registered on
             let mut active: HashMap<i64, Vec<ShardId>> = HashMap::new();
+            // watch id -> the events of a watch over several shards, being
+            // put in one order
+            let mut merges: HashMap<i64, Merge> = HashMap::new();
             // As etcd, a client that closes its side of the stream keeps its
             // watchers: events flow until it goes away (an HTTP/JSON gateway
             // client always sends its whole body first).
@@ -169,8 +173,12 @@ impl Watch for WatchService {
                                     prev_kv: c.prev_kv,
                                     no_put: c.filters.contains(&(watch_create_request::FilterType::Noput as i32)),
                                     no_delete: c.filters.contains(&(watch_create_request::FilterType::Nodelete as i32)),
+                                    progress: false,
                                 };
                                 let shards = svc.router.routing.shards_for_range(&c.key, &c.range_end);
+                                let merged = shards.len() > 1 && svc.router.keyspace.is_some();
+                                let spec = WatchSpec { progress: merged, ..spec };
+                                let mut merge = merged.then(|| Merge::new(&shards, c.start_revision - 1));
                                 let mut revision = 0;
                                 for &s in &shards {
                                     let spec = spec.clone();
@@ -184,7 +192,14 @@ impl Watch for WatchService {
                                     }).await;
                                     if let Ok(rev) = r {
                                         revision = revision.max(rev);
+                                        if let (Some(m), 0) = (&mut merge, c.start_revision) {
+                                            // From now: this shard starts past its revision.
+                                            let _ = m.push(s, rev, Vec::new());
+                                        }
                                     }
+                                }
+                                if let Some(m) = merge {
+                                    merges.insert(id, m);
                                 }
                                 active.insert(id, shards);
                                 if out_tx.send(Ok(WatchResponse {
@@ -197,6 +212,7 @@ impl Watch for WatchService {
                                 }
                             }
                             Some(watch_request::RequestUnion::CancelRequest(c)) => {
+                                merges.remove(&c.watch_id);
                                 if let Some(shards) = active.remove(&c.watch_id) {
                                     for s in shards {
                                         let _ = svc.router.ask(s, |reply| ShardCommand::CancelWatch {
@@ -241,9 +257,13 @@ impl Watch for WatchService {
                                 }
                                 let mut closed = false;
                                 while let Ok(batch) = batch_rx.try_recv() {
-                                    if let Some(resp) = batch_response(&svc, &mut active, batch) {
+                                    if let Some(resp) = batch_response(&svc, &mut active, &mut merges, batch) {
                                         closed |= out_tx.send(Ok(resp)).await.is_err();
                                     }
+                                }
+                                // Events a merge holds back are not sent yet.
+                                if let (Some(held), false) = (merges.values().map(Merge::released).min(), revision == i64::MAX) {
+                                    revision = revision.min(held);
                                 }
                                 if revision == i64::MAX || closed {
                                     // A shard did not answer, or the client is
@@ -260,7 +280,7 @@ impl Watch for WatchService {
                         }
                     }
                     Some(batch) = batch_rx.recv() => {
-                        let Some(resp) = batch_response(&svc, &mut active, batch) else {
+                        let Some(resp) = batch_response(&svc, &mut active, &mut merges, batch) else {
                             continue;
                         };
                         if out_tx.send(Ok(resp)).await.is_err() {
@@ -278,18 +298,30 @@ impl Watch for WatchService {
 }
 
 /// The response a shard's batch becomes on its stream: none for a watcher
-/// cancelled meanwhile; a cancellation for one whose position was compacted.
+/// cancelled meanwhile; a cancellation for one whose position was compacted;
+/// for a watch over several shards, the events its merge releases, if any.
 fn batch_response(
     svc: &WatchService,
     active: &mut HashMap<i64, Vec<ShardId>>,
+    merges: &mut HashMap<i64, Merge>,
     batch: WatchBatch,
 ) -> Option<WatchResponse> {
     if !active.contains_key(&batch.watch_id) {
         return None;
     }
+    if let (Some(m), None) = (merges.get_mut(&batch.watch_id), batch.compact_revision) {
+        let (revision, events) = m.push(batch.shard, batch.through, batch.events)?;
+        return Some(WatchResponse {
+            header: svc.header(revision),
+            watch_id: batch.watch_id,
+            events,
+            ..Default::default()
+        });
+    }
     Some(match batch.compact_revision {
         Some(compact) => {
             active.remove(&batch.watch_id);
+            merges.remove(&batch.watch_id);
             WatchResponse {
                 header: svc.header(batch.revision),
                 watch_id: batch.watch_id,

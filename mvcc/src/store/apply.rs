@@ -121,6 +121,17 @@ impl Store {
         self.apply_entry(index, tx, op)
     }
 
+    /// Records entry `index` as applied with nothing to do but close
+    /// `revision`: the store reaches it if it is past the store's revision (no
+    /// later entry will carry one at or below it; see `apply_at`), and stays
+    /// where it is otherwise.
+    pub fn close_at(&mut self, index: u64, revision: i64) -> Result<(), ApplyError> {
+        self.check_apply(index)?;
+        self.applied_index = index;
+        self.current_rev = self.current_rev.max(revision);
+        Ok(())
+    }
+
     /// Refusals that apply nothing and leave the store as it is.
     fn check_apply(&self, index: u64) -> Result<(), ApplyError> {
         if self.poisoned {

@@ -40,7 +40,7 @@ impl Store {
     /// Starts (or stops, dropping what was captured) capturing applied changes.
     pub fn capture_changes(&mut self, on: bool) {
         match (on, self.captured.is_some()) {
-            (true, false) => self.captured = Some(Vec::new()),
+            (true, false) => self.captured = Some((self.current_rev, Vec::new())),
             (false, true) => self.captured = None,
             _ => {}
         }
@@ -53,14 +53,27 @@ impl Store {
     /// The changes applied since the last take, in revision order (none while
     /// capture is off).
     pub fn take_changes(&mut self) -> Vec<Change> {
+        let current = self.current_rev;
         self.captured
             .as_mut()
-            .map(std::mem::take)
+            .map(|(since, changes)| {
+                *since = current;
+                std::mem::take(changes)
+            })
             .unwrap_or_default()
     }
 
+    /// The store's revision when the changes the next take returns began to
+    /// be captured (capture turned on, or the last take): with revisions
+    /// that skip numbers (`apply_at`), what tells a consumer whether the
+    /// capture covers everything since the revision it last saw. None while
+    /// capture is off.
+    pub fn captured_since(&self) -> Option<i64> {
+        self.captured.as_ref().map(|(since, _)| *since)
+    }
+
     pub(super) fn capture(&mut self, rec: &Rc<Record>) {
-        if let Some(c) = &mut self.captured {
+        if let Some((_, c)) = &mut self.captured {
             c.push(Change(Rc::clone(rec)));
         }
     }
@@ -115,5 +128,32 @@ mod tests {
         store.apply(5, &put("d", "4")).unwrap();
         store.capture_changes(true);
         assert!(store.take_changes().is_empty(), "nothing kept while off");
+    }
+
+    #[test]
+    fn a_capture_says_from_which_revision_it_holds_every_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(dir.path(), 0, Config::default()).unwrap();
+        store.apply_at(1, 10, &put("a", "1")).unwrap();
+        assert_eq!(store.captured_since(), None);
+        store.capture_changes(true);
+        assert_eq!(store.captured_since(), Some(10));
+        // Revisions that skip numbers, and entries that move the revision
+        // with no change: the window still starts where the last take left.
+        store.apply_at(2, 14, &put("b", "2")).unwrap();
+        store.close_at(3, 20).unwrap();
+        let taken = store.take_changes();
+        assert_eq!(taken.len(), 1);
+        assert_eq!(taken[0].revision().main, 14);
+        assert_eq!(store.current_revision(), 20);
+        assert_eq!(store.captured_since(), Some(20));
+        // A close below the store's revision leaves it there.
+        store.close_at(4, 15).unwrap();
+        assert_eq!(store.current_revision(), 20);
+        assert_eq!(store.applied_index(), 4);
+        assert!(store.close_at(4, 30).is_err(), "index 4 was applied");
+        store.apply_at(5, 21, &put("c", "3")).unwrap();
+        assert_eq!(store.take_changes().len(), 1);
+        assert_eq!(store.captured_since(), Some(21));
     }
 }

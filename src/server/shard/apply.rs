@@ -243,6 +243,14 @@ impl Shard {
                 ttl_secs: g.ttl,
             },
             R::LeaseRevoke(g) => mvcc::Op::LeaseRevoke { id: g.id },
+            R::Close(_) => {
+                return match self.store.close_at(index, revision) {
+                    Ok(()) => Ok(WriteResult::Applied {
+                        revision: self.store.current_revision(),
+                    }),
+                    Err(e) => Err(self.apply_error(e)),
+                };
+            }
             R::Alarm(a) => {
                 self.store.set_applied_index(index);
                 if a.alarm == pb::AlarmType::Nospace as i32 {

@@ -92,6 +92,7 @@ impl Shard {
                 revision,
             }
             .encode_to_vec();
+            self.proposed_revision(revision);
             match self.node.propose(Bytes::from(data)) {
                 Ok(()) => tracing::debug!(shard = self.id, lease = id, "lease expired; revoking"),
                 Err(e) => {

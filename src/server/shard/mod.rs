@@ -131,6 +131,11 @@ pub const MAX_LEADERLESS_REQUESTS: usize = 16_384;
 /// Bytes of proposals that may wait for a leader at once; more fail at once.
 pub const MAX_LEADERLESS_WRITE_BYTES: usize = 64 << 20;
 
+/// How often the keyspace leader closes the revisions of a shard that
+/// proposed nothing meanwhile, while other shards write: how long a watch
+/// over several shards may hold an event back for an idle shard.
+pub const KEYSPACE_CLOSE_INTERVAL: Duration = Duration::from_millis(5);
+
 /// How long a shard's leader waits after trying to hand its leadership to
 /// shard 0's leader before it tries again.
 pub const LEADERSHIP_HANDOVER_RETRY: Duration = Duration::from_secs(1);
@@ -291,6 +296,10 @@ pub struct Shard {
     keyspace_ready_at: Option<u64>,
     /// When this leader last tried to hand the shard to shard 0's leader.
     handover_tried: Option<Instant>,
+    /// The largest revision this leader gave an entry of the shard or
+    /// closed, and when (see [`Shard::maybe_close_revision`]).
+    closed_revision: i64,
+    closed_at: Instant,
     nospace_alarm: bool,
     /// Set once the store or WAL failed: the shard refuses writes until restart.
     failed: Option<String>,
@@ -338,6 +347,8 @@ impl Shard {
     pub async fn run(mut self, mut setup: ShardSetup) {
         let mut ticker = tokio::time::interval(setup.tick);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut close_ticker = tokio::time::interval(KEYSPACE_CLOSE_INTERVAL);
+        close_ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         let mut last_commit = Instant::now();
         // A store over its quota raises NOSPACE again at restart, before any
         // write can add to it.
@@ -366,6 +377,11 @@ impl Shard {
                         }
                     }
                     self.expire();
+                }
+                _ = close_ticker.tick(), if self.keyspace.is_some()
+                    && self.failed.is_none()
+                    && self.node.leader_id() == self.member_id => {
+                    self.maybe_close_revision();
                 }
                 durable = self.durable.wait_for(oldest_write), if !self.in_flight.is_empty() && self.failed.is_none() => {
                     if !durable {

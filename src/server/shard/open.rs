@@ -231,6 +231,8 @@ impl Shard {
             keyspace: setup.keyspace.clone(),
             keyspace_ready_at: None,
             handover_tried: None,
+            closed_revision: 0,
+            closed_at: Instant::now(),
             nospace_alarm: false,
             failed: None,
             held_snapshot: HeldSnapshot::default(),

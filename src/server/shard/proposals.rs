@@ -47,8 +47,8 @@ impl Shard {
     /// Gives each write of a proposal forwarded to this leader its revision.
     /// False when this member assigns no revisions now: the proposal waits
     /// (stamped again when released; the last stamp is the one read).
-    pub(super) fn stamp_forwarded(&self, msg: &mut raft::Message) -> bool {
-        let Some(k) = &self.keyspace else {
+    pub(super) fn stamp_forwarded(&mut self, msg: &mut raft::Message) -> bool {
+        let Some(k) = self.keyspace.clone() else {
             return true;
         };
         if self.node.leader_id() != self.member_id {
@@ -63,8 +63,55 @@ impl Shard {
                 return false;
             };
             e.data = entry::with_revision(&e.data, revision);
+            self.proposed_revision(revision);
         }
         true
+    }
+
+    /// Notes a revision this leader gave an entry of the shard: no later
+    /// entry of the shard will carry one at or below it.
+    pub(super) fn proposed_revision(&mut self, revision: i64) {
+        if revision > 0 {
+            self.closed_revision = self.closed_revision.max(revision);
+            self.closed_at = Instant::now();
+        }
+    }
+
+    /// The keyspace leader closes the revisions an idle shard will never
+    /// use: when the counter has moved past this shard's last entry and
+    /// nothing was proposed here for [`KEYSPACE_CLOSE_INTERVAL`], it
+    /// proposes an entry saying no later entry carries a revision at or
+    /// below the counter. Watches over several shards release another
+    /// shard's events only once this one has been applied past them.
+    pub(super) fn maybe_close_revision(&mut self) {
+        let Some(k) = &self.keyspace else {
+            return;
+        };
+        if self.node.leader_id() != self.member_id
+            || !self.takes_proposals()
+            || self.closed_at.elapsed() < KEYSPACE_CLOSE_INTERVAL
+        {
+            return;
+        }
+        let Some(current) = k.current() else {
+            return;
+        };
+        if current <= self.closed_revision || current <= self.store.current_revision() {
+            return;
+        }
+        let data = ShardRequest {
+            id: 0,
+            member: self.member_id,
+            request: Some(shard_request::Request::Close(
+                cairn_proto::cairnpb::CloseRevision {},
+            )),
+            revision: current,
+        }
+        .encode_to_vec();
+        if self.node.propose(Bytes::from(data)).is_ok() {
+            self.closed_revision = current;
+            self.closed_at = Instant::now();
+        }
     }
 
     /// True for requests that may add data, which a NOSPACE alarm refuses.
@@ -116,6 +163,7 @@ impl Shard {
             revision,
         }
         .encode_to_vec();
+        self.proposed_revision(revision);
         match self.node.propose(Bytes::from(data)) {
             Ok(()) => {
                 self.waiters.insert(

@@ -13,6 +13,11 @@
 //! room: a stream that stops reading costs nothing after its bounded queue
 //! filled, and a writer never waits for it. A watcher that catches up with
 //! the store's revision is synced again.
+//!
+//! A watcher of a watch over several shards (`WatchSpec::progress`) is also
+//! told how far it has been sent when nothing it watches changed: a batch
+//! with no events whenever the shard's revision moves, so the watch stream
+//! can release other shards' events in revision order.
 
 use std::collections::{HashMap, HashSet};
 
@@ -46,6 +51,8 @@ pub struct ShardWatchers {
     ranges: HashSet<WatcherKey>,
     /// Watchers catching up from the store.
     behind: HashSet<WatcherKey>,
+    /// Watchers told how far they were sent at every feed.
+    progress: HashSet<WatcherKey>,
     /// The store revision through which synced watchers have been fed.
     fed_through: i64,
 }
@@ -72,6 +79,9 @@ impl ShardWatchers {
             self.fed_through = current_revision;
         }
         self.remove(&key);
+        if spec.progress {
+            self.progress.insert(key);
+        }
         let next_rev = if start_revision > 0 {
             start_revision
         } else {
@@ -97,6 +107,7 @@ impl ShardWatchers {
         if self.watchers.contains_key(key) {
             self.unsync(key);
             self.behind.remove(key);
+            self.progress.remove(key);
             self.watchers.remove(key);
         }
     }
@@ -142,12 +153,14 @@ impl ShardWatchers {
             return;
         }
         store.capture_changes(true);
+        let since = store.captured_since();
         let changes = store.take_changes();
         let current = store.current_revision();
         if current != self.fed_through {
-            let follows_on = changes.first().map(|c| c.revision().main)
-                == Some(self.fed_through + 1)
-                && changes.last().map(|c| c.revision().main) == Some(current);
+            // The capture began at the last feed: it holds every change
+            // since (revisions may skip numbers, and an entry may move the
+            // revision without a change).
+            let follows_on = since == Some(self.fed_through);
             if follows_on {
                 self.feed(shard, store, &changes, current);
             } else {
@@ -205,6 +218,13 @@ impl ShardWatchers {
                 }
             }
         }
+        // Watchers of several shards hear how far they were sent even when
+        // nothing they watch changed.
+        for key in &self.progress {
+            if self.watchers.get(key).is_some_and(|w| w.synced) {
+                out.entry(*key).or_default();
+            }
+        }
         for (key, events) in out {
             let Some(w) = self.watchers.get_mut(&key) else {
                 continue;
@@ -213,6 +233,7 @@ impl ShardWatchers {
                 watch_id: key.1,
                 shard,
                 revision: current,
+                through: current,
                 events,
                 compact_revision: None,
             }) {
@@ -241,6 +262,7 @@ impl ShardWatchers {
                     watch_id: key.1,
                     shard,
                     revision: current,
+                    through: w.next_rev - 1,
                     events: Vec::new(),
                     compact_revision: Some(compact),
                 }) {
@@ -316,11 +338,12 @@ impl ShardWatchers {
                     })
                 })
                 .collect();
-            let sent = out.is_empty()
+            let sent = (out.is_empty() && !w.spec.progress)
                 || match w.tx.try_send(WatchBatch {
                     watch_id: key.1,
                     shard,
                     revision: current,
+                    through: scanned,
                     events: out,
                     compact_revision: None,
                 }) {
@@ -533,6 +556,7 @@ mod tests {
             prev_kv: rng.gen_bool(0.3),
             no_put: rng.gen_bool(0.1),
             no_delete: rng.gen_bool(0.1),
+            progress: false,
         }
     }
 
@@ -641,6 +665,7 @@ mod tests {
             prev_kv: false,
             no_put: false,
             no_delete: false,
+            progress: false,
         };
         let (stalled_tx, stalled_rx) = mpsc::channel(4);
         let (live_tx, mut live_rx) = mpsc::channel(4);
@@ -674,6 +699,7 @@ mod tests {
             prev_kv: false,
             no_put: false,
             no_delete: false,
+            progress: false,
         };
         let start = h.store.current_revision();
         watchers.add((1, 7), spec, 0, start, tx);
@@ -708,6 +734,7 @@ mod tests {
             prev_kv: true,
             no_put: false,
             no_delete: false,
+            progress: false,
         };
         let start = a.store.current_revision();
         watchers.add((1, 1), spec.clone(), 0, start, tx);

@@ -1,0 +1,135 @@
+//! One revision order for a watch over several shards (docs/KEYSPACE.md,
+//! "Watches").
+//!
+//! Each shard sends the watch its events in its own log order, which is
+//! revision order, and says with every batch how far it has sent
+//! (`WatchBatch::through`), also when nothing it holds changed: idle shards
+//! move forward on the closed revisions the keyspace leader writes into
+//! their logs. An event is released once every shard of the watch has sent
+//! through its revision: no shard can send one below it afterwards, so the
+//! released events are in revision order and each is released once.
+
+use std::collections::BTreeMap;
+
+use cairn_proto::mvccpb::Event;
+
+use crate::routing::ShardId;
+
+/// The events of one watch waiting for the other shards to catch up.
+#[derive(Debug)]
+pub struct Merge {
+    /// Each shard of the watch, and the revision it has sent through.
+    through: Vec<(ShardId, i64)>,
+    /// Events by (revision, shard, arrival), so one revision's events of one
+    /// shard keep their order.
+    pending: BTreeMap<(i64, ShardId, u64), Event>,
+    arrivals: u64,
+    /// Every event up to here has been released.
+    released: i64,
+}
+
+impl Merge {
+    /// A merge over `shards`, each having sent through `start` (the revision
+    /// before the watch's first).
+    pub fn new(shards: &[ShardId], start: i64) -> Merge {
+        Merge {
+            through: shards.iter().map(|&s| (s, start)).collect(),
+            pending: BTreeMap::new(),
+            arrivals: 0,
+            released: start,
+        }
+    }
+
+    /// Every event up to this revision has been released.
+    pub fn released(&self) -> i64 {
+        self.released
+    }
+
+    /// Takes `shard`'s batch: `events` in its order, and every event of the
+    /// shard up to `through` sent. Answers the events now released, in
+    /// revision order, with the revision through which every event has been
+    /// released; None when none is.
+    pub fn push(
+        &mut self,
+        shard: ShardId,
+        through: i64,
+        events: Vec<Event>,
+    ) -> Option<(i64, Vec<Event>)> {
+        for e in events {
+            let revision = e.kv.as_ref().map_or(0, |kv| kv.mod_revision);
+            self.arrivals += 1;
+            self.pending.insert((revision, shard, self.arrivals), e);
+        }
+        if let Some(t) = self.through.iter_mut().find(|(s, _)| *s == shard) {
+            t.1 = t.1.max(through);
+        }
+        let all_through = self.through.iter().map(|(_, t)| *t).min()?;
+        if all_through <= self.released {
+            return None;
+        }
+        self.released = all_through;
+        let later = self.pending.split_off(&(all_through + 1, 0, 0));
+        let out: Vec<Event> = std::mem::replace(&mut self.pending, later)
+            .into_values()
+            .collect();
+        (!out.is_empty()).then_some((all_through, out))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cairn_proto::mvccpb::KeyValue;
+
+    fn event(key: &str, revision: i64) -> Event {
+        Event {
+            kv: Some(KeyValue {
+                key: key.as_bytes().to_vec().into(),
+                mod_revision: revision,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn revisions(events: &[Event]) -> Vec<i64> {
+        events
+            .iter()
+            .map(|e| e.kv.as_ref().unwrap().mod_revision)
+            .collect()
+    }
+
+    #[test]
+    fn events_are_released_in_revision_order_once_every_shard_has_sent_past_them() {
+        let mut m = Merge::new(&[0, 1, 2], 10);
+        assert_eq!(m.push(0, 15, vec![event("a", 12), event("a", 15)]), None);
+        assert_eq!(m.push(1, 13, vec![event("b", 11), event("b", 13)]), None);
+        // Shard 2 closes 14: everything up to 13 can go.
+        let (through, out) = m.push(2, 14, vec![]).unwrap();
+        assert_eq!((through, revisions(&out)), (13, vec![11, 12, 13]));
+        assert_eq!(m.released(), 13);
+        // Nothing new below the others' positions.
+        assert_eq!(m.push(1, 20, vec![event("b", 18)]), None);
+        assert_eq!(m.released(), 14);
+        let (through, out) = m.push(2, 30, vec![event("c", 16)]).unwrap();
+        assert_eq!((through, revisions(&out)), (15, vec![15]));
+        let (through, out) = m.push(0, 40, vec![]).unwrap();
+        assert_eq!((through, revisions(&out)), (20, vec![16, 18]));
+    }
+
+    #[test]
+    fn one_revision_of_one_shard_keeps_its_order_and_late_positions_do_not_go_back() {
+        let mut m = Merge::new(&[3, 5], 0);
+        let txn = vec![event("x", 7), event("y", 7), event("a", 7)];
+        assert_eq!(m.push(3, 7, txn), None);
+        let (_, out) = m.push(5, 9, vec![]).unwrap();
+        let keys: Vec<_> = out
+            .iter()
+            .map(|e| e.kv.as_ref().unwrap().key.clone())
+            .collect();
+        assert_eq!(keys, vec!["x".as_bytes(), b"y", b"a"]);
+        // A batch that says less than before changes nothing.
+        assert_eq!(m.push(3, 2, vec![]), None);
+        assert_eq!(m.released(), 7);
+    }
+}
