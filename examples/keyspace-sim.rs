@@ -1,0 +1,180 @@
+//! Runs the deterministic keyspace simulator (several shards per member, one
+//! revision counter) over many seeds with a chosen guard.
+//!
+//! ```text
+//! cargo run --release --example keyspace-sim -- --seeds 1000 --members 3 --guard lease
+//! cargo run --release --example keyspace-sim -- --seeds 1000 --members 5 --guard none
+//! cargo run --release --example keyspace-sim -- --seed 17 --members 3 --guard none   # replay, with trace
+//! ```
+//!
+//! Prints a table and a machine-readable `keyspace-sim ...` line. Without
+//! `--keep-going`, a run stops at the first violating seed and prints its
+//! trace. Exits 0 when no seed violated a check, 1 otherwise.
+
+use std::process::ExitCode;
+use std::time::Instant;
+
+use clap::Parser;
+
+use cairn::sim;
+use cairn::sim::keyspace::{self, Guard, KsConfig, KsOutcome};
+
+#[derive(Parser, Debug)]
+#[command(about = "Deterministic simulator of a Cairn keyspace over several shards")]
+struct Args {
+    /// Number of seeds to run.
+    #[arg(long, default_value_t = 100)]
+    seeds: u64,
+    /// First seed of the run.
+    #[arg(long, default_value_t = 0)]
+    first_seed: u64,
+    /// Members of the keyspace.
+    #[arg(long, default_value_t = 3)]
+    members: usize,
+    /// Shards per member; drawn from each seed (2..=4) when absent.
+    #[arg(long)]
+    shards: Option<usize>,
+    /// lease (the fix), none (the planted bug) or lease-no-restart-hold.
+    #[arg(long, default_value = "lease")]
+    guard: String,
+    /// Replay this one seed and print its full trace.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Run every seed and count the violating ones instead of stopping at
+    /// the first.
+    #[arg(long)]
+    keep_going: bool,
+    /// Trace lines printed for a violating seed found in a multi-seed run
+    /// (the end of the trace); 0 prints all of it.
+    #[arg(long, default_value_t = 200)]
+    trace_lines: usize,
+}
+
+fn replay(args: &Args, guard: Guard, seed: u64) -> KsOutcome {
+    let mut cfg = KsConfig::new(args.members, seed, guard);
+    cfg.shards = args.shards;
+    cfg.trace = true;
+    match keyspace::run_seed(&cfg) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("keyspace-sim: {e}");
+            std::process::exit(2);
+        }
+    }
+}
+
+fn print_trace(out: &KsOutcome, tail: usize) {
+    let skip = if tail == 0 {
+        0
+    } else {
+        out.trace.len().saturating_sub(tail)
+    };
+    if skip > 0 {
+        println!(
+            "... {skip} earlier trace lines omitted (replay with --seed {} for all)",
+            out.seed
+        );
+    }
+    for line in &out.trace[skip..] {
+        println!("{line}");
+    }
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    sim::install_quiet_panic_hook();
+    let guard = match Guard::parse(&args.guard) {
+        Ok(g) => g,
+        Err(e) => {
+            eprintln!("keyspace-sim: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Some(seed) = args.seed {
+        let out = replay(&args, guard, seed);
+        print_trace(&out, 0);
+        println!("{out}");
+        return if out.violation.is_none() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        };
+    }
+    let started = Instant::now();
+    let max_violations = if args.keep_going { usize::MAX } else { 1 };
+    let summary = match keyspace::run_seeds(
+        args.members,
+        args.shards,
+        guard,
+        args.first_seed,
+        args.seeds,
+        max_violations,
+    ) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("keyspace-sim: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let elapsed = started.elapsed().as_secs_f64();
+    let st = &summary.stats;
+    let seeds_per_sec = summary.seeds_run as f64 / elapsed.max(1e-9);
+    println!("guard                   {}", guard.name());
+    println!("members                 {}", args.members);
+    println!("seeds run               {}", summary.seeds_run);
+    println!("steps                   {}", st.steps);
+    println!("ticks                   {}", st.ticks);
+    println!("messages delivered      {}", st.messages_delivered);
+    println!("messages dropped        {}", st.messages_dropped);
+    println!("crashes                 {}", st.crashes);
+    println!("pauses                  {}", st.pauses);
+    println!(
+        "partitions (partial)    {} ({})",
+        st.partitions, st.partial_partitions
+    );
+    println!("leaders elected         {}", st.leaders_elected);
+    println!("transfers requested     {}", st.transfers_requested);
+    println!("writes invoked          {}", st.writes_invoked);
+    println!("writes proposed         {}", st.writes_proposed);
+    println!("writes applied          {}", st.writes_applied);
+    println!("writes acknowledged     {}", st.writes_acked);
+    println!("lease refusals          {}", st.lease_refusals);
+    println!("votes held (restart)    {}", st.votes_held);
+    println!(
+        "max recovery ticks      {} (bound {})",
+        st.recovery_ticks,
+        keyspace::LIVENESS_BOUND_TICKS
+    );
+    println!("violating seeds         {}", summary.violations.len());
+    println!("elapsed                 {elapsed:.2} s ({seeds_per_sec:.1} seeds/s)");
+    for v in &summary.violations {
+        println!("{v}");
+    }
+    let first = summary.violations.first().map(|v| v.seed);
+    println!(
+        "keyspace-sim guard={} members={} seeds={} violations={} first_violating_seed={} seeds_to_first={} elapsed_s={elapsed:.2} seeds_per_s={seeds_per_sec:.1}",
+        guard.name(),
+        args.members,
+        summary.seeds_run,
+        summary.violations.len(),
+        first.map_or("none".to_string(), |s| s.to_string()),
+        first.map_or("none".to_string(), |s| (s - args.first_seed + 1).to_string()),
+    );
+    if let Some(seed) = first {
+        if !args.keep_going {
+            let out = replay(&args, guard, seed);
+            println!(
+                "first violating seed {seed} (replay: --seed {seed} --members {} --guard {}{})",
+                args.members,
+                guard.name(),
+                args.shards
+                    .map(|s| format!(" --shards {s}"))
+                    .unwrap_or_default()
+            );
+            print_trace(&out, args.trace_lines);
+            println!("{out}");
+        }
+        return ExitCode::FAILURE;
+    }
+    ExitCode::SUCCESS
+}

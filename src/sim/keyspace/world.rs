@@ -1,0 +1,780 @@
+//! The keyspace simulation loop: members, one network per shard, the Ready
+//! contract of every shard's node, applying, and the checks after every
+//! step.
+//!
+//! Time advances in ticks. Each tick every running member ticks every shard
+//! once and does its keyspace duties (lease rounds, pulling shards to shard
+//! 0's leader); then due messages, completed disk writes and client attempts
+//! are handled one at a time in random order until nothing is due. The first
+//! `chaos_ticks` ticks inject faults; then the network heals, members
+//! resume and restart, and a write to every shard must be acknowledged
+//! within `LIVENESS_BOUND_TICKS`.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use bytes::Bytes;
+use prost::Message as _;
+use rand::rngs::SmallRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+
+use super::super::member::{entry_digest, PendingWrite, StateMachine};
+use super::super::network::{Network, SendFate};
+use super::super::take_panic_report;
+use super::checker::{found, Check, Found, KsChecker, KsViolation, KsViolationKind};
+use super::client::ClientWrite;
+use super::faults::Plan;
+use super::member::{decode_lease_ctx, decode_write, KsMember};
+use super::{
+    KsConfig, KsOutcome, KsStats, ELECTION_TIMEOUT_TICKS, LIVENESS_BOUND_TICKS,
+    MAX_EVENTS_PER_TICK, MAX_SHARDS,
+};
+use crate::raft::{
+    ConfChange, ConfChangeType, Config, Entry, EntryType, HardState, MemStorage, Message,
+    MessageType, RawNode, StateRole,
+};
+
+/// The context a transfer campaign's vote requests carry (the Raft core's
+/// `CAMPAIGN_TRANSFER`): they override a follower's lease, and the restart
+/// vote hold lets them through as well.
+const CAMPAIGN_TRANSFER: &[u8] = b"CampaignTransfer";
+
+/// Progress towards the liveness goal once the faults stopped.
+#[derive(Debug, Default)]
+pub(super) struct Liveness {
+    pub calm_since_tick: u64,
+    /// Per shard: probe writes issued, and whether one was acknowledged.
+    pub probes: Vec<Vec<u64>>,
+    pub done: Vec<bool>,
+    pub last_probe_tick: Option<u64>,
+}
+
+pub(super) struct World {
+    pub guard: super::Guard,
+    pub rng: SmallRng,
+    pub plan: Plan,
+    pub shard_count: usize,
+    /// `members[i]` has id `i + 1`.
+    pub members: Vec<KsMember>,
+    /// One network per shard.
+    pub nets: Vec<Network>,
+    /// Messages released by a member that resumed, deliverable now.
+    pub released: Vec<(usize, Message)>,
+    pub checker: KsChecker,
+    pub raft_template: Config,
+    pub tick: u64,
+    pub stats: KsStats,
+    pub trace_on: bool,
+    pub trace: Vec<String>,
+    pub next_write: u64,
+    pub clients: Vec<ClientWrite>,
+    pub calm: bool,
+    pub live: Liveness,
+    /// Members both sides of the current partial partition reach.
+    pub pivots: Vec<u64>,
+}
+
+pub(crate) fn run(cfg: &KsConfig) -> KsOutcome {
+    let mut w = World::new(cfg);
+    let res = catch_unwind(AssertUnwindSafe(|| w.run()));
+    let violation = match res {
+        Ok(Ok(())) => None,
+        Ok(Err(v)) => Some(v),
+        Err(payload) => Some(KsViolation {
+            kind: KsViolationKind::CorePanic,
+            tick: w.tick,
+            step: w.stats.steps,
+            detail: take_panic_report(&*payload),
+        }),
+    };
+    if violation.is_some() && w.trace_on {
+        w.dump_state();
+    }
+    KsOutcome {
+        seed: cfg.seed,
+        members: cfg.members,
+        shards: w.shard_count,
+        guard: cfg.guard,
+        stats: w.stats,
+        violation,
+        trace: w.trace,
+    }
+}
+
+pub(super) fn fmt_msg(shard: usize, m: &Message) -> String {
+    let t = match MessageType::try_from(m.msg_type) {
+        Ok(t) => format!("{t:?}").trim_start_matches("Msg").to_string(),
+        Err(_) => format!("?{}", m.msg_type),
+    };
+    let mut s = format!(
+        "s{shard} {t} {}->{} t{} i{} lt{} c{}",
+        m.from, m.to, m.term, m.index, m.log_term, m.commit
+    );
+    if !m.entries.is_empty() {
+        let first = m.entries[0].index;
+        let last = m.entries[m.entries.len() - 1].index;
+        s.push_str(&format!(" e[{first}..={last}]"));
+    }
+    if m.reject {
+        s.push_str(" reject");
+    }
+    if !m.context.is_empty() {
+        s.push_str(" force");
+    }
+    s
+}
+
+fn bootstrap_log(members: usize) -> MemStorage {
+    // etcd's bootstrap: the initial membership is the committed prefix of
+    // the log.
+    let mut disk = MemStorage::new();
+    let ents: Vec<Entry> = (1..=members as u64)
+        .map(|m| Entry {
+            entry_type: EntryType::EntryConfChange as i32,
+            term: 1,
+            index: m,
+            data: Bytes::from(
+                ConfChange {
+                    id: m,
+                    change_type: ConfChangeType::ConfChangeAddNode as i32,
+                    node_id: m,
+                    context: Bytes::new(),
+                }
+                .encode_to_vec(),
+            ),
+        })
+        .collect();
+    disk.append(&ents);
+    disk.set_hard_state(HardState {
+        term: 1,
+        vote: 0,
+        commit: members as u64,
+    });
+    disk
+}
+
+impl World {
+    fn new(cfg: &KsConfig) -> Self {
+        let mut rng = SmallRng::seed_from_u64(cfg.seed);
+        let shard_count = cfg.shards.unwrap_or_else(|| rng.gen_range(2..=MAX_SHARDS));
+        let plan = Plan::draw(&mut rng);
+        let mut t = Config::new(1);
+        t.election_timeout_ticks = ELECTION_TIMEOUT_TICKS;
+        t.heartbeat_timeout_ticks = rng.gen_range(1..=3);
+        t.pre_vote = rng.gen_bool(0.75);
+        // The lease rests on followers ignoring candidates while they hear
+        // from a leader, which is check-quorum's rule.
+        t.check_quorum = true;
+        t.max_inflight_msgs = *[2usize, 8, 256].choose(&mut rng).expect("non-empty");
+        t.leader_transfer_timeout_ticks = ELECTION_TIMEOUT_TICKS;
+        let members = (1..=cfg.members as u64)
+            .map(|id| {
+                KsMember::new(
+                    id,
+                    (0..shard_count)
+                        .map(|_| bootstrap_log(cfg.members))
+                        .collect(),
+                )
+            })
+            .collect();
+        let nets = (0..shard_count)
+            .map(|_| Network::new(plan.chaos_faults))
+            .collect();
+        World {
+            guard: cfg.guard,
+            rng,
+            plan,
+            shard_count,
+            members,
+            nets,
+            released: Vec::new(),
+            checker: KsChecker::default(),
+            raft_template: t,
+            tick: 0,
+            stats: KsStats::default(),
+            trace_on: cfg.trace,
+            trace: Vec::new(),
+            next_write: 0,
+            clients: Vec::new(),
+            calm: false,
+            live: Liveness {
+                probes: vec![Vec::new(); shard_count],
+                done: vec![false; shard_count],
+                ..Default::default()
+            },
+            pivots: Vec::new(),
+        }
+    }
+
+    pub fn note(&mut self, line: impl FnOnce() -> String) {
+        if self.trace_on {
+            let l = line();
+            self.trace
+                .push(format!("[t{} s{}] {l}", self.tick, self.stats.steps));
+        }
+    }
+
+    fn violation(&self, f: Found) -> KsViolation {
+        KsViolation {
+            kind: f.kind,
+            tick: self.tick,
+            step: self.stats.steps,
+            detail: f.detail,
+        }
+    }
+
+    fn run(&mut self) -> Result<(), KsViolation> {
+        let p = self.plan.clone();
+        let t = self.raft_template.clone();
+        let (shards, guard) = (self.shard_count, self.guard);
+        self.note(|| {
+            format!(
+                "plan {p:?}; {shards} shards, guard {guard:?}; raft pre_vote={} heartbeat={} inflight={}",
+                t.pre_vote, t.heartbeat_timeout_ticks, t.max_inflight_msgs
+            )
+        });
+        for idx in 0..self.members.len() {
+            self.begin_step(|| format!("start n{}", idx + 1));
+            self.start_member(idx).map_err(|f| self.violation(f))?;
+            self.end_step().map_err(|f| self.violation(f))?;
+        }
+        while self.tick < self.plan.chaos_ticks {
+            self.tick_round().map_err(|f| self.violation(f))?;
+        }
+        self.begin_step(|| "faults stop: heal, resume and restart every member".into());
+        self.calm_down().map_err(|f| self.violation(f))?;
+        self.end_step().map_err(|f| self.violation(f))?;
+        loop {
+            self.tick_round().map_err(|f| self.violation(f))?;
+            if self.live.done.iter().all(|d| *d) {
+                self.stats.recovery_ticks = self.tick - self.live.calm_since_tick;
+                let r = self.stats.recovery_ticks;
+                self.note(|| format!("liveness met after {r} ticks"));
+                return Ok(());
+            }
+            if self.tick - self.live.calm_since_tick >= LIVENESS_BOUND_TICKS {
+                let done = self.live.done.clone();
+                let f = found(
+                    KsViolationKind::Liveness,
+                    format!(
+                        "{LIVENESS_BOUND_TICKS} ticks after the faults stopped, shards with an acknowledged write: {done:?}; {}",
+                        self.state_summary()
+                    ),
+                );
+                return Err(self.violation(f));
+            }
+        }
+    }
+
+    // ---- steps and checks --------------------------------------------------
+
+    pub fn begin_step(&mut self, what: impl FnOnce() -> String) {
+        self.stats.steps += 1;
+        self.note(what);
+    }
+
+    /// The checks run after every step, and the lease bookkeeping that
+    /// watches every shard's role.
+    pub fn end_step(&mut self) -> Check {
+        for idx in 0..self.members.len() {
+            for shard in 0..self.shard_count {
+                let tick = self.tick;
+                let m = &mut self.members[idx];
+                let id = m.id;
+                let s = &mut m.shards[shard];
+                s.observe_role(tick);
+                let Some(node) = s.node.as_ref() else {
+                    continue;
+                };
+                let role = node.role();
+                let term = node.term();
+                let changed = (role, term) != s.last_role;
+                s.last_role = (role, term);
+                if role == StateRole::Leader && self.checker.observe_leader(shard, term, id)? {
+                    self.stats.leaders_elected += 1;
+                }
+                if changed && self.trace_on {
+                    let line = format!(
+                        "[t{} s{}]   n{id} is {role:?} of shard {shard} in term {term} (commit {}, last {})",
+                        self.tick,
+                        self.stats.steps,
+                        node.committed_index(),
+                        node.last_index()
+                    );
+                    self.trace.push(line);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn tick_round(&mut self) -> Check {
+        self.tick += 1;
+        self.stats.ticks += 1;
+        for net in &mut self.nets {
+            net.advance_to(self.tick);
+        }
+        if !self.calm {
+            self.inject_faults()?;
+        }
+        for idx in 0..self.members.len() {
+            let m = &self.members[idx];
+            if !m.is_up() && m.restart_at_tick.is_some_and(|t| t <= self.tick) {
+                self.begin_step(|| format!("restart n{}", idx + 1));
+                self.start_member(idx)?;
+                self.end_step()?;
+            }
+            if self.members[idx]
+                .paused_until
+                .is_some_and(|t| t <= self.tick)
+            {
+                self.resume(idx)?;
+            }
+        }
+        let mut order: Vec<usize> = (0..self.members.len()).collect();
+        order.shuffle(&mut self.rng);
+        for idx in order {
+            let m = &mut self.members[idx];
+            if !m.is_up() {
+                continue;
+            }
+            if m.is_paused() {
+                m.missed_ticks += 1;
+                continue;
+            }
+            self.begin_step(|| format!("tick n{}", idx + 1));
+            for shard in 0..self.shard_count {
+                self.members[idx].shards[shard]
+                    .node
+                    .as_mut()
+                    .expect("up")
+                    .tick();
+            }
+            self.keyspace_duties(idx)?;
+            for shard in 0..self.shard_count {
+                self.pump(idx, shard)?;
+            }
+            self.end_step()?;
+        }
+        self.draw_writes();
+        let mut attempts: Vec<usize> = (0..self.clients.len()).collect();
+        for _ in 0..MAX_EVENTS_PER_TICK {
+            let msgs: usize = self.nets.iter().map(Network::due_count).sum();
+            let released = self.released.len();
+            let writes: Vec<(usize, usize)> = self.due_writes();
+            let total = msgs + released + writes.len() + attempts.len();
+            if total == 0 {
+                break;
+            }
+            let mut r = self.rng.gen_range(0..total);
+            if r < msgs {
+                for shard in 0..self.shard_count {
+                    let n = self.nets[shard].due_count();
+                    if r < n {
+                        let m = self.nets[shard].take_due(&mut self.rng).expect("counted");
+                        self.deliver(shard, m)?;
+                        break;
+                    }
+                    r -= n;
+                }
+                continue;
+            }
+            r -= msgs;
+            if r < released {
+                let (shard, m) = self.released.swap_remove(r);
+                self.deliver(shard, m)?;
+                continue;
+            }
+            r -= released;
+            if r < writes.len() {
+                let (idx, shard) = writes[r];
+                self.begin_step(|| format!("write done n{} shard {shard}", idx + 1));
+                self.complete_write(idx, shard)?;
+                self.end_step()?;
+                continue;
+            }
+            r -= writes.len();
+            let c = attempts.swap_remove(r);
+            self.client_attempt(c)?;
+        }
+        self.clients.retain(|c| !c.settled);
+        if self.calm {
+            self.liveness_round();
+        }
+        Ok(())
+    }
+
+    fn due_writes(&self) -> Vec<(usize, usize)> {
+        let mut out = Vec::new();
+        for (idx, m) in self.members.iter().enumerate() {
+            if m.is_paused() {
+                continue;
+            }
+            for (shard, s) in m.shards.iter().enumerate() {
+                if s.pending
+                    .as_ref()
+                    .is_some_and(|p| p.done_at_tick <= self.tick)
+                {
+                    out.push((idx, shard));
+                }
+            }
+        }
+        out
+    }
+
+    // ---- members -----------------------------------------------------------
+
+    pub fn start_member(&mut self, idx: usize) -> Check {
+        let tick = self.tick;
+        for shard in 0..self.shard_count {
+            let mut cfg = self.raft_template.clone();
+            cfg.id = self.members[idx].id;
+            cfg.group_id = shard as u64;
+            cfg.seed = self.rng.gen();
+            cfg.applied_index = 0;
+            let s = &mut self.members[idx].shards[shard];
+            let mut storage = s.disk.clone();
+            // The state machine replays the whole log, so Raft starts from
+            // the empty membership and relearns it from the log.
+            let sm = StateMachine::default();
+            storage.set_conf_state(sm.conf_state());
+            let node = RawNode::new(&cfg, storage).map_err(|e| {
+                found(
+                    KsViolationKind::StateMachineSafety,
+                    format!(
+                        "member {} shard {shard} cannot restart from its durable state: {e}",
+                        cfg.id
+                    ),
+                )
+            })?;
+            s.last_role = (node.role(), node.term());
+            s.node = Some(node);
+            s.sm = sm;
+            s.applied_term = 0;
+            s.cursor = Default::default();
+        }
+        let m = &mut self.members[idx];
+        m.forget_memory();
+        m.restart_at_tick = None;
+        m.started_at_tick = tick;
+        m.incarnation += 1;
+        for shard in 0..self.shard_count {
+            self.pump(idx, shard)?;
+        }
+        Ok(())
+    }
+
+    pub fn crash(&mut self, idx: usize, down_ticks: u64) {
+        let m = &mut self.members[idx];
+        if !m.is_up() {
+            return;
+        }
+        for s in &mut m.shards {
+            // Only what reached the disk survives: pending writes are lost.
+            let node = s.node.take().expect("up");
+            s.disk = node.store().clone();
+        }
+        m.forget_memory();
+        m.restart_at_tick = Some(self.tick + down_ticks);
+        self.stats.crashes += 1;
+    }
+
+    /// A paused member resumes: its missed ticks arrive in one bunch, then
+    /// the messages that waited for it become deliverable.
+    pub fn resume(&mut self, idx: usize) -> Check {
+        let missed = self.members[idx].missed_ticks;
+        self.begin_step(|| format!("resume n{} ({missed} missed ticks at once)", idx + 1));
+        let m = &mut self.members[idx];
+        m.paused_until = None;
+        m.missed_ticks = 0;
+        let held = std::mem::take(&mut m.held);
+        for _ in 0..missed {
+            for shard in 0..self.shard_count {
+                if let Some(n) = self.members[idx].shards[shard].node.as_mut() {
+                    n.tick();
+                }
+            }
+        }
+        self.released.extend(held);
+        for shard in 0..self.shard_count {
+            self.pump(idx, shard)?;
+        }
+        self.end_step()
+    }
+
+    /// Takes a Ready if none is outstanding: its messages leave now, the
+    /// rest waits for the disk write.
+    pub fn pump(&mut self, idx: usize, shard: usize) -> Check {
+        let late = self.rng.gen_range(0..1000) < self.plan.late_write_per_mille;
+        let tick = self.tick;
+        let m = &mut self.members[idx];
+        if m.is_paused() {
+            return Ok(());
+        }
+        let id = m.id;
+        let s = &mut m.shards[shard];
+        let Some(node) = s.node.as_mut() else {
+            return Ok(());
+        };
+        if s.pending.is_some() || !node.has_ready() {
+            return Ok(());
+        }
+        let mut rd = node.ready();
+        if rd.snapshot.is_some() {
+            return Err(found(
+                KsViolationKind::StateMachineSafety,
+                format!("member {id} shard {shard} was handed a snapshot, but no log is compacted"),
+            ));
+        }
+        let msgs = std::mem::take(&mut rd.messages);
+        let n_entries = rd.entries.len();
+        s.pending = Some(PendingWrite {
+            rd,
+            done_at_tick: tick + u64::from(late),
+        });
+        self.note(|| {
+            format!(
+                "  n{id} s{shard} ready: {n_entries} entries, {} msgs now",
+                msgs.len()
+            )
+        });
+        for msg in msgs {
+            self.send(shard, msg);
+        }
+        Ok(())
+    }
+
+    /// The disk write of a shard's outstanding Ready completed: persist,
+    /// apply, take the lease rounds that came back, release the messages
+    /// that waited, advance.
+    fn complete_write(&mut self, idx: usize, shard: usize) -> Check {
+        let m = &mut self.members[idx];
+        let id = m.id;
+        let Some(pw) = m.shards[shard].pending.take() else {
+            return Ok(());
+        };
+        let mut rd = pw.rd;
+        {
+            let node = m.shards[shard].node.as_mut().expect("pending means up");
+            node.store_mut().append(&rd.entries);
+            if let Some(hs) = &rd.hard_state {
+                node.store_mut().set_hard_state(*hs);
+            }
+        }
+        // `advance` learns the applied index from the Ready's committed
+        // entries, so they stay in it.
+        let committed = rd.committed_entries.clone();
+        for e in &committed {
+            self.apply_entry(idx, shard, e)?;
+        }
+        let tick = self.tick;
+        let m = &mut self.members[idx];
+        let s = &mut m.shards[shard];
+        let mut renewed = Vec::new();
+        for rs in std::mem::take(&mut rd.read_states) {
+            if let Some((sh, term, start)) = decode_lease_ctx(&rs.request_ctx) {
+                if sh == shard && s.lease_round_returned(term, start) {
+                    renewed.push(start);
+                }
+            }
+        }
+        let persisted = std::mem::take(&mut rd.persisted_messages);
+        s.node.as_mut().expect("up").advance(rd);
+        if let Some(start) = renewed.last() {
+            let until = start + ELECTION_TIMEOUT_TICKS - super::LEASE_MARGIN_TICKS;
+            self.note(|| {
+                format!(
+                    "  n{id} s{shard} lease from round of t{start}, until t{until} (now t{tick})"
+                )
+            });
+        }
+        for msg in persisted {
+            self.send(shard, msg);
+        }
+        self.pump(idx, shard)
+    }
+
+    fn apply_entry(&mut self, idx: usize, shard: usize, e: &Entry) -> Check {
+        let step = self.stats.steps;
+        let m = &mut self.members[idx];
+        let id = m.id;
+        let s = &mut m.shards[shard];
+        let mut write = None;
+        if e.entry_type == EntryType::EntryConfChange as i32 {
+            let cc = ConfChange::decode(e.data.clone()).map_err(|err| {
+                found(
+                    KsViolationKind::StateMachineSafety,
+                    format!(
+                        "member {id} shard {shard}: conf change at {} undecodable: {err}",
+                        e.index
+                    ),
+                )
+            })?;
+            if s.sm.conf_change_valid(&cc) {
+                s.sm.apply_conf_change(&cc);
+                s.node.as_mut().expect("up").apply_conf_change(&cc);
+            }
+        } else if !e.data.is_empty() {
+            write = Some(decode_write(&e.data).ok_or_else(|| {
+                found(
+                    KsViolationKind::StateMachineSafety,
+                    format!(
+                        "member {id} shard {shard}: entry {} is neither a no-op nor a write",
+                        e.index
+                    ),
+                )
+            })?);
+        }
+        s.sm.apply(e);
+        s.applied_term = e.term;
+        let first = self.checker.applied(
+            id,
+            shard,
+            e.index,
+            e.term,
+            entry_digest(e),
+            write,
+            &mut s.cursor,
+        )?;
+        let Some((w, rev)) = write else {
+            return Ok(());
+        };
+        if first {
+            self.stats.writes_applied += 1;
+        }
+        if m.proposed.remove(&w).is_some() && self.checker.acked(w, step) {
+            self.stats.writes_acked += 1;
+            self.note(|| format!("  n{id} acknowledges w{w} (shard {shard}) at revision {rev}"));
+            if self.calm {
+                for (sh, probes) in self.live.probes.iter().enumerate() {
+                    if probes.contains(&w) {
+                        self.live.done[sh] = true;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    // ---- network -----------------------------------------------------------
+
+    pub fn send(&mut self, shard: usize, msg: Message) {
+        let (from, to) = (msg.from, msg.to);
+        let line = if self.trace_on {
+            fmt_msg(shard, &msg)
+        } else {
+            String::new()
+        };
+        let fate = self.nets[shard].send(&mut self.rng, self.tick, msg);
+        self.note(|| format!("  send {line} -> {fate:?}"));
+        match fate {
+            SendFate::Queued { .. } => {}
+            SendFate::Blocked => {
+                self.stats.messages_dropped += 1;
+                if let Some(node) = self.members[from as usize - 1].shards[shard].node.as_mut() {
+                    node.report_unreachable(to);
+                }
+            }
+            SendFate::Dropped => self.stats.messages_dropped += 1,
+        }
+    }
+
+    fn deliver(&mut self, shard: usize, msg: Message) -> Check {
+        let (from, to) = (msg.from, msg.to);
+        let line = if self.trace_on {
+            fmt_msg(shard, &msg)
+        } else {
+            String::new()
+        };
+        let to_idx = to as usize - 1;
+        let target = &mut self.members[to_idx];
+        if self.nets[shard].is_blocked(from, to) || !target.is_up() {
+            self.begin_step(|| format!("lost {line}"));
+            self.stats.messages_dropped += 1;
+            return self.end_step();
+        }
+        if target.is_paused() {
+            // The message waits in the paused process's socket.
+            target.held.push((shard, msg));
+            return Ok(());
+        }
+        let is_vote = msg.msg_type == MessageType::MsgVote as i32
+            || msg.msg_type == MessageType::MsgPreVote as i32;
+        if is_vote
+            && self.guard.holds_restart_votes()
+            && msg.context.as_ref() != CAMPAIGN_TRANSFER
+            && self.tick < target.started_at_tick + ELECTION_TIMEOUT_TICKS
+        {
+            let since = target.started_at_tick;
+            self.begin_step(|| format!("hold {line}: n{to} started at t{since}"));
+            self.stats.votes_held += 1;
+            return self.end_step();
+        }
+        self.begin_step(|| format!("deliver {line}"));
+        self.stats.messages_delivered += 1;
+        let res = self.members[to_idx].shards[shard]
+            .node
+            .as_mut()
+            .expect("up")
+            .step(msg);
+        if let Err(e) = res {
+            self.note(|| format!("  n{to} s{shard} refused: {e}"));
+        }
+        self.pump(to_idx, shard)?;
+        self.end_step()
+    }
+
+    // ---- reporting ---------------------------------------------------------
+
+    pub fn state_summary(&self) -> String {
+        let mut parts = Vec::new();
+        for m in &self.members {
+            if !m.is_up() {
+                parts.push(format!("n{} down", m.id));
+                continue;
+            }
+            let mut p = format!(
+                "n{}{} counter {}:",
+                m.id,
+                if m.is_paused() { " paused" } else { "" },
+                m.counter
+            );
+            for (shard, s) in m.shards.iter().enumerate() {
+                let n = s.node.as_ref().expect("up");
+                p.push_str(&format!(
+                    " [s{shard} {:?} t{} lead {} commit {} applied {} rev {} lease {:?}]",
+                    n.role(),
+                    n.term(),
+                    n.leader_id(),
+                    n.committed_index(),
+                    s.sm.applied_index,
+                    s.cursor.rev,
+                    s.lease
+                ));
+            }
+            parts.push(p);
+        }
+        parts.join("; ")
+    }
+
+    fn dump_state(&mut self) {
+        let s = self.state_summary();
+        for part in s.split("; ") {
+            self.trace.push(format!("[end] {part}"));
+        }
+        let links = self.nets[0].blocked_links();
+        self.trace.push(format!("[end] blocked links {links:?}"));
+    }
+
+    /// Ids of members that are up and not paused.
+    pub fn running(&self) -> Vec<usize> {
+        (0..self.members.len())
+            .filter(|i| self.members[*i].is_running())
+            .collect()
+    }
+
+    /// Ids of every member, for partitions.
+    pub fn ids(&self) -> Vec<u64> {
+        self.members.iter().map(|m| m.id).collect()
+    }
+}
