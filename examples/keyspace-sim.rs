@@ -128,9 +128,14 @@ fn main() -> ExitCode {
     println!("messages dropped        {}", st.messages_dropped);
     println!("crashes                 {}", st.crashes);
     println!("pauses                  {}", st.pauses);
+    println!("tick stalls             {}", st.tick_stalls);
     println!(
         "partitions (partial)    {} ({})",
         st.partitions, st.partial_partitions
+    );
+    println!(
+        "stale-view episodes     {} ({} reached two leaders)",
+        st.episodes, st.episodes_held
     );
     println!("leaders elected         {}", st.leaders_elected);
     println!("transfers requested     {}", st.transfers_requested);
@@ -140,6 +145,7 @@ fn main() -> ExitCode {
     println!("writes acknowledged     {}", st.writes_acked);
     println!("lease refusals          {}", st.lease_refusals);
     println!("votes held (restart)    {}", st.votes_held);
+    println!("steps with two leaders  {}", st.dual_leader_steps);
     println!(
         "max recovery ticks      {} (bound {})",
         st.recovery_ticks,

@@ -18,7 +18,17 @@ use super::super::network::Faults;
 use super::checker::Check;
 use super::world::World;
 use super::{ELECTION_TIMEOUT_TICKS, MAX_CHAOS_TICKS, MAX_PAUSE_TICKS, MIN_CHAOS_TICKS};
+use crate::raft::StateRole;
 use crate::sim::MAX_DELAY_TICKS;
+
+/// One shard's connection from `from` to `to` that carries nothing until
+/// `until_tick`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct ShardCut {
+    pub from: u64,
+    pub to: u64,
+    pub until_tick: u64,
+}
 
 /// The fault and workload rates of one seed, drawn from the seed.
 #[derive(Debug, Clone)]
@@ -30,14 +40,31 @@ pub(super) struct Plan {
     /// Crashes followed by a restart within a few ticks.
     pub blip_per_mille: u32,
     pub pause_per_mille: u32,
+    /// Share of stalled leader connections whose shard timer on the
+    /// leader stalls as well: the leader then keeps believing it leads the
+    /// shard, since check-quorum runs on ticks.
+    pub timer_stall_per_mille: u32,
     pub partition_per_mille: u32,
     /// Share of partitions that are partial (two members cut from each
     /// other only).
     pub partial_per_mille: u32,
     pub heal_per_mille: u32,
+    /// Fewest ticks a partial partition holds.
+    pub min_partial_ticks: u64,
+    /// Chance per tick and shard of stalling one of the shard leader's
+    /// connections.
+    pub shard_cut_per_mille: u32,
+    /// Chance per tick and shard, while a partial partition holds, of
+    /// stalling the shard leader's connections to every pivot.
+    pub flip_per_mille: u32,
     /// Share of pauses and blips aimed at a pivot while a partial partition
     /// holds.
     pub aim_at_pivot_per_mille: u32,
+    /// Chance per tick, while one member leads every shard, of starting a
+    /// stale-view episode (`adversary.rs`).
+    pub episode_per_mille: u32,
+    /// Share of episodes that take shards through pivot restarts.
+    pub restart_episode_per_mille: u32,
     pub max_writes_per_tick: u32,
     /// Share of disk writes that complete only in the next tick.
     pub late_write_per_mille: u32,
@@ -56,10 +83,17 @@ impl Plan {
             max_down_ticks: rng.gen_range(1..=4 * ELECTION_TIMEOUT_TICKS),
             blip_per_mille: rng.gen_range(0..=40),
             pause_per_mille: rng.gen_range(0..=40),
+            timer_stall_per_mille: rng.gen_range(0..=1000),
             partition_per_mille: rng.gen_range(5..=40),
             partial_per_mille: rng.gen_range(300..=900),
             heal_per_mille: rng.gen_range(5..=60),
+            min_partial_ticks: rng
+                .gen_range(3 * ELECTION_TIMEOUT_TICKS..=10 * ELECTION_TIMEOUT_TICKS),
+            shard_cut_per_mille: rng.gen_range(0..=20),
+            flip_per_mille: rng.gen_range(10..=80),
             aim_at_pivot_per_mille: rng.gen_range(500..=1000),
+            episode_per_mille: rng.gen_range(0..=60),
+            restart_episode_per_mille: rng.gen_range(0..=1000),
             max_writes_per_tick: rng.gen_range(1..=4),
             late_write_per_mille: rng.gen_range(0..=300),
         }
@@ -84,6 +118,9 @@ impl World {
     }
 
     pub fn inject_faults(&mut self) -> Check {
+        if self.run_episode()? {
+            return Ok(());
+        }
         let p = self.plan.clone();
         if self.rng.gen_range(0..1000) < p.crash_per_mille {
             if let Some(idx) = self.running().choose(&mut self.rng).copied() {
@@ -110,19 +147,113 @@ impl World {
                 self.end_step()?;
             }
         }
-        if self.rng.gen_range(0..1000) < p.partition_per_mille {
-            self.partition()?;
-        } else if !self.nets[0].blocked_links().is_empty()
-            && self.rng.gen_range(0..1000) < p.heal_per_mille
-        {
-            self.begin_step(|| "heal partition".into());
-            for net in &mut self.nets {
-                net.heal();
-            }
+        let partial_over = self.partial_until.is_some_and(|t| t <= self.tick);
+        if partial_over {
+            self.begin_step(|| "partial partition ends".into());
+            self.base_links.clear();
             self.pivots.clear();
+            self.partial_until = None;
+            self.apply_links();
+            self.end_step()?;
+        } else if self.partial_until.is_none() {
+            if self.rng.gen_range(0..1000) < p.partition_per_mille {
+                self.partition()?;
+            } else if !self.base_links.is_empty() && self.rng.gen_range(0..1000) < p.heal_per_mille
+            {
+                self.begin_step(|| "heal partition".into());
+                self.base_links.clear();
+                self.apply_links();
+                self.end_step()?;
+            }
+        }
+        let expired = self
+            .shard_links
+            .iter()
+            .any(|l| l.iter().any(|c| c.until_tick <= self.tick));
+        if expired {
+            let tick = self.tick;
+            self.begin_step(|| "stalled shard connections recover".into());
+            for l in &mut self.shard_links {
+                l.retain(|c| c.until_tick > tick);
+            }
+            self.apply_links();
             self.end_step()?;
         }
+        for shard in 0..self.shard_count {
+            if !self.pivots.is_empty() && self.rng.gen_range(0..1000) < p.flip_per_mille {
+                self.stall_leader(shard, true)?;
+            } else if self.rng.gen_range(0..1000) < p.shard_cut_per_mille {
+                self.stall_leader(shard, false)?;
+            }
+        }
         Ok(())
+    }
+
+    /// Sets every shard's network to cut the links cut everywhere plus its
+    /// own.
+    pub fn apply_links(&mut self) {
+        for (shard, net) in self.nets.iter_mut().enumerate() {
+            let mut links = self.base_links.clone();
+            links.extend(self.shard_links[shard].iter().map(|c| (c.from, c.to)));
+            net.partition_one_way(&links);
+        }
+    }
+
+    /// Stalls one shard's connections from that shard's leader, for an
+    /// election timeout or two: to every pivot of the partial partition
+    /// (`to_pivots`), or to one random member. The members cut off stop
+    /// hearing the leader on this shard alone, so their lease there lapses
+    /// while they still follow the same leader, or another, on the other
+    /// shards; a candidate of the other side can then take the shard while
+    /// the old leader still believes it leads it.
+    fn stall_leader(&mut self, shard: usize, to_pivots: bool) -> Check {
+        let leader = self
+            .running()
+            .into_iter()
+            .filter_map(|i| {
+                let n = self.members[i].shards[shard].node.as_ref()?;
+                (n.role() == StateRole::Leader).then(|| (n.term(), self.members[i].id))
+            })
+            .max()
+            .map(|(_, id)| id);
+        let Some(from) = leader else {
+            return Ok(());
+        };
+        let targets: Vec<u64> = if to_pivots {
+            self.pivots.iter().copied().filter(|p| *p != from).collect()
+        } else {
+            let others: Vec<u64> = self.ids().into_iter().filter(|p| *p != from).collect();
+            others.choose(&mut self.rng).copied().into_iter().collect()
+        };
+        if targets.is_empty() {
+            return Ok(());
+        }
+        let until_tick = self.tick
+            + self
+                .rng
+                .gen_range(ELECTION_TIMEOUT_TICKS..=4 * ELECTION_TIMEOUT_TICKS);
+        self.begin_step(|| {
+            format!("stall n{from} -> {targets:?} on shard {shard} until t{until_tick}")
+        });
+        if self.rng.gen_range(0..1000) < self.plan.timer_stall_per_mille {
+            let s = &mut self.members[from as usize - 1].shards[shard];
+            if s.ticks_stalled_until.is_none() {
+                s.ticks_stalled_until = Some(until_tick);
+                self.stats.tick_stalls += 1;
+                self.note(|| {
+                    format!("  and n{from}'s shard {shard} timer stalls until t{until_tick}")
+                });
+            }
+        }
+        for to in targets {
+            self.shard_links[shard].push(ShardCut {
+                from,
+                to,
+                until_tick,
+            });
+        }
+        self.apply_links();
+        self.end_step()
     }
 
     fn partition(&mut self) -> Check {
@@ -130,21 +261,45 @@ impl World {
         self.stats.partitions += 1;
         self.pivots.clear();
         if all.len() >= 3 && self.rng.gen_range(0..1000) < self.plan.partial_per_mille {
-            let pair: Vec<u64> = all.choose_multiple(&mut self.rng, 2).copied().collect();
-            let (a, b) = (pair[0], pair[1]);
+            // One side is shard 0's leader when there is one: the incumbent
+            // keyspace leader against a challenger.
+            let incumbent = self
+                .running()
+                .into_iter()
+                .find(|i| self.members[*i].leads_shard0())
+                .map(|i| self.members[i].id);
+            let (a, b) = match incumbent {
+                Some(a) => {
+                    let others: Vec<u64> = all.iter().copied().filter(|x| *x != a).collect();
+                    (
+                        a,
+                        *others.choose(&mut self.rng).expect("three or more members"),
+                    )
+                }
+                None => {
+                    let pair: Vec<u64> = all.choose_multiple(&mut self.rng, 2).copied().collect();
+                    (pair[0], pair[1])
+                }
+            };
             self.pivots = all.iter().copied().filter(|x| *x != a && *x != b).collect();
             self.stats.partial_partitions += 1;
+            let hold = self
+                .rng
+                .gen_range(self.plan.min_partial_ticks..=2 * self.plan.min_partial_ticks);
+            self.partial_until = Some(self.tick + hold);
             let pivots = self.pivots.clone();
             self.begin_step(|| format!("partial partition: n{a} | n{b}, both reach {pivots:?}"));
-            for net in &mut self.nets {
-                net.partition_one_way(&[(a, b), (b, a)]);
-            }
+            self.base_links = vec![(a, b), (b, a)];
         } else if self.rng.gen_bool(0.5) {
             let k = self.rng.gen_range(1..all.len().max(2));
             let side: Vec<u64> = all.choose_multiple(&mut self.rng, k).copied().collect();
             self.begin_step(|| format!("partition {side:?} | rest"));
-            for net in &mut self.nets {
-                net.partition_symmetric(&side, &all);
+            self.base_links.clear();
+            for a in &side {
+                for b in all.iter().filter(|b| !side.contains(b)) {
+                    self.base_links.push((*a, *b));
+                    self.base_links.push((*b, *a));
+                }
             }
         } else {
             let n = self.rng.gen_range(1..=all.len());
@@ -157,19 +312,24 @@ impl World {
                 }
             }
             self.begin_step(|| format!("one-way cuts {links:?}"));
-            for net in &mut self.nets {
-                net.partition_one_way(&links);
-            }
+            self.base_links = links;
         }
+        self.apply_links();
         self.end_step()
     }
 
     /// The faults stop: the network heals and becomes reliable and prompt,
     /// disks keep up, paused members resume and crashed ones restart.
     pub fn calm_down(&mut self) -> Check {
+        self.end_episode("the faults stop")?;
         self.calm = true;
         self.live.calm_since_tick = self.tick;
         self.pivots.clear();
+        self.partial_until = None;
+        self.base_links.clear();
+        for l in &mut self.shard_links {
+            l.clear();
+        }
         for net in &mut self.nets {
             net.heal();
             net.faults = Faults::calm();
@@ -178,6 +338,14 @@ impl World {
         for idx in 0..self.members.len() {
             if self.members[idx].is_paused() {
                 self.resume(idx)?;
+            }
+            for shard in 0..self.shard_count {
+                if self.members[idx].shards[shard]
+                    .ticks_stalled_until
+                    .is_some()
+                {
+                    self.end_tick_stall(idx, shard)?;
+                }
             }
             if !self.members[idx].is_up() {
                 let id = self.members[idx].id;

@@ -65,6 +65,12 @@ pub(super) struct Shard {
     pub transfer_seen: Option<(u64, u64)>,
     pub last_lease_round_tick: Option<u64>,
     pub last_transfer_request_tick: Option<u64>,
+    /// While set, this shard's Raft ticks are held back until this tick
+    /// (a starved timer on the core that runs it), though the shard keeps
+    /// handling messages, disk writes and proposals.
+    pub ticks_stalled_until: Option<u64>,
+    /// Ticks held back by the stall, delivered in a bunch when it ends.
+    pub stalled_ticks: u64,
     /// Role and term at the end of the previous step, for the trace.
     pub last_role: (StateRole, u64),
 }
@@ -82,6 +88,8 @@ impl Shard {
             transfer_seen: None,
             last_lease_round_tick: None,
             last_transfer_request_tick: None,
+            ticks_stalled_until: None,
+            stalled_ticks: 0,
             last_role: (StateRole::Follower, 0),
         }
     }
@@ -256,6 +264,8 @@ impl KsMember {
             s.transfer_seen = None;
             s.last_lease_round_tick = None;
             s.last_transfer_request_tick = None;
+            s.ticks_stalled_until = None;
+            s.stalled_ticks = 0;
         }
     }
 }

@@ -89,6 +89,7 @@
 //! `tests/keyspace_sim.rs` runs a few hundred and shows that the unguarded
 //! variant is caught.
 
+mod adversary;
 mod checker;
 mod client;
 mod faults;
@@ -239,8 +240,14 @@ pub struct KsStats {
     pub messages_dropped: u64,
     pub crashes: u64,
     pub pauses: u64,
+    pub tick_stalls: u64,
     pub partitions: u64,
     pub partial_partitions: u64,
+    /// Stale-view episodes started (`adversary.rs`).
+    pub episodes: u64,
+    /// Episodes that reached the point where two members each believed
+    /// they led every shard.
+    pub episodes_held: u64,
     pub leaders_elected: u64,
     pub transfers_requested: u64,
     pub writes_invoked: u64,
@@ -250,6 +257,9 @@ pub struct KsStats {
     /// Writes a member that led every shard, no-ops applied, refused only
     /// because a lease was missing: where the guard acted.
     pub lease_refusals: u64,
+    /// Steps after which two members each believed they led every shard,
+    /// no-ops applied: the stale view the guard is there for.
+    pub dual_leader_steps: u64,
     /// Vote and pre-vote requests held back from a member just restarted.
     pub votes_held: u64,
     /// Ticks from the end of the faults until the liveness goal was met.
@@ -264,8 +274,11 @@ impl KsStats {
         self.messages_dropped += o.messages_dropped;
         self.crashes += o.crashes;
         self.pauses += o.pauses;
+        self.tick_stalls += o.tick_stalls;
         self.partitions += o.partitions;
         self.partial_partitions += o.partial_partitions;
+        self.episodes += o.episodes;
+        self.episodes_held += o.episodes_held;
         self.leaders_elected += o.leaders_elected;
         self.transfers_requested += o.transfers_requested;
         self.writes_invoked += o.writes_invoked;
@@ -274,6 +287,7 @@ impl KsStats {
         self.writes_acked += o.writes_acked;
         self.lease_refusals += o.lease_refusals;
         self.votes_held += o.votes_held;
+        self.dual_leader_steps += o.dual_leader_steps;
         self.recovery_ticks = self.recovery_ticks.max(o.recovery_ticks);
     }
 }

@@ -21,9 +21,10 @@ use rand::{Rng, SeedableRng};
 use super::super::member::{entry_digest, PendingWrite, StateMachine};
 use super::super::network::{Network, SendFate};
 use super::super::take_panic_report;
+use super::adversary::Episode;
 use super::checker::{found, Check, Found, KsChecker, KsViolation, KsViolationKind};
 use super::client::ClientWrite;
-use super::faults::Plan;
+use super::faults::{Plan, ShardCut};
 use super::member::{decode_lease_ctx, decode_write, KsMember};
 use super::{
     KsConfig, KsOutcome, KsStats, ELECTION_TIMEOUT_TICKS, LIVENESS_BOUND_TICKS,
@@ -72,6 +73,14 @@ pub(super) struct World {
     pub live: Liveness,
     /// Members both sides of the current partial partition reach.
     pub pivots: Vec<u64>,
+    /// Directed links cut on every shard's network.
+    pub base_links: Vec<(u64, u64)>,
+    /// Directed links cut on one shard's network only (a stalled
+    /// connection of that shard).
+    pub shard_links: Vec<Vec<ShardCut>>,
+    /// When the partial partition in force ends.
+    pub partial_until: Option<u64>,
+    pub episode: Option<Episode>,
 }
 
 pub(crate) fn run(cfg: &KsConfig) -> KsOutcome {
@@ -203,6 +212,10 @@ impl World {
                 ..Default::default()
             },
             pivots: Vec::new(),
+            base_links: Vec::new(),
+            shard_links: vec![Vec::new(); shard_count],
+            partial_until: None,
+            episode: None,
         }
     }
 
@@ -276,6 +289,14 @@ impl World {
     /// The checks run after every step, and the lease bookkeeping that
     /// watches every shard's role.
     pub fn end_step(&mut self) -> Check {
+        let believers = self
+            .members
+            .iter()
+            .filter(|m| m.may_assign(super::Guard::NoGuard, self.tick).is_ok())
+            .count();
+        if believers > 1 {
+            self.stats.dual_leader_steps += 1;
+        }
         for idx in 0..self.members.len() {
             for shard in 0..self.shard_count {
                 let tick = self.tick;
@@ -330,6 +351,12 @@ impl World {
             {
                 self.resume(idx)?;
             }
+            for shard in 0..self.shard_count {
+                let s = &self.members[idx].shards[shard];
+                if s.ticks_stalled_until.is_some_and(|t| t <= self.tick) {
+                    self.end_tick_stall(idx, shard)?;
+                }
+            }
         }
         let mut order: Vec<usize> = (0..self.members.len()).collect();
         order.shuffle(&mut self.rng);
@@ -343,12 +370,12 @@ impl World {
                 continue;
             }
             self.begin_step(|| format!("tick n{}", idx + 1));
-            for shard in 0..self.shard_count {
-                self.members[idx].shards[shard]
-                    .node
-                    .as_mut()
-                    .expect("up")
-                    .tick();
+            for s in &mut self.members[idx].shards {
+                if s.ticks_stalled_until.is_some() {
+                    s.stalled_ticks += 1;
+                } else {
+                    s.node.as_mut().expect("up").tick();
+                }
             }
             self.keyspace_duties(idx)?;
             for shard in 0..self.shard_count {
@@ -479,8 +506,8 @@ impl World {
         self.stats.crashes += 1;
     }
 
-    /// A paused member resumes: its missed ticks arrive in one bunch, then
-    /// the messages that waited for it become deliverable.
+    /// A paused or stalled member resumes: its missed ticks arrive in one
+    /// bunch, then the messages that waited for it become deliverable.
     pub fn resume(&mut self, idx: usize) -> Check {
         let missed = self.members[idx].missed_ticks;
         self.begin_step(|| format!("resume n{} ({missed} missed ticks at once)", idx + 1));
@@ -499,6 +526,28 @@ impl World {
         for shard in 0..self.shard_count {
             self.pump(idx, shard)?;
         }
+        self.end_step()
+    }
+
+    /// A shard's stalled timer recovers: the ticks it held back arrive in
+    /// one bunch.
+    pub fn end_tick_stall(&mut self, idx: usize, shard: usize) -> Check {
+        let s = &mut self.members[idx].shards[shard];
+        let missed = s.stalled_ticks;
+        s.ticks_stalled_until = None;
+        s.stalled_ticks = 0;
+        self.begin_step(|| {
+            format!(
+                "n{} shard {shard} timer recovers ({missed} held-back ticks at once)",
+                idx + 1
+            )
+        });
+        if let Some(n) = self.members[idx].shards[shard].node.as_mut() {
+            for _ in 0..missed {
+                n.tick();
+            }
+        }
+        self.pump(idx, shard)?;
         self.end_step()
     }
 
@@ -762,8 +811,10 @@ impl World {
         for part in s.split("; ") {
             self.trace.push(format!("[end] {part}"));
         }
-        let links = self.nets[0].blocked_links();
-        self.trace.push(format!("[end] blocked links {links:?}"));
+        let (base, per_shard) = (self.base_links.clone(), self.shard_links.clone());
+        self.trace.push(format!(
+            "[end] links cut on every shard {base:?}, on one shard {per_shard:?}"
+        ));
     }
 
     /// Ids of members that are up and not paused.
