@@ -10,25 +10,26 @@
 //! one shard, a starved timer on the core that runs a shard, a quick
 //! restart), timed against the state of the run:
 //!
-//! 1. The incumbent `I` leads every shard. `I` and a challenger `C` are cut
-//!    from each other; the other members (the pivots) reach both. `I`'s
-//!    connections to the pivots stall on every shard, and `I`'s timer
-//!    stalls on the shards of set `X`, so `I` keeps believing it leads
-//!    them. Once the pivots stop hearing `I` (an election timeout, or at
-//!    once when they restart), `C` campaigns (its timer may fire any time:
-//!    it has heard no leader since the partition) and takes every shard.
-//!    `I` steps down on the other shards, `Y`, by check-quorum.
-//! 2. Once `C` leads every shard, the same is done to `C` on `Y`: its
-//!    connections to the pivots stall there and its timer too; `I`
-//!    campaigns on `Y` and takes it back.
-//! 3. Now `I` leads `Y` and believes it leads `X`; `C` leads `X` and
-//!    believes it leads `Y`. Both take client writes for a while.
+//! 1. Split. The incumbent `I` leads every shard. On the shards of set
+//!    `X` (never shard 0), `I`'s connections to the other members stall;
+//!    once they stop hearing `I` there (an election timeout), a challenger
+//!    `C` campaigns (its timer may fire at any tick: it has heard no
+//!    leader there since the stall) and takes `X`, and `I` follows it. `I`
+//!    keeps the other shards, `Y`, and `C` follows it there, so each keeps
+//!    the other's shards replicated.
+//! 2. Swap. `I` and `C` are cut from each other (a partial partition: the
+//!    other members, the pivots, reach both); `I`'s connections to the
+//!    pivots and its timer stall on `Y`, and `C`'s on `X`, so that neither
+//!    learns it lost them. Once the pivots stop hearing them, `I` takes
+//!    `X` and `C` takes `Y`.
+//! 3. Now `I` leads `X` and believes it leads `Y`; `C` leads `Y` and
+//!    believes it leads `X`. Both take client writes for a while.
 //!
-//! In the restart variant the pivots crash and restart (down one tick)
-//! instead of waiting out an election timeout, and only the shards whose
-//! leader must stay stale are cut: that is the schedule the restart vote
-//! hold is for, since a restarted pivot would otherwise vote at once while
-//! the lease it vouched for still runs.
+//! In the restart variant the pivots crash and restart (down one tick) at
+//! the swap instead of waiting out an election timeout, and the swap's
+//! campaigns start at once: that is the schedule the restart vote hold is
+//! for, since a restarted pivot would otherwise vote at once while the
+//! leases it vouched for still run.
 
 use rand::seq::SliceRandom;
 use rand::Rng;
@@ -43,14 +44,14 @@ use crate::raft::StateRole;
 /// shards before the episode is abandoned.
 const MAX_PHASE_TICKS: u64 = 8 * ELECTION_TIMEOUT_TICKS;
 /// Ticks between two hurried campaigns of one shard.
-const HURRY_INTERVAL_TICKS: u64 = 3;
+const HURRY_INTERVAL_TICKS: u64 = 2;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
-    /// The challenger takes every shard.
-    TakeAll,
-    /// The incumbent takes the shards of `y` back.
-    TakeBack,
+    /// The challenger takes the shards of `x`.
+    Split,
+    /// The incumbent takes `x` and the challenger `y`.
+    Swap,
     /// Both believe they lead every shard; runs until the tick.
     Hold { until_tick: u64 },
 }
@@ -60,9 +61,11 @@ pub(super) struct Episode {
     incumbent: usize,
     challenger: usize,
     pivots: Vec<usize>,
-    /// Shards the incumbent keeps believing it leads.
+    /// Shards the challenger takes at the split, and the incumbent at the
+    /// swap.
     x: Vec<usize>,
-    /// Shards the incumbent takes back from the challenger.
+    /// Shards the incumbent keeps at the split, and the challenger takes
+    /// at the swap.
     y: Vec<usize>,
     via_restart: bool,
     phase: Phase,
@@ -82,57 +85,65 @@ impl World {
             return Ok(false);
         };
         let elapsed = self.tick - ep.phase_since_tick;
-        let wait = if ep.via_restart {
-            2
-        } else {
-            ELECTION_TIMEOUT_TICKS + 1
-        };
+        let (inc, ch) = (ep.incumbent, ep.challenger);
         match ep.phase {
-            Phase::TakeAll => {
-                let c = &self.members[ep.challenger];
-                let i_left_y =
+            Phase::Split => {
+                let c_took_x =
+                    ep.x.iter()
+                        .all(|s| self.members[ch].shards[*s].leads_with_noop_applied());
+                let i_left_x =
+                    ep.x.iter()
+                        .all(|s| !self.members[inc].shards[*s].is_leader());
+                let i_kept_y =
                     ep.y.iter()
-                        .all(|s| !self.members[ep.incumbent].shards[*s].is_leader());
-                if c.may_assign(Guard::NoGuard, self.tick).is_ok() && i_left_y {
+                        .all(|s| self.members[inc].shards[*s].leads_with_noop_applied());
+                if c_took_x && i_left_x && i_kept_y {
                     self.begin_step(|| {
                         format!(
-                            "episode: n{} leads every shard; n{} takes back shards {:?}",
-                            ep.challenger + 1,
-                            ep.incumbent + 1,
+                            "episode: n{} leads shards {:?}, n{} leads {:?}; swap",
+                            ch + 1,
+                            ep.x,
+                            inc + 1,
                             ep.y
                         )
                     });
-                    self.stall_leader_on(ep.challenger, &ep.pivots, &ep.y);
-                    if !ep.via_restart {
-                        // The incumbent must reach the pivots on `y` to
-                        // campaign there.
-                        let inc = self.members[ep.incumbent].id;
-                        for s in &ep.y {
-                            self.shard_links[*s].retain(|c| c.from != inc);
-                        }
+                    // From now on the two hear nothing of each other.
+                    let (inc_id, ch_id) = (self.members[inc].id, self.members[ch].id);
+                    self.base_links = vec![(inc_id, ch_id), (ch_id, inc_id)];
+                    for s in &ep.x {
+                        self.shard_links[*s].retain(|c| c.from != inc_id);
                     }
+                    self.stall_leader_on(inc, &ep.pivots, &ep.y);
+                    self.stall_leader_on(ch, &ep.pivots, &ep.x);
                     self.apply_links();
                     if ep.via_restart {
                         self.restart_pivots(&ep.pivots);
                     }
                     let tick = self.tick;
                     if let Some(e) = self.episode.as_mut() {
-                        e.phase = Phase::TakeBack;
+                        e.phase = Phase::Swap;
                         e.phase_since_tick = tick;
+                        e.last_hurry_tick = 0;
                     }
                     self.end_step()?;
-                } else if elapsed > MAX_PHASE_TICKS {
-                    self.end_episode("the challenger did not take every shard")?;
-                } else if elapsed >= wait {
-                    let shards: Vec<usize> = (0..self.shard_count).collect();
-                    self.hurry(ep.challenger, &shards, ep.last_hurry_tick)?;
+                } else if elapsed > MAX_PHASE_TICKS || !i_kept_y {
+                    self.end_episode("the split did not come about")?;
+                } else if elapsed >= ELECTION_TIMEOUT_TICKS {
+                    self.hurry(ch, &ep.x, ep.last_hurry_tick)?;
                 }
             }
-            Phase::TakeBack => {
-                if self.members[ep.incumbent]
-                    .may_assign(Guard::NoGuard, self.tick)
-                    .is_ok()
-                {
+            Phase::Swap => {
+                let both = [inc, ch].iter().all(|m| {
+                    self.members[*m]
+                        .may_assign(Guard::NoGuard, self.tick)
+                        .is_ok()
+                });
+                let wait = if ep.via_restart {
+                    1
+                } else {
+                    ELECTION_TIMEOUT_TICKS
+                };
+                if both {
                     let hold = self
                         .rng
                         .gen_range(ELECTION_TIMEOUT_TICKS..=3 * ELECTION_TIMEOUT_TICKS);
@@ -140,10 +151,10 @@ impl World {
                     self.begin_step(|| {
                         format!(
                             "episode: n{} (stale on shards {:?}) and n{} (stale on {:?}) each believe they lead every shard, until t{until_tick}",
-                            ep.incumbent + 1,
-                            ep.x,
-                            ep.challenger + 1,
-                            ep.y
+                            inc + 1,
+                            ep.y,
+                            ch + 1,
+                            ep.x
                         )
                     });
                     if let Some(e) = self.episode.as_mut() {
@@ -152,9 +163,11 @@ impl World {
                     self.stats.episodes_held += 1;
                     self.end_step()?;
                 } else if elapsed > MAX_PHASE_TICKS {
-                    self.end_episode("the incumbent did not take its shards back")?;
-                } else if elapsed >= wait {
-                    self.hurry(ep.incumbent, &ep.y, ep.last_hurry_tick)?;
+                    self.end_episode("the swap did not come about")?;
+                } else if elapsed >= wait && self.tick >= ep.last_hurry_tick + HURRY_INTERVAL_TICKS
+                {
+                    self.hurry(inc, &ep.x, 0)?;
+                    self.hurry(ch, &ep.y, 0)?;
                 }
             }
             Phase::Hold { until_tick } => {
@@ -188,44 +201,60 @@ impl World {
         if others.len() + 1 < self.members.len() {
             return Ok(());
         }
-        let challenger = *others.choose(&mut self.rng).expect("three or more members");
+        // A challenger whose log on every shard is at least as up to date
+        // as every pivot's, so that it can win their votes (Raft paper
+        // 5.4.1).
+        let log_rank = |m: usize, s: usize| {
+            self.members[m].shards[s].node.as_ref().map_or((0, 0), |n| {
+                let last = n.last_index();
+                (n.term_of(last).unwrap_or(0), last)
+            })
+        };
+        let caught_up: Vec<usize> = others
+            .iter()
+            .copied()
+            .filter(|c| {
+                (0..self.shard_count)
+                    .all(|s| others.iter().all(|o| log_rank(*c, s) >= log_rank(*o, s)))
+            })
+            .collect();
+        let Some(&challenger) = caught_up.choose(&mut self.rng) else {
+            return Ok(());
+        };
         let pivots: Vec<usize> = others.into_iter().filter(|i| *i != challenger).collect();
-        let mut shards: Vec<usize> = (0..self.shard_count).collect();
+        // The incumbent keeps shard 0 at the split, so the transfers it asks
+        // for travel on the shards of `x`, which are cut between the two.
+        let mut shards: Vec<usize> = (1..self.shard_count).collect();
         shards.shuffle(&mut self.rng);
-        let k = self.rng.gen_range(1..self.shard_count);
+        let k = self.rng.gen_range(1..=shards.len());
         let mut x = shards[..k].to_vec();
         let mut y = shards[k..].to_vec();
+        y.push(0);
         x.sort_unstable();
         y.sort_unstable();
         let via_restart = self.rng.gen_range(0..1000) < self.plan.restart_episode_per_mille;
         let (inc_id, ch_id) = (self.members[incumbent].id, self.members[challenger].id);
         self.begin_step(|| {
             format!(
-                "episode{}: n{inc_id} | n{ch_id}, pivots {:?}; n{inc_id} is to stay stale on shards {x:?} and take back {y:?}",
+                "episode{}: n{inc_id} | n{ch_id}, pivots {:?}; n{ch_id} is to take shards {x:?}, then swap with n{inc_id}'s {y:?}",
                 if via_restart { " (via restarts)" } else { "" },
                 pivots.iter().map(|p| p + 1).collect::<Vec<_>>()
             )
         });
         self.stats.episodes += 1;
-        self.base_links = vec![(inc_id, ch_id), (ch_id, inc_id)];
+        // Until the swap only the incumbent's connections on `x` stall, to
+        // the pivots and to the challenger; the challenger's to the
+        // incumbent stay up, so that each keeps replicating the shards the
+        // other leads and can win the pivots' votes for them later.
+        self.base_links.clear();
         for l in &mut self.shard_links {
             l.clear();
         }
         self.pivots = pivots.iter().map(|p| self.members[*p].id).collect();
         self.partial_until = None;
-        let cut: Vec<usize> = if via_restart {
-            x.clone()
-        } else {
-            (0..self.shard_count).collect()
-        };
-        self.cut_from(incumbent, &pivots, &cut);
-        for s in &x {
-            self.members[incumbent].shards[*s].ticks_stalled_until = Some(u64::MAX);
-        }
+        self.cut_from(incumbent, &pivots, &x);
+        self.cut_from(incumbent, &[challenger], &x);
         self.apply_links();
-        if via_restart {
-            self.restart_pivots(&pivots);
-        }
         self.episode = Some(Episode {
             incumbent,
             challenger,
@@ -233,7 +262,7 @@ impl World {
             x,
             y,
             via_restart,
-            phase: Phase::TakeAll,
+            phase: Phase::Split,
             phase_since_tick: self.tick,
             last_hurry_tick: 0,
         });

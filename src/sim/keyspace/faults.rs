@@ -92,7 +92,7 @@ impl Plan {
             shard_cut_per_mille: rng.gen_range(0..=20),
             flip_per_mille: rng.gen_range(10..=80),
             aim_at_pivot_per_mille: rng.gen_range(500..=1000),
-            episode_per_mille: rng.gen_range(0..=60),
+            episode_per_mille: rng.gen_range(0..=100),
             restart_episode_per_mille: rng.gen_range(0..=1000),
             max_writes_per_tick: rng.gen_range(1..=4),
             late_write_per_mille: rng.gen_range(0..=300),

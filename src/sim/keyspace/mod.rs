@@ -66,12 +66,24 @@
 //! # Faults
 //! Message loss, duplication and delay; symmetric, one-way and partial
 //! partitions (two members cut from each other, both reaching the rest: the
-//! schedule of `docs/KEYSPACE.md`); crashes, and short crash-restart blips;
-//! and pauses, in which a member neither ticks nor handles anything, then
+//! schedule of `docs/KEYSPACE.md`); stalled connections of one shard
+//! (a shard's leader stops reaching some members on that shard only);
+//! stalled timers of one shard on one member (a starved core: the shard's
+//! Raft ticks stop, then arrive in a bunch, while it keeps handling
+//! messages and proposals); crashes, and short crash-restart blips; and
+//! pauses, in which a member neither ticks nor handles anything, then
 //! resumes with its missed ticks in one bunch and the messages that waited.
 //! While a partial partition holds, members not cut off (the *pivots* that
-//! both sides reach) are the favoured target of pauses and blips: that is
-//! what lets the two sides take shards from each other.
+//! both sides reach) are the favoured target of pauses, blips and stalls.
+//!
+//! Random faults alone rarely make two members each believe they lead
+//! every shard: check-quorum steps a cut-off leader down within two
+//! election timeouts. So the schedule also has *stale-view episodes*
+//! (`adversary.rs`), which build that state from the same kinds of fault,
+//! timed against the run: a split of the shards between an incumbent and a
+//! challenger, then a swap during which each keeps believing it leads the
+//! shards it lost; in one variant the pivots restart at the swap instead
+//! of waiting out an election timeout.
 //!
 //! # What is checked
 //! - election safety, per shard (Raft paper 5.2);

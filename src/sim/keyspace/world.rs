@@ -251,7 +251,8 @@ impl World {
             self.start_member(idx).map_err(|f| self.violation(f))?;
             self.end_step().map_err(|f| self.violation(f))?;
         }
-        while self.tick < self.plan.chaos_ticks {
+        // An episode in progress runs to its end (each phase is bounded).
+        while self.tick < self.plan.chaos_ticks || self.episode.is_some() {
             self.tick_round().map_err(|f| self.violation(f))?;
         }
         self.begin_step(|| "faults stop: heal, resume and restart every member".into());
