@@ -17,10 +17,10 @@ use cairn::sim::keyspace::{self, Guard, KsConfig, KsOutcome, KsViolationKind};
 
 /// Seeds of the guarded suite for 3 members: enough for some hundred
 /// episodes that reach two members each believing they lead every shard.
-const GUARDED_SEEDS_3: u64 = 400;
+const GUARDED_SEEDS_3: u64 = 600;
 /// Seeds of the guarded suite for 5 members (each costs about twice as
 /// much).
-const GUARDED_SEEDS_5: u64 = 200;
+const GUARDED_SEEDS_5: u64 = 300;
 /// The unguarded variant must be caught within this many seeds (measured:
 /// the first catch comes within 5 seeds for 3 members, and more than a
 /// third of the seeds catch it).
@@ -107,12 +107,8 @@ fn planted_stale_view_bug_is_caught() {
             "the violating seed must replay to the same violation"
         );
         assert!(
-            replay
-                .trace
-                .iter()
-                .any(|l| l.contains("each believe they lead every shard"))
-                || replay.trace.iter().any(|l| l.contains("episode")),
-            "the trace of {} shows no stale-view episode",
+            replay.trace.iter().any(|l| l.contains("episode")),
+            "the trace of seed {} shows no stale-view episode",
             out.seed
         );
     }
