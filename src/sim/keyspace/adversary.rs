@@ -298,8 +298,11 @@ impl World {
     }
 
     /// The election timer of `member` fires on each of `shards` it does not
-    /// lead: it has heard no leader there since the partition, so any tick
-    /// may be its randomized timeout.
+    /// lead. In the restart variant this may be sooner than an election
+    /// timeout after it last heard a leader: Raft's safety, and the lease's
+    /// argument, rest on what voters grant, never on when candidates
+    /// campaign, so a hurried candidate only widens the schedules explored
+    /// (as a campaign requested by an operator would).
     fn hurry(&mut self, member: usize, shards: &[usize], last: u64) -> Check {
         if self.tick < last + HURRY_INTERVAL_TICKS || !self.members[member].is_running() {
             return Ok(());

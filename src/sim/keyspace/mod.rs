@@ -106,6 +106,7 @@ mod checker;
 mod client;
 mod faults;
 mod member;
+mod transport;
 mod world;
 
 use std::fmt;

@@ -19,7 +19,7 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
 use super::super::member::{entry_digest, PendingWrite, StateMachine};
-use super::super::network::{Network, SendFate};
+use super::super::network::Network;
 use super::super::take_panic_report;
 use super::adversary::Episode;
 use super::checker::{found, Check, Found, KsChecker, KsViolation, KsViolationKind};
@@ -31,14 +31,9 @@ use super::{
     MAX_EVENTS_PER_TICK, MAX_SHARDS,
 };
 use crate::raft::{
-    ConfChange, ConfChangeType, Config, Entry, EntryType, HardState, MemStorage, Message,
-    MessageType, RawNode, StateRole,
+    ConfChange, ConfChangeType, Config, Entry, EntryType, HardState, MemStorage, Message, RawNode,
+    StateRole,
 };
-
-/// The context a transfer campaign's vote requests carry (the Raft core's
-/// `CAMPAIGN_TRANSFER`): they override a follower's lease, and the restart
-/// vote hold lets them through as well.
-const CAMPAIGN_TRANSFER: &[u8] = b"CampaignTransfer";
 
 /// Progress towards the liveness goal once the faults stopped.
 #[derive(Debug, Default)]
@@ -108,29 +103,6 @@ pub(crate) fn run(cfg: &KsConfig) -> KsOutcome {
         violation,
         trace: w.trace,
     }
-}
-
-pub(super) fn fmt_msg(shard: usize, m: &Message) -> String {
-    let t = match MessageType::try_from(m.msg_type) {
-        Ok(t) => format!("{t:?}").trim_start_matches("Msg").to_string(),
-        Err(_) => format!("?{}", m.msg_type),
-    };
-    let mut s = format!(
-        "s{shard} {t} {}->{} t{} i{} lt{} c{}",
-        m.from, m.to, m.term, m.index, m.log_term, m.commit
-    );
-    if !m.entries.is_empty() {
-        let first = m.entries[0].index;
-        let last = m.entries[m.entries.len() - 1].index;
-        s.push_str(&format!(" e[{first}..={last}]"));
-    }
-    if m.reject {
-        s.push_str(" reject");
-    }
-    if !m.context.is_empty() {
-        s.push_str(" force");
-    }
-    s
 }
 
 fn bootstrap_log(members: usize) -> MemStorage {
@@ -704,74 +676,6 @@ impl World {
             }
         }
         Ok(())
-    }
-
-    // ---- network -----------------------------------------------------------
-
-    pub fn send(&mut self, shard: usize, msg: Message) {
-        let (from, to) = (msg.from, msg.to);
-        let line = if self.trace_on {
-            fmt_msg(shard, &msg)
-        } else {
-            String::new()
-        };
-        let fate = self.nets[shard].send(&mut self.rng, self.tick, msg);
-        self.note(|| format!("  send {line} -> {fate:?}"));
-        match fate {
-            SendFate::Queued { .. } => {}
-            SendFate::Blocked => {
-                self.stats.messages_dropped += 1;
-                if let Some(node) = self.members[from as usize - 1].shards[shard].node.as_mut() {
-                    node.report_unreachable(to);
-                }
-            }
-            SendFate::Dropped => self.stats.messages_dropped += 1,
-        }
-    }
-
-    fn deliver(&mut self, shard: usize, msg: Message) -> Check {
-        let (from, to) = (msg.from, msg.to);
-        let line = if self.trace_on {
-            fmt_msg(shard, &msg)
-        } else {
-            String::new()
-        };
-        let to_idx = to as usize - 1;
-        let target = &mut self.members[to_idx];
-        if self.nets[shard].is_blocked(from, to) || !target.is_up() {
-            self.begin_step(|| format!("lost {line}"));
-            self.stats.messages_dropped += 1;
-            return self.end_step();
-        }
-        if target.is_paused() {
-            // The message waits in the paused process's socket.
-            target.held.push((shard, msg));
-            return Ok(());
-        }
-        let is_vote = msg.msg_type == MessageType::MsgVote as i32
-            || msg.msg_type == MessageType::MsgPreVote as i32;
-        if is_vote
-            && self.guard.holds_restart_votes()
-            && msg.context.as_ref() != CAMPAIGN_TRANSFER
-            && self.tick < target.started_at_tick + ELECTION_TIMEOUT_TICKS
-        {
-            let since = target.started_at_tick;
-            self.begin_step(|| format!("hold {line}: n{to} started at t{since}"));
-            self.stats.votes_held += 1;
-            return self.end_step();
-        }
-        self.begin_step(|| format!("deliver {line}"));
-        self.stats.messages_delivered += 1;
-        let res = self.members[to_idx].shards[shard]
-            .node
-            .as_mut()
-            .expect("up")
-            .step(msg);
-        if let Err(e) = res {
-            self.note(|| format!("  n{to} s{shard} refused: {e}"));
-        }
-        self.pump(to_idx, shard)?;
-        self.end_step()
     }
 
     // ---- reporting ---------------------------------------------------------
