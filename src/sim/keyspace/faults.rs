@@ -68,6 +68,10 @@ pub(super) struct Plan {
     pub max_writes_per_tick: u32,
     /// Share of disk writes that complete only in the next tick.
     pub late_write_per_mille: u32,
+    /// Chance per tick of a leader transfer of a random shard to a random
+    /// member, asked by a random member (as a stale shard 0 leader or an
+    /// operator would): transfer campaigns override the followers' lease.
+    pub transfer_per_mille: u32,
 }
 
 impl Plan {
@@ -96,6 +100,7 @@ impl Plan {
             restart_episode_per_mille: rng.gen_range(0..=1000),
             max_writes_per_tick: rng.gen_range(1..=4),
             late_write_per_mille: rng.gen_range(0..=300),
+            transfer_per_mille: rng.gen_range(0..=40),
         }
     }
 }
@@ -137,6 +142,9 @@ impl World {
                 self.crash(idx, down);
                 self.end_step()?;
             }
+        }
+        if self.rng.gen_range(0..1000) < p.transfer_per_mille {
+            self.random_transfer()?;
         }
         if self.rng.gen_range(0..1000) < p.pause_per_mille {
             if let Some(idx) = self.victim() {
@@ -187,6 +195,21 @@ impl World {
             }
         }
         Ok(())
+    }
+
+    fn random_transfer(&mut self) -> Check {
+        let Some(idx) = self.running().choose(&mut self.rng).copied() else {
+            return Ok(());
+        };
+        let shard = self.rng.gen_range(0..self.shard_count);
+        let to = *self.ids().choose(&mut self.rng).expect("members");
+        self.begin_step(|| format!("n{} asks for shard {shard} to move to n{to}", idx + 1));
+        self.stats.transfers_requested += 1;
+        if let Some(n) = self.members[idx].shards[shard].node.as_mut() {
+            let _ = n.transfer_leader(to);
+        }
+        self.pump(idx, shard)?;
+        self.end_step()
     }
 
     /// Sets every shard's network to cut the links cut everywhere plus its

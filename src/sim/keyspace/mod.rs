@@ -70,7 +70,8 @@
 //! (a shard's leader stops reaching some members on that shard only);
 //! stalled timers of one shard on one member (a starved core: the shard's
 //! Raft ticks stop, then arrive in a bunch, while it keeps handling
-//! messages and proposals); crashes, and short crash-restart blips; and
+//! messages and proposals); leader transfers of random shards to random
+//! members; crashes, and short crash-restart blips; and
 //! pauses, in which a member neither ticks nor handles anything, then
 //! resumes with its missed ticks in one bunch and the messages that waited.
 //! While a partial partition holds, members not cut off (the *pivots* that
