@@ -66,6 +66,13 @@ pub struct Config {
     pub check_quorum: bool,
     /// Campaign first with a pre-vote that changes no term (thesis 9.6).
     pub pre_vote: bool,
+    /// With `check_quorum`: a member that just started ignores vote and
+    /// pre-vote requests (but a leader transfer's) for one election timeout,
+    /// as if it had just heard from a leader. A restarted member forgets the
+    /// leader it heard before it stopped; without the hold it could vote at
+    /// once and help elect a new leader while the old one still counts on
+    /// its lease (docs/KEYSPACE.md, "Leader leases").
+    pub vote_hold_after_start: bool,
     pub read_only_option: ReadOnlyOption,
     /// Followers refuse proposals instead of forwarding them to the leader.
     pub disable_proposal_forwarding: bool,
@@ -101,6 +108,7 @@ impl Config {
             max_inflight_bytes: 32 << 20,
             check_quorum: true,
             pre_vote: true,
+            vote_hold_after_start: false,
             read_only_option: ReadOnlyOption::Safe,
             disable_proposal_forwarding: false,
             leader_transfer_timeout_ticks: 10,

@@ -18,11 +18,27 @@
 //! leadership closes the counter; writes then wait, as they wait for an
 //! election, until it opens again here or elsewhere.
 //!
-//! One `Keyspace` per member, shared by its cores. The request path reads two
-//! atomics; the mutex is taken only when a shard's leadership changes.
+//! **Leases.** A member's view that it leads every shard may be stale (a
+//! partial partition: docs/KEYSPACE.md, "Leader leases"), so the counter
+//! also needs a lease on every shard: a shard's leader holds one until one
+//! election timeout (less one tick and a drift margin) after the start of
+//! the last ReadIndex round a quorum confirmed, during which no other member
+//! can be elected for the shard (followers that heard from the leader ignore
+//! candidates; one that restarted ignores them for one election timeout,
+//! `raft::Config::vote_hold_after_start`). A lapsed lease on any shard
+//! stops revisions until the next round confirms it; the leader runs one
+//! round per tick. It assumes the members' monotonic clocks run at rates
+//! within the drift margin of each other; wall-clock jumps change nothing.
+//! `tests/keyspace_sim.rs` checks the scheme, and catches a stale view
+//! without it.
+//!
+//! One `Keyspace` per member, shared by its cores. The request path reads a
+//! few atomics and the monotonic clock; the mutex is taken only when a
+//! shard's leadership changes.
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::Mutex;
+use std::time::Instant;
 
 /// Revisions of epoch `e` lie in `(e << EPOCH_SHIFT, (e + 1) << EPOCH_SHIFT)`:
 /// about 10^12 writes per keyspace leadership (four months at 100,000 a
@@ -64,6 +80,10 @@ pub struct Keyspace {
     shard0_leader: AtomicU64,
     /// Times the counter opened on this member, for logs and tests.
     opened: AtomicU64,
+    /// Each shard's lease: until when (nanoseconds after `clock_base`) no
+    /// other member can lead it; 0 for none.
+    leases: Vec<AtomicU64>,
+    clock_base: Instant,
 }
 
 impl Keyspace {
@@ -75,13 +95,39 @@ impl Keyspace {
             epoch_end: AtomicI64::new(0),
             shard0_leader: AtomicU64::new(crate::raft::NONE),
             opened: AtomicU64::new(0),
+            leases: (0..shards).map(|_| AtomicU64::new(0)).collect(),
+            clock_base: Instant::now(),
         }
+    }
+
+    fn nanos(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.clock_base).as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// `shard`'s leader holds its lease until `until`.
+    pub fn set_lease(&self, shard: u32, until: Instant) {
+        if let Some(l) = self.leases.get(shard as usize) {
+            l.store(self.nanos(until).max(1), Ordering::Release);
+        }
+    }
+
+    /// `shard`'s lease is gone (leadership lost or being handed over).
+    pub fn drop_lease(&self, shard: u32) {
+        if let Some(l) = self.leases.get(shard as usize) {
+            l.store(0, Ordering::Release);
+        }
+    }
+
+    /// Whether every shard's lease runs past now.
+    fn leases_held(&self) -> bool {
+        let now = self.nanos(Instant::now());
+        self.leases.iter().all(|l| l.load(Ordering::Acquire) > now)
     }
 
     /// The next revision for a write proposed now, or None while this member
     /// does not assign revisions (the write waits).
     pub fn next_revision(&self) -> Option<i64> {
-        if !self.open.load(Ordering::Acquire) {
+        if !self.is_open() {
             return None;
         }
         let revision = self.counter.fetch_add(1, Ordering::AcqRel) + 1;
@@ -92,6 +138,7 @@ impl Keyspace {
                 revision,
                 "every revision of this keyspace leadership is used; move shard 0's leadership"
             );
+            self.open.store(false, Ordering::Release);
             return None;
         }
         Some(revision)
@@ -101,16 +148,17 @@ impl Keyspace {
     /// every write acknowledged so far has a revision at or below it, and
     /// every write proposed later (here or by a later leader) one above it.
     pub fn current(&self) -> Option<i64> {
-        if !self.open.load(Ordering::Acquire) {
+        if !self.is_open() {
             return None;
         }
         let end = self.epoch_end.load(Ordering::Acquire);
         Some(self.counter.load(Ordering::Acquire).min(end))
     }
 
-    /// Whether this member assigns revisions now.
+    /// Whether this member assigns revisions now: it leads every shard,
+    /// has applied what earlier leaders wrote, and holds every shard's lease.
     pub fn is_open(&self) -> bool {
-        self.open.load(Ordering::Acquire)
+        self.open.load(Ordering::Acquire) && self.leases_held()
     }
 
     /// `shard` is led here in `term` and has applied every entry of earlier
@@ -186,10 +234,35 @@ impl Keyspace {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
+
+    /// A keyspace of `shards` whose leases run for an hour.
+    fn leased(shards: usize) -> Keyspace {
+        let k = Keyspace::new(shards);
+        for s in 0..shards as u32 {
+            k.set_lease(s, Instant::now() + Duration::from_secs(3600));
+        }
+        k
+    }
+
+    #[test]
+    fn no_revision_without_a_lease_on_every_shard() {
+        let k = leased(2);
+        k.shard_ready(0, 1, 0);
+        k.shard_ready(1, 1, 0);
+        assert!(k.next_revision().is_some());
+        k.drop_lease(1);
+        assert_eq!(k.next_revision(), None);
+        assert_eq!(k.current(), None);
+        k.set_lease(1, Instant::now() - Duration::from_millis(1));
+        assert_eq!(k.next_revision(), None, "a lapsed lease");
+        k.set_lease(1, Instant::now() + Duration::from_secs(1));
+        assert!(k.next_revision().is_some());
+    }
 
     #[test]
     fn opens_only_when_every_shard_is_ready_and_starts_above_its_epoch_and_every_revision() {
-        let k = Keyspace::new(3);
+        let k = leased(3);
         assert_eq!(k.next_revision(), None);
         k.shard_ready(0, 2, 10);
         k.shard_ready(2, 2, 40);
@@ -203,7 +276,7 @@ mod tests {
 
     #[test]
     fn a_later_epoch_is_above_every_revision_of_an_earlier_one() {
-        let k = Keyspace::new(2);
+        let k = leased(2);
         k.shard_ready(0, 1, 5);
         k.shard_ready(1, 1, 7);
         let first = k.next_revision().unwrap();
@@ -226,12 +299,12 @@ mod tests {
     }
 
     #[test]
-    fn a_used_up_epoch_hands_out_nothing_and_its_point_stays_inside_it() {
-        let k = Keyspace::new(1);
+    fn a_used_up_epoch_hands_out_nothing_until_a_new_one() {
+        let k = leased(1);
         k.shard_ready(0, 1, epoch_start(2) - 2);
         assert_eq!(k.next_revision(), Some(epoch_start(2) - 1));
         assert_eq!(k.next_revision(), None);
-        assert_eq!(k.current(), Some(epoch_start(2) - 1));
+        assert_eq!(k.current(), None, "closed until shard 0 changes leader");
         k.shard_not_ready(0);
         k.shard_ready(0, 2, epoch_start(2) - 1);
         assert_eq!(k.next_revision(), Some(epoch_start(2) + 1));
@@ -239,7 +312,7 @@ mod tests {
 
     #[test]
     fn shards_not_on_this_member_are_ignored_and_huge_terms_never_open() {
-        let k = Keyspace::new(1);
+        let k = leased(1);
         k.shard_ready(5, 1, 1);
         k.shard_not_ready(5);
         assert_eq!(k.next_revision(), None);

@@ -67,6 +67,9 @@ pub(crate) struct Raft<S: Storage> {
     /// Reads that arrived before the leader committed an entry of its term.
     pending_read_index_msgs: Vec<Message>,
     election_elapsed_ticks: u64,
+    /// Ticks since this node was made, up to the election timeout (see
+    /// `Config::vote_hold_after_start`).
+    ticks_since_start: u64,
     heartbeat_elapsed_ticks: u64,
     randomized_election_timeout_ticks: u64,
     cfg: Config,
@@ -125,6 +128,7 @@ impl<S: Storage> Raft<S> {
             read_only: ReadOnly::default(),
             pending_read_index_msgs: Vec::new(),
             election_elapsed_ticks: 0,
+            ticks_since_start: 0,
             heartbeat_elapsed_ticks: 0,
             randomized_election_timeout_ticks: cfg.election_timeout_ticks,
             cfg: cfg.clone(),
@@ -253,6 +257,9 @@ impl<S: Storage> Raft<S> {
     // ---- time --------------------------------------------------------------
 
     pub fn tick(&mut self) {
+        if self.ticks_since_start < self.cfg.election_timeout_ticks {
+            self.ticks_since_start += 1;
+        }
         match self.state {
             StateRole::Leader => self.tick_heartbeat(),
             _ => self.tick_election(),
@@ -302,9 +309,11 @@ impl<S: Storage> Raft<S> {
         } else if m.term > self.term {
             if matches!(t, MessageType::MsgVote | MessageType::MsgPreVote) {
                 let force = m.context.as_ref() == CAMPAIGN_TRANSFER;
-                let in_lease = self.cfg.check_quorum
-                    && self.leader_id != NONE
+                let heard_leader = self.leader_id != NONE
                     && self.election_elapsed_ticks < self.cfg.election_timeout_ticks;
+                let just_started = self.cfg.vote_hold_after_start
+                    && self.ticks_since_start < self.cfg.election_timeout_ticks;
+                let in_lease = self.cfg.check_quorum && (heard_leader || just_started);
                 if !force && in_lease {
                     // Thesis 4.2.3: a member that hears from a leader ignores
                     // a disruptive candidate.

@@ -293,3 +293,34 @@ fn vote_is_persisted_before_sent_and_survives_restart() {
     assert_eq!(r.len(), 1);
     assert!(r[0].reject);
 }
+
+// A member started with the vote hold ignores candidates for one election
+// timeout, as if it had heard from a leader just before it stopped; a leader
+// transfer's campaign still gets its vote.
+#[test]
+fn vote_hold_after_start_ignores_candidates_for_one_election_timeout() {
+    let mut net = Network::new_with(3, |c| {
+        c.check_quorum = true;
+        c.vote_hold_after_start = true;
+    });
+    net.take_sent(MessageType::MsgVoteResp);
+    net.campaign(1);
+    assert!(
+        net.take_sent(MessageType::MsgVoteResp)
+            .iter()
+            .all(|m| m.from == 1 || m.reject),
+        "a member that just started voted"
+    );
+    assert_ne!(net.role(1), StateRole::Leader);
+    // One election timeout later they vote again (2 or 3 may have
+    // campaigned on their own meanwhile): a leader is elected.
+    for _ in 0..10 {
+        net.tick(2);
+        net.tick(3);
+    }
+    net.deliver();
+    if net.leader().is_none() {
+        net.campaign(1);
+    }
+    assert!(net.leader().is_some(), "no leader after the hold");
+}

@@ -26,6 +26,7 @@ impl Shard {
             to,
             "moving leadership on request"
         );
+        self.give_up_keyspace_lease_for_transfer();
         self.node
             .transfer_leader(to)
             .map_err(|e| self.storage_error(e.to_string()))
@@ -69,6 +70,7 @@ impl Shard {
                 "handing leadership to shard 0's leader"
             );
             self.handover_tried = Some(Instant::now());
+            self.give_up_keyspace_lease_for_transfer();
             let _ = self.node.transfer_leader(to);
         }
     }

@@ -136,6 +136,10 @@ pub const MAX_LEADERLESS_WRITE_BYTES: usize = 64 << 20;
 /// over several shards may hold an event back for an idle shard.
 pub const KEYSPACE_CLOSE_INTERVAL: Duration = Duration::from_millis(5);
 
+/// The part of an election timeout a keyspace lease gives up for the
+/// members' clocks running at different rates.
+pub const KEYSPACE_LEASE_DRIFT_DIVISOR: u32 = 10;
+
 /// How long a shard's leader waits after trying to hand its leadership to
 /// shard 0's leader before it tries again.
 pub const LEADERSHIP_HANDOVER_RETRY: Duration = Duration::from_secs(1);
@@ -300,6 +304,16 @@ pub struct Shard {
     /// closed, and when (see [`Shard::maybe_close_revision`]).
     closed_revision: i64,
     closed_at: Instant,
+    /// A ReadIndex round is wanted to renew this leader's keyspace lease.
+    lease_round_wanted: bool,
+    /// How long a confirmed round's start gives a keyspace lease for.
+    lease_span: Duration,
+    /// Rounds started before this do not renew the lease: a leader transfer
+    /// was started, and its timeout-now message (whose campaign overrides
+    /// the followers' refusal) may still arrive.
+    lease_blocked_until: Option<Instant>,
+    /// How long after starting a transfer no round renews the lease.
+    lease_transfer_block: Duration,
     nospace_alarm: bool,
     /// Set once the store or WAL failed: the shard refuses writes until restart.
     failed: Option<String>,
@@ -365,6 +379,8 @@ impl Shard {
                 _ = ticker.tick() => {
                     if self.failed.is_none() {
                         self.node.tick();
+                        self.lease_round_wanted |= self.keyspace.is_some()
+                            && self.node.leader_id() == self.member_id;
                         self.maybe_hand_over_leadership();
                         self.expire_leases();
                         self.defragment_steps();

@@ -169,6 +169,9 @@ impl Shard {
         cfg.applied_index = applied.max(snapshot_meta.index);
         cfg.seed = setup.member_id ^ (u64::from(shard) << 32) ^ crate::server::clock::now_ms();
         cfg.async_append = true;
+        // The keyspace leader's lease counts on followers ignoring
+        // candidates, also right after they restart.
+        cfg.vote_hold_after_start = setup.keyspace.is_some();
         cfg.max_committed_size_per_ready_bytes = APPLY_BYTES_PER_TURN as u64;
         let boot_nonce: u64 = rand::random::<u64>() | 1;
         let mut node =
@@ -233,6 +236,15 @@ impl Shard {
             handover_tried: None,
             closed_revision: 0,
             closed_at: Instant::now(),
+            lease_round_wanted: false,
+            lease_span: {
+                // A follower ignores candidates for at least this long after
+                // it heard the round (its election timer counts whole ticks).
+                let span = setup.tick * (setup.election_ticks.saturating_sub(1) as u32);
+                span - span / KEYSPACE_LEASE_DRIFT_DIVISOR
+            },
+            lease_blocked_until: None,
+            lease_transfer_block: setup.tick * (2 * setup.election_ticks as u32),
             nospace_alarm: false,
             failed: None,
             held_snapshot: HeldSnapshot::default(),

@@ -34,10 +34,13 @@ impl Shard {
                 if self.id == 0 {
                     k.set_shard0_leader(ss.leader_id);
                 }
-                // Ready again only once this term's first entry is applied.
+                // Ready again only once this term's first entry is applied,
+                // and leased again once a round of this term is confirmed.
                 k.shard_not_ready(self.id);
+                k.drop_lease(self.id);
                 self.keyspace_ready_at =
                     (ss.role == StateRole::Leader).then(|| self.node.last_index());
+                self.lease_round_wanted = ss.role == StateRole::Leader;
             }
             self.lease_role_changed(ss.role == StateRole::Leader);
             // A leader change drops ReadIndex rounds in flight; asking again is
@@ -329,6 +332,7 @@ impl Shard {
         }
         if let Some(k) = &self.keyspace {
             k.shard_not_ready(self.id);
+            k.drop_lease(self.id);
         }
         self.keyspace_ready_at = None;
         tracing::error!(shard = self.id, reason = %reason, "shard failed; restart the member");

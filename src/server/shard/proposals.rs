@@ -215,12 +215,15 @@ impl Shard {
         if self.node.leader_id() == raft::NONE {
             return;
         }
-        if self.takes_proposals() {
-            while let Some((_, write)) = self.next_held_write() {
-                match write {
-                    HeldWrite::Local(request, reply) => self.propose(request, reply),
-                    HeldWrite::Forwarded(msg) => self.step(msg),
-                }
+        // Checked before each: a write that finds revisions stopped since
+        // (a lapsed lease) is held again, and must not be taken again here.
+        while self.takes_proposals() {
+            let Some((_, write)) = self.next_held_write() else {
+                break;
+            };
+            match write {
+                HeldWrite::Local(request, reply) => self.propose(request, reply),
+                HeldWrite::Forwarded(msg) => self.step(msg),
             }
         }
         for (_, read) in std::mem::take(&mut self.leaderless_reads) {

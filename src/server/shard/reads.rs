@@ -76,9 +76,11 @@ impl Shard {
         if self.reads_this_turn.is_empty()
             && self.renewals_this_turn.is_empty()
             && self.points_this_turn.is_empty()
+            && !self.lease_round_wanted
         {
             return;
         }
+        self.lease_round_wanted = false;
         if self.node.leader_id() == raft::NONE {
             let now = Instant::now();
             for r in self.reads_this_turn.drain(..) {
@@ -143,6 +145,7 @@ impl Shard {
     /// applied; its renewals take effect now, counted from the round's start
     /// (any leader elected later starts every TTL afresh after that).
     pub(super) fn round_confirmed(&mut self, index: u64, round: ReadRound) {
+        self.renew_keyspace_lease(round.since);
         if !round.reads.is_empty() {
             self.confirmed_reads
                 .entry(index)
@@ -157,6 +160,32 @@ impl Shard {
         }
         for p in round.points {
             let _ = p.reply.send(Ok(index.max(p.last_index)));
+        }
+    }
+
+    /// A round started at `since` was confirmed: no other member can be
+    /// elected for the shard until a follower's election timeout after
+    /// that, so the keyspace lease runs to `since + lease_span`.
+    fn renew_keyspace_lease(&mut self, since: Instant) {
+        let Some(k) = &self.keyspace else {
+            return;
+        };
+        if self.node.leader_id() != self.member_id
+            || self.node.lead_transferee() != raft::NONE
+            || self.lease_blocked_until.is_some_and(|b| since < b)
+        {
+            return;
+        }
+        k.set_lease(self.id, since + self.lease_span);
+    }
+
+    /// The keyspace lease is given up while leadership is handed over, and
+    /// not renewed by rounds started before the handover could still move
+    /// it (see `lease_blocked_until`).
+    pub(super) fn give_up_keyspace_lease_for_transfer(&mut self) {
+        if let Some(k) = &self.keyspace {
+            k.drop_lease(self.id);
+            self.lease_blocked_until = Some(Instant::now() + self.lease_transfer_block);
         }
     }
 
