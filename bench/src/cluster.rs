@@ -209,6 +209,8 @@ pub struct StartOptions {
     /// etcd's flags `--cert-file`, `--key-file`, `--trusted-ca-file`,
     /// `--client-cert-auth` and their `--peer-*` equivalents.
     pub tls: Option<ClusterCerts>,
+    /// Cairn only: `--shards N` (etcd has one Raft group).
+    pub cairn_shards: Option<usize>,
 }
 
 /// Picks `n` distinct free TCP ports on 127.0.0.1. All listeners are held until
@@ -357,6 +359,9 @@ impl LocalCluster {
             }
             if let Some(certs) = &options.tls {
                 command.args(certs.member_flags());
+            }
+            if let (System::Cairn, Some(n)) = (system, options.cairn_shards) {
+                command.args(["--shards", &n.to_string()]);
             }
             let child = command
                 .args(["--name", &m.name])

@@ -53,6 +53,10 @@ pub struct CompareOpts {
     /// measured.
     #[arg(long)]
     pub others_running: bool,
+    /// Cairn members run with `--shards N` (etcd has one Raft group): how
+    /// the one keyspace over several shards compares.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    pub cairn_shards: Option<u16>,
     #[command(flatten)]
     pub daemons: DaemonOpts,
     /// Start both systems secured the same way: mutual TLS on client and peer
@@ -134,6 +138,7 @@ pub async fn run(
         let options = StartOptions {
             cores: opts.member_cores.map(usize::from),
             tls: certs.clone(),
+            cairn_shards: opts.cairn_shards.map(usize::from),
         };
         let dir = scratch.path().join(system.name());
         let started = start_secured(system, &binary, opts.members, &dir, &options, user.as_ref());

@@ -16,6 +16,8 @@ pub const DEFAULT_RUN_DURATION: Duration = Duration::from_secs(10);
 pub const DEFAULT_WARMUP: Duration = Duration::from_secs(2);
 /// The key the range presets read; written once at cluster start.
 pub const RANGE_KEY: &str = "00000000";
+/// The end of the range `range-all` reads: [RANGE_KEY, RANGE_ALL_END).
+pub const RANGE_ALL_END: &str = "00000010";
 /// Value size of the write presets (etcd's published figures use 256 B values).
 pub const PRESET_VAL_SIZE_BYTES: usize = 256;
 /// Distinct keys of the write presets.
@@ -34,6 +36,10 @@ pub enum Preset {
     RangeL,
     /// serializable range of one key, 100 clients over 10 connections.
     RangeS,
+    /// linearizable range of the ten keys after the range key (keys that
+    /// route to every shard of a Cairn member with several), 100 clients
+    /// over 10 connections.
+    RangeAll,
     /// compare-and-swap txn, 100 clients over 10 connections.
     TxnPut,
     /// watch latency, 100 watchers over 10 streams, 100 puts/s from 10 putters.
@@ -51,6 +57,7 @@ impl Preset {
             Preset::Put100 => "put-100",
             Preset::RangeL => "range-l",
             Preset::RangeS => "range-s",
+            Preset::RangeAll => "range-all",
             Preset::TxnPut => "txn-put",
             Preset::Watch => "watch",
             Preset::Mixed => "mixed",
@@ -84,6 +91,13 @@ impl Preset {
             Preset::Put100 => (100, 10, keys("put")),
             Preset::RangeL => (100, 10, range("l")),
             Preset::RangeS => (100, 10, range("s")),
+            Preset::RangeAll => (
+                100,
+                10,
+                ["range", RANGE_KEY, RANGE_ALL_END, "--consistency", "l"]
+                    .map(String::from)
+                    .to_vec(),
+            ),
             Preset::TxnPut => (100, 10, keys("txn-put")),
             Preset::Watch => (
                 10,

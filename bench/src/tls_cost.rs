@@ -119,6 +119,7 @@ pub async fn run(
         let options = StartOptions {
             cores: None,
             tls: (variant != Variant::Plain).then(|| certs.clone()),
+            cairn_shards: None,
         };
         let dir = scratch.path().join(variant.key());
         let user = (variant == Variant::MutualTlsAuth).then_some(&user);

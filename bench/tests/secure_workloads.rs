@@ -23,8 +23,8 @@ use common::bench;
 async fn secure_cluster(system: System, bin: &Path, dir: &Path) -> LocalCluster {
     let certs = ClusterCerts::generate(&dir.join("certs")).expect("certificates");
     let options = StartOptions {
-        cores: None,
         tls: Some(certs),
+        ..StartOptions::default()
     };
     let mut cluster =
         LocalCluster::start_with(system, bin, 1, &dir.join("cluster"), &options).expect("start");
