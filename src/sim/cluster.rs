@@ -939,15 +939,7 @@ impl Sim {
                 self.begin_step(|| format!("partition {side:?} | rest"));
                 self.net.partition_symmetric(&side, &all);
             } else {
-                let n = self.rng.gen_range(1..=all.len());
-                let mut links = Vec::new();
-                for _ in 0..n {
-                    let a = *all.choose(&mut self.rng).expect("non-empty");
-                    let b = *all.choose(&mut self.rng).expect("non-empty");
-                    if a != b {
-                        links.push((a, b));
-                    }
-                }
+                let links = super::network::random_one_way_links(&mut self.rng, &all);
                 self.begin_step(|| format!("one-way cuts {links:?}"));
                 self.net.partition_one_way(&links);
             }

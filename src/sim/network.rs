@@ -5,10 +5,26 @@
 use std::collections::BTreeSet;
 
 use rand::rngs::SmallRng;
+use rand::seq::SliceRandom;
 use rand::Rng;
 
 use super::{MAX_DELAY_TICKS, MAX_IN_FLIGHT_MESSAGES};
 use crate::raft::Message;
+
+/// Between 1 and `members.len()` random one-way links among `members` to
+/// cut (a link from a member to itself is left out).
+pub(crate) fn random_one_way_links(rng: &mut SmallRng, members: &[u64]) -> Vec<(u64, u64)> {
+    let n = rng.gen_range(1..=members.len());
+    let mut links = Vec::new();
+    for _ in 0..n {
+        let a = *members.choose(rng).expect("non-empty");
+        let b = *members.choose(rng).expect("non-empty");
+        if a != b {
+            links.push((a, b));
+        }
+    }
+    links
+}
 
 /// How unreliable the network is right now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

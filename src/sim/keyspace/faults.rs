@@ -325,15 +325,7 @@ impl World {
                 }
             }
         } else {
-            let n = self.rng.gen_range(1..=all.len());
-            let mut links = Vec::new();
-            for _ in 0..n {
-                let a = *all.choose(&mut self.rng).expect("non-empty");
-                let b = *all.choose(&mut self.rng).expect("non-empty");
-                if a != b {
-                    links.push((a, b));
-                }
-            }
+            let links = super::super::network::random_one_way_links(&mut self.rng, &all);
             self.begin_step(|| format!("one-way cuts {links:?}"));
             self.base_links = links;
         }
