@@ -397,6 +397,10 @@ pub struct WatchOpts {
     /// How long to wait for outstanding events after the last put.
     #[arg(long, value_parser = parse_duration, default_value = "5s")]
     pub drain_timeout: Duration,
+    /// Watch the whole keyspace (etcd's `watch --prefix ""`) instead of the
+    /// put key: on Cairn with several shards, a watch over every shard.
+    #[arg(long)]
+    pub whole_keyspace: bool,
 }
 
 impl WatchOpts {

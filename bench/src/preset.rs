@@ -44,6 +44,8 @@ pub enum Preset {
     TxnPut,
     /// watch latency, 100 watchers over 10 streams, 100 puts/s from 10 putters.
     Watch,
+    /// `watch` with every watcher on the whole keyspace.
+    WatchAll,
     /// 90% linearizable reads, 10% writes, 100 clients over 10 connections.
     Mixed,
     /// lease keep-alive round trips, 100 clients over 10 connections.
@@ -60,6 +62,7 @@ impl Preset {
             Preset::RangeAll => "range-all",
             Preset::TxnPut => "txn-put",
             Preset::Watch => "watch",
+            Preset::WatchAll => "watch-all",
             Preset::Mixed => "mixed",
             Preset::LeaseKeepalive => "lease-keepalive",
         }
@@ -110,6 +113,22 @@ impl Preset {
                     "10",
                     "--put-rate",
                     "100",
+                ]
+                .map(String::from)
+                .to_vec(),
+            ),
+            Preset::WatchAll => (
+                10,
+                10,
+                [
+                    "watch-latency",
+                    "--streams",
+                    "10",
+                    "--watchers-per-stream",
+                    "10",
+                    "--put-rate",
+                    "100",
+                    "--whole-keyspace",
                 ]
                 .map(String::from)
                 .to_vec(),

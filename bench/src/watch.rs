@@ -1,6 +1,7 @@
 //! watch-latency: the time from sending a put to each watcher receiving its event.
 //!
-//! Watchers sit on one key, spread over `--streams` bidirectional Watch streams.
+//! Watchers sit on one key (or, with `--whole-keyspace`, on every key), spread
+//! over `--streams` bidirectional Watch streams.
 //! Putters send puts on a fixed schedule (`--rate`, else `--put-rate`); each put's
 //! value carries the moment it was sent, so a watcher computes the latency of
 //! every event it receives without shared state. The clock starts when the put is
@@ -78,11 +79,13 @@ fn event_latency(value: &[u8], base: Instant, received: Instant) -> Option<Durat
     Some(received.duration_since(base).saturating_sub(sent))
 }
 
-/// Opens one stream with `watchers` watchers on [`WATCH_KEY`] and waits until all
-/// are confirmed; then spawns its reader, which records until `shutdown` flips.
+/// Opens one stream with `watchers` watchers on [`WATCH_KEY`] (on every key
+/// with `whole_keyspace`) and waits until all are confirmed; then spawns its
+/// reader, which records until `shutdown` flips.
 async fn open_stream(
     channel: Conn,
     watchers: usize,
+    whole_keyspace: bool,
     base: Instant,
     events: Arc<AtomicU64>,
     mut shutdown: signal::Receiver<bool>,
@@ -92,9 +95,17 @@ async fn open_stream(
     let (tx, rx) = mpsc::channel(watchers.max(1));
     for _ in 0..watchers {
         let create = WatchRequest {
-            request_union: Some(RequestUnion::CreateRequest(WatchCreateRequest {
-                key: Bytes::from_static(WATCH_KEY.as_bytes()),
-                ..Default::default()
+            request_union: Some(RequestUnion::CreateRequest(if whole_keyspace {
+                WatchCreateRequest {
+                    key: Bytes::from_static(b"\0"),
+                    range_end: Bytes::from_static(b"\0"),
+                    ..Default::default()
+                }
+            } else {
+                WatchCreateRequest {
+                    key: Bytes::from_static(WATCH_KEY.as_bytes()),
+                    ..Default::default()
+                }
             })),
         };
         tx.send(create)
@@ -172,6 +183,7 @@ pub async fn run(
         let reader = open_stream(
             channels[s % channels.len()].clone(),
             opts.watchers_per_stream,
+            opts.whole_keyspace,
             base,
             Arc::clone(&events),
             shutdown_rx.clone(),
