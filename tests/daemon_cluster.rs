@@ -501,19 +501,17 @@ async fn writes_carry_on_while_leadership_is_handed_over() {
             (n, failures)
         }));
     }
-    let mut moves = 0;
     for _ in 0..4 {
         tokio::time::sleep(Duration::from_millis(1500)).await;
         let from = common::shard0_leader(&cluster).await;
         let to = (from + 1) % cluster.members.len();
         let mut l = client(&cluster.members[from].endpoint()).await;
-        match l.move_leader(id_of(to)).await {
-            Ok(_) => moves += 1,
-            Err(e) => panic!(
+        if let Err(e) = l.move_leader(id_of(to)).await {
+            panic!(
                 "move leader to {}: {e}\n{}",
                 cluster.members[to].name,
                 cluster.logs()
-            ),
+            );
         }
     }
     let mut written = 0;
@@ -523,7 +521,6 @@ async fn writes_carry_on_while_leadership_is_handed_over() {
         written += n;
     }
     let logs = cluster.logs();
-    assert_eq!(moves, 4);
     assert!(
         openings(&logs) >= opened_before + 4,
         "the revision counter did not open on each new leader:\n{logs}"

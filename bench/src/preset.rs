@@ -117,22 +117,11 @@ impl Preset {
                 .map(String::from)
                 .to_vec(),
             ),
-            Preset::WatchAll => (
-                10,
-                10,
-                [
-                    "watch-latency",
-                    "--streams",
-                    "10",
-                    "--watchers-per-stream",
-                    "10",
-                    "--put-rate",
-                    "100",
-                    "--whole-keyspace",
-                ]
-                .map(String::from)
-                .to_vec(),
-            ),
+            Preset::WatchAll => {
+                let (clients, conns, mut v) = Preset::Watch.shape();
+                v.push("--whole-keyspace".into());
+                (clients, conns, v)
+            }
             Preset::Mixed => {
                 let mut v = keys("mixed");
                 v.extend(["--read-ratio", "0.9", "--consistency", "l"].map(String::from));

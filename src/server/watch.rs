@@ -167,17 +167,16 @@ impl Watch for WatchService {
                                     })).await;
                                     continue;
                                 }
+                                let shards = svc.router.routing.shards_for_range(&c.key, &c.range_end);
+                                let merged = shards.len() > 1 && svc.router.keyspace.is_some();
                                 let spec = WatchSpec {
                                     key: c.key.to_vec(),
                                     range_end: c.range_end.to_vec(),
                                     prev_kv: c.prev_kv,
                                     no_put: c.filters.contains(&(watch_create_request::FilterType::Noput as i32)),
                                     no_delete: c.filters.contains(&(watch_create_request::FilterType::Nodelete as i32)),
-                                    progress: false,
+                                    progress: merged,
                                 };
-                                let shards = svc.router.routing.shards_for_range(&c.key, &c.range_end);
-                                let merged = shards.len() > 1 && svc.router.keyspace.is_some();
-                                let spec = WatchSpec { progress: merged, ..spec };
                                 let mut merge = merged.then(|| Merge::new(&shards, c.start_revision - 1));
                                 let mut revision = 0;
                                 for &s in &shards {

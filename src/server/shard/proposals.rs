@@ -48,13 +48,14 @@ impl Shard {
     /// False when this member assigns no revisions now: the proposal waits
     /// (stamped again when released; the last stamp is the one read).
     pub(super) fn stamp_forwarded(&mut self, msg: &mut raft::Message) -> bool {
-        let Some(k) = self.keyspace.clone() else {
+        let Some(k) = &self.keyspace else {
             return true;
         };
         if self.node.leader_id() != self.member_id {
             // Raft passes it on to the leader, which stamps it.
             return true;
         }
+        let mut last = 0;
         for e in &mut msg.entries {
             if e.entry_type != EntryType::EntryNormal as i32 || e.data.is_empty() {
                 continue;
@@ -63,8 +64,9 @@ impl Shard {
                 return false;
             };
             e.data = entry::with_revision(&e.data, revision);
-            self.proposed_revision(revision);
+            last = revision;
         }
+        self.proposed_revision(last);
         true
     }
 
