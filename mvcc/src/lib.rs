@@ -8,6 +8,8 @@
 //! holds sparse revisions yet reads, compacts and hashes at any revision it
 //! has reached), and makes a batch of them durable with [`Store::commit`],
 //! which also records the last applied Raft index and the reached revision.
+//! Beside its entries the shard driver keeps pending cross-shard txn records
+//! ([`Store::put_txn_record`]): changes of the same batch, durable with it.
 //! Reads see every applied entry; [`Store::snapshot`] gives a consistent view
 //! that never blocks the writer. The store knows nothing of Raft, gRPC or
 //! protobufs: its request and response types mirror etcd's.
@@ -38,6 +40,6 @@ pub use storage::{CrashMode, FileStorage, MemStorage, Storage, SyncHandle};
 pub use store::changes::Change;
 pub use store::{
     CommitStats, Config, DefragProgress, DefragReport, DefragRun, DirLock, Store,
-    MAX_REQUEST_BYTES_LIMIT,
+    MAX_REQUEST_BYTES_LIMIT, MAX_TXN_RECORD_BYTES,
 };
 pub use types::*;

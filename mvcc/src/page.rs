@@ -51,7 +51,12 @@ pub(crate) const OVERFLOW_DATA_BYTES: usize = PAGE_SIZE_BYTES - OVERFLOW_DATA_OF
 
 // Meta record, after the common header.
 pub(crate) const MAGIC: [u8; 8] = *b"CAIRNMV1";
-pub(crate) const FORMAT_VERSION: u32 = 1;
+/// The format this build writes. Format 2 added the txn record tree: its
+/// root follows the format 1 fields, and the meta CRC covers it.
+pub(crate) const FORMAT_VERSION: u32 = 2;
+/// The previous format, still opened: no txn record tree, and a meta record
+/// that ends (and whose CRC ends) at `META_END_V1`.
+pub(crate) const FORMAT_VERSION_V1: u32 = 1;
 pub(crate) const MAGIC_OFFSET: usize = HEADER_BYTES;
 pub(crate) const VERSION_OFFSET: usize = MAGIC_OFFSET + MAGIC.len();
 pub(crate) const META_PAGE_SIZE_OFFSET: usize = VERSION_OFFSET + size_of::<u32>();
@@ -61,7 +66,12 @@ pub(crate) const APPLIED_INDEX_OFFSET: usize = LEASE_ROOT_OFFSET + size_of::<u64
 pub(crate) const CURRENT_REV_OFFSET: usize = APPLIED_INDEX_OFFSET + size_of::<u64>();
 pub(crate) const COMPACT_REV_OFFSET: usize = CURRENT_REV_OFFSET + size_of::<i64>();
 pub(crate) const META_FLAGS_OFFSET: usize = COMPACT_REV_OFFSET + size_of::<i64>();
-pub(crate) const META_END: usize = META_FLAGS_OFFSET + size_of::<u32>();
+/// End of a format 1 meta record, and of its CRC range.
+pub(crate) const META_END_V1: usize = META_FLAGS_OFFSET + size_of::<u32>();
+pub(crate) const TXN_ROOT_OFFSET: usize = META_END_V1;
+pub(crate) const META_END: usize = TXN_ROOT_OFFSET + size_of::<u64>();
+// Files of format 1 exist: its fields may not move.
+const _: () = assert!(META_END_V1 == 84);
 const _: () = assert!(META_END <= 512, "a meta record must fit one sector");
 
 /// Meta flag: the file is being filled by a snapshot restore and is not a store yet.
@@ -168,6 +178,8 @@ pub(crate) struct Meta {
     pub txn: u64,
     pub rev_root: u64,
     pub lease_root: u64,
+    /// Root of the txn record tree; 0 in a format 1 file, which has none.
+    pub txn_root: u64,
     pub applied_index: u64,
     pub current_rev: i64,
     pub compact_rev: i64,
@@ -192,17 +204,28 @@ impl Meta {
         put_u64(&mut b, CURRENT_REV_OFFSET, self.current_rev as u64);
         put_u64(&mut b, COMPACT_REV_OFFSET, self.compact_rev as u64);
         put_u32(&mut b, META_FLAGS_OFFSET, self.flags);
+        put_u64(&mut b, TXN_ROOT_OFFSET, self.txn_root);
         let crc = crc32fast::hash(&b[KIND_OFFSET..META_END]);
         put_u32(&mut b, CRC_OFFSET, crc);
         b
     }
 
-    /// Decodes the meta record in `b` (a page read from slot `slot`).
+    /// Decodes the meta record in `b` (a page read from slot `slot`), of
+    /// this format or the previous one. A format 1 record has no txn record
+    /// tree, and its CRC ends with its last field, so the version (not yet
+    /// checked) chooses the range the CRC is checked over; a version this
+    /// build does not know is refused as such.
     pub(crate) fn decode(b: &[u8], slot: u64) -> Result<Meta, PageFault> {
         if b.len() < META_END {
             return Err(PageFault::BeyondEnd);
         }
-        if crc32fast::hash(&b[KIND_OFFSET..META_END]) != get_u32(b, CRC_OFFSET) {
+        let version = get_u32(b, VERSION_OFFSET);
+        let end = match version {
+            FORMAT_VERSION => META_END,
+            FORMAT_VERSION_V1 => META_END_V1,
+            _ => return Err(PageFault::Malformed("unknown format version")),
+        };
+        if crc32fast::hash(&b[KIND_OFFSET..end]) != get_u32(b, CRC_OFFSET) {
             return Err(PageFault::Checksum);
         }
         if b[KIND_OFFSET] != KIND_META {
@@ -214,9 +237,6 @@ impl Meta {
         if b[MAGIC_OFFSET..MAGIC_OFFSET + MAGIC.len()] != MAGIC {
             return Err(PageFault::Malformed("bad magic"));
         }
-        if get_u32(b, VERSION_OFFSET) != FORMAT_VERSION {
-            return Err(PageFault::Malformed("unknown format version"));
-        }
         if get_u32(b, META_PAGE_SIZE_OFFSET) as usize != PAGE_SIZE_BYTES {
             return Err(PageFault::Malformed("unsupported page size"));
         }
@@ -224,6 +244,10 @@ impl Meta {
             txn: get_u64(b, TXN_OFFSET),
             rev_root: get_u64(b, REV_ROOT_OFFSET),
             lease_root: get_u64(b, LEASE_ROOT_OFFSET),
+            txn_root: match version {
+                FORMAT_VERSION_V1 => 0,
+                _ => get_u64(b, TXN_ROOT_OFFSET),
+            },
             applied_index: get_u64(b, APPLIED_INDEX_OFFSET),
             current_rev: get_i64(b, CURRENT_REV_OFFSET),
             compact_rev: get_i64(b, COMPACT_REV_OFFSET),
@@ -246,6 +270,7 @@ mod tests {
             txn: 7,
             rev_root: 3,
             lease_root: 0,
+            txn_root: 5,
             applied_index: 99,
             current_rev: 12,
             compact_rev: 4,
@@ -256,6 +281,49 @@ mod tests {
         assert!(Meta::decode(&b, 0).is_err());
         b[APPLIED_INDEX_OFFSET] ^= 1;
         assert_eq!(Meta::decode(&b, 1), Err(PageFault::Checksum));
+        // The CRC covers the txn root, the field format 2 added.
+        b[APPLIED_INDEX_OFFSET] ^= 1;
+        b[TXN_ROOT_OFFSET] ^= 1;
+        assert_eq!(Meta::decode(&b, 1), Err(PageFault::Checksum));
+    }
+
+    /// The record format 1 wrote for `m`: no txn root, CRC over 4..84.
+    fn encode_v1(m: &Meta, slot: u64) -> Vec<u8> {
+        assert_eq!(m.txn_root, 0, "format 1 has no txn record tree");
+        let mut b = m.encode(slot);
+        put_u32(&mut b, VERSION_OFFSET, FORMAT_VERSION_V1);
+        b[META_END_V1..META_END].fill(0);
+        let crc = crc32fast::hash(&b[KIND_OFFSET..META_END_V1]);
+        put_u32(&mut b, CRC_OFFSET, crc);
+        b
+    }
+
+    #[test]
+    fn a_format_1_meta_decodes_with_no_txn_tree_and_other_versions_are_refused() {
+        let m = Meta {
+            txn: 3,
+            rev_root: 9,
+            lease_root: 4,
+            txn_root: 0,
+            applied_index: 20,
+            current_rev: 17,
+            compact_rev: 2,
+            flags: 0,
+        };
+        let mut b = encode_v1(&m, 0);
+        assert_eq!(Meta::decode(&b, 0).unwrap(), m);
+        // Bytes past a format 1 record are not part of it.
+        b[TXN_ROOT_OFFSET] = 0x77;
+        assert_eq!(Meta::decode(&b, 0).unwrap(), m);
+        b[COMPACT_REV_OFFSET] ^= 1;
+        assert_eq!(Meta::decode(&b, 0), Err(PageFault::Checksum));
+
+        let mut b = m.encode(0);
+        put_u32(&mut b, VERSION_OFFSET, FORMAT_VERSION + 1);
+        assert_eq!(
+            Meta::decode(&b, 0),
+            Err(PageFault::Malformed("unknown format version"))
+        );
     }
 
     #[test]

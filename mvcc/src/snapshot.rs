@@ -8,17 +8,22 @@
 //! Snapshot stream chunk (integers little-endian):
 //! ```text
 //! 0   4  magic "CSNP"
-//! 4   1  kind: 1 header, 2 records, 3 leases, 4 end
+//! 4   1  kind: 1 header, 2 records, 3 leases, 5 txn records, 4 end
 //! 5   8  sequence number, from 0
 //! 13  4  payload length P
 //! 17  4  CRC32 of bytes 4..17 and the payload
 //! 21  P  payload
 //! header:  applied_index u64, current_rev i64 (the revision reached),
-//!          compact_rev i64, format u32
+//!          compact_rev i64, format u32 (2; 1 is still restored)
 //! records: repeated { main i64, sub i64, length u32, encoded record }
 //! leases:  repeated { id i64, ttl i64, remaining ttl i64 }
-//! end:     record count u64, lease count u64
+//! txn records (format 2): repeated { id i64, length u32, record }
+//! end:     record count u64, lease count u64, txn record count u64
+//!          (format 1: no txn record count)
 //! ```
+//!
+//! Chunks come in the order of the kinds above. Format 1 streams, from a
+//! member of the previous version, carry no txn records.
 
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeSet;
@@ -32,6 +37,7 @@ use crate::page::{get_i64, get_u32, get_u64, Meta, META_FLAG_RESTORING};
 use crate::pager::PageSource;
 use crate::record::{Record, RecordView};
 use crate::storage::{FileStorage, Storage};
+use crate::store::txn_records::txn_key;
 use crate::store::{Config, Registry, Store};
 use crate::types::*;
 use crate::view::{effective_sort, passes_filters, View};
@@ -88,11 +94,17 @@ impl Store {
             .iter()
             .map(|(id, l)| (*id, l.ttl_secs, l.remaining_ttl_secs))
             .collect();
+        let txn_records = self
+            .txn_records
+            .iter()
+            .map(|(id, r)| (*id, Rc::clone(r)))
+            .collect();
         SnapshotStream {
             header: (self.applied_index, self.current_rev, self.compact_rev.get()),
             snap,
             skip: self.pending_deletes.clone(),
             leases,
+            txn_records,
             chunk_bytes: self.cfg.snapshot_chunk_bytes,
             phase: Phase::Header,
             seq: 0,
@@ -100,6 +112,7 @@ impl Store {
             tree_done: false,
             pending_pos: 0,
             lease_pos: 0,
+            txn_pos: 0,
             records: 0,
         }
     }
@@ -144,9 +157,12 @@ impl Store {
         let mut store = Store::open_inner(storage, name, cfg, true)?;
         let mut seq = 0u64;
         let mut header = None;
+        let mut format = SNAPSHOT_FORMAT;
         let mut records = 0u64;
         let mut leases = 0u64;
+        let mut txn_records = 0u64;
         let mut last_rev = (0u64, 0u64);
+        let mut last_txn_id: Option<i64> = None;
         let mut finished = false;
         for chunk in chunks {
             if finished {
@@ -165,7 +181,8 @@ impl Store {
                     if seq != 0 || payload.len() != 28 {
                         return Err(bad("misplaced or malformed header"));
                     }
-                    if get_u32(payload, 24) != SNAPSHOT_FORMAT {
+                    format = get_u32(payload, 24);
+                    if format != SNAPSHOT_FORMAT && format != SNAPSHOT_FORMAT_V1 {
                         return Err(bad("unknown snapshot format"));
                     }
                     header = Some((
@@ -213,19 +230,52 @@ impl Store {
                         }
                     }
                     lease_muts.sort_by_key(|m| m.0);
-                    store.write_restored(muts, lease_muts, None)?;
+                    store.write_restored(muts, lease_muts, Vec::new(), None)?;
+                }
+                KIND_TXN_RECORDS => {
+                    if header.is_none() {
+                        return Err(bad("data before the header"));
+                    }
+                    if format == SNAPSHOT_FORMAT_V1 {
+                        return Err(bad("txn records in a format 1 stream"));
+                    }
+                    let mut txn_muts: Vec<Mutation> = Vec::new();
+                    let mut p = payload;
+                    while !p.is_empty() {
+                        if p.len() < TXN_ENTRY_FIXED_BYTES {
+                            return Err(bad("truncated txn record"));
+                        }
+                        let id = get_i64(p, 0);
+                        let end = TXN_ENTRY_FIXED_BYTES + get_u32(p, 8) as usize;
+                        let body = p
+                            .get(TXN_ENTRY_FIXED_BYTES..end)
+                            .ok_or_else(|| bad("truncated txn record"))?;
+                        if last_txn_id.is_some_and(|last| id <= last) {
+                            return Err(bad("txn record ids out of order"));
+                        }
+                        last_txn_id = Some(id);
+                        txn_muts.push((txn_key(id), Some(body.to_vec())));
+                        txn_records += 1;
+                        p = &p[end..];
+                    }
+                    // Tree keys order negative ids after positive ones.
+                    txn_muts.sort_unstable_by_key(|m| m.0);
+                    store.write_restored(Vec::new(), Vec::new(), txn_muts, None)?;
                 }
                 KIND_END => {
                     let Some(h) = header else {
                         return Err(bad("end before the header"));
                     };
-                    if payload.len() != 16
-                        || get_u64(payload, 0) != records
-                        || get_u64(payload, 8) != leases
+                    let counts_ok = if format == SNAPSHOT_FORMAT_V1 {
+                        payload.len() == 16
+                    } else {
+                        payload.len() == 24 && get_u64(payload, 16) == txn_records
+                    };
+                    if !counts_ok || get_u64(payload, 0) != records || get_u64(payload, 8) != leases
                     {
                         return Err(bad("counts disagree with the chunks received"));
                     }
-                    store.write_restored(Vec::new(), Vec::new(), Some(h))?;
+                    store.write_restored(Vec::new(), Vec::new(), Vec::new(), Some(h))?;
                     finished = true;
                 }
                 _ => return Err(bad("unknown chunk kind")),
@@ -241,6 +291,8 @@ impl Store {
             file = name,
             records,
             leases,
+            txn_records,
+            format,
             applied_index = store.applied_index,
             "restored store from snapshot"
         );
@@ -253,6 +305,7 @@ impl Store {
         &mut self,
         muts: Vec<Mutation>,
         lease_muts: Vec<Mutation>,
+        txn_muts: Vec<Mutation>,
         last: Option<(u64, i64, i64)>,
     ) -> Result<(), SnapshotError> {
         let txn = self.committed.txn + 1;
@@ -260,6 +313,8 @@ impl Store {
         let rev_root = btree::apply(&mut self.pager, self.committed.rev_root, muts)
             .map_err(crate::error::CommitError::from)?;
         let lease_root = btree::apply(&mut self.pager, self.committed.lease_root, lease_muts)
+            .map_err(crate::error::CommitError::from)?;
+        let txn_root = btree::apply(&mut self.pager, self.committed.txn_root, txn_muts)
             .map_err(crate::error::CommitError::from)?;
         let (applied_index, current_rev, compact_rev, flags) = match last {
             Some((a, c, k)) => (a, c, k, 0),
@@ -272,6 +327,7 @@ impl Store {
             txn,
             rev_root,
             lease_root,
+            txn_root,
             applied_index,
             current_rev,
             compact_rev,
@@ -283,11 +339,17 @@ impl Store {
 }
 
 const SNAPSHOT_MAGIC: [u8; 4] = *b"CSNP";
-const SNAPSHOT_FORMAT: u32 = 1;
+/// The stream format this build writes; format 2 added txn records.
+const SNAPSHOT_FORMAT: u32 = 2;
+/// The previous stream format, still restored: no txn records.
+const SNAPSHOT_FORMAT_V1: u32 = 1;
 const KIND_HEADER: u8 = 1;
 const KIND_RECORDS: u8 = 2;
 const KIND_LEASES: u8 = 3;
 const KIND_END: u8 = 4;
+const KIND_TXN_RECORDS: u8 = 5;
+// A txn record entry: id i64, length u32, then the record.
+const TXN_ENTRY_FIXED_BYTES: usize = size_of::<i64>() + size_of::<u32>();
 const CHUNK_KIND_OFFSET: usize = SNAPSHOT_MAGIC.len();
 const CHUNK_SEQ_OFFSET: usize = CHUNK_KIND_OFFSET + size_of::<u8>();
 const CHUNK_LEN_OFFSET: usize = CHUNK_SEQ_OFFSET + size_of::<u64>();
@@ -336,6 +398,7 @@ enum Phase {
     Header,
     Records,
     Leases,
+    TxnRecords,
     End,
     Done,
 }
@@ -346,6 +409,8 @@ pub struct SnapshotStream {
     header: (u64, i64, i64),
     skip: BTreeSet<Revision>,
     leases: Vec<(i64, i64, i64)>,
+    /// Shared with the store, which replaces rather than changes a record.
+    txn_records: Vec<(i64, Rc<[u8]>)>,
     chunk_bytes: usize,
     phase: Phase,
     seq: u64,
@@ -353,6 +418,7 @@ pub struct SnapshotStream {
     tree_done: bool,
     pending_pos: usize,
     lease_pos: usize,
+    txn_pos: usize,
     records: u64,
 }
 
@@ -445,7 +511,7 @@ impl Iterator for SnapshotStream {
                 },
                 Phase::Leases => {
                     if self.lease_pos >= self.leases.len() {
-                        self.phase = Phase::End;
+                        self.phase = Phase::TxnRecords;
                         continue;
                     }
                     let mut p = Vec::new();
@@ -458,10 +524,27 @@ impl Iterator for SnapshotStream {
                     }
                     (KIND_LEASES, p)
                 }
+                Phase::TxnRecords => {
+                    if self.txn_pos >= self.txn_records.len() {
+                        self.phase = Phase::End;
+                        continue;
+                    }
+                    // A record larger than a chunk gets a chunk of its own.
+                    let mut p = Vec::new();
+                    while p.len() < self.chunk_bytes && self.txn_pos < self.txn_records.len() {
+                        let (id, r) = &self.txn_records[self.txn_pos];
+                        p.extend_from_slice(&id.to_le_bytes());
+                        p.extend_from_slice(&(r.len() as u32).to_le_bytes());
+                        p.extend_from_slice(r);
+                        self.txn_pos += 1;
+                    }
+                    (KIND_TXN_RECORDS, p)
+                }
                 Phase::End => {
-                    let mut p = Vec::with_capacity(16);
+                    let mut p = Vec::with_capacity(24);
                     p.extend_from_slice(&self.records.to_le_bytes());
                     p.extend_from_slice(&(self.leases.len() as u64).to_le_bytes());
+                    p.extend_from_slice(&(self.txn_records.len() as u64).to_le_bytes());
                     self.phase = Phase::Done;
                     (KIND_END, p)
                 }

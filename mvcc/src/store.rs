@@ -28,6 +28,8 @@ mod commit;
 mod defrag;
 pub use defrag::{DefragProgress, DefragRun};
 mod read;
+pub(crate) mod txn_records;
+pub use txn_records::MAX_TXN_RECORD_BYTES;
 
 /// Tuning of one store. Nothing here changes what `apply` does with an
 /// entry: every member applies the same committed entry the same way, so a
@@ -209,6 +211,12 @@ pub struct Store {
     pub(crate) leases: BTreeMap<i64, LeaseState>,
     pub(crate) key_lease: HashMap<Vec<u8>, i64, KeyHash>,
     pub(crate) lease_dirty: BTreeSet<i64>,
+    /// The records of cross-shard txns still open, by id (the txn's
+    /// revision), uncommitted puts and removes included; shared with the
+    /// snapshot streams taken meanwhile.
+    pub(crate) txn_records: BTreeMap<i64, Rc<[u8]>>,
+    /// Txn record ids put or removed since the last commit.
+    pub(crate) txn_dirty: BTreeSet<i64>,
     pub(crate) snapshots: Registry,
     pub(crate) poisoned: bool,
     pub(crate) stats: CommitStats,
@@ -283,6 +291,7 @@ impl Store {
                     txn,
                     rev_root: 0,
                     lease_root: 0,
+                    txn_root: 0,
                     applied_index: 0,
                     current_rev: 1,
                     compact_rev: 0,
@@ -384,6 +393,8 @@ impl Store {
             leases: BTreeMap::new(),
             key_lease: HashMap::default(),
             lease_dirty: BTreeSet::new(),
+            txn_records: BTreeMap::new(),
+            txn_dirty: BTreeSet::new(),
             snapshots: Rc::new(RefCell::new(BTreeMap::new())),
             poisoned: false,
             stats: CommitStats::default(),
@@ -401,14 +412,16 @@ impl Store {
             records,
             keys = store.index.borrow().len(),
             leases = store.leases.len(),
+            txn_records = store.txn_records.len(),
             elapsed_ms = started.elapsed().as_millis() as u64,
             "opened mvcc store"
         );
         Ok(store)
     }
 
-    /// Rebuilds index, lease table and free pages from the committed trees,
-    /// checking every reachable page.
+    /// Rebuilds index, lease table, txn records and free pages from the
+    /// committed trees, checking every reachable page. Every tree must be
+    /// walked: a page none of them reaches is free and will be reused.
     pub(crate) fn rebuild(&mut self) -> Result<u64, OpenError> {
         let file = self.file.clone();
         let src = self.pager.source.clone();
@@ -483,6 +496,18 @@ impl Store {
             );
             Ok(())
         })?;
+        let mut txn_records = BTreeMap::new();
+        btree::walk(&src, meta.txn_root, &mut mark, &mut |k, v| {
+            if k.1 != 0 {
+                return Err(CorruptPage {
+                    file: file.to_string(),
+                    page: 0,
+                    fault: crate::page::PageFault::Malformed("txn record key"),
+                });
+            }
+            txn_records.insert(k.0 as i64, Rc::from(v));
+            Ok(())
+        })?;
         if let Some(id) = beyond {
             return Err(CorruptPage {
                 file: file.to_string(),
@@ -520,6 +545,8 @@ impl Store {
         self.pending_deletes = leftovers.into_iter().collect();
         self.leases = leases;
         self.key_lease = key_lease;
+        self.txn_records = txn_records;
+        self.txn_dirty.clear();
         Ok(records)
     }
 
@@ -575,7 +602,7 @@ impl Store {
     pub fn is_poisoned(&self) -> bool {
         self.poisoned
     }
-    /// Bytes of records applied since the last commit.
+    /// Bytes of records applied and txn records put since the last commit.
     pub fn pending_bytes(&self) -> usize {
         self.pending_bytes
     }

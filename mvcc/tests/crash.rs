@@ -6,7 +6,9 @@
 //! in-flight commit), with the matching applied index. Run again with
 //! entries applied at the sparse revisions they carry (`apply_at`), the
 //! reached revision after recovery must be the one committed, also where the
-//! last entry of a commit wrote nothing.
+//! last entry of a commit wrote nothing. Beside its entries the workload puts
+//! and removes txn records as the shard driver does, so a record and the
+//! entry it was put for are found after recovery together or not at all.
 //!
 //! More seeds: `MVCC_CRASH_SEEDS=200 cargo test --release -p cairn-mvcc --test crash`.
 
@@ -36,6 +38,8 @@ fn run(
     revs: Revisions,
 ) -> (u64, Model, Option<Model>) {
     let mut rng = SmallRng::seed_from_u64(seed);
+    // Its own generator, so the entries are those of the workload without records.
+    let mut txn_rng = SmallRng::seed_from_u64(seed ^ 0x7478_6e72);
     let mut store =
         Store::open_with(Box::new(storage.clone()), "crash", Config::default()).unwrap();
     let start_syncs = storage.syncs_done();
@@ -58,6 +62,7 @@ fn run(
             }
         };
         assert_eq!(r.is_ok(), accepted, "seed {seed} op {i}: {op:?} -> {r:?}");
+        change_txn_records(&mut txn_rng, &mut store, &mut m);
         if rng.gen_range(0..6) == 0 || i + 1 == OPS {
             match store.commit() {
                 Ok(_) => committed = m.clone(),
@@ -79,6 +84,31 @@ fn run(
         }
     }
     (storage.syncs_done() - start_syncs, committed, None)
+}
+
+/// What the shard driver does beside an entry that starts or ends a
+/// cross-shard txn: puts a record under the entry's revision (some long
+/// enough for overflow pages), or removes one; mostly neither.
+fn change_txn_records(rng: &mut SmallRng, store: &mut Store, m: &mut Model) {
+    match rng.gen_range(0..6) {
+        0 | 1 => {
+            let len = if rng.gen_range(0..8) == 0 {
+                rng.gen_range(1025usize..9000)
+            } else {
+                rng.gen_range(0usize..400)
+            };
+            let record: Vec<u8> = (0..len).map(|_| rng.byte()).collect();
+            store.put_txn_record(m.rev, &record);
+            m.txn_records.insert(m.rev, record);
+        }
+        2 if !m.txn_records.is_empty() => {
+            let ids: Vec<i64> = m.txn_records.keys().copied().collect();
+            let id = ids[rng.gen_range(0..ids.len())];
+            store.remove_txn_record(id);
+            m.txn_records.remove(&id);
+        }
+        _ => {}
+    }
 }
 
 /// Whether a commit of `m` records a revision reached by an entry that wrote

@@ -34,6 +34,7 @@ impl Store {
         !self.pending.is_empty()
             || !self.pending_deletes.is_empty()
             || !self.lease_dirty.is_empty()
+            || !self.txn_dirty.is_empty()
             || self.applied_index != self.committed.applied_index
             || self.current_rev != self.committed.current_rev
             || self.compact_rev.get() != self.committed.compact_rev
@@ -87,6 +88,7 @@ impl Store {
         let need_pages = (self.pending_bytes / (PAGE_SIZE_BYTES / 2)
             + self.pending_deletes.len() / 4
             + self.lease_dirty.len()
+            + self.txn_dirty.len()
             + 16) as u64;
         let available =
             self.pager.free.len() as u64 + (self.pager.file_pages - self.pager.high_water);
@@ -175,17 +177,21 @@ impl Store {
             .map(|id| ((id as u64, 0), self.leases.get(&id).map(encode_lease)))
             .collect();
         let mut lease_root = btree::apply(&mut self.pager, self.committed.lease_root, lease_muts)?;
+        let txn_muts = self.txn_record_mutations();
+        let mut txn_root = btree::apply(&mut self.pager, self.committed.txn_root, txn_muts)?;
         self.relocated_pages = 0;
         if let Some((limit, pages)) = relocate {
             let mut budget = pages;
             rev_root = btree::relocate(&mut self.pager, rev_root, limit, &mut budget)?;
             lease_root = btree::relocate(&mut self.pager, lease_root, limit, &mut budget)?;
+            txn_root = btree::relocate(&mut self.pager, txn_root, limit, &mut budget)?;
             self.relocated_pages = pages - budget;
         }
         let meta = Meta {
             txn,
             rev_root,
             lease_root,
+            txn_root,
             applied_index: self.applied_index,
             current_rev: self.current_rev,
             compact_rev: self.compact_rev.get(),

@@ -78,6 +78,9 @@ pub struct Model {
     pub rev: i64,
     pub compact: i64,
     pub leases: BTreeMap<i64, i64>,
+    /// Pending cross-shard txn records, as the shard driver puts and removes
+    /// them beside its entries.
+    pub txn_records: BTreeMap<i64, Vec<u8>>,
     pub applied_index: u64,
     /// Every write in revision order, as watch events.
     pub events: Vec<Event>,
@@ -545,7 +548,7 @@ pub fn random_op(rng: &mut SmallRng, m: &Model) -> Op {
 }
 
 /// Checks the store against the model: every key at several revisions, counts,
-/// and leases.
+/// leases and txn records.
 pub fn check(store: &Store, m: &Model, rng: &mut SmallRng, ctx: &str) {
     assert_eq!(store.current_revision(), m.rev, "{ctx}: revision");
     assert_eq!(
@@ -584,6 +587,12 @@ pub fn check(store: &Store, m: &Model, rng: &mut SmallRng, ctx: &str) {
     let leases: Vec<(i64, i64)> = store.leases().iter().map(|l| (l.id, l.ttl_secs)).collect();
     let want: Vec<(i64, i64)> = m.leases.iter().map(|(a, b)| (*a, *b)).collect();
     assert_eq!(leases, want, "{ctx}: leases");
+    let txn_records: Vec<(i64, Vec<u8>)> = m
+        .txn_records
+        .iter()
+        .map(|(id, r)| (*id, r.clone()))
+        .collect();
+    assert_eq!(store.txn_records(), txn_records, "{ctx}: txn records");
     for id in m.leases.keys() {
         let mut keys: Vec<Vec<u8>> = m
             .all_at(m.rev)
