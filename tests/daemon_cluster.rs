@@ -175,7 +175,8 @@ async fn three_member_cluster_behaves_like_etcd() {
     assert_eq!(r.count(), 40);
     assert!(r.kvs().is_empty());
 
-    // A txn over keys of one routing prefix works; over two shards it is refused.
+    // A txn over keys of one routing prefix works, and one over every shard
+    // too, through every member: one revision for all its writes.
     let ok = clients[0]
         .txn(Txn::new().and_then([
             TxnOp::put("/registry/pods/a", "1", None),
@@ -184,23 +185,28 @@ async fn three_member_cluster_behaves_like_etcd() {
         .await
         .unwrap();
     assert!(ok.succeeded());
-    let mut refused = None;
-    for i in 1..40 {
-        let other = format!("/merge{i:02}/item");
-        let r = clients[0]
-            .txn(Txn::new().and_then([
-                TxnOp::put("/merge00/item", "x", None),
-                TxnOp::put(other.as_str(), "y", None),
-            ]))
-            .await;
-        if let Err(e) = r {
-            refused = Some(status_of(e));
-            break;
+    for (n, c) in clients.iter_mut().enumerate() {
+        let puts: Vec<TxnOp> = (0..40)
+            .map(|i| TxnOp::put(format!("/merge{i:02}/txn"), format!("by {n}"), None))
+            .collect();
+        let t = c.txn(Txn::new().and_then(puts)).await.unwrap();
+        assert!(t.succeeded());
+        let revision = t.header().unwrap().revision();
+        let r = c
+            .get("/merge", Some(GetOptions::new().with_prefix()))
+            .await
+            .unwrap();
+        let txn_keys: Vec<_> = r
+            .kvs()
+            .iter()
+            .filter(|kv| kv.key().ends_with(b"/txn"))
+            .collect();
+        assert_eq!(txn_keys.len(), 40, "through member {n}");
+        for kv in txn_keys {
+            assert_eq!(kv.mod_revision(), revision, "through member {n}");
+            assert_eq!(kv.value(), format!("by {n}").as_bytes());
         }
     }
-    let s = refused.expect("some pair of prefixes lands on two of four shards");
-    assert_eq!(s.code(), Code::FailedPrecondition);
-    assert!(s.message().contains("span shards"), "{}", s.message());
 
     // Deleting a prefix across shards.
     let d = clients[1]
@@ -210,8 +216,8 @@ async fn three_member_cluster_behaves_like_etcd() {
         )
         .await
         .unwrap();
-    assert_eq!(d.deleted(), 40);
-    assert_eq!(d.prev_kvs().len(), 40);
+    assert_eq!(d.deleted(), 80);
+    assert_eq!(d.prev_kvs().len(), 80);
 
     // Bad input gets etcd's errors.
     let e = status_of(clients[0].put("", "v", None).await.unwrap_err());

@@ -43,3 +43,4 @@ pub use store::{
     MAX_REQUEST_BYTES_LIMIT, MAX_TXN_RECORD_BYTES,
 };
 pub use types::*;
+pub use view::compare_absent;

@@ -27,6 +27,7 @@ pub(crate) mod changes;
 mod commit;
 mod defrag;
 pub use defrag::{DefragProgress, DefragRun};
+mod parts;
 mod read;
 pub(crate) mod txn_records;
 pub use txn_records::MAX_TXN_RECORD_BYTES;

@@ -178,6 +178,14 @@ impl View<'_> {
     /// etcd's compare: every key in the range must satisfy it; a missing key
     /// compares as zero, except that a value compare on no key fails.
     pub(crate) fn compare(&self, c: &Compare) -> Result<bool, ReadError> {
+        Ok(self
+            .compare_present(c)?
+            .unwrap_or_else(|| compare_absent(c)))
+    }
+
+    /// The compare over the keys of its range present here: None when there
+    /// are none, else whether every one satisfies it.
+    pub(crate) fn compare_present(&self, c: &Compare) -> Result<Option<bool>, ReadError> {
         let end = End::from_range_end(&c.range_end);
         let mut founds = Vec::new();
         self.index
@@ -186,10 +194,7 @@ impl View<'_> {
                 true
             });
         if founds.is_empty() {
-            if let CompareTarget::Value(_) = c.target {
-                return Ok(false);
-            }
-            return Ok(compare_kv(c, &KeyValue::default()));
+            return Ok(None);
         }
         for f in founds {
             let kv = match c.target {
@@ -202,10 +207,19 @@ impl View<'_> {
                 },
             };
             if !compare_kv(c, &kv) {
-                return Ok(false);
+                return Ok(Some(false));
             }
         }
-        Ok(true)
+        Ok(Some(true))
+    }
+}
+
+/// etcd's compare on a range holding no key: a missing key compares as
+/// zero, and a value compare fails.
+pub fn compare_absent(c: &Compare) -> bool {
+    match c.target {
+        CompareTarget::Value(_) => false,
+        _ => compare_kv(c, &KeyValue::default()),
     }
 }
 

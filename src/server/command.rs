@@ -4,7 +4,8 @@
 
 use std::time::Duration;
 
-use cairn_proto::cairnpb::shard_request;
+use cairn_proto::cairnpb::{self, shard_request};
+use cairn_proto::etcdserverpb as pb;
 use cairn_proto::etcdserverpb::{
     CompactionResponse, DeleteRangeResponse, PutResponse, RangeRequest, RangeResponse, TxnResponse,
 };
@@ -182,6 +183,67 @@ pub enum ShardCommand {
         to: u64,
         reply: Reply<()>,
     },
+    /// A txn over several shards (docs/KEYSPACE.md, "Transactions over
+    /// several shards") holds this shard: until it proposes its part or lets
+    /// go, no entry of the shard gets a revision and read points wait.
+    /// `txn` is a number the keyspace leader gave the txn. Answered once held
+    /// (after the txns that held it before let go); refused where this
+    /// member does not take the shard's writes now.
+    CrossHold {
+        txn: u64,
+        reply: Reply<()>,
+    },
+    /// Each compare over this shard's keys (see
+    /// `mvcc::Store::compare_present`), once every entry proposed before the
+    /// hold of `txn` is applied.
+    CrossCompare {
+        txn: u64,
+        compares: Vec<pb::Compare>,
+        reply: Reply<Vec<Option<bool>>>,
+    },
+    /// Whether the held shard would apply `ops` at `revision` without a
+    /// request error.
+    CrossCheck {
+        txn: u64,
+        ops: Vec<pb::RequestOp>,
+        revision: i64,
+        reply: Reply<()>,
+    },
+    /// Proposes this shard's part of the txn at `revision` and lets go of
+    /// the hold; answered with the part's answer once applied here. `txn` 0:
+    /// a keyspace leader finishing an earlier leader's txn before it assigns
+    /// revisions: proposed only if the shard has not reached `revision`
+    /// (else answered at once with `WriteResult::Applied`).
+    CrossPropose {
+        txn: u64,
+        revision: i64,
+        part: cairnpb::CrossTxnPart,
+        reply: Reply<WriteResult>,
+    },
+    /// Lets go of the hold of `txn`, or stops waiting for it.
+    CrossRelease {
+        txn: u64,
+    },
+    /// Proposes that the shard forget its record of the txn at `revision`;
+    /// answered once applied here.
+    CrossForget {
+        revision: i64,
+        reply: Reply<()>,
+    },
+    /// For a keyspace leader about to assign revisions: the shard's revision
+    /// and its records of txns over several shards, once it has applied
+    /// every entry of earlier terms here.
+    CrossRecords {
+        reply: Reply<CrossRecords>,
+    },
+}
+
+/// A shard's records of txns over several shards, and its revision.
+#[derive(Debug, Clone, Default)]
+pub struct CrossRecords {
+    pub revision: i64,
+    /// Each record: the txn's revision and its plan (`cairnpb.CrossTxnPlan`).
+    pub records: Vec<(i64, Vec<u8>)>,
 }
 
 /// Identifies a watcher on a shard: the stream it belongs to and its id there.

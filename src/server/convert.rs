@@ -105,7 +105,7 @@ pub fn delete_to_pb(
     }
 }
 
-fn compare_from_pb(c: &pb::Compare) -> mvcc::Compare {
+pub fn compare_from_pb(c: &pb::Compare) -> mvcc::Compare {
     use pb::compare::{CompareResult as R, CompareTarget as T, TargetUnion as U};
     let result = match R::try_from(c.result).unwrap_or(R::Equal) {
         R::Equal => mvcc::CompareResult::Equal,

@@ -90,12 +90,12 @@ pub(super) fn warn_if_sharded(shards: usize) {
     if shards > 1 {
         tracing::warn!(
             shards,
-            "running {shards} shards: unlike etcd, txns whose keys span shards \
-             are refused, and a serializable read at a revision one shard has not \
-             reached fails as a future revision; writes follow one revision order, \
-             and linearizable reads, watches and compactions are consistent with \
-             it; --shards 1 (the default) keeps etcd's semantics over the whole \
-             keyspace"
+            "running {shards} shards: unlike etcd, a serializable read at a \
+             revision one shard has not reached fails as a future revision, and \
+             revisions start at 2^40; writes (txns over any keys included) follow \
+             one revision order, and linearizable reads, watches and compactions \
+             are consistent with it; --shards 1 (the default) keeps etcd's \
+             revision numbering"
         );
     }
 }

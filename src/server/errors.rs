@@ -70,14 +70,12 @@ pub enum ApiError {
     NotSupportedForLearner,
     #[error("etcdserver: too many learner members in cluster")]
     TooManyLearners,
-    /// A txn whose keys live on different shards: Cairn runs one Raft group per
-    /// shard and does not commit across groups.
-    #[error(
-        "cairn: txn keys span shards {shards:?}; the keys of one txn must route to one shard \
-         (keys sharing a routing prefix do: the first two path segments of a key that \
-         starts with '/', otherwise the key up to its first '/')"
-    )]
-    CrossShardTxn { shards: Vec<u32> },
+    /// A write whose outcome this member cannot tell: it was proposed, and
+    /// leadership changed before it was seen applied (etcd's answer when a
+    /// leader fails under a request). A txn over several shards is then
+    /// applied whole or not at all; a read tells which.
+    #[error("etcdserver: request timed out, possibly due to previous leader failure")]
+    TimeoutLeaderFail,
     #[error("etcdserver: root user does not exist")]
     RootUserNotExist,
     #[error("etcdserver: root user does not have root role")]
@@ -135,27 +133,15 @@ impl ApiError {
             Compacted | FutureRev | LeaseTtlTooLarge => Code::OutOfRange,
             NoSpace | TooManyRequests => Code::ResourceExhausted,
             LeaseNotFound | MemberNotFound => Code::NotFound,
-            LeaseExist
-            | MemberExist
-            | PeerUrlExist
-            | MemberNotLearner
-            | LearnerNotReady
-            | BadLeaderTransferee
-            | TooManyLearners
-            | RootUserNotExist
-            | RootRoleNotExist
-            | UserAlreadyExist
-            | UserNotFound
-            | RoleAlreadyExist
-            | RoleNotFound
-            | RoleNotGranted
-            | PermissionNotGranted
-            | AuthNotEnabled
-            | CrossShardTxn { .. } => Code::FailedPrecondition,
+            LeaseExist | MemberExist | PeerUrlExist | MemberNotLearner | LearnerNotReady
+            | BadLeaderTransferee | TooManyLearners | RootUserNotExist | RootRoleNotExist
+            | UserAlreadyExist | UserNotFound | RoleAlreadyExist | RoleNotFound
+            | RoleNotGranted | PermissionNotGranted | AuthNotEnabled => Code::FailedPrecondition,
             NoLeader
             | LeaderChanged
             | Stopped
             | Timeout
+            | TimeoutLeaderFail
             | LeaderTransferTimeout
             | NotLeader { .. }
             | NotSupportedForLearner => Code::Unavailable,
@@ -235,8 +221,5 @@ mod tests {
             assert_eq!(s.code(), code);
             assert_eq!(s.message(), msg);
         }
-        let s = Status::from(ApiError::CrossShardTxn { shards: vec![0, 3] });
-        assert_eq!(s.code(), Code::FailedPrecondition);
-        assert!(s.message().contains("[0, 3]"), "{}", s.message());
     }
 }

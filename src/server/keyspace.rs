@@ -64,9 +64,30 @@ enum Slot {
     Ready { term: u64, revision: i64 },
 }
 
+/// The counter's opening, decided once every shard is ready here and
+/// waiting for the txns over several shards that an earlier leader left
+/// half-proposed to be finished (`cross_txn::finish_earlier`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Opening {
+    /// Which readiness of every shard this is: a shard losing its own
+    /// since makes it stale.
+    generation: u64,
+    epoch: u64,
+    base: i64,
+}
+
+#[derive(Debug)]
+struct Slots {
+    slots: Vec<Slot>,
+    generation: u64,
+    opening: Option<Opening>,
+}
+
 #[derive(Debug)]
 pub struct Keyspace {
-    slots: Mutex<Vec<Slot>>,
+    slots: Mutex<Slots>,
+    /// Woken when an opening waits for its finishing.
+    opening_wanted: tokio::sync::Notify,
     /// Whether this member assigns revisions now.
     open: AtomicBool,
     /// The last revision handed out (or the base it starts above).
@@ -89,7 +110,12 @@ pub struct Keyspace {
 impl Keyspace {
     pub fn new(shards: usize) -> Self {
         Keyspace {
-            slots: Mutex::new(vec![Slot::NotReady; shards]),
+            slots: Mutex::new(Slots {
+                slots: vec![Slot::NotReady; shards],
+                generation: 0,
+                opening: None,
+            }),
+            opening_wanted: tokio::sync::Notify::new(),
             open: AtomicBool::new(false),
             counter: AtomicI64::new(0),
             epoch_end: AtomicI64::new(0),
@@ -162,54 +188,86 @@ impl Keyspace {
     }
 
     /// `shard` is led here in `term` and has applied every entry of earlier
-    /// terms, up to `revision`. Opens the counter once every shard is.
+    /// terms, up to `revision`. Once every shard is, the counter opens after
+    /// the txns over several shards an earlier leader left half-proposed are
+    /// finished ([`Keyspace::opening_wanted`], [`Keyspace::finished`]).
     pub fn shard_ready(&self, shard: u32, term: u64, revision: i64) {
-        let mut slots = self.slots.lock().expect("keyspace slots");
-        let Some(slot) = slots.get_mut(shard as usize) else {
+        let mut st = self.slots.lock().expect("keyspace slots");
+        let Some(slot) = st.slots.get_mut(shard as usize) else {
             return;
         };
         *slot = Slot::Ready { term, revision };
         let mut base = 0;
-        for s in slots.iter() {
+        for s in st.slots.iter() {
             match s {
                 Slot::Ready { revision, .. } => base = base.max(*revision),
                 Slot::NotReady => return,
             }
         }
-        let Slot::Ready { term: epoch, .. } = slots[0] else {
+        let Slot::Ready { term: epoch, .. } = st.slots[0] else {
             return;
         };
         if epoch > MAX_EPOCH {
             tracing::error!(epoch, "shard 0's term is past the last revision epoch");
             return;
         }
+        st.generation += 1;
+        st.opening = Some(Opening {
+            generation: st.generation,
+            epoch,
+            base,
+        });
+        self.opening_wanted.notify_one();
+    }
+
+    /// Waits until every shard is ready here and the counter waits to open;
+    /// answers that opening's generation, for [`Keyspace::finished`].
+    pub async fn opening_wanted(&self) -> u64 {
+        loop {
+            if let Some(o) = self.slots.lock().expect("keyspace slots").opening {
+                return o.generation;
+            }
+            self.opening_wanted.notified().await;
+        }
+    }
+
+    /// The earlier leaders' txns are finished for opening `generation`:
+    /// opens the counter, unless a shard stopped being ready since (false).
+    pub fn finished(&self, generation: u64) -> bool {
+        let mut st = self.slots.lock().expect("keyspace slots");
+        let Some(o) = st.opening.filter(|o| o.generation == generation) else {
+            return false;
+        };
+        st.opening = None;
         // Above every revision of an earlier epoch, and never below what
         // this member handed out before in this epoch.
-        let base = base.max(epoch_start(epoch));
+        let base = o.base.max(epoch_start(o.epoch));
         let previous = self.counter.fetch_max(base, Ordering::AcqRel);
         self.epoch_end
-            .store(epoch_start(epoch + 1) - 1, Ordering::Release);
+            .store(epoch_start(o.epoch + 1) - 1, Ordering::Release);
         self.open.store(true, Ordering::Release);
         let times = self.opened.fetch_add(1, Ordering::Relaxed) + 1;
         tracing::info!(
             revision = base.max(previous),
-            epoch,
+            epoch = o.epoch,
             times,
             "keyspace leader: this member assigns revisions to every shard's writes"
         );
+        true
     }
 
     /// `shard` is no longer led here (or lost its readiness): closes the
     /// counter until every shard is ready again.
     pub fn shard_not_ready(&self, shard: u32) {
-        let mut slots = self.slots.lock().expect("keyspace slots");
-        let Some(slot) = slots.get_mut(shard as usize) else {
+        let mut st = self.slots.lock().expect("keyspace slots");
+        let Some(slot) = st.slots.get_mut(shard as usize) else {
             return;
         };
         if *slot == Slot::NotReady {
             return;
         }
         *slot = Slot::NotReady;
+        st.opening = None;
         if self.open.swap(false, Ordering::AcqRel) {
             tracing::info!(shard, "keyspace leadership lost: writes wait for a leader");
         }
@@ -245,11 +303,38 @@ mod tests {
         k
     }
 
+    /// `shard` is ready; when that makes every shard ready, the earlier
+    /// leaders' txns are finished at once (none here).
+    fn ready(k: &Keyspace, shard: u32, term: u64, revision: i64) {
+        k.shard_ready(shard, term, revision);
+        let pending = k.slots.lock().unwrap().opening;
+        if let Some(o) = pending {
+            assert!(k.finished(o.generation));
+        }
+    }
+
     #[test]
-    fn no_revision_without_a_lease_on_every_shard() {
+    fn opens_only_once_earlier_txns_are_finished_for_the_same_readiness() {
         let k = leased(2);
         k.shard_ready(0, 1, 0);
         k.shard_ready(1, 1, 0);
+        assert_eq!(k.next_revision(), None, "waits for the finishing");
+        let generation = futures::executor::block_on(k.opening_wanted());
+        k.shard_not_ready(1);
+        k.shard_ready(1, 2, 0);
+        assert!(!k.finished(generation), "shard 1 was ready again since");
+        assert_eq!(k.next_revision(), None);
+        let generation = futures::executor::block_on(k.opening_wanted());
+        assert!(k.finished(generation));
+        assert!(k.next_revision().is_some());
+        assert!(!k.finished(generation), "once");
+    }
+
+    #[test]
+    fn no_revision_without_a_lease_on_every_shard() {
+        let k = leased(2);
+        ready(&k, 0, 1, 0);
+        ready(&k, 1, 1, 0);
         assert!(k.next_revision().is_some());
         k.drop_lease(1);
         assert_eq!(k.next_revision(), None);
@@ -264,11 +349,11 @@ mod tests {
     fn opens_only_when_every_shard_is_ready_and_starts_above_its_epoch_and_every_revision() {
         let k = leased(3);
         assert_eq!(k.next_revision(), None);
-        k.shard_ready(0, 2, 10);
-        k.shard_ready(2, 2, 40);
+        ready(&k, 0, 2, 10);
+        ready(&k, 2, 2, 40);
         assert_eq!(k.next_revision(), None, "shard 1 is not ready");
         assert_eq!(k.current(), None);
-        k.shard_ready(1, 3, 25);
+        ready(&k, 1, 3, 25);
         assert_eq!(k.next_revision(), Some(epoch_start(2) + 1));
         assert_eq!(k.next_revision(), Some(epoch_start(2) + 2));
         assert_eq!(k.current(), Some(epoch_start(2) + 2));
@@ -277,8 +362,8 @@ mod tests {
     #[test]
     fn a_later_epoch_is_above_every_revision_of_an_earlier_one() {
         let k = leased(2);
-        k.shard_ready(0, 1, 5);
-        k.shard_ready(1, 1, 7);
+        ready(&k, 0, 1, 5);
+        ready(&k, 1, 1, 7);
         let first = k.next_revision().unwrap();
         let point = k.current().unwrap();
         assert_eq!(first, point);
@@ -286,13 +371,13 @@ mod tests {
         assert_eq!(k.next_revision(), None);
         // Ready again in the same epoch with logs that never got `first`
         // (the entry was lost): the counter still goes on above it.
-        k.shard_ready(1, 2, 7);
+        ready(&k, 1, 2, 7);
         assert_eq!(k.next_revision(), Some(first + 1));
         assert_eq!(k.times_opened(), 2);
         // Shard 0 changed leader and came back: a new epoch, above any
         // revision or read point of the old one.
         k.shard_not_ready(0);
-        k.shard_ready(0, 4, 7);
+        ready(&k, 0, 4, 7);
         let next = k.next_revision().unwrap();
         assert_eq!(next, epoch_start(4) + 1);
         assert!(next > point + 1);
@@ -301,24 +386,24 @@ mod tests {
     #[test]
     fn a_used_up_epoch_hands_out_nothing_until_a_new_one() {
         let k = leased(1);
-        k.shard_ready(0, 1, epoch_start(2) - 2);
+        ready(&k, 0, 1, epoch_start(2) - 2);
         assert_eq!(k.next_revision(), Some(epoch_start(2) - 1));
         assert_eq!(k.next_revision(), None);
         assert_eq!(k.current(), None, "closed until shard 0 changes leader");
         k.shard_not_ready(0);
-        k.shard_ready(0, 2, epoch_start(2) - 1);
+        ready(&k, 0, 2, epoch_start(2) - 1);
         assert_eq!(k.next_revision(), Some(epoch_start(2) + 1));
     }
 
     #[test]
     fn shards_not_on_this_member_are_ignored_and_huge_terms_never_open() {
         let k = leased(1);
-        k.shard_ready(5, 1, 1);
+        ready(&k, 5, 1, 1);
         k.shard_not_ready(5);
         assert_eq!(k.next_revision(), None);
-        k.shard_ready(0, MAX_EPOCH + 1, 3);
+        ready(&k, 0, MAX_EPOCH + 1, 3);
         assert_eq!(k.next_revision(), None);
-        k.shard_ready(0, MAX_EPOCH, 3);
+        ready(&k, 0, MAX_EPOCH, 3);
         assert_eq!(k.next_revision(), Some(epoch_start(MAX_EPOCH) + 1));
     }
 }

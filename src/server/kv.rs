@@ -2,16 +2,19 @@
 //!
 //! Requests are checked here (etcd's checks, etcd's errors), routed to the shards
 //! that own their keys, and answered with etcd's response header. A range over
-//! several shards is answered by all of them and merged in key order; a txn over
-//! several shards is refused.
+//! several shards is answered by all of them and merged in key order; a txn or
+//! a delete over several shards runs as one txn at one revision
+//! (`cross_txn`).
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use cairn_proto::cairnpb::shard_request::Request as ShardReq;
 use cairn_proto::etcdserverpb::kv_server::Kv;
 use cairn_proto::etcdserverpb::{
-    CompactionRequest, CompactionResponse, DeleteRangeRequest, DeleteRangeResponse, PutRequest,
-    PutResponse, RangeRequest, RangeResponse, ResponseHeader, TxnRequest, TxnResponse,
+    request_op, response_op, CompactionRequest, CompactionResponse, DeleteRangeRequest,
+    DeleteRangeResponse, PutRequest, PutResponse, RangeRequest, RangeResponse, RequestOp,
+    ResponseHeader, TxnRequest, TxnResponse,
 };
 use futures::future::join_all;
 use prost::Message;
@@ -19,6 +22,7 @@ use tonic::{Request, Response, Status};
 
 use super::auth::{caller_of, check, AuthStore};
 use super::command::{ReadAt, WriteResult};
+use super::cross_txn;
 use super::errors::ApiError;
 use super::members::MemberRegistry;
 use super::merge::merge_ranges;
@@ -46,6 +50,26 @@ pub struct KvService {
     /// Where the keyspace leader is found for a read point.
     pub members: Arc<MemberRegistry>,
     pub peers: peer_http::PeerClient,
+}
+
+/// Asks the keyspace leader at `url` to run a txn over several shards.
+async fn forward_txn(
+    peers: &peer_http::PeerClient,
+    url: &str,
+    cluster_id: u64,
+    req: &TxnRequest,
+) -> peer_http::Forwarded<TxnResponse> {
+    peers
+        .call(
+            url,
+            hyper::Method::POST,
+            peer_http::TXN_PATH,
+            &[(peer_http::CLUSTER_HEADER, format!("{cluster_id:x}"))],
+            bytes::Bytes::from(req.encode_to_vec()),
+            peer_http::PEER_HTTP_TIMEOUT,
+        )
+        .await
+        .and_decode(|b| TxnResponse::decode(b).map_err(|e| format!("bad txn answer: {e}")))
 }
 
 fn unexpected(what: &str) -> Status {
@@ -105,18 +129,75 @@ impl KvService {
         .await
     }
 
-    async fn delete_across(
-        &self,
-        req: DeleteRangeRequest,
-    ) -> Result<DeleteRangeResponse, ApiError> {
+    /// A txn over several shards: run by the keyspace leader, here or, when
+    /// another member is, forwarded to it over the peer port. Retried
+    /// through elections only while nothing was proposed.
+    async fn txn_across(&self, req: TxnRequest) -> Result<TxnResponse, Status> {
+        let deadline = Instant::now() + LEADERLESS_WAIT;
+        let mut last: Status = ApiError::NoLeader.into();
+        loop {
+            // Apart from this request: a client that gives up must not stop
+            // a txn half way through its holds.
+            let run = tokio::spawn(cross_txn::run(self.router.clone(), req.clone()));
+            let leader = match run.await {
+                Ok(Ok(r)) => return Ok(r),
+                Ok(Err(ApiError::NotLeader { leader })) => leader,
+                Ok(Err(e @ (ApiError::NoLeader | ApiError::LeaderChanged))) => {
+                    last = e.into();
+                    crate::raft::NONE
+                }
+                Ok(Err(e)) => return Err(e.into()),
+                Err(e) => {
+                    return Err(Status::internal(format!(
+                        "cairn: txn over several shards: {e}"
+                    )))
+                }
+            };
+            let url = self
+                .members
+                .get(leader)
+                .filter(|_| leader != self.members.local_id())
+                .and_then(|m| m.peer_urls.first().cloned());
+            if let Some(url) = url {
+                match forward_txn(&self.peers, &url, self.members.cluster_id(), &req).await {
+                    peer_http::Forwarded::Ok(r) => return Ok(r),
+                    peer_http::Forwarded::NotLeader(_) => {}
+                    // Not retried: the leader may have proposed it.
+                    peer_http::Forwarded::Failed(s) => return Err(s),
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(last);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn delete_across(&self, req: DeleteRangeRequest) -> Result<DeleteRangeResponse, Status> {
         validate::check_delete(&req)?;
         self.check_size(&req)?;
         let shards = self
             .router
             .routing
             .shards_for_range(&req.key, &req.range_end);
-        // Each shard deletes its part at a revision of its own: a delete
-        // spanning shards is one revision per shard, not one for the range.
+        if shards.len() > 1 && self.router.keyspace.is_some() {
+            // One revision for the whole range: a txn of the one delete.
+            let txn = TxnRequest {
+                success: vec![RequestOp {
+                    request: Some(request_op::Request::RequestDeleteRange(req)),
+                }],
+                ..Default::default()
+            };
+            let mut r = self.txn_across(txn).await?;
+            return match r.responses.pop().and_then(|op| op.response) {
+                Some(response_op::Response::ResponseDeleteRange(mut d)) => {
+                    d.header = r.header;
+                    self.identity.stamp(&mut d.header);
+                    Ok(d)
+                }
+                _ => Err(unexpected("delete")),
+            };
+        }
         let parts = join_all(
             shards
                 .iter()
@@ -138,7 +219,8 @@ impl KvService {
                     return Err(ApiError::Storage {
                         shard,
                         reason: "delete answered with another result kind".into(),
-                    })
+                    }
+                    .into())
                 }
             }
         }
@@ -256,7 +338,11 @@ impl Kv for KvService {
         for lease in check::txn(&self.auth, caller.as_ref(), &req)? {
             check::lease_keys(&self.auth, caller.as_ref(), &self.router, lease).await?;
         }
-        let shard = validate::txn_shard(&req, &self.router.routing)?;
+        let Some(shard) = validate::txn_shard(&req, &self.router.routing) else {
+            let mut r = self.txn_across(req).await?;
+            self.identity.stamp(&mut r.header);
+            return Ok(Response::new(r));
+        };
         match self.router.write(shard, ShardReq::Txn(req)).await? {
             WriteResult::Txn(mut r) => {
                 self.identity.stamp(&mut r.header);

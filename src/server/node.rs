@@ -463,6 +463,13 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
         let driver = Shard::open(&mut setup)?;
         tokio::task::spawn_local(driver.run(setup));
     }
+    if core == 0 && shared.keyspace.is_some() {
+        // Before the counter opens here, the txns over several shards an
+        // earlier keyspace leader left half-proposed are finished.
+        tokio::task::spawn_local(super::cross_txn::finish_at_every_opening(
+            shared.routers[core].clone(),
+        ));
+    }
 
     // Core 0 accepts peer connections and hands each to the core of its lane.
     if core == 0 {

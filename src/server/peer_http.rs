@@ -11,6 +11,7 @@
 //! | `POST /cairn/removed` | tells a member it was removed from the cluster (`x-cairn-member` must be its id): it stops |
 //! | `POST /cairn/lease-renew` | renews a lease at the leader of the shard in `x-cairn-shard` (`etcdserverpb.LeaseKeepAliveRequest`; answer `LeaseKeepAliveResponse`, TTL 0 when the shard has no such lease): `200`, or `409` with `x-cairn-leader` as above |
 //! | `POST /cairn/read-point` | the read point of a linearizable read over the shards listed (`cairnpb.KeyspaceReadPoint`), if this member is the keyspace leader: `200` with the revision and each shard's index, or `409` with `x-cairn-leader` naming shard 0's (or that shard's) leader |
+//! | `POST /cairn/txn` | runs a txn over several shards (`etcdserverpb.TxnRequest`) if this member is the keyspace leader: `200` with the `TxnResponse`, or `409` with `x-cairn-leader` when nothing was proposed, or the gRPC error as above |
 //! | `POST /cairn/lease-ttl` | a lease's time left at the leader of the shard in `x-cairn-shard` (`LeaseTimeToLiveRequest`; answer `LeaseTimeToLiveResponse` with the time left in milliseconds, -1 when the shard has no such lease): `200` or `409` as above |
 //!
 //! Every request but `GET /cairn/members` must carry the cluster id in
@@ -25,6 +26,7 @@ use bytes::Bytes;
 use cairn_proto::cairnpb::{KeyspaceReadPoint, MemberTable, ShardConfChange};
 use cairn_proto::etcdserverpb::{
     LeaseKeepAliveRequest, LeaseKeepAliveResponse, LeaseTimeToLiveRequest, LeaseTimeToLiveResponse,
+    TxnRequest,
 };
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
@@ -49,6 +51,13 @@ pub const SHARD_HEADER: &str = "x-cairn-shard";
 
 /// Largest request body accepted (a membership change is a few hundred bytes).
 const MAX_BODY_BYTES: usize = 64 * 1024;
+
+/// Largest txn forwarded to the keyspace leader: the forwarding member
+/// checked it against its request size limit, which is at most this.
+const MAX_TXN_BODY_BYTES: usize = cairn_mvcc::MAX_REQUEST_BYTES_LIMIT + 64 * 1024;
+
+/// A txn over several shards, forwarded to the keyspace leader.
+pub const TXN_PATH: &str = "/cairn/txn";
 
 /// Largest answer read from a peer (a lease's TimeToLive with its keys).
 const MAX_ANSWER_BYTES: usize = 64 * 1024 * 1024;
@@ -103,6 +112,7 @@ impl PeerHttp {
                     | "/cairn/lease-renew"
                     | "/cairn/lease-ttl"
                     | "/cairn/read-point"
+                    | TXN_PATH
             )
         {
             return text(StatusCode::NOT_FOUND, format!("no {method} {path} here"));
@@ -140,10 +150,12 @@ impl PeerHttp {
             .and_then(|v| v.to_str().ok())
             .unwrap_or_default()
             .to_string();
-        let body = match Limited::new(req.into_body(), MAX_BODY_BYTES)
-            .collect()
-            .await
-        {
+        let limit = if path == TXN_PATH {
+            MAX_TXN_BODY_BYTES
+        } else {
+            MAX_BODY_BYTES
+        };
+        let body = match Limited::new(req.into_body(), limit).collect().await {
             Ok(b) => b.to_bytes(),
             Err(e) => return text(StatusCode::BAD_REQUEST, format!("reading the body: {e}")),
         };
@@ -157,6 +169,9 @@ impl PeerHttp {
         }
         if path == "/cairn/read-point" {
             return serve_read_point(&self.router, body).await;
+        }
+        if path == TXN_PATH {
+            return serve_txn(&self.router, body).await;
         }
         let change = match ShardConfChange::decode(body) {
             Ok(c) => c,
@@ -220,6 +235,29 @@ async fn serve_read_point(router: &Router, body: Bytes) -> Response<Full<Bytes>>
         ),
         Err(ApiError::NotLeader { leader }) => not_leader(leader),
         Err(e) => failed(&e),
+    }
+}
+
+/// Serves `POST /cairn/txn`: runs a txn over several shards
+/// (`etcdserverpb.TxnRequest`) if this member is the keyspace leader: `200`
+/// with the `TxnResponse`, or `409` with `x-cairn-leader` naming the leader
+/// of a shard it touches, when nothing was proposed.
+async fn serve_txn(router: &Arc<Router>, body: Bytes) -> Response<Full<Bytes>> {
+    let req = match TxnRequest::decode(body) {
+        Ok(r) => r,
+        Err(e) => return text(StatusCode::BAD_REQUEST, format!("bad txn: {e}")),
+    };
+    // Run apart from this connection: a peer that gives up must not stop a
+    // txn half way through its holds.
+    let run = tokio::spawn(super::cross_txn::run(router.clone(), req));
+    match run.await {
+        Ok(Ok(r)) => answer(StatusCode::OK, Bytes::from(r.encode_to_vec())),
+        Ok(Err(ApiError::NotLeader { leader })) => not_leader(leader),
+        Ok(Err(e)) => failed(&e),
+        Err(e) => failed(&ApiError::Storage {
+            shard: 0,
+            reason: format!("txn over several shards: {e}"),
+        }),
     }
 }
 

@@ -299,6 +299,14 @@ impl Router {
         self.ask(shard, |reply| ShardCommand::HashKv { revision, reply })
             .await
     }
+
+    /// Queues `cmd` for `shard` without waiting for an answer (one that
+    /// must arrive: it waits for room in the queue).
+    pub async fn tell(&self, shard: ShardId, cmd: ShardCommand) {
+        // Fails only when the driver stopped, and with it what the command
+        // was for.
+        let _ = self.shards[shard as usize].send(cmd).await;
+    }
 }
 
 #[cfg(test)]

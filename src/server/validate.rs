@@ -187,16 +187,15 @@ fn add_txn_shards(t: &TxnRequest, routing: &RoutingTable, out: &mut BTreeSet<Sha
     }
 }
 
-/// The shard of a txn that touches no key at all (only empty ops): any shard
-/// answers it; shard 0 does.
-pub fn txn_shard(t: &TxnRequest, routing: &RoutingTable) -> Result<ShardId, ApiError> {
+/// The one shard a txn touches (a txn that touches no key at all, only
+/// empty ops, is answered by shard 0), or None when it touches several:
+/// then it runs as a txn over several shards (`cross_txn`).
+pub fn txn_shard(t: &TxnRequest, routing: &RoutingTable) -> Option<ShardId> {
     let shards = txn_shards(t, routing);
     match shards.len() {
-        0 => Ok(0),
-        1 => Ok(*shards.iter().next().expect("one shard")),
-        _ => Err(ApiError::CrossShardTxn {
-            shards: shards.into_iter().collect(),
-        }),
+        0 => Some(0),
+        1 => shards.iter().next().copied(),
+        _ => None,
     }
 }
 
@@ -294,7 +293,7 @@ mod tests {
     }
 
     #[test]
-    fn txn_across_shards_is_refused_naming_them() {
+    fn a_txn_names_its_one_shard_or_none_across_shards() {
         let routing = RoutingTable::new(8, 2);
         let mut a = 0;
         let mut b = 0;
@@ -312,14 +311,12 @@ mod tests {
             success: vec![put("/x0/a/k"), put(&format!("/x{b}/a/k"))],
             ..Default::default()
         };
-        match txn_shard(&t, &routing) {
-            Err(ApiError::CrossShardTxn { shards }) => assert_eq!(shards.len(), 2),
-            other => panic!("expected a cross-shard refusal, got {other:?}"),
-        }
+        assert_eq!(txn_shards(&t, &routing).len(), 2);
+        assert_eq!(txn_shard(&t, &routing), None);
         let t = TxnRequest {
             success: vec![put("/x0/a/k"), put("/x0/a/j")],
             ..Default::default()
         };
-        assert_eq!(txn_shard(&t, &routing), Ok(a));
+        assert_eq!(txn_shard(&t, &routing), Some(a));
     }
 }

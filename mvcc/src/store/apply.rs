@@ -263,7 +263,7 @@ impl Store {
         Ok(r)
     }
 
-    fn check_put(&self, p: &PutRequest) -> Result<(), ApplyError> {
+    pub(super) fn check_put(&self, p: &PutRequest) -> Result<(), ApplyError> {
         if p.key.is_empty() {
             return Err(ApplyError::EmptyKey);
         }

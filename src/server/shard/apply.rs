@@ -243,6 +243,8 @@ impl Shard {
                 ttl_secs: g.ttl,
             },
             R::LeaseRevoke(g) => mvcc::Op::LeaseRevoke { id: g.id },
+            R::CrossPart(part) => return self.apply_cross_part(index, revision, part),
+            R::CrossDone(done) => return Ok(self.apply_cross_done(index, done)),
             R::Close(_) => {
                 return match self.store.close_at(index, revision) {
                     Ok(()) => Ok(WriteResult::Applied {

@@ -73,6 +73,7 @@ use crate::server::errors::ApiError;
 use crate::server::keyspace::Keyspace;
 
 mod apply;
+mod cross;
 mod held_snapshot;
 mod lease_clock;
 mod leases;
@@ -314,6 +315,8 @@ pub struct Shard {
     lease_blocked_until: Option<Instant>,
     /// How long after starting a transfer no round renews the lease.
     lease_transfer_block: Duration,
+    /// The txns over several shards this shard takes part in.
+    cross: cross::Cross,
     nospace_alarm: bool,
     /// Set once the store or WAL failed: the shard refuses writes until restart.
     failed: Option<String>,
@@ -397,6 +400,7 @@ impl Shard {
                 _ = close_ticker.tick(), if self.keyspace.is_some()
                     && self.failed.is_none()
                     && self.node.leader_id() == self.member_id => {
+                    self.retry_cross_part();
                     self.maybe_close_revision();
                 }
                 durable = self.durable.wait_for(oldest_write), if !self.in_flight.is_empty() && self.failed.is_none() => {
@@ -580,6 +584,13 @@ impl Shard {
                 let ids = self.store.leases().iter().map(|l| l.id).collect();
                 let _ = reply.send(Ok(ids));
             }
+            cmd @ (ShardCommand::CrossHold { .. }
+            | ShardCommand::CrossCompare { .. }
+            | ShardCommand::CrossCheck { .. }
+            | ShardCommand::CrossPropose { .. }
+            | ShardCommand::CrossRelease { .. }
+            | ShardCommand::CrossForget { .. }
+            | ShardCommand::CrossRecords { .. }) => self.handle_cross(cmd),
             ShardCommand::TransferLeader { to, reply } => {
                 let _ = reply.send(self.transfer_leader(to));
             }

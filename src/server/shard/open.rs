@@ -233,6 +233,7 @@ impl Shard {
             snapshot_count: setup.snapshot_count,
             keyspace: setup.keyspace.clone(),
             keyspace_ready_at: None,
+            cross: cross::Cross::default(),
             handover_tried: None,
             closed_revision: 0,
             closed_at: Instant::now(),

@@ -43,6 +43,7 @@ impl Shard {
                 self.lease_round_wanted = ss.role == StateRole::Leader;
             }
             self.lease_role_changed(ss.role == StateRole::Leader);
+            self.cross_role_changed(ss.leader_id);
             // A leader change drops ReadIndex rounds in flight; asking again is
             // always safe. A read point is the leader's only: its asker goes
             // to the new leader.
@@ -112,6 +113,7 @@ impl Shard {
         }
         self.record_progress();
         self.serve_confirmed_reads();
+        self.cross_after_apply();
         self.maybe_compact_log();
     }
 
@@ -126,6 +128,7 @@ impl Shard {
         }
         self.keyspace_ready_at = None;
         if self.node.leader_id() == self.member_id {
+            self.cross.ready = true;
             k.shard_ready(self.id, self.node.term(), self.store.current_revision());
         }
     }
@@ -335,6 +338,7 @@ impl Shard {
             k.drop_lease(self.id);
         }
         self.keyspace_ready_at = None;
+        self.cross_role_changed(raft::NONE);
         tracing::error!(shard = self.id, reason = %reason, "shard failed; restart the member");
         // Queued writes will never be made durable by this incarnation: the
         // loop must not wait for them (a poisoned WAL answers at once).

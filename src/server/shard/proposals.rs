@@ -25,12 +25,17 @@ impl HeldWrite {
 impl Shard {
     /// Whether a proposal made now reaches a leader that appends it: one is
     /// known and is not handing leadership over, and when it is this member
-    /// and the keyspace has several shards, this member assigns revisions.
+    /// and the keyspace has several shards, this member assigns revisions
+    /// and no txn over several shards holds the shard.
     pub(super) fn takes_proposals(&self) -> bool {
         let leader = self.node.leader_id();
         leader != raft::NONE
             && self.node.lead_transferee() == raft::NONE
-            && (leader != self.member_id || self.keyspace.as_ref().is_none_or(|k| k.is_open()))
+            && (leader != self.member_id
+                || self
+                    .keyspace
+                    .as_ref()
+                    .is_none_or(|k| k.is_open() && !self.cross.is_held()))
     }
 
     /// The revision a proposal made here now carries: 0 when the store

@@ -204,6 +204,9 @@ impl Shard {
             }));
             return;
         }
+        let Err(reply) = self.hold_read_point(reply) else {
+            return;
+        };
         self.points_this_turn.push(PendingPoint {
             last_index: self.node.last_index(),
             reply,

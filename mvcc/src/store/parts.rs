@@ -1,0 +1,147 @@
+//! What a store answers for a txn over several shards before its part is
+//! applied here: the txn's compares over this store's keys, and whether this
+//! store's ops would be refused (docs/KEYSPACE.md, "Transactions over
+//! several shards"). Both read the state as applied so far; the shard driver
+//! holds new writes back between these calls and the part's entry, so the
+//! part applies on exactly the state they saw.
+
+use super::Store;
+use crate::error::{ApplyError, ReadError};
+use crate::types::*;
+
+impl Store {
+    /// Each compare over the keys of its range held by this store: None
+    /// where the store holds none of them, else whether every one satisfies
+    /// it. A compare over keys of several stores holds when it holds on
+    /// every store holding some; on none, [`crate::compare_absent`] decides.
+    pub fn compare_present(&self, compares: &[Compare]) -> Result<Vec<Option<bool>>, ReadError> {
+        let idx = self.index.borrow();
+        let v = self.view(&idx, self.current_rev);
+        compares.iter().map(|c| v.compare_present(c)).collect()
+    }
+
+    /// The request errors applying `ops` (a branch of a txn, without its
+    /// compares) at a revision above `before` would give, checked before any
+    /// op runs as [`Store::apply_at`] does: so that a part of a txn over
+    /// several shards is never refused on one shard after another shard's
+    /// part applied. A range may name any revision up to `before` (the
+    /// txn's reads see the keyspace just before it), not below compaction.
+    pub fn check_ops(&self, ops: &[RequestOp], before: i64) -> Result<(), ApplyError> {
+        for op in ops {
+            match op {
+                RequestOp::Put(p) => self.check_put(p)?,
+                RequestOp::DeleteRange(d) if d.key.is_empty() => return Err(ApplyError::EmptyKey),
+                RequestOp::DeleteRange(_) => {}
+                RequestOp::Range(r) => {
+                    if r.key.is_empty() {
+                        return Err(ApplyError::EmptyKey);
+                    }
+                    if r.revision > before {
+                        return Err(ApplyError::Read(ReadError::FutureRevision {
+                            revision: r.revision,
+                            current_revision: before,
+                        }));
+                    }
+                    if r.revision > 0 && r.revision < self.compact_rev.get() {
+                        return Err(ApplyError::Read(ReadError::Compacted {
+                            revision: r.revision,
+                            compact_revision: self.compact_rev.get(),
+                        }));
+                    }
+                }
+                RequestOp::Txn(t) => {
+                    self.check_ops(&t.success, before)?;
+                    self.check_ops(&t.failure, before)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::storage::MemStorage;
+    use crate::types::*;
+    use crate::{compare_absent, Config, Store};
+
+    fn store() -> Store {
+        Store::open_with(Box::new(MemStorage::new()), "parts-test", Config::default())
+            .expect("open")
+    }
+
+    fn put(key: &str, value: &str, lease: i64) -> PutRequest {
+        PutRequest {
+            key: key.as_bytes().to_vec(),
+            value: value.as_bytes().to_vec(),
+            lease,
+            ..Default::default()
+        }
+    }
+
+    fn version_is(key: &str, end: &str, v: i64) -> Compare {
+        Compare {
+            result: CompareResult::Equal,
+            target: CompareTarget::Version(v),
+            key: key.as_bytes().to_vec(),
+            range_end: end.as_bytes().to_vec(),
+        }
+    }
+
+    #[test]
+    fn compares_answer_for_the_keys_held_here_only() {
+        let mut s = store();
+        s.apply_at(1, 10, &Op::Put(put("a/1", "x", 0))).unwrap();
+        let got = s
+            .compare_present(&[
+                version_is("a/1", "", 1),
+                version_is("a/1", "", 2),
+                version_is("b/1", "", 0),
+                version_is("a/", "a0", 1),
+            ])
+            .unwrap();
+        assert_eq!(got, vec![Some(true), Some(false), None, Some(true)]);
+        // On no store: version 0 holds, a value compare fails.
+        assert!(compare_absent(&version_is("b/1", "", 0)));
+        assert!(!compare_absent(&Compare {
+            target: CompareTarget::Value(Vec::new()),
+            ..version_is("b/1", "", 0)
+        }));
+    }
+
+    #[test]
+    fn ops_are_checked_as_apply_would_refuse_them() {
+        let mut s = store();
+        s.apply_at(1, 10, &Op::Put(put("a/1", "x", 0))).unwrap();
+        assert!(s
+            .check_ops(&[RequestOp::Put(put("a/2", "y", 0))], 20)
+            .is_ok());
+        assert!(matches!(
+            s.check_ops(&[RequestOp::Put(put("a/2", "y", 7))], 20),
+            Err(ApplyError::LeaseNotFound { id: 7 })
+        ));
+        let range_at = |revision| {
+            RequestOp::Range(RangeRequest {
+                key: b"a/1".to_vec(),
+                revision,
+                ..Default::default()
+            })
+        };
+        assert!(s.check_ops(&[range_at(20)], 20).is_ok());
+        assert!(matches!(
+            s.check_ops(&[range_at(21)], 20),
+            Err(ApplyError::Read(ReadError::FutureRevision { .. }))
+        ));
+        let nested = RequestOp::Txn(TxnRequest {
+            compare: Vec::new(),
+            success: vec![RequestOp::DeleteRange(DeleteRangeRequest::default())],
+            failure: Vec::new(),
+        });
+        assert!(matches!(
+            s.check_ops(&[nested], 20),
+            Err(ApplyError::EmptyKey)
+        ));
+    }
+
+    use crate::error::{ApplyError, ReadError};
+}

@@ -1,0 +1,699 @@
+//! Txns over several shards, run by the keyspace leader (docs/KEYSPACE.md,
+//! "Transactions over several shards").
+//!
+//! 1. **Hold** every shard the txn touches, in shard order (so two txns
+//!    never wait for each other): a held shard gives no entry a revision and
+//!    answers read points only once the hold ends.
+//! 2. Take the txn's revision `T` from the counter: every entry of the held
+//!    shards proposed so far has a revision below it, and none proposed
+//!    until the shard's part will have one above.
+//! 3. **Compare**: each shard evaluates every compare over its own keys,
+//!    once the entries proposed before its hold are applied, so it answers
+//!    for the keyspace just before `T`. The answers decide the branches.
+//! 4. **Check** each written shard's ops (what would refuse them on apply),
+//!    and read the ranges of shards the txn only reads; let those go.
+//! 5. **Propose** each written shard's part at `T`. With more than one, each
+//!    part carries the whole plan, which the shard's store keeps until every
+//!    part is applied: a keyspace leader that opens after a failure
+//!    proposes the parts its shards lack from any record it finds
+//!    ([`finish_earlier`]) before it assigns a revision.
+//! 6. Merge the parts' answers into one etcd answer at `T`, and have the
+//!    shards forget the plan.
+//!
+//! Nothing is proposed before step 5, so an error up to there leaves no
+//! trace and the request may be retried. An error after it is etcd's
+//! "request timed out, possibly due to previous leader failure": the txn is
+//! applied whole or not at all, and a read tells which.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use cairn_proto::cairnpb::{CrossTxnPart, CrossTxnPlan, CrossTxnShardOps};
+use cairn_proto::etcdserverpb::{
+    request_op, response_op, Compare, DeleteRangeResponse, RangeRequest, RangeResponse, RequestOp,
+    ResponseHeader, ResponseOp, TxnRequest, TxnResponse,
+};
+use futures::future::join_all;
+use prost::Message;
+
+use super::command::{ReadAt, ShardCommand, WriteResult};
+use super::convert;
+use super::errors::ApiError;
+use super::keyspace::Keyspace;
+use super::merge::merge_ranges;
+use super::router::Router;
+use super::validate;
+use crate::routing::{RoutingTable, ShardId};
+
+/// Numbers the txns over several shards this member runs, for the holds.
+static NEXT_TXN: AtomicU64 = AtomicU64::new(1);
+
+/// Runs `req`, which touches several shards, with this member as the
+/// keyspace leader. Refused with [`ApiError::NotLeader`] (nothing proposed)
+/// where it is not.
+pub async fn run(router: Arc<Router>, req: TxnRequest) -> Result<TxnResponse, ApiError> {
+    let Some(keyspace) = router.keyspace.clone() else {
+        return Err(ApiError::Unsupported(
+            "a txn over several shards with one shard",
+        ));
+    };
+    let shards: Vec<ShardId> = validate::txn_shards(&req, &router.routing)
+        .into_iter()
+        .collect();
+    let txn = NEXT_TXN.fetch_add(1, Ordering::Relaxed);
+    let answer = held(&router, &keyspace, txn, &shards, &req).await;
+    // Every hold not yet ended by a proposal ends here; a shard whose part
+    // was proposed has let go already, and ignores this.
+    for &s in &shards {
+        router.tell(s, ShardCommand::CrossRelease { txn }).await;
+    }
+    answer
+}
+
+/// Steps 1 to 6 (see the module doc); the caller ends the holds.
+async fn held(
+    router: &Router,
+    keyspace: &Keyspace,
+    txn: u64,
+    shards: &[ShardId],
+    req: &TxnRequest,
+) -> Result<TxnResponse, ApiError> {
+    for &s in shards {
+        router
+            .ask(s, |reply| ShardCommand::CrossHold { txn, reply })
+            .await?;
+    }
+    let revision = keyspace.next_revision().ok_or(ApiError::NoLeader)?;
+    let mut compares = Vec::new();
+    all_compares(req, &mut compares);
+    let answers = join_all(shards.iter().map(|&s| {
+        let compares = compares.clone();
+        router.ask(s, move |reply| ShardCommand::CrossCompare {
+            txn,
+            compares,
+            reply,
+        })
+    }))
+    .await;
+    let mut per_shard = Vec::with_capacity(shards.len());
+    for a in answers {
+        per_shard.push(a?);
+    }
+    let outcomes = combine(&compares, &per_shard);
+    let plan = Plan::of(req, &outcomes, &router.routing);
+    let writers: Vec<ShardId> = plan.written.iter().copied().collect();
+    let checks = join_all(writers.iter().map(|&s| {
+        let ops = plan.ops[&s].clone();
+        router.ask(s, move |reply| ShardCommand::CrossCheck {
+            txn,
+            ops,
+            revision,
+            reply,
+        })
+    }))
+    .await;
+    for c in checks {
+        c?;
+    }
+    // The shards only read: read now, at the keyspace just before the txn.
+    let header_revision = if writers.is_empty() {
+        revision - 1
+    } else {
+        revision
+    };
+    let mut answers: BTreeMap<ShardId, Vec<ResponseOp>> = BTreeMap::new();
+    for (&s, ops) in plan.ops.iter().filter(|(s, _)| !plan.written.contains(s)) {
+        let ranges = join_all(ops.iter().map(|op| match &op.request {
+            Some(request_op::Request::RequestRange(r)) => router.range_at(
+                s,
+                r.clone(),
+                ReadAt {
+                    revision: revision - 1,
+                    index: 0,
+                },
+            ),
+            _ => unreachable!("a shard the txn does not write has only ranges"),
+        }))
+        .await;
+        let mut got = Vec::with_capacity(ranges.len());
+        for r in ranges {
+            got.push(ResponseOp {
+                response: Some(response_op::Response::ResponseRange(r?)),
+            });
+        }
+        answers.insert(s, got);
+    }
+    if writers.is_empty() {
+        return Ok(plan.answer(answers, header_revision));
+    }
+    for &s in shards.iter().filter(|s| !plan.written.contains(s)) {
+        router.tell(s, ShardCommand::CrossRelease { txn }).await;
+    }
+    let record = if writers.len() > 1 {
+        Bytes::from(
+            CrossTxnPlan {
+                revision,
+                parts: writers
+                    .iter()
+                    .map(|&s| CrossTxnShardOps {
+                        shard: s,
+                        ops: Some(ops_txn(&plan.ops[&s])),
+                    })
+                    .collect(),
+            }
+            .encode_to_vec(),
+        )
+    } else {
+        Bytes::new()
+    };
+    let parts = join_all(writers.iter().map(|&s| {
+        let part = CrossTxnPart {
+            ops: Some(ops_txn(&plan.ops[&s])),
+            plan: record.clone(),
+        };
+        router.ask(s, move |reply| ShardCommand::CrossPropose {
+            txn,
+            revision,
+            part,
+            reply,
+        })
+    }))
+    .await;
+    let mut failed = None;
+    for (&s, part) in writers.iter().zip(parts) {
+        match part {
+            Ok(WriteResult::Txn(r)) => {
+                answers.insert(s, r.responses);
+            }
+            Ok(_) => failed = Some(format!("shard {s} answered its part with another kind")),
+            Err(e) => failed = Some(format!("shard {s}: {e}")),
+        }
+    }
+    if let Some(why) = failed {
+        tracing::warn!(
+            revision,
+            why,
+            "a txn over several shards has an unknown outcome here"
+        );
+        return Err(ApiError::TimeoutLeaderFail);
+    }
+    if !record.is_empty() {
+        for &s in &writers {
+            let (reply, _) = tokio::sync::oneshot::channel();
+            router
+                .tell(s, ShardCommand::CrossForget { revision, reply })
+                .await;
+        }
+    }
+    Ok(plan.answer(answers, revision))
+}
+
+/// A txn whose ops are `ops`, without compares: a shard's part.
+fn ops_txn(ops: &[RequestOp]) -> TxnRequest {
+    TxnRequest {
+        compare: Vec::new(),
+        success: ops.to_vec(),
+        failure: Vec::new(),
+    }
+}
+
+/// Every compare of `t` and of its nested txns (both branches), the txn's
+/// own first, then its success ops' nested txns, then its failure ops'.
+fn all_compares(t: &TxnRequest, out: &mut Vec<Compare>) {
+    out.extend(t.compare.iter().cloned());
+    for op in t.success.iter().chain(&t.failure) {
+        if let Some(request_op::Request::RequestTxn(nested)) = &op.request {
+            all_compares(nested, out);
+        }
+    }
+}
+
+/// Each compare over the whole keyspace from each shard's answer over its
+/// own keys: false if false on any shard; true if true on some; on no
+/// shard holding a key of its range, etcd's rule for a missing key.
+fn combine(compares: &[Compare], per_shard: &[Vec<Option<bool>>]) -> Vec<bool> {
+    compares
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let mut seen = None;
+            for answers in per_shard {
+                match answers.get(i).copied().flatten() {
+                    Some(false) => return false,
+                    Some(true) => seen = Some(true),
+                    None => {}
+                }
+            }
+            seen.unwrap_or_else(|| cairn_mvcc::compare_absent(&convert::compare_from_pb(c)))
+        })
+        .collect()
+}
+
+/// Where an op's answer comes from once the parts are applied.
+enum Slot {
+    Put {
+        shard: ShardId,
+        at: usize,
+    },
+    Delete {
+        parts: Vec<(ShardId, usize)>,
+    },
+    Range {
+        req: RangeRequest,
+        parts: Vec<(ShardId, usize)>,
+    },
+    Txn {
+        succeeded: bool,
+        slots: Vec<Slot>,
+    },
+}
+
+/// The txn's ops on the branches its compares chose, by shard.
+struct Plan {
+    top: Slot,
+    ops: BTreeMap<ShardId, Vec<RequestOp>>,
+    /// Shards with a put or a delete.
+    written: BTreeSet<ShardId>,
+}
+
+impl Plan {
+    fn of(t: &TxnRequest, outcomes: &[bool], routing: &RoutingTable) -> Plan {
+        let mut plan = Plan {
+            top: Slot::Txn {
+                succeeded: false,
+                slots: Vec::new(),
+            },
+            ops: BTreeMap::new(),
+            written: BTreeSet::new(),
+        };
+        let mut pos = 0;
+        plan.top = plan.txn(t, outcomes, &mut pos, routing, true);
+        plan
+    }
+
+    /// The slot of txn `t`, whose compares start at `pos` in `outcomes`;
+    /// its ops join the plan only when `chosen` (a nested txn on a branch
+    /// not taken still moves `pos` past its compares).
+    fn txn(
+        &mut self,
+        t: &TxnRequest,
+        outcomes: &[bool],
+        pos: &mut usize,
+        routing: &RoutingTable,
+        chosen: bool,
+    ) -> Slot {
+        let succeeded = outcomes[*pos..*pos + t.compare.len()].iter().all(|&ok| ok);
+        *pos += t.compare.len();
+        let mut slots = Vec::new();
+        for (branch, ops) in [(true, &t.success), (false, &t.failure)] {
+            let taken = chosen && branch == succeeded;
+            for op in ops {
+                let Some(request) = &op.request else {
+                    continue;
+                };
+                if let request_op::Request::RequestTxn(nested) = request {
+                    let slot = self.txn(nested, outcomes, pos, routing, taken);
+                    if taken {
+                        slots.push(slot);
+                    }
+                } else if taken {
+                    slots.push(self.op(op, request, routing));
+                }
+            }
+        }
+        Slot::Txn { succeeded, slots }
+    }
+
+    fn op(
+        &mut self,
+        op: &RequestOp,
+        request: &request_op::Request,
+        routing: &RoutingTable,
+    ) -> Slot {
+        let add = |plan: &mut Plan, shard: ShardId| {
+            let ops = plan.ops.entry(shard).or_default();
+            ops.push(op.clone());
+            (shard, ops.len() - 1)
+        };
+        match request {
+            request_op::Request::RequestPut(p) => {
+                let shard = routing.shard_for_key(&p.key);
+                self.written.insert(shard);
+                let (shard, at) = add(self, shard);
+                Slot::Put { shard, at }
+            }
+            request_op::Request::RequestDeleteRange(d) => {
+                let shards = routing.shards_for_range(&d.key, &d.range_end);
+                self.written.extend(shards.iter().copied());
+                Slot::Delete {
+                    parts: shards.into_iter().map(|s| add(self, s)).collect(),
+                }
+            }
+            request_op::Request::RequestRange(r) => Slot::Range {
+                req: r.clone(),
+                parts: routing
+                    .shards_for_range(&r.key, &r.range_end)
+                    .into_iter()
+                    .map(|s| add(self, s))
+                    .collect(),
+            },
+            request_op::Request::RequestTxn(_) => unreachable!("nested txns are planned by txn"),
+        }
+    }
+
+    /// etcd's answer from each shard's answers to its ops, at `revision`.
+    fn answer(
+        &self,
+        mut answers: BTreeMap<ShardId, Vec<ResponseOp>>,
+        revision: i64,
+    ) -> TxnResponse {
+        let header = ResponseHeader {
+            revision,
+            ..Default::default()
+        };
+        match answer_of(&self.top, &mut answers, &header) {
+            response_op::Response::ResponseTxn(t) => t,
+            _ => unreachable!("the top slot is a txn"),
+        }
+    }
+}
+
+fn take(
+    answers: &mut BTreeMap<ShardId, Vec<ResponseOp>>,
+    shard: ShardId,
+    at: usize,
+) -> Option<response_op::Response> {
+    answers
+        .get_mut(&shard)
+        .and_then(|ops| ops.get_mut(at))
+        .and_then(|op| op.response.take())
+}
+
+fn answer_of(
+    slot: &Slot,
+    answers: &mut BTreeMap<ShardId, Vec<ResponseOp>>,
+    header: &ResponseHeader,
+) -> response_op::Response {
+    use response_op::Response as R;
+    match slot {
+        Slot::Put { shard, at } => match take(answers, *shard, *at) {
+            Some(R::ResponsePut(mut p)) => {
+                p.header = Some(*header);
+                R::ResponsePut(p)
+            }
+            _ => R::ResponsePut(Default::default()),
+        },
+        Slot::Delete { parts } => {
+            let mut merged = DeleteRangeResponse {
+                header: Some(*header),
+                ..Default::default()
+            };
+            for &(s, at) in parts {
+                if let Some(R::ResponseDeleteRange(d)) = take(answers, s, at) {
+                    merged.deleted += d.deleted;
+                    merged.prev_kvs.extend(d.prev_kvs);
+                }
+            }
+            merged.prev_kvs.sort_by(|a, b| a.key.cmp(&b.key));
+            R::ResponseDeleteRange(merged)
+        }
+        Slot::Range { req, parts } => {
+            let got: Vec<RangeResponse> = parts
+                .iter()
+                .filter_map(|&(s, at)| match take(answers, s, at) {
+                    Some(R::ResponseRange(r)) => Some(r),
+                    _ => None,
+                })
+                .collect();
+            let mut merged = merge_ranges(req, got);
+            merged.header = Some(*header);
+            R::ResponseRange(merged)
+        }
+        Slot::Txn { succeeded, slots } => R::ResponseTxn(TxnResponse {
+            header: Some(*header),
+            succeeded: *succeeded,
+            responses: slots
+                .iter()
+                .map(|s| ResponseOp {
+                    response: Some(answer_of(s, answers, header)),
+                })
+                .collect(),
+        }),
+    }
+}
+
+/// Before this member assigns revisions as keyspace leader: proposes every
+/// part its shards lack of each txn over several shards a shard holds a
+/// record of (one part applied means all must be), then has the records
+/// forgotten. Answers how many parts were proposed. An error leaves the
+/// counter closed; the caller tries again while the opening stands.
+pub async fn finish_earlier(router: &Router) -> Result<usize, ApiError> {
+    let shards: Vec<ShardId> = router.routing.shard_ids().collect();
+    let found = join_all(
+        shards
+            .iter()
+            .map(|&s| router.ask(s, |reply| ShardCommand::CrossRecords { reply })),
+    )
+    .await;
+    let mut reached = BTreeMap::new();
+    let mut plans: BTreeMap<i64, (Vec<u8>, BTreeSet<ShardId>)> = BTreeMap::new();
+    for (&s, f) in shards.iter().zip(found) {
+        let f = f?;
+        reached.insert(s, f.revision);
+        for (revision, plan) in f.records {
+            plans
+                .entry(revision)
+                .or_insert_with(|| (plan, BTreeSet::new()))
+                .1
+                .insert(s);
+        }
+    }
+    let mut proposed = 0;
+    for (revision, (bytes, mut holders)) in plans {
+        let plan = CrossTxnPlan::decode(bytes.as_slice()).map_err(|e| ApiError::Storage {
+            shard: holders.first().copied().unwrap_or(0),
+            reason: format!("the record of the txn at revision {revision} does not decode: {e}"),
+        })?;
+        for part in &plan.parts {
+            if reached.get(&part.shard).is_none_or(|&r| r >= revision) {
+                continue;
+            }
+            let part_msg = CrossTxnPart {
+                ops: part.ops.clone(),
+                plan: Bytes::from(bytes.clone()),
+            };
+            router
+                .ask(part.shard, |reply| ShardCommand::CrossPropose {
+                    txn: 0,
+                    revision,
+                    part: part_msg,
+                    reply,
+                })
+                .await?;
+            tracing::info!(
+                shard = part.shard,
+                revision,
+                "finished a txn over several shards an earlier leader left half-proposed"
+            );
+            holders.insert(part.shard);
+            proposed += 1;
+        }
+        for &s in &holders {
+            router
+                .ask(s, |reply| ShardCommand::CrossForget { revision, reply })
+                .await?;
+        }
+    }
+    Ok(proposed)
+}
+
+/// Runs the finishing for every opening of the keyspace counter on this
+/// member, for as long as the member runs.
+pub async fn finish_at_every_opening(router: Arc<Router>) {
+    let Some(keyspace) = router.keyspace.clone() else {
+        return;
+    };
+    loop {
+        let generation = keyspace.opening_wanted().await;
+        let started = Instant::now();
+        match finish_earlier(&router).await {
+            Ok(parts) => {
+                if keyspace.finished(generation) && parts > 0 {
+                    tracing::info!(parts, took = ?started.elapsed(), "earlier txns over several shards finished");
+                }
+            }
+            Err(e) => {
+                tracing::info!(error = %e, "finishing earlier txns over several shards; trying again");
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cairn_proto::etcdserverpb::{compare, DeleteRangeRequest, PutRequest, PutResponse};
+    use cairn_proto::mvccpb::KeyValue;
+
+    fn routing() -> RoutingTable {
+        RoutingTable::new(4, 1)
+    }
+
+    /// Two routing prefixes on different shards.
+    fn two_prefixes(r: &RoutingTable) -> (String, String) {
+        let first = "p0/".to_string();
+        let a = r.shard_for_key(first.as_bytes());
+        let other = (1..100)
+            .map(|i| format!("p{i}/"))
+            .find(|p| r.shard_for_key(p.as_bytes()) != a)
+            .expect("a prefix on another shard");
+        (first, other)
+    }
+
+    fn put(key: &str) -> RequestOp {
+        RequestOp {
+            request: Some(request_op::Request::RequestPut(PutRequest {
+                key: Bytes::copy_from_slice(key.as_bytes()),
+                ..Default::default()
+            })),
+        }
+    }
+
+    fn version_is(key: &str, v: i64) -> Compare {
+        Compare {
+            result: compare::CompareResult::Equal as i32,
+            target: compare::CompareTarget::Version as i32,
+            key: Bytes::copy_from_slice(key.as_bytes()),
+            target_union: Some(compare::TargetUnion::Version(v)),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_compare_fails_on_any_shard_holds_on_some_and_else_follows_etcds_missing_key_rule() {
+        let cs = vec![version_is("a", 0), version_is("b", 1), version_is("c", 0)];
+        let per_shard = vec![
+            vec![Some(true), None, None],
+            vec![Some(true), None, None],
+            vec![Some(false), None, None],
+        ];
+        // A missing key has version 0: the third holds, the second does not.
+        assert_eq!(combine(&cs, &per_shard), vec![false, false, true]);
+        let per_shard = vec![vec![None, Some(true), None], vec![None, None, None]];
+        assert_eq!(combine(&cs, &per_shard), vec![true, true, true]);
+    }
+
+    #[test]
+    fn the_plan_takes_the_chosen_branches_nested_ones_included_and_splits_ops_by_shard() {
+        let r = routing();
+        let (a, b) = two_prefixes(&r);
+        let (sa, sb) = (r.shard_for_key(a.as_bytes()), r.shard_for_key(b.as_bytes()));
+        let nested = TxnRequest {
+            compare: vec![version_is(&format!("{b}x"), 5)],
+            success: vec![put(&format!("{b}then"))],
+            failure: vec![put(&format!("{b}else"))],
+        };
+        let t = TxnRequest {
+            compare: vec![version_is(&format!("{a}x"), 0)],
+            success: vec![
+                put(&format!("{a}k")),
+                RequestOp {
+                    request: Some(request_op::Request::RequestTxn(nested.clone())),
+                },
+            ],
+            failure: vec![
+                put(&format!("{b}failed")),
+                RequestOp {
+                    request: Some(request_op::Request::RequestTxn(nested)),
+                },
+            ],
+        };
+        let mut compares = Vec::new();
+        all_compares(&t, &mut compares);
+        assert_eq!(compares.len(), 3, "the txn's, then each nested one's");
+        // Outer holds; the nested txn on the success branch fails; the one
+        // on the failure branch (not taken) would hold.
+        let plan = Plan::of(&t, &[true, false, true], &r);
+        assert_eq!(plan.written, BTreeSet::from([sa, sb]));
+        assert_eq!(plan.ops[&sa], vec![put(&format!("{a}k"))]);
+        assert_eq!(plan.ops[&sb], vec![put(&format!("{b}else"))]);
+        let ok = |k: &str| ResponseOp {
+            response: Some(response_op::Response::ResponsePut(PutResponse {
+                prev_kv: Some(KeyValue {
+                    key: Bytes::copy_from_slice(k.as_bytes()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })),
+        };
+        let answers = BTreeMap::from([(sa, vec![ok("ka")]), (sb, vec![ok("kb")])]);
+        let resp = plan.answer(answers, 77);
+        assert!(resp.succeeded);
+        assert_eq!(resp.header.unwrap().revision, 77);
+        let Some(response_op::Response::ResponsePut(p)) = &resp.responses[0].response else {
+            panic!("a put first: {resp:?}");
+        };
+        assert_eq!(p.prev_kv.as_ref().unwrap().key.as_ref(), b"ka");
+        let Some(response_op::Response::ResponseTxn(inner)) = &resp.responses[1].response else {
+            panic!("then the nested txn: {resp:?}");
+        };
+        assert!(!inner.succeeded);
+        assert_eq!(inner.responses.len(), 1);
+    }
+
+    #[test]
+    fn a_delete_over_shards_answers_once_with_the_sum_and_every_previous_key_in_order() {
+        let r = routing();
+        let t = TxnRequest {
+            success: vec![RequestOp {
+                request: Some(request_op::Request::RequestDeleteRange(
+                    DeleteRangeRequest {
+                        key: Bytes::from_static(b"\0"),
+                        range_end: Bytes::from_static(b"\0"),
+                        prev_kv: true,
+                    },
+                )),
+            }],
+            ..Default::default()
+        };
+        let plan = Plan::of(&t, &[], &r);
+        assert_eq!(
+            plan.written.len(),
+            4,
+            "a delete of everything writes every shard"
+        );
+        let deleted = |keys: &[&str]| ResponseOp {
+            response: Some(response_op::Response::ResponseDeleteRange(
+                DeleteRangeResponse {
+                    deleted: keys.len() as i64,
+                    prev_kvs: keys
+                        .iter()
+                        .map(|k| KeyValue {
+                            key: Bytes::copy_from_slice(k.as_bytes()),
+                            ..Default::default()
+                        })
+                        .collect(),
+                    ..Default::default()
+                },
+            )),
+        };
+        let answers = BTreeMap::from([
+            (0, vec![deleted(&["d", "a"])]),
+            (1, vec![deleted(&[])]),
+            (2, vec![deleted(&["c"])]),
+            (3, vec![deleted(&["b"])]),
+        ]);
+        let resp = plan.answer(answers, 9);
+        let Some(response_op::Response::ResponseDeleteRange(d)) = &resp.responses[0].response
+        else {
+            panic!("a delete: {resp:?}");
+        };
+        assert_eq!(d.deleted, 4);
+        let keys: Vec<&[u8]> = d.prev_kvs.iter().map(|kv| kv.key.as_ref()).collect();
+        assert_eq!(keys, vec![b"a" as &[u8], b"b", b"c", b"d"]);
+    }
+}

@@ -1,0 +1,430 @@
+//! A shard's side of a txn over several shards (docs/KEYSPACE.md,
+//! "Transactions over several shards"): the keyspace leader holds each shard
+//! the txn touches (in shard order), reads their compares and checks their
+//! ops while no entry of theirs can get a revision, takes the txn's revision,
+//! and has every shard it writes propose its part at that revision. A part
+//! carries the whole plan, which the shard's store keeps until every part is
+//! applied, so that a later keyspace leader can finish a txn whose leader
+//! failed between parts.
+
+use std::collections::VecDeque;
+
+use cairn_proto::cairnpb::{CrossTxnDone, CrossTxnPart};
+
+use super::*;
+use crate::server::command::CrossRecords;
+
+/// Where a shard answers a txn's compares (see `ShardCommand::CrossCompare`).
+type CompareReply = Reply<Vec<Option<bool>>>;
+
+/// The txns over several shards this shard takes part in.
+#[derive(Default)]
+pub(super) struct Cross {
+    /// The txn holding the shard, if any.
+    holder: Option<Holder>,
+    /// Txns waiting to hold it, first come first served.
+    waiting: VecDeque<(u64, Reply<()>)>,
+    /// Compares waiting for the entries proposed before the hold to apply.
+    compares: Vec<(Vec<pb::Compare>, CompareReply)>,
+    /// Read points asked while held: asked again once the hold ends, so
+    /// that a point taken after the txn's revision covers its part.
+    points: Vec<Reply<u64>>,
+    /// Records asked by an opening keyspace leader, answered once the
+    /// entries proposed before the ask (the index) are applied.
+    records: Vec<(u64, Reply<CrossRecords>)>,
+    /// The holder's part, when Raft did not take it (too many uncommitted
+    /// entries): proposed again on the next close tick.
+    unproposed: Option<(Bytes, u64, Reply<WriteResult>)>,
+    /// Led here, with every entry of earlier terms applied (the keyspace
+    /// was told): a part of an earlier leader's txn may be proposed.
+    pub(super) ready: bool,
+}
+
+struct Holder {
+    txn: u64,
+    /// Every entry proposed before the hold is at or below this index.
+    index: u64,
+}
+
+impl Cross {
+    /// Whether a txn holds the shard: its entries get no revision meanwhile.
+    pub(super) fn is_held(&self) -> bool {
+        self.holder.is_some()
+    }
+}
+
+impl Shard {
+    pub(super) fn handle_cross(&mut self, cmd: ShardCommand) {
+        match cmd {
+            ShardCommand::CrossHold { txn, reply } => self.cross_hold(txn, reply),
+            ShardCommand::CrossCompare {
+                txn,
+                compares,
+                reply,
+            } => self.cross_compare(txn, compares, reply),
+            ShardCommand::CrossCheck {
+                txn,
+                ops,
+                revision,
+                reply,
+            } => {
+                let answer = self.cross_check(txn, &ops, revision);
+                let _ = reply.send(answer);
+            }
+            ShardCommand::CrossPropose {
+                txn,
+                revision,
+                part,
+                reply,
+            } => self.cross_propose(txn, revision, part, reply),
+            ShardCommand::CrossRelease { txn } => self.cross_release(txn),
+            ShardCommand::CrossForget { revision, reply } => self.cross_forget(revision, reply),
+            ShardCommand::CrossRecords { reply } => self.cross_records(reply),
+            other => unreachable!("not a cross-shard command: {other:?}"),
+        }
+    }
+
+    /// Ok where this member leads the shard and has applied every entry of
+    /// earlier terms; the error to answer otherwise.
+    fn cross_led(&self) -> Result<(), ApiError> {
+        if let Some(reason) = &self.failed {
+            return Err(self.storage_error(reason.clone()));
+        }
+        match self.node.leader_id() {
+            raft::NONE => Err(ApiError::NoLeader),
+            leader if leader != self.member_id => Err(ApiError::NotLeader { leader }),
+            _ if !self.cross.ready => Err(ApiError::NoLeader),
+            _ => Ok(()),
+        }
+    }
+
+    fn cross_hold(&mut self, txn: u64, reply: Reply<()>) {
+        if let Err(e) = self.cross_led() {
+            let _ = reply.send(Err(e));
+            return;
+        }
+        if self.keyspace.as_ref().is_none_or(|k| !k.is_open()) {
+            let _ = reply.send(Err(ApiError::NoLeader));
+            return;
+        }
+        if self.cross.holder.is_some() {
+            self.cross.waiting.push_back((txn, reply));
+            return;
+        }
+        self.cross.holder = Some(Holder {
+            txn,
+            index: self.node.last_index(),
+        });
+        let _ = reply.send(Ok(()));
+    }
+
+    /// The hold of `txn`, or the error to answer when it is gone (leadership
+    /// changed since).
+    fn holder_index(&self, txn: u64) -> Result<u64, ApiError> {
+        match &self.cross.holder {
+            Some(h) if h.txn == txn => Ok(h.index),
+            _ => Err(ApiError::LeaderChanged),
+        }
+    }
+
+    fn cross_compare(&mut self, txn: u64, compares: Vec<pb::Compare>, reply: CompareReply) {
+        match self.holder_index(txn) {
+            Err(e) => {
+                let _ = reply.send(Err(e));
+            }
+            Ok(index) if index <= self.store.applied_index() => {
+                let answer = self.compares_here(&compares);
+                let _ = reply.send(answer);
+            }
+            Ok(_) => self.cross.compares.push((compares, reply)),
+        }
+    }
+
+    fn compares_here(&self, compares: &[pb::Compare]) -> Result<Vec<Option<bool>>, ApiError> {
+        let compares: Vec<mvcc::Compare> = compares.iter().map(convert::compare_from_pb).collect();
+        self.store
+            .compare_present(&compares)
+            .map_err(|e| self.read_error(e))
+    }
+
+    /// Answers the compares and record asks whose entries have applied;
+    /// called after apply.
+    pub(super) fn cross_after_apply(&mut self) {
+        let applied = self.store.applied_index();
+        if !self.cross.records.is_empty() {
+            let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut self.cross.records)
+                .into_iter()
+                .partition(|(index, _)| *index <= applied);
+            self.cross.records = later;
+            for (_, reply) in due {
+                let _ = reply.send(Ok(self.records_here()));
+            }
+        }
+        let Some(index) = self.cross.holder.as_ref().map(|h| h.index) else {
+            return;
+        };
+        if self.cross.compares.is_empty() || applied < index {
+            return;
+        }
+        for (compares, reply) in std::mem::take(&mut self.cross.compares) {
+            let answer = self.compares_here(&compares);
+            let _ = reply.send(answer);
+        }
+    }
+
+    fn records_here(&self) -> CrossRecords {
+        CrossRecords {
+            revision: self.store.current_revision(),
+            records: self.store.txn_records(),
+        }
+    }
+
+    /// An opening keyspace leader asks for the records. First a fence: every
+    /// hold ends, so no txn started before can propose a part here any
+    /// more; then the answer waits for the parts already proposed to apply,
+    /// so that it holds every record a txn of an earlier opening can leave.
+    fn cross_records(&mut self, reply: Reply<CrossRecords>) {
+        if let Err(e) = self.cross_led() {
+            let _ = reply.send(Err(e));
+            return;
+        }
+        self.end_holds(ApiError::LeaderChanged);
+        let index = self.node.last_index();
+        if index <= self.store.applied_index() {
+            let _ = reply.send(Ok(self.records_here()));
+        } else {
+            self.cross.records.push((index, reply));
+        }
+    }
+
+    /// Ends every hold and wait of a txn, which is answered `err`.
+    fn end_holds(&mut self, err: ApiError) {
+        self.cross.holder = None;
+        if let Some((_, _, reply)) = self.cross.unproposed.take() {
+            let _ = reply.send(Err(err.clone()));
+        }
+        for (_, reply) in self.cross.waiting.drain(..) {
+            let _ = reply.send(Err(err.clone()));
+        }
+        for (_, reply) in self.cross.compares.drain(..) {
+            let _ = reply.send(Err(err.clone()));
+        }
+        for reply in std::mem::take(&mut self.cross.points) {
+            self.read_point(reply);
+        }
+    }
+
+    fn cross_check(
+        &mut self,
+        txn: u64,
+        ops: &[pb::RequestOp],
+        revision: i64,
+    ) -> Result<(), ApiError> {
+        let index = self.holder_index(txn)?;
+        if index > self.store.applied_index() {
+            // The compares were answered first, which waits for these.
+            return Err(ApiError::LeaderChanged);
+        }
+        if self.nospace_alarm
+            && ops
+                .iter()
+                .any(|op| matches!(op.request, Some(pb::request_op::Request::RequestPut(_))))
+        {
+            return Err(ApiError::NoSpace);
+        }
+        let txn = convert::txn_from_pb(&pb::TxnRequest {
+            success: ops.to_vec(),
+            ..Default::default()
+        });
+        match self.store.check_ops(&txn.success, revision - 1) {
+            Ok(()) => Ok(()),
+            Err(e) => Err(self.apply_error(e)),
+        }
+    }
+
+    fn cross_propose(
+        &mut self,
+        txn: u64,
+        revision: i64,
+        part: CrossTxnPart,
+        reply: Reply<WriteResult>,
+    ) {
+        if txn == 0 {
+            // Finishing an earlier leader's txn: only before this member
+            // assigns revisions, and only where the part is missing.
+            if let Err(e) = self.cross_led() {
+                let _ = reply.send(Err(e));
+                return;
+            }
+            if self.store.current_revision() >= revision {
+                let _ = reply.send(Ok(WriteResult::Applied {
+                    revision: self.store.current_revision(),
+                }));
+                return;
+            }
+        } else if let Err(e) = self.holder_index(txn) {
+            let _ = reply.send(Err(e));
+            return;
+        }
+        self.next_request_id += 1;
+        let id = self.next_request_id;
+        let data = Bytes::from(
+            ShardRequest {
+                id,
+                member: self.member_id,
+                request: Some(shard_request::Request::CrossPart(part)),
+                revision,
+            }
+            .encode_to_vec(),
+        );
+        self.propose_part(data, id, reply);
+        if txn != 0 && self.cross.unproposed.is_none() {
+            self.proposed_revision(revision);
+            self.cross_release(txn);
+        }
+    }
+
+    /// Proposes a part; one Raft does not take now waits in `unproposed`
+    /// (the hold stays) and is proposed again on the next close tick.
+    fn propose_part(&mut self, data: Bytes, id: u64, reply: Reply<WriteResult>) {
+        match self.node.propose(data.clone()) {
+            Ok(()) => {
+                self.waiters.insert(
+                    id,
+                    Waiter {
+                        since: Instant::now(),
+                        reply,
+                    },
+                );
+            }
+            Err(raft::RaftError::UncommittedLimit { .. }) => {
+                self.cross.unproposed = Some((data, id, reply));
+            }
+            Err(e) => {
+                let _ = reply.send(Err(match e {
+                    raft::RaftError::TransferInProgress { .. } => ApiError::LeaderChanged,
+                    _ => ApiError::NoLeader,
+                }));
+            }
+        }
+    }
+
+    /// Proposes again a part Raft did not take (see `propose_part`).
+    pub(super) fn retry_cross_part(&mut self) {
+        let Some((data, id, reply)) = self.cross.unproposed.take() else {
+            return;
+        };
+        self.propose_part(data, id, reply);
+        if self.cross.unproposed.is_none() {
+            if let Some(txn) = self.cross.holder.as_ref().map(|h| h.txn) {
+                self.cross_release(txn);
+            }
+        }
+    }
+
+    fn cross_release(&mut self, txn: u64) {
+        if self.cross.holder.as_ref().is_some_and(|h| h.txn == txn) {
+            if self.cross.unproposed.is_some() {
+                // Its part still waits to be proposed: the hold stays.
+                return;
+            }
+            self.cross.holder = None;
+            for (_, reply) in std::mem::take(&mut self.cross.compares) {
+                let _ = reply.send(Err(ApiError::LeaderChanged));
+            }
+            for reply in std::mem::take(&mut self.cross.points) {
+                self.read_point(reply);
+            }
+            if let Some((next, reply)) = self.cross.waiting.pop_front() {
+                self.cross_hold(next, reply);
+            }
+        } else {
+            self.cross.waiting.retain(|(t, _)| *t != txn);
+        }
+    }
+
+    /// A read point asked while a txn holds the shard waits for the hold to
+    /// end; handed back when no txn holds it.
+    pub(super) fn hold_read_point(&mut self, reply: Reply<u64>) -> Result<(), Reply<u64>> {
+        if self.cross.holder.is_some() {
+            self.cross.points.push(reply);
+            Ok(())
+        } else {
+            Err(reply)
+        }
+    }
+
+    fn cross_forget(&mut self, revision: i64, reply: Reply<()>) {
+        if let Err(e) = self.cross_led() {
+            let _ = reply.send(Err(e));
+            return;
+        }
+        self.next_request_id += 1;
+        let id = self.next_request_id;
+        let data = ShardRequest {
+            id,
+            member: self.member_id,
+            request: Some(shard_request::Request::CrossDone(CrossTxnDone { revision })),
+            revision: 0,
+        }
+        .encode_to_vec();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.propose_part(Bytes::from(data), id, tx);
+        tokio::task::spawn_local(async move {
+            let answer = match rx.await {
+                Ok(r) => r.map(|_| ()),
+                Err(_) => Err(ApiError::Stopped),
+            };
+            let _ = reply.send(answer);
+        });
+    }
+
+    /// Leadership changed: every hold and wait ends. A txn that had not
+    /// proposed every part is finished by the next keyspace leader, from
+    /// the records of the parts that were applied.
+    pub(super) fn cross_role_changed(&mut self, leader: u64) {
+        self.cross.ready = false;
+        self.end_holds(ApiError::LeaderChanged);
+        for (_, reply) in self.cross.records.drain(..) {
+            let _ = reply.send(Err(ApiError::NotLeader { leader }));
+        }
+    }
+
+    /// Applies this shard's part of a txn over several shards at `revision`,
+    /// keeping its plan until every part is applied.
+    pub(super) fn apply_cross_part(
+        &mut self,
+        index: u64,
+        revision: i64,
+        part: CrossTxnPart,
+    ) -> Result<WriteResult, ApiError> {
+        let ops = part.ops.unwrap_or_default();
+        let op = mvcc::Op::Txn(convert::txn_from_pb(&ops));
+        let applied = self.store.apply_at(index, revision, &op);
+        if !part.plan.is_empty() && !matches!(&applied, Err(e) if !e.is_request_error()) {
+            self.store.put_txn_record(revision, &part.plan);
+        }
+        match applied {
+            Ok(mvcc::OpResult::Txn(r)) => {
+                Ok(WriteResult::Txn(convert::txn_to_pb(r, self.header(0))))
+            }
+            Ok(_) => Err(self.storage_error("a txn part answered another kind".to_string())),
+            Err(e) => {
+                if e.is_request_error() {
+                    // Checked while the shard was held: a part must never be
+                    // refused here after another shard applied its own.
+                    tracing::error!(shard = self.id, index, revision, error = %e, "a part of a txn over several shards was refused");
+                }
+                Err(self.apply_error(e))
+            }
+        }
+    }
+
+    pub(super) fn apply_cross_done(&mut self, index: u64, done: CrossTxnDone) -> WriteResult {
+        self.store.remove_txn_record(done.revision);
+        self.store.set_applied_index(index);
+        WriteResult::Applied {
+            revision: self.store.current_revision(),
+        }
+    }
+}
