@@ -323,9 +323,17 @@ fn recipes_hold_on_every_name_shape(endpoints: &str, what: &str, context: &dyn F
         );
         first.signal(libc::SIGTERM);
         first.wait_exit();
-        second.wait_for("won after first resigned", |l| {
-            proposals(l, &election) == ["second"]
+        let won = common::try_wait_until("won after first resigned", STEP_DEADLINE, || {
+            let lines = second.lines();
+            if proposals(&lines, &election) == ["second"] {
+                Ok(())
+            } else {
+                Err(format!("output so far: {lines:?}"))
+            }
         });
+        if let Err(e) = won {
+            panic!("{what}: {} {e}\n{}", second.what, context());
+        }
     }
 }
 
