@@ -209,6 +209,13 @@ pub enum ShardCommand {
         revision: i64,
         reply: Reply<()>,
     },
+    /// Whether the held shard has lease `id` (for a lease revoke over
+    /// several shards, after `CrossCompare` waited for the hold's entries).
+    CrossHasLease {
+        txn: u64,
+        id: i64,
+        reply: Reply<bool>,
+    },
     /// Proposes this shard's part of the txn at `revision` and lets go of
     /// the hold; answered with the part's answer once applied here. `txn` 0:
     /// a keyspace leader finishing an earlier leader's txn before it assigns

@@ -152,29 +152,53 @@ async fn held(
     for &s in shards.iter().filter(|s| !plan.written.contains(s)) {
         router.tell(s, ShardCommand::CrossRelease { txn }).await;
     }
-    let record = if writers.len() > 1 {
+    let parts = writers
+        .iter()
+        .map(|&s| CrossTxnShardOps {
+            shard: s,
+            ops: Some(ops_txn(&plan.ops[&s])),
+            revoke_lease: 0,
+        })
+        .collect();
+    for (s, answer) in propose_parts(router, txn, revision, parts).await? {
+        match answer {
+            WriteResult::Txn(r) => {
+                answers.insert(s, r.responses);
+            }
+            _ => return Err(ApiError::TimeoutLeaderFail),
+        }
+    }
+    Ok(plan.answer(answers, revision))
+}
+
+/// Step 5 and the forgetting of step 6: each held shard of `parts`
+/// proposes its part at `revision` (with the whole plan as its record when
+/// there are several); the parts' answers once all are applied here.
+async fn propose_parts(
+    router: &Router,
+    txn: u64,
+    revision: i64,
+    parts: Vec<CrossTxnShardOps>,
+) -> Result<Vec<(ShardId, WriteResult)>, ApiError> {
+    let record = if parts.len() > 1 {
         Bytes::from(
             CrossTxnPlan {
                 revision,
-                parts: writers
-                    .iter()
-                    .map(|&s| CrossTxnShardOps {
-                        shard: s,
-                        ops: Some(ops_txn(&plan.ops[&s])),
-                    })
-                    .collect(),
+                parts: parts.clone(),
             }
             .encode_to_vec(),
         )
     } else {
         Bytes::new()
     };
-    let parts = join_all(writers.iter().map(|&s| {
+    let shards: Vec<ShardId> = parts.iter().map(|p| p.shard).collect();
+    let answers = join_all(parts.into_iter().map(|p| {
         let part = CrossTxnPart {
-            ops: Some(ops_txn(&plan.ops[&s])),
+            ops: p.ops,
             plan: record.clone(),
+            revoke_lease: p.revoke_lease,
         };
-        router.ask(s, move |reply| ShardCommand::CrossPropose {
+        router.ask(p.shard, move |reply| ShardCommand::CrossPropose {
             txn,
             revision,
             part,
@@ -182,13 +206,11 @@ async fn held(
         })
     }))
     .await;
+    let mut done = Vec::with_capacity(shards.len());
     let mut failed = None;
-    for (&s, part) in writers.iter().zip(parts) {
-        match part {
-            Ok(WriteResult::Txn(r)) => {
-                answers.insert(s, r.responses);
-            }
-            Ok(_) => failed = Some(format!("shard {s} answered its part with another kind")),
+    for (&s, answer) in shards.iter().zip(answers) {
+        match answer {
+            Ok(a) => done.push((s, a)),
             Err(e) => failed = Some(format!("shard {s}: {e}")),
         }
     }
@@ -201,14 +223,103 @@ async fn held(
         return Err(ApiError::TimeoutLeaderFail);
     }
     if !record.is_empty() {
-        for &s in &writers {
+        for &s in &shards {
             let (reply, _) = tokio::sync::oneshot::channel();
             router
                 .tell(s, ShardCommand::CrossForget { revision, reply })
                 .await;
         }
     }
-    Ok(plan.answer(answers, revision))
+    Ok(done)
+}
+
+/// Revokes lease `id` on every shard that has it, at one revision, the way
+/// a txn over several shards writes (the keys of the lease on every shard
+/// are deleted at that revision); its revision. Refused with
+/// [`ApiError::NotLeader`] where this member is not the keyspace leader, and
+/// with [`ApiError::LeaseNotFound`] where no shard has the lease.
+pub async fn revoke_lease(router: Arc<Router>, id: i64) -> Result<i64, ApiError> {
+    let Some(keyspace) = router.keyspace.clone() else {
+        return Err(ApiError::Unsupported("a lease revoke over several shards with one shard"));
+    };
+    let shards: Vec<ShardId> = router.routing.shard_ids().collect();
+    let txn = NEXT_TXN.fetch_add(1, Ordering::Relaxed);
+    let answer = revoke_held(&router, &keyspace, txn, &shards, id).await;
+    for &s in &shards {
+        router.tell(s, ShardCommand::CrossRelease { txn }).await;
+    }
+    answer
+}
+
+async fn revoke_held(
+    router: &Router,
+    keyspace: &Keyspace,
+    txn: u64,
+    shards: &[ShardId],
+    id: i64,
+) -> Result<i64, ApiError> {
+    for &s in shards {
+        router
+            .ask(s, |reply| ShardCommand::CrossHold { txn, reply })
+            .await?;
+    }
+    let revision = keyspace.next_revision().ok_or(ApiError::NoLeader)?;
+    // No compares: asked only to wait for the entries proposed before the
+    // hold, so that the lease's presence below is current.
+    for answer in join_all(shards.iter().map(|&s| {
+        router.ask(s, |reply| ShardCommand::CrossCompare {
+            txn,
+            compares: Vec::new(),
+            reply,
+        })
+    }))
+    .await
+    {
+        answer?;
+    }
+    let has = join_all(
+        shards
+            .iter()
+            .map(|&s| router.ask(s, |reply| ShardCommand::CrossHasLease { txn, id, reply })),
+    )
+    .await;
+    let mut parts = Vec::new();
+    for (&s, has) in shards.iter().zip(has) {
+        if has? {
+            parts.push(CrossTxnShardOps {
+                shard: s,
+                ops: None,
+                revoke_lease: id,
+            });
+        } else {
+            router.tell(s, ShardCommand::CrossRelease { txn }).await;
+        }
+    }
+    if parts.is_empty() {
+        return Err(ApiError::LeaseNotFound);
+    }
+    propose_parts(router, txn, revision, parts).await?;
+    Ok(revision)
+}
+
+/// Revokes, on every shard at one revision, the leases shard 0's leader
+/// finds expired, for as long as the member runs.
+pub async fn revoke_expired_leases(router: Arc<Router>) {
+    let Some(keyspace) = router.keyspace.clone() else {
+        return;
+    };
+    loop {
+        for id in keyspace.take_expired_leases().await {
+            match revoke_lease(router.clone(), id).await {
+                Ok(revision) => {
+                    tracing::debug!(lease = id, revision, "lease expired; revoked")
+                }
+                Err(ApiError::LeaseNotFound) => {}
+                // It comes due again after the retry delay.
+                Err(e) => tracing::debug!(lease = id, error = %e, "revoking an expired lease failed"),
+            }
+        }
+    }
 }
 
 /// A txn whose ops are `ops`, without compares: a shard's part.
@@ -484,6 +595,7 @@ pub async fn finish_earlier(router: &Router) -> Result<usize, ApiError> {
             let part_msg = CrossTxnPart {
                 ops: part.ops.clone(),
                 plan: Bytes::from(bytes.clone()),
+                revoke_lease: part.revoke_lease,
             };
             router
                 .ask(part.shard, |reply| ShardCommand::CrossPropose {

@@ -105,6 +105,9 @@ pub struct Keyspace {
     /// other member can lead it; 0 for none.
     leases: Vec<AtomicU64>,
     clock_base: Instant,
+    /// Leases shard 0's leader found expired, to revoke on every shard.
+    expired_leases: Mutex<Vec<i64>>,
+    expired_wanted: tokio::sync::Notify,
 }
 
 impl Keyspace {
@@ -123,6 +126,8 @@ impl Keyspace {
             opened: AtomicU64::new(0),
             leases: (0..shards).map(|_| AtomicU64::new(0)).collect(),
             clock_base: Instant::now(),
+            expired_leases: Mutex::new(Vec::new()),
+            expired_wanted: tokio::sync::Notify::new(),
         }
     }
 
@@ -270,6 +275,27 @@ impl Keyspace {
         st.opening = None;
         if self.open.swap(false, Ordering::AcqRel) {
             tracing::info!(shard, "keyspace leadership lost: writes wait for a leader");
+        }
+    }
+
+    /// Shard 0's leader found lease `id` expired: it is to be revoked on
+    /// every shard at one revision.
+    pub fn lease_expired(&self, id: i64) {
+        let mut expired = self.expired_leases.lock().expect("expired leases");
+        if !expired.contains(&id) {
+            expired.push(id);
+        }
+        self.expired_wanted.notify_one();
+    }
+
+    /// Waits for leases found expired, and takes them.
+    pub async fn take_expired_leases(&self) -> Vec<i64> {
+        loop {
+            let taken = std::mem::take(&mut *self.expired_leases.lock().expect("expired leases"));
+            if !taken.is_empty() {
+                return taken;
+            }
+            self.expired_wanted.notified().await;
         }
     }
 

@@ -228,10 +228,37 @@ impl LeaseService {
 
     /// Revokes the lease on every shard; the highest shard revision. A shard
     /// without it has seen it expire or be revoked already.
-    async fn revoke_everywhere(&self, id: i64) -> Result<i64, ApiError> {
-        self.propose_on_every_shard(
-            || ShardReq::LeaseRevoke(LeaseRevokeRequest { id }),
-            ApiError::LeaseNotFound,
+    /// With several shards, the keyspace leader revokes it on every shard at
+    /// one revision (`cross_txn::revoke_lease`), asked over the peer port
+    /// (`POST /cairn/lease-revoke`) from elsewhere.
+    async fn revoke_everywhere(&self, id: i64) -> Result<i64, Status> {
+        if self.router.keyspace.is_none() {
+            return Ok(self
+                .propose_on_every_shard(
+                    || ShardReq::LeaseRevoke(LeaseRevokeRequest { id }),
+                    ApiError::LeaseNotFound,
+                )
+                .await?);
+        }
+        let body = Bytes::from(LeaseRevokeRequest { id }.encode_to_vec());
+        self.at_leader(
+            || async {
+                tokio::spawn(super::cross_txn::revoke_lease(self.router.clone(), id))
+                    .await
+                    .unwrap_or(Err(ApiError::Stopped))
+            },
+            |url| {
+                let body = body.clone();
+                async move {
+                    self.post(&url, "/cairn/lease-revoke", 0, body)
+                        .await
+                        .and_decode(|b: Bytes| {
+                            LeaseRevokeResponse::decode(b)
+                                .map(|r| r.header.map_or(0, |h| h.revision))
+                                .map_err(|e| format!("{url}: revoke answer: {e}"))
+                        })
+                }
+            },
         )
         .await
     }
@@ -307,14 +334,14 @@ impl LeaseService {
         let this = self.clone();
         tokio::spawn(async move {
             match this.revoke_everywhere(id).await {
-                Ok(_) | Err(ApiError::LeaseNotFound) => {
+                Err(e) if e.code() != tonic::Code::NotFound => {
+                    tracing::warn!(lease = id, error = %e, "revoking what was left of a lease failed; its TTL will expire it")
+                }
+                _ => {
                     tracing::info!(
                         lease = id,
                         "revoked what was left of a partly expired lease"
                     )
-                }
-                Err(e) => {
-                    tracing::warn!(lease = id, error = %e, "revoking what was left of a lease failed; its TTL will expire it")
                 }
             }
         });

@@ -469,6 +469,9 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
         tokio::task::spawn_local(super::cross_txn::finish_at_every_opening(
             shared.routers[core].clone(),
         ));
+        tokio::task::spawn_local(super::cross_txn::revoke_expired_leases(
+            shared.routers[core].clone(),
+        ));
     }
 
     // Core 0 accepts peer connections and hands each to the core of its lane.

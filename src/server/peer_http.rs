@@ -12,6 +12,7 @@
 //! | `POST /cairn/lease-renew` | renews a lease at the leader of the shard in `x-cairn-shard` (`etcdserverpb.LeaseKeepAliveRequest`; answer `LeaseKeepAliveResponse`, TTL 0 when the shard has no such lease): `200`, or `409` with `x-cairn-leader` as above |
 //! | `POST /cairn/read-point` | the read point of a linearizable read over the shards listed (`cairnpb.KeyspaceReadPoint`), if this member is the keyspace leader: `200` with the revision and each shard's index, or `409` with `x-cairn-leader` naming shard 0's (or that shard's) leader |
 //! | `POST /cairn/txn` | runs a txn over several shards (`etcdserverpb.TxnRequest`) if this member is the keyspace leader: `200` with the `TxnResponse`, or `409` with `x-cairn-leader` when nothing was proposed, or the gRPC error as above |
+//! | `POST /cairn/lease-revoke` | with several shards, revokes a lease on every shard at one revision (`etcdserverpb.LeaseRevokeRequest`; answer `LeaseRevokeResponse`) if this member is the keyspace leader: `200`, or `409` with `x-cairn-leader` as above |
 //! | `POST /cairn/lease-ttl` | a lease's time left at the leader of the shard in `x-cairn-shard` (`LeaseTimeToLiveRequest`; answer `LeaseTimeToLiveResponse` with the time left in milliseconds, -1 when the shard has no such lease): `200` or `409` as above |
 //!
 //! Every request but `GET /cairn/members` must carry the cluster id in
@@ -25,8 +26,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use cairn_proto::cairnpb::{KeyspaceReadPoint, MemberTable, ShardConfChange};
 use cairn_proto::etcdserverpb::{
-    LeaseKeepAliveRequest, LeaseKeepAliveResponse, LeaseTimeToLiveRequest, LeaseTimeToLiveResponse,
-    TxnRequest,
+    LeaseKeepAliveRequest, LeaseKeepAliveResponse, LeaseRevokeRequest, LeaseRevokeResponse,
+    LeaseTimeToLiveRequest, LeaseTimeToLiveResponse, ResponseHeader, TxnRequest,
 };
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
@@ -111,6 +112,7 @@ impl PeerHttp {
                     | "/cairn/removed"
                     | "/cairn/lease-renew"
                     | "/cairn/lease-ttl"
+                    | "/cairn/lease-revoke"
                     | "/cairn/read-point"
                     | TXN_PATH
             )
@@ -310,7 +312,7 @@ enum PeerLeaseAnswer {
 /// - `lease-ttl`: body `LeaseTimeToLiveRequest`; answer
 ///   `LeaseTimeToLiveResponse` whose TTL is the time left in milliseconds (-1
 ///   when the shard has no such lease), with the shard's keys when asked.
-async fn serve_lease(router: &Router, path: &str, shard: &str, body: Bytes) -> PeerLeaseAnswer {
+async fn serve_lease(router: &Arc<Router>, path: &str, shard: &str, body: Bytes) -> PeerLeaseAnswer {
     let Some(shard) = shard
         .parse::<ShardId>()
         .ok()
@@ -332,6 +334,25 @@ async fn serve_lease(router: &Router, path: &str, shard: &str, body: Bytes) -> P
                 }
                 .encode_to_vec()
             })
+        }
+        "/cairn/lease-revoke" => {
+            let req = match LeaseRevokeRequest::decode(body) {
+                Ok(r) => r,
+                Err(e) => return PeerLeaseAnswer::BadRequest(format!("bad request: {e}")),
+            };
+            // Run apart from this connection, as a txn over several shards.
+            let run = tokio::spawn(super::cross_txn::revoke_lease(router.clone(), req.id));
+            run.await
+                .unwrap_or(Err(ApiError::Stopped))
+                .map(|revision| {
+                    LeaseRevokeResponse {
+                        header: Some(ResponseHeader {
+                            revision,
+                            ..Default::default()
+                        }),
+                    }
+                    .encode_to_vec()
+                })
         }
         "/cairn/lease-ttl" => {
             let req = match LeaseTimeToLiveRequest::decode(body) {

@@ -71,6 +71,16 @@ impl Shard {
                 let answer = self.cross_check(txn, &ops, revision);
                 let _ = reply.send(answer);
             }
+            ShardCommand::CrossHasLease { txn, id, reply } => {
+                let answer = match self.holder_index(txn) {
+                    Ok(index) if index <= self.store.applied_index() => {
+                        Ok(self.store.lease(id).is_some())
+                    }
+                    Ok(_) => Err(ApiError::LeaderChanged),
+                    Err(e) => Err(e),
+                };
+                let _ = reply.send(answer);
+            }
             ShardCommand::CrossPropose {
                 txn,
                 revision,
@@ -398,17 +408,32 @@ impl Shard {
         revision: i64,
         part: CrossTxnPart,
     ) -> Result<WriteResult, ApiError> {
-        let ops = part.ops.unwrap_or_default();
-        let op = mvcc::Op::Txn(convert::txn_from_pb(&ops));
+        let revoke = part.revoke_lease;
+        let op = if revoke != 0 {
+            mvcc::Op::LeaseRevoke { id: revoke }
+        } else {
+            mvcc::Op::Txn(convert::txn_from_pb(&part.ops.unwrap_or_default()))
+        };
         let applied = self.store.apply_at(index, revision, &op);
         if !part.plan.is_empty() && !matches!(&applied, Err(e) if !e.is_request_error()) {
             self.store.put_txn_record(revision, &part.plan);
+        }
+        if revoke != 0 {
+            self.lease_clock.revoked(revoke);
         }
         match applied {
             Ok(mvcc::OpResult::Txn(r)) => {
                 Ok(WriteResult::Txn(convert::txn_to_pb(r, self.header(0))))
             }
+            Ok(mvcc::OpResult::LeaseRevoke { revision, .. }) => {
+                Ok(WriteResult::Applied { revision })
+            }
             Ok(_) => Err(self.storage_error("a txn part answered another kind".to_string())),
+            // A lease already gone here (a part an opening leader proposed
+            // again, say) deletes nothing.
+            Err(mvcc::ApplyError::LeaseNotFound { .. }) if revoke != 0 => {
+                Ok(WriteResult::Applied { revision })
+            }
             Err(e) => {
                 if e.is_request_error() {
                     // Checked while the shard was held: a part must never be

@@ -76,6 +76,17 @@ impl Shard {
         {
             return;
         }
+        if let Some(k) = &self.keyspace {
+            // With several shards, shard 0's leader (the keyspace leader)
+            // alone decides expiry, and the lease is revoked on every shard
+            // at one revision (`cross_txn::revoke_expired_leases`).
+            if self.id == 0 {
+                for id in self.lease_clock.due(Instant::now()) {
+                    k.lease_expired(id);
+                }
+            }
+            return;
+        }
         for id in self.lease_clock.due(Instant::now()) {
             let Some(revision) = self.proposal_revision() else {
                 // No revisions assigned here now: the lease comes due again

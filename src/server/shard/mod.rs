@@ -587,6 +587,7 @@ impl Shard {
             cmd @ (ShardCommand::CrossHold { .. }
             | ShardCommand::CrossCompare { .. }
             | ShardCommand::CrossCheck { .. }
+            | ShardCommand::CrossHasLease { .. }
             | ShardCommand::CrossPropose { .. }
             | ShardCommand::CrossRelease { .. }
             | ShardCommand::CrossForget { .. }
