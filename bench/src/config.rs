@@ -24,6 +24,9 @@ pub const MAX_WATCHERS: usize = 100_000;
 pub const MAX_RUN_DURATION: Duration = Duration::from_secs(24 * 3600);
 /// Highest fixed target rate accepted, requests per second.
 pub const MAX_RATE_PER_SEC: f64 = 10_000_000.0;
+/// Most keys one `txn-one` or `txn-cross` txn compares and puts: one per
+/// routing prefix `txn-cross` has.
+pub const MAX_KEYS_PER_TXN: usize = crate::placement::CROSS_PREFIXES.len();
 
 const _: () = assert!(MAX_CONNS <= MAX_CLIENTS, "every connection needs a client");
 // The watch-latency put value carries an 8-byte sequence number and a phase byte.
@@ -224,6 +227,19 @@ pub enum Command {
     /// Compare-and-swap transactions: put if nobody modified the key after the
     /// newest revision this client has seen, otherwise read it back.
     TxnPut(TxnPutOpts),
+    /// Compare-and-swap transactions over several keys of one routing prefix
+    /// (one shard)
+    ///
+    /// txn-put's txn over --keys-per-txn keys `/bench/one/<j>/<key>`: put
+    /// them all if none was modified after the newest revision this client
+    /// has seen, otherwise read them back.
+    TxnOne(TxnMultiOpts),
+    /// The txns of txn-one with each key under its own routing prefix
+    /// (several shards)
+    ///
+    /// Key j is `/bench/x<i>/<key>`; with N shards (N up to 16) the keys of
+    /// one txn fall on min(keys, N) different shards.
+    TxnCross(TxnMultiOpts),
     /// A mix of reads and writes over one key space.
     Mixed(MixedOpts),
     /// Time from sending a put to each watcher receiving its event.
@@ -353,6 +369,30 @@ impl RangeOpts {
 pub struct TxnPutOpts {
     #[command(flatten)]
     pub keys: KeyOpts,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct TxnMultiOpts {
+    /// Key options; --key-size is the size of the part after the prefix.
+    #[command(flatten)]
+    pub keys: KeyOpts,
+    /// Keys each txn compares and puts, each under its own prefix for
+    /// txn-cross (2 to 8).
+    #[arg(long, default_value_t = 2)]
+    pub keys_per_txn: usize,
+}
+
+impl TxnMultiOpts {
+    pub fn validate(&self) -> Result<(), BenchError> {
+        self.keys.validate()?;
+        if !(2..=MAX_KEYS_PER_TXN).contains(&self.keys_per_txn) {
+            return Err(BenchError::Option {
+                option: "--keys-per-txn",
+                reason: format!("{} is not in 2..={MAX_KEYS_PER_TXN}", self.keys_per_txn),
+            });
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Clone, Args)]

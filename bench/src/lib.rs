@@ -5,7 +5,10 @@
 //! links the server. The pieces:
 //! - [`config`]: the command line and its limits;
 //! - [`runner`]: connections, the closed-loop and fixed-rate drivers, warm-up;
-//! - [`workload`]: put, range, txn-put, mixed and lease-keepalive requests;
+//! - [`workload`]: put, range, txn-put, txn-one, txn-cross, mixed and
+//!   lease-keepalive requests;
+//! - [`placement`]: Cairn's routing rule, copied, so txn-one and txn-cross
+//!   pick keys on one shard or on several;
 //! - [`watch`]: watch latency from put sent to event received;
 //! - [`watch_load`]: what many watchers, one never reading, cost writers;
 //! - [`memory`]: the members' resident memory after the same puts;
@@ -29,6 +32,7 @@ pub mod compare;
 pub mod config;
 pub mod gateway;
 pub mod memory;
+pub mod placement;
 pub mod preset;
 pub mod runner;
 pub mod security;
@@ -108,6 +112,16 @@ pub async fn run_workload(
         Command::TxnPut(o) => {
             o.keys.validate()?;
             runner::run(global, workload::Spec::TxnPut(o.keys.clone()), progress).await
+        }
+        Command::TxnOne(o) | Command::TxnCross(o) => {
+            o.validate()?;
+            let spread = if matches!(command, Command::TxnOne(_)) {
+                workload::Spread::OnePrefix
+            } else {
+                workload::Spread::CrossPrefixes
+            };
+            let spec = workload::Spec::TxnMulti(o.clone(), spread);
+            runner::run(global, spec, progress).await
         }
         Command::Mixed(o) => {
             o.validate()?;

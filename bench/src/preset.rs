@@ -22,6 +22,8 @@ pub const RANGE_ALL_END: &str = "00000010";
 pub const PRESET_VAL_SIZE_BYTES: usize = 256;
 /// Distinct keys of the write presets.
 pub const PRESET_KEY_SPACE: u64 = 100_000;
+/// Keys each txn of `txn-one` and `txn-cross` compares and puts.
+pub const PRESET_KEYS_PER_TXN: usize = 2;
 
 /// The workload rows `compare` knows, each a fixed `cairn-bench` command.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -42,6 +44,12 @@ pub enum Preset {
     RangeAll,
     /// compare-and-swap txn, 100 clients over 10 connections.
     TxnPut,
+    /// `txn-put`'s compare-and-swap over two keys of one routing prefix
+    /// (one shard), 100 clients over 10 connections.
+    TxnOne,
+    /// the txn of `txn-one` over two keys of two routing prefixes, which
+    /// fall on different shards of a Cairn member with several.
+    TxnCross,
     /// watch latency, 100 watchers over 10 streams, 100 puts/s from 10 putters.
     Watch,
     /// `watch` with every watcher on the whole keyspace.
@@ -61,6 +69,8 @@ impl Preset {
             Preset::RangeS => "range-s",
             Preset::RangeAll => "range-all",
             Preset::TxnPut => "txn-put",
+            Preset::TxnOne => "txn-one",
+            Preset::TxnCross => "txn-cross",
             Preset::Watch => "watch",
             Preset::WatchAll => "watch-all",
             Preset::Mixed => "mixed",
@@ -102,6 +112,11 @@ impl Preset {
                     .to_vec(),
             ),
             Preset::TxnPut => (100, 10, keys("txn-put")),
+            Preset::TxnOne | Preset::TxnCross => {
+                let mut v = keys(self.name());
+                v.extend(["--keys-per-txn".into(), PRESET_KEYS_PER_TXN.to_string()]);
+                (100, 10, v)
+            }
             Preset::Watch => (
                 10,
                 10,

@@ -18,7 +18,8 @@ use rand::{Rng, SeedableRng};
 use tokio::sync::mpsc;
 use tonic::Streaming;
 
-use crate::config::{Consistency, KeyOpts, LeaseOpts, MixedOpts, RangeOpts};
+use crate::config::{Consistency, KeyOpts, LeaseOpts, MixedOpts, RangeOpts, TxnMultiOpts};
+use crate::placement::{CROSS_PREFIXES, ONE_PREFIX};
 use crate::stats::Recorder;
 
 /// Keep-alive requests buffered per lease stream; one is in flight at a time.
@@ -30,8 +31,40 @@ pub enum Spec {
     Put(KeyOpts),
     Range(RangeOpts),
     TxnPut(KeyOpts),
+    TxnMulti(TxnMultiOpts, Spread),
     Mixed(MixedOpts),
     LeaseKeepalive(LeaseOpts),
+}
+
+/// The routing prefixes the keys of one `txn-one` or `txn-cross` txn are
+/// under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Spread {
+    /// Every key under [`ONE_PREFIX`] (`/bench/one/<j>/<key>`): one shard.
+    OnePrefix,
+    /// Key j under `CROSS_PREFIXES[j]` (`/bench/x<i>/<key>`): as many
+    /// shards as there are keys, or as there are shards.
+    CrossPrefixes,
+}
+
+impl Spread {
+    /// The prefix of each key of a txn of `keys` keys.
+    pub fn prefixes(self, keys: usize) -> Vec<Bytes> {
+        assert!(
+            keys <= CROSS_PREFIXES.len(),
+            "{keys} keys per txn: TxnMultiOpts::validate admits at most {}",
+            CROSS_PREFIXES.len()
+        );
+        match self {
+            Spread::OnePrefix => (0..keys)
+                .map(|j| Bytes::from(format!("{ONE_PREFIX}{j}/")))
+                .collect(),
+            Spread::CrossPrefixes => CROSS_PREFIXES[..keys]
+                .iter()
+                .map(|p| Bytes::from_static(p.as_bytes()))
+                .collect(),
+        }
+    }
 }
 
 impl Spec {
@@ -40,6 +73,8 @@ impl Spec {
             Spec::Put(_) => "put",
             Spec::Range(_) => "range",
             Spec::TxnPut(_) => "txn-put",
+            Spec::TxnMulti(_, Spread::OnePrefix) => "txn-one",
+            Spec::TxnMulti(_, Spread::CrossPrefixes) => "txn-cross",
             Spec::Mixed(_) => "mixed",
             Spec::LeaseKeepalive(_) => "lease-keepalive",
         }
@@ -137,6 +172,80 @@ pub struct LeaseStream {
     rx: Streaming<LeaseKeepAliveResponse>,
 }
 
+/// A requester's first view of the store (not measured): the revision of a
+/// count-only range's header.
+async fn first_view(kv: &mut KvClient<Conn>) -> Result<i64, tonic::Status> {
+    let probe = RangeRequest {
+        key: Bytes::from_static(b"\0"),
+        count_only: true,
+        ..Default::default()
+    };
+    Ok(kv
+        .range(probe)
+        .await?
+        .into_inner()
+        .header
+        .map_or(0, |h| h.revision))
+}
+
+/// Optimistic concurrency over `keys`: put `value` to every one if nobody
+/// modified any of them after `revision_seen`, the newest revision the
+/// requester has seen; otherwise read each back.
+pub fn cas_txn(keys: Vec<Bytes>, value: &Bytes, revision_seen: i64) -> TxnRequest {
+    TxnRequest {
+        compare: keys
+            .iter()
+            .map(|key| Compare {
+                result: CompareResult::Less as i32,
+                target: CompareTarget::Mod as i32,
+                key: key.clone(),
+                target_union: Some(TargetUnion::ModRevision(revision_seen + 1)),
+                ..Default::default()
+            })
+            .collect(),
+        success: keys
+            .iter()
+            .map(|key| RequestOp {
+                request: Some(Request::RequestPut(PutRequest {
+                    key: key.clone(),
+                    value: value.clone(),
+                    ..Default::default()
+                })),
+            })
+            .collect(),
+        failure: keys
+            .into_iter()
+            .map(|key| RequestOp {
+                request: Some(Request::RequestRange(RangeRequest {
+                    key,
+                    ..Default::default()
+                })),
+            })
+            .collect(),
+    }
+}
+
+/// Sends a [`cas_txn`], counts whether it won, and moves the requester's
+/// view forward to the response's revision either way, so a conflict is
+/// retried against fresh state.
+async fn swap(
+    kv: &mut KvClient<Conn>,
+    txn: TxnRequest,
+    revision_seen: &mut i64,
+    rec: &mut Recorder,
+) -> Result<(), tonic::Status> {
+    let resp = kv.txn(txn).await?.into_inner();
+    if resp.succeeded {
+        rec.count("txn_cas_won");
+    } else {
+        rec.count("txn_cas_conflicts");
+    }
+    if let Some(h) = resp.header {
+        *revision_seen = (*revision_seen).max(h.revision);
+    }
+    Ok(())
+}
+
 /// What one requester needs between requests.
 pub enum OpClient {
     Put {
@@ -154,6 +263,15 @@ pub enum OpClient {
         value: Bytes,
         /// Newest store revision this requester has seen in a response: its view
         /// of the store, against which it swaps.
+        revision_seen: i64,
+    },
+    TxnMulti {
+        kv: KvClient<Conn>,
+        keys: KeyGen,
+        /// The prefix of each key of a txn; the key generator gives the rest.
+        prefixes: Vec<Bytes>,
+        value: Bytes,
+        /// As for `TxnPut`.
         revision_seen: i64,
     },
     Mixed {
@@ -207,22 +325,22 @@ impl OpClient {
             }
             Spec::TxnPut(o) => {
                 let mut kv = KvClient::new(channel);
-                // The requester's first view of the store (not measured).
-                let probe = RangeRequest {
-                    key: Bytes::from_static(b"\0"),
-                    count_only: true,
-                    ..Default::default()
-                };
-                let revision_seen = kv
-                    .range(probe)
-                    .await?
-                    .into_inner()
-                    .header
-                    .map_or(0, |h| h.revision);
+                let revision_seen = first_view(&mut kv).await?;
                 OpClient::TxnPut {
                     kv,
                     keys: KeyGen::new(o, client, clients),
                     value: value_of_size(o.val_size),
+                    revision_seen,
+                }
+            }
+            Spec::TxnMulti(o, spread) => {
+                let mut kv = KvClient::new(channel);
+                let revision_seen = first_view(&mut kv).await?;
+                OpClient::TxnMulti {
+                    kv,
+                    keys: KeyGen::new(&o.keys, client, clients),
+                    prefixes: spread.prefixes(o.keys_per_txn),
+                    value: value_of_size(o.keys.val_size),
                     revision_seen,
                 }
             }
@@ -281,40 +399,28 @@ impl OpClient {
                 revision_seen,
             } => {
                 let (_, key) = keys.next_key();
-                // Optimistic concurrency: write only if nobody modified the key
-                // after the newest revision this requester has seen.
-                let txn = TxnRequest {
-                    compare: vec![Compare {
-                        result: CompareResult::Less as i32,
-                        target: CompareTarget::Mod as i32,
-                        key: key.clone(),
-                        target_union: Some(TargetUnion::ModRevision(*revision_seen + 1)),
-                        ..Default::default()
-                    }],
-                    success: vec![RequestOp {
-                        request: Some(Request::RequestPut(PutRequest {
-                            key: key.clone(),
-                            value: value.clone(),
-                            ..Default::default()
-                        })),
-                    }],
-                    failure: vec![RequestOp {
-                        request: Some(Request::RequestRange(RangeRequest {
-                            key,
-                            ..Default::default()
-                        })),
-                    }],
-                };
-                let resp = kv.txn(txn).await?.into_inner();
-                if resp.succeeded {
-                    rec.count("txn_cas_won");
-                } else {
-                    rec.count("txn_cas_conflicts");
-                }
-                // Either way the response's header is the newest view of the store.
-                if let Some(h) = resp.header {
-                    *revision_seen = (*revision_seen).max(h.revision);
-                }
+                let txn = cas_txn(vec![key], value, *revision_seen);
+                swap(kv, txn, revision_seen, rec).await?;
+            }
+            OpClient::TxnMulti {
+                kv,
+                keys,
+                prefixes,
+                value,
+                revision_seen,
+            } => {
+                let (_, suffix) = keys.next_key();
+                let keys = prefixes
+                    .iter()
+                    .map(|p| {
+                        let mut key = Vec::with_capacity(p.len() + suffix.len());
+                        key.extend_from_slice(p);
+                        key.extend_from_slice(&suffix);
+                        Bytes::from(key)
+                    })
+                    .collect();
+                let txn = cas_txn(keys, value, *revision_seen);
+                swap(kv, txn, revision_seen, rec).await?;
             }
             OpClient::Mixed {
                 kv,
@@ -436,6 +542,46 @@ mod tests {
     fn random_keys_stay_in_the_space() {
         let mut g = KeyGen::new(&opts(7, false), 3, 4);
         assert!((0..1000).all(|_| g.next_index() < 7));
+    }
+
+    #[test]
+    fn txn_one_shares_a_prefix_and_txn_cross_spreads_over_shards() {
+        use crate::placement::{routing_prefix, shard_for_key};
+        let suffix = b"00000042";
+        let keys = |spread: Spread, n: usize| -> Vec<Vec<u8>> {
+            spread
+                .prefixes(n)
+                .iter()
+                .map(|p| [p.as_ref(), suffix].concat())
+                .collect()
+        };
+        let one = keys(Spread::OnePrefix, 4);
+        assert!(one
+            .iter()
+            .all(|k| routing_prefix(k) == ONE_PREFIX.as_bytes()));
+        let distinct: std::collections::BTreeSet<&Vec<u8>> = one.iter().collect();
+        assert_eq!(distinct.len(), 4, "distinct keys");
+        let cross = keys(Spread::CrossPrefixes, 2);
+        for shards in 2..=16 {
+            assert_ne!(
+                shard_for_key(&cross[0], shards),
+                shard_for_key(&cross[1], shards),
+                "txn-cross's two keys at {shards} shards"
+            );
+        }
+        let txn = cas_txn(
+            cross.into_iter().map(Bytes::from).collect(),
+            &value_of_size(1),
+            7,
+        );
+        assert_eq!(
+            (txn.compare.len(), txn.success.len(), txn.failure.len()),
+            (2, 2, 2)
+        );
+        assert!(txn
+            .compare
+            .iter()
+            .all(|c| c.target_union == Some(TargetUnion::ModRevision(8))));
     }
 
     #[test]

@@ -43,7 +43,7 @@ async fn every_workload_runs_against_cairn() {
         "--total",
         "300",
     ];
-    let workloads: [&[&str]; 5] = [
+    let workloads: [&[&str]; 7] = [
         &["put", "--key-space-size", "100", "--val-size", "64"],
         &["range", "00000001", "--consistency", "l"],
         &[
@@ -56,6 +56,9 @@ async fn every_workload_runs_against_cairn() {
             "10",
         ],
         &["txn-put", "--key-space-size", "10"],
+        // One shard here (a default cairn): txn-cross's keys share it.
+        &["txn-one", "--key-space-size", "10", "--keys-per-txn", "3"],
+        &["txn-cross", "--key-space-size", "10", "--keys-per-txn", "3"],
         &["mixed", "--key-space-size", "100", "--read-ratio", "0.5"],
     ];
     for w in workloads {
@@ -75,7 +78,7 @@ async fn every_workload_runs_against_cairn() {
             r.p50_ms() > 0.0 && r.p50_ms() <= r.p99_ms() && r.p99_ms() <= r.max_ms(),
             "{w:?}"
         );
-        if w[0] == "txn-put" {
+        if w[0].starts_with("txn-") {
             let c = &r.recorder.counters;
             assert_eq!(c["txn_cas_won"] + c["txn_cas_conflicts"], 300);
         }

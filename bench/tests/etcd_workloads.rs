@@ -66,7 +66,7 @@ async fn every_workload_runs_and_its_counts_match() {
         "--total",
         "300",
     ];
-    let workloads: [&[&str]; 7] = [
+    let workloads: [&[&str]; 9] = [
         &["put", "--key-space-size", "100", "--val-size", "64"],
         &["put", "--key-space-size", "100", "--sequential-keys"],
         &["range", "00000001", "--consistency", "l"],
@@ -80,6 +80,8 @@ async fn every_workload_runs_and_its_counts_match() {
             "10",
         ],
         &["txn-put", "--key-space-size", "10"],
+        &["txn-one", "--key-space-size", "10", "--keys-per-txn", "3"],
+        &["txn-cross", "--key-space-size", "10", "--keys-per-txn", "3"],
         &["mixed", "--key-space-size", "100", "--read-ratio", "0.5"],
         &["lease-keepalive"],
     ];
@@ -110,7 +112,7 @@ async fn every_workload_runs_and_its_counts_match() {
             assert!(!json[field].is_null(), "{w:?}: JSON lacks {field}");
         }
         match w[0] {
-            "txn-put" => {
+            "txn-put" | "txn-one" | "txn-cross" => {
                 let c = &r.recorder.counters;
                 assert_eq!(c["txn_cas_won"] + c["txn_cas_conflicts"], 300);
                 assert!(

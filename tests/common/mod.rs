@@ -72,6 +72,24 @@ pub fn replace_file(path: &Path, text: &str) {
         .unwrap_or_else(|e| panic!("renaming {} to {}: {e}", tmp.display(), path.display()));
 }
 
+/// The shard counts the tests of transactions over several shards run at
+/// (`tests/daemon_cross_txn.rs`, `etcdctl_recipes`' txn test): the
+/// comma-separated list in `CAIRN_XTXN_SHARDS` (`CAIRN_XTXN_SHARDS=4`,
+/// `=1,2,4,8`), else `default`.
+pub fn xtxn_shard_counts(default: &[usize]) -> Vec<usize> {
+    let Ok(text) = std::env::var("CAIRN_XTXN_SHARDS") else {
+        return default.to_vec();
+    };
+    let counts: Vec<usize> = text
+        .split(',')
+        .map(|s| match s.trim().parse::<usize>() {
+            Ok(n) if n >= 1 => n,
+            _ => panic!("CAIRN_XTXN_SHARDS={text}: `{s}` is not a shard count (1 or more)"),
+        })
+        .collect();
+    counts
+}
+
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .expect("bind an ephemeral port")
