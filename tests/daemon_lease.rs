@@ -228,6 +228,7 @@ async fn leases_span_shards_expire_and_survive_a_leader_crash() {
         "keys vanished {gone_after:?} after the last keep-alive, before the TTL"
     );
     let mut deleted = Vec::new();
+    let mut expired_at = std::collections::BTreeSet::new();
     let watch_deadline = Instant::now() + Duration::from_secs(10);
     while deleted.len() < keys.len() {
         let left = watch_deadline.saturating_duration_since(Instant::now());
@@ -240,11 +241,17 @@ async fn leases_span_shards_expire_and_survive_a_leader_crash() {
             let key = String::from_utf8_lossy(ev.kv().expect("kv").key()).into_owned();
             if ev.event_type() == EventType::Delete && key.contains("-a/") {
                 deleted.push(key);
+                expired_at.insert(ev.kv().expect("kv").mod_revision());
             }
         }
     }
     deleted.sort();
     assert_eq!(deleted, want);
+    assert_eq!(
+        expired_at.len(),
+        1,
+        "the expiry deleted the keys of both shards at one revision: {expired_at:?}"
+    );
     let ttl = c0.lease_time_to_live(a, None).await.expect("time to live");
     assert_eq!(ttl.ttl(), -1, "an expired lease reports TTL -1");
     // The client sends a first keep-alive at once and reports the TTL 0
@@ -259,11 +266,39 @@ async fn leases_span_shards_expire_and_survive_a_leader_crash() {
     let b = c0.lease_grant(60, None).await.expect("grant").id();
     let keys_b = keys_on_both_shards("b");
     put_with_lease(&mut c0, &keys_b, b).await;
-    c1.lease_revoke(b).await.expect("revoke");
+    let revoked_at = c1
+        .lease_revoke(b)
+        .await
+        .expect("revoke")
+        .header()
+        .expect("header")
+        .revision();
     let left = c2
         .get("/", Some(GetOptions::new().with_prefix()))
         .await
         .expect("linearizable get");
+    // Both shards' keys went at the revoke's revision, not before.
+    let before = c2
+        .get(
+            "/",
+            Some(
+                GetOptions::new()
+                    .with_prefix()
+                    .with_revision(revoked_at - 1),
+            ),
+        )
+        .await
+        .expect("get before the revoke");
+    let held_b = before
+        .kvs()
+        .iter()
+        .filter(|kv| String::from_utf8_lossy(kv.key()).contains("-b/"))
+        .count();
+    assert_eq!(
+        held_b,
+        keys_b.len(),
+        "every key of the lease was there just before its revoke"
+    );
     assert!(
         !left
             .kvs()

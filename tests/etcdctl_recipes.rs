@@ -520,7 +520,7 @@ fn etcdctl_txn_over_keys_of_different_shards_applies_one_branch_whole() {
     }
     // SHARD_COUNTS once transactions over several shards land; until then
     // a txn whose keys span shards is refused (FAILED_PRECONDITION).
-    for shards in common::xtxn_shard_counts(&[1]) {
+    for shards in common::xtxn_shard_counts(&SHARD_COUNTS) {
         for members in [1, 3] {
             let what = format!("{members} member(s), --shards {shards}");
             let cluster = common::Cluster::start(members, &["--shards", &shards.to_string()]);

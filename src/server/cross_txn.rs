@@ -240,7 +240,9 @@ async fn propose_parts(
 /// with [`ApiError::LeaseNotFound`] where no shard has the lease.
 pub async fn revoke_lease(router: Arc<Router>, id: i64) -> Result<i64, ApiError> {
     let Some(keyspace) = router.keyspace.clone() else {
-        return Err(ApiError::Unsupported("a lease revoke over several shards with one shard"));
+        return Err(ApiError::Unsupported(
+            "a lease revoke over several shards with one shard",
+        ));
     };
     let shards: Vec<ShardId> = router.routing.shard_ids().collect();
     let txn = NEXT_TXN.fetch_add(1, Ordering::Relaxed);
@@ -316,7 +318,9 @@ pub async fn revoke_expired_leases(router: Arc<Router>) {
                 }
                 Err(ApiError::LeaseNotFound) => {}
                 // It comes due again after the retry delay.
-                Err(e) => tracing::debug!(lease = id, error = %e, "revoking an expired lease failed"),
+                Err(e) => {
+                    tracing::debug!(lease = id, error = %e, "revoking an expired lease failed")
+                }
             }
         }
     }

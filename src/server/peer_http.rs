@@ -312,7 +312,12 @@ enum PeerLeaseAnswer {
 /// - `lease-ttl`: body `LeaseTimeToLiveRequest`; answer
 ///   `LeaseTimeToLiveResponse` whose TTL is the time left in milliseconds (-1
 ///   when the shard has no such lease), with the shard's keys when asked.
-async fn serve_lease(router: &Arc<Router>, path: &str, shard: &str, body: Bytes) -> PeerLeaseAnswer {
+async fn serve_lease(
+    router: &Arc<Router>,
+    path: &str,
+    shard: &str,
+    body: Bytes,
+) -> PeerLeaseAnswer {
     let Some(shard) = shard
         .parse::<ShardId>()
         .ok()
@@ -342,17 +347,15 @@ async fn serve_lease(router: &Arc<Router>, path: &str, shard: &str, body: Bytes)
             };
             // Run apart from this connection, as a txn over several shards.
             let run = tokio::spawn(super::cross_txn::revoke_lease(router.clone(), req.id));
-            run.await
-                .unwrap_or(Err(ApiError::Stopped))
-                .map(|revision| {
-                    LeaseRevokeResponse {
-                        header: Some(ResponseHeader {
-                            revision,
-                            ..Default::default()
-                        }),
-                    }
-                    .encode_to_vec()
-                })
+            run.await.unwrap_or(Err(ApiError::Stopped)).map(|revision| {
+                LeaseRevokeResponse {
+                    header: Some(ResponseHeader {
+                        revision,
+                        ..Default::default()
+                    }),
+                }
+                .encode_to_vec()
+            })
         }
         "/cairn/lease-ttl" => {
             let req = match LeaseTimeToLiveRequest::decode(body) {
