@@ -186,20 +186,17 @@ pub enum ShardCommand {
     /// A txn over several shards (docs/KEYSPACE.md, "Transactions over
     /// several shards") holds this shard: until it proposes its part or lets
     /// go, no entry of the shard gets a revision and read points wait.
-    /// `txn` is a number the keyspace leader gave the txn. Answered once held
-    /// (after the txns that held it before let go); refused where this
-    /// member does not take the shard's writes now.
+    /// `txn` is a number the keyspace leader gave the txn. Once held (after
+    /// the txns that held it before let go) and the entries proposed before
+    /// that touch `keys` (every key range the txn names) are applied,
+    /// answered with each compare over this shard's keys (see
+    /// `mvcc::Store::compare_present`). Refused where this member does not
+    /// take the shard's writes now.
     CrossHold {
         txn: u64,
-        reply: Reply<()>,
-    },
-    /// Each compare over this shard's keys (see
-    /// `mvcc::Store::compare_present`), once every entry proposed before the
-    /// hold of `txn` is applied.
-    CrossCompare {
-        txn: u64,
         compares: Vec<pb::Compare>,
-        reply: Reply<Vec<Option<bool>>>,
+        keys: Vec<(bytes::Bytes, bytes::Bytes)>,
+        reply: Reply<CrossHeld>,
     },
     /// Whether the held shard would apply `ops` at `revision` without a
     /// request error.
@@ -210,7 +207,7 @@ pub enum ShardCommand {
         reply: Reply<()>,
     },
     /// Whether the held shard has lease `id` (for a lease revoke over
-    /// several shards, after `CrossCompare` waited for the hold's entries).
+    /// several shards, once its hold is answered).
     CrossHasLease {
         txn: u64,
         id: i64,
@@ -243,6 +240,15 @@ pub enum ShardCommand {
     CrossRecords {
         reply: Reply<CrossRecords>,
     },
+}
+
+/// What a shard held by a txn over several shards answers.
+#[derive(Debug, Clone, Default)]
+pub struct CrossHeld {
+    /// Each compare over this shard's keys: None where it holds none.
+    pub compares: Vec<Option<bool>>,
+    /// The NOSPACE alarm is raised: a txn that puts is refused.
+    pub no_space: bool,
 }
 
 /// A shard's records of txns over several shards, and its revision.

@@ -81,39 +81,44 @@ async fn held(
     shards: &[ShardId],
     req: &TxnRequest,
 ) -> Result<TxnResponse, ApiError> {
-    for &s in shards {
-        router
-            .ask(s, |reply| ShardCommand::CrossHold { txn, reply })
-            .await?;
-    }
-    let revision = keyspace.next_revision().ok_or(ApiError::NoLeader)?;
     let mut compares = Vec::new();
     all_compares(req, &mut compares);
-    let answers = join_all(shards.iter().map(|&s| {
-        let compares = compares.clone();
-        router.ask(s, move |reply| ShardCommand::CrossCompare {
-            txn,
-            compares,
-            reply,
-        })
-    }))
-    .await;
+    let keys = super::shard::txn_ranges(req);
     let mut per_shard = Vec::with_capacity(shards.len());
-    for a in answers {
-        per_shard.push(a?);
+    let mut no_space = false;
+    for &s in shards {
+        let held = router
+            .ask(s, |reply| ShardCommand::CrossHold {
+                txn,
+                compares: compares.clone(),
+                keys: keys.clone(),
+                reply,
+            })
+            .await?;
+        per_shard.push(held.compares);
+        no_space |= held.no_space;
     }
+    let revision = keyspace.next_revision().ok_or(ApiError::NoLeader)?;
     let outcomes = combine(&compares, &per_shard);
     let plan = Plan::of(req, &outcomes, &router.routing);
     let writers: Vec<ShardId> = plan.written.iter().copied().collect();
-    let checks = join_all(writers.iter().map(|&s| {
-        let ops = plan.ops[&s].clone();
-        router.ask(s, move |reply| ShardCommand::CrossCheck {
-            txn,
-            ops,
-            revision,
-            reply,
-        })
-    }))
+    if no_space && plan.puts() {
+        return Err(ApiError::NoSpace);
+    }
+    // Ops a shard's state may refuse are checked before any part is
+    // proposed; others (puts of a key and value, deletes, ranges at the
+    // current revision) are never refused on apply.
+    let checks = join_all(plan.ops.iter().filter(|(_, ops)| may_be_refused(ops)).map(
+        |(&s, ops)| {
+            let ops = ops.clone();
+            router.ask(s, move |reply| ShardCommand::CrossCheck {
+                txn,
+                ops,
+                revision,
+                reply,
+            })
+        },
+    ))
     .await;
     for c in checks {
         c?;
@@ -260,25 +265,20 @@ async fn revoke_held(
     shards: &[ShardId],
     id: i64,
 ) -> Result<i64, ApiError> {
+    // No compares; every key, since the lease's keys are not named: the
+    // hold is answered once every entry before it is applied, so that the
+    // lease's presence below is current.
     for &s in shards {
         router
-            .ask(s, |reply| ShardCommand::CrossHold { txn, reply })
+            .ask(s, |reply| ShardCommand::CrossHold {
+                txn,
+                compares: Vec::new(),
+                keys: vec![(Bytes::from_static(b"\0"), Bytes::from_static(b"\0"))],
+                reply,
+            })
             .await?;
     }
     let revision = keyspace.next_revision().ok_or(ApiError::NoLeader)?;
-    // No compares: asked only to wait for the entries proposed before the
-    // hold, so that the lease's presence below is current.
-    for answer in join_all(shards.iter().map(|&s| {
-        router.ask(s, |reply| ShardCommand::CrossCompare {
-            txn,
-            compares: Vec::new(),
-            reply,
-        })
-    }))
-    .await
-    {
-        answer?;
-    }
     let has = join_all(
         shards
             .iter()
@@ -324,6 +324,20 @@ pub async fn revoke_expired_leases(router: Arc<Router>) {
             }
         }
     }
+}
+
+/// Whether a shard's state may refuse `ops` on apply (see
+/// `mvcc::Store::check_ops`): a put naming a lease or keeping the key's
+/// value or lease, or a range at a past revision. Empty keys and sizes were
+/// refused with the request.
+fn may_be_refused(ops: &[RequestOp]) -> bool {
+    ops.iter().any(|op| match &op.request {
+        Some(request_op::Request::RequestPut(p)) => {
+            p.lease != 0 || p.ignore_value || p.ignore_lease
+        }
+        Some(request_op::Request::RequestRange(r)) => r.revision != 0,
+        _ => false,
+    })
 }
 
 /// A txn whose ops are `ops`, without compares: a shard's part.
@@ -395,6 +409,14 @@ struct Plan {
 }
 
 impl Plan {
+    /// Whether the chosen branches put a key.
+    fn puts(&self) -> bool {
+        self.ops
+            .values()
+            .flatten()
+            .any(|op| matches!(op.request, Some(request_op::Request::RequestPut(_))))
+    }
+
     fn of(t: &TxnRequest, outcomes: &[bool], routing: &RoutingTable) -> Plan {
         let mut plan = Plan {
             top: Slot::Txn {

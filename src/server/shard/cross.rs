@@ -11,11 +11,17 @@ use std::collections::VecDeque;
 
 use cairn_proto::cairnpb::{CrossTxnDone, CrossTxnPart};
 
+use super::in_flight::{InFlight, Touch};
 use super::*;
-use crate::server::command::CrossRecords;
+use crate::server::command::{CrossHeld, CrossRecords};
 
-/// Where a shard answers a txn's compares (see `ShardCommand::CrossCompare`).
-type CompareReply = Reply<Vec<Option<bool>>>;
+/// A txn asking to hold the shard (see `ShardCommand::CrossHold`).
+struct HoldAsk {
+    txn: u64,
+    compares: Vec<pb::Compare>,
+    keys: Vec<(Bytes, Bytes)>,
+    reply: Reply<CrossHeld>,
+}
 
 /// The txns over several shards this shard takes part in.
 #[derive(Default)]
@@ -23,9 +29,12 @@ pub(super) struct Cross {
     /// The txn holding the shard, if any.
     holder: Option<Holder>,
     /// Txns waiting to hold it, first come first served.
-    waiting: VecDeque<(u64, Reply<()>)>,
+    waiting: VecDeque<HoldAsk>,
     /// Compares waiting for the entries proposed before the hold to apply.
-    compares: Vec<(Vec<pb::Compare>, CompareReply)>,
+    /// The holder's ask, with the index to apply before it is answered.
+    compares: Vec<(u64, HoldAsk)>,
+    /// What this leader's entries not yet applied touch.
+    pub(super) in_flight: InFlight,
     /// Read points asked while held: asked again once the hold ends, so
     /// that a point taken after the txn's revision covers its part.
     points: Vec<Reply<u64>>,
@@ -34,7 +43,7 @@ pub(super) struct Cross {
     records: Vec<(u64, Reply<CrossRecords>)>,
     /// The holder's part, when Raft did not take it (too many uncommitted
     /// entries): proposed again on the next close tick.
-    unproposed: Option<(Bytes, u64, Reply<WriteResult>)>,
+    unproposed: Option<(Bytes, u64, Reply<WriteResult>, Option<Touch>)>,
     /// Led here, with every entry of earlier terms applied (the keyspace
     /// was told): a part of an earlier leader's txn may be proposed.
     pub(super) ready: bool,
@@ -44,6 +53,9 @@ struct Holder {
     txn: u64,
     /// Every entry proposed before the hold is at or below this index.
     index: u64,
+    /// Once the compares are asked: the index to apply before the state
+    /// here is that of the keyspace just before the txn, for its keys.
+    ready_at: Option<u64>,
 }
 
 impl Cross {
@@ -56,12 +68,17 @@ impl Cross {
 impl Shard {
     pub(super) fn handle_cross(&mut self, cmd: ShardCommand) {
         match cmd {
-            ShardCommand::CrossHold { txn, reply } => self.cross_hold(txn, reply),
-            ShardCommand::CrossCompare {
+            ShardCommand::CrossHold {
                 txn,
                 compares,
+                keys,
                 reply,
-            } => self.cross_compare(txn, compares, reply),
+            } => self.cross_hold(HoldAsk {
+                txn,
+                compares,
+                keys,
+                reply,
+            }),
             ShardCommand::CrossCheck {
                 txn,
                 ops,
@@ -72,13 +89,9 @@ impl Shard {
                 let _ = reply.send(answer);
             }
             ShardCommand::CrossHasLease { txn, id, reply } => {
-                let answer = match self.holder_index(txn) {
-                    Ok(index) if index <= self.store.applied_index() => {
-                        Ok(self.store.lease(id).is_some())
-                    }
-                    Ok(_) => Err(ApiError::LeaderChanged),
-                    Err(e) => Err(e),
-                };
+                let answer = self
+                    .holder_ready(txn)
+                    .map(|()| self.store.lease(id).is_some());
                 let _ = reply.send(answer);
             }
             ShardCommand::CrossPropose {
@@ -91,6 +104,14 @@ impl Shard {
             ShardCommand::CrossForget { revision, reply } => self.cross_forget(revision, reply),
             ShardCommand::CrossRecords { reply } => self.cross_records(reply),
             other => unreachable!("not a cross-shard command: {other:?}"),
+        }
+    }
+
+    /// Notes what the entry (or entries) just proposed here touch, for the
+    /// txns over several shards that hold the shard later.
+    pub(super) fn note_proposed(&mut self, touch: Option<Touch>) {
+        if let Some(t) = touch {
+            self.cross.in_flight.proposed(self.node.last_index(), t);
         }
     }
 
@@ -108,24 +129,41 @@ impl Shard {
         }
     }
 
-    fn cross_hold(&mut self, txn: u64, reply: Reply<()>) {
+    fn cross_hold(&mut self, ask: HoldAsk) {
         if let Err(e) = self.cross_led() {
-            let _ = reply.send(Err(e));
+            let _ = ask.reply.send(Err(e));
             return;
         }
         if self.keyspace.as_ref().is_none_or(|k| !k.is_open()) {
-            let _ = reply.send(Err(ApiError::NoLeader));
+            let _ = ask.reply.send(Err(ApiError::NoLeader));
             return;
         }
         if self.cross.holder.is_some() {
-            self.cross.waiting.push_back((txn, reply));
+            self.cross.waiting.push_back(ask);
             return;
         }
+        let index = self.node.last_index();
+        // Only the entries before the hold that touch the txn's keys must
+        // be applied before its compares are read.
+        let ready_at = self.cross.in_flight.last_touching(index, &ask.keys);
         self.cross.holder = Some(Holder {
-            txn,
-            index: self.node.last_index(),
+            txn: ask.txn,
+            index,
+            ready_at: Some(ready_at),
         });
-        let _ = reply.send(Ok(()));
+        if ready_at <= self.store.applied_index() {
+            self.answer_hold(ask);
+        } else {
+            self.cross.compares.push((ready_at, ask));
+        }
+    }
+
+    fn answer_hold(&self, ask: HoldAsk) {
+        let answer = self.compares_here(&ask.compares).map(|compares| CrossHeld {
+            compares,
+            no_space: self.nospace_alarm,
+        });
+        let _ = ask.reply.send(answer);
     }
 
     /// The hold of `txn`, or the error to answer when it is gone (leadership
@@ -137,16 +175,16 @@ impl Shard {
         }
     }
 
-    fn cross_compare(&mut self, txn: u64, compares: Vec<pb::Compare>, reply: CompareReply) {
-        match self.holder_index(txn) {
-            Err(e) => {
-                let _ = reply.send(Err(e));
+    /// Ok when `txn` holds the shard and its compares were answered (so
+    /// its keys are as of just before the txn here); the error otherwise.
+    fn holder_ready(&self, txn: u64) -> Result<(), ApiError> {
+        match &self.cross.holder {
+            Some(h)
+                if h.txn == txn && h.ready_at.is_some_and(|r| r <= self.store.applied_index()) =>
+            {
+                Ok(())
             }
-            Ok(index) if index <= self.store.applied_index() => {
-                let answer = self.compares_here(&compares);
-                let _ = reply.send(answer);
-            }
-            Ok(_) => self.cross.compares.push((compares, reply)),
+            _ => Err(ApiError::LeaderChanged),
         }
     }
 
@@ -170,15 +208,16 @@ impl Shard {
                 let _ = reply.send(Ok(self.records_here()));
             }
         }
-        let Some(index) = self.cross.holder.as_ref().map(|h| h.index) else {
-            return;
-        };
-        if self.cross.compares.is_empty() || applied < index {
+        self.cross.in_flight.applied(applied);
+        if self.cross.compares.iter().all(|(at, _)| *at > applied) {
             return;
         }
-        for (compares, reply) in std::mem::take(&mut self.cross.compares) {
-            let answer = self.compares_here(&compares);
-            let _ = reply.send(answer);
+        let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut self.cross.compares)
+            .into_iter()
+            .partition(|(at, _)| *at <= applied);
+        self.cross.compares = later;
+        for (_, ask) in due {
+            self.answer_hold(ask);
         }
     }
 
@@ -210,14 +249,14 @@ impl Shard {
     /// Ends every hold and wait of a txn, which is answered `err`.
     fn end_holds(&mut self, err: ApiError) {
         self.cross.holder = None;
-        if let Some((_, _, reply)) = self.cross.unproposed.take() {
+        if let Some((_, _, reply, _)) = self.cross.unproposed.take() {
             let _ = reply.send(Err(err.clone()));
         }
-        for (_, reply) in self.cross.waiting.drain(..) {
-            let _ = reply.send(Err(err.clone()));
+        for ask in self.cross.waiting.drain(..) {
+            let _ = ask.reply.send(Err(err.clone()));
         }
-        for (_, reply) in self.cross.compares.drain(..) {
-            let _ = reply.send(Err(err.clone()));
+        for (_, ask) in self.cross.compares.drain(..) {
+            let _ = ask.reply.send(Err(err.clone()));
         }
         for reply in std::mem::take(&mut self.cross.points) {
             self.read_point(reply);
@@ -230,11 +269,9 @@ impl Shard {
         ops: &[pb::RequestOp],
         revision: i64,
     ) -> Result<(), ApiError> {
-        let index = self.holder_index(txn)?;
-        if index > self.store.applied_index() {
-            // The compares were answered first, which waits for these.
-            return Err(ApiError::LeaderChanged);
-        }
+        // The compares were answered first, which waits for the entries
+        // touching the txn's keys.
+        self.holder_ready(txn)?;
         if self.nospace_alarm
             && ops
                 .iter()
@@ -278,16 +315,18 @@ impl Shard {
         }
         self.next_request_id += 1;
         let id = self.next_request_id;
+        let request = shard_request::Request::CrossPart(part);
+        let touch = Touch::of_request(&request);
         let data = Bytes::from(
             ShardRequest {
                 id,
                 member: self.member_id,
-                request: Some(shard_request::Request::CrossPart(part)),
+                request: Some(request),
                 revision,
             }
             .encode_to_vec(),
         );
-        self.propose_part(data, id, reply);
+        self.propose_part(data, id, reply, touch);
         if txn != 0 && self.cross.unproposed.is_none() {
             self.proposed_revision(revision);
             self.cross_release(txn);
@@ -296,9 +335,16 @@ impl Shard {
 
     /// Proposes a part; one Raft does not take now waits in `unproposed`
     /// (the hold stays) and is proposed again on the next close tick.
-    fn propose_part(&mut self, data: Bytes, id: u64, reply: Reply<WriteResult>) {
+    fn propose_part(
+        &mut self,
+        data: Bytes,
+        id: u64,
+        reply: Reply<WriteResult>,
+        touch: Option<Touch>,
+    ) {
         match self.node.propose(data.clone()) {
             Ok(()) => {
+                self.note_proposed(touch);
                 self.waiters.insert(
                     id,
                     Waiter {
@@ -308,7 +354,7 @@ impl Shard {
                 );
             }
             Err(raft::RaftError::UncommittedLimit { .. }) => {
-                self.cross.unproposed = Some((data, id, reply));
+                self.cross.unproposed = Some((data, id, reply, touch));
             }
             Err(e) => {
                 let _ = reply.send(Err(match e {
@@ -321,10 +367,10 @@ impl Shard {
 
     /// Proposes again a part Raft did not take (see `propose_part`).
     pub(super) fn retry_cross_part(&mut self) {
-        let Some((data, id, reply)) = self.cross.unproposed.take() else {
+        let Some((data, id, reply, touch)) = self.cross.unproposed.take() else {
             return;
         };
-        self.propose_part(data, id, reply);
+        self.propose_part(data, id, reply, touch);
         if self.cross.unproposed.is_none() {
             if let Some(txn) = self.cross.holder.as_ref().map(|h| h.txn) {
                 self.cross_release(txn);
@@ -339,17 +385,17 @@ impl Shard {
                 return;
             }
             self.cross.holder = None;
-            for (_, reply) in std::mem::take(&mut self.cross.compares) {
-                let _ = reply.send(Err(ApiError::LeaderChanged));
+            for (_, ask) in std::mem::take(&mut self.cross.compares) {
+                let _ = ask.reply.send(Err(ApiError::LeaderChanged));
             }
             for reply in std::mem::take(&mut self.cross.points) {
                 self.read_point(reply);
             }
-            if let Some((next, reply)) = self.cross.waiting.pop_front() {
-                self.cross_hold(next, reply);
+            if let Some(next) = self.cross.waiting.pop_front() {
+                self.cross_hold(next);
             }
         } else {
-            self.cross.waiting.retain(|(t, _)| *t != txn);
+            self.cross.waiting.retain(|ask| ask.txn != txn);
         }
     }
 
@@ -379,7 +425,7 @@ impl Shard {
         }
         .encode_to_vec();
         let (tx, rx) = tokio::sync::oneshot::channel();
-        self.propose_part(Bytes::from(data), id, tx);
+        self.propose_part(Bytes::from(data), id, tx, None);
         tokio::task::spawn_local(async move {
             let answer = match rx.await {
                 Ok(r) => r.map(|_| ()),
@@ -394,6 +440,7 @@ impl Shard {
     /// the records of the parts that were applied.
     pub(super) fn cross_role_changed(&mut self, leader: u64) {
         self.cross.ready = false;
+        self.cross.in_flight.clear();
         self.end_holds(ApiError::LeaderChanged);
         for (_, reply) in self.cross.records.drain(..) {
             let _ = reply.send(Err(ApiError::NotLeader { leader }));

@@ -75,6 +75,7 @@ use crate::server::keyspace::Keyspace;
 mod apply;
 mod cross;
 mod held_snapshot;
+mod in_flight;
 mod lease_clock;
 mod leases;
 mod membership;
@@ -92,6 +93,7 @@ mod tests;
 mod watchers;
 
 use held_snapshot::HeldSnapshot;
+pub(crate) use in_flight::txn_ranges;
 use lease_clock::LeaseClock;
 pub use lease_clock::MAX_LEASE_TTL_SECS;
 use pipeline::{InFlightWrite, Waiter};
@@ -585,7 +587,6 @@ impl Shard {
                 let _ = reply.send(Ok(ids));
             }
             cmd @ (ShardCommand::CrossHold { .. }
-            | ShardCommand::CrossCompare { .. }
             | ShardCommand::CrossCheck { .. }
             | ShardCommand::CrossHasLease { .. }
             | ShardCommand::CrossPropose { .. }
@@ -678,8 +679,18 @@ impl Shard {
             }
             return;
         }
-        if let Err(e) = self.node.step(msg) {
-            tracing::debug!(shard = self.id, error = %e, "raft refused a peer message");
+        // A proposal forwarded to this keyspace leader: what it touches
+        // matters to txns over several shards.
+        let touch = (msg.msg_type == raft::MessageType::MsgProp as i32
+            && self.keyspace.is_some()
+            && self.node.leader_id() == self.member_id)
+            .then(|| in_flight::Touch::of_entries(msg.entries.iter().map(|e| &e.data)))
+            .flatten();
+        match self.node.step(msg) {
+            Ok(()) => self.note_proposed(touch),
+            Err(e) => {
+                tracing::debug!(shard = self.id, error = %e, "raft refused a peer message")
+            }
         }
     }
 }

@@ -163,6 +163,11 @@ impl Shard {
         };
         self.next_request_id += 1;
         let id = self.next_request_id;
+        // What it touches matters to txns over several shards only.
+        let touch = self
+            .keyspace
+            .as_ref()
+            .and_then(|_| in_flight::Touch::of_request(&request));
         let data = ShardRequest {
             id,
             member: self.member_id,
@@ -173,6 +178,7 @@ impl Shard {
         self.proposed_revision(revision);
         match self.node.propose(Bytes::from(data)) {
             Ok(()) => {
+                self.note_proposed(touch);
                 self.waiters.insert(
                     id,
                     Waiter {

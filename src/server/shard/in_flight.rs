@@ -1,0 +1,209 @@
+//! What the entries a leader proposed and has not applied yet touch. A txn
+//! over several shards reads its compares and checks its ops on the state
+//! the shard has applied; it waits only for the entries in flight that touch
+//! its keys, not for every entry proposed before its hold, so txns over
+//! unrelated keys do not wait a Raft round for each other.
+
+use std::collections::VecDeque;
+
+use bytes::Bytes;
+use cairn_proto::cairnpb::{shard_request, ShardRequest};
+use cairn_proto::etcdserverpb::{request_op, TxnRequest};
+use prost::Message as _;
+
+/// The keys an entry touches.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Touch {
+    /// Key ranges as etcd gives them: `(key, range_end)`, `range_end` empty
+    /// for one key and `"\0"` for every key from `key` on.
+    Ranges(Vec<(Bytes, Bytes)>),
+    /// State every request may depend on (a lease's grant or revoke, whose
+    /// keys the request does not name).
+    Everything,
+}
+
+impl Touch {
+    /// What `request` touches; None for entries that change no key and no
+    /// lease (closes, compactions, alarms, auth changes).
+    pub(super) fn of_request(request: &shard_request::Request) -> Option<Touch> {
+        use shard_request::Request as R;
+        match request {
+            R::Put(p) => Some(Touch::Ranges(vec![(p.key.clone(), Bytes::new())])),
+            R::DeleteRange(d) => Some(Touch::Ranges(vec![(d.key.clone(), d.range_end.clone())])),
+            R::Txn(t) => Some(Touch::Ranges(txn_ranges(t))),
+            R::CrossPart(p) if p.revoke_lease != 0 => Some(Touch::Everything),
+            R::CrossPart(p) => Some(Touch::Ranges(
+                p.ops.as_ref().map(txn_ranges).unwrap_or_default(),
+            )),
+            R::LeaseGrant(_) | R::LeaseRevoke(_) => Some(Touch::Everything),
+            _ => None,
+        }
+    }
+
+    /// What the encoded entries of a forwarded proposal touch together.
+    pub(super) fn of_entries<'a>(data: impl Iterator<Item = &'a Bytes>) -> Option<Touch> {
+        let mut all: Option<Touch> = None;
+        for d in data {
+            let touch = match ShardRequest::decode(d.clone()) {
+                Ok(ShardRequest {
+                    request: Some(r), ..
+                }) => Touch::of_request(&r),
+                Ok(_) => None,
+                // Not ours to judge here; apply refuses it. Wait for it.
+                Err(_) => Some(Touch::Everything),
+            };
+            all = match (all, touch) {
+                (a, None) => a,
+                (None, t) => t,
+                (Some(Touch::Everything), _) | (_, Some(Touch::Everything)) => {
+                    Some(Touch::Everything)
+                }
+                (Some(Touch::Ranges(mut a)), Some(Touch::Ranges(b))) => {
+                    a.extend(b);
+                    Some(Touch::Ranges(a))
+                }
+            };
+        }
+        all
+    }
+
+    fn overlaps(&self, ranges: &[(Bytes, Bytes)]) -> bool {
+        match self {
+            Touch::Everything => true,
+            Touch::Ranges(mine) => mine
+                .iter()
+                .any(|a| ranges.iter().any(|b| ranges_overlap(a, b))),
+        }
+    }
+}
+
+/// Every key range `t` names: its compares' and every op's of both
+/// branches, nested txns included.
+pub(crate) fn txn_ranges(t: &TxnRequest) -> Vec<(Bytes, Bytes)> {
+    let mut out = Vec::new();
+    add_txn_ranges(t, &mut out);
+    out
+}
+
+fn add_txn_ranges(t: &TxnRequest, out: &mut Vec<(Bytes, Bytes)>) {
+    for c in &t.compare {
+        out.push((c.key.clone(), c.range_end.clone()));
+    }
+    for op in t.success.iter().chain(&t.failure) {
+        match &op.request {
+            Some(request_op::Request::RequestRange(r)) => {
+                out.push((r.key.clone(), r.range_end.clone()))
+            }
+            Some(request_op::Request::RequestPut(p)) => out.push((p.key.clone(), Bytes::new())),
+            Some(request_op::Request::RequestDeleteRange(d)) => {
+                out.push((d.key.clone(), d.range_end.clone()))
+            }
+            Some(request_op::Request::RequestTxn(n)) => add_txn_ranges(n, out),
+            None => {}
+        }
+    }
+}
+
+/// Whether two etcd key ranges share a key.
+fn ranges_overlap(a: &(Bytes, Bytes), b: &(Bytes, Bytes)) -> bool {
+    // [start, end): end None for "to the last key".
+    let span = |(key, end): &(Bytes, Bytes)| -> (Vec<u8>, Option<Vec<u8>>) {
+        if end.is_empty() {
+            let mut next = key.to_vec();
+            next.push(0);
+            (key.to_vec(), Some(next))
+        } else if end.as_ref() == b"\0" {
+            (key.to_vec(), None)
+        } else {
+            (key.to_vec(), Some(end.to_vec()))
+        }
+    };
+    let (a0, a1) = span(a);
+    let (b0, b1) = span(b);
+    let before = |start: &Vec<u8>, end: &Option<Vec<u8>>| end.as_ref().is_none_or(|e| start < e);
+    before(&a0, &b1) && before(&b0, &a1)
+}
+
+/// The entries this leader proposed that are not applied yet, by index.
+#[derive(Debug, Default)]
+pub(super) struct InFlight {
+    entries: VecDeque<(u64, Touch)>,
+}
+
+impl InFlight {
+    /// Entries up to `index` (the last index after proposing them) touch
+    /// `touch`.
+    pub(super) fn proposed(&mut self, index: u64, touch: Touch) {
+        self.entries.push_back((index, touch));
+    }
+
+    /// Entries up to `applied` are applied.
+    pub(super) fn applied(&mut self, applied: u64) {
+        while self.entries.front().is_some_and(|(i, _)| *i <= applied) {
+            self.entries.pop_front();
+        }
+    }
+
+    /// This member stopped leading: what it proposed is no longer its to
+    /// track.
+    pub(super) fn clear(&mut self) {
+        self.entries.clear();
+    }
+
+    /// The index to apply before reading `ranges` as of `up_to`: that of
+    /// the last entry at or below `up_to` touching them (0: none).
+    pub(super) fn last_touching(&self, up_to: u64, ranges: &[(Bytes, Bytes)]) -> u64 {
+        self.entries
+            .iter()
+            .rev()
+            .filter(|(i, _)| *i <= up_to)
+            .find(|(_, t)| t.overlaps(ranges))
+            .map_or(0, |(i, _)| *i)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn r(k: &str, e: &str) -> (Bytes, Bytes) {
+        (
+            Bytes::copy_from_slice(k.as_bytes()),
+            Bytes::copy_from_slice(e.as_bytes()),
+        )
+    }
+
+    #[test]
+    fn ranges_overlap_as_etcd_reads_them() {
+        assert!(ranges_overlap(&r("a", ""), &r("a", "")));
+        assert!(!ranges_overlap(&r("a", ""), &r("b", "")));
+        assert!(!ranges_overlap(&r("a", ""), &r("a\0", "")));
+        assert!(ranges_overlap(&r("a", "c"), &r("b", "")));
+        assert!(!ranges_overlap(&r("a", "c"), &r("c", "")));
+        assert!(ranges_overlap(&r("b", "\0"), &r("zzz", "")));
+        assert!(!ranges_overlap(&r("b", "\0"), &r("a", "b")));
+        assert!(ranges_overlap(&r("\0", "\0"), &r("a", "")));
+    }
+
+    #[test]
+    fn a_txn_waits_only_for_entries_touching_its_keys() {
+        let mut f = InFlight::default();
+        f.proposed(5, Touch::Ranges(vec![r("a", "")]));
+        f.proposed(6, Touch::Ranges(vec![r("b", "d")]));
+        f.proposed(9, Touch::Ranges(vec![r("x", "")]));
+        assert_eq!(f.last_touching(9, &[r("c", "")]), 6);
+        assert_eq!(f.last_touching(9, &[r("a", ""), r("x", "")]), 9);
+        assert_eq!(
+            f.last_touching(8, &[r("x", "")]),
+            0,
+            "proposed after the hold"
+        );
+        assert_eq!(f.last_touching(9, &[r("q", "")]), 0);
+        f.proposed(10, Touch::Everything);
+        assert_eq!(f.last_touching(10, &[r("q", "")]), 10);
+        f.applied(9);
+        assert_eq!(f.last_touching(10, &[r("a", "")]), 10);
+        f.applied(10);
+        assert_eq!(f.last_touching(10, &[r("a", "")]), 0);
+    }
+}
