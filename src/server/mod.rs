@@ -7,6 +7,7 @@ pub mod cluster;
 pub mod command;
 pub mod convert;
 pub mod crash_point;
+pub mod cross_plan;
 pub mod cross_txn;
 pub mod data_dir;
 pub mod entry;

@@ -1,0 +1,415 @@
+//! The plan of a txn over several shards (docs/KEYSPACE.md, "Transactions
+//! over several shards"): every compare it names, each decided from the
+//! shards' answers over their own keys; the ops of the branches they choose,
+//! split by shard; and one etcd answer merged from the shards' answers to
+//! their ops.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use cairn_proto::etcdserverpb::{
+    request_op, response_op, Compare, DeleteRangeResponse, RangeRequest, RangeResponse, RequestOp,
+    ResponseHeader, ResponseOp, TxnRequest, TxnResponse,
+};
+
+use super::convert;
+use super::merge::merge_ranges;
+use crate::routing::{RoutingTable, ShardId};
+
+/// Every compare of `t` and of its nested txns (both branches), the txn's
+/// own first, then its success ops' nested txns, then its failure ops'.
+pub(super) fn all_compares(t: &TxnRequest, out: &mut Vec<Compare>) {
+    out.extend(t.compare.iter().cloned());
+    for op in t.success.iter().chain(&t.failure) {
+        if let Some(request_op::Request::RequestTxn(nested)) = &op.request {
+            all_compares(nested, out);
+        }
+    }
+}
+
+/// Each compare over the whole keyspace from each shard's answer over its
+/// own keys: false if false on any shard; true if true on some; on no
+/// shard holding a key of its range, etcd's rule for a missing key.
+pub(super) fn combine(compares: &[Compare], per_shard: &[Vec<Option<bool>>]) -> Vec<bool> {
+    compares
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let mut seen = None;
+            for answers in per_shard {
+                match answers.get(i).copied().flatten() {
+                    Some(false) => return false,
+                    Some(true) => seen = Some(true),
+                    None => {}
+                }
+            }
+            seen.unwrap_or_else(|| cairn_mvcc::compare_absent(&convert::compare_from_pb(c)))
+        })
+        .collect()
+}
+
+/// Where an op's answer comes from once the parts are applied.
+enum Slot {
+    Put {
+        shard: ShardId,
+        at: usize,
+    },
+    Delete {
+        parts: Vec<(ShardId, usize)>,
+    },
+    Range {
+        req: RangeRequest,
+        parts: Vec<(ShardId, usize)>,
+    },
+    Txn {
+        succeeded: bool,
+        slots: Vec<Slot>,
+    },
+}
+
+/// The txn's ops on the branches its compares chose, by shard.
+pub(super) struct Plan {
+    top: Slot,
+    pub ops: BTreeMap<ShardId, Vec<RequestOp>>,
+    /// Shards with a put or a delete.
+    pub written: BTreeSet<ShardId>,
+}
+
+impl Plan {
+    /// Whether the chosen branches put a key.
+    pub(super) fn puts(&self) -> bool {
+        self.ops
+            .values()
+            .flatten()
+            .any(|op| matches!(op.request, Some(request_op::Request::RequestPut(_))))
+    }
+
+    pub(super) fn of(t: &TxnRequest, outcomes: &[bool], routing: &RoutingTable) -> Plan {
+        let mut plan = Plan {
+            top: Slot::Txn {
+                succeeded: false,
+                slots: Vec::new(),
+            },
+            ops: BTreeMap::new(),
+            written: BTreeSet::new(),
+        };
+        let mut pos = 0;
+        plan.top = plan.txn(t, outcomes, &mut pos, routing, true);
+        plan
+    }
+
+    /// The slot of txn `t`, whose compares start at `pos` in `outcomes`;
+    /// its ops join the plan only when `chosen` (a nested txn on a branch
+    /// not taken still moves `pos` past its compares).
+    fn txn(
+        &mut self,
+        t: &TxnRequest,
+        outcomes: &[bool],
+        pos: &mut usize,
+        routing: &RoutingTable,
+        chosen: bool,
+    ) -> Slot {
+        let succeeded = outcomes[*pos..*pos + t.compare.len()].iter().all(|&ok| ok);
+        *pos += t.compare.len();
+        let mut slots = Vec::new();
+        for (branch, ops) in [(true, &t.success), (false, &t.failure)] {
+            let taken = chosen && branch == succeeded;
+            for op in ops {
+                let Some(request) = &op.request else {
+                    continue;
+                };
+                if let request_op::Request::RequestTxn(nested) = request {
+                    let slot = self.txn(nested, outcomes, pos, routing, taken);
+                    if taken {
+                        slots.push(slot);
+                    }
+                } else if taken {
+                    slots.push(self.op(op, request, routing));
+                }
+            }
+        }
+        Slot::Txn { succeeded, slots }
+    }
+
+    fn op(
+        &mut self,
+        op: &RequestOp,
+        request: &request_op::Request,
+        routing: &RoutingTable,
+    ) -> Slot {
+        let add = |plan: &mut Plan, shard: ShardId| {
+            let ops = plan.ops.entry(shard).or_default();
+            ops.push(op.clone());
+            (shard, ops.len() - 1)
+        };
+        match request {
+            request_op::Request::RequestPut(p) => {
+                let shard = routing.shard_for_key(&p.key);
+                self.written.insert(shard);
+                let (shard, at) = add(self, shard);
+                Slot::Put { shard, at }
+            }
+            request_op::Request::RequestDeleteRange(d) => {
+                let shards = routing.shards_for_range(&d.key, &d.range_end);
+                self.written.extend(shards.iter().copied());
+                Slot::Delete {
+                    parts: shards.into_iter().map(|s| add(self, s)).collect(),
+                }
+            }
+            request_op::Request::RequestRange(r) => Slot::Range {
+                req: r.clone(),
+                parts: routing
+                    .shards_for_range(&r.key, &r.range_end)
+                    .into_iter()
+                    .map(|s| add(self, s))
+                    .collect(),
+            },
+            request_op::Request::RequestTxn(_) => unreachable!("nested txns are planned by txn"),
+        }
+    }
+
+    /// etcd's answer from each shard's answers to its ops, at `revision`.
+    pub(super) fn answer(
+        &self,
+        mut answers: BTreeMap<ShardId, Vec<ResponseOp>>,
+        revision: i64,
+    ) -> TxnResponse {
+        let header = ResponseHeader {
+            revision,
+            ..Default::default()
+        };
+        match answer_of(&self.top, &mut answers, &header) {
+            response_op::Response::ResponseTxn(t) => t,
+            _ => unreachable!("the top slot is a txn"),
+        }
+    }
+}
+
+fn take(
+    answers: &mut BTreeMap<ShardId, Vec<ResponseOp>>,
+    shard: ShardId,
+    at: usize,
+) -> Option<response_op::Response> {
+    answers
+        .get_mut(&shard)
+        .and_then(|ops| ops.get_mut(at))
+        .and_then(|op| op.response.take())
+}
+
+fn answer_of(
+    slot: &Slot,
+    answers: &mut BTreeMap<ShardId, Vec<ResponseOp>>,
+    header: &ResponseHeader,
+) -> response_op::Response {
+    use response_op::Response as R;
+    match slot {
+        Slot::Put { shard, at } => match take(answers, *shard, *at) {
+            Some(R::ResponsePut(mut p)) => {
+                p.header = Some(*header);
+                R::ResponsePut(p)
+            }
+            _ => R::ResponsePut(Default::default()),
+        },
+        Slot::Delete { parts } => {
+            let mut merged = DeleteRangeResponse {
+                header: Some(*header),
+                ..Default::default()
+            };
+            for &(s, at) in parts {
+                if let Some(R::ResponseDeleteRange(d)) = take(answers, s, at) {
+                    merged.deleted += d.deleted;
+                    merged.prev_kvs.extend(d.prev_kvs);
+                }
+            }
+            merged.prev_kvs.sort_by(|a, b| a.key.cmp(&b.key));
+            R::ResponseDeleteRange(merged)
+        }
+        Slot::Range { req, parts } => {
+            let got: Vec<RangeResponse> = parts
+                .iter()
+                .filter_map(|&(s, at)| match take(answers, s, at) {
+                    Some(R::ResponseRange(r)) => Some(r),
+                    _ => None,
+                })
+                .collect();
+            let mut merged = merge_ranges(req, got);
+            merged.header = Some(*header);
+            R::ResponseRange(merged)
+        }
+        Slot::Txn { succeeded, slots } => R::ResponseTxn(TxnResponse {
+            header: Some(*header),
+            succeeded: *succeeded,
+            responses: slots
+                .iter()
+                .map(|s| ResponseOp {
+                    response: Some(answer_of(s, answers, header)),
+                })
+                .collect(),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use cairn_proto::etcdserverpb::{compare, DeleteRangeRequest, PutRequest, PutResponse};
+    use cairn_proto::mvccpb::KeyValue;
+
+    fn routing() -> RoutingTable {
+        RoutingTable::new(4, 1)
+    }
+
+    /// Two routing prefixes on different shards.
+    fn two_prefixes(r: &RoutingTable) -> (String, String) {
+        let first = "p0/".to_string();
+        let a = r.shard_for_key(first.as_bytes());
+        let other = (1..100)
+            .map(|i| format!("p{i}/"))
+            .find(|p| r.shard_for_key(p.as_bytes()) != a)
+            .expect("a prefix on another shard");
+        (first, other)
+    }
+
+    fn put(key: &str) -> RequestOp {
+        RequestOp {
+            request: Some(request_op::Request::RequestPut(PutRequest {
+                key: Bytes::copy_from_slice(key.as_bytes()),
+                ..Default::default()
+            })),
+        }
+    }
+
+    fn version_is(key: &str, v: i64) -> Compare {
+        Compare {
+            result: compare::CompareResult::Equal as i32,
+            target: compare::CompareTarget::Version as i32,
+            key: Bytes::copy_from_slice(key.as_bytes()),
+            target_union: Some(compare::TargetUnion::Version(v)),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_compare_fails_on_any_shard_holds_on_some_and_else_follows_etcds_missing_key_rule() {
+        let cs = vec![version_is("a", 0), version_is("b", 1), version_is("c", 0)];
+        let per_shard = vec![
+            vec![Some(true), None, None],
+            vec![Some(true), None, None],
+            vec![Some(false), None, None],
+        ];
+        // A missing key has version 0: the third holds, the second does not.
+        assert_eq!(combine(&cs, &per_shard), vec![false, false, true]);
+        let per_shard = vec![vec![None, Some(true), None], vec![None, None, None]];
+        assert_eq!(combine(&cs, &per_shard), vec![true, true, true]);
+    }
+
+    #[test]
+    fn the_plan_takes_the_chosen_branches_nested_ones_included_and_splits_ops_by_shard() {
+        let r = routing();
+        let (a, b) = two_prefixes(&r);
+        let (sa, sb) = (r.shard_for_key(a.as_bytes()), r.shard_for_key(b.as_bytes()));
+        let nested = TxnRequest {
+            compare: vec![version_is(&format!("{b}x"), 5)],
+            success: vec![put(&format!("{b}then"))],
+            failure: vec![put(&format!("{b}else"))],
+        };
+        let t = TxnRequest {
+            compare: vec![version_is(&format!("{a}x"), 0)],
+            success: vec![
+                put(&format!("{a}k")),
+                RequestOp {
+                    request: Some(request_op::Request::RequestTxn(nested.clone())),
+                },
+            ],
+            failure: vec![
+                put(&format!("{b}failed")),
+                RequestOp {
+                    request: Some(request_op::Request::RequestTxn(nested)),
+                },
+            ],
+        };
+        let mut compares = Vec::new();
+        all_compares(&t, &mut compares);
+        assert_eq!(compares.len(), 3, "the txn's, then each nested one's");
+        // Outer holds; the nested txn on the success branch fails; the one
+        // on the failure branch (not taken) would hold.
+        let plan = Plan::of(&t, &[true, false, true], &r);
+        assert_eq!(plan.written, BTreeSet::from([sa, sb]));
+        assert_eq!(plan.ops[&sa], vec![put(&format!("{a}k"))]);
+        assert_eq!(plan.ops[&sb], vec![put(&format!("{b}else"))]);
+        let ok = |k: &str| ResponseOp {
+            response: Some(response_op::Response::ResponsePut(PutResponse {
+                prev_kv: Some(KeyValue {
+                    key: Bytes::copy_from_slice(k.as_bytes()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })),
+        };
+        let answers = BTreeMap::from([(sa, vec![ok("ka")]), (sb, vec![ok("kb")])]);
+        let resp = plan.answer(answers, 77);
+        assert!(resp.succeeded);
+        assert_eq!(resp.header.unwrap().revision, 77);
+        let Some(response_op::Response::ResponsePut(p)) = &resp.responses[0].response else {
+            panic!("a put first: {resp:?}");
+        };
+        assert_eq!(p.prev_kv.as_ref().unwrap().key.as_ref(), b"ka");
+        let Some(response_op::Response::ResponseTxn(inner)) = &resp.responses[1].response else {
+            panic!("then the nested txn: {resp:?}");
+        };
+        assert!(!inner.succeeded);
+        assert_eq!(inner.responses.len(), 1);
+    }
+
+    #[test]
+    fn a_delete_over_shards_answers_once_with_the_sum_and_every_previous_key_in_order() {
+        let r = routing();
+        let t = TxnRequest {
+            success: vec![RequestOp {
+                request: Some(request_op::Request::RequestDeleteRange(
+                    DeleteRangeRequest {
+                        key: Bytes::from_static(b"\0"),
+                        range_end: Bytes::from_static(b"\0"),
+                        prev_kv: true,
+                    },
+                )),
+            }],
+            ..Default::default()
+        };
+        let plan = Plan::of(&t, &[], &r);
+        assert_eq!(
+            plan.written.len(),
+            4,
+            "a delete of everything writes every shard"
+        );
+        let deleted = |keys: &[&str]| ResponseOp {
+            response: Some(response_op::Response::ResponseDeleteRange(
+                DeleteRangeResponse {
+                    deleted: keys.len() as i64,
+                    prev_kvs: keys
+                        .iter()
+                        .map(|k| KeyValue {
+                            key: Bytes::copy_from_slice(k.as_bytes()),
+                            ..Default::default()
+                        })
+                        .collect(),
+                    ..Default::default()
+                },
+            )),
+        };
+        let answers = BTreeMap::from([
+            (0, vec![deleted(&["d", "a"])]),
+            (1, vec![deleted(&[])]),
+            (2, vec![deleted(&["c"])]),
+            (3, vec![deleted(&["b"])]),
+        ]);
+        let resp = plan.answer(answers, 9);
+        let Some(response_op::Response::ResponseDeleteRange(d)) = &resp.responses[0].response
+        else {
+            panic!("a delete: {resp:?}");
+        };
+        assert_eq!(d.deleted, 4);
+        let keys: Vec<&[u8]> = d.prev_kvs.iter().map(|kv| kv.key.as_ref()).collect();
+        assert_eq!(keys, vec![b"a" as &[u8], b"b", b"c", b"d"]);
+    }
+}
