@@ -397,7 +397,7 @@ struct Seen {
 /// numbers them), revisions increasing, none missing, nothing that no
 /// acknowledged txn wrote; and the balances the events replay to sum to the
 /// total after every revision.
-fn check_watched(seen: &[Seen], opened_at: i64, transfers: &[Transfer], routing: &RoutingTable) {
+fn check_watched(seen: &[Seen], opened_at: i64, transfers: &[Transfer]) {
     let mut expected: BTreeMap<i64, Vec<(String, String)>> = BTreeMap::new();
     expected.insert(
         opened_at,
@@ -444,31 +444,10 @@ fn check_watched(seen: &[Seen], opened_at: i64, transfers: &[Transfer], routing:
             got.len() == want.len() && as_set(&got) == as_set(want),
             "the txn acknowledged at revision {revision} put {want:?}; the watch delivered, adjacent at that revision: {got:?}"
         );
-        // Within one revision, a watch over several shards delivers each
-        // shard's events in the order of the txn's ops, shard after shard
-        // (README, "How the keyspace is split"); with one shard, etcd's
-        // order: the txn's.
-        if routing.shard_count() == 1 {
-            assert_eq!(
-                &got, want,
-                "the events of the txn at revision {revision} are not in the order of its puts (etcd numbers a txn's changes in operation order)"
-            );
-        } else {
-            let position = |k: &str| want.iter().position(|(w, _)| w == k);
-            let mut by_shard: BTreeMap<u32, Vec<Option<usize>>> = BTreeMap::new();
-            for (k, _) in &got {
-                by_shard
-                    .entry(routing.shard_for_key(k.as_bytes()))
-                    .or_default()
-                    .push(position(k));
-            }
-            for (shard, positions) in by_shard {
-                assert!(
-                    positions.windows(2).all(|w| w[0] < w[1]),
-                    "the events of shard {shard} of the txn at revision {revision} are not in the order of its puts: {got:?}, put {want:?}"
-                );
-            }
-        }
+        assert_eq!(
+            &got, want,
+            "the events of the txn at revision {revision} are not in the order of its puts (etcd numbers a txn's changes in operation order)"
+        );
         for (k, v) in &got {
             balances.insert(k.clone(), v.parse().unwrap());
         }
@@ -646,7 +625,7 @@ async fn bank_transfers_keep_the_total_at_every_revision(shards: usize) {
         seen.extend(message.unwrap_or_else(|e| panic!("{what}: the whole-keyspace watch: {e}")));
     }
     drain.abort();
-    check_watched(&seen, opened_at, &transfers, &routing);
+    check_watched(&seen, opened_at, &transfers);
 
     // Each txn's puts were stored at its response's revision.
     for t in &transfers {
@@ -1414,12 +1393,7 @@ fn a_txn_whose_events_another_revision_splits_fails_the_watch_check() {
         put(11, 1, 105),
         put(12, 3, 110),
     ]);
-    check_watched(
-        &seen,
-        10,
-        &[transfer(11, 0, 1, 5), transfer(12, 2, 3, 10)],
-        &RoutingTable::new(1, 1),
-    );
+    check_watched(&seen, 10, &[transfer(11, 0, 1, 5), transfer(12, 2, 3, 10)]);
 }
 
 #[test]
@@ -1427,12 +1401,7 @@ fn a_txn_whose_events_another_revision_splits_fails_the_watch_check() {
 fn a_txn_missing_from_the_watch_fails_the_watch_check() {
     let mut seen = opening(10);
     seen.extend([put(12, 2, 90), put(12, 3, 110)]);
-    check_watched(
-        &seen,
-        10,
-        &[transfer(11, 0, 1, 5), transfer(12, 2, 3, 10)],
-        &RoutingTable::new(1, 1),
-    );
+    check_watched(&seen, 10, &[transfer(11, 0, 1, 5), transfer(12, 2, 3, 10)]);
 }
 
 #[test]
@@ -1440,12 +1409,7 @@ fn a_txn_missing_from_the_watch_fails_the_watch_check() {
 fn half_a_txn_in_the_watch_fails_the_watch_check() {
     let mut seen = opening(10);
     seen.push(put(11, 0, 95));
-    check_watched(
-        &seen,
-        10,
-        &[transfer(11, 0, 1, 5)],
-        &RoutingTable::new(1, 1),
-    );
+    check_watched(&seen, 10, &[transfer(11, 0, 1, 5)]);
 }
 
 #[test]
@@ -1457,10 +1421,5 @@ fn whole_txns_pass_the_watch_check() {
         put(12, 2, 90),
         put(12, 3, 110),
     ]);
-    check_watched(
-        &seen,
-        10,
-        &[transfer(11, 0, 1, 5), transfer(12, 2, 3, 10)],
-        &RoutingTable::new(1, 1),
-    );
+    check_watched(&seen, 10, &[transfer(11, 0, 1, 5), transfer(12, 2, 3, 10)]);
 }

@@ -298,6 +298,9 @@ pub struct WatchBatch {
     /// this batch or before.
     pub through: i64,
     pub events: Vec<mvccpb::Event>,
+    /// Each event's sub revision, for a watch over several shards to order
+    /// one txn's events from several shards by the txn's ops.
+    pub subs: Vec<i64>,
     /// Set when the watcher's next revision was compacted away: it is cancelled.
     pub compact_revision: Option<i64>,
 }

@@ -12,6 +12,10 @@ use cairn_proto::etcdserverpb::{
 };
 
 use super::convert;
+
+/// The sub revision of a part's op is its place in the txn shifted left by
+/// this: room for every key a delete of one op deletes on one shard.
+pub const OP_SUB_SHIFT: u32 = 32;
 use super::merge::merge_ranges;
 use crate::routing::{RoutingTable, ShardId};
 
@@ -70,6 +74,11 @@ enum Slot {
 pub(super) struct Plan {
     top: Slot,
     pub ops: BTreeMap<ShardId, Vec<RequestOp>>,
+    /// For each op of `ops`, the sub revision its writes start at: its
+    /// place in the txn, shifted by [`OP_SUB_SHIFT`].
+    pub subs: BTreeMap<ShardId, Vec<i64>>,
+    /// Ops planned so far.
+    next_op: i64,
     /// Shards with a put or a delete.
     pub written: BTreeSet<ShardId>,
 }
@@ -90,6 +99,8 @@ impl Plan {
                 slots: Vec::new(),
             },
             ops: BTreeMap::new(),
+            subs: BTreeMap::new(),
+            next_op: 0,
             written: BTreeSet::new(),
         };
         let mut pos = 0;
@@ -136,7 +147,10 @@ impl Plan {
         request: &request_op::Request,
         routing: &RoutingTable,
     ) -> Slot {
+        let place = self.next_op << OP_SUB_SHIFT;
+        self.next_op += 1;
         let add = |plan: &mut Plan, shard: ShardId| {
+            plan.subs.entry(shard).or_default().push(place);
             let ops = plan.ops.entry(shard).or_default();
             ops.push(op.clone());
             (shard, ops.len() - 1)

@@ -161,6 +161,7 @@ async fn held(
             shard: s,
             ops: Some(ops_txn(&plan.ops[&s])),
             revoke_lease: 0,
+            subs: plan.subs[&s].clone(),
         })
         .collect();
     for (s, answer) in propose_parts(router, txn, revision, parts).await? {
@@ -200,6 +201,7 @@ async fn propose_parts(
             ops: p.ops,
             plan: record.clone(),
             revoke_lease: p.revoke_lease,
+            subs: p.subs,
         };
         router.ask(p.shard, move |reply| ShardCommand::CrossPropose {
             txn,
@@ -290,6 +292,7 @@ async fn revoke_held(
                 shard: s,
                 ops: None,
                 revoke_lease: id,
+                subs: Vec::new(),
             });
         } else {
             router.tell(s, ShardCommand::CrossRelease { txn }).await;
@@ -387,6 +390,7 @@ pub async fn finish_earlier(router: &Router) -> Result<usize, ApiError> {
                 ops: part.ops.clone(),
                 plan: Bytes::from(bytes.clone()),
                 revoke_lease: part.revoke_lease,
+                subs: part.subs.clone(),
             };
             router
                 .ask(part.shard, |reply| ShardCommand::CrossPropose {

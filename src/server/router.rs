@@ -216,6 +216,7 @@ impl Router {
         let Some(keyspace) = &self.keyspace else {
             return Err(ApiError::Unsupported("read points with one shard"));
         };
+        let opened = keyspace.times_opened();
         let Some(revision) = keyspace.current() else {
             return Err(match keyspace.shard0_leader() {
                 crate::raft::NONE => ApiError::NoLeader,
@@ -228,7 +229,15 @@ impl Router {
                 .map(|&s| self.ask(s, |reply| ShardCommand::ReadPoint { reply })),
         )
         .await;
-        Ok((revision, indexes.into_iter().collect::<Result<_, _>>()?))
+        let indexes = indexes.into_iter().collect::<Result<_, _>>()?;
+        // A shard whose txn hold ended without its part (a refused part, the
+        // fence of an opening) may answer before the opening that follows
+        // adds the part at a revision below this point: a point that spans
+        // a closing of the counter is asked again.
+        if keyspace.current().is_none() || keyspace.times_opened() != opened {
+            return Err(ApiError::LeaderChanged);
+        }
+        Ok((revision, indexes))
     }
 
     pub async fn status(&self, shard: ShardId) -> Result<ShardStatus, ApiError> {

@@ -193,7 +193,7 @@ impl Watch for WatchService {
                                         revision = revision.max(rev);
                                         if let (Some(m), 0) = (&mut merge, c.start_revision) {
                                             // From now: this shard starts past its revision.
-                                            let _ = m.push(s, rev, Vec::new());
+                                            let _ = m.push(s, rev, Vec::new(), &[]);
                                         }
                                     }
                                 }
@@ -309,7 +309,7 @@ fn batch_response(
         return None;
     }
     if let (Some(m), None) = (merges.get_mut(&batch.watch_id), batch.compact_revision) {
-        let (revision, events) = m.push(batch.shard, batch.through, batch.events)?;
+        let (revision, events) = m.push(batch.shard, batch.through, batch.events, &batch.subs)?;
         return Some(WatchResponse {
             header: svc.header(revision),
             watch_id: batch.watch_id,

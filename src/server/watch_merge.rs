@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 
 use cairn_proto::mvccpb::Event;
 
+use super::cross_plan::OP_SUB_SHIFT;
 use crate::routing::ShardId;
 
 /// The events of one watch waiting for the other shards to catch up.
@@ -20,9 +21,11 @@ use crate::routing::ShardId;
 pub struct Merge {
     /// Each shard of the watch, and the revision it has sent through.
     through: Vec<(ShardId, i64)>,
-    /// Events by (revision, shard, arrival), so one revision's events of one
-    /// shard keep their order.
-    pending: BTreeMap<(i64, ShardId, u64), Event>,
+    /// Events by (revision, op, shard, arrival): one revision's events in
+    /// the order of the txn's ops (the high half of the sub revision, see
+    /// `cross_plan::OP_SUB_SHIFT`), one op's shard after shard, and one
+    /// shard's in its order.
+    pending: BTreeMap<(i64, i64, ShardId, u64), Event>,
     arrivals: u64,
     /// Every event up to here has been released.
     released: i64,
@@ -54,11 +57,13 @@ impl Merge {
         shard: ShardId,
         through: i64,
         events: Vec<Event>,
+        subs: &[i64],
     ) -> Option<(i64, Vec<Event>)> {
-        for e in events {
+        for (i, e) in events.into_iter().enumerate() {
             let revision = e.kv.as_ref().map_or(0, |kv| kv.mod_revision);
+            let op = subs.get(i).map_or(0, |s| s >> OP_SUB_SHIFT);
             self.arrivals += 1;
-            self.pending.insert((revision, shard, self.arrivals), e);
+            self.pending.insert((revision, op, shard, self.arrivals), e);
         }
         if let Some(t) = self.through.iter_mut().find(|(s, _)| *s == shard) {
             t.1 = t.1.max(through);
@@ -68,7 +73,7 @@ impl Merge {
             return None;
         }
         self.released = all_through;
-        let later = self.pending.split_off(&(all_through + 1, 0, 0));
+        let later = self.pending.split_off(&(all_through + 1, i64::MIN, 0, 0));
         let out: Vec<Event> = std::mem::replace(&mut self.pending, later)
             .into_values()
             .collect();
@@ -102,18 +107,24 @@ mod tests {
     #[test]
     fn events_are_released_in_revision_order_once_every_shard_has_sent_past_them() {
         let mut m = Merge::new(&[0, 1, 2], 10);
-        assert_eq!(m.push(0, 15, vec![event("a", 12), event("a", 15)]), None);
-        assert_eq!(m.push(1, 13, vec![event("b", 11), event("b", 13)]), None);
+        assert_eq!(
+            m.push(0, 15, vec![event("a", 12), event("a", 15)], &[]),
+            None
+        );
+        assert_eq!(
+            m.push(1, 13, vec![event("b", 11), event("b", 13)], &[]),
+            None
+        );
         // Shard 2 closes 14: everything up to 13 can go.
-        let (through, out) = m.push(2, 14, vec![]).unwrap();
+        let (through, out) = m.push(2, 14, vec![], &[]).unwrap();
         assert_eq!((through, revisions(&out)), (13, vec![11, 12, 13]));
         assert_eq!(m.released(), 13);
         // Nothing new below the others' positions.
-        assert_eq!(m.push(1, 20, vec![event("b", 18)]), None);
+        assert_eq!(m.push(1, 20, vec![event("b", 18)], &[]), None);
         assert_eq!(m.released(), 14);
-        let (through, out) = m.push(2, 30, vec![event("c", 16)]).unwrap();
+        let (through, out) = m.push(2, 30, vec![event("c", 16)], &[]).unwrap();
         assert_eq!((through, revisions(&out)), (15, vec![15]));
-        let (through, out) = m.push(0, 40, vec![]).unwrap();
+        let (through, out) = m.push(0, 40, vec![], &[]).unwrap();
         assert_eq!((through, revisions(&out)), (20, vec![16, 18]));
     }
 
@@ -121,15 +132,34 @@ mod tests {
     fn one_revision_of_one_shard_keeps_its_order_and_late_positions_do_not_go_back() {
         let mut m = Merge::new(&[3, 5], 0);
         let txn = vec![event("x", 7), event("y", 7), event("a", 7)];
-        assert_eq!(m.push(3, 7, txn), None);
-        let (_, out) = m.push(5, 9, vec![]).unwrap();
+        assert_eq!(m.push(3, 7, txn, &[]), None);
+        let (_, out) = m.push(5, 9, vec![], &[]).unwrap();
         let keys: Vec<_> = out
             .iter()
             .map(|e| e.kv.as_ref().unwrap().key.clone())
             .collect();
         assert_eq!(keys, vec!["x".as_bytes(), b"y", b"a"]);
         // A batch that says less than before changes nothing.
-        assert_eq!(m.push(3, 2, vec![]), None);
+        assert_eq!(m.push(3, 2, vec![], &[]), None);
         assert_eq!(m.released(), 7);
+    }
+
+    #[test]
+    fn one_revisions_events_from_several_shards_come_in_the_order_of_the_txns_ops() {
+        let mut m = Merge::new(&[0, 1], 10);
+        let op = |i: i64| i << OP_SUB_SHIFT;
+        // Shard 0 wrote ops 1 and 2 of the txn at 11, shard 1 ops 0 and 3.
+        assert_eq!(
+            m.push(0, 11, vec![event("b", 11), event("c", 11)], &[op(1), op(2)]),
+            None
+        );
+        let (_, out) = m
+            .push(1, 11, vec![event("a", 11), event("d", 11)], &[op(0), op(3)])
+            .unwrap();
+        let keys: Vec<&[u8]> = out
+            .iter()
+            .map(|e| e.kv.as_ref().unwrap().key.as_ref())
+            .collect();
+        assert_eq!(keys, vec![b"a" as &[u8], b"b", b"c", b"d"]);
     }
 }

@@ -25,6 +25,8 @@ struct Tx {
     /// Main revision of every write of the op.
     main: i64,
     sub: i64,
+    /// Whether the op has written (its sub revisions may start above 0).
+    written: bool,
     /// The store's revision once the op is applied if it writes nothing, and
     /// the revision its answers then carry: `main - 1` for `apply`, `main`
     /// for `apply_at`.
@@ -38,10 +40,11 @@ impl Tx {
             sub: self.sub,
         };
         self.sub += 1;
+        self.written = true;
         r
     }
     fn wrote(&self) -> bool {
-        self.sub > 0
+        self.written
     }
     /// The newest revision the op sees before its first write. Nothing on
     /// this store has a revision between the store's revision and `main`
@@ -81,6 +84,7 @@ impl Store {
         let tx = Tx {
             main,
             sub: 0,
+            written: false,
             idle_rev: main - 1,
         };
         self.apply_entry(index, tx, op)
@@ -116,9 +120,48 @@ impl Store {
         let tx = Tx {
             main: revision,
             sub: 0,
+            written: false,
             idle_rev: revision,
         };
         self.apply_entry(index, tx, op)
+    }
+
+    /// Applies Raft entry `index` carrying one shard's part of a txn over
+    /// several shards at `revision`, as [`Store::apply_at`] applies a txn of
+    /// `ops` without compares, except that the writes of op `i` are numbered
+    /// from sub revision `subs[i]` (ascending: the op's place in the whole
+    /// txn), so that the txn's changes on every shard keep the txn's order.
+    /// Ops past the end of `subs` go on from the last.
+    pub fn apply_part_at(
+        &mut self,
+        index: u64,
+        revision: i64,
+        ops: &[RequestOp],
+        subs: &[i64],
+    ) -> Result<OpResult, ApplyError> {
+        self.check_apply(index)?;
+        if revision <= self.current_rev {
+            return Err(ApplyError::StaleRevision {
+                file: self.file.to_string(),
+                revision,
+                current_revision: self.current_rev,
+            });
+        }
+        let tx = Tx {
+            main: revision,
+            sub: 0,
+            written: false,
+            idle_rev: revision,
+        };
+        let part = TxnRequest {
+            compare: Vec::new(),
+            success: ops.to_vec(),
+            failure: Vec::new(),
+        };
+        self.part_subs = subs.to_vec();
+        let r = self.apply_entry(index, tx, &Op::Txn(part));
+        self.part_subs.clear();
+        r
     }
 
     /// Records entry `index` as applied with nothing to do but close
@@ -492,11 +535,15 @@ impl Store {
         path: &[bool],
         pos: &mut usize,
     ) -> Result<TxnResponse, ApplyError> {
+        let top = *pos == 0;
         let succeeded = path[*pos];
         *pos += 1;
         let ops = if succeeded { &t.success } else { &t.failure };
         let mut responses = Vec::with_capacity(ops.len());
-        for op in ops {
+        for (i, op) in ops.iter().enumerate() {
+            if let Some(&sub) = self.part_subs.get(i).filter(|_| top) {
+                tx.sub = tx.sub.max(sub);
+            }
             responses.push(match op {
                 RequestOp::Range(r) => {
                     let at = tx.read_rev();

@@ -143,5 +143,27 @@ mod tests {
         ));
     }
 
+    #[test]
+    fn a_parts_ops_take_the_sub_revisions_of_their_places_in_the_txn() {
+        let mut s = store();
+        let ops = [
+            RequestOp::Put(put("a/1", "x", 0)),
+            RequestOp::Put(put("a/2", "y", 0)),
+        ];
+        s.apply_part_at(1, 10, &ops, &[1 << 32, 3 << 32]).unwrap();
+        let subs: Vec<i64> = s
+            .events(10, 10)
+            .unwrap()
+            .iter()
+            .map(|e| e.revision.sub)
+            .collect();
+        assert_eq!(subs, vec![1 << 32, 3 << 32]);
+        assert_eq!(s.current_revision(), 10);
+        assert!(matches!(
+            s.apply_part_at(2, 10, &ops, &[]),
+            Err(ApplyError::StaleRevision { .. })
+        ));
+    }
+
     use crate::error::{ApplyError, ReadError};
 }

@@ -326,21 +326,25 @@ impl Shard {
             }
             .encode_to_vec(),
         );
-        self.propose_part(data, id, reply, touch);
+        self.propose_part(data, id, reply, touch, true);
         if txn != 0 && self.cross.unproposed.is_none() {
             self.proposed_revision(revision);
             self.cross_release(txn);
         }
     }
 
-    /// Proposes a part; one Raft does not take now waits in `unproposed`
-    /// (the hold stays) and is proposed again on the next close tick.
+    /// Proposes a part (or, not `part`, a forget); a part Raft does not take
+    /// now for too many uncommitted entries waits in `unproposed` (the hold
+    /// stays) and is proposed again on the next close tick. A part Raft
+    /// refuses otherwise (a transfer under way) may leave its txn applied on
+    /// other shards only: see [`Shard::part_refused`].
     fn propose_part(
         &mut self,
         data: Bytes,
         id: u64,
         reply: Reply<WriteResult>,
         touch: Option<Touch>,
+        part: bool,
     ) {
         match self.node.propose(data.clone()) {
             Ok(()) => {
@@ -353,7 +357,7 @@ impl Shard {
                     },
                 );
             }
-            Err(raft::RaftError::UncommittedLimit { .. }) => {
+            Err(raft::RaftError::UncommittedLimit { .. }) if part => {
                 self.cross.unproposed = Some((data, id, reply, touch));
             }
             Err(e) => {
@@ -361,8 +365,28 @@ impl Shard {
                     raft::RaftError::TransferInProgress { .. } => ApiError::LeaderChanged,
                     _ => ApiError::NoLeader,
                 }));
+                if part {
+                    self.part_refused();
+                }
             }
         }
+    }
+
+    /// A part was not proposed after its txn took its revision: other shards
+    /// may hold theirs. The shard stops being ready (the counter closes at
+    /// once, before anything else here can take a revision past the part's)
+    /// and is ready again once it has applied what it has: the opening that
+    /// follows finishes the txn from the other parts' records before any
+    /// revision is handed out.
+    fn part_refused(&mut self) {
+        if let Some(k) = &self.keyspace {
+            k.shard_not_ready(self.id);
+        }
+        self.cross.ready = false;
+        if self.node.leader_id() == self.member_id {
+            self.keyspace_ready_at = Some(self.node.last_index());
+        }
+        self.end_holds(ApiError::LeaderChanged);
     }
 
     /// Proposes again a part Raft did not take (see `propose_part`).
@@ -370,7 +394,7 @@ impl Shard {
         let Some((data, id, reply, touch)) = self.cross.unproposed.take() else {
             return;
         };
-        self.propose_part(data, id, reply, touch);
+        self.propose_part(data, id, reply, touch, true);
         if self.cross.unproposed.is_none() {
             if let Some(txn) = self.cross.holder.as_ref().map(|h| h.txn) {
                 self.cross_release(txn);
@@ -391,7 +415,13 @@ impl Shard {
             for reply in std::mem::take(&mut self.cross.points) {
                 self.read_point(reply);
             }
-            if let Some(next) = self.cross.waiting.pop_front() {
+            // The writes that waited go first, so that a stream of txns
+            // over this shard cannot starve them.
+            self.release_leaderless();
+            while self.cross.holder.is_none() {
+                let Some(next) = self.cross.waiting.pop_front() else {
+                    break;
+                };
                 self.cross_hold(next);
             }
         } else {
@@ -425,7 +455,7 @@ impl Shard {
         }
         .encode_to_vec();
         let (tx, rx) = tokio::sync::oneshot::channel();
-        self.propose_part(Bytes::from(data), id, tx, None);
+        self.propose_part(Bytes::from(data), id, tx, None, false);
         tokio::task::spawn_local(async move {
             let answer = match rx.await {
                 Ok(r) => r.map(|_| ()),
@@ -456,12 +486,13 @@ impl Shard {
         part: CrossTxnPart,
     ) -> Result<WriteResult, ApiError> {
         let revoke = part.revoke_lease;
-        let op = if revoke != 0 {
-            mvcc::Op::LeaseRevoke { id: revoke }
+        let applied = if revoke != 0 {
+            self.store
+                .apply_at(index, revision, &mvcc::Op::LeaseRevoke { id: revoke })
         } else {
-            mvcc::Op::Txn(convert::txn_from_pb(&part.ops.unwrap_or_default()))
+            let ops = convert::txn_from_pb(&part.ops.unwrap_or_default()).success;
+            self.store.apply_part_at(index, revision, &ops, &part.subs)
         };
-        let applied = self.store.apply_at(index, revision, &op);
         if !part.plan.is_empty() && !matches!(&applied, Err(e) if !e.is_request_error()) {
             self.store.put_txn_record(revision, &part.plan);
         }

@@ -193,7 +193,7 @@ impl ShardWatchers {
         changes: &[mvcc::Change],
         current: i64,
     ) {
-        let mut out: HashMap<WatcherKey, Vec<mvccpb::Event>> = HashMap::new();
+        let mut out: HashMap<WatcherKey, (Vec<mvccpb::Event>, Vec<i64>)> = HashMap::new();
         for c in changes {
             let key = c.kv().key.as_slice();
             // The key's previous value, read once for all the prev_kv
@@ -214,7 +214,9 @@ impl ShardWatchers {
                         .clone()
                 };
                 if let Some(event) = event_for(&w.spec, c.kind(), c.kv(), prev_kv) {
-                    out.entry(*wk).or_default().push(event);
+                    let (events, subs) = out.entry(*wk).or_default();
+                    events.push(event);
+                    subs.push(c.revision().sub);
                 }
             }
         }
@@ -225,7 +227,7 @@ impl ShardWatchers {
                 out.entry(*key).or_default();
             }
         }
-        for (key, events) in out {
+        for (key, (events, subs)) in out {
             let Some(w) = self.watchers.get_mut(&key) else {
                 continue;
             };
@@ -235,6 +237,7 @@ impl ShardWatchers {
                 revision: current,
                 through: current,
                 events,
+                subs,
                 compact_revision: None,
             }) {
                 Ok(()) => w.next_rev = w.next_rev.max(current + 1),
@@ -264,6 +267,7 @@ impl ShardWatchers {
                     revision: current,
                     through: w.next_rev - 1,
                     events: Vec::new(),
+                    subs: Vec::new(),
                     compact_revision: Some(compact),
                 }) {
                     Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => done.push(*key),
@@ -328,7 +332,7 @@ impl ShardWatchers {
                 }
                 continue;
             }
-            let out: Vec<mvccpb::Event> = events
+            let (out, subs): (Vec<mvccpb::Event>, Vec<i64>) = events
                 .iter()
                 .filter(|e| e.revision.main >= w.next_rev && e.revision.main <= scanned)
                 .filter(|e| w.spec.matches(&e.kv.key))
@@ -336,8 +340,9 @@ impl ShardWatchers {
                     event_for(&w.spec, e.kind, &e.kv, || {
                         previous(store, &e.kv.key, e.revision.main)
                     })
+                    .map(|ev| (ev, e.revision.sub))
                 })
-                .collect();
+                .unzip();
             let sent = (out.is_empty() && !w.spec.progress)
                 || match w.tx.try_send(WatchBatch {
                     watch_id: key.1,
@@ -345,6 +350,7 @@ impl ShardWatchers {
                     revision: current,
                     through: scanned,
                     events: out,
+                    subs,
                     compact_revision: None,
                 }) {
                     Ok(()) => true,
