@@ -1,11 +1,18 @@
 //! Runs the deterministic keyspace simulator (several shards per member, one
-//! revision counter) over many seeds with a chosen guard.
+//! revision counter, txns, reads and watches over several shards) over many
+//! seeds with a chosen guard and, optionally, a planted bug.
 //!
 //! ```text
 //! cargo run --release --example keyspace-sim -- --seeds 1000 --members 3 --guard lease
 //! cargo run --release --example keyspace-sim -- --seeds 1000 --members 5 --guard none
+//! cargo run --release --example keyspace-sim -- --seeds 1000 --members 3 --bug skip-finish --keep-going
+//! cargo run --release --example keyspace-sim -- --seeds 1000 --members 3 --protocol as-built --keep-going
 //! cargo run --release --example keyspace-sim -- --seed 17 --members 3 --guard none   # replay, with trace
 //! ```
+//!
+//! `--protocol` picks the model of txns and reads over several shards:
+//! `fixed` (the default: the code as built plus the two changes the model
+//! calls for, see `keyspace::Protocol`), `as-built`, or `reopen-only`.
 //!
 //! Prints a table and a machine-readable `keyspace-sim ...` line. Without
 //! `--keep-going`, a run stops at the first violating seed and prints its
@@ -17,7 +24,7 @@ use std::time::Instant;
 use clap::Parser;
 
 use cairn::sim;
-use cairn::sim::keyspace::{self, Guard, KsConfig, KsOutcome};
+use cairn::sim::keyspace::{self, Bug, Guard, KsConfig, KsOutcome, Protocol};
 
 #[derive(Parser, Debug)]
 #[command(about = "Deterministic simulator of a Cairn keyspace over several shards")]
@@ -37,6 +44,15 @@ struct Args {
     /// lease (the fix), none (the planted bug) or lease-no-restart-hold.
     #[arg(long, default_value = "lease")]
     guard: String,
+    /// The protocol for txns and reads over several shards: fixed (the
+    /// code as built plus the two changes the model calls for), as-built,
+    /// or reopen-only.
+    #[arg(long, default_value = "fixed")]
+    protocol: String,
+    /// A bug planted in the model of txns, reads and watches: none,
+    /// skip-finish, no-fence, skip-read-wait or watch-no-merge.
+    #[arg(long, default_value = "none")]
+    bug: String,
     /// Replay this one seed and print its full trace.
     #[arg(long)]
     seed: Option<u64>,
@@ -50,9 +66,16 @@ struct Args {
     trace_lines: usize,
 }
 
-fn replay(args: &Args, guard: Guard, seed: u64) -> KsOutcome {
+fn config(args: &Args, guard: Guard, protocol: Protocol, bug: Bug, seed: u64) -> KsConfig {
     let mut cfg = KsConfig::new(args.members, seed, guard);
     cfg.shards = args.shards;
+    cfg.protocol = protocol;
+    cfg.bug = bug;
+    cfg
+}
+
+fn replay(args: &Args, guard: Guard, protocol: Protocol, bug: Bug, seed: u64) -> KsOutcome {
+    let mut cfg = config(args, guard, protocol, bug, seed);
     cfg.trace = true;
     match keyspace::run_seed(&cfg) {
         Ok(o) => o,
@@ -90,8 +113,22 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let protocol = match Protocol::parse(&args.protocol) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("keyspace-sim: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let bug = match Bug::parse(&args.bug) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("keyspace-sim: {e}");
+            return ExitCode::from(2);
+        }
+    };
     if let Some(seed) = args.seed {
-        let out = replay(&args, guard, seed);
+        let out = replay(&args, guard, protocol, bug, seed);
         print_trace(&out, 0);
         println!("{out}");
         return if out.violation.is_none() {
@@ -103,9 +140,7 @@ fn main() -> ExitCode {
     let started = Instant::now();
     let max_violations = if args.keep_going { usize::MAX } else { 1 };
     let summary = match keyspace::run_seeds(
-        args.members,
-        args.shards,
-        guard,
+        &config(&args, guard, protocol, bug, 0),
         args.first_seed,
         args.seeds,
         max_violations,
@@ -120,6 +155,8 @@ fn main() -> ExitCode {
     let st = &summary.stats;
     let seeds_per_sec = summary.seeds_run as f64 / elapsed.max(1e-9);
     println!("guard                   {}", guard.name());
+    println!("protocol                {}", protocol.name());
+    println!("planted bug             {}", bug.name());
     println!("members                 {}", args.members);
     println!("seeds run               {}", summary.seeds_run);
     println!("steps                   {}", st.steps);
@@ -143,6 +180,23 @@ fn main() -> ExitCode {
     println!("writes proposed         {}", st.writes_proposed);
     println!("writes applied          {}", st.writes_applied);
     println!("writes acknowledged     {}", st.writes_acked);
+    println!(
+        "txns invoked (runs)     {} ({}: {} acknowledged, {} retried, {} unknown)",
+        st.txns_invoked, st.txn_runs, st.txns_acked, st.txn_retries, st.txn_unknown
+    );
+    println!("txns applied            {}", st.txns_applied);
+    println!(
+        "parts proposed          {} (+{} by finishing; {} finishing retries)",
+        st.parts_proposed, st.parts_finished, st.finish_retries
+    );
+    println!("counter openings        {}", st.openings);
+    println!("fences under a half txn {}", st.fences_under_half_txn);
+    println!(
+        "reads invoked (acked)   {} ({})",
+        st.reads_invoked, st.reads_acked
+    );
+    println!("closes proposed         {}", st.closes_proposed);
+    println!("watch events released   {}", st.watch_events_released);
     println!("lease refusals          {}", st.lease_refusals);
     println!("votes held (restart)    {}", st.votes_held);
     println!("steps with two leaders  {}", st.dual_leader_steps);
@@ -158,8 +212,10 @@ fn main() -> ExitCode {
     }
     let first = summary.violations.first().map(|v| v.seed);
     println!(
-        "keyspace-sim guard={} members={} seeds={} violations={} first_violating_seed={} seeds_to_first={} elapsed_s={elapsed:.2} seeds_per_s={seeds_per_sec:.1}",
+        "keyspace-sim guard={} protocol={} bug={} members={} seeds={} violations={} first_violating_seed={} seeds_to_first={} elapsed_s={elapsed:.2} seeds_per_s={seeds_per_sec:.1}",
         guard.name(),
+        protocol.name(),
+        bug.name(),
         args.members,
         summary.seeds_run,
         summary.violations.len(),
@@ -168,11 +224,13 @@ fn main() -> ExitCode {
     );
     if let Some(seed) = first {
         if !args.keep_going {
-            let out = replay(&args, guard, seed);
+            let out = replay(&args, guard, protocol, bug, seed);
             println!(
-                "first violating seed {seed} (replay: --seed {seed} --members {} --guard {}{})",
+                "first violating seed {seed} (replay: --seed {seed} --members {} --guard {} --protocol {} --bug {}{})",
                 args.members,
                 guard.name(),
+                protocol.name(),
+                bug.name(),
                 args.shards
                     .map(|s| format!(" --shards {s}"))
                     .unwrap_or_default()

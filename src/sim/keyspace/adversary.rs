@@ -133,11 +133,9 @@ impl World {
                 }
             }
             Phase::Swap => {
-                let both = [inc, ch].iter().all(|m| {
-                    self.members[*m]
-                        .may_assign(Guard::NoGuard, self.tick)
-                        .is_ok()
-                });
+                let both = [inc, ch]
+                    .iter()
+                    .all(|m| self.members[*m].may_assign(Guard::NoGuard).is_ok());
                 let wait = if ep.via_restart {
                     1
                 } else {
@@ -186,11 +184,11 @@ impl World {
         {
             return Ok(());
         }
-        let Some(incumbent) = self.running().into_iter().find(|i| {
-            self.members[*i]
-                .may_assign(Guard::NoGuard, self.tick)
-                .is_ok()
-        }) else {
+        let Some(incumbent) = self
+            .running()
+            .into_iter()
+            .find(|i| self.members[*i].may_assign(Guard::NoGuard).is_ok())
+        else {
             return Ok(());
         };
         let others: Vec<usize> = self

@@ -1,10 +1,14 @@
 //! The keyspace invariants, kept in registries that outlive any member's
 //! crash: who led each shard's terms, what was applied at each
-//! `(shard, index)`, which write took each revision, and for each write the
-//! newest acknowledged revision when it was invoked.
+//! `(shard, index)`, which op took each revision, and for each op the
+//! largest point of the revision order acknowledged when it was invoked.
+//! The checks that need the whole run (atomicity, the sequential history,
+//! watch completeness) are in `history.rs`.
 
 use std::collections::HashMap;
 use std::fmt;
+
+use super::kv::{GetResult, Key, Op, Payload, TxnSpec};
 
 /// Which property a keyspace run broke.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -18,13 +22,24 @@ pub enum KsViolationKind {
     /// Along a shard's applied log, a revision did not exceed the one
     /// before it.
     RevisionOrder,
-    /// One revision applied for two different writes.
+    /// One revision applied for two different ops.
     DuplicateRevision,
-    /// A write invoked after another was acknowledged got a revision no
-    /// larger than it.
+    /// An op invoked after another was acknowledged is ordered before it:
+    /// a smaller revision, or a read point below it.
     RealTimeOrder,
+    /// A txn over several shards has a part on one shard and not on
+    /// another once the run settled, or parts at two revisions.
+    Atomicity,
+    /// The history ordered by revision is not a legal sequential history: a
+    /// read, or a txn's compares or gets, answered other than the state at
+    /// its revision, or a txn applied the branch its compares did not
+    /// choose.
+    Serializability,
+    /// A watch released events out of revision order, or not exactly the
+    /// keyspace's events.
+    WatchOrder,
     /// A shard took no acknowledged write within the bound after the
-    /// faults stopped.
+    /// faults stopped, or the run did not settle.
     Liveness,
     /// The Raft core panicked.
     CorePanic,
@@ -40,6 +55,19 @@ impl KsViolationKind {
                 | KsViolationKind::DuplicateRevision
                 | KsViolationKind::RealTimeOrder
         )
+    }
+
+    /// Whether this is a consistency property of the keyspace (the revision
+    /// order, atomicity, the sequential history, watches), as opposed to
+    /// Raft's own, liveness or a panic.
+    pub fn is_consistency(self) -> bool {
+        self.is_revision_order()
+            || matches!(
+                self,
+                KsViolationKind::Atomicity
+                    | KsViolationKind::Serializability
+                    | KsViolationKind::WatchOrder
+            )
     }
 }
 
@@ -75,24 +103,72 @@ pub(super) fn found(kind: KsViolationKind, detail: String) -> Found {
     Found { kind, detail }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct AppliedEntry {
-    term: u64,
-    digest: u64,
-    write: Option<(u64, u64)>,
-    first_member: u64,
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct AppliedEntry {
+    pub term: u64,
+    pub digest: u64,
+    pub payload: Option<Payload>,
+    pub first_member: u64,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct WriteRecord {
-    shard: usize,
-    invoked_tick: u64,
-    invoked_step: u64,
-    /// The largest `(revision, write)` acknowledged before this write was
-    /// invoked, with the step of that acknowledgement.
-    bound: Option<(u64, u64, u64)>,
-    rev: Option<u64>,
-    acked_step: Option<u64>,
+/// What a client asked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum OpKind {
+    /// A single-shard put or delete.
+    Write {
+        op: Op,
+    },
+    Txn {
+        spec: TxnSpec,
+    },
+    /// A linearizable read of every key of these shards.
+    Read {
+        shards: Vec<usize>,
+    },
+}
+
+/// What a txn's client was told.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct TxnAnswer {
+    /// The txn's revision `T` (the header says `T - 1` when it wrote
+    /// nothing).
+    pub rev: u64,
+    pub wrote: bool,
+    pub succeeded: bool,
+    /// Each get of the chosen branch, in order.
+    pub gets: Vec<(Key, GetResult)>,
+}
+
+/// What a read's client was told: every key of its shards at `rev`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct ReadAnswer {
+    pub rev: u64,
+    pub values: Vec<(Key, GetResult)>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Answer {
+    Write,
+    Txn(TxnAnswer),
+    Read(ReadAnswer),
+}
+
+/// Where an op sits in the revision order: a write at `(rev, 0)`, a read
+/// at `R` (after every write at or below `R`) at `(R, 1)`.
+pub(super) type Point = (u64, u8);
+
+#[derive(Debug, Clone)]
+pub(super) struct OpRecord {
+    pub kind: OpKind,
+    pub invoked_tick: u64,
+    pub invoked_step: u64,
+    /// The largest `(point, op)` acknowledged before this op was invoked,
+    /// with the step of that acknowledgement.
+    pub bound: Option<(Point, u64, u64)>,
+    /// The revision its entries carry, once applied anywhere.
+    pub rev: Option<u64>,
+    pub acked_step: Option<u64>,
+    pub answer: Option<Answer>,
 }
 
 /// What one member has applied of one shard in its current incarnation.
@@ -107,11 +183,18 @@ pub(super) struct AppliedCursor {
 #[derive(Debug, Default)]
 pub(super) struct KsChecker {
     leaders: HashMap<(usize, u64), u64>,
-    applied: HashMap<(usize, u64), AppliedEntry>,
+    pub applied: HashMap<(usize, u64), AppliedEntry>,
     rev_owner: HashMap<u64, (u64, usize, u64)>,
-    writes: HashMap<u64, WriteRecord>,
-    /// The largest `(revision, write, ack step)` acknowledged so far.
-    max_acked: Option<(u64, u64, u64)>,
+    pub ops: HashMap<u64, OpRecord>,
+    /// The largest `(point, op, ack step)` acknowledged so far.
+    max_acked: Option<(Point, u64, u64)>,
+}
+
+fn describe_point(p: Point) -> String {
+    match p {
+        (r, 0) => format!("revision {r}"),
+        (r, _) => format!("read point {r}"),
+    }
 }
 
 impl KsChecker {
@@ -131,24 +214,49 @@ impl KsChecker {
         }
     }
 
-    /// A client invoked write `id` on `shard`: it must end up ordered after
-    /// every write acknowledged so far.
-    pub fn invoked(&mut self, id: u64, shard: usize, tick: u64, step: u64) {
-        let rec = WriteRecord {
-            shard,
+    /// A client invoked op `id`: it must end up ordered after every op
+    /// acknowledged so far.
+    pub fn invoked(&mut self, id: u64, kind: OpKind, tick: u64, step: u64) {
+        let rec = OpRecord {
+            kind,
             invoked_tick: tick,
             invoked_step: step,
             bound: self.max_acked,
             rev: None,
             acked_step: None,
+            answer: None,
         };
-        let old = self.writes.insert(id, rec);
-        assert!(old.is_none(), "write {id} invoked twice");
+        let old = self.ops.insert(id, rec);
+        assert!(old.is_none(), "op {id} invoked twice");
     }
 
-    /// `member` applied the entry `(shard, index)`; `write` is the write id
-    /// and revision it carries, if it is a write. Returns whether this is
-    /// the first apply of that write anywhere.
+    /// Real-time order: op `id`, placed at `point`, against what was
+    /// acknowledged before it was invoked.
+    fn check_bound(&self, id: u64, point: Point, where_: &str) -> Check {
+        let Some(rec) = self.ops.get(&id) else {
+            return Ok(());
+        };
+        let Some((bp, b_op, ack_step)) = rec.bound else {
+            return Ok(());
+        };
+        if point < bp {
+            return Err(found(
+                KsViolationKind::RealTimeOrder,
+                format!(
+                    "op {id} ({where_}, invoked at tick {} step {}) is at {}, but op {b_op} was acknowledged at {} at step {ack_step}, before it was invoked",
+                    rec.invoked_tick,
+                    rec.invoked_step,
+                    describe_point(point),
+                    describe_point(bp)
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// `member` applied the entry `(shard, index)` carrying `payload` (none
+    /// for a no-op or a conf change). Returns whether this is the first
+    /// apply anywhere of the revision of the op it carries.
     #[allow(clippy::too_many_arguments)]
     pub fn applied(
         &mut self,
@@ -157,7 +265,7 @@ impl KsChecker {
         index: u64,
         term: u64,
         digest: u64,
-        write: Option<(u64, u64)>,
+        payload: Option<&Payload>,
         cursor: &mut AppliedCursor,
     ) -> Result<bool, Found> {
         if index != cursor.index + 1 {
@@ -170,47 +278,47 @@ impl KsChecker {
             ));
         }
         cursor.index = index;
-        let e = *self.applied.entry((shard, index)).or_insert(AppliedEntry {
-            term,
-            digest,
-            write,
-            first_member: member,
-        });
+        let e = self
+            .applied
+            .entry((shard, index))
+            .or_insert_with(|| AppliedEntry {
+                term,
+                digest,
+                payload: payload.cloned(),
+                first_member: member,
+            });
         if e.term != term || e.digest != digest {
-            let what = match (e.write, write) {
-                (Some((w1, r1)), Some((w2, r2))) if w1 == w2 => {
-                    format!("write w{w1} at revision {r1} and at revision {r2}")
-                }
-                _ => format!("term {} {:?} and term {term} {write:?}", e.term, e.write),
-            };
             return Err(found(
                 KsViolationKind::StateMachineSafety,
                 format!(
-                    "shard {shard} index {index}: members {} and {member} applied {what}",
-                    e.first_member
+                    "shard {shard} index {index}: members {} and {member} applied term {} {:?} and term {term} {payload:?}",
+                    e.first_member, e.term, e.payload
                 ),
             ));
         }
-        let Some((w, rev)) = write else {
+        let Some(rev) = payload.and_then(Payload::revision) else {
             return Ok(false);
         };
         if cursor.rev_index > 0 && rev <= cursor.rev {
             return Err(found(
                 KsViolationKind::RevisionOrder,
                 format!(
-                    "member {member} shard {shard}: w{w} at index {index} has revision {rev}, not above revision {} at index {}",
+                    "member {member} shard {shard}: {payload:?} at index {index} has revision {rev}, not above revision {} at index {}",
                     cursor.rev, cursor.rev_index
                 ),
             ));
         }
         cursor.rev = rev;
         cursor.rev_index = index;
+        let Some(w) = payload.and_then(Payload::owner) else {
+            return Ok(false);
+        };
         match self.rev_owner.get(&rev) {
             Some(&(other, s, i)) if other != w => {
                 return Err(found(
                     KsViolationKind::DuplicateRevision,
                     format!(
-                        "revision {rev} applied for w{other} (shard {s} index {i}) and for w{w} (shard {shard} index {index})"
+                        "revision {rev} applied for op {other} (shard {s} index {i}) and for op {w} (shard {shard} index {index})"
                     ),
                 ));
             }
@@ -219,45 +327,60 @@ impl KsChecker {
                 self.rev_owner.insert(rev, (w, shard, index));
             }
         }
-        // The first time this write is applied anywhere.
-        let Some(rec) = self.writes.get_mut(&w) else {
+        // The first time this op's revision is applied anywhere.
+        let Some(rec) = self.ops.get_mut(&w) else {
             return Err(found(
                 KsViolationKind::StateMachineSafety,
-                format!("shard {shard} index {index} applies w{w}, which no client invoked"),
+                format!("shard {shard} index {index} applies op {w}, which no client invoked"),
             ));
         };
-        rec.rev = Some(rev);
-        let rec = *rec;
-        if let Some((r1, w1, ack_step)) = rec.bound {
-            if rev <= r1 {
-                let w1_shard = self.writes.get(&w1).map_or(usize::MAX, |r| r.shard);
+        if let Some(r) = rec.rev {
+            if r != rev {
                 return Err(found(
-                    KsViolationKind::RealTimeOrder,
-                    format!(
-                        "w{w} (shard {shard}, invoked at tick {} step {}) was applied at revision {rev}, but w{w1} (shard {w1_shard}) was acknowledged at revision {r1} at step {ack_step}, before w{w} was invoked",
-                        rec.invoked_tick, rec.invoked_step
-                    ),
+                    KsViolationKind::Atomicity,
+                    format!("op {w} applied at revision {r} and at revision {rev} (shard {shard} index {index})"),
                 ));
             }
         }
+        rec.rev = Some(rev);
+        self.check_bound(w, (rev, 0), &format!("shard {shard}"))?;
         Ok(true)
     }
 
-    /// The proposer of write `id` applied it and answers its client.
-    /// Returns whether this is the first acknowledgement.
-    pub fn acked(&mut self, id: u64, step: u64) -> bool {
-        let Some(rec) = self.writes.get_mut(&id) else {
-            return false;
+    /// Op `id`'s client was answered `answer` at `step`. Returns whether
+    /// this is the first acknowledgement.
+    pub fn acked(&mut self, id: u64, step: u64, answer: Answer) -> Result<bool, Found> {
+        let Some(rec) = self.ops.get(&id) else {
+            return Ok(false);
         };
         if rec.acked_step.is_some() {
-            return false;
+            return Ok(false);
         }
+        let point = match &answer {
+            Answer::Write => (rec.rev.expect("an acknowledged write was applied"), 0),
+            Answer::Txn(t) if t.wrote => {
+                if rec.rev != Some(t.rev) {
+                    return Err(found(
+                        KsViolationKind::Atomicity,
+                        format!(
+                            "txn {id} acknowledged at revision {} but applied at {:?}",
+                            t.rev, rec.rev
+                        ),
+                    ));
+                }
+                (t.rev, 0)
+            }
+            Answer::Txn(t) => (t.rev - 1, 1),
+            Answer::Read(r) => (r.rev, 1),
+        };
+        self.check_bound(id, point, "acknowledged")?;
+        let rec = self.ops.get_mut(&id).expect("checked");
         rec.acked_step = Some(step);
-        let rev = rec.rev.expect("an acknowledged write was applied");
-        if self.max_acked.is_none_or(|(r, _, _)| rev > r) {
-            self.max_acked = Some((rev, id, step));
+        rec.answer = Some(answer);
+        if self.max_acked.is_none_or(|(p, _, _)| point > p) {
+            self.max_acked = Some((point, id, step));
         }
-        true
+        Ok(true)
     }
 }
 
@@ -265,17 +388,30 @@ impl KsChecker {
 mod tests {
     use super::*;
 
+    fn w(key: Key) -> OpKind {
+        OpKind::Write { op: Op::Put(key) }
+    }
+
+    fn wr(id: u64, rev: u64) -> Payload {
+        Payload::Write {
+            id,
+            rev,
+            op: Op::Put(0),
+        }
+    }
+
     #[test]
     fn a_later_write_below_an_acknowledged_one_is_caught() {
         let mut c = KsChecker::default();
         let mut cur0 = AppliedCursor::default();
         let mut cur1 = AppliedCursor::default();
-        c.invoked(1, 0, 1, 1);
-        c.applied(1, 0, 1, 1, 11, Some((1, 5)), &mut cur0).unwrap();
-        assert!(c.acked(1, 2));
-        c.invoked(2, 1, 2, 3);
+        c.invoked(1, w(0), 1, 1);
+        c.applied(1, 0, 1, 1, 11, Some(&wr(1, 5)), &mut cur0)
+            .unwrap();
+        assert!(c.acked(1, 2, Answer::Write).unwrap());
+        c.invoked(2, w(3), 2, 3);
         let f = c
-            .applied(1, 1, 1, 1, 22, Some((2, 4)), &mut cur1)
+            .applied(1, 1, 1, 1, 22, Some(&wr(2, 4)), &mut cur1)
             .unwrap_err();
         assert_eq!(f.kind, KsViolationKind::RealTimeOrder);
     }
@@ -284,12 +420,13 @@ mod tests {
     fn revisions_must_increase_along_a_shard() {
         let mut c = KsChecker::default();
         let mut cur = AppliedCursor::default();
-        c.invoked(1, 0, 1, 1);
-        c.invoked(2, 0, 1, 2);
-        c.applied(1, 0, 1, 1, 11, Some((1, 5)), &mut cur).unwrap();
+        c.invoked(1, w(0), 1, 1);
+        c.invoked(2, w(1), 1, 2);
+        c.applied(1, 0, 1, 1, 11, Some(&wr(1, 5)), &mut cur)
+            .unwrap();
         c.applied(1, 0, 2, 1, 0, None, &mut cur).unwrap();
         let f = c
-            .applied(1, 0, 3, 1, 22, Some((2, 5)), &mut cur)
+            .applied(1, 0, 3, 1, 22, Some(&wr(2, 5)), &mut cur)
             .unwrap_err();
         assert_eq!(f.kind, KsViolationKind::RevisionOrder);
     }
@@ -299,11 +436,12 @@ mod tests {
         let mut c = KsChecker::default();
         let mut cur0 = AppliedCursor::default();
         let mut cur1 = AppliedCursor::default();
-        c.invoked(1, 0, 1, 1);
-        c.invoked(2, 1, 1, 2);
-        c.applied(1, 0, 1, 1, 11, Some((1, 5)), &mut cur0).unwrap();
+        c.invoked(1, w(0), 1, 1);
+        c.invoked(2, w(3), 1, 2);
+        c.applied(1, 0, 1, 1, 11, Some(&wr(1, 5)), &mut cur0)
+            .unwrap();
         let f = c
-            .applied(1, 1, 1, 1, 22, Some((2, 5)), &mut cur1)
+            .applied(1, 1, 1, 1, 22, Some(&wr(2, 5)), &mut cur1)
             .unwrap_err();
         assert_eq!(f.kind, KsViolationKind::DuplicateRevision);
     }

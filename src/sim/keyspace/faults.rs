@@ -17,7 +17,10 @@ use rand::Rng;
 use super::super::network::Faults;
 use super::checker::Check;
 use super::world::World;
-use super::{ELECTION_TIMEOUT_TICKS, MAX_CHAOS_TICKS, MAX_PAUSE_TICKS, MIN_CHAOS_TICKS};
+use super::{
+    ELECTION_TIMEOUT_TICKS, MAX_CHAOS_TICKS, MAX_CLOCK_SKEW_MTICKS, MAX_PART_DELAY_TICKS,
+    MAX_PAUSE_TICKS, MIN_CHAOS_TICKS,
+};
 use crate::raft::StateRole;
 use crate::sim::MAX_DELAY_TICKS;
 
@@ -66,6 +69,24 @@ pub(super) struct Plan {
     /// Share of episodes that take shards through pivot restarts.
     pub restart_episode_per_mille: u32,
     pub max_writes_per_tick: u32,
+    /// Chance per tick of a client invoking a txn over several shards:
+    /// kept below what a shard's holds can serve (one txn per commit
+    /// round), since held shards take no single-shard write meanwhile.
+    pub txn_per_mille: u32,
+    /// Chance per tick of a client invoking a read over several shards.
+    pub read_per_mille: u32,
+    /// How far each member's clock rate may be from the tick's, in mticks
+    /// per tick.
+    pub clock_skew_mticks: u64,
+    /// Most ticks a part's proposal waits in its shard's core queue (a busy
+    /// core: the coordinator's calls to several cores arrive apart).
+    pub max_part_delay_ticks: u64,
+    /// Chance per tick while a keyspace leader runs a txn over several
+    /// shards, and again each time a txn proposes a part while another
+    /// waits, of a leader transfer of one of its shards (an operator's
+    /// MoveLeader, a handover) to another member: aimed at the windows of
+    /// the txn protocol, between the holds and the last part.
+    pub txn_transfer_per_mille: u32,
     /// Share of disk writes that complete only in the next tick.
     pub late_write_per_mille: u32,
     /// Chance per tick of a leader transfer of a random shard to a random
@@ -101,6 +122,15 @@ impl Plan {
             max_writes_per_tick: rng.gen_range(1..=4),
             late_write_per_mille: rng.gen_range(0..=300),
             transfer_per_mille: rng.gen_range(0..=40),
+            txn_per_mille: rng.gen_range(50..=300),
+            read_per_mille: rng.gen_range(100..=700),
+            clock_skew_mticks: rng.gen_range(0..=MAX_CLOCK_SKEW_MTICKS),
+            max_part_delay_ticks: if rng.gen_bool(0.25) {
+                0
+            } else {
+                rng.gen_range(1..=MAX_PART_DELAY_TICKS)
+            },
+            txn_transfer_per_mille: rng.gen_range(0..=400),
         }
     }
 }
@@ -145,6 +175,11 @@ impl World {
         }
         if self.rng.gen_range(0..1000) < p.transfer_per_mille {
             self.random_transfer()?;
+        }
+        if !self.runs.is_empty() && self.rng.gen_range(0..1000) < p.txn_transfer_per_mille {
+            let runs: Vec<u64> = self.runs.keys().copied().collect();
+            let run = *runs.choose(&mut self.rng).expect("non-empty");
+            self.transfer_under_txn(run)?;
         }
         if self.rng.gen_range(0..1000) < p.pause_per_mille {
             if let Some(idx) = self.victim() {
@@ -204,6 +239,77 @@ impl World {
         let shard = self.rng.gen_range(0..self.shard_count);
         let to = *self.ids().choose(&mut self.rng).expect("members");
         self.begin_step(|| format!("n{} asks for shard {shard} to move to n{to}", idx + 1));
+        self.stats.transfers_requested += 1;
+        if let Some(n) = self.members[idx].shards[shard].node.as_mut() {
+            let _ = n.transfer_leader(to);
+        }
+        self.pump(idx, shard)?;
+        self.end_step()
+    }
+
+    /// Moves one shard of a member running a txn over several shards to
+    /// another member. Half the time the shard is one whose part the txn
+    /// has yet to propose (Raft then refuses the part while the transfer
+    /// runs); else, often, a shard the txn does not touch (the counter
+    /// closes, and opens again with a fence and a finishing once shard 0's
+    /// leader pulls the shard back, while the txn is still between parts).
+    /// The target is, when there is one, often a member that is down or
+    /// paused, so that the transfer times out and leadership stays.
+    pub fn transfer_under_txn(&mut self, run: u64) -> Check {
+        let Some(r) = self.runs.get(&run).cloned() else {
+            return Ok(());
+        };
+        let idx = r.idx;
+        if !self.members[idx].is_running() {
+            return Ok(());
+        }
+        let (pending, proposed): (Vec<usize>, Vec<usize>) = match &r.stage {
+            super::cross::RunStage::Parts { parts, .. } => {
+                let pending = parts
+                    .iter()
+                    .filter(|(_, p)| **p == super::cross::PartState::Unasked)
+                    .map(|(s, _)| *s)
+                    .collect();
+                let proposed = parts
+                    .iter()
+                    .filter(|(s, p)| **s != 0 && **p != super::cross::PartState::Unasked)
+                    .map(|(s, _)| *s)
+                    .collect();
+                (pending, proposed)
+            }
+            _ => (r.shards.clone(), Vec::new()),
+        };
+        // Shards whose move closes the counter without ending the txn's
+        // pending holds: one whose part is proposed, or one it does not
+        // touch (not shard 0, whose move hands the keyspace over).
+        let mut elsewhere: Vec<usize> = (1..self.shard_count)
+            .filter(|s| !r.shards.contains(s))
+            .collect();
+        elsewhere.extend(proposed);
+        let shard = match self.rng.gen_range(0..10) {
+            0..=3 if !pending.is_empty() => *pending.choose(&mut self.rng).expect("non-empty"),
+            4..=8 if !elsewhere.is_empty() => *elsewhere.choose(&mut self.rng).expect("non-empty"),
+            _ => self.rng.gen_range(0..self.shard_count),
+        };
+        let id = self.members[idx].id;
+        let away: Vec<u64> = self
+            .members
+            .iter()
+            .filter(|m| m.id != id && !m.is_running())
+            .map(|m| m.id)
+            .collect();
+        let others: Vec<u64> = self.ids().into_iter().filter(|m| *m != id).collect();
+        let to = if !away.is_empty() && self.rng.gen_bool(0.5) {
+            *away.choose(&mut self.rng).expect("non-empty")
+        } else {
+            *others.choose(&mut self.rng).expect("several members")
+        };
+        self.begin_step(|| {
+            format!(
+                "n{id} is asked to move shard {shard} to n{to} (under txn x{})",
+                r.op
+            )
+        });
         self.stats.transfers_requested += 1;
         if let Some(n) = self.members[idx].shards[shard].node.as_mut() {
             let _ = n.transfer_leader(to);

@@ -1,30 +1,37 @@
 //! One simulated member of the keyspace: a Raft node per shard with its
-//! disk, and the keyspace state it keeps in memory (the revision counter and
-//! a lease per shard).
+//! disk and its store, and the keyspace state it keeps in memory (the
+//! revision counter and its opening, a lease per shard, the holds of txns
+//! over several shards, the read points waiting for them, and the answers
+//! to its own proposals).
+//!
+//! Each member reads its own monotonic clock, in thousandths of a tick
+//! ([`MTICKS_PER_TICK`]), which runs at its own rate (within
+//! [`MAX_CLOCK_SKEW_MTICKS`] of the simulation's tick). Its Raft timers tick
+//! whenever that clock passes a whole tick, and its leases are measured on
+//! it: the rate skew the lease margin is there for.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use bytes::Bytes;
 
 use super::super::member::{PendingWrite, StateMachine};
 use super::checker::AppliedCursor;
-use super::{Guard, ELECTION_TIMEOUT_TICKS, LEASE_MARGIN_TICKS, TRANSFER_TAINT_TICKS};
+use super::cross::Opening;
+use super::kv::{GetResult, Store};
+use super::watch::Watcher;
+use super::{
+    Guard, ELECTION_TIMEOUT_TICKS, LEASE_MARGIN_TICKS, MAX_CLOCK_SKEW_MTICKS, MTICKS_PER_TICK,
+    TRANSFER_TAINT_TICKS,
+};
 use crate::raft::{MemStorage, Message, RawNode, StateRole};
 
-/// A write entry's payload: `w<id> r<revision>`.
-pub(super) fn encode_write(id: u64, rev: u64) -> Bytes {
-    Bytes::from(format!("w{id} r{rev}"))
-}
+/// First revision of epoch `e` is above `e << EPOCH_SHIFT`, as in
+/// `src/server/keyspace.rs` (which shifts by 40; the simulator's runs are
+/// short).
+pub const EPOCH_SHIFT: u32 = 32;
 
-/// The write id and revision an entry's payload carries; `None` for an
-/// entry that is not a write (a no-op).
-pub(super) fn decode_write(data: &[u8]) -> Option<(u64, u64)> {
-    let s = std::str::from_utf8(data).ok()?;
-    let (w, r) = s.split_once(' ')?;
-    Some((
-        w.strip_prefix('w')?.parse().ok()?,
-        r.strip_prefix('r')?.parse().ok()?,
-    ))
+pub fn epoch_start(epoch: u64) -> u64 {
+    epoch << EPOCH_SHIFT
 }
 
 /// The context of a lease round: the shard, the term it was issued in, the
@@ -43,6 +50,19 @@ pub(super) fn decode_lease_ctx(ctx: &[u8]) -> Option<(usize, u64, u64)> {
     Some((shard, term, tick))
 }
 
+/// The context of a read point's ReadIndex round: the ask it answers, and
+/// a sequence number that keeps contexts unique.
+pub(super) fn encode_point_ctx(ask: u64, seq: u64) -> Bytes {
+    Bytes::from(format!("point a{ask} #{seq}"))
+}
+
+/// The ask a read point round's context answers.
+pub(super) fn decode_point_ctx(ctx: &[u8]) -> Option<u64> {
+    let s = std::str::from_utf8(ctx).ok()?;
+    let mut it = s.strip_prefix("point ")?.split(' ');
+    it.next()?.strip_prefix('a')?.parse().ok()
+}
+
 /// One shard of one member.
 pub(super) struct Shard {
     /// `None` while the member is down.
@@ -58,11 +78,28 @@ pub(super) struct Shard {
     /// no-op is applied.
     pub applied_term: u64,
     pub cursor: AppliedCursor,
-    /// `(term, start tick)` of the newest lease round that came back.
+    /// The replicated store, rebuilt by replaying the log after a restart.
+    pub store: Store,
+    /// `(term, start)` of the newest lease round that came back; `start` in
+    /// the member's clock (mticks).
     pub lease: Option<(u64, u64)>,
-    /// `(term, tick)` at which a leader transfer of this shard was last
+    /// `(term, mticks)` at which a leader transfer of this shard was last
     /// seen in progress here.
     pub transfer_seen: Option<(u64, u64)>,
+    /// The term in which this shard was last seen led here with its no-op
+    /// applied (the keyspace's `Slot::Ready`); `None` once not.
+    pub ready_term: Option<u64>,
+    /// The txn over several shards holding this shard (`cross.rs`).
+    pub holder: Option<Holder>,
+    /// Txns waiting to hold it, first come first served.
+    pub hold_waiting: VecDeque<u64>,
+    /// Read point asks that arrived while held: asked again once the hold
+    /// ends.
+    pub points_waiting: Vec<u64>,
+    /// The largest revision this leader gave an entry of the shard, and the
+    /// tick it did: closes only move past it.
+    pub closed_revision: u64,
+    pub proposed_at_tick: u64,
     pub last_lease_round_tick: Option<u64>,
     pub last_transfer_request_tick: Option<u64>,
     /// While set, this shard's Raft ticks are held back until this tick
@@ -84,8 +121,15 @@ impl Shard {
             sm: StateMachine::default(),
             applied_term: 0,
             cursor: AppliedCursor::default(),
+            store: Store::default(),
             lease: None,
             transfer_seen: None,
+            ready_term: None,
+            holder: None,
+            hold_waiting: VecDeque::new(),
+            points_waiting: Vec::new(),
+            closed_revision: 0,
+            proposed_at_tick: 0,
             last_lease_round_tick: None,
             last_transfer_request_tick: None,
             ticks_stalled_until: None,
@@ -108,7 +152,8 @@ impl Shard {
             .is_some_and(|n| n.role() == StateRole::Leader && self.applied_term == n.term())
     }
 
-    /// Whether the lease of this shard holds at tick `now`.
+    /// Whether the lease of this shard holds at `now` (mticks of this
+    /// member's clock).
     pub fn lease_holds(&self, now: u64) -> bool {
         let Some(n) = self.node.as_ref() else {
             return false;
@@ -116,8 +161,24 @@ impl Shard {
         n.role() == StateRole::Leader
             && n.lead_transferee() == 0
             && self.lease.is_some_and(|(term, start)| {
-                term == n.term() && now < start + ELECTION_TIMEOUT_TICKS - LEASE_MARGIN_TICKS
+                term == n.term()
+                    && now < start + (ELECTION_TIMEOUT_TICKS - LEASE_MARGIN_TICKS) * MTICKS_PER_TICK
             })
+    }
+
+    /// The term this shard is ready in: led here, its no-op applied.
+    pub fn ready_now(&self) -> Option<u64> {
+        self.leads_with_noop_applied()
+            .then(|| self.node.as_ref().map(|n| n.term()))
+            .flatten()
+    }
+
+    /// Notes a revision this leader gave an entry of the shard at `tick`.
+    pub fn proposed_revision(&mut self, revision: u64, tick: u64) {
+        if revision > 0 {
+            self.closed_revision = self.closed_revision.max(revision);
+            self.proposed_at_tick = tick;
+        }
     }
 
     /// A lease round issued at `start` in `term` came back: a quorum heard
@@ -129,10 +190,9 @@ impl Shard {
         if n.role() != StateRole::Leader || n.term() != term || n.lead_transferee() != 0 {
             return false;
         }
-        if self
-            .transfer_seen
-            .is_some_and(|(t, at)| t == term && start <= at + TRANSFER_TAINT_TICKS)
-        {
+        if self.transfer_seen.is_some_and(|(t, at)| {
+            t == term && start <= at + TRANSFER_TAINT_TICKS * MTICKS_PER_TICK
+        }) {
             return false;
         }
         if self.lease.is_none_or(|(t, s)| t != term || s < start) {
@@ -168,19 +228,47 @@ pub(super) enum Refusal {
     NotLeaderOfEveryShard,
     NoopNotApplied,
     NoLease,
+    /// Leads every shard, but the counter has not opened (the earlier
+    /// leaders' txns are being finished).
+    NotOpen,
+    /// A txn over several shards holds the write's shard.
+    Held,
+}
+
+/// A txn holding a shard: every entry proposed before the hold is at or
+/// below `index`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Holder {
+    pub run: u64,
+    pub index: u64,
 }
 
 pub(super) struct KsMember {
     pub id: u64,
     pub shards: Vec<Shard>,
-    /// The revision counter, in memory only.
+    /// The revision counter, in memory only: the last revision handed out.
     pub counter: u64,
+    /// Whether the counter is open: every shard ready, and the earlier
+    /// leaders' txns finished for this readiness (`cross.rs`).
+    pub open: bool,
+    /// The opening in progress, waiting for the finishing.
+    pub opening: Option<Opening>,
+    /// Bumped each time every shard becomes ready here.
+    pub ready_gen: u64,
+    /// Bumped each time the counter opens here (`Keyspace::times_opened`).
+    pub opened: u64,
+    /// The monotonic clock, in mticks; runs across crashes (the machine's).
+    pub clock_mticks: u64,
+    /// How far the clock moves per tick of the simulation.
+    pub rate_mticks_per_tick: u64,
+    /// Global tick at which this incarnation started, and its clock then.
     pub started_at_tick: u64,
+    pub started_at_mticks: u64,
     pub restart_at_tick: Option<u64>,
     /// While set, the member is paused until this tick.
     pub paused_until: Option<u64>,
-    /// Ticks the member missed while paused, delivered in a bunch when it
-    /// resumes.
+    /// Raft ticks the member missed while paused, delivered in a bunch when
+    /// it resumes.
     pub missed_ticks: u64,
     /// Messages that reached the member while it was paused: `(shard,
     /// message)`.
@@ -189,15 +277,30 @@ pub(super) struct KsMember {
     pub proposed: HashMap<u64, usize>,
     pub incarnation: u64,
     pub lease_seq: u64,
+    /// Requests this incarnation proposed (parts, dones): the last number
+    /// used, and the answers of those applied here, by number.
+    pub req_seq: u64,
+    pub answers: BTreeMap<u64, Vec<GetResult>>,
+    /// A watch over every shard, from revision 0, for this incarnation.
+    pub watcher: Watcher,
 }
 
 impl KsMember {
-    pub fn new(id: u64, disks: Vec<MemStorage>) -> Self {
+    pub fn new(id: u64, disks: Vec<MemStorage>, rate_mticks_per_tick: u64, clock0: u64) -> Self {
+        assert!(rate_mticks_per_tick.abs_diff(MTICKS_PER_TICK) <= MAX_CLOCK_SKEW_MTICKS);
+        let shards = disks.len();
         KsMember {
             id,
             shards: disks.into_iter().map(Shard::new).collect(),
             counter: 0,
+            open: false,
+            opening: None,
+            ready_gen: 0,
+            opened: 0,
+            clock_mticks: clock0,
+            rate_mticks_per_tick,
             started_at_tick: 0,
+            started_at_mticks: clock0,
             restart_at_tick: None,
             paused_until: None,
             missed_ticks: 0,
@@ -205,7 +308,18 @@ impl KsMember {
             proposed: HashMap::new(),
             incarnation: 0,
             lease_seq: 0,
+            req_seq: 0,
+            answers: BTreeMap::new(),
+            watcher: Watcher::new(shards),
         }
+    }
+
+    /// Moves the clock by one tick of the simulation; answers how many
+    /// whole ticks of its own it passed (0, 1 or 2): its Raft ticks.
+    pub fn advance_clock(&mut self) -> u64 {
+        let before = self.clock_mticks / MTICKS_PER_TICK;
+        self.clock_mticks += self.rate_mticks_per_tick;
+        self.clock_mticks / MTICKS_PER_TICK - before
     }
 
     pub fn is_up(&self) -> bool {
@@ -225,9 +339,10 @@ impl KsMember {
         self.shards[0].is_leader()
     }
 
-    /// Whether this member may hand out a revision at tick `now` under
-    /// `guard`.
-    pub fn may_assign(&self, guard: Guard, now: u64) -> Result<(), Refusal> {
+    /// Whether this member believes it may hand out a revision now under
+    /// `guard`: it leads every shard, has applied each no-op, and holds the
+    /// leases. The counter must also be open ([`KsMember::assigns`]).
+    pub fn may_assign(&self, guard: Guard) -> Result<(), Refusal> {
         if !self.is_running() {
             return Err(Refusal::Down);
         }
@@ -237,31 +352,56 @@ impl KsMember {
         if !self.shards.iter().all(Shard::leads_with_noop_applied) {
             return Err(Refusal::NoopNotApplied);
         }
-        if guard.uses_lease() && !self.shards.iter().all(|s| s.lease_holds(now)) {
+        if guard.uses_lease() && !self.shards.iter().all(|s| s.lease_holds(self.clock_mticks)) {
             return Err(Refusal::NoLease);
         }
         Ok(())
     }
 
-    /// Takes the next revision: first past everything applied in any shard,
-    /// then past everything this member handed out.
+    /// `Keyspace::is_open`: may assign, and the counter opened.
+    pub fn assigns(&self, guard: Guard) -> Result<(), Refusal> {
+        self.may_assign(guard)?;
+        if !self.open {
+            return Err(Refusal::NotOpen);
+        }
+        Ok(())
+    }
+
+    /// Takes the next revision from the open counter.
     pub fn next_revision(&mut self) -> u64 {
-        let applied = self.shards.iter().map(|s| s.cursor.rev).max().unwrap_or(0);
-        self.counter = self.counter.max(applied) + 1;
+        assert!(self.open, "n{}: a revision from a closed counter", self.id);
+        self.counter += 1;
         self.counter
+    }
+
+    /// The next request number of this incarnation.
+    pub fn next_req(&mut self) -> u64 {
+        self.req_seq += 1;
+        self.req_seq
     }
 
     /// Forgets everything kept in memory, as a crash does.
     pub fn forget_memory(&mut self) {
         self.counter = 0;
+        self.open = false;
+        self.opening = None;
         self.paused_until = None;
         self.missed_ticks = 0;
         self.held.clear();
         self.proposed.clear();
+        self.req_seq = 0;
+        self.answers.clear();
+        self.watcher = Watcher::new(self.shards.len());
         for s in &mut self.shards {
             s.pending = None;
             s.lease = None;
             s.transfer_seen = None;
+            s.ready_term = None;
+            s.holder = None;
+            s.hold_waiting.clear();
+            s.points_waiting.clear();
+            s.closed_revision = 0;
+            s.proposed_at_tick = 0;
             s.last_lease_round_tick = None;
             s.last_transfer_request_tick = None;
             s.ticks_stalled_until = None;
@@ -275,13 +415,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn payloads_round_trip() {
-        assert_eq!(decode_write(&encode_write(17, 42)), Some((17, 42)));
-        assert_eq!(decode_write(b""), None);
+    fn contexts_round_trip() {
         assert_eq!(
             decode_lease_ctx(&encode_lease_ctx(2, 9, 130, 5)),
             Some((2, 9, 130))
         );
         assert_eq!(decode_lease_ctx(b"r12"), None);
+        assert_eq!(decode_point_ctx(&encode_point_ctx(7, 3)), Some(7));
+        assert_eq!(decode_point_ctx(&encode_lease_ctx(2, 9, 130, 5)), None);
     }
 }

@@ -2,7 +2,12 @@
 //! (`docs/KEYSPACE.md`): every member runs one real
 //! [`RawNode`](crate::raft::RawNode) per shard, each shard its own Raft
 //! group, and one member at a time, the *keyspace leader*, hands out
-//! revisions to the writes of every shard from one in-memory counter.
+//! revisions to the writes of every shard from one in-memory counter. On
+//! top: single-shard writes, txns over several shards, linearizable reads
+//! over several shards at one read point, and a watch over every shard on
+//! every member, each modelled on the code it stands for, with a checker
+//! for atomicity, strict serializability of the multi-key history, and
+//! watch order and completeness.
 //!
 //! One `u64` seed decides everything, as in the one-group simulator: the
 //! network, crashes, pauses, disk-write completions and the client workload.
@@ -14,10 +19,22 @@
 //! contract as the one-group simulator (messages leave when the Ready is
 //! taken; entries, hard state and the messages that wait for them only when
 //! the shard's own simulated disk write completes), plus the keyspace state
-//! kept in memory: the revision counter and, per shard, the leader lease.
-//! Every shard of a member crashes and restarts together; each shard's
-//! disk survives, the counter and the leases do not. Logs are never
-//! compacted, so a restarted member replays each shard from index 1.
+//! kept in memory: the revision counter and its opening, and per shard the
+//! leader lease, the hold of a txn over several shards, and the read
+//! points waiting for it. Each shard's state machine is a small MVCC store
+//! of [`KEYS_PER_SHARD`] keys (every key's history, so a shard reads
+//! at any revision) with the records of txns over several shards; it is
+//! rebuilt by replay. Every shard of a member crashes and restarts
+//! together; each shard's disk survives, everything in memory does not.
+//! Logs are never compacted, so a restarted member replays each shard from
+//! index 1.
+//!
+//! Each member reads its own monotonic clock, which runs at a rate within
+//! [`MAX_CLOCK_SKEW_MTICKS`] (4%) of the simulation's tick, so any two
+//! members' rates are within 10% of each other: its Raft timers tick when
+//! it passes a whole tick, and its leases are measured on it. That is the
+//! only clock the model has, as in Cairn: revisions and leases use no wall
+//! clock, so wall-clock jumps have nothing to act on.
 //!
 //! Each shard's messages travel on their own simulated network (as they
 //! would on their own connections); partitions cut a link between two
@@ -26,17 +43,29 @@
 //! # Keyspace leadership
 //! - Whoever leads shard 0 asks the leader of every other shard, once it is
 //!   itself caught up there, to transfer that shard's leadership to it.
-//! - A member may give a write a revision only while it leads every shard,
-//!   has applied its current term's no-op in each (so every entry of earlier
-//!   terms it holds), and its guard agrees. It then sets
-//!   `counter = max(counter, largest revision applied in any shard) + 1`
-//!   and proposes the write, stamped with that revision, to the write's
-//!   shard. A write's entry carries `w<id> r<revision>`; members apply it at
-//!   that revision.
-//! - Clients send each write to a random live member (half the time to one
-//!   that believes it leads shard 0); a member that may not assign refuses
-//!   and the client retries at the next tick, a bounded number of times. A
-//!   write is acknowledged when the member that proposed it applies it.
+//! - Once a member leads every shard with each no-op applied, its counter
+//!   *opens*: first the txns over several shards that earlier leaders left
+//!   half-proposed are finished (`cross.rs`: the fence, the records, the
+//!   missing parts, the done entries), then the counter is set to the
+//!   largest of what it handed out, the shards' revisions and the start of
+//!   its epoch (shard 0's term `<< 32`, as `src/server/keyspace.rs`). Any
+//!   shard ceasing to be ready closes it.
+//! - A member gives a write a revision only while its counter is open, it
+//!   leads every shard with each no-op applied, its guard agrees, and no
+//!   txn holds the write's shard. It proposes the write stamped with
+//!   `counter + 1`; members apply it at that revision. Payloads are text
+//!   (`kv.rs`).
+//! - Clients send each op to a random live member (half the time to one
+//!   that believes it leads shard 0); a write there is refused unless that
+//!   member assigns, a txn is forwarded to the member it believes leads
+//!   shard 0, and a read asks that member for its read point. A refused op
+//!   is retried at the next tick, a bounded number of times. A write is
+//!   acknowledged when the member that proposed it applies it.
+//! - Txns over several shards (`cross.rs`) and reads over several shards
+//!   (`reads.rs`) are run step by step, each call between cores one step
+//!   among the tick's events; the watch (`watch.rs`) merges every shard's
+//!   applied events by revision, moved on idle shards by the keyspace
+//!   leader's close entries.
 //!
 //! # The guard ([`Guard`])
 //! With a partial partition, two members can each believe they lead every
@@ -51,10 +80,11 @@
 //! transfer campaign overrides the followers' refusal) and not taken again
 //! from a round issued within [`TRANSFER_TAINT_TICKS`] of the last tick the
 //! transfer was seen in progress, since the transferee may still receive the
-//! timeout-now that late. Lease time is the simulation's tick: the
-//! monotonic clock a member reads when it checks the lease, which a pause
-//! does not stop; the Raft ticks of a paused member stop, and catch up in a
-//! bunch when it resumes.
+//! timeout-now that late. Lease time is the member's monotonic clock,
+//! which a pause does not stop; the Raft ticks of a paused member stop, and
+//! catch up in a bunch when it resumes. The margin is one tick (the
+//! followers' timers count whole ticks) and 10% of the election timeout
+//! (the clocks' rates), as in `src/server/keyspace.rs`.
 //!
 //! A restarted member has forgotten which leader it heard, so the Raft
 //! core's check-quorum rule alone would let it vote at once. The
@@ -86,33 +116,77 @@
 //! shards it lost; in one variant the pivots restart at the swap instead
 //! of waiting out an election timeout.
 //!
+//! Aimed at the txn protocol: each seed draws how long a part's proposal
+//! may wait in its shard's core queue (so a txn's parts reach their shards
+//! apart), and leader transfers of the coordinator's shards while it runs
+//! a txn, per tick and right after it proposed a part while another waits:
+//! of a shard whose part is still to come (Raft refuses the part while the
+//! transfer runs), or of another one (the counter closes, and opens again
+//! with a fence and a finishing when shard 0's leader pulls it back), often
+//! to a member that is down, so that the transfer times out.
+//!
 //! # What is checked
+//! As the run goes:
 //! - election safety, per shard (Raft paper 5.2);
 //! - state machine safety, per shard: every member applies the same entry,
 //!   with the same revision, at a `(shard, index)` (5.4.3);
-//! - along each shard's applied log, revisions strictly increase;
-//! - no revision is applied for two different writes;
-//! - real-time order: a write invoked after another was acknowledged has a
-//!   larger revision, checked for every write that gets applied,
-//!   acknowledged or not;
+//! - along each shard's applied log, revisions (writes, parts, closes)
+//!   strictly increase;
+//! - no revision is applied for two different ops (a txn's parts share
+//!   one), and a txn's parts are all at one revision;
+//! - real-time order: an op invoked after another was acknowledged sits
+//!   later in the revision order (a write or txn at a larger revision, a
+//!   read at a point at or above), checked for every write and txn that gets
+//!   applied, acknowledged or not, and every acknowledged read;
+//! - every watch releases events in revision order, and no shard sends it
+//!   an event at or below what it already released;
 //! - liveness: once the faults stop, a write to every shard is acknowledged
 //!   within [`LIVENESS_BOUND_TICKS`].
 //!
-//! The `keyspace-sim` example runs many seeds with a chosen guard;
-//! `tests/keyspace_sim.rs` runs a few hundred and shows that the unguarded
-//! variant is caught.
+//! Then the run settles (no new ops; everything in progress ends, an open
+//! keyspace leader has finished what earlier ones left, every member has
+//! applied every shard's whole log, within [`SETTLE_BOUND_TICKS`]), and
+//! `history.rs` checks atomicity (every txn with a part anywhere has its
+//! parts on exactly the shards its plan writes, at one revision, applied on
+//! every member), strict serializability (the committed history replayed
+//! in revision order: every txn applied the branch its compares choose at
+//! `T - 1`; every acknowledged txn's answer and read's values are that
+//! history's at their revision), and each watch's completeness (exactly the
+//! history's events up to where it released).
+//!
+//! # Not modelled
+//! Nested txns, ranges (a read reads every key of its shards; a txn's gets
+//! read one key), leases (etcd's), compaction, snapshots, membership
+//! changes, serializable reads, the held-write and hold queues' bounds,
+//! Raft's uncommitted-entry limit (a part Raft refuses for it is retried by
+//! the real code with the hold kept), the CrossCheck refusals (NOSPACE, a
+//! missing lease), forwarded single-shard writes and the held-write queue
+//! (a write a member cannot take now is refused and retried by its
+//! client), and the real shard driver itself (issue 20): this is a model
+//! of it, step for step.
+//!
+//! The `keyspace-sim` example runs many seeds with a chosen guard,
+//! [`Protocol`] and planted [`Bug`]; `tests/keyspace_sim.rs` runs a few
+//! hundred and shows that the unguarded variant, the protocol as built and
+//! each planted bug are caught.
 
 mod adversary;
 mod checker;
 mod client;
+mod cross;
 mod faults;
+mod history;
+mod kv;
 mod member;
+mod reads;
 mod transport;
+mod watch;
 mod world;
 
 use std::fmt;
 
 pub use checker::{KsViolation, KsViolationKind};
+pub use kv::KEYS_PER_SHARD;
 
 use super::{ELECTION_TIMEOUT_TICKS, MAX_DELAY_TICKS};
 
@@ -120,9 +194,27 @@ use super::{ELECTION_TIMEOUT_TICKS, MAX_DELAY_TICKS};
 pub const MAX_SHARDS: usize = 4;
 /// Most members a simulated keyspace has.
 pub const MAX_MEMBERS: usize = 7;
-/// Ticks of clock drift, message timing and tick granularity the lease
-/// leaves unused at its end.
-pub const LEASE_MARGIN_TICKS: u64 = 1;
+/// Ticks the lease leaves unused at its end: one for the tick granularity
+/// of the followers' election timers, and 10% of the election timeout for
+/// the members' clock rates (`src/server/keyspace.rs`: "election timeout
+/// less one tick and a drift margin").
+pub const LEASE_MARGIN_TICKS: u64 = 1 + ELECTION_TIMEOUT_TICKS / 10;
+/// A member's clock counts thousandths of a tick.
+pub const MTICKS_PER_TICK: u64 = 1_000;
+/// A member's clock gains or loses at most this many mticks per tick (4%):
+/// any two members' rates are within 10% of each other, the lease's
+/// assumption.
+pub const MAX_CLOCK_SKEW_MTICKS: u64 = 40;
+/// Steps each txn, read and opening in progress may take per tick.
+pub const ACTOR_STEPS_PER_TICK: usize = 3;
+/// A txn or a read in progress, or a request of an opening's finishing,
+/// gives up after this many ticks (the real code's request timeout).
+pub const MAX_TXN_TICKS: u64 = 3 * ELECTION_TIMEOUT_TICKS;
+/// Longest a part's proposal waits in its shard's core queue.
+pub const MAX_PART_DELAY_TICKS: u64 = 2 * ELECTION_TIMEOUT_TICKS;
+/// After liveness, the run must settle (nothing in progress, every log
+/// applied everywhere) within this many ticks.
+pub const SETTLE_BOUND_TICKS: u64 = 20 * ELECTION_TIMEOUT_TICKS;
 /// Longest a member is paused, in ticks.
 pub const MAX_PAUSE_TICKS: u64 = 3 * ELECTION_TIMEOUT_TICKS;
 /// After a transfer was last seen in progress, its timeout-now may still be
@@ -146,6 +238,19 @@ pub const MAX_CLIENT_RETRY_TICKS: u64 = 2 * ELECTION_TIMEOUT_TICKS;
 pub const MAX_EVENTS_PER_TICK: usize = 4_000;
 
 const _: () = assert!(LEASE_MARGIN_TICKS < ELECTION_TIMEOUT_TICKS);
+// Rates within 10% of each other.
+const _: () = assert!(
+    (MTICKS_PER_TICK + MAX_CLOCK_SKEW_MTICKS) * 10
+        <= (MTICKS_PER_TICK - MAX_CLOCK_SKEW_MTICKS) * 11
+);
+// The lease, measured on the slowest clock, ends before the fastest
+// follower's election timer (which may fire one of its ticks early) can.
+const _: () = assert!(
+    (ELECTION_TIMEOUT_TICKS - LEASE_MARGIN_TICKS) * (MTICKS_PER_TICK + MAX_CLOCK_SKEW_MTICKS)
+        <= (ELECTION_TIMEOUT_TICKS - 1) * (MTICKS_PER_TICK - MAX_CLOCK_SKEW_MTICKS)
+);
+const _: () = assert!(MAX_TXN_TICKS < LIVENESS_BOUND_TICKS);
+const _: () = assert!(MAX_PART_DELAY_TICKS < MAX_TXN_TICKS);
 const _: () = assert!(MIN_CHAOS_TICKS <= MAX_CHAOS_TICKS);
 const _: () = assert!(LIVENESS_BOUND_TICKS > TRANSFER_TAINT_TICKS + 4 * ELECTION_TIMEOUT_TICKS);
 
@@ -191,6 +296,109 @@ impl Guard {
     }
 }
 
+/// Which protocol for txns and reads over several shards the members run.
+///
+/// The model of the code as built (`AsBuilt`) is caught by the checker:
+/// when a part is refused by Raft (a leader transfer of its shard is in
+/// progress), `cross_propose` still releases the hold, and if the transfer
+/// then times out the same member keeps its counter open, with no opening
+/// and so no finishing: the shard takes later revisions, the part never
+/// comes, and a read point asked while the shard was held is answered
+/// without it. `Fixed` adds two changes (see `cross.rs` and `reads.rs`):
+///
+/// 1. a part refused after `T` was taken makes its shard not ready
+///    (`Keyspace::shard_not_ready`), so the counter closes and opens again
+///    only after a finishing, which proposes the missing part if another
+///    part committed;
+/// 2. a read point is answered only if the counter is still open, in the
+///    same opening, once every shard has answered its index (so that no
+///    finishing ran in between, whose parts the indexes may lack).
+///
+/// `ReopenOnly` is the first change alone: the fence of a later opening
+/// still answers read points held back by a half-proposed txn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Protocol {
+    AsBuilt,
+    ReopenOnly,
+    Fixed,
+}
+
+impl Protocol {
+    pub const ALL: [Protocol; 3] = [Protocol::AsBuilt, Protocol::ReopenOnly, Protocol::Fixed];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Protocol::AsBuilt => "as-built",
+            Protocol::ReopenOnly => "reopen-only",
+            Protocol::Fixed => "fixed",
+        }
+    }
+
+    /// A refused part closes the counter until a finishing has run.
+    pub fn reopens_on_part_failure(self) -> bool {
+        matches!(self, Protocol::ReopenOnly | Protocol::Fixed)
+    }
+
+    /// A read point checks that the counter stayed open in one opening.
+    pub fn checks_point_opening(self) -> bool {
+        matches!(self, Protocol::Fixed)
+    }
+
+    /// Parses a protocol as the example's `--protocol` flag spells it.
+    pub fn parse(name: &str) -> Result<Protocol, KsConfigError> {
+        Protocol::ALL
+            .into_iter()
+            .find(|p| p.name() == name)
+            .ok_or_else(|| KsConfigError::UnknownProtocol(name.to_string()))
+    }
+}
+
+/// A bug planted in the model of txns, reads and watches over several
+/// shards, to show the checker catches it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Bug {
+    /// The model as built.
+    None,
+    /// An opening does not finish the txns earlier leaders left
+    /// half-proposed.
+    SkipFinish,
+    /// An opening's ask for records does not end the holds first.
+    NoFence,
+    /// A read at a point is served without waiting for the point's index
+    /// to be applied.
+    SkipReadWait,
+    /// A watch releases each shard's events as they come, not merged.
+    WatchNoMerge,
+}
+
+impl Bug {
+    pub const ALL: [Bug; 5] = [
+        Bug::None,
+        Bug::SkipFinish,
+        Bug::NoFence,
+        Bug::SkipReadWait,
+        Bug::WatchNoMerge,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Bug::None => "none",
+            Bug::SkipFinish => "skip-finish",
+            Bug::NoFence => "no-fence",
+            Bug::SkipReadWait => "skip-read-wait",
+            Bug::WatchNoMerge => "watch-no-merge",
+        }
+    }
+
+    /// Parses a bug as the example's `--bug` flag spells it.
+    pub fn parse(name: &str) -> Result<Bug, KsConfigError> {
+        Bug::ALL
+            .into_iter()
+            .find(|b| b.name() == name)
+            .ok_or_else(|| KsConfigError::UnknownBug(name.to_string()))
+    }
+}
+
 /// What one keyspace simulation run does.
 #[derive(Debug, Clone)]
 pub struct KsConfig {
@@ -199,6 +407,8 @@ pub struct KsConfig {
     pub shards: Option<usize>,
     pub seed: u64,
     pub guard: Guard,
+    pub protocol: Protocol,
+    pub bug: Bug,
     /// Record a line per step; costs time, so only for replays.
     pub trace: bool,
 }
@@ -210,6 +420,8 @@ impl KsConfig {
             shards: None,
             seed,
             guard,
+            protocol: Protocol::Fixed,
+            bug: Bug::None,
             trace: false,
         }
     }
@@ -243,6 +455,12 @@ pub enum KsConfigError {
     Shards { shards: usize, max_shards: usize },
     #[error("unknown guard {0:?} (known: lease, none, lease-no-restart-hold)")]
     UnknownGuard(String),
+    #[error(
+        "unknown bug {0:?} (known: none, skip-finish, no-fence, skip-read-wait, watch-no-merge)"
+    )]
+    UnknownBug(String),
+    #[error("unknown protocol {0:?} (known: as-built, reopen-only, fixed)")]
+    UnknownProtocol(String),
 }
 
 /// Counters of one run, for the summary table.
@@ -268,6 +486,31 @@ pub struct KsStats {
     pub writes_proposed: u64,
     pub writes_applied: u64,
     pub writes_acked: u64,
+    pub txns_invoked: u64,
+    /// Runs of txns over several shards started by keyspace leaders
+    /// (a client's retry is a new run).
+    pub txn_runs: u64,
+    /// Txns with a part applied somewhere.
+    pub txns_applied: u64,
+    pub txns_acked: u64,
+    /// Runs that ended before proposing anything (the client retried).
+    pub txn_retries: u64,
+    /// Runs whose client was told the outcome is unknown (or heard nothing).
+    pub txn_unknown: u64,
+    pub parts_proposed: u64,
+    /// Parts proposed by an opening's finishing.
+    pub parts_finished: u64,
+    pub finish_retries: u64,
+    /// Fences (an opening's ask for records) that ended the hold of a txn
+    /// with a part already proposed on another shard.
+    pub fences_under_half_txn: u64,
+    /// Times a counter opened.
+    pub openings: u64,
+    pub reads_invoked: u64,
+    pub reads_acked: u64,
+    pub closes_proposed: u64,
+    /// Events released by the watches (every incarnation's), at the end.
+    pub watch_events_released: u64,
     /// Writes a member that led every shard, no-ops applied, refused only
     /// because a lease was missing: where the guard acted.
     pub lease_refusals: u64,
@@ -299,6 +542,21 @@ impl KsStats {
         self.writes_proposed += o.writes_proposed;
         self.writes_applied += o.writes_applied;
         self.writes_acked += o.writes_acked;
+        self.txns_invoked += o.txns_invoked;
+        self.txn_runs += o.txn_runs;
+        self.txns_applied += o.txns_applied;
+        self.txns_acked += o.txns_acked;
+        self.txn_retries += o.txn_retries;
+        self.txn_unknown += o.txn_unknown;
+        self.parts_proposed += o.parts_proposed;
+        self.parts_finished += o.parts_finished;
+        self.finish_retries += o.finish_retries;
+        self.fences_under_half_txn += o.fences_under_half_txn;
+        self.openings += o.openings;
+        self.reads_invoked += o.reads_invoked;
+        self.reads_acked += o.reads_acked;
+        self.closes_proposed += o.closes_proposed;
+        self.watch_events_released += o.watch_events_released;
         self.lease_refusals += o.lease_refusals;
         self.votes_held += o.votes_held;
         self.dual_leader_steps += o.dual_leader_steps;
@@ -313,6 +571,8 @@ pub struct KsOutcome {
     pub members: usize,
     pub shards: usize,
     pub guard: Guard,
+    pub protocol: Protocol,
+    pub bug: Bug,
     pub stats: KsStats,
     pub violation: Option<KsViolation>,
     /// One line per step, when `KsConfig::trace` was set.
@@ -337,12 +597,10 @@ pub struct KsSummary {
     pub violations: Vec<KsOutcome>,
 }
 
-/// Runs seeds `first_seed..first_seed + seeds`, stopping once
-/// `max_violations` seeds have violated a check.
+/// Runs seeds `first_seed..first_seed + seeds` of `template` (its seed is
+/// ignored), stopping once `max_violations` seeds have violated a check.
 pub fn run_seeds(
-    members: usize,
-    shards: Option<usize>,
-    guard: Guard,
+    template: &KsConfig,
     first_seed: u64,
     seeds: u64,
     max_violations: usize,
@@ -353,8 +611,9 @@ pub fn run_seeds(
         violations: Vec::new(),
     };
     for seed in first_seed..first_seed + seeds {
-        let mut cfg = KsConfig::new(members, seed, guard);
-        cfg.shards = shards;
+        let mut cfg = template.clone();
+        cfg.seed = seed;
+        cfg.trace = false;
         let out = run_seed(&cfg)?;
         summary.seeds_run += 1;
         summary.stats.add(&out.stats);
@@ -372,11 +631,13 @@ impl fmt::Display for KsOutcome {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "seed={} members={} shards={} guard={}",
+            "seed={} members={} shards={} guard={} protocol={} bug={}",
             self.seed,
             self.members,
             self.shards,
-            self.guard.name()
+            self.guard.name(),
+            self.protocol.name(),
+            self.bug.name()
         )?;
         match &self.violation {
             None => write!(f, " steps={} ok", self.stats.steps),

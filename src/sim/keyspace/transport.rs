@@ -5,7 +5,7 @@
 use super::super::network::SendFate;
 use super::checker::Check;
 use super::world::World;
-use super::ELECTION_TIMEOUT_TICKS;
+use super::{ELECTION_TIMEOUT_TICKS, MTICKS_PER_TICK};
 use crate::raft::{Message, MessageType};
 
 /// The context a transfer campaign's vote requests carry (the Raft core's
@@ -88,7 +88,8 @@ impl World {
         if is_vote
             && self.guard.holds_restart_votes()
             && msg.context.as_ref() != CAMPAIGN_TRANSFER
-            && self.tick < target.started_at_tick + ELECTION_TIMEOUT_TICKS
+            && target.clock_mticks
+                < target.started_at_mticks + ELECTION_TIMEOUT_TICKS * MTICKS_PER_TICK
         {
             let since = target.started_at_tick;
             self.begin_step(|| format!("hold {line}: n{to} started at t{since}"));

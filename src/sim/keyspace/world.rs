@@ -10,6 +10,7 @@
 //! resume and restart, and a write to every shard must be acknowledged
 //! within `LIVENESS_BOUND_TICKS`.
 
+use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use bytes::Bytes;
@@ -22,13 +23,18 @@ use super::super::member::{entry_digest, PendingWrite, StateMachine};
 use super::super::network::Network;
 use super::super::take_panic_report;
 use super::adversary::Episode;
-use super::checker::{found, Check, Found, KsChecker, KsViolation, KsViolationKind};
+use super::checker::{found, Answer, Check, Found, KsChecker, KsViolation, KsViolationKind};
 use super::client::ClientWrite;
+use super::cross::TxnRun;
 use super::faults::{Plan, ShardCut};
-use super::member::{decode_lease_ctx, decode_write, KsMember};
+use super::kv::Payload;
+use super::member::{decode_lease_ctx, decode_point_ctx, KsMember};
+use super::reads::{PointAsk, ReadRun};
+use super::watch::Watcher;
 use super::{
-    KsConfig, KsOutcome, KsStats, ELECTION_TIMEOUT_TICKS, LIVENESS_BOUND_TICKS,
-    MAX_EVENTS_PER_TICK, MAX_SHARDS,
+    Bug, KsConfig, KsOutcome, KsStats, ACTOR_STEPS_PER_TICK, ELECTION_TIMEOUT_TICKS,
+    LIVENESS_BOUND_TICKS, MAX_CLOCK_SKEW_MTICKS, MAX_EVENTS_PER_TICK, MAX_SHARDS, MTICKS_PER_TICK,
+    SETTLE_BOUND_TICKS,
 };
 use crate::raft::{
     ConfChange, ConfChangeType, Config, Entry, EntryType, HardState, MemStorage, Message, RawNode,
@@ -45,8 +51,18 @@ pub(super) struct Liveness {
     pub last_probe_tick: Option<u64>,
 }
 
+/// Something that takes steps of its own among a tick's events.
+#[derive(Debug, Clone, Copy)]
+enum Actor {
+    Run(u64),
+    Read(u64),
+    Opening(usize),
+}
+
 pub(super) struct World {
     pub guard: super::Guard,
+    pub protocol: super::Protocol,
+    pub bug: Bug,
     pub rng: SmallRng,
     pub plan: Plan,
     pub shard_count: usize,
@@ -76,6 +92,19 @@ pub(super) struct World {
     /// When the partial partition in force ends.
     pub partial_until: Option<u64>,
     pub episode: Option<Episode>,
+    /// Txns over several shards in progress, by run id.
+    pub runs: BTreeMap<u64, TxnRun>,
+    /// Reads over several shards in progress, by id.
+    pub reads: BTreeMap<u64, ReadRun>,
+    /// Read points asked of shards, by ask id.
+    pub point_asks: BTreeMap<u64, PointAsk>,
+    /// The last id given to a run, a read or an ask.
+    pub next_run: u64,
+    /// The watches of members' earlier incarnations, with the member.
+    pub closed_watches: Vec<(u64, Watcher)>,
+    /// After liveness: no new client ops, until everything is applied
+    /// everywhere.
+    pub settling: bool,
 }
 
 pub(crate) fn run(cfg: &KsConfig) -> KsOutcome {
@@ -99,6 +128,8 @@ pub(crate) fn run(cfg: &KsConfig) -> KsOutcome {
         members: cfg.members,
         shards: w.shard_count,
         guard: cfg.guard,
+        protocol: cfg.protocol,
+        bug: cfg.bug,
         stats: w.stats,
         violation,
         trace: w.trace,
@@ -150,19 +181,27 @@ impl World {
         t.leader_transfer_timeout_ticks = ELECTION_TIMEOUT_TICKS;
         let members = (1..=cfg.members as u64)
             .map(|id| {
+                let skew = plan.clock_skew_mticks;
+                let rate = rng.gen_range(MTICKS_PER_TICK - skew..=MTICKS_PER_TICK + skew);
+                let clock0 = rng.gen_range(0..1_000 * MTICKS_PER_TICK);
                 KsMember::new(
                     id,
                     (0..shard_count)
                         .map(|_| bootstrap_log(cfg.members))
                         .collect(),
+                    rate,
+                    clock0,
                 )
             })
             .collect();
+        debug_assert!(plan.clock_skew_mticks <= MAX_CLOCK_SKEW_MTICKS);
         let nets = (0..shard_count)
             .map(|_| Network::new(plan.chaos_faults))
             .collect();
         World {
             guard: cfg.guard,
+            protocol: cfg.protocol,
+            bug: cfg.bug,
             rng,
             plan,
             shard_count,
@@ -188,6 +227,12 @@ impl World {
             shard_links: vec![Vec::new(); shard_count],
             partial_until: None,
             episode: None,
+            runs: BTreeMap::new(),
+            reads: BTreeMap::new(),
+            point_asks: BTreeMap::new(),
+            next_run: 0,
+            closed_watches: Vec::new(),
+            settling: false,
         }
     }
 
@@ -236,7 +281,7 @@ impl World {
                 self.stats.recovery_ticks = self.tick - self.live.calm_since_tick;
                 let r = self.stats.recovery_ticks;
                 self.note(|| format!("liveness met after {r} ticks"));
-                return Ok(());
+                return self.settle();
             }
             if self.tick - self.live.calm_since_tick >= LIVENESS_BOUND_TICKS {
                 let done = self.live.done.clone();
@@ -265,18 +310,18 @@ impl World {
         let believers = self
             .members
             .iter()
-            .filter(|m| m.may_assign(super::Guard::NoGuard, self.tick).is_ok())
+            .filter(|m| m.may_assign(super::Guard::NoGuard).is_ok())
             .count();
         if believers > 1 {
             self.stats.dual_leader_steps += 1;
         }
         for idx in 0..self.members.len() {
+            self.track_readiness(idx)?;
             for shard in 0..self.shard_count {
-                let tick = self.tick;
                 let m = &mut self.members[idx];
-                let id = m.id;
+                let (id, clock) = (m.id, m.clock_mticks);
                 let s = &mut m.shards[shard];
-                s.observe_role(tick);
+                s.observe_role(clock);
                 let Some(node) = s.node.as_ref() else {
                     continue;
                 };
@@ -335,19 +380,23 @@ impl World {
         order.shuffle(&mut self.rng);
         for idx in order {
             let m = &mut self.members[idx];
+            // The monotonic clock runs whether the process is up or not.
+            let ticks = m.advance_clock();
             if !m.is_up() {
                 continue;
             }
             if m.is_paused() {
-                m.missed_ticks += 1;
+                m.missed_ticks += ticks;
                 continue;
             }
-            self.begin_step(|| format!("tick n{}", idx + 1));
+            self.begin_step(|| format!("tick n{} ({ticks} raft ticks)", idx + 1));
             for s in &mut self.members[idx].shards {
                 if s.ticks_stalled_until.is_some() {
-                    s.stalled_ticks += 1;
+                    s.stalled_ticks += ticks;
                 } else {
-                    s.node.as_mut().expect("up").tick();
+                    for _ in 0..ticks {
+                        s.node.as_mut().expect("up").tick();
+                    }
                 }
             }
             self.keyspace_duties(idx)?;
@@ -356,13 +405,25 @@ impl World {
             }
             self.end_step()?;
         }
-        self.draw_writes();
+        if !self.settling {
+            self.draw_writes();
+        }
         let mut attempts: Vec<usize> = (0..self.clients.len()).collect();
+        let mut actors: Vec<Actor> = Vec::new();
+        for _ in 0..ACTOR_STEPS_PER_TICK {
+            actors.extend(self.runs.keys().map(|r| Actor::Run(*r)));
+            actors.extend(self.reads.keys().map(|r| Actor::Read(*r)));
+            actors.extend(
+                (0..self.members.len())
+                    .filter(|i| self.members[*i].opening.is_some())
+                    .map(Actor::Opening),
+            );
+        }
         for _ in 0..MAX_EVENTS_PER_TICK {
             let msgs: usize = self.nets.iter().map(Network::due_count).sum();
             let released = self.released.len();
             let writes: Vec<(usize, usize)> = self.due_writes();
-            let total = msgs + released + writes.len() + attempts.len();
+            let total = msgs + released + writes.len() + attempts.len() + actors.len();
             if total == 0 {
                 break;
             }
@@ -394,14 +455,92 @@ impl World {
                 continue;
             }
             r -= writes.len();
-            let c = attempts.swap_remove(r);
-            self.client_attempt(c)?;
+            if r < attempts.len() {
+                let c = attempts.swap_remove(r);
+                self.client_attempt(c)?;
+                continue;
+            }
+            r -= attempts.len();
+            match actors.swap_remove(r) {
+                Actor::Run(run) => self.step_run(run)?,
+                Actor::Read(read) => self.step_read(read)?,
+                Actor::Opening(idx) => self.step_opening(idx)?,
+            }
         }
         self.clients.retain(|c| !c.settled);
-        if self.calm {
+        if self.calm && !self.settling {
             self.liveness_round();
         }
         Ok(())
+    }
+
+    /// After liveness: no new client ops; every op in progress ends, an
+    /// open keyspace leader finishes what earlier ones left, and every
+    /// member applies every shard's whole log. Then the end-of-run checks.
+    fn settle(&mut self) -> Result<(), KsViolation> {
+        self.settling = true;
+        let since = self.tick;
+        self.begin_step(|| "settle: no new client ops".into());
+        self.end_step().map_err(|f| self.violation(f))?;
+        while !self.settled() {
+            if self.tick - since >= SETTLE_BOUND_TICKS {
+                let f = found(
+                    KsViolationKind::Liveness,
+                    format!(
+                        "{SETTLE_BOUND_TICKS} ticks after liveness, not settled: {} clients, {} txns, {} reads in progress; {}",
+                        self.clients.len(),
+                        self.runs.len(),
+                        self.reads.len(),
+                        self.state_summary()
+                    ),
+                );
+                return Err(self.violation(f));
+            }
+            self.tick_round().map_err(|f| self.violation(f))?;
+        }
+        let ticks = self.tick - since;
+        self.note(|| format!("settled after {ticks} ticks; checking the history"));
+        let applied: Vec<(u64, Vec<u64>)> = self
+            .members
+            .iter()
+            .map(|m| (m.id, m.shards.iter().map(|s| s.sm.applied_index).collect()))
+            .collect();
+        let mut watches: Vec<(u64, &Watcher)> =
+            self.closed_watches.iter().map(|(m, w)| (*m, w)).collect();
+        watches.extend(self.members.iter().map(|m| (m.id, &m.watcher)));
+        self.stats.watch_events_released += watches
+            .iter()
+            .map(|(_, w)| w.released.len() as u64)
+            .sum::<u64>();
+        let res = self.checker.check_end(self.shard_count, &applied, &watches);
+        res.map_err(|f| self.violation(f))
+    }
+
+    /// Nothing in progress, an open keyspace leader, and every shard's log
+    /// committed and applied on every member.
+    fn settled(&self) -> bool {
+        if !self.clients.is_empty() || !self.runs.is_empty() || !self.reads.is_empty() {
+            return false;
+        }
+        if self
+            .members
+            .iter()
+            .any(|m| !m.is_running() || m.opening.is_some())
+        {
+            return false;
+        }
+        let Some(leader) = self.members.iter().find(|m| m.assigns(self.guard).is_ok()) else {
+            return false;
+        };
+        (0..self.shard_count).all(|shard| {
+            let n = leader.shards[shard].node.as_ref().expect("running");
+            let last = n.last_index();
+            n.committed_index() == last
+                && self
+                    .members
+                    .iter()
+                    .all(|m| m.shards[shard].sm.applied_index == last)
+        })
     }
 
     fn due_writes(&self) -> Vec<(usize, usize)> {
@@ -452,11 +591,17 @@ impl World {
             s.sm = sm;
             s.applied_term = 0;
             s.cursor = Default::default();
+            s.store = Default::default();
         }
         let m = &mut self.members[idx];
+        let old = std::mem::replace(&mut m.watcher, Watcher::new(0));
+        if !old.released.is_empty() {
+            self.closed_watches.push((m.id, old));
+        }
         m.forget_memory();
         m.restart_at_tick = None;
         m.started_at_tick = tick;
+        m.started_at_mticks = m.clock_mticks;
         m.incarnation += 1;
         for shard in 0..self.shard_count {
             self.pump(idx, shard)?;
@@ -473,6 +618,10 @@ impl World {
             // Only what reached the disk survives: pending writes are lost.
             let node = s.node.take().expect("up");
             s.disk = node.store().clone();
+        }
+        let old = std::mem::replace(&mut m.watcher, Watcher::new(0));
+        if !old.released.is_empty() {
+            self.closed_watches.push((m.id, old));
         }
         m.forget_memory();
         m.restart_at_tick = Some(self.tick + down_ticks);
@@ -593,22 +742,30 @@ impl World {
         let m = &mut self.members[idx];
         let s = &mut m.shards[shard];
         let mut renewed = Vec::new();
+        let mut points = Vec::new();
         for rs in std::mem::take(&mut rd.read_states) {
             if let Some((sh, term, start)) = decode_lease_ctx(&rs.request_ctx) {
                 if sh == shard && s.lease_round_returned(term, start) {
                     renewed.push(start);
                 }
+            } else if let Some(ask) = decode_point_ctx(&rs.request_ctx) {
+                points.push((ask, rs.index));
             }
         }
         let persisted = std::mem::take(&mut rd.persisted_messages);
         s.node.as_mut().expect("up").advance(rd);
+        let clock = m.clock_mticks;
         if let Some(start) = renewed.last() {
-            let until = start + ELECTION_TIMEOUT_TICKS - super::LEASE_MARGIN_TICKS;
+            let until =
+                start + (ELECTION_TIMEOUT_TICKS - super::LEASE_MARGIN_TICKS) * MTICKS_PER_TICK;
             self.note(|| {
                 format!(
-                    "  n{id} s{shard} lease from round of t{start}, until t{until} (now t{tick})"
+                    "  n{id} s{shard} lease from round of {start}m, until {until}m (now {clock}m, t{tick})"
                 )
             });
+        }
+        for (ask, index) in points {
+            self.point_round_returned(idx, shard, ask, index);
         }
         for msg in persisted {
             self.send(shard, msg);
@@ -618,10 +775,11 @@ impl World {
 
     fn apply_entry(&mut self, idx: usize, shard: usize, e: &Entry) -> Check {
         let step = self.stats.steps;
+        let merge = self.bug != Bug::WatchNoMerge;
         let m = &mut self.members[idx];
         let id = m.id;
         let s = &mut m.shards[shard];
-        let mut write = None;
+        let mut payload = None;
         if e.entry_type == EntryType::EntryConfChange as i32 {
             let cc = ConfChange::decode(e.data.clone()).map_err(|err| {
                 found(
@@ -637,12 +795,13 @@ impl World {
                 s.node.as_mut().expect("up").apply_conf_change(&cc);
             }
         } else if !e.data.is_empty() {
-            write = Some(decode_write(&e.data).ok_or_else(|| {
+            payload = Some(Payload::decode(&e.data).ok_or_else(|| {
                 found(
                     KsViolationKind::StateMachineSafety,
                     format!(
-                        "member {id} shard {shard}: entry {} is neither a no-op nor a write",
-                        e.index
+                        "member {id} shard {shard}: entry {} is neither a no-op nor a payload: {:?}",
+                        e.index,
+                        String::from_utf8_lossy(&e.data)
                     ),
                 )
             })?);
@@ -655,16 +814,70 @@ impl World {
             e.index,
             e.term,
             entry_digest(e),
-            write,
+            payload.as_ref(),
             &mut s.cursor,
         )?;
-        let Some((w, rev)) = write else {
+        let Some(payload) = payload else {
             return Ok(());
         };
-        if first {
-            self.stats.writes_applied += 1;
+        let incarnation = m.incarnation;
+        let mine = |by: &super::kv::ReqTag| by.member == id && by.incarnation == incarnation;
+        let events = match &payload {
+            Payload::Write { id: w, rev, op } => {
+                let (_, events) = s.store.apply_ops(*rev, *w, std::slice::from_ref(op));
+                if first {
+                    self.stats.writes_applied += 1;
+                }
+                events
+            }
+            Payload::Part {
+                id: x,
+                rev,
+                by,
+                ops,
+                plan,
+                ..
+            } => {
+                let (gets, events) = s.store.apply_ops(*rev, *x, ops);
+                if let Some(plan) = plan {
+                    s.store.records.insert(*rev, plan.clone());
+                }
+                if mine(by) {
+                    m.answers.insert(by.seq, gets);
+                }
+                if first {
+                    self.stats.txns_applied += 1;
+                }
+                events
+            }
+            Payload::Done { rev, by } => {
+                s.store.records.remove(rev);
+                if mine(by) {
+                    m.answers.insert(by.seq, Vec::new());
+                }
+                Vec::new()
+            }
+            Payload::Close { rev } => {
+                s.store.rev = s.store.rev.max(*rev);
+                Vec::new()
+            }
+        };
+        if payload.revision().is_some() {
+            let through = s.store.rev;
+            m.watcher
+                .on_apply(shard, through, &events, merge)
+                .map_err(|why| {
+                    found(
+                        KsViolationKind::WatchOrder,
+                        format!("member {id}'s watch: {why}"),
+                    )
+                })?;
         }
-        if m.proposed.remove(&w).is_some() && self.checker.acked(w, step) {
+        let Payload::Write { id: w, rev, .. } = payload else {
+            return Ok(());
+        };
+        let m = &mut self.members[idx];
+        if m.proposed.remove(&w).is_some() && self.checker.acked(w, step, Answer::Write)? {
             self.stats.writes_acked += 1;
             self.note(|| format!("  n{id} acknowledges w{w} (shard {shard}) at revision {rev}"));
             if self.calm {
