@@ -93,7 +93,7 @@ pub(super) fn warn_if_sharded(shards: usize) {
             "running {shards} shards: unlike etcd, a serializable read at a \
              revision one shard has not reached fails as a future revision, \
              revisions start at 2^40, and a watch over several shards delivers \
-             a txn's events shard after shard; writes (txns over any keys \
+             the deletes of one delete spanning shards shard after shard; writes (txns over any keys \
              included) follow one revision order, and linearizable reads, \
              watches and compactions are consistent with it; --shards 1 (the \
              default) keeps etcd's revision numbering"
