@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cairn::routing::RoutingTable;
-use common::{client, http_get, wait_writable, Cluster};
+use common::{client, wait_writable, Cluster};
 use etcd_client::{
     Compare, CompareOp, EventType, GetOptions, KeyValue, Txn, TxnOp, TxnOpResponse, TxnResponse,
     WatchOptions,
@@ -30,6 +30,8 @@ use etcd_client::{
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
+#[path = "common/keyspace.rs"]
+mod keyspace;
 #[path = "ops_promtext.rs"]
 mod promtext;
 
@@ -941,27 +943,10 @@ async fn wait_acks(cluster: &Cluster, ledger: &Mutex<Ledger>, more: usize, step:
     }
 }
 
-/// The member (index) that leads every one of `shards` shards, if one does.
-fn keyspace_leader(cluster: &Cluster, shards: usize) -> Option<usize> {
-    cluster.members.iter().position(|m| {
-        if !m.is_running() {
-            return false;
-        }
-        let (code, body) = http_get(m.client_port, "/metrics");
-        let Ok(parsed) = promtext::parse(&body) else {
-            return false;
-        };
-        code == 200
-            && (0..shards).all(|s| {
-                let s = s.to_string();
-                parsed.value("cairn_shard_is_leader", &[("shard", s.as_str())]) == Some(1.0)
-            })
-    })
-}
-
 async fn wait_keyspace_leader(cluster: &Cluster, shards: usize) -> usize {
     common::eventually("one member leads every shard", STEP_DEADLINE, || async {
-        keyspace_leader(cluster, shards).ok_or_else(|| "no member leads every shard".to_string())
+        keyspace::keyspace_leader(cluster, shards)
+            .ok_or_else(|| "no member leads every shard".to_string())
     })
     .await
 }

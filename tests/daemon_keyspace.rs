@@ -12,37 +12,22 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use common::{client, http_get, wait_writable, Cluster};
+use common::{client, wait_writable, Cluster};
 
+#[path = "common/keyspace.rs"]
+mod keyspace;
 #[path = "ops_promtext.rs"]
 mod promtext;
 
 const SHARDS: u32 = 4;
-
-/// The member (index) that leads every shard, if one does.
-fn keyspace_leader(cluster: &Cluster) -> Option<usize> {
-    cluster.members.iter().position(|m| {
-        if !m.is_running() {
-            return false;
-        }
-        let (code, body) = http_get(m.client_port, "/metrics");
-        let Ok(parsed) = promtext::parse(&body) else {
-            return false;
-        };
-        code == 200
-            && (0..SHARDS).all(|s| {
-                let s = s.to_string();
-                parsed.value("cairn_shard_is_leader", &[("shard", s.as_str())]) == Some(1.0)
-            })
-    })
-}
 
 async fn wait_keyspace_leader(cluster: &Cluster) -> usize {
     common::eventually(
         "one member leads every shard",
         Duration::from_secs(60),
         || async {
-            keyspace_leader(cluster).ok_or_else(|| "no member leads every shard".to_string())
+            keyspace::keyspace_leader(cluster, SHARDS as usize)
+                .ok_or_else(|| "no member leads every shard".to_string())
         },
     )
     .await
@@ -498,7 +483,7 @@ async fn list_then_watch_over_every_shard_sees_every_later_write_once_in_order()
     // leads nothing, while the writers go on.
     tokio::time::sleep(Duration::from_millis(1000)).await;
     let follower = (0..3)
-        .find(|&i| Some(i) != keyspace_leader(&cluster))
+        .find(|&i| Some(i) != keyspace::keyspace_leader(&cluster, SHARDS as usize))
         .unwrap();
     let mut w = client(&cluster.members[follower].endpoint()).await;
     let listed = w

@@ -212,8 +212,6 @@ pub struct Store {
     pub(crate) leases: BTreeMap<i64, LeaseState>,
     pub(crate) key_lease: HashMap<Vec<u8>, i64, KeyHash>,
     pub(crate) lease_dirty: BTreeSet<i64>,
-    /// While `apply_part_at` runs: the sub revision each op starts at.
-    pub(crate) part_subs: Vec<i64>,
     /// The records of cross-shard txns still open, by id (the txn's
     /// revision), uncommitted puts and removes included; shared with the
     /// snapshot streams taken meanwhile.
@@ -396,7 +394,6 @@ impl Store {
             leases: BTreeMap::new(),
             key_lease: HashMap::default(),
             lease_dirty: BTreeSet::new(),
-            part_subs: Vec::new(),
             txn_records: BTreeMap::new(),
             txn_dirty: BTreeSet::new(),
             snapshots: Rc::new(RefCell::new(BTreeMap::new())),

@@ -22,6 +22,7 @@ pub mod members;
 pub mod merge;
 pub mod node;
 pub mod peer_http;
+pub mod peer_lease;
 pub mod peer_links;
 pub mod router;
 pub mod shard;

@@ -25,10 +25,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use cairn_proto::cairnpb::{KeyspaceReadPoint, MemberTable, ShardConfChange};
-use cairn_proto::etcdserverpb::{
-    LeaseKeepAliveRequest, LeaseKeepAliveResponse, LeaseRevokeRequest, LeaseRevokeResponse,
-    LeaseTimeToLiveRequest, LeaseTimeToLiveResponse, ResponseHeader, TxnRequest,
-};
+use cairn_proto::etcdserverpb::TxnRequest;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
@@ -40,6 +37,7 @@ use tonic::Code;
 
 use super::errors::ApiError;
 use super::members::MemberRegistry;
+use super::peer_lease::{serve_lease, PeerLeaseAnswer};
 use super::router::Router;
 use crate::routing::ShardId;
 
@@ -293,100 +291,6 @@ fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
 
 /// One keep-alive HTTP/1 connection to a peer's HTTP side.
 type PeerConnection = SendRequest<Full<Bytes>>;
-
-/// What this member answers a peer's forwarded lease request with.
-#[derive(Debug)]
-enum PeerLeaseAnswer {
-    Ok(Bytes),
-    NotLeader(u64),
-    Failed(ApiError),
-    BadRequest(String),
-}
-
-/// Serves `POST /cairn/lease-renew` and `POST /cairn/lease-ttl` for one shard
-/// this member is asked to lead.
-///
-/// - `lease-renew`: body `LeaseKeepAliveRequest`; answer
-///   `LeaseKeepAliveResponse` whose TTL is the granted TTL, 0 when the shard
-///   has no such lease.
-/// - `lease-ttl`: body `LeaseTimeToLiveRequest`; answer
-///   `LeaseTimeToLiveResponse` whose TTL is the time left in milliseconds (-1
-///   when the shard has no such lease), with the shard's keys when asked.
-async fn serve_lease(
-    router: &Arc<Router>,
-    path: &str,
-    shard: &str,
-    body: Bytes,
-) -> PeerLeaseAnswer {
-    let Some(shard) = shard
-        .parse::<ShardId>()
-        .ok()
-        .filter(|&s| (s as usize) < router.routing.shard_count())
-    else {
-        return PeerLeaseAnswer::BadRequest(format!("no shard {shard:?}"));
-    };
-    let answer = match path {
-        "/cairn/lease-renew" => {
-            let req = match LeaseKeepAliveRequest::decode(body) {
-                Ok(r) => r,
-                Err(e) => return PeerLeaseAnswer::BadRequest(format!("bad request: {e}")),
-            };
-            router.lease_renew(shard, req.id).await.map(|ttl| {
-                LeaseKeepAliveResponse {
-                    header: None,
-                    id: req.id,
-                    ttl: ttl.unwrap_or(0),
-                }
-                .encode_to_vec()
-            })
-        }
-        "/cairn/lease-revoke" => {
-            let req = match LeaseRevokeRequest::decode(body) {
-                Ok(r) => r,
-                Err(e) => return PeerLeaseAnswer::BadRequest(format!("bad request: {e}")),
-            };
-            // Run apart from this connection, as a txn over several shards.
-            let run = tokio::spawn(super::cross_txn::revoke_lease(router.clone(), req.id));
-            run.await.unwrap_or(Err(ApiError::Stopped)).map(|revision| {
-                LeaseRevokeResponse {
-                    header: Some(ResponseHeader {
-                        revision,
-                        ..Default::default()
-                    }),
-                }
-                .encode_to_vec()
-            })
-        }
-        "/cairn/lease-ttl" => {
-            let req = match LeaseTimeToLiveRequest::decode(body) {
-                Ok(r) => r,
-                Err(e) => return PeerLeaseAnswer::BadRequest(format!("bad request: {e}")),
-            };
-            router
-                .lease_query(shard, req.id, req.keys)
-                .await
-                .map(|info| {
-                    let mut resp = LeaseTimeToLiveResponse {
-                        id: req.id,
-                        ttl: -1,
-                        ..Default::default()
-                    };
-                    if let Some(info) = info {
-                        resp.ttl = info.remaining.as_millis().min(i64::MAX as u128) as i64;
-                        resp.granted_ttl = info.granted_ttl;
-                        resp.keys = info.keys.into_iter().map(Bytes::from).collect();
-                    }
-                    resp.encode_to_vec()
-                })
-        }
-        other => return PeerLeaseAnswer::BadRequest(format!("no {other} here")),
-    };
-    match answer {
-        Ok(b) => PeerLeaseAnswer::Ok(Bytes::from(b)),
-        Err(ApiError::NotLeader { leader }) => PeerLeaseAnswer::NotLeader(leader),
-        Err(e) => PeerLeaseAnswer::Failed(e),
-    }
-}
 
 /// Idle keep-alive connections kept per peer URL by one client (one per
 /// core). A request holds its connection until answered, so the pool must

@@ -27,6 +27,9 @@ struct Tx {
     sub: i64,
     /// Whether the op has written (its sub revisions may start above 0).
     written: bool,
+    /// For a part of a txn over several shards: the sub revision each of
+    /// its top-level ops starts at (see `Store::apply_part_at`).
+    part_subs: Vec<i64>,
     /// The store's revision once the op is applied if it writes nothing, and
     /// the revision its answers then carry: `main - 1` for `apply`, `main`
     /// for `apply_at`.
@@ -86,6 +89,7 @@ impl Store {
             sub: 0,
             written: false,
             idle_rev: main - 1,
+            part_subs: Vec::new(),
         };
         self.apply_entry(index, tx, op)
     }
@@ -109,35 +113,31 @@ impl Store {
     /// index does not move, and the store stays usable (the caller gave a
     /// wrong revision; nothing was touched).
     pub fn apply_at(&mut self, index: u64, revision: i64, op: &Op) -> Result<OpResult, ApplyError> {
-        self.check_apply(index)?;
-        if revision <= self.current_rev {
-            return Err(ApplyError::StaleRevision {
-                file: self.file.to_string(),
-                revision,
-                current_revision: self.current_rev,
-            });
-        }
-        let tx = Tx {
-            main: revision,
-            sub: 0,
-            written: false,
-            idle_rev: revision,
-        };
-        self.apply_entry(index, tx, op)
+        self.apply_at_subs(index, revision, op, Vec::new())
     }
 
     /// Applies Raft entry `index` carrying one shard's part of a txn over
-    /// several shards at `revision`, as [`Store::apply_at`] applies a txn of
-    /// `ops` without compares, except that the writes of op `i` are numbered
-    /// from sub revision `subs[i]` (ascending: the op's place in the whole
-    /// txn), so that the txn's changes on every shard keep the txn's order.
-    /// Ops past the end of `subs` go on from the last.
+    /// several shards at `revision`: `part`, a txn without compares, as
+    /// [`Store::apply_at`] applies it, except that the writes of its op `i`
+    /// are numbered from sub revision `subs[i]` (ascending: the op's place in
+    /// the whole txn), so that the txn's changes on every shard keep the
+    /// txn's order. Ops past the end of `subs` go on from the last.
     pub fn apply_part_at(
         &mut self,
         index: u64,
         revision: i64,
-        ops: &[RequestOp],
+        part: &Op,
         subs: &[i64],
+    ) -> Result<OpResult, ApplyError> {
+        self.apply_at_subs(index, revision, part, subs.to_vec())
+    }
+
+    fn apply_at_subs(
+        &mut self,
+        index: u64,
+        revision: i64,
+        op: &Op,
+        part_subs: Vec<i64>,
     ) -> Result<OpResult, ApplyError> {
         self.check_apply(index)?;
         if revision <= self.current_rev {
@@ -152,16 +152,9 @@ impl Store {
             sub: 0,
             written: false,
             idle_rev: revision,
+            part_subs,
         };
-        let part = TxnRequest {
-            compare: Vec::new(),
-            success: ops.to_vec(),
-            failure: Vec::new(),
-        };
-        self.part_subs = subs.to_vec();
-        let r = self.apply_entry(index, tx, &Op::Txn(part));
-        self.part_subs.clear();
-        r
+        self.apply_entry(index, tx, op)
     }
 
     /// Records entry `index` as applied with nothing to do but close
@@ -541,7 +534,7 @@ impl Store {
         let ops = if succeeded { &t.success } else { &t.failure };
         let mut responses = Vec::with_capacity(ops.len());
         for (i, op) in ops.iter().enumerate() {
-            if let Some(&sub) = self.part_subs.get(i).filter(|_| top) {
+            if let Some(&sub) = tx.part_subs.get(i).filter(|_| top) {
                 tx.sub = tx.sub.max(sub);
             }
             responses.push(match op {

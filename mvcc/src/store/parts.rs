@@ -32,22 +32,12 @@ impl Store {
                 RequestOp::Put(p) => self.check_put(p)?,
                 RequestOp::DeleteRange(d) if d.key.is_empty() => return Err(ApplyError::EmptyKey),
                 RequestOp::DeleteRange(_) => {}
+                RequestOp::Range(r) if r.key.is_empty() => return Err(ApplyError::EmptyKey),
                 RequestOp::Range(r) => {
-                    if r.key.is_empty() {
-                        return Err(ApplyError::EmptyKey);
-                    }
-                    if r.revision > before {
-                        return Err(ApplyError::Read(ReadError::FutureRevision {
-                            revision: r.revision,
-                            current_revision: before,
-                        }));
-                    }
-                    if r.revision > 0 && r.revision < self.compact_rev.get() {
-                        return Err(ApplyError::Read(ReadError::Compacted {
-                            revision: r.revision,
-                            compact_revision: self.compact_rev.get(),
-                        }));
-                    }
+                    // As `apply_at` checks a txn's ranges: against the
+                    // keyspace just before the txn.
+                    let idx = self.index.borrow();
+                    self.view(&idx, before).check_rev(r.revision)?;
                 }
                 RequestOp::Txn(t) => {
                     self.check_ops(&t.success, before)?;
@@ -130,7 +120,7 @@ mod tests {
         assert!(s.check_ops(&[range_at(20)], 20).is_ok());
         assert!(matches!(
             s.check_ops(&[range_at(21)], 20),
-            Err(ApplyError::Read(ReadError::FutureRevision { .. }))
+            Err(ApplyError::FutureRevision { .. })
         ));
         let nested = RequestOp::Txn(TxnRequest {
             compare: Vec::new(),
@@ -146,10 +136,14 @@ mod tests {
     #[test]
     fn a_parts_ops_take_the_sub_revisions_of_their_places_in_the_txn() {
         let mut s = store();
-        let ops = [
-            RequestOp::Put(put("a/1", "x", 0)),
-            RequestOp::Put(put("a/2", "y", 0)),
-        ];
+        let ops = Op::Txn(TxnRequest {
+            compare: Vec::new(),
+            success: vec![
+                RequestOp::Put(put("a/1", "x", 0)),
+                RequestOp::Put(put("a/2", "y", 0)),
+            ],
+            failure: Vec::new(),
+        });
         s.apply_part_at(1, 10, &ops, &[1 << 32, 3 << 32]).unwrap();
         let subs: Vec<i64> = s
             .events(10, 10)
@@ -165,5 +159,5 @@ mod tests {
         ));
     }
 
-    use crate::error::{ApplyError, ReadError};
+    use crate::error::ApplyError;
 }

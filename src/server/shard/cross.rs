@@ -11,7 +11,7 @@ use std::collections::VecDeque;
 
 use cairn_proto::cairnpb::{CrossTxnDone, CrossTxnPart};
 
-use super::in_flight::{InFlight, Touch};
+use super::in_flight::InFlight;
 use super::*;
 use crate::server::command::{CrossHeld, CrossRecords};
 
@@ -43,7 +43,7 @@ pub(super) struct Cross {
     records: Vec<(u64, Reply<CrossRecords>)>,
     /// The holder's part, when Raft did not take it (too many uncommitted
     /// entries): proposed again on the next close tick.
-    unproposed: Option<(Bytes, u64, Reply<WriteResult>, Option<Touch>)>,
+    unproposed: Option<(Bytes, u64, Reply<WriteResult>)>,
     /// Led here, with every entry of earlier terms applied (the keyspace
     /// was told): a part of an earlier leader's txn may be proposed.
     pub(super) ready: bool,
@@ -107,11 +107,13 @@ impl Shard {
         }
     }
 
-    /// Notes what the entry (or entries) just proposed here touch, for the
-    /// txns over several shards that hold the shard later.
-    pub(super) fn note_proposed(&mut self, touch: Option<Touch>) {
-        if let Some(t) = touch {
-            self.cross.in_flight.proposed(self.node.last_index(), t);
+    /// Keeps the entries just proposed here (encoded), for the txns over
+    /// several shards that hold the shard later to tell what they touch.
+    pub(super) fn note_proposed(&mut self, data: impl Iterator<Item = Bytes>) {
+        if self.keyspace.is_some() {
+            self.cross
+                .in_flight
+                .proposed(self.node.last_index(), data.collect());
         }
     }
 
@@ -249,7 +251,7 @@ impl Shard {
     /// Ends every hold and wait of a txn, which is answered `err`.
     fn end_holds(&mut self, err: ApiError) {
         self.cross.holder = None;
-        if let Some((_, _, reply, _)) = self.cross.unproposed.take() {
+        if let Some((_, _, reply)) = self.cross.unproposed.take() {
             let _ = reply.send(Err(err.clone()));
         }
         for ask in self.cross.waiting.drain(..) {
@@ -315,18 +317,16 @@ impl Shard {
         }
         self.next_request_id += 1;
         let id = self.next_request_id;
-        let request = shard_request::Request::CrossPart(part);
-        let touch = Touch::of_request(&request);
         let data = Bytes::from(
             ShardRequest {
                 id,
                 member: self.member_id,
-                request: Some(request),
+                request: Some(shard_request::Request::CrossPart(part)),
                 revision,
             }
             .encode_to_vec(),
         );
-        self.propose_part(data, id, reply, touch, true);
+        self.propose_part(data, id, reply, true);
         if txn != 0 && self.cross.unproposed.is_none() {
             self.proposed_revision(revision);
             self.cross_release(txn);
@@ -338,33 +338,14 @@ impl Shard {
     /// stays) and is proposed again on the next close tick. A part Raft
     /// refuses otherwise (a transfer under way) may leave its txn applied on
     /// other shards only: see [`Shard::part_refused`].
-    fn propose_part(
-        &mut self,
-        data: Bytes,
-        id: u64,
-        reply: Reply<WriteResult>,
-        touch: Option<Touch>,
-        part: bool,
-    ) {
+    fn propose_part(&mut self, data: Bytes, id: u64, reply: Reply<WriteResult>, part: bool) {
         match self.node.propose(data.clone()) {
-            Ok(()) => {
-                self.note_proposed(touch);
-                self.waiters.insert(
-                    id,
-                    Waiter {
-                        since: Instant::now(),
-                        reply,
-                    },
-                );
-            }
+            Ok(()) => self.proposed(id, reply, data),
             Err(raft::RaftError::UncommittedLimit { .. }) if part => {
-                self.cross.unproposed = Some((data, id, reply, touch));
+                self.cross.unproposed = Some((data, id, reply));
             }
             Err(e) => {
-                let _ = reply.send(Err(match e {
-                    raft::RaftError::TransferInProgress { .. } => ApiError::LeaderChanged,
-                    _ => ApiError::NoLeader,
-                }));
+                let _ = reply.send(Err(self.refused(e)));
                 if part {
                     self.part_refused();
                 }
@@ -391,10 +372,10 @@ impl Shard {
 
     /// Proposes again a part Raft did not take (see `propose_part`).
     pub(super) fn retry_cross_part(&mut self) {
-        let Some((data, id, reply, touch)) = self.cross.unproposed.take() else {
+        let Some((data, id, reply)) = self.cross.unproposed.take() else {
             return;
         };
-        self.propose_part(data, id, reply, touch, true);
+        self.propose_part(data, id, reply, true);
         if self.cross.unproposed.is_none() {
             if let Some(txn) = self.cross.holder.as_ref().map(|h| h.txn) {
                 self.cross_release(txn);
@@ -455,7 +436,7 @@ impl Shard {
         }
         .encode_to_vec();
         let (tx, rx) = tokio::sync::oneshot::channel();
-        self.propose_part(Bytes::from(data), id, tx, None, false);
+        self.propose_part(Bytes::from(data), id, tx, false);
         tokio::task::spawn_local(async move {
             let answer = match rx.await {
                 Ok(r) => r.map(|_| ()),
@@ -490,7 +471,7 @@ impl Shard {
             self.store
                 .apply_at(index, revision, &mvcc::Op::LeaseRevoke { id: revoke })
         } else {
-            let ops = convert::txn_from_pb(&part.ops.unwrap_or_default()).success;
+            let ops = mvcc::Op::Txn(convert::txn_from_pb(&part.ops.unwrap_or_default()));
             self.store.apply_part_at(index, revision, &ops, &part.subs)
         };
         if !part.plan.is_empty() && !matches!(&applied, Err(e) if !e.is_request_error()) {

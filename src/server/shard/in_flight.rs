@@ -124,17 +124,27 @@ fn ranges_overlap(a: &(Bytes, Bytes), b: &(Bytes, Bytes)) -> bool {
     before(&a0, &b1) && before(&b0, &a1)
 }
 
+/// An entry (or the entries of one forwarded proposal) in flight: kept
+/// encoded, and decoded only when a txn over several shards asks, once.
+#[derive(Debug)]
+enum Pending {
+    Encoded(Vec<Bytes>),
+    Decoded(Option<Touch>),
+}
+
 /// The entries this leader proposed that are not applied yet, by index.
+/// Proposing costs a reference to the encoded entry; what it touches is
+/// worked out only for the holds of txns over several shards.
 #[derive(Debug, Default)]
 pub(super) struct InFlight {
-    entries: VecDeque<(u64, Touch)>,
+    entries: VecDeque<(u64, Pending)>,
 }
 
 impl InFlight {
-    /// Entries up to `index` (the last index after proposing them) touch
-    /// `touch`.
-    pub(super) fn proposed(&mut self, index: u64, touch: Touch) {
-        self.entries.push_back((index, touch));
+    /// Entries up to `index` (the last index after proposing them) carry
+    /// `data`.
+    pub(super) fn proposed(&mut self, index: u64, data: Vec<Bytes>) {
+        self.entries.push_back((index, Pending::Encoded(data)));
     }
 
     /// Entries up to `applied` are applied.
@@ -152,13 +162,21 @@ impl InFlight {
 
     /// The index to apply before reading `ranges` as of `up_to`: that of
     /// the last entry at or below `up_to` touching them (0: none).
-    pub(super) fn last_touching(&self, up_to: u64, ranges: &[(Bytes, Bytes)]) -> u64 {
-        self.entries
-            .iter()
-            .rev()
-            .filter(|(i, _)| *i <= up_to)
-            .find(|(_, t)| t.overlaps(ranges))
-            .map_or(0, |(i, _)| *i)
+    pub(super) fn last_touching(&mut self, up_to: u64, ranges: &[(Bytes, Bytes)]) -> u64 {
+        for (i, pending) in self.entries.iter_mut().rev() {
+            if *i > up_to {
+                continue;
+            }
+            if let Pending::Encoded(data) = pending {
+                *pending = Pending::Decoded(Touch::of_entries(data.iter()));
+            }
+            if let Pending::Decoded(Some(t)) = pending {
+                if t.overlaps(ranges) {
+                    return *i;
+                }
+            }
+        }
+        0
     }
 }
 
@@ -185,22 +203,65 @@ mod tests {
         assert!(ranges_overlap(&r("\0", "\0"), &r("a", "")));
     }
 
+    /// An encoded entry of `request`.
+    fn entry(request: shard_request::Request) -> Vec<Bytes> {
+        vec![Bytes::from(
+            ShardRequest {
+                request: Some(request),
+                ..Default::default()
+            }
+            .encode_to_vec(),
+        )]
+    }
+
+    fn put(k: &str) -> Vec<Bytes> {
+        entry(shard_request::Request::Put(
+            cairn_proto::etcdserverpb::PutRequest {
+                key: Bytes::copy_from_slice(k.as_bytes()),
+                ..Default::default()
+            },
+        ))
+    }
+
     #[test]
     fn a_txn_waits_only_for_entries_touching_its_keys() {
         let mut f = InFlight::default();
-        f.proposed(5, Touch::Ranges(vec![r("a", "")]));
-        f.proposed(6, Touch::Ranges(vec![r("b", "d")]));
-        f.proposed(9, Touch::Ranges(vec![r("x", "")]));
+        f.proposed(5, put("a"));
+        f.proposed(
+            6,
+            entry(shard_request::Request::DeleteRange(
+                cairn_proto::etcdserverpb::DeleteRangeRequest {
+                    key: Bytes::from_static(b"b"),
+                    range_end: Bytes::from_static(b"d"),
+                    ..Default::default()
+                },
+            )),
+        );
+        f.proposed(7, entry(shard_request::Request::Close(Default::default())));
+        f.proposed(9, [put("x"), put("y")].concat());
         assert_eq!(f.last_touching(9, &[r("c", "")]), 6);
-        assert_eq!(f.last_touching(9, &[r("a", ""), r("x", "")]), 9);
+        assert_eq!(f.last_touching(9, &[r("a", ""), r("y", "")]), 9);
         assert_eq!(
             f.last_touching(8, &[r("x", "")]),
             0,
             "proposed after the hold"
         );
-        assert_eq!(f.last_touching(9, &[r("q", "")]), 0);
-        f.proposed(10, Touch::Everything);
-        assert_eq!(f.last_touching(10, &[r("q", "")]), 10);
+        assert_eq!(
+            f.last_touching(9, &[r("q", "")]),
+            0,
+            "a close touches nothing"
+        );
+        f.proposed(
+            10,
+            entry(shard_request::Request::LeaseRevoke(
+                cairn_proto::etcdserverpb::LeaseRevokeRequest { id: 3 },
+            )),
+        );
+        assert_eq!(
+            f.last_touching(10, &[r("q", "")]),
+            10,
+            "a revoke touches everything"
+        );
         f.applied(9);
         assert_eq!(f.last_touching(10, &[r("a", "")]), 10);
         f.applied(10);

@@ -681,13 +681,20 @@ impl Shard {
         }
         // A proposal forwarded to this keyspace leader: what it touches
         // matters to txns over several shards.
-        let touch = (msg.msg_type == raft::MessageType::MsgProp as i32
-            && self.keyspace.is_some()
+        let forwarded = (msg.msg_type == raft::MessageType::MsgProp as i32
             && self.node.leader_id() == self.member_id)
-            .then(|| in_flight::Touch::of_entries(msg.entries.iter().map(|e| &e.data)))
-            .flatten();
+            .then(|| {
+                msg.entries
+                    .iter()
+                    .map(|e| e.data.clone())
+                    .collect::<Vec<_>>()
+            });
         match self.node.step(msg) {
-            Ok(()) => self.note_proposed(touch),
+            Ok(()) => {
+                if let Some(data) = forwarded {
+                    self.note_proposed(data.into_iter());
+                }
+            }
             Err(e) => {
                 tracing::debug!(shard = self.id, error = %e, "raft refused a peer message")
             }

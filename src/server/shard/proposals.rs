@@ -163,43 +163,49 @@ impl Shard {
         };
         self.next_request_id += 1;
         let id = self.next_request_id;
-        // What it touches matters to txns over several shards only.
-        let touch = self
-            .keyspace
-            .as_ref()
-            .and_then(|_| in_flight::Touch::of_request(&request));
-        let data = ShardRequest {
-            id,
-            member: self.member_id,
-            request: Some(request),
-            revision,
-        }
-        .encode_to_vec();
+        let data = Bytes::from(
+            ShardRequest {
+                id,
+                member: self.member_id,
+                request: Some(request),
+                revision,
+            }
+            .encode_to_vec(),
+        );
         self.proposed_revision(revision);
-        match self.node.propose(Bytes::from(data)) {
-            Ok(()) => {
-                self.note_proposed(touch);
-                self.waiters.insert(
-                    id,
-                    Waiter {
-                        since: Instant::now(),
-                        reply,
-                    },
-                );
-            }
+        match self.node.propose(data.clone()) {
+            Ok(()) => self.proposed(id, reply, data),
             Err(e) => {
-                if let Some(m) = &self.metrics {
-                    m.proposal_failed();
-                }
-                let _ = reply.send(Err(match e {
-                    raft::RaftError::NoLeader { .. } | raft::RaftError::NotMember { .. } => {
-                        ApiError::NoLeader
-                    }
-                    raft::RaftError::TransferInProgress { .. } => ApiError::LeaderChanged,
-                    raft::RaftError::UncommittedLimit { .. } => ApiError::TooManyRequests,
-                    other => self.storage_error(other.to_string()),
-                }));
+                let _ = reply.send(Err(self.refused(e)));
             }
+        }
+    }
+
+    /// The proposal `data` with request id `id` was taken: its client is
+    /// answered on apply; the entry is kept for txns over several shards.
+    pub(super) fn proposed(&mut self, id: u64, reply: Reply<WriteResult>, data: Bytes) {
+        self.note_proposed(std::iter::once(data));
+        self.waiters.insert(
+            id,
+            Waiter {
+                since: Instant::now(),
+                reply,
+            },
+        );
+    }
+
+    /// What a client is told when Raft refused its proposal.
+    pub(super) fn refused(&self, e: raft::RaftError) -> ApiError {
+        if let Some(m) = &self.metrics {
+            m.proposal_failed();
+        }
+        match e {
+            raft::RaftError::NoLeader { .. } | raft::RaftError::NotMember { .. } => {
+                ApiError::NoLeader
+            }
+            raft::RaftError::TransferInProgress { .. } => ApiError::LeaderChanged,
+            raft::RaftError::UncommittedLimit { .. } => ApiError::TooManyRequests,
+            other => self.storage_error(other.to_string()),
         }
     }
 

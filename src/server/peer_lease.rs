@@ -1,0 +1,111 @@
+//! The peer port's lease requests (`POST /cairn/lease-renew`,
+//! `/cairn/lease-ttl`, `/cairn/lease-revoke`): a member asks the leader of a
+//! shard (or, to revoke, the keyspace leader) on behalf of its client. The
+//! HTTP side and its table of paths are in `super::peer_http`.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use cairn_proto::etcdserverpb::{
+    LeaseKeepAliveRequest, LeaseKeepAliveResponse, LeaseRevokeRequest, LeaseRevokeResponse,
+    LeaseTimeToLiveRequest, LeaseTimeToLiveResponse, ResponseHeader,
+};
+use prost::Message as _;
+
+use super::errors::ApiError;
+use super::router::Router;
+use crate::routing::ShardId;
+
+/// What this member answers a peer's forwarded lease request with.
+#[derive(Debug)]
+pub enum PeerLeaseAnswer {
+    Ok(Bytes),
+    NotLeader(u64),
+    Failed(ApiError),
+    BadRequest(String),
+}
+
+/// Serves `POST /cairn/lease-renew` and `POST /cairn/lease-ttl` for one shard
+/// this member is asked to lead.
+///
+/// - `lease-renew`: body `LeaseKeepAliveRequest`; answer
+///   `LeaseKeepAliveResponse` whose TTL is the granted TTL, 0 when the shard
+///   has no such lease.
+/// - `lease-ttl`: body `LeaseTimeToLiveRequest`; answer
+///   `LeaseTimeToLiveResponse` whose TTL is the time left in milliseconds (-1
+///   when the shard has no such lease), with the shard's keys when asked.
+pub async fn serve_lease(
+    router: &Arc<Router>,
+    path: &str,
+    shard: &str,
+    body: Bytes,
+) -> PeerLeaseAnswer {
+    let Some(shard) = shard
+        .parse::<ShardId>()
+        .ok()
+        .filter(|&s| (s as usize) < router.routing.shard_count())
+    else {
+        return PeerLeaseAnswer::BadRequest(format!("no shard {shard:?}"));
+    };
+    let answer = match path {
+        "/cairn/lease-renew" => {
+            let req = match LeaseKeepAliveRequest::decode(body) {
+                Ok(r) => r,
+                Err(e) => return PeerLeaseAnswer::BadRequest(format!("bad request: {e}")),
+            };
+            router.lease_renew(shard, req.id).await.map(|ttl| {
+                LeaseKeepAliveResponse {
+                    header: None,
+                    id: req.id,
+                    ttl: ttl.unwrap_or(0),
+                }
+                .encode_to_vec()
+            })
+        }
+        "/cairn/lease-revoke" => {
+            let req = match LeaseRevokeRequest::decode(body) {
+                Ok(r) => r,
+                Err(e) => return PeerLeaseAnswer::BadRequest(format!("bad request: {e}")),
+            };
+            // Run apart from this connection, as a txn over several shards.
+            let run = tokio::spawn(super::cross_txn::revoke_lease(router.clone(), req.id));
+            run.await.unwrap_or(Err(ApiError::Stopped)).map(|revision| {
+                LeaseRevokeResponse {
+                    header: Some(ResponseHeader {
+                        revision,
+                        ..Default::default()
+                    }),
+                }
+                .encode_to_vec()
+            })
+        }
+        "/cairn/lease-ttl" => {
+            let req = match LeaseTimeToLiveRequest::decode(body) {
+                Ok(r) => r,
+                Err(e) => return PeerLeaseAnswer::BadRequest(format!("bad request: {e}")),
+            };
+            router
+                .lease_query(shard, req.id, req.keys)
+                .await
+                .map(|info| {
+                    let mut resp = LeaseTimeToLiveResponse {
+                        id: req.id,
+                        ttl: -1,
+                        ..Default::default()
+                    };
+                    if let Some(info) = info {
+                        resp.ttl = info.remaining.as_millis().min(i64::MAX as u128) as i64;
+                        resp.granted_ttl = info.granted_ttl;
+                        resp.keys = info.keys.into_iter().map(Bytes::from).collect();
+                    }
+                    resp.encode_to_vec()
+                })
+        }
+        other => return PeerLeaseAnswer::BadRequest(format!("no {other} here")),
+    };
+    match answer {
+        Ok(b) => PeerLeaseAnswer::Ok(Bytes::from(b)),
+        Err(ApiError::NotLeader { leader }) => PeerLeaseAnswer::NotLeader(leader),
+        Err(e) => PeerLeaseAnswer::Failed(e),
+    }
+}
