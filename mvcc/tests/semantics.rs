@@ -571,6 +571,35 @@ fn leases_attach_detach_and_revoke_in_one_revision() {
 }
 
 #[test]
+fn negative_and_positive_lease_ids_commit_together_and_reopen() {
+    let storage = MemStorage::new();
+    let open = || Store::open_with(Box::new(storage.clone()), "leases", Config::default()).unwrap();
+    let mut store = open();
+    let ids = [-5i64, 9, i64::MIN, 3, -1];
+    for (i, id) in ids.iter().enumerate() {
+        store
+            .apply(
+                i as u64 + 1,
+                &Op::LeaseGrant {
+                    id: *id,
+                    ttl_secs: 30,
+                },
+            )
+            .unwrap();
+    }
+    store.commit().unwrap();
+    store.apply(6, &Op::LeaseRevoke { id: -5 }).unwrap();
+    store.commit().unwrap();
+    drop(store);
+    let store = open();
+    let mut found: Vec<i64> = store.leases().iter().map(|l| l.id).collect();
+    found.sort_unstable();
+    assert_eq!(found, vec![i64::MIN, -1, 3, 9]);
+    assert!(store.lease(-5).is_none());
+    assert_eq!(store.lease(-1).unwrap().ttl_secs, 30);
+}
+
+#[test]
 fn hash_kv_agrees_across_batching_and_stays_put_for_old_revisions() {
     let mut a = T::new();
     let mut b = T::new();

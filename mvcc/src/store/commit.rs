@@ -172,10 +172,13 @@ impl Store {
         self.pager.txn = txn;
         let muts = self.rev_mutations();
         let mut rev_root = btree::apply(&mut self.pager, self.committed.rev_root, muts)?;
-        let lease_muts: Vec<Mutation> = std::mem::take(&mut self.lease_dirty)
+        // The tree orders leases by the id's bits as u64: a negative id sorts
+        // after every positive one, unlike the signed order of `lease_dirty`.
+        let mut lease_muts: Vec<Mutation> = std::mem::take(&mut self.lease_dirty)
             .into_iter()
             .map(|id| ((id as u64, 0), self.leases.get(&id).map(encode_lease)))
             .collect();
+        lease_muts.sort_unstable_by_key(|m| m.0);
         let mut lease_root = btree::apply(&mut self.pager, self.committed.lease_root, lease_muts)?;
         let txn_muts = self.txn_record_mutations();
         let mut txn_root = btree::apply(&mut self.pager, self.committed.txn_root, txn_muts)?;
