@@ -3,10 +3,12 @@
 //! write path: the WAL already holds every entry), and then every write of
 //! shard 0's snapshot metadata (at each log compaction), writes keep flowing
 //! to both shards, and shard 1, driven by the same core thread as shard 0,
-//! keeps its leader; likewise while the member defragments its stores.
-//! Guards against a core thread that waits on one shard's store syncs or
-//! metadata writes, which would stop the ticks and heartbeats of every shard
-//! on that core.
+//! keeps its leader; likewise while the member defragments its stores. And a
+//! member installing a snapshot on shard 0 whose store's syncs stall goes on
+//! applying and serving shard 1, driven by the same core thread. Guards
+//! against a core thread that waits on one shard's store syncs, metadata
+//! writes or snapshot install, which would stop the ticks, heartbeats and
+//! requests of every shard on that core.
 
 mod common;
 #[path = "ops_promtext.rs"]
@@ -14,7 +16,8 @@ mod promtext;
 
 use std::time::{Duration, Instant};
 
-use common::{client, http_get, wait_writable, Cluster};
+use cairn::routing::RoutingTable;
+use common::{client, http_get, shard0_leader, wait_writable, Cluster};
 
 /// Shard `shard`'s sample `name` in a Prometheus text exposition.
 fn sample(text: &str, name: &str, shard: u32) -> Option<f64> {
@@ -176,4 +179,104 @@ async fn write_for(c: &mut etcd_client::Client, time: Duration) -> u64 {
         }
     }
     acked
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_snapshot_install_leaves_the_other_shard_of_its_core_serving() {
+    let mut cluster = Cluster::start(
+        3,
+        &[
+            "--shards",
+            "2",
+            "--cores",
+            "1",
+            "--snapshot-count",
+            "100",
+            "--test-disk-faults",
+            "faults",
+        ],
+    );
+    let mut c = client(&cluster.members[0].endpoint()).await;
+    wait_writable(&mut c, "/install/ready").await;
+    let routing = RoutingTable::new(2, 1);
+    let on_shard = |shard: u32, tag: &str| {
+        (0..)
+            .map(|i| format!("/install{i}/{tag}/k"))
+            .find(|k| routing.shard_for_key(k.as_bytes()) == shard)
+            .unwrap()
+    };
+    let leader = shard0_leader(&cluster).await;
+    let down = (leader + 1) % 3;
+    let mut c = client(&cluster.members[leader].endpoint()).await;
+    let shard1_key = on_shard(1, "one");
+    c.put(shard1_key.as_str(), "before", None).await.unwrap();
+    // Shard 0's log moves far past the stopped member (compacted every 100
+    // entries), so it is sent a snapshot; shard 1's does not.
+    cluster.members[down].kill9();
+    let shard0_key = on_shard(0, "zero");
+    for i in 0..600 {
+        let mut attempt = 0;
+        while let Err(e) = c.put(shard0_key.as_str(), format!("{i}"), None).await {
+            attempt += 1;
+            assert!(attempt < 5, "put {shard0_key}: {e}\n{}", cluster.logs());
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    // Every sync of the restored shard 0 store takes 15 s.
+    let faults = cluster.members[down].data_dir.join("faults");
+    common::replace_file(&faults, "store-stall 15000 shard-0.mvcc");
+    cluster.members[down].restart();
+    let installing = "installing snapshot shard=0";
+    let installed = "snapshot installed shard=0";
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !cluster.members[down].log_text().contains(installing) {
+        assert!(
+            Instant::now() < deadline,
+            "no snapshot install of shard 0 began\n{}",
+            cluster.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // While the install waits for its disk, shard 1 on the same core applies
+    // a new write and serves it.
+    c.put(shard1_key.as_str(), "during", None).await.unwrap();
+    let mut own = client(&cluster.members[down].endpoint()).await;
+    let serializable = etcd_client::GetOptions::new().with_serializable();
+    loop {
+        let log = cluster.members[down].log_text();
+        assert!(
+            !log.contains(installed),
+            "shard 1 answered the new write only after shard 0's install ended\n{}",
+            cluster.logs()
+        );
+        let got = own
+            .get(shard1_key.as_str(), Some(serializable.clone()))
+            .await
+            .ok()
+            .and_then(|r| r.kvs().first().map(|kv| kv.value().to_vec()));
+        if got.as_deref() == Some(&b"during"[..]) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Lifted, the install finishes and the member serves shard 0 too.
+    common::replace_file(&faults, "none");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let got = own
+            .get(shard0_key.as_str(), Some(serializable.clone()))
+            .await
+            .ok()
+            .and_then(|r| r.kvs().first().map(|kv| kv.value().to_vec()));
+        if got.as_deref() == Some(&b"599"[..]) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "shard 0 never caught up after the stall: {got:?}\n{}",
+            cluster.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(cluster.members[down].log_text().contains(installed));
 }

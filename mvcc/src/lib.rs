@@ -35,7 +35,7 @@ pub use error::{
     StorageError, COMPACTED_MSG, FUTURE_REV_MSG,
 };
 pub use page::{CorruptPage, PageFault, PAGE_SIZE_BYTES};
-pub use snapshot::{RangeStream, Snapshot, SnapshotStream};
+pub use snapshot::{RangeStream, Restored, Snapshot, SnapshotStream};
 pub use storage::{CrashMode, FileStorage, MemStorage, Storage, SyncHandle};
 pub use store::changes::Change;
 pub use store::{

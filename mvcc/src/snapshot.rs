@@ -32,6 +32,7 @@ use std::rc::Rc;
 
 use crate::btree::{self, Cursor, Mutation};
 use crate::error::{IoOp, OpenError, ReadError, SnapshotError, StorageError};
+use crate::fault::FaultStorage;
 use crate::index::{End, Found, Index};
 use crate::page::{get_i64, get_u32, get_u64, Meta, META_FLAG_RESTORING};
 use crate::pager::PageSource;
@@ -41,6 +42,41 @@ use crate::store::txn_records::txn_key;
 use crate::store::{Config, Registry, Store};
 use crate::types::*;
 use crate::view::{effective_sort, passes_filters, View};
+
+/// A store just restored from a snapshot stream, on its way to the thread
+/// that will own it ([`Store::restore_detached`]).
+pub struct Restored(Store);
+
+// SAFETY: a `Store` is `!Send` because its parts share `Rc`, `RefCell` and
+// `Cell` values (the page source, the key index, the compact revision, the
+// snapshot registry, pending records) with each other and with the snapshots,
+// views and change lists it hands out. A `Restored` is made only from the
+// store `restore` returns, before any of those was handed out, and gives no
+// access to the store until `into_store`: every clone of every count lives
+// inside the store, so the whole graph moves to the new thread together and
+// no two threads ever touch one count. Its storage is a `FileStorage` (a
+// `File` and a path), or the `FaultStorage` around one (adding a control
+// path and a name), all `Send`; its sync thread is reached through a channel
+// and an `Arc`.
+unsafe impl Send for Restored {}
+
+/// The storages a restored store can have are `Send`, as its SAFETY needs.
+const _: () = {
+    fn send<T: Send>() {}
+    let _ = send::<FileStorage>;
+    let _ = send::<FaultStorage<FileStorage>>;
+};
+
+impl Restored {
+    /// The store, on the thread that owns it from now on.
+    pub fn into_store(self) -> Store {
+        self.0
+    }
+
+    pub fn applied_index(&self) -> u64 {
+        self.0.applied_index()
+    }
+}
 
 /// A consistent read view of the store at one revision.
 pub struct Snapshot {
@@ -135,7 +171,28 @@ impl Store {
             .map_err(|e| OpenError::from(StorageError::new(&name, IoOp::Open, 0, e)))?;
         crate::store::flock(fs.file().expect("a real file"))
             .map_err(|_| OpenError::Locked { file: name.clone() })?;
-        Store::restore_with(Box::new(fs), &name, cfg, chunks)
+        // The restored store's syncs obey the fault control as an opened
+        // store's do, from its first one.
+        match cfg.sync_faults.clone() {
+            Some(control) => {
+                let file = path.file_name().map(|f| f.to_string_lossy().into_owned());
+                let faulty = FaultStorage::new(fs, control, &file.unwrap_or_default());
+                Store::restore_with(Box::new(faulty), &name, cfg, chunks)
+            }
+            None => Store::restore_with(Box::new(fs), &name, cfg, chunks),
+        }
+    }
+
+    /// [`Store::restore`] on a thread other than the one that will own the
+    /// store: building a large store reads, writes and syncs the whole file,
+    /// which must not stop the owner's thread.
+    pub fn restore_detached(
+        dir: &Path,
+        shard: u32,
+        cfg: Config,
+        chunks: impl IntoIterator<Item = Vec<u8>>,
+    ) -> Result<Restored, SnapshotError> {
+        Store::restore(dir, shard, cfg, chunks).map(Restored)
     }
 
     /// Builds a new store on empty `storage` from a snapshot stream. Until the

@@ -390,3 +390,49 @@ fn a_2_mib_record_round_trips_and_is_replaced_and_removed() {
     let store = Store::open(dir.path(), 0, Config::default()).unwrap();
     assert!(store.txn_records().is_empty());
 }
+
+#[test]
+fn a_store_restored_on_another_thread_is_used_and_reopened_by_its_owner() {
+    let cfg = Config {
+        snapshot_chunk_bytes: 4096,
+        ..Config::default()
+    };
+    let mut source =
+        Store::open_with(Box::new(MemStorage::new()), "mem://shard-0", cfg.clone()).unwrap();
+    for i in 0..300u64 {
+        let op = put(format!("k{i}").as_bytes(), &[i as u8; 300]);
+        source.apply(i + 1, &op).unwrap();
+    }
+    source.put_txn_record(5, &record(3, 900));
+    source.commit().unwrap();
+    let hash = source.hash_kv(0).unwrap();
+    let chunks: Vec<Vec<u8>> = source.snapshot_stream().map(|c| c.unwrap()).collect();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    let builder_cfg = cfg.clone();
+    // Built and synced on its own thread, handed over whole.
+    let restored =
+        std::thread::spawn(move || Store::restore_detached(&path, 3, builder_cfg, chunks).unwrap())
+            .join()
+            .unwrap();
+    assert_eq!(restored.applied_index(), 300);
+    let mut store = restored.into_store();
+    assert_eq!(store.hash_kv(0).unwrap(), hash);
+    // The owner reads, writes and commits it as any store it opened.
+    let snap = store.snapshot();
+    store.apply(301, &put(b"k1", b"new")).unwrap();
+    store.commit().unwrap();
+    let before = snap
+        .range(&RangeRequest {
+            key: b"k1".to_vec(),
+            ..RangeRequest::default()
+        })
+        .unwrap();
+    assert_eq!(before.kvs[0].value, vec![1u8; 300]);
+    drop(snap);
+    assert_eq!(store.txn_records().len(), 1);
+    drop(store);
+    let reopened = Store::open(dir.path(), 3, cfg).unwrap();
+    assert_eq!(reopened.applied_index(), 301);
+    assert_eq!(reopened.get(b"k1").unwrap().unwrap().value, b"new");
+}

@@ -128,6 +128,8 @@ pub(super) async fn forward_inbound(
 ) {
     // Snapshot streams being received, by stream id. Dropping one deletes its file.
     let mut streams: HashMap<u64, StreamSpool> = HashMap::new();
+    // Messages dropped on full shard queues, from this peer.
+    let mut dropped = 0u64;
     while let Some(item) = rx.recv().await {
         let (shard_id, delivery) = match item {
             cairn_net::Inbound::Message {
@@ -224,8 +226,23 @@ pub(super) async fn forward_inbound(
             );
             continue;
         };
-        if tx.send(delivery).await.is_err() {
-            return;
+        // A shard whose queue is full (busy, or waiting for its disk) loses
+        // the message, as Raft allows: waiting here would stop every other
+        // shard's messages from this peer behind it.
+        match tx.try_send(delivery) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                dropped += 1;
+                if dropped.is_power_of_two() {
+                    tracing::warn!(
+                        peer,
+                        shard = shard_id,
+                        dropped,
+                        "shard's inbound queue full: message dropped"
+                    );
+                }
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => return,
         }
     }
 }

@@ -9,6 +9,7 @@
 //! and with auth enabled they take no lock (the state is [`Published`]).
 
 pub mod check;
+mod file;
 pub mod limiter;
 pub mod perms;
 pub mod published;
@@ -51,7 +52,7 @@ pub struct AuthStore {
     /// Mirrors the state's flag, read without a lock on every request.
     enabled: AtomicBool,
     data: Published<AuthData>,
-    dir: PathBuf,
+    file: file::StateFile,
     simple: SimpleTokens,
     jwt: Option<JwtTokens>,
     pub options: AuthOptions,
@@ -87,8 +88,8 @@ impl AuthStore {
         };
         Ok(Arc::new(AuthStore {
             enabled: AtomicBool::new(state.enabled),
+            file: file::StateFile::new(dir, state.applied_index),
             data: Published::new(AuthData::new(state)),
-            dir: dir.to_path_buf(),
             simple: SimpleTokens::new(options.simple_token_ttl),
             jwt,
             options,
@@ -116,8 +117,10 @@ impl AuthStore {
 
     /// Applies a change committed at shard 0's log `index`. A change at or
     /// below the index the state already has (a replay after restart, or one
-    /// a snapshot's state already holds) is skipped. A change to the state is
-    /// written to `auth.state` before it takes effect.
+    /// a snapshot's state already holds) is skipped. A change to the state
+    /// takes effect at once and is written to `auth.state` off the core;
+    /// shard 0 commits its store past it only once it is written
+    /// ([`AuthStore::unwritten`]).
     pub fn apply(&self, index: u64, change: &AuthChange) -> Result<(), ApiError> {
         let Some(change) = &change.change else {
             return Ok(());
@@ -138,10 +141,7 @@ impl AuthStore {
         // Only a change that altered the state is written: replaying a
         // no-op after a restart is a no-op again.
         if next.revision() != data.get().revision() {
-            self.persist(next.state()).map_err(|e| ApiError::Storage {
-                shard: AUTH_SHARD,
-                reason: format!("writing {AUTH_FILE}: {e}"),
-            })?;
+            self.file.queue(next.state().clone());
         }
         let enabled = next.enabled();
         data.set(next);
@@ -155,21 +155,26 @@ impl AuthStore {
         Ok(())
     }
 
-    /// Takes the state a snapshot carried when it is newer than this one.
+    /// Whether a change applied is not yet in `auth.state`, so that shard 0's
+    /// store must not commit past it yet (a crash would then lose it: the
+    /// log would not replay it), or why the file could not be written.
+    pub fn unwritten(&self) -> Result<bool, String> {
+        self.file.unwritten()
+    }
+
+    /// Takes the state a snapshot carried when it is newer than this one,
+    /// written to `auth.state` on this thread first (an install runs off the
+    /// core).
     pub fn install(&self, state: &AuthState) -> std::io::Result<()> {
         let mut data = self.data.write();
         if state.applied_index <= data.get().applied_index() {
             return Ok(());
         }
-        self.persist(state)?;
+        self.file.write_now(state)?;
         data.set(AuthData::new(state.clone()));
         self.enabled.store(state.enabled, Ordering::Release);
         self.simple.clear();
         Ok(())
-    }
-
-    fn persist(&self, state: &AuthState) -> std::io::Result<()> {
-        crate::durable_file::write_checked(&self.dir, AUTH_FILE, &state.encode_to_vec())
     }
 
     /// Who a request comes from: its token (gRPC metadata `token`, or the
@@ -396,6 +401,13 @@ mod tests {
         )
         .unwrap();
         assert_eq!(a.revision(), rev);
+        // The file is written off the applying thread; shard 0 commits its
+        // store only once it is.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while a.unwritten().unwrap() {
+            assert!(std::time::Instant::now() < deadline, "auth.state never written");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
         drop(a);
         let a = AuthStore::open(dir.path(), options()).unwrap();
         assert!(a.is_enabled());

@@ -56,6 +56,9 @@ impl Shard {
     /// behind (a slow disk), the commit is left for a later turn rather than
     /// wait on this core, where every other shard of the core would wait too.
     pub(super) fn commit_store(&mut self) {
+        if self.auth_file_behind() {
+            return;
+        }
         let started = Instant::now();
         match self.store.commit_unless_busy() {
             Ok(wrote) => {
@@ -73,6 +76,23 @@ impl Shard {
                 }
             }
             Err(e) => self.fail(format!("store commit failed: {e}")),
+        }
+    }
+
+    /// Whether shard 0's store must not commit yet: an auth change it applied
+    /// is still being written to `auth.state` (a commit past it would keep the
+    /// log from replaying it after a crash). A file that cannot be written
+    /// fails the shard, as a failed store commit does.
+    fn auth_file_behind(&mut self) -> bool {
+        let Some(auth) = self.auth.as_ref().filter(|_| self.id == 0) else {
+            return false;
+        };
+        match auth.unwritten() {
+            Ok(behind) => behind,
+            Err(reason) => {
+                self.fail(reason);
+                true
+            }
         }
     }
 
@@ -102,6 +122,9 @@ impl Shard {
     /// of [`DEFRAG_STEP_PAGES`], each written here and synced by the store's
     /// syncer; a step that would wait for a sync ends the turn.
     pub(super) fn defragment_steps(&mut self) {
+        if self.defrag.is_none() || self.auth_file_behind() {
+            return;
+        }
         let Some(mut defrag) = self.defrag.take() else {
             return;
         };
@@ -274,11 +297,6 @@ impl Shard {
                     Some(auth) if self.id == 0 => auth.apply(index, &change),
                     _ => Err(ApiError::Unsupported("auth changes outside shard 0")),
                 };
-                if let Err(ApiError::Storage { reason, .. }) = &applied {
-                    // The change is committed but could not be kept: this
-                    // member's auth state would fall behind the log's.
-                    self.fail(reason.clone());
-                }
                 return applied.map(|()| WriteResult::Applied {
                     revision: self.store.current_revision(),
                 });

@@ -103,12 +103,63 @@ pub(super) enum InstallError {
     Wal(#[source] cairn_wal::AppendError),
     #[error("installing the snapshot's member table: {0}")]
     MemberTable(String),
+    #[error("the snapshot install's worker failed: {0}")]
+    Worker(String),
 }
 
 impl InstallError {
     fn io(what: &'static str) -> impl FnOnce(std::io::Error) -> InstallError {
         move |source| InstallError::Io { what, source }
     }
+}
+
+/// Runs a step of an install on the blocking pool and waits for it there,
+/// leaving the core to its other shards.
+async fn off_core<T: Send + 'static>(
+    step: impl FnOnce() -> Result<T, InstallError> + Send + 'static,
+) -> Result<T, InstallError> {
+    tokio::task::spawn_blocking(step)
+        .await
+        .unwrap_or_else(|e| Err(InstallError::Worker(e.to_string())))
+}
+
+/// Builds and syncs, in `new_dir` beside the shard's directory, the store a
+/// received snapshot carries, its snapshot metadata and (shard 0) the member
+/// table that came with it; deletes the spool file once read.
+fn build_store(
+    new_dir: &Path,
+    shard: ShardId,
+    cfg: mvcc::Config,
+    md: &SnapshotMetadata,
+    incoming: IncomingSnapshot,
+) -> Result<mvcc::Restored, InstallError> {
+    let IncomingSnapshot { chunks, members } = incoming;
+    let _ = std::fs::remove_dir_all(new_dir);
+    // One store chunk at a time from the spool file. A chunk that cannot be
+    // read ends the stream early, which the restore refuses too; the spool's
+    // error says why.
+    let mut reader = chunks.reader();
+    let restored = mvcc::Store::restore_detached(new_dir, shard, cfg, &mut reader);
+    if let Some(e) = reader.into_error() {
+        return Err(InstallError::Spool(e));
+    }
+    let store = restored.map_err(InstallError::Restore)?;
+    // Deleted before the directories are swapped, so that nothing else
+    // touches the shard's directory during the swap.
+    chunks.remove();
+    if store.applied_index() != md.index {
+        return Err(InstallError::AppliedIndex {
+            store: store.applied_index(),
+            metadata: md.index,
+        });
+    }
+    write_snapshot_meta(new_dir, md).map_err(InstallError::io("writing snapshot metadata"))?;
+    if let (0, Some(table)) = (shard, &members) {
+        // The table as of the snapshot's index (see applied_conf_change).
+        crate::durable_file::write_checked(new_dir, "member-table.pending", &table.encode_to_vec())
+            .map_err(InstallError::io("writing the snapshot's member table"))?;
+    }
+    Ok(store)
 }
 
 /// A snapshot received from a leader, waiting for Raft to accept it.
@@ -293,39 +344,20 @@ impl Shard {
             .held_snapshot
             .take(md.index)
             .map_err(InstallError::NotHeld)?;
-        let IncomingSnapshot { chunks, members } = incoming;
+        tracing::info!(
+            shard = self.id,
+            index = md.index,
+            bytes = incoming.chunks.len_bytes(),
+            "installing snapshot"
+        );
         let new_dir = store_swap::swap_dir(&self.dir, "new");
-        let _ = std::fs::remove_dir_all(&new_dir);
-        // One store chunk at a time from the spool file. A chunk that cannot
-        // be read ends the stream early, which the restore refuses too; the
-        // spool's error says why.
-        let mut reader = chunks.reader();
-        let restored =
-            mvcc::Store::restore(&new_dir, self.id, self.store_config.clone(), &mut reader);
-        if let Some(e) = reader.into_error() {
-            return Err(InstallError::Spool(e));
-        }
-        let store = restored.map_err(InstallError::Restore)?;
-        // Deleted before the directories are swapped, so that nothing else
-        // touches the shard's directory during the swap.
-        chunks.remove();
-        if store.applied_index() != md.index {
-            return Err(InstallError::AppliedIndex {
-                store: store.applied_index(),
-                metadata: md.index,
-            });
-        }
-        write_snapshot_meta(&new_dir, &md)
-            .map_err(InstallError::io("writing snapshot metadata"))?;
-        if let (0, Some(table)) = (self.id, &members) {
-            // The table as of the snapshot's index (see applied_conf_change).
-            crate::durable_file::write_checked(
-                &new_dir,
-                "member-table.pending",
-                &table.encode_to_vec(),
-            )
-            .map_err(InstallError::io("writing the snapshot's member table"))?;
-        }
+        let (id, cfg, meta) = (self.id, self.store_config.clone(), md.clone());
+        // Reading gigabytes from the spool, writing and syncing the new store
+        // and its files: on the blocking pool, so the core's other shards go
+        // on while this one waits.
+        let store = off_core(move || build_store(&new_dir, id, cfg, &meta, incoming))
+            .await?
+            .into_store();
         crate::server::crash_point::reached("snapshot-built");
         let truncate = [cairn_wal::Record::Truncate {
             shard: u64::from(self.id),
@@ -346,15 +378,22 @@ impl Shard {
                 let _ = reply.send(Ok(()));
             }
         }
-        store_swap::swap_in(&mut store_swap::RealFs, &self.dir)
-            .map_err(InstallError::io("swapping in the snapshot's store"))?;
-        crate::server::crash_point::reached("snapshot-swapped");
+        let dir = self.dir.clone();
+        let (members, auth) = (self.members.clone(), self.auth.clone());
+        let shard0 = self.id == 0;
+        off_core(move || {
+            store_swap::swap_in(&mut store_swap::RealFs, &dir)
+                .map_err(InstallError::io("swapping in the snapshot's store"))?;
+            crate::server::crash_point::reached("snapshot-swapped");
+            if shard0 {
+                apply_pending_table(&dir, &members, auth.as_deref())
+                    .map_err(InstallError::MemberTable)?;
+            }
+            Ok(())
+        })
+        .await?;
         self.snapshot_meta = md.clone();
         self.conf_history.clear();
-        if self.id == 0 {
-            apply_pending_table(&self.dir, &self.members, self.auth.as_deref())
-                .map_err(InstallError::MemberTable)?;
-        }
         let cs = md.conf_state.clone().unwrap_or_default();
         self.membership_changed(&cs);
         for id in cs.voters.iter().chain(&cs.learners) {
