@@ -237,10 +237,20 @@ async fn a_stalled_snapshot_install_leaves_the_other_shard_of_its_core_serving()
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // A watch over every shard created meanwhile cannot reach shard 0 in
+    // time: it is cancelled with the reason, not left waiting for shard 0.
+    let mut own = client(&cluster.members[down].endpoint()).await;
+    let mut watcher = own.clone();
+    let watch = tokio::spawn(async move {
+        let mut stream = watcher
+            .watch("", Some(etcd_client::WatchOptions::new().with_all_keys()))
+            .await
+            .unwrap();
+        stream.message().await.unwrap().expect("a create response")
+    });
     // While the install waits for its disk, shard 1 on the same core applies
     // a new write and serves it.
     c.put(shard1_key.as_str(), "during", None).await.unwrap();
-    let mut own = client(&cluster.members[down].endpoint()).await;
     let serializable = etcd_client::GetOptions::new().with_serializable();
     loop {
         let log = cluster.members[down].log_text();
@@ -258,6 +268,16 @@ async fn a_stalled_snapshot_install_leaves_the_other_shard_of_its_core_serving()
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let created = watch.await.unwrap();
+    if !cluster.members[down].log_text().contains(installed) {
+        assert!(
+            created.created()
+                && created.canceled()
+                && created.cancel_reason().contains("timed out"),
+            "a watch missing shard 0: {created:?}\n{}",
+            cluster.logs()
+        );
     }
     // Lifted, the install finishes and the member serves shard 0 too.
     common::replace_file(&faults, "none");

@@ -254,10 +254,12 @@ async fn serve_txn(router: &Arc<Router>, body: Bytes) -> Response<Full<Bytes>> {
         Ok(Ok(r)) => answer(StatusCode::OK, Bytes::from(r.encode_to_vec())),
         Ok(Err(ApiError::NotLeader { leader })) => not_leader(leader),
         Ok(Err(e)) => failed(&e),
-        Err(e) => failed(&ApiError::Storage {
-            shard: 0,
-            reason: format!("txn over several shards: {e}"),
-        }),
+        // The task ended without an answer (it panicked, or the runtime is
+        // stopping): its parts may or may not have been proposed.
+        Err(e) => {
+            tracing::error!(error = %e, "a txn over several shards ended without an answer");
+            failed(&ApiError::TimeoutLeaderFail)
+        }
     }
 }
 

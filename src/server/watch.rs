@@ -71,15 +71,18 @@ impl WatchService {
                     cairn_proto::authpb::permission::Type::Read,
                 )
             })
-            .map_err(|e| {
-                let status = Status::from(e);
-                format!(
-                    "rpc error: code = {:?} desc = {}",
-                    status.code(),
-                    status.message()
-                )
-            })
+            .map_err(cancel_reason)
     }
+}
+
+/// A refused create's `cancel_reason`, as etcd's clients print an error.
+fn cancel_reason(e: super::errors::ApiError) -> String {
+    let status = Status::from(e);
+    format!(
+        "rpc error: code = {:?} desc = {}",
+        status.code(),
+        status.message()
+    )
 }
 
 #[tonic::async_trait]
@@ -179,6 +182,7 @@ impl Watch for WatchService {
                                 };
                                 let mut merge = merged.then(|| Merge::new(&shards, c.start_revision - 1));
                                 let mut revision = 0;
+                                let mut refused = None;
                                 for &s in &shards {
                                     let spec = spec.clone();
                                     let tx = batch_tx.clone();
@@ -189,13 +193,46 @@ impl Watch for WatchService {
                                         tx,
                                         reply,
                                     }).await;
-                                    if let Ok(rev) = r {
-                                        revision = revision.max(rev);
-                                        if let (Some(m), 0) = (&mut merge, c.start_revision) {
-                                            // From now: this shard starts past its revision.
-                                            let _ = m.push(s, rev, Vec::new(), &[]);
+                                    match r {
+                                        Ok(rev) => {
+                                            revision = revision.max(rev);
+                                            if let (Some(m), 0) = (&mut merge, c.start_revision) {
+                                                // From now: this shard starts past its revision.
+                                                let _ = m.push(s, rev, Vec::new(), &[]);
+                                            }
+                                        }
+                                        Err(e) => {
+                                            refused = Some(e);
+                                            break;
                                         }
                                     }
+                                }
+                                if let Some(e) = refused {
+                                    // A watch missing a shard would miss its
+                                    // events (and a merge would wait for them
+                                    // for ever): it is cancelled everywhere,
+                                    // also where the create is still queued
+                                    // (the cancel comes after it), and the
+                                    // client told why.
+                                    for &s in &shards {
+                                        let (reply, _) = tokio::sync::oneshot::channel();
+                                        svc.router.tell(s, ShardCommand::CancelWatch {
+                                            key: (stream_id, id),
+                                            reply,
+                                        }).await;
+                                    }
+                                    tracing::warn!(watch = id, error = %e, "a watch could not be created");
+                                    if out_tx.send(Ok(WatchResponse {
+                                        header: svc.header(0),
+                                        watch_id: id,
+                                        created: true,
+                                        canceled: true,
+                                        cancel_reason: cancel_reason(e),
+                                        ..Default::default()
+                                    })).await.is_err() {
+                                        break;
+                                    }
+                                    continue;
                                 }
                                 if let Some(m) = merge {
                                     merges.insert(id, m);

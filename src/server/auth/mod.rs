@@ -405,7 +405,10 @@ mod tests {
         // store only once it is.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
         while a.unwritten().unwrap() {
-            assert!(std::time::Instant::now() < deadline, "auth.state never written");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "auth.state never written"
+            );
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
         drop(a);
