@@ -1,8 +1,10 @@
 //! Txns over several shards, run by the keyspace leader (docs/KEYSPACE.md,
 //! "Transactions over several shards").
 //!
-//! 1. **Hold** every shard the txn touches, in shard order (so two txns
-//!    never wait for each other): a held shard gives no entry a revision and
+//! 1. **Hold** every shard the txn touches, all at once once the member's
+//!    [`HoldTable`](super::hold_table::HoldTable) gives the txn all of them
+//!    (so two txns never wait for each other, and none holds a shard while
+//!    it waits for another): a held shard gives no entry a revision and
 //!    answers read points only once the hold ends.
 //! 2. Take the txn's revision `T` from the counter: every entry of the held
 //!    shards proposed so far has a revision below it, and none proposed
@@ -41,6 +43,7 @@ use prost::Message;
 use super::command::{ReadAt, ShardCommand, WriteResult};
 use super::cross_plan::{all_compares, combine, Plan};
 use super::errors::ApiError;
+use super::hold_table::Taken;
 use super::keyspace::Keyspace;
 use super::router::Router;
 use super::validate;
@@ -62,7 +65,8 @@ pub async fn run(router: Arc<Router>, req: TxnRequest) -> Result<TxnResponse, Ap
         .into_iter()
         .collect();
     let txn = NEXT_TXN.fetch_add(1, Ordering::Relaxed);
-    let answer = held(&router, &keyspace, txn, &shards, &req).await;
+    let taken = keyspace.holds.take(&shards).await;
+    let answer = held(&router, &keyspace, txn, &shards, &req, taken).await;
     // Every hold not yet ended by a proposal ends here; a shard whose part
     // was proposed has let go already, and ignores this.
     for &s in &shards {
@@ -78,21 +82,26 @@ async fn held(
     txn: u64,
     shards: &[ShardId],
     req: &TxnRequest,
+    taken: Taken,
 ) -> Result<TxnResponse, ApiError> {
     let mut compares = Vec::new();
     all_compares(req, &mut compares);
     let keys = super::shard::txn_ranges(req);
+    // The hold table gave this txn its shards: no other txn of this member
+    // holds or waits first for any of them, so they are asked all at once.
+    let holds = join_all(shards.iter().map(|&s| {
+        router.ask(s, |reply| ShardCommand::CrossHold {
+            txn,
+            compares: compares.clone(),
+            keys: keys.clone(),
+            reply,
+        })
+    }))
+    .await;
     let mut per_shard = Vec::with_capacity(shards.len());
     let mut no_space = false;
-    for &s in shards {
-        let held = router
-            .ask(s, |reply| ShardCommand::CrossHold {
-                txn,
-                compares: compares.clone(),
-                keys: keys.clone(),
-                reply,
-            })
-            .await?;
+    for held in holds {
+        let held = held?;
         per_shard.push(held.compares);
         no_space |= held.no_space;
     }
@@ -164,7 +173,7 @@ async fn held(
             subs: plan.subs[&s].clone(),
         })
         .collect();
-    for (s, answer) in propose_parts(router, txn, revision, parts).await? {
+    for (s, answer) in propose_parts(router, txn, revision, parts, taken).await? {
         match answer {
             WriteResult::Txn(r) => {
                 answers.insert(s, r.responses);
@@ -183,6 +192,7 @@ async fn propose_parts(
     txn: u64,
     revision: i64,
     parts: Vec<CrossTxnShardOps>,
+    taken: Taken,
 ) -> Result<Vec<(ShardId, WriteResult)>, ApiError> {
     let record = if parts.len() > 1 {
         Bytes::from(
@@ -196,20 +206,34 @@ async fn propose_parts(
         Bytes::new()
     };
     let shards: Vec<ShardId> = parts.iter().map(|p| p.shard).collect();
-    let answers = join_all(parts.into_iter().map(|p| {
+    let mut queued = Vec::with_capacity(parts.len());
+    for p in parts {
         let part = CrossTxnPart {
             ops: p.ops,
             plan: record.clone(),
             revoke_lease: p.revoke_lease,
             subs: p.subs,
         };
-        router.ask(p.shard, move |reply| ShardCommand::CrossPropose {
-            txn,
-            revision,
-            part,
-            reply,
-        })
-    }))
+        queued.push(
+            router
+                .queue(p.shard, move |reply| ShardCommand::CrossPropose {
+                    txn,
+                    revision,
+                    part,
+                    reply,
+                })
+                .await,
+        );
+    }
+    // Each shard ends its hold when it proposes its part, queued now ahead
+    // of any later txn's hold from this core: the next txn over these
+    // shards may go (a hold it asks from another core waits at the shard).
+    drop(taken);
+    let answers = join_all(
+        queued
+            .into_iter()
+            .map(|q| async move { q?.within(super::command::REQUEST_TIMEOUT).await }),
+    )
     .await;
     let mut done = Vec::with_capacity(shards.len());
     let mut failed = None;
@@ -251,7 +275,8 @@ pub async fn revoke_lease(router: Arc<Router>, id: i64) -> Result<i64, ApiError>
     };
     let shards: Vec<ShardId> = router.routing.shard_ids().collect();
     let txn = NEXT_TXN.fetch_add(1, Ordering::Relaxed);
-    let answer = revoke_held(&router, &keyspace, txn, &shards, id).await;
+    let taken = keyspace.holds.take(&shards).await;
+    let answer = revoke_held(&router, &keyspace, txn, &shards, id, taken).await;
     for &s in &shards {
         router.tell(s, ShardCommand::CrossRelease { txn }).await;
     }
@@ -264,19 +289,22 @@ async fn revoke_held(
     txn: u64,
     shards: &[ShardId],
     id: i64,
+    taken: Taken,
 ) -> Result<i64, ApiError> {
     // No compares; every key, since the lease's keys are not named: the
     // hold is answered once every entry before it is applied, so that the
     // lease's presence below is current.
-    for &s in shards {
-        router
-            .ask(s, |reply| ShardCommand::CrossHold {
-                txn,
-                compares: Vec::new(),
-                keys: vec![(Bytes::from_static(b"\0"), Bytes::from_static(b"\0"))],
-                reply,
-            })
-            .await?;
+    let holds = join_all(shards.iter().map(|&s| {
+        router.ask(s, |reply| ShardCommand::CrossHold {
+            txn,
+            compares: Vec::new(),
+            keys: vec![(Bytes::from_static(b"\0"), Bytes::from_static(b"\0"))],
+            reply,
+        })
+    }))
+    .await;
+    for held in holds {
+        held?;
     }
     let revision = keyspace.next_revision().ok_or(ApiError::NoLeader)?;
     let has = join_all(
@@ -301,7 +329,7 @@ async fn revoke_held(
     if parts.is_empty() {
         return Err(ApiError::LeaseNotFound);
     }
-    propose_parts(router, txn, revision, parts).await?;
+    propose_parts(router, txn, revision, parts, taken).await?;
     Ok(revision)
 }
 

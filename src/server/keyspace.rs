@@ -108,6 +108,8 @@ pub struct Keyspace {
     /// Leases shard 0's leader found expired, to revoke on every shard.
     expired_leases: Mutex<Vec<i64>>,
     expired_wanted: tokio::sync::Notify,
+    /// The shards this member's txns over several shards hold.
+    pub holds: std::sync::Arc<super::hold_table::HoldTable>,
 }
 
 impl Keyspace {
@@ -128,6 +130,7 @@ impl Keyspace {
             clock_base: Instant::now(),
             expired_leases: Mutex::new(Vec::new()),
             expired_wanted: tokio::sync::Notify::new(),
+            holds: Default::default(),
         }
     }
 

@@ -13,6 +13,7 @@ pub mod data_dir;
 pub mod entry;
 pub mod errors;
 pub mod gateway;
+pub mod hold_table;
 pub mod identity;
 pub mod keyspace;
 pub mod kv;

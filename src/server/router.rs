@@ -159,15 +159,21 @@ impl Router {
         timeout: Duration,
         make: impl FnOnce(Reply<T>) -> ShardCommand,
     ) -> Result<T, ApiError> {
+        self.queue(shard, make).await?.within(timeout).await
+    }
+
+    /// Queues a command for `shard` and returns at once; its answer is
+    /// waited for apart ([`Answer::within`]), so that the caller can act
+    /// between the two (commands to one shard from one core keep their order).
+    pub async fn queue<T>(
+        &self,
+        shard: ShardId,
+        make: impl FnOnce(Reply<T>) -> ShardCommand,
+    ) -> Result<Answer<T>, ApiError> {
         let (tx, rx) = oneshot::channel();
         let sender = &self.shards[shard as usize];
         sender.send(make(tx)).await.map_err(|_| ApiError::Stopped)?;
-        match tokio::time::timeout(timeout, rx).await {
-            Ok(Ok(result)) => result,
-            // The driver dropped the reply: it is shutting down.
-            Ok(Err(_)) => Err(ApiError::Stopped),
-            Err(_) => Err(ApiError::Timeout),
-        }
+        Ok(Answer(rx))
     }
 
     pub async fn write(
@@ -315,6 +321,21 @@ impl Router {
         // Fails only when the driver stopped, and with it what the command
         // was for.
         let _ = self.shards[shard as usize].send(cmd).await;
+    }
+}
+
+/// The answer to a command [`Router::queue`] queued.
+pub struct Answer<T>(oneshot::Receiver<Result<T, ApiError>>);
+
+impl<T> Answer<T> {
+    /// Waits up to `timeout` for the answer.
+    pub async fn within(self, timeout: Duration) -> Result<T, ApiError> {
+        match tokio::time::timeout(timeout, self.0).await {
+            Ok(Ok(result)) => result,
+            // The driver dropped the reply: it is shutting down.
+            Ok(Err(_)) => Err(ApiError::Stopped),
+            Err(_) => Err(ApiError::Timeout),
+        }
     }
 }
 
