@@ -174,24 +174,29 @@ impl IdlePoll {
         if window.is_zero() {
             return;
         }
+        // One clock read a turn: the time after a yield both ends the window
+        // and tells how long the yield took (the readiness check before it,
+        // one syscall, counts too: far below the threshold).
+        let mut now = start;
         let caught = loop {
             if self.ready() {
                 break true;
             }
-            if start.elapsed() >= window {
+            if now - start >= window {
                 break false;
             }
-            let yielded = Instant::now();
             // SAFETY: sched_yield takes no arguments; it lets any runnable thread
             // on this CPU go first.
             unsafe { libc::sched_yield() };
-            if yielded.elapsed() >= YIELD_GAVE_CPU_AWAY {
+            let after = Instant::now();
+            if after - now >= YIELD_GAVE_CPU_AWAY {
                 // Another thread ran on this CPU: it is busy, so it will not
                 // halt when this core sleeps, and waking it costs no more
                 // than polling on would. Polling further would only take
                 // turns from that thread.
                 break false;
             }
+            now = after;
         };
         self.last_poll.set(Some(caught));
     }
