@@ -89,7 +89,7 @@ pub(super) struct Shard {
     /// The term in which this shard was last seen led here with its no-op
     /// applied (the keyspace's `Slot::Ready`); `None` once not.
     pub ready_term: Option<u64>,
-    /// The txn over several shards holding this shard (`cross.rs`).
+    /// The txn over several shards holding this shard (`cross/shard.rs`).
     pub holder: Option<Holder>,
     /// Txns waiting to hold it, first come first served.
     pub hold_waiting: VecDeque<u64>,
@@ -249,7 +249,7 @@ pub(super) struct KsMember {
     /// The revision counter, in memory only: the last revision handed out.
     pub counter: u64,
     /// Whether the counter is open: every shard ready, and the earlier
-    /// leaders' txns finished for this readiness (`cross.rs`).
+    /// leaders' txns finished for this readiness (`cross/opening.rs`).
     pub open: bool,
     /// The opening in progress, waiting for the finishing.
     pub opening: Option<Opening>,

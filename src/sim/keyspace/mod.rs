@@ -45,11 +45,11 @@
 //!   itself caught up there, to transfer that shard's leadership to it.
 //! - Once a member leads every shard with each no-op applied, its counter
 //!   *opens*: first the txns over several shards that earlier leaders left
-//!   half-proposed are finished (`cross.rs`: the fence, the records, the
-//!   missing parts, the done entries), then the counter is set to the
-//!   largest of what it handed out, the shards' revisions and the start of
-//!   its epoch (shard 0's term `<< 32`, as `src/server/keyspace.rs`). Any
-//!   shard ceasing to be ready closes it.
+//!   half-proposed are finished (`cross/opening.rs`: the fence, the
+//!   records, the missing parts, the done entries), then the counter is set
+//!   to the largest of what it handed out, the shards' revisions and the
+//!   start of its epoch (shard 0's term `<< 32`, as
+//!   `src/server/keyspace.rs`). Any shard ceasing to be ready closes it.
 //! - A member gives a write a revision only while its counter is open, it
 //!   leads every shard with each no-op applied, its guard agrees, and no
 //!   txn holds the write's shard. It proposes the write stamped with
@@ -61,7 +61,7 @@
 //!   shard 0, and a read asks that member for its read point. A refused op
 //!   is retried at the next tick, a bounded number of times. A write is
 //!   acknowledged when the member that proposed it applies it.
-//! - Txns over several shards (`cross.rs`) and reads over several shards
+//! - Txns over several shards (`cross/`) and reads over several shards
 //!   (`reads.rs`) are run step by step, each call between cores one step
 //!   among the tick's events; the watch (`watch.rs`) merges every shard's
 //!   applied events by revision, moved on idle shards by the keyspace
@@ -304,7 +304,8 @@ impl Guard {
 /// then times out the same member keeps its counter open, with no opening
 /// and so no finishing: the shard takes later revisions, the part never
 /// comes, and a read point asked while the shard was held is answered
-/// without it. `Fixed` adds two changes (see `cross.rs` and `reads.rs`):
+/// without it. `Fixed` adds two changes (see `cross/parts.rs` and
+/// `reads.rs`):
 ///
 /// 1. a part refused after `T` was taken makes its shard not ready
 ///    (`Keyspace::shard_not_ready`), so the counter closes and opens again
