@@ -32,7 +32,6 @@ use std::rc::Rc;
 
 use crate::btree::{self, Cursor, Mutation};
 use crate::error::{IoOp, OpenError, ReadError, SnapshotError, StorageError};
-use crate::fault::FaultStorage;
 use crate::index::{End, Found, Index};
 use crate::page::{get_i64, get_u32, get_u64, Meta, META_FLAG_RESTORING};
 use crate::pager::PageSource;
@@ -64,7 +63,7 @@ unsafe impl Send for Restored {}
 const _: () = {
     fn send<T: Send>() {}
     let _ = send::<FileStorage>;
-    let _ = send::<FaultStorage<FileStorage>>;
+    let _ = send::<crate::fault::FaultStorage<FileStorage>>;
 };
 
 impl Restored {
@@ -173,14 +172,8 @@ impl Store {
             .map_err(|_| OpenError::Locked { file: name.clone() })?;
         // The restored store's syncs obey the fault control as an opened
         // store's do, from its first one.
-        match cfg.sync_faults.clone() {
-            Some(control) => {
-                let file = path.file_name().map(|f| f.to_string_lossy().into_owned());
-                let faulty = FaultStorage::new(fs, control, &file.unwrap_or_default());
-                Store::restore_with(Box::new(faulty), &name, cfg, chunks)
-            }
-            None => Store::restore_with(Box::new(fs), &name, cfg, chunks),
-        }
+        let storage = crate::store::under_faults(fs, &path, &cfg);
+        Store::restore_with(storage, &name, cfg, chunks)
     }
 
     /// [`Store::restore`] on a thread other than the one that will own the

@@ -239,6 +239,17 @@ fn storage_err(
     move |e| StorageError::new(file, op, offset, e)
 }
 
+/// The store file at `path`, behind the fault control when `cfg` names one.
+pub(crate) fn under_faults(fs: FileStorage, path: &Path, cfg: &Config) -> Box<dyn Storage> {
+    match cfg.sync_faults.clone() {
+        Some(control) => {
+            let file = path.file_name().map(|f| f.to_string_lossy().into_owned());
+            Box::new(FaultStorage::new(fs, control, &file.unwrap_or_default()))
+        }
+        None => Box::new(fs),
+    }
+}
+
 impl Store {
     /// Opens (creating if needed) the store of `shard` in `dir`, locking its file.
     pub fn open(dir: &Path, shard: u32, cfg: Config) -> Result<Store, OpenError> {
@@ -248,14 +259,8 @@ impl Store {
         let fs = FileStorage::open(&path).map_err(storage_err(&name, IoOp::Open, 0))?;
         flock(fs.file().expect("a real file"))
             .map_err(|_| OpenError::Locked { file: name.clone() })?;
-        match cfg.sync_faults.clone() {
-            Some(control) => {
-                let file = path.file_name().map(|f| f.to_string_lossy().into_owned());
-                let faulty = FaultStorage::new(fs, control, &file.unwrap_or_default());
-                Store::open_with(Box::new(faulty), &name, cfg)
-            }
-            None => Store::open_with(Box::new(fs), &name, cfg),
-        }
+        let storage = under_faults(fs, &path, &cfg);
+        Store::open_with(storage, &name, cfg)
     }
 
     /// The file that holds `shard`'s store in `dir`.
