@@ -300,17 +300,14 @@ impl Store {
         }
         self.pager.high_water = hw;
         if hw < self.pager.file_pages {
-            // Every page past `hw` is free: no meta that a crash could recover
-            // reaches it. So the cut needs no sync of its own (which would stop
-            // the applying thread): the syncer's next sync makes it durable,
-            // and a crash before that leaves a longer file, which opens the same.
             let len = hw * PAGE_SIZE_BYTES as u64;
             let file = self.file.clone();
-            self.pager
-                .storage
-                .borrow_mut()
-                .set_len(len)
+            let mut st = self.pager.storage.borrow_mut();
+            st.set_len(len)
                 .map_err(storage_err(&file, IoOp::Shrink, len))?;
+            st.sync_data()
+                .map_err(storage_err(&file, IoOp::Sync, len))?;
+            drop(st);
             self.pager.file_pages = hw;
             self.remap()?;
         }
