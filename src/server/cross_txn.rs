@@ -35,12 +35,12 @@ use std::time::Instant;
 use bytes::Bytes;
 use cairn_proto::cairnpb::{CrossTxnPart, CrossTxnPlan, CrossTxnShardOps};
 use cairn_proto::etcdserverpb::{
-    request_op, response_op, RequestOp, ResponseOp, TxnRequest, TxnResponse,
+    request_op, response_op, Compare, RequestOp, ResponseOp, TxnRequest, TxnResponse,
 };
 use futures::future::join_all;
 use prost::Message;
 
-use super::command::{ReadAt, ShardCommand, WriteResult};
+use super::command::{CrossHeld, ReadAt, ShardCommand, WriteResult};
 use super::cross_plan::{all_compares, combine, Plan};
 use super::errors::ApiError;
 use super::hold_table::Taken;
@@ -87,21 +87,9 @@ async fn held(
     let mut compares = Vec::new();
     all_compares(req, &mut compares);
     let keys = super::shard::txn_ranges(req);
-    // The hold table gave this txn its shards: no other txn of this member
-    // holds or waits first for any of them, so they are asked all at once.
-    let holds = join_all(shards.iter().map(|&s| {
-        router.ask(s, |reply| ShardCommand::CrossHold {
-            txn,
-            compares: compares.clone(),
-            keys: keys.clone(),
-            reply,
-        })
-    }))
-    .await;
     let mut per_shard = Vec::with_capacity(shards.len());
     let mut no_space = false;
-    for held in holds {
-        let held = held?;
+    for held in hold_all(router, txn, shards, &compares, &keys).await? {
         per_shard.push(held.compares);
         no_space |= held.no_space;
     }
@@ -182,6 +170,29 @@ async fn held(
         }
     }
     Ok(plan.answer(answers, revision))
+}
+
+/// Step 1: asks every hold of `txn` at once (the hold table gave it its
+/// shards: no other txn of this member holds or waits first for any of
+/// them); each shard's answer, in `shards`' order.
+async fn hold_all(
+    router: &Router,
+    txn: u64,
+    shards: &[ShardId],
+    compares: &[Compare],
+    keys: &[(Bytes, Bytes)],
+) -> Result<Vec<CrossHeld>, ApiError> {
+    join_all(shards.iter().map(|&s| {
+        router.ask(s, |reply| ShardCommand::CrossHold {
+            txn,
+            compares: compares.to_vec(),
+            keys: keys.to_vec(),
+            reply,
+        })
+    }))
+    .await
+    .into_iter()
+    .collect()
 }
 
 /// Step 5 and the forgetting of step 6: each held shard of `parts`
@@ -294,18 +305,8 @@ async fn revoke_held(
     // No compares; every key, since the lease's keys are not named: the
     // hold is answered once every entry before it is applied, so that the
     // lease's presence below is current.
-    let holds = join_all(shards.iter().map(|&s| {
-        router.ask(s, |reply| ShardCommand::CrossHold {
-            txn,
-            compares: Vec::new(),
-            keys: vec![(Bytes::from_static(b"\0"), Bytes::from_static(b"\0"))],
-            reply,
-        })
-    }))
-    .await;
-    for held in holds {
-        held?;
-    }
+    let every_key = [(Bytes::from_static(b"\0"), Bytes::from_static(b"\0"))];
+    hold_all(router, txn, shards, &[], &every_key).await?;
     let revision = keyspace.next_revision().ok_or(ApiError::NoLeader)?;
     let has = join_all(
         shards

@@ -11,7 +11,7 @@
 //! wait for each other; and a waiter never lets a later one take a shard it
 //! wants first, so none starves.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::oneshot;
@@ -26,66 +26,42 @@ pub struct HoldTable {
 
 #[derive(Debug, Default)]
 struct State {
-    /// Bit `s` set: shard `s` is held by a running txn.
-    held: Vec<bool>,
+    /// The shards running txns hold.
+    held: BTreeSet<ShardId>,
     /// Txns waiting, in arrival order: their shards, and where to say go.
     waiting: VecDeque<(Vec<ShardId>, oneshot::Sender<()>)>,
 }
 
 impl State {
-    fn free(&self, shards: &[ShardId], wanted: &[bool]) -> bool {
-        shards.iter().all(|&s| {
-            let s = s as usize;
-            !self.held.get(s).copied().unwrap_or(false) && !wanted.get(s).copied().unwrap_or(false)
-        })
-    }
-
-    fn take(&mut self, shards: &[ShardId]) {
-        for &s in shards {
-            let s = s as usize;
-            if self.held.len() <= s {
-                self.held.resize(s + 1, false);
-            }
-            self.held[s] = true;
-        }
-    }
-
     /// Lets go every waiter whose shards are free and wanted by no earlier
     /// waiter still waiting.
     fn grant(&mut self) {
-        let mut wanted: Vec<bool> = Vec::new();
+        let mut wanted = BTreeSet::new();
         let mut still = VecDeque::with_capacity(self.waiting.len());
         while let Some((shards, go)) = self.waiting.pop_front() {
             if go.is_closed() {
                 // Its txn gave up (its task ended): it takes nothing.
                 continue;
             }
-            if self.free(&shards, &wanted) {
-                self.take(&shards);
-                // A waiter gone since the check above: its shards go back.
-                if go.send(()).is_err() {
-                    self.put_back(&shards);
-                    continue;
-                }
-            } else {
-                for &s in &shards {
-                    let s = s as usize;
-                    if wanted.len() <= s {
-                        wanted.resize(s + 1, false);
-                    }
-                    wanted[s] = true;
-                }
+            let free = shards
+                .iter()
+                .all(|s| !self.held.contains(s) && !wanted.contains(s));
+            if !free {
+                wanted.extend(shards.iter().copied());
                 still.push_back((shards, go));
+                continue;
+            }
+            // A waiter gone since the check above takes nothing either.
+            if go.send(()).is_ok() {
+                self.held.extend(shards.iter().copied());
             }
         }
         self.waiting = still;
     }
 
     fn put_back(&mut self, shards: &[ShardId]) {
-        for &s in shards {
-            if let Some(h) = self.held.get_mut(s as usize) {
-                *h = false;
-            }
+        for s in shards {
+            self.held.remove(s);
         }
     }
 }
