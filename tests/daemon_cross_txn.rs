@@ -16,9 +16,10 @@
 //!
 //! The scenarios, by concern: `cross_txn/bank.rs` (bank transfers, with
 //! the accounts, their history and the watch check in
-//! `cross_txn/accounts.rs`) and `cross_txn/kill9.rs` (kill -9 during txns,
-//! with the txns' keys, their ledger and the all-or-nothing check in
-//! `cross_txn/ledger.rs`); `cross_txn/mod.rs` starts the clusters and
+//! `cross_txn/accounts.rs`), `cross_txn/batch.rs` (many clients' txns over
+//! the same shards, run in batches) and `cross_txn/kill9.rs` (kill -9
+//! during txns, with the txns' keys, their ledger and the all-or-nothing
+//! check in `cross_txn/ledger.rs`); `cross_txn/mod.rs` starts the clusters and
 //! sends the txns. The tests are all here.
 
 mod common;
@@ -29,6 +30,7 @@ use std::collections::BTreeSet;
 use cairn::routing::RoutingTable;
 use cross_txn::accounts::{check_watched, Seen, Transfer, ACCOUNTS, OPENING_BALANCE};
 use cross_txn::bank::bank_transfers_keep_the_total_at_every_revision;
+use cross_txn::batch::batched_txns_keep_their_compares_and_revisions;
 use cross_txn::kill9::{txns_stay_whole_across_kill9, WRITERS};
 use cross_txn::ledger::{check_all_or_nothing, txn_keys, Issued, Outcome, MARK};
 use cross_txn::{placed, shards_of};
@@ -51,6 +53,20 @@ const DEFAULT_SHARD_COUNTS: &[usize] = &[1, 4];
 async fn bank_transfers_across_shards_keep_the_total_in_every_read_watch_and_past_revision() {
     for shards in common::xtxn_shard_counts(DEFAULT_SHARD_COUNTS) {
         bank_transfers_keep_the_total_at_every_revision(shards).await;
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Many txns over the same shards at once, run in batches (`cross_txn/batch.rs`).
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn txns_over_the_same_shards_run_in_batches_each_at_its_own_revision() {
+    // One shard has no txn over several shards to batch.
+    for shards in common::xtxn_shard_counts(DEFAULT_SHARD_COUNTS)
+        .into_iter()
+        .filter(|&s| s > 1)
+    {
+        batched_txns_keep_their_compares_and_revisions(shards).await;
     }
 }
 

@@ -75,6 +75,8 @@ struct Ids {
     proposals_failed: ShardCounter,
     slow_applies: ShardCounter,
     apply_turns_capped: ShardCounter,
+    cross_holds: ShardCounter,
+    cross_held_txns: ShardCounter,
     backend_commit: ShardHistogram,
     db_size_bytes: ShardGauge,
     db_size_in_use_bytes: ShardGauge,
@@ -233,6 +235,16 @@ impl Ids {
                 "cairn_shard_apply_turns_capped_total",
                 "Turns of this shard's driver that stopped applying at the per-turn budget \
                  and left the rest of the committed entries for the next turn.",
+            ))?,
+            cross_holds: b.shard_counter(MetricSpec::new(
+                "cairn_shard_cross_txn_holds_total",
+                "Holds of this shard (led here) by txns over several shards; a hold \
+                 serves one txn or a batch of txns over the same shards and other keys.",
+            ))?,
+            cross_held_txns: b.shard_counter(MetricSpec::new(
+                "cairn_shard_cross_txn_held_txns_total",
+                "Txns over several shards the holds of this shard served (divided by \
+                 cairn_shard_cross_txn_holds_total: the mean batch).",
             ))?,
             backend_commit: b.shard_histogram(
                 MetricSpec::new(
@@ -430,6 +442,13 @@ impl ShardRecorder {
     #[inline]
     pub fn apply_turn_capped(&self) {
         self.metrics.counter_add(self.ids.apply_turns_capped, 1);
+    }
+
+    /// A hold of the shard by a batch of `txns` txns over several shards.
+    #[inline]
+    pub fn cross_hold(&self, txns: u64) {
+        self.metrics.counter_add(self.ids.cross_holds, 1);
+        self.metrics.counter_add(self.ids.cross_held_txns, txns);
     }
 
     /// After each commit of the shard's MVCC store (write pages, sync, flip meta).

@@ -194,6 +194,8 @@ pub enum ShardCommand {
     /// take the shard's writes now.
     CrossHold {
         txn: u64,
+        /// How many txns the hold serves (a batch, or 1).
+        txns: u32,
         compares: Vec<pb::Compare>,
         keys: Vec<(bytes::Bytes, bytes::Bytes)>,
         reply: Reply<CrossHeld>,
@@ -213,8 +215,8 @@ pub enum ShardCommand {
         id: i64,
         reply: Reply<bool>,
     },
-    /// Proposes this shard's part of the txn at `revision` and lets go of
-    /// the hold; answered with the part's answer once applied here. `txn` 0:
+    /// Proposes this shard's part of the txn at `revision` and, when it is
+    /// the holder's `last` part here, lets go of the hold; answered with the part's answer once applied here. `txn` 0:
     /// a keyspace leader finishing an earlier leader's txn before it assigns
     /// revisions: proposed only if the shard has not reached `revision`
     /// (else answered at once with `WriteResult::Applied`).
@@ -222,6 +224,9 @@ pub enum ShardCommand {
         txn: u64,
         revision: i64,
         part: cairnpb::CrossTxnPart,
+        /// The last part the holding batch proposes on this shard: the
+        /// hold ends once it is proposed.
+        last: bool,
         reply: Reply<WriteResult>,
     },
     /// Lets go of the hold of `txn`, or stops waiting for it.
@@ -231,7 +236,7 @@ pub enum ShardCommand {
     /// Proposes that the shard forget its record of the txn at `revision`;
     /// answered once applied here.
     CrossForget {
-        revision: i64,
+        revisions: Vec<i64>,
         reply: Reply<()>,
     },
     /// For a keyspace leader about to assign revisions: the shard's revision

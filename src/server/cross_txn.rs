@@ -45,7 +45,8 @@ use super::cross_plan::{all_compares, combine, Plan};
 use super::errors::ApiError;
 use super::hold_table::Taken;
 use super::keyspace::Keyspace;
-use super::router::Router;
+use super::router::{Answer, Router};
+use super::txn_batch::Entry;
 use super::validate;
 use crate::routing::ShardId;
 
@@ -53,8 +54,9 @@ use crate::routing::ShardId;
 static NEXT_TXN: AtomicU64 = AtomicU64::new(1);
 
 /// Runs `req`, which touches several shards, with this member as the
-/// keyspace leader. Refused with [`ApiError::NotLeader`] (nothing proposed)
-/// where it is not.
+/// keyspace leader: alone, or in a batch with other txns over the same
+/// shards (see [`super::txn_batch`]). Refused with [`ApiError::NotLeader`]
+/// (nothing proposed) where it is not.
 pub async fn run(router: Arc<Router>, req: TxnRequest) -> Result<TxnResponse, ApiError> {
     let Some(keyspace) = router.keyspace.clone() else {
         return Err(ApiError::Unsupported(
@@ -64,39 +66,189 @@ pub async fn run(router: Arc<Router>, req: TxnRequest) -> Result<TxnResponse, Ap
     let shards: Vec<ShardId> = validate::txn_shards(&req, &router.routing)
         .into_iter()
         .collect();
+    let keys = super::shard::txn_ranges(&req);
+    let leading = match keyspace.batches.enter(&shards, &keys, &req) {
+        Entry::Joined(answer) => {
+            // The batch's leader answers; its task ending first means the
+            // outcome is not known here.
+            return answer.await.unwrap_or(Err(ApiError::TimeoutLeaderFail));
+        }
+        Entry::Alone => None,
+        Entry::Lead(leading) => Some(leading),
+    };
     let txn = NEXT_TXN.fetch_add(1, Ordering::Relaxed);
     let taken = keyspace.holds.take(&shards).await;
-    let answer = held(&router, &keyspace, txn, &shards, &req, taken).await;
-    // Every hold not yet ended by a proposal ends here; a shard whose part
-    // was proposed has let go already, and ignores this.
+    let mut reqs = vec![req];
+    let mut replies = Vec::new();
+    for joined in leading.map(|l| l.close()).unwrap_or_default() {
+        reqs.push(joined.req);
+        replies.push(joined.reply);
+    }
+    let mut answers = held(&router, &keyspace, txn, &shards, &reqs, taken).await;
+    // Every hold not yet ended by a proposal ends here; a shard whose last
+    // part was proposed has let go already, and ignores this.
     for &s in &shards {
         router.tell(s, ShardCommand::CrossRelease { txn }).await;
     }
-    answer
+    let mine = answers.remove(0);
+    for (reply, answer) in replies.into_iter().zip(answers) {
+        let _ = reply.send(answer);
+    }
+    mine
 }
 
-/// Steps 1 to 6 (see the module doc); the caller ends the holds.
+/// What a txn of a batch is once its compares are read and its ops checked.
+enum Step {
+    /// Answered: it writes nothing.
+    Done(TxnResponse),
+    /// Its parts are to be proposed at `revision`.
+    Write {
+        revision: i64,
+        plan: Plan,
+        /// The answers of the shards it only reads.
+        answers: BTreeMap<ShardId, Vec<ResponseOp>>,
+    },
+}
+
+/// Steps 1 to 6 (see the module doc) for the txns of a batch `txn`, which
+/// name no key in common, in their order; the caller ends the holds.
 async fn held(
     router: &Router,
     keyspace: &Keyspace,
     txn: u64,
     shards: &[ShardId],
-    req: &TxnRequest,
+    reqs: &[TxnRequest],
     taken: Taken,
-) -> Result<TxnResponse, ApiError> {
+) -> Vec<Result<TxnResponse, ApiError>> {
+    // Every txn's compares and keys, asked of each shard in one hold.
     let mut compares = Vec::new();
-    all_compares(req, &mut compares);
-    let keys = super::shard::txn_ranges(req);
-    let mut per_shard = Vec::with_capacity(shards.len());
-    let mut no_space = false;
-    for held in hold_all(router, txn, shards, &compares, &keys).await? {
-        per_shard.push(held.compares);
-        no_space |= held.no_space;
+    let mut spans = Vec::with_capacity(reqs.len());
+    let mut keys = Vec::new();
+    for r in reqs {
+        let from = compares.len();
+        all_compares(r, &mut compares);
+        spans.push(from..compares.len());
+        keys.extend(super::shard::txn_ranges(r));
     }
-    let revision = keyspace.next_revision().ok_or(ApiError::NoLeader)?;
-    let outcomes = combine(&compares, &per_shard);
-    let plan = Plan::of(req, &outcomes, &router.routing);
-    let writers: Vec<ShardId> = plan.written.iter().copied().collect();
+    let txns = u32::try_from(reqs.len()).unwrap_or(u32::MAX);
+    let held = match hold_all(router, txn, txns, shards, &compares, &keys).await {
+        Ok(held) => held,
+        Err(e) => return vec![Err(e); reqs.len()],
+    };
+    let no_space = held.iter().any(|h| h.no_space);
+    // Revisions in the batch's order. No txn of the batch touches another's
+    // keys, so what each shard answered for a txn's compares is the
+    // keyspace just before its own revision.
+    let mut planned = Vec::with_capacity(reqs.len());
+    for (r, span) in reqs.iter().zip(&spans) {
+        let Some(revision) = keyspace.next_revision() else {
+            planned.push(Err(ApiError::NoLeader));
+            continue;
+        };
+        let per_shard: Vec<Vec<Option<bool>>> = held
+            .iter()
+            .map(|h| h.compares[span.clone()].to_vec())
+            .collect();
+        let outcomes = combine(&compares[span.clone()], &per_shard);
+        planned.push(Ok((revision, Plan::of(r, &outcomes, &router.routing))));
+    }
+    let steps = join_all(planned.into_iter().map(|p| async move {
+        let (revision, plan) = p?;
+        prepare(router, txn, revision, plan, no_space).await
+    }))
+    .await;
+    // The shards no txn writes are let go; each written one after the
+    // batch's last part there is queued.
+    let mut last = BTreeMap::new();
+    for (k, step) in steps.iter().enumerate() {
+        if let Ok(Step::Write { plan, .. }) = step {
+            for &s in &plan.written {
+                last.insert(s, k);
+            }
+        }
+    }
+    for &s in shards.iter().filter(|s| !last.contains_key(s)) {
+        router.tell(s, ShardCommand::CrossRelease { txn }).await;
+    }
+    let mut queued = Vec::with_capacity(steps.len());
+    for (k, step) in steps.iter().enumerate() {
+        queued.push(match step {
+            Ok(Step::Write { revision, plan, .. }) => {
+                let parts = plan
+                    .written
+                    .iter()
+                    .map(|&s| CrossTxnShardOps {
+                        shard: s,
+                        ops: Some(ops_txn(&plan.ops[&s])),
+                        revoke_lease: 0,
+                        subs: plan.subs[&s].clone(),
+                    })
+                    .collect();
+                Some(queue_parts(router, txn, *revision, parts, |s| last[&s] == k).await)
+            }
+            _ => None,
+        });
+    }
+    // Each shard ends its hold when it proposes its last part, queued now
+    // ahead of any later txn's hold from this core: the next txn over these
+    // shards may go (a hold it asks from another core waits at the shard).
+    drop(taken);
+    let settled = join_all(
+        steps
+            .into_iter()
+            .zip(queued)
+            .map(|(step, queued)| async move {
+                match (step?, queued) {
+                    (Step::Done(answer), _) => Ok((answer, None)),
+                    (
+                        Step::Write {
+                            revision,
+                            plan,
+                            mut answers,
+                        },
+                        Some(queued),
+                    ) => {
+                        let record = queued.record();
+                        for (s, answer) in queued.settle().await? {
+                            match answer {
+                                WriteResult::Txn(r) => {
+                                    answers.insert(s, r.responses);
+                                }
+                                _ => return Err(ApiError::TimeoutLeaderFail),
+                            }
+                        }
+                        Ok((plan.answer(answers, revision), record))
+                    }
+                    (Step::Write { .. }, None) => {
+                        unreachable!("every writing txn's parts are queued")
+                    }
+                }
+            }),
+    )
+    .await;
+    let mut records = Vec::new();
+    let answers = settled
+        .into_iter()
+        .map(|r| {
+            r.map(|(answer, record)| {
+                records.extend(record);
+                answer
+            })
+        })
+        .collect();
+    forget(router, records).await;
+    answers
+}
+
+/// Steps 3 and 4 for one txn at `revision`: the checks of what a shard's
+/// state could refuse, and the ranges of the shards it only reads.
+async fn prepare(
+    router: &Router,
+    txn: u64,
+    revision: i64,
+    plan: Plan,
+    no_space: bool,
+) -> Result<Step, ApiError> {
     if no_space && plan.puts() {
         return Err(ApiError::NoSpace);
     }
@@ -119,11 +271,6 @@ async fn held(
         c?;
     }
     // The shards only read: read now, at the keyspace just before the txn.
-    let header_revision = if writers.is_empty() {
-        revision - 1
-    } else {
-        revision
-    };
     let mut answers: BTreeMap<ShardId, Vec<ResponseOp>> = BTreeMap::new();
     for (&s, ops) in plan.ops.iter().filter(|(s, _)| !plan.written.contains(s)) {
         let ranges = join_all(ops.iter().map(|op| match &op.request {
@@ -146,30 +293,14 @@ async fn held(
         }
         answers.insert(s, got);
     }
-    if writers.is_empty() {
-        return Ok(plan.answer(answers, header_revision));
+    if plan.written.is_empty() {
+        return Ok(Step::Done(plan.answer(answers, revision - 1)));
     }
-    for &s in shards.iter().filter(|s| !plan.written.contains(s)) {
-        router.tell(s, ShardCommand::CrossRelease { txn }).await;
-    }
-    let parts = writers
-        .iter()
-        .map(|&s| CrossTxnShardOps {
-            shard: s,
-            ops: Some(ops_txn(&plan.ops[&s])),
-            revoke_lease: 0,
-            subs: plan.subs[&s].clone(),
-        })
-        .collect();
-    for (s, answer) in propose_parts(router, txn, revision, parts, taken).await? {
-        match answer {
-            WriteResult::Txn(r) => {
-                answers.insert(s, r.responses);
-            }
-            _ => return Err(ApiError::TimeoutLeaderFail),
-        }
-    }
-    Ok(plan.answer(answers, revision))
+    Ok(Step::Write {
+        revision,
+        plan,
+        answers,
+    })
 }
 
 /// Step 1: asks every hold of `txn` at once (the hold table gave it its
@@ -178,6 +309,7 @@ async fn held(
 async fn hold_all(
     router: &Router,
     txn: u64,
+    txns: u32,
     shards: &[ShardId],
     compares: &[Compare],
     keys: &[(Bytes, Bytes)],
@@ -185,6 +317,7 @@ async fn hold_all(
     join_all(shards.iter().map(|&s| {
         router.ask(s, |reply| ShardCommand::CrossHold {
             txn,
+            txns,
             compares: compares.to_vec(),
             keys: keys.to_vec(),
             reply,
@@ -195,16 +328,24 @@ async fn hold_all(
     .collect()
 }
 
-/// Step 5 and the forgetting of step 6: each held shard of `parts`
-/// proposes its part at `revision` (with the whole plan as its record when
-/// there are several); the parts' answers once all are applied here.
-async fn propose_parts(
+/// One txn's parts, queued for proposal at its revision.
+struct Queued {
+    revision: i64,
+    /// The whole plan, kept by each part's shard; empty for a lone part.
+    record: Bytes,
+    parts: Vec<(ShardId, Result<Answer<WriteResult>, ApiError>)>,
+}
+
+/// Step 5: queues each part of `parts` for proposal at `revision` by its
+/// held shard (with the whole plan as its record when there are several);
+/// `last` tells the parts after which a shard's hold ends.
+async fn queue_parts(
     router: &Router,
     txn: u64,
     revision: i64,
     parts: Vec<CrossTxnShardOps>,
-    taken: Taken,
-) -> Result<Vec<(ShardId, WriteResult)>, ApiError> {
+    last: impl Fn(ShardId) -> bool,
+) -> Queued {
     let record = if parts.len() > 1 {
         Bytes::from(
             CrossTxnPlan {
@@ -216,61 +357,91 @@ async fn propose_parts(
     } else {
         Bytes::new()
     };
-    let shards: Vec<ShardId> = parts.iter().map(|p| p.shard).collect();
     let mut queued = Vec::with_capacity(parts.len());
     for p in parts {
+        let shard = p.shard;
         let part = CrossTxnPart {
             ops: p.ops,
             plan: record.clone(),
             revoke_lease: p.revoke_lease,
             subs: p.subs,
         };
-        queued.push(
-            router
-                .queue(p.shard, move |reply| ShardCommand::CrossPropose {
-                    txn,
-                    revision,
-                    part,
-                    reply,
-                })
-                .await,
-        );
+        let last = last(shard);
+        let answer = router
+            .queue(shard, move |reply| ShardCommand::CrossPropose {
+                txn,
+                revision,
+                part,
+                last,
+                reply,
+            })
+            .await;
+        queued.push((shard, answer));
     }
-    // Each shard ends its hold when it proposes its part, queued now ahead
-    // of any later txn's hold from this core: the next txn over these
-    // shards may go (a hold it asks from another core waits at the shard).
-    drop(taken);
-    let answers = join_all(
-        queued
-            .into_iter()
-            .map(|q| async move { q?.within(super::command::REQUEST_TIMEOUT).await }),
-    )
-    .await;
-    let mut done = Vec::with_capacity(shards.len());
-    let mut failed = None;
-    for (&s, answer) in shards.iter().zip(answers) {
-        match answer {
-            Ok(a) => done.push((s, a)),
-            Err(e) => failed = Some(format!("shard {s}: {e}")),
+    Queued {
+        revision,
+        record,
+        parts: queued,
+    }
+}
+
+impl Queued {
+    /// The txn's revision and its parts' shards, when they keep a record
+    /// to forget once every part is applied.
+    fn record(&self) -> Option<(i64, Vec<ShardId>)> {
+        (!self.record.is_empty()).then(|| (self.revision, self.parts.iter().map(|p| p.0).collect()))
+    }
+
+    /// Step 6's wait: the parts' answers once all are applied here.
+    async fn settle(self) -> Result<Vec<(ShardId, WriteResult)>, ApiError> {
+        let revision = self.revision;
+        let answers = join_all(self.parts.into_iter().map(|(s, q)| async move {
+            (
+                s,
+                match q {
+                    Ok(q) => q.within(super::command::REQUEST_TIMEOUT).await,
+                    Err(e) => Err(e),
+                },
+            )
+        }))
+        .await;
+        let mut done = Vec::with_capacity(answers.len());
+        let mut failed = None;
+        for (s, answer) in answers {
+            match answer {
+                Ok(a) => done.push((s, a)),
+                Err(e) => failed = Some(format!("shard {s}: {e}")),
+            }
+        }
+        if let Some(why) = failed {
+            tracing::warn!(
+                revision,
+                why,
+                "a txn over several shards has an unknown outcome here"
+            );
+            return Err(ApiError::TimeoutLeaderFail);
+        }
+        Ok(done)
+    }
+}
+
+/// Has each shard forget, in one entry, the records of the txns at the
+/// revisions given for it (every part of those txns is applied). A record
+/// not forgotten (this member stopped leading) is forgotten by the next
+/// opening's finishing.
+async fn forget(router: &Router, records: impl IntoIterator<Item = (i64, Vec<ShardId>)>) {
+    let mut per_shard: BTreeMap<ShardId, Vec<i64>> = BTreeMap::new();
+    for (revision, shards) in records {
+        for s in shards {
+            per_shard.entry(s).or_default().push(revision);
         }
     }
-    if let Some(why) = failed {
-        tracing::warn!(
-            revision,
-            why,
-            "a txn over several shards has an unknown outcome here"
-        );
-        return Err(ApiError::TimeoutLeaderFail);
+    for (s, revisions) in per_shard {
+        let (reply, _) = tokio::sync::oneshot::channel();
+        router
+            .tell(s, ShardCommand::CrossForget { revisions, reply })
+            .await;
     }
-    if !record.is_empty() {
-        for &s in &shards {
-            let (reply, _) = tokio::sync::oneshot::channel();
-            router
-                .tell(s, ShardCommand::CrossForget { revision, reply })
-                .await;
-        }
-    }
-    Ok(done)
 }
 
 /// Revokes lease `id` on every shard that has it, at one revision, the way
@@ -306,7 +477,7 @@ async fn revoke_held(
     // hold is answered once every entry before it is applied, so that the
     // lease's presence below is current.
     let every_key = [(Bytes::from_static(b"\0"), Bytes::from_static(b"\0"))];
-    hold_all(router, txn, shards, &[], &every_key).await?;
+    hold_all(router, txn, 1, shards, &[], &every_key).await?;
     let revision = keyspace.next_revision().ok_or(ApiError::NoLeader)?;
     let has = join_all(
         shards
@@ -330,7 +501,11 @@ async fn revoke_held(
     if parts.is_empty() {
         return Err(ApiError::LeaseNotFound);
     }
-    propose_parts(router, txn, revision, parts, taken).await?;
+    let queued = queue_parts(router, txn, revision, parts, |_| true).await;
+    drop(taken);
+    let record = queued.record();
+    queued.settle().await?;
+    forget(router, record).await;
     Ok(revision)
 }
 
@@ -426,6 +601,7 @@ pub async fn finish_earlier(router: &Router) -> Result<usize, ApiError> {
                     txn: 0,
                     revision,
                     part: part_msg,
+                    last: true,
                     reply,
                 })
                 .await?;
@@ -439,7 +615,10 @@ pub async fn finish_earlier(router: &Router) -> Result<usize, ApiError> {
         }
         for &s in &holders {
             router
-                .ask(s, |reply| ShardCommand::CrossForget { revision, reply })
+                .ask(s, |reply| ShardCommand::CrossForget {
+                    revisions: vec![revision],
+                    reply,
+                })
                 .await?;
         }
     }

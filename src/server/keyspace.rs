@@ -110,6 +110,8 @@ pub struct Keyspace {
     expired_wanted: tokio::sync::Notify,
     /// The shards this member's txns over several shards hold.
     pub holds: std::sync::Arc<super::hold_table::HoldTable>,
+    /// Txns over several shards gathered while they wait for the holds.
+    pub batches: std::sync::Arc<super::txn_batch::Batches>,
 }
 
 impl Keyspace {
@@ -131,6 +133,7 @@ impl Keyspace {
             expired_leases: Mutex::new(Vec::new()),
             expired_wanted: tokio::sync::Notify::new(),
             holds: Default::default(),
+            batches: Default::default(),
         }
     }
 

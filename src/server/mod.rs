@@ -28,6 +28,7 @@ pub mod peer_links;
 pub mod router;
 pub mod shard;
 pub mod start_error;
+pub mod txn_batch;
 pub mod validate;
 pub mod watch;
 pub mod watch_merge;

@@ -1,10 +1,11 @@
 //! What the tests of txns over several shards share: a cluster started
 //! with `--shards`, the shards keys route to, and a txn sent with a bounded
 //! wait whose failure is told apart as a refusal or an unknown outcome. The
-//! scenarios are in `bank.rs` and `kill9.rs`.
+//! scenarios are in `bank.rs`, `batch.rs` and `kill9.rs`.
 
 pub(crate) mod accounts;
 pub(crate) mod bank;
+pub(crate) mod batch;
 pub(crate) mod kill9;
 pub(crate) mod ledger;
 

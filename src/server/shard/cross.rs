@@ -15,9 +15,15 @@ use super::in_flight::InFlight;
 use super::*;
 use crate::server::command::{CrossHeld, CrossRecords};
 
+/// A part Raft took.
+struct ProposedPart {
+    last: bool,
+}
+
 /// A txn asking to hold the shard (see `ShardCommand::CrossHold`).
 struct HoldAsk {
     txn: u64,
+    txns: u32,
     compares: Vec<pb::Compare>,
     keys: Vec<(Bytes, Bytes)>,
     reply: Reply<CrossHeld>,
@@ -41,12 +47,23 @@ pub(super) struct Cross {
     /// Records asked by an opening keyspace leader, answered once the
     /// entries proposed before the ask (the index) are applied.
     records: Vec<(u64, Reply<CrossRecords>)>,
-    /// The holder's part, when Raft did not take it (too many uncommitted
-    /// entries): proposed again on the next close tick.
-    unproposed: Option<(Bytes, u64, Reply<WriteResult>)>,
+    /// The holder's parts Raft did not take yet (too many uncommitted
+    /// entries), in revision order: proposed again on the next close tick.
+    unproposed: VecDeque<Unproposed>,
     /// Led here, with every entry of earlier terms applied (the keyspace
     /// was told): a part of an earlier leader's txn may be proposed.
     pub(super) ready: bool,
+}
+
+/// A part waiting for Raft to take it.
+struct Unproposed {
+    data: Bytes,
+    id: u64,
+    revision: i64,
+    /// The last part of the holder's batch here: its hold ends once it is
+    /// proposed.
+    last: bool,
+    reply: Reply<WriteResult>,
 }
 
 struct Holder {
@@ -70,11 +87,13 @@ impl Shard {
         match cmd {
             ShardCommand::CrossHold {
                 txn,
+                txns,
                 compares,
                 keys,
                 reply,
             } => self.cross_hold(HoldAsk {
                 txn,
+                txns,
                 compares,
                 keys,
                 reply,
@@ -98,10 +117,11 @@ impl Shard {
                 txn,
                 revision,
                 part,
+                last,
                 reply,
-            } => self.cross_propose(txn, revision, part, reply),
+            } => self.cross_propose(txn, revision, part, last, reply),
             ShardCommand::CrossRelease { txn } => self.cross_release(txn),
-            ShardCommand::CrossForget { revision, reply } => self.cross_forget(revision, reply),
+            ShardCommand::CrossForget { revisions, reply } => self.cross_forget(revisions, reply),
             ShardCommand::CrossRecords { reply } => self.cross_records(reply),
             other => unreachable!("not a cross-shard command: {other:?}"),
         }
@@ -143,6 +163,9 @@ impl Shard {
         if self.cross.holder.is_some() {
             self.cross.waiting.push_back(ask);
             return;
+        }
+        if let Some(m) = &self.metrics {
+            m.cross_hold(u64::from(ask.txns));
         }
         let index = self.node.last_index();
         // Only the entries before the hold that touch the txn's keys must
@@ -251,8 +274,8 @@ impl Shard {
     /// Ends every hold and wait of a txn, which is answered `err`.
     fn end_holds(&mut self, err: ApiError) {
         self.cross.holder = None;
-        if let Some((_, _, reply)) = self.cross.unproposed.take() {
-            let _ = reply.send(Err(err.clone()));
+        for part in self.cross.unproposed.drain(..) {
+            let _ = part.reply.send(Err(err.clone()));
         }
         for ask in self.cross.waiting.drain(..) {
             let _ = ask.reply.send(Err(err.clone()));
@@ -291,11 +314,15 @@ impl Shard {
         }
     }
 
+    /// Proposes a part at `revision`. A txn's parts (the parts of every txn
+    /// of a batch, in revision order) arrive while it holds the shard; the
+    /// hold ends once the `last` one is proposed.
     fn cross_propose(
         &mut self,
         txn: u64,
         revision: i64,
         part: CrossTxnPart,
+        last: bool,
         reply: Reply<WriteResult>,
     ) {
         if txn == 0 {
@@ -326,29 +353,45 @@ impl Shard {
             }
             .encode_to_vec(),
         );
-        self.propose_part(data, id, reply, true);
-        if txn != 0 && self.cross.unproposed.is_none() {
-            self.proposed_revision(revision);
-            self.cross_release(txn);
+        let part = Unproposed {
+            data,
+            id,
+            revision,
+            last: last || txn == 0,
+            reply,
+        };
+        if txn != 0 && !self.cross.unproposed.is_empty() {
+            // An earlier part waits for Raft: this one goes after it.
+            self.cross.unproposed.push_back(part);
+            return;
+        }
+        if let Some(proposed) = self.propose_part(part) {
+            if txn != 0 && proposed.last {
+                self.cross_release(txn);
+            }
         }
     }
 
-    /// Proposes a part (or, not `part`, a forget); a part Raft does not take
-    /// now for too many uncommitted entries waits in `unproposed` (the hold
-    /// stays) and is proposed again on the next close tick. A part Raft
-    /// refuses otherwise (a transfer under way) may leave its txn applied on
-    /// other shards only: see [`Shard::part_refused`].
-    fn propose_part(&mut self, data: Bytes, id: u64, reply: Reply<WriteResult>, part: bool) {
-        match self.node.propose(data.clone()) {
-            Ok(()) => self.proposed(id, reply, data),
-            Err(raft::RaftError::UncommittedLimit { .. }) if part => {
-                self.cross.unproposed = Some((data, id, reply));
+    /// Proposes a part; a part Raft does not take now for too many
+    /// uncommitted entries waits in `unproposed` (the hold stays) and is
+    /// proposed again on the next close tick. A part Raft refuses otherwise
+    /// (a transfer under way) may leave its txn applied on other shards
+    /// only: see [`Shard::part_refused`]. Some(what it was) once proposed.
+    fn propose_part(&mut self, part: Unproposed) -> Option<ProposedPart> {
+        match self.node.propose(part.data.clone()) {
+            Ok(()) => {
+                self.proposed_revision(part.revision);
+                self.proposed(part.id, part.reply, part.data);
+                Some(ProposedPart { last: part.last })
+            }
+            Err(raft::RaftError::UncommittedLimit { .. }) => {
+                self.cross.unproposed.push_front(part);
+                None
             }
             Err(e) => {
-                let _ = reply.send(Err(self.refused(e)));
-                if part {
-                    self.part_refused();
-                }
+                let _ = part.reply.send(Err(self.refused(e)));
+                self.part_refused();
+                None
             }
         }
     }
@@ -370,23 +413,25 @@ impl Shard {
         self.end_holds(ApiError::LeaderChanged);
     }
 
-    /// Proposes again a part Raft did not take (see `propose_part`).
+    /// Proposes again, in order, the parts Raft did not take (see
+    /// `propose_part`).
     pub(super) fn retry_cross_part(&mut self) {
-        let Some((data, id, reply)) = self.cross.unproposed.take() else {
-            return;
-        };
-        self.propose_part(data, id, reply, true);
-        if self.cross.unproposed.is_none() {
-            if let Some(txn) = self.cross.holder.as_ref().map(|h| h.txn) {
-                self.cross_release(txn);
+        while let Some(part) = self.cross.unproposed.pop_front() {
+            let Some(proposed) = self.propose_part(part) else {
+                return;
+            };
+            if proposed.last && self.cross.unproposed.is_empty() {
+                if let Some(txn) = self.cross.holder.as_ref().map(|h| h.txn) {
+                    self.cross_release(txn);
+                }
             }
         }
     }
 
     fn cross_release(&mut self, txn: u64) {
         if self.cross.holder.as_ref().is_some_and(|h| h.txn == txn) {
-            if self.cross.unproposed.is_some() {
-                // Its part still waits to be proposed: the hold stays.
+            if !self.cross.unproposed.is_empty() {
+                // Its parts still wait to be proposed: the hold stays.
                 return;
             }
             self.cross.holder = None;
@@ -421,22 +466,36 @@ impl Shard {
         }
     }
 
-    fn cross_forget(&mut self, revision: i64, reply: Reply<()>) {
+    /// Has the records of the txns at `revisions` forgotten, in one entry.
+    fn cross_forget(&mut self, revisions: Vec<i64>, reply: Reply<()>) {
         if let Err(e) = self.cross_led() {
             let _ = reply.send(Err(e));
             return;
         }
+        let Some((&revision, more)) = revisions.split_first() else {
+            let _ = reply.send(Ok(()));
+            return;
+        };
         self.next_request_id += 1;
         let id = self.next_request_id;
         let data = ShardRequest {
             id,
             member: self.member_id,
-            request: Some(shard_request::Request::CrossDone(CrossTxnDone { revision })),
+            request: Some(shard_request::Request::CrossDone(CrossTxnDone {
+                revision,
+                more: more.to_vec(),
+            })),
             revision: 0,
         }
         .encode_to_vec();
         let (tx, rx) = tokio::sync::oneshot::channel();
-        self.propose_part(Bytes::from(data), id, tx, false);
+        let data = Bytes::from(data);
+        match self.node.propose(data.clone()) {
+            Ok(()) => self.proposed(id, tx, data),
+            Err(e) => {
+                let _ = tx.send(Err(self.refused(e)));
+            }
+        }
         tokio::task::spawn_local(async move {
             let answer = match rx.await {
                 Ok(r) => r.map(|_| ()),
@@ -506,6 +565,9 @@ impl Shard {
 
     pub(super) fn apply_cross_done(&mut self, index: u64, done: CrossTxnDone) -> WriteResult {
         self.store.remove_txn_record(done.revision);
+        for revision in done.more {
+            self.store.remove_txn_record(revision);
+        }
         self.store.set_applied_index(index);
         WriteResult::Applied {
             revision: self.store.current_revision(),

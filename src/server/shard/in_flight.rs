@@ -105,23 +105,21 @@ fn add_txn_ranges(t: &TxnRequest, out: &mut Vec<(Bytes, Bytes)>) {
 }
 
 /// Whether two etcd key ranges share a key.
-fn ranges_overlap(a: &(Bytes, Bytes), b: &(Bytes, Bytes)) -> bool {
-    // [start, end): end None for "to the last key".
-    let span = |(key, end): &(Bytes, Bytes)| -> (Vec<u8>, Option<Vec<u8>>) {
-        if end.is_empty() {
-            let mut next = key.to_vec();
-            next.push(0);
-            (key.to_vec(), Some(next))
-        } else if end.as_ref() == b"\0" {
-            (key.to_vec(), None)
-        } else {
-            (key.to_vec(), Some(end.to_vec()))
-        }
-    };
-    let (a0, a1) = span(a);
-    let (b0, b1) = span(b);
-    let before = |start: &Vec<u8>, end: &Option<Vec<u8>>| end.as_ref().is_none_or(|e| start < e);
-    before(&a0, &b1) && before(&b0, &a1)
+pub(crate) fn ranges_overlap(a: &(Bytes, Bytes), b: &(Bytes, Bytes)) -> bool {
+    starts_before_end(&a.0, b) && starts_before_end(&b.0, a)
+}
+
+/// Whether `start` is below the end of etcd key range `range`: `range_end`
+/// empty for the one key (its end is the key followed by a zero byte) and
+/// `"\0"` for every key from the key on.
+fn starts_before_end(start: &[u8], (key, end): &(Bytes, Bytes)) -> bool {
+    if end.is_empty() {
+        start <= key.as_ref()
+    } else if end.as_ref() == b"\0" {
+        true
+    } else {
+        start < end.as_ref()
+    }
 }
 
 /// An entry (or the entries of one forwarded proposal) in flight: kept

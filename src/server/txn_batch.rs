@@ -1,0 +1,224 @@
+//! Txns over several shards that wait for the same holds run as one batch.
+//!
+//! Txns over the same shards take them one after another from the hold
+//! table, each for a hop to every shard and back; under load that hold time,
+//! not Raft, bounds their rate. A txn that finds another txn over the same
+//! shards still waiting for them joins it, when no key it names is named by
+//! a txn already in the batch: the batch takes the holds once, every txn's
+//! compares are read together (each sees the keyspace just before its own
+//! revision, since no other txn of the batch touches its keys), and the
+//! txns take consecutive revisions and propose their parts in that order.
+//! A txn that cannot join waits for the holds on its own, after the batch.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use bytes::Bytes;
+use cairn_proto::etcdserverpb::{TxnRequest, TxnResponse};
+use tokio::sync::oneshot;
+
+use super::errors::ApiError;
+use super::shard::ranges_overlap;
+use crate::routing::ShardId;
+
+/// Most txns one batch runs: bounds the hold on its shards and the size of
+/// what each shard proposes at once.
+pub const MAX_BATCH: usize = 64;
+
+/// What a txn that joined a batch is answered.
+pub type Answer = Result<TxnResponse, ApiError>;
+
+/// The batches still waiting for their holds, by the shards they want.
+#[derive(Debug, Default)]
+pub struct Batches {
+    open: Mutex<HashMap<Vec<ShardId>, Open>>,
+    next: std::sync::atomic::AtomicU64,
+}
+
+#[derive(Debug)]
+struct Open {
+    id: u64,
+    /// Every key range the batch's txns name.
+    keys: Vec<(Bytes, Bytes)>,
+    joined: Vec<Joined>,
+}
+
+/// A txn run by another txn's batch.
+#[derive(Debug)]
+pub struct Joined {
+    pub req: TxnRequest,
+    pub reply: oneshot::Sender<Answer>,
+}
+
+/// How a txn is run.
+#[derive(Debug)]
+pub enum Entry {
+    /// It leads a new batch: it takes the holds, then runs the batch.
+    Lead(Leading),
+    /// It joined a batch, whose leader answers it.
+    Joined(oneshot::Receiver<Answer>),
+    /// A batch over its shards names some of its keys: it runs alone.
+    Alone,
+}
+
+/// The batch a leading txn gathers while it waits for the holds.
+#[derive(Debug)]
+pub struct Leading {
+    batches: Arc<Batches>,
+    shards: Vec<ShardId>,
+    id: u64,
+}
+
+impl Batches {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Vec<ShardId>, Open>> {
+        self.open.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Enters a txn over `shards` (sorted) naming `keys`: joins the batch
+    /// waiting for the same shards if it can, or leads a new one.
+    pub fn enter(
+        self: &Arc<Self>,
+        shards: &[ShardId],
+        keys: &[(Bytes, Bytes)],
+        req: &TxnRequest,
+    ) -> Entry {
+        let mut open = self.lock();
+        if let Some(batch) = open.get_mut(shards) {
+            let disjoint = !batch
+                .keys
+                .iter()
+                .any(|a| keys.iter().any(|b| ranges_overlap(a, b)));
+            if !disjoint || batch.joined.len() + 1 >= MAX_BATCH {
+                return Entry::Alone;
+            }
+            let (reply, rx) = oneshot::channel();
+            batch.keys.extend_from_slice(keys);
+            batch.joined.push(Joined {
+                req: req.clone(),
+                reply,
+            });
+            return Entry::Joined(rx);
+        }
+        let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        open.insert(
+            shards.to_vec(),
+            Open {
+                id,
+                keys: keys.to_vec(),
+                joined: Vec::new(),
+            },
+        );
+        Entry::Lead(Leading {
+            batches: self.clone(),
+            shards: shards.to_vec(),
+            id,
+        })
+    }
+}
+
+impl Leading {
+    /// Closes the batch (a later txn over its shards leads a new one) and
+    /// hands over the txns that joined it, in the order they came.
+    pub fn close(self) -> Vec<Joined> {
+        self.take()
+    }
+
+    fn take(&self) -> Vec<Joined> {
+        let mut open = self.batches.lock();
+        match open.get(&self.shards) {
+            Some(b) if b.id == self.id => open
+                .remove(&self.shards)
+                .map(|b| b.joined)
+                .unwrap_or_default(),
+            _ => Vec::new(),
+        }
+    }
+}
+
+impl Drop for Leading {
+    /// A batch whose leader ended without closing it (its task failed)
+    /// ends too: its joined txns are answered that their outcome is unknown
+    /// (nothing of theirs was proposed, but they cannot know).
+    fn drop(&mut self) {
+        for j in self.take() {
+            let _ = j.reply.send(Err(ApiError::TimeoutLeaderFail));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cairn_proto::etcdserverpb::{request_op, PutRequest, RequestOp};
+
+    fn put(key: &str) -> (Vec<(Bytes, Bytes)>, TxnRequest) {
+        let req = TxnRequest {
+            success: vec![RequestOp {
+                request: Some(request_op::Request::RequestPut(PutRequest {
+                    key: Bytes::copy_from_slice(key.as_bytes()),
+                    ..Default::default()
+                })),
+            }],
+            ..Default::default()
+        };
+        (crate::server::shard::txn_ranges(&req), req)
+    }
+
+    #[test]
+    fn txns_over_the_same_shards_and_other_keys_join_the_waiting_batch() {
+        let b = Arc::new(Batches::default());
+        let (k1, r1) = put("a");
+        let (k2, r2) = put("b");
+        let (k3, r3) = put("c");
+        let Entry::Lead(lead) = b.enter(&[0, 1], &k1, &r1) else {
+            panic!("the first txn leads");
+        };
+        assert!(matches!(b.enter(&[0, 1], &k2, &r2), Entry::Joined(_)));
+        // Other shards: a batch of its own.
+        let Entry::Lead(other) = b.enter(&[0, 2], &k3, &r3) else {
+            panic!("a txn over other shards leads its own batch");
+        };
+        let joined = lead.close();
+        assert_eq!(joined.len(), 1);
+        assert_eq!(joined[0].req, r2);
+        assert!(other.close().is_empty());
+        // Closed: the next txn leads a new batch.
+        assert!(matches!(b.enter(&[0, 1], &k2, &r2), Entry::Lead(_)));
+    }
+
+    #[test]
+    fn a_txn_naming_a_key_of_the_batch_runs_alone() {
+        let b = Arc::new(Batches::default());
+        let (k1, r1) = put("a");
+        let Entry::Lead(lead) = b.enter(&[0, 1], &k1, &r1) else {
+            panic!("the first txn leads");
+        };
+        let prefix = vec![(Bytes::from_static(b"a"), Bytes::from_static(b"b"))];
+        assert!(matches!(b.enter(&[0, 1], &prefix, &r1), Entry::Alone));
+        assert!(matches!(b.enter(&[0, 1], &k1, &r1), Entry::Alone));
+        assert!(lead.close().is_empty());
+    }
+
+    #[test]
+    fn a_batch_is_bounded_and_its_joiners_hear_when_its_leader_ends() {
+        let b = Arc::new(Batches::default());
+        let (k0, r0) = put("k0");
+        let Entry::Lead(lead) = b.enter(&[0, 1], &k0, &r0) else {
+            panic!("the first txn leads");
+        };
+        let mut waiting = Vec::new();
+        for i in 1..MAX_BATCH {
+            let (k, r) = put(&format!("k{i}"));
+            match b.enter(&[0, 1], &k, &r) {
+                Entry::Joined(rx) => waiting.push(rx),
+                other => panic!("txn {i} of the batch: {other:?}"),
+            }
+        }
+        let (k, r) = put("full");
+        assert!(matches!(b.enter(&[0, 1], &k, &r), Entry::Alone));
+        drop(lead);
+        for mut rx in waiting {
+            assert_eq!(rx.try_recv().unwrap(), Err(ApiError::TimeoutLeaderFail));
+        }
+    }
+}
