@@ -513,3 +513,45 @@ fn captured_changes_and_snapshots_carry_the_entries_revisions() {
     assert_eq!((stream.revision(), stream.count()), (11, 0));
     assert_eq!(stream.next_chunk().unwrap(), None);
 }
+
+/// Parts of several txns in one entry: each lands at its own revision, in
+/// order; a part at a revision already reached is refused alone; the entry's
+/// index is applied once, and the store is at the last part's revision.
+#[test]
+fn the_parts_of_one_entry_land_each_at_its_own_revision() {
+    let mut t = T::new();
+    t.put(10, "a", "0");
+    let (first, second, stale) = (put("a", "1"), put("b", "1"), put("c", "1"));
+    let answers = t
+        .store
+        .apply_parts_at(
+            2,
+            &[(20, &first, &[]), (15, &stale, &[]), (30, &second, &[])],
+        )
+        .unwrap();
+    assert!(matches!(
+        answers[0],
+        Ok(OpResult::Put(PutResponse { revision: 20, .. }))
+    ));
+    assert!(matches!(
+        answers[1],
+        Err(ApplyError::StaleRevision { revision: 15, .. })
+    ));
+    assert!(matches!(
+        answers[2],
+        Ok(OpResult::Put(PutResponse { revision: 30, .. }))
+    ));
+    assert_eq!(t.store.applied_index(), 2);
+    assert_eq!(t.store.current_revision(), 30);
+    assert_eq!(t.all(20), vec![kv("a", "1", 20)]);
+    assert_eq!(t.all(29), vec![kv("a", "1", 20)]);
+    assert_eq!(t.all(30), vec![kv("a", "1", 20), kv("b", "1", 30)]);
+    // The index is taken: the entry again, or an older one, is refused whole.
+    assert!(matches!(
+        t.store.apply_parts_at(2, &[(40, &stale, &[])]),
+        Err(ApplyError::StaleIndex { .. })
+    ));
+    t.index = 2;
+    t.put(40, "c", "2");
+    assert_eq!(t.all(40).len(), 3);
+}

@@ -44,6 +44,9 @@ pub enum WriteResult {
     Applied {
         revision: i64,
     },
+    /// The parts of several txns over several shards proposed in one entry:
+    /// each part's answer, in the entry's order.
+    Parts(Vec<Result<WriteResult, ApiError>>),
 }
 
 /// A shard's view of itself, for Status and readiness.

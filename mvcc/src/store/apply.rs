@@ -132,6 +132,50 @@ impl Store {
         self.apply_at_subs(index, revision, part, subs.to_vec())
     }
 
+    /// Applies Raft entry `index` carrying the parts of several txns over
+    /// several shards, each `(revision, part, subs)` as
+    /// [`Store::apply_part_at`] applies one, in order (revisions ascending).
+    /// The entry is refused whole (the outer error) when the store would
+    /// refuse any entry at `index`; otherwise each part's answer, a part
+    /// after one that poisoned the store answering [`ApplyError::Poisoned`].
+    /// The applied index is `index` unless a part poisoned the store.
+    pub fn apply_parts_at(
+        &mut self,
+        index: u64,
+        parts: &[(i64, &Op, &[i64])],
+    ) -> Result<Vec<Result<OpResult, ApplyError>>, ApplyError> {
+        self.check_apply(index)?;
+        let mut answers = Vec::with_capacity(parts.len());
+        for &(revision, op, subs) in parts {
+            if self.poisoned {
+                answers.push(Err(ApplyError::Poisoned {
+                    file: self.file.to_string(),
+                }));
+                continue;
+            }
+            if revision <= self.current_rev {
+                answers.push(Err(ApplyError::StaleRevision {
+                    file: self.file.to_string(),
+                    revision,
+                    current_revision: self.current_rev,
+                }));
+                continue;
+            }
+            let tx = Tx {
+                main: revision,
+                sub: 0,
+                written: false,
+                idle_rev: revision,
+                part_subs: subs.to_vec(),
+            };
+            answers.push(self.apply_entry(index, tx, op));
+        }
+        if !self.poisoned {
+            self.applied_index = index;
+        }
+        Ok(answers)
+    }
+
     fn apply_at_subs(
         &mut self,
         index: u64,

@@ -267,6 +267,7 @@ impl Shard {
             },
             R::LeaseRevoke(g) => mvcc::Op::LeaseRevoke { id: g.id },
             R::CrossPart(part) => return self.apply_cross_part(index, revision, part),
+            R::CrossParts(parts) => return self.apply_cross_parts(index, parts),
             R::CrossDone(done) => return Ok(self.apply_cross_done(index, done)),
             R::Close(_) => {
                 return match self.store.close_at(index, revision) {

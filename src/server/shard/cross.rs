@@ -9,16 +9,11 @@
 
 use std::collections::VecDeque;
 
-use cairn_proto::cairnpb::{CrossTxnDone, CrossTxnPart};
+use cairn_proto::cairnpb::{CrossTxnDone, CrossTxnPart, CrossTxnPartAt, CrossTxnParts};
 
 use super::in_flight::InFlight;
 use super::*;
 use crate::server::command::{CrossHeld, CrossRecords};
-
-/// A part Raft took.
-struct ProposedPart {
-    last: bool,
-}
 
 /// A txn asking to hold the shard (see `ShardCommand::CrossHold`).
 struct HoldAsk {
@@ -47,22 +42,23 @@ pub(super) struct Cross {
     /// Records asked by an opening keyspace leader, answered once the
     /// entries proposed before the ask (the index) are applied.
     records: Vec<(u64, Reply<CrossRecords>)>,
-    /// The holder's parts Raft did not take yet (too many uncommitted
-    /// entries), in revision order: proposed again on the next close tick.
-    unproposed: VecDeque<Unproposed>,
+    /// The holder's parts here before its last, proposed with the last in
+    /// one entry.
+    gathered: Vec<(i64, CrossTxnPart, Reply<WriteResult>)>,
+    /// The holder's entry of parts, when Raft did not take it (too many
+    /// uncommitted entries): proposed again on the next close tick.
+    unproposed: Option<Unproposed>,
     /// Led here, with every entry of earlier terms applied (the keyspace
     /// was told): a part of an earlier leader's txn may be proposed.
     pub(super) ready: bool,
 }
 
-/// A part waiting for Raft to take it.
+/// An entry of parts waiting for Raft to take it.
 struct Unproposed {
     data: Bytes,
     id: u64,
+    /// Its (last) part's revision.
     revision: i64,
-    /// The last part of the holder's batch here: its hold ends once it is
-    /// proposed.
-    last: bool,
     reply: Reply<WriteResult>,
 }
 
@@ -274,7 +270,10 @@ impl Shard {
     /// Ends every hold and wait of a txn, which is answered `err`.
     fn end_holds(&mut self, err: ApiError) {
         self.cross.holder = None;
-        for part in self.cross.unproposed.drain(..) {
+        for (_, _, reply) in self.cross.gathered.drain(..) {
+            let _ = reply.send(Err(err.clone()));
+        }
+        if let Some(part) = self.cross.unproposed.take() {
             let _ = part.reply.send(Err(err.clone()));
         }
         for ask in self.cross.waiting.drain(..) {
@@ -314,9 +313,10 @@ impl Shard {
         }
     }
 
-    /// Proposes a part at `revision`. A txn's parts (the parts of every txn
-    /// of a batch, in revision order) arrive while it holds the shard; the
-    /// hold ends once the `last` one is proposed.
+    /// Proposes a part at `revision`. The parts of a batch's txns here
+    /// arrive while it holds the shard, in revision order; they are
+    /// gathered until the `last`, then proposed in one entry, and the hold
+    /// ends.
     fn cross_propose(
         &mut self,
         txn: u64,
@@ -342,56 +342,95 @@ impl Shard {
             let _ = reply.send(Err(e));
             return;
         }
+        if txn != 0 && !last {
+            self.cross.gathered.push((revision, part, reply));
+            return;
+        }
         self.next_request_id += 1;
         let id = self.next_request_id;
+        let (request, reply) = if self.cross.gathered.is_empty() {
+            (shard_request::Request::CrossPart(part), reply)
+        } else {
+            let mut parts = std::mem::take(&mut self.cross.gathered);
+            parts.push((revision, part, reply));
+            self.parts_entry(parts)
+        };
         let data = Bytes::from(
             ShardRequest {
                 id,
                 member: self.member_id,
-                request: Some(shard_request::Request::CrossPart(part)),
+                request: Some(request),
                 revision,
             }
             .encode_to_vec(),
         );
-        let part = Unproposed {
+        let entry = Unproposed {
             data,
             id,
             revision,
-            last: last || txn == 0,
             reply,
         };
-        if txn != 0 && !self.cross.unproposed.is_empty() {
-            // An earlier part waits for Raft: this one goes after it.
-            self.cross.unproposed.push_back(part);
-            return;
-        }
-        if let Some(proposed) = self.propose_part(part) {
-            if txn != 0 && proposed.last {
-                self.cross_release(txn);
-            }
+        if self.propose_part(entry) && txn != 0 {
+            self.cross_release(txn);
         }
     }
 
-    /// Proposes a part; a part Raft does not take now for too many
+    /// One entry for the parts of a batch's txns here (revisions
+    /// ascending), and the reply that hands each part its own answer.
+    fn parts_entry(
+        &self,
+        parts: Vec<(i64, CrossTxnPart, Reply<WriteResult>)>,
+    ) -> (shard_request::Request, Reply<WriteResult>) {
+        let mut replies = Vec::with_capacity(parts.len());
+        let mut entry = CrossTxnParts {
+            parts: Vec::with_capacity(parts.len()),
+        };
+        for (revision, part, reply) in parts {
+            entry.parts.push(CrossTxnPartAt {
+                revision,
+                part: Some(part),
+            });
+            replies.push(reply);
+        }
+        let mismatch = self.storage_error(format!(
+            "an entry of {} parts answered otherwise",
+            replies.len()
+        ));
+        let (tx, rx) = tokio::sync::oneshot::channel::<Result<WriteResult, ApiError>>();
+        tokio::task::spawn_local(async move {
+            let answers = match rx.await {
+                Ok(Ok(WriteResult::Parts(answers))) if answers.len() == replies.len() => answers,
+                Ok(Ok(_)) => vec![Err(mismatch); replies.len()],
+                Ok(Err(e)) => vec![Err(e); replies.len()],
+                Err(_) => vec![Err(ApiError::Stopped); replies.len()],
+            };
+            for (reply, answer) in replies.into_iter().zip(answers) {
+                let _ = reply.send(answer);
+            }
+        });
+        (shard_request::Request::CrossParts(entry), tx)
+    }
+
+    /// Proposes an entry of parts; one Raft does not take now for too many
     /// uncommitted entries waits in `unproposed` (the hold stays) and is
-    /// proposed again on the next close tick. A part Raft refuses otherwise
-    /// (a transfer under way) may leave its txn applied on other shards
-    /// only: see [`Shard::part_refused`]. Some(what it was) once proposed.
-    fn propose_part(&mut self, part: Unproposed) -> Option<ProposedPart> {
-        match self.node.propose(part.data.clone()) {
+    /// proposed again on the next close tick. One Raft refuses otherwise (a
+    /// transfer under way) may leave its txns applied on other shards only:
+    /// see [`Shard::part_refused`]. Whether it was proposed.
+    fn propose_part(&mut self, entry: Unproposed) -> bool {
+        match self.node.propose(entry.data.clone()) {
             Ok(()) => {
-                self.proposed_revision(part.revision);
-                self.proposed(part.id, part.reply, part.data);
-                Some(ProposedPart { last: part.last })
+                self.proposed_revision(entry.revision);
+                self.proposed(entry.id, entry.reply, entry.data);
+                true
             }
             Err(raft::RaftError::UncommittedLimit { .. }) => {
-                self.cross.unproposed.push_front(part);
-                None
+                self.cross.unproposed = Some(entry);
+                false
             }
             Err(e) => {
-                let _ = part.reply.send(Err(self.refused(e)));
+                let _ = entry.reply.send(Err(self.refused(e)));
                 self.part_refused();
-                None
+                false
             }
         }
     }
@@ -413,25 +452,30 @@ impl Shard {
         self.end_holds(ApiError::LeaderChanged);
     }
 
-    /// Proposes again, in order, the parts Raft did not take (see
+    /// Proposes again the entry of parts Raft did not take (see
     /// `propose_part`).
     pub(super) fn retry_cross_part(&mut self) {
-        while let Some(part) = self.cross.unproposed.pop_front() {
-            let Some(proposed) = self.propose_part(part) else {
-                return;
-            };
-            if proposed.last && self.cross.unproposed.is_empty() {
-                if let Some(txn) = self.cross.holder.as_ref().map(|h| h.txn) {
-                    self.cross_release(txn);
-                }
+        let Some(entry) = self.cross.unproposed.take() else {
+            return;
+        };
+        if self.propose_part(entry) {
+            if let Some(txn) = self.cross.holder.as_ref().map(|h| h.txn) {
+                self.cross_release(txn);
             }
         }
     }
 
     fn cross_release(&mut self, txn: u64) {
         if self.cross.holder.as_ref().is_some_and(|h| h.txn == txn) {
-            if !self.cross.unproposed.is_empty() {
+            if self.cross.unproposed.is_some() {
                 // Its parts still wait to be proposed: the hold stays.
+                return;
+            }
+            if !self.cross.gathered.is_empty() {
+                // Its last part never came: parts it took revisions for
+                // will not be proposed here, while other shards may have
+                // theirs. As for a part Raft refused.
+                self.part_refused();
                 return;
             }
             self.cross.holder = None;
@@ -525,14 +569,51 @@ impl Shard {
         revision: i64,
         part: CrossTxnPart,
     ) -> Result<WriteResult, ApiError> {
-        let revoke = part.revoke_lease;
-        let applied = if revoke != 0 {
-            self.store
-                .apply_at(index, revision, &mvcc::Op::LeaseRevoke { id: revoke })
-        } else {
-            let ops = mvcc::Op::Txn(convert::txn_from_pb(&part.ops.unwrap_or_default()));
-            self.store.apply_part_at(index, revision, &ops, &part.subs)
+        let op = part_op(&part);
+        let applied = self.store.apply_part_at(index, revision, &op, &part.subs);
+        self.part_applied(index, revision, &part, applied)
+    }
+
+    /// Applies the parts of a batch's txns proposed in one entry, each at
+    /// its own revision, as [`Shard::apply_cross_part`] applies one.
+    pub(super) fn apply_cross_parts(
+        &mut self,
+        index: u64,
+        entry: CrossTxnParts,
+    ) -> Result<WriteResult, ApiError> {
+        let parts: Vec<(i64, CrossTxnPart)> = entry
+            .parts
+            .into_iter()
+            .map(|p| (p.revision, p.part.unwrap_or_default()))
+            .collect();
+        let ops: Vec<mvcc::Op> = parts.iter().map(|(_, p)| part_op(p)).collect();
+        let each: Vec<(i64, &mvcc::Op, &[i64])> = parts
+            .iter()
+            .zip(&ops)
+            .map(|((revision, p), op)| (*revision, op, p.subs.as_slice()))
+            .collect();
+        let applied = match self.store.apply_parts_at(index, &each) {
+            Ok(applied) => applied,
+            Err(e) => return Err(self.apply_error(e)),
         };
+        let answers = parts
+            .iter()
+            .zip(applied)
+            .map(|((revision, part), a)| self.part_applied(index, *revision, part, a))
+            .collect();
+        Ok(WriteResult::Parts(answers))
+    }
+
+    /// After a part was applied (or refused): its record kept, its lease
+    /// revoked from the lease clock, and its answer.
+    fn part_applied(
+        &mut self,
+        index: u64,
+        revision: i64,
+        part: &CrossTxnPart,
+        applied: Result<mvcc::OpResult, mvcc::ApplyError>,
+    ) -> Result<WriteResult, ApiError> {
+        let revoke = part.revoke_lease;
         if !part.plan.is_empty() && !matches!(&applied, Err(e) if !e.is_request_error()) {
             self.store.put_txn_record(revision, &part.plan);
         }
@@ -572,5 +653,18 @@ impl Shard {
         WriteResult::Applied {
             revision: self.store.current_revision(),
         }
+    }
+}
+
+/// What a part runs on the store: its lease's revoke, or its ops.
+fn part_op(part: &CrossTxnPart) -> mvcc::Op {
+    if part.revoke_lease != 0 {
+        return mvcc::Op::LeaseRevoke {
+            id: part.revoke_lease,
+        };
+    }
+    match &part.ops {
+        Some(ops) => mvcc::Op::Txn(convert::txn_from_pb(ops)),
+        None => mvcc::Op::Txn(convert::txn_from_pb(&Default::default())),
     }
 }

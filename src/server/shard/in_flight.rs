@@ -35,6 +35,18 @@ impl Touch {
             R::CrossPart(p) => Some(Touch::Ranges(
                 p.ops.as_ref().map(txn_ranges).unwrap_or_default(),
             )),
+            R::CrossParts(ps) => {
+                let mut ranges = Vec::new();
+                for p in ps.parts.iter().filter_map(|p| p.part.as_ref()) {
+                    if p.revoke_lease != 0 {
+                        return Some(Touch::Everything);
+                    }
+                    if let Some(ops) = &p.ops {
+                        add_txn_ranges(ops, &mut ranges);
+                    }
+                }
+                Some(Touch::Ranges(ranges))
+            }
             R::LeaseGrant(_) | R::LeaseRevoke(_) => Some(Touch::Everything),
             _ => None,
         }
