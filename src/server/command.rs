@@ -218,8 +218,9 @@ pub enum ShardCommand {
         id: i64,
         reply: Reply<bool>,
     },
-    /// Proposes this shard's part of the txn at `revision` and, when it is
-    /// the holder's `last` part here, lets go of the hold; answered with the part's answer once applied here. `txn` 0:
+    /// Gathers this shard's part of the txn at `revision`; at the holder's
+    /// `last` part here, proposes the gathered parts (one entry) and lets go
+    /// of the hold. Answered with the part's answer once applied here. `txn` 0:
     /// a keyspace leader finishing an earlier leader's txn before it assigns
     /// revisions: proposed only if the shard has not reached `revision`
     /// (else answered at once with `WriteResult::Applied`).

@@ -7,7 +7,8 @@
 //! a txn already in the batch: the batch takes the holds once, every txn's
 //! compares are read together (each sees the keyspace just before its own
 //! revision, since no other txn of the batch touches its keys), and the
-//! txns take consecutive revisions and propose their parts in that order.
+//! txns take increasing revisions in the order they joined; each shard
+//! proposes the batch's parts there in one entry, in that order.
 //! A txn that cannot join waits for the holds on its own, after the batch.
 
 use std::collections::HashMap;
@@ -137,11 +138,11 @@ impl Leading {
 
 impl Drop for Leading {
     /// A batch whose leader ended without closing it (its task failed)
-    /// ends too: its joined txns are answered that their outcome is unknown
-    /// (nothing of theirs was proposed, but they cannot know).
+    /// ends too: nothing of its joined txns was proposed, so they are
+    /// answered with an error the caller retries.
     fn drop(&mut self) {
         for j in self.take() {
-            let _ = j.reply.send(Err(ApiError::TimeoutLeaderFail));
+            let _ = j.reply.send(Err(ApiError::LeaderChanged));
         }
     }
 }
@@ -218,7 +219,7 @@ mod tests {
         assert!(matches!(b.enter(&[0, 1], &k, &r), Entry::Alone));
         drop(lead);
         for mut rx in waiting {
-            assert_eq!(rx.try_recv().unwrap(), Err(ApiError::TimeoutLeaderFail));
+            assert_eq!(rx.try_recv().unwrap(), Err(ApiError::LeaderChanged));
         }
     }
 }
