@@ -112,6 +112,8 @@ pub struct Keyspace {
     pub holds: std::sync::Arc<super::hold_table::HoldTable>,
     /// Txns over several shards gathered while they wait for the holds.
     pub batches: std::sync::Arc<super::txn_batch::Batches>,
+    /// What each shard of this member has applied up to.
+    pub reached: super::reached::Reached,
 }
 
 impl Keyspace {
@@ -134,6 +136,7 @@ impl Keyspace {
             expired_wanted: tokio::sync::Notify::new(),
             holds: Default::default(),
             batches: Default::default(),
+            reached: super::reached::Reached::new(shards),
         }
     }
 

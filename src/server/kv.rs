@@ -21,7 +21,7 @@ use prost::Message;
 use tonic::{Request, Response, Status};
 
 use super::auth::{caller_of, check, AuthStore};
-use super::command::{ReadAt, WriteResult};
+use super::command::{ReadAt, WriteResult, REQUEST_TIMEOUT};
 use super::cross_txn;
 use super::errors::ApiError;
 use super::members::MemberRegistry;
@@ -105,12 +105,32 @@ impl KvService {
             .await;
             let parts: Result<Vec<_>, _> = parts.into_iter().collect();
             merge_ranges(&req, parts?)
-        } else if shards.len() == 1 {
-            self.router.range(shards[0], req).await?
+        } else if let Some(keyspace) = &self.router.keyspace {
+            // Serializable, several shards per member: read at a cut of the
+            // revision order this member's shards have reached.
+            let revision = if req.revision > 0 {
+                keyspace
+                    .reached
+                    .wait_for(&shards, req.revision, REQUEST_TIMEOUT)
+                    .await?;
+                req.revision
+            } else {
+                keyspace.reached.cut(&shards)
+            };
+            if shards.len() == 1 && req.revision == 0 {
+                // One shard's own state is a cut at its own revision.
+                self.router.range(shards[0], req).await?
+            } else {
+                let parts = join_all(shards.iter().map(|&s| {
+                    self.router
+                        .range_at(s, req.clone(), ReadAt { revision, index: 0 })
+                }))
+                .await;
+                let parts: Result<Vec<_>, _> = parts.into_iter().collect();
+                merge_ranges(&req, parts?)
+            }
         } else {
-            let parts = join_all(shards.iter().map(|&s| self.router.range(s, req.clone()))).await;
-            let parts: Result<Vec<_>, _> = parts.into_iter().collect();
-            merge_ranges(&req, parts?)
+            self.router.range(shards[0], req).await?
         };
         self.identity.stamp(&mut resp.header);
         Ok(resp)

@@ -25,6 +25,7 @@ pub mod node;
 pub mod peer_http;
 pub mod peer_lease;
 pub mod peer_links;
+pub mod reached;
 pub mod router;
 pub mod shard;
 pub mod start_error;

@@ -109,21 +109,52 @@ pub(super) async fn read_by_txn(
     Ok((header_revision(&r), balances))
 }
 
-/// Every account read by its own get at `revision`.
+/// Every account by a get of each at `revision`, serializable (served by
+/// the member asked from its own state) when `serializable`.
 pub(super) async fn read_by_gets(
     c: &mut etcd_client::Client,
     revision: i64,
+    serializable: bool,
 ) -> Result<Vec<i64>, etcd_client::Error> {
     let mut balances = Vec::with_capacity(ACCOUNTS.len());
     for key in ACCOUNTS {
-        let r = c
-            .get(key, Some(GetOptions::new().with_revision(revision)))
-            .await?;
+        let mut options = GetOptions::new().with_revision(revision);
+        if serializable {
+            options = options.with_serializable();
+        }
+        let r = c.get(key, Some(options)).await?;
         let (balance, _) =
             account_of(r.kvs(), key).unwrap_or_else(|e| panic!("at {revision}: {e}"));
         balances.push(balance);
     }
     Ok(balances)
+}
+
+/// Every account by one serializable range over the whole keyspace (every
+/// shard): its header revision and the balances.
+pub(super) async fn read_serializable_range(
+    c: &mut etcd_client::Client,
+) -> Result<(i64, Vec<i64>), String> {
+    let r = c
+        .get(
+            "\0",
+            Some(GetOptions::new().with_range("\0").with_serializable()),
+        )
+        .await
+        .map_err(|e| format!("a serializable range over every shard: {e}"))?;
+    let revision = r
+        .header()
+        .expect("a range response has a header")
+        .revision();
+    let mut balances = Vec::with_capacity(ACCOUNTS.len());
+    for key in ACCOUNTS {
+        balances.push(
+            account_of(r.kvs(), key)
+                .map_err(|e| format!("at {revision}: {e}"))?
+                .0,
+        );
+    }
+    Ok((revision, balances))
 }
 
 /// One event a watch delivered.

@@ -13,8 +13,8 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use super::accounts::{
-    account_of, check_watched, read_by_gets, read_by_txn, History, Seen, Transfer, ACCOUNTS,
-    OPENING_BALANCE, TOTAL,
+    account_of, check_watched, read_by_gets, read_by_txn, read_serializable_range, History, Seen,
+    Transfer, ACCOUNTS, OPENING_BALANCE, TOTAL,
 };
 use super::{header_revision, placed, send_txn, shards_of, start, text, Failure, STEP_DEADLINE};
 use crate::common::{client, wait_writable};
@@ -135,12 +135,37 @@ async fn reader(
             .header()
             .expect("a range response has a header")
             .revision();
-        let balances = read_by_gets(&mut c, revision)
+        let balances = read_by_gets(&mut c, revision, false)
             .await
             .map_err(|e| format!("get --rev {revision}: {e}"))?;
         samples.push(Sample {
             member,
             how: "gets at one revision",
+            revision,
+            balances,
+        });
+        let (revision, balances) = read_serializable_range(&mut c).await?;
+        samples.push(Sample {
+            member,
+            how: "a serializable range over every shard",
+            revision,
+            balances,
+        });
+        // A revision one shard of this member gave, read on every shard
+        // (some may still be behind it here).
+        let revision = c
+            .get(ACCOUNTS[0], Some(GetOptions::new().with_serializable()))
+            .await
+            .map_err(|e| format!("get --consistency=s {}: {e}", ACCOUNTS[0]))?
+            .header()
+            .expect("a range response has a header")
+            .revision();
+        let balances = read_by_gets(&mut c, revision, true)
+            .await
+            .map_err(|e| format!("get --consistency=s --rev {revision}: {e}"))?;
+        samples.push(Sample {
+            member,
+            how: "serializable gets at one revision",
             revision,
             balances,
         });
@@ -350,9 +375,11 @@ pub(crate) async fn bank_transfers_keep_the_total_at_every_revision(shards: usiz
     let step = revisions.len().div_ceil(MAX_PAST_REVISIONS_READ).max(1);
     for (i, &revision) in revisions.iter().enumerate().filter(|(i, _)| i % step == 0) {
         let want = history.at(revision);
-        let by_gets = read_by_gets(&mut c, revision).await.unwrap_or_else(|e| {
-            panic!("{what}: get --rev {revision} after compacting at {compacted_at}: {e}")
-        });
+        let by_gets = read_by_gets(&mut c, revision, false)
+            .await
+            .unwrap_or_else(|e| {
+                panic!("{what}: get --rev {revision} after compacting at {compacted_at}: {e}")
+            });
         assert_eq!(
             by_gets, want,
             "{what}: gets at past revision {revision} (compacted at {compacted_at}) against the acknowledged txns' balances"

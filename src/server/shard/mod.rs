@@ -372,6 +372,9 @@ impl Shard {
         // A store over its quota raises NOSPACE again at restart, before any
         // write can add to it.
         self.check_quota();
+        if let Some(k) = &self.keyspace {
+            k.reached.publish(self.id, self.store.current_revision());
+        }
         loop {
             let oldest_write = self.in_flight.front().map_or(0, |w| w.lsn);
             tokio::select! {
@@ -493,8 +496,11 @@ impl Shard {
         match cmd {
             ShardCommand::Write { request, reply } => self.propose(request, reply),
             ShardCommand::Range { request, at, reply } => {
-                if request.serializable {
+                if request.serializable && at.is_none() {
                     self.serve_range(&request, reply, None);
+                } else if request.serializable {
+                    // At a cut this member's shards have reached.
+                    self.read_at(PendingRead { request, reply, at });
                 } else if self.is_learner {
                     let _ = reply.send(Err(ApiError::NotSupportedForLearner));
                 } else if let Some(at) = at {

@@ -112,6 +112,9 @@ impl Shard {
             self.propose_queued_conf_changes();
         }
         self.record_progress();
+        if let Some(k) = &self.keyspace {
+            k.reached.publish(self.id, self.store.current_revision());
+        }
         self.serve_confirmed_reads();
         self.cross_after_apply();
         self.maybe_compact_log();
