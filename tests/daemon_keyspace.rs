@@ -551,3 +551,57 @@ async fn list_then_watch_over_every_shard_sees_every_later_write_once_in_order()
     let seen = watch_until(&mut again, last, "watch from the past").await;
     check_watched("watch from the past", &seen, &acked, first - 1);
 }
+
+/// A delete whose range spans shards: a watch over its range sees every
+/// deleted key at the delete's one revision, in key order, as etcd gives
+/// them, and the delete's answer counts them all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delete_over_several_shards_is_watched_in_key_order_at_one_revision() {
+    let routing = cairn::routing::RoutingTable::new(SHARDS as usize, 1);
+    // Keys without a '/' route by the whole key: these spread over shards.
+    let keys: Vec<String> = (0..12).map(|i| format!("spread{i:02}")).collect();
+    let shards: std::collections::BTreeSet<u32> = keys
+        .iter()
+        .map(|k| routing.shard_for_key(k.as_bytes()))
+        .collect();
+    assert!(shards.len() >= 3, "keys on shards {shards:?}");
+    let cluster = Cluster::start(1, &["--shards", "4"]);
+    let mut c = client(&cluster.members[0].endpoint()).await;
+    wait_writable(&mut c, "ready-spread").await;
+    let mut last = 0;
+    for k in &keys {
+        last = c.put(k.as_str(), "v", None).await.expect("put").header().unwrap().revision();
+    }
+    let mut stream = c
+        .watch(
+            "spread",
+            Some(
+                etcd_client::WatchOptions::new()
+                    .with_prefix()
+                    .with_start_revision(last + 1),
+            ),
+        )
+        .await
+        .expect("watch");
+    let deleted = c
+        .delete("spread", Some(etcd_client::DeleteOptions::new().with_prefix()))
+        .await
+        .expect("delete over several shards");
+    assert_eq!(deleted.deleted(), keys.len() as i64);
+    let revision = deleted.header().unwrap().revision();
+    let mut seen = Vec::new();
+    while seen.len() < keys.len() {
+        let resp = tokio::time::timeout(Duration::from_secs(30), stream.message())
+            .await
+            .expect("the deletes are watched within 30 s")
+            .expect("watch stream")
+            .expect("watch stream open");
+        for e in resp.events() {
+            let kv = e.kv().unwrap();
+            assert_eq!(e.event_type(), etcd_client::EventType::Delete);
+            assert_eq!(kv.mod_revision(), revision, "{:?}", kv.key_str());
+            seen.push(kv.key_str().unwrap().to_string());
+        }
+    }
+    assert_eq!(seen, keys, "the deletes in key order");
+}

@@ -90,13 +90,12 @@ pub(super) fn warn_if_sharded(shards: usize) {
     if shards > 1 {
         tracing::warn!(
             shards,
-            "running {shards} shards: unlike etcd, a serializable read at a \
-             revision one shard has not reached fails as a future revision, \
-             revisions start at 2^40, and a watch over several shards delivers \
-             the deletes of one delete spanning shards shard after shard; writes (txns over any keys \
-             included) follow one revision order, and linearizable reads, \
-             watches and compactions are consistent with it; --shards 1 (the \
-             default) keeps etcd's revision numbering"
+            "running {shards} shards: unlike etcd, revisions start at 2^40 \
+             (each keyspace leader numbers from its shard 0 term x 2^40) and \
+             response headers a shard did not produce carry shard 0's Raft \
+             term; writes (txns over any keys included) follow one revision \
+             order, and reads, watches and compactions are consistent with \
+             it; --shards 1 (the default) keeps etcd's revision numbering"
         );
     }
 }

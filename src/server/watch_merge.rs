@@ -23,8 +23,9 @@ pub struct Merge {
     through: Vec<(ShardId, i64)>,
     /// Events by (revision, op, shard, arrival): one revision's events in
     /// the order of the txn's ops (the high half of the sub revision, see
-    /// `cross_plan::OP_SUB_SHIFT`), one op's shard after shard, and one
-    /// shard's in its order.
+    /// `cross_plan::OP_SUB_SHIFT`), one op's shard after shard (the deletes
+    /// of one delete over several shards in key order), and one shard's in
+    /// its order.
     pending: BTreeMap<(i64, i64, ShardId, u64), Event>,
     arrivals: u64,
     /// Every event up to here has been released.
@@ -74,11 +75,41 @@ impl Merge {
         }
         self.released = all_through;
         let later = self.pending.split_off(&(all_through + 1, i64::MIN, 0, 0));
-        let out: Vec<Event> = std::mem::replace(&mut self.pending, later)
-            .into_values()
-            .collect();
+        let released = std::mem::replace(&mut self.pending, later);
+        let mut out = Vec::with_capacity(released.len());
+        let mut group: Vec<(ShardId, Event)> = Vec::new();
+        let mut at = None;
+        for ((revision, op, shard, _), e) in released {
+            if at != Some((revision, op)) {
+                flush_op(&mut group, &mut out);
+                at = Some((revision, op));
+            }
+            group.push((shard, e));
+        }
+        flush_op(&mut group, &mut out);
         (!out.is_empty()).then_some((all_through, out))
     }
+}
+
+/// Moves one op's events (of one revision, shard after shard) to `out`. The
+/// deletes of one delete whose range spans shards go in key order, as etcd
+/// gives them: when every event is a delete, from more than one shard, and
+/// each shard's are in key order. Anything else keeps its order.
+fn flush_op(group: &mut Vec<(ShardId, Event)>, out: &mut Vec<Event>) {
+    let key = |e: &Event| e.kv.as_ref().map(|kv| kv.key.clone()).unwrap_or_default();
+    let spanning_delete = group.first().is_some_and(|(first, _)| {
+        group.iter().any(|(s, _)| s != first)
+            && group
+                .iter()
+                .all(|(_, e)| e.r#type == cairn_proto::mvccpb::event::EventType::Delete as i32)
+            && group
+                .windows(2)
+                .all(|w| w[0].0 != w[1].0 || key(&w[0].1) <= key(&w[1].1))
+    });
+    if spanning_delete {
+        group.sort_by_key(|(_, e)| key(e));
+    }
+    out.extend(group.drain(..).map(|(_, e)| e));
 }
 
 #[cfg(test)]
@@ -161,5 +192,47 @@ mod tests {
             .map(|e| e.kv.as_ref().unwrap().key.as_ref())
             .collect();
         assert_eq!(keys, vec![b"a" as &[u8], b"b", b"c", b"d"]);
+    }
+
+    fn deleted(key: &str, revision: i64) -> Event {
+        Event {
+            r#type: cairn_proto::mvccpb::event::EventType::Delete as i32,
+            ..event(key, revision)
+        }
+    }
+
+    fn keys(events: &[Event]) -> Vec<String> {
+        events
+            .iter()
+            .map(|e| String::from_utf8_lossy(&e.kv.as_ref().unwrap().key).into_owned())
+            .collect()
+    }
+
+    #[test]
+    fn the_deletes_of_one_delete_over_several_shards_come_in_key_order() {
+        let mut m = Merge::new(&[0, 1], 10);
+        assert_eq!(
+            m.push(1, 11, vec![deleted("b", 11), deleted("d", 11)], &[0, 1]),
+            None
+        );
+        let (_, out) = m
+            .push(
+                0,
+                11,
+                vec![deleted("a", 11), deleted("c", 11), deleted("e", 11)],
+                &[0, 1, 2],
+            )
+            .unwrap();
+        assert_eq!(keys(&out), ["a", "b", "c", "d", "e"]);
+        // Deletes of one shard keep their order, as do an op's events that
+        // are not all deletes.
+        let mut m = Merge::new(&[0, 1], 10);
+        m.push(0, 11, vec![deleted("z", 11), deleted("a", 11)], &[]);
+        let (_, out) = m.push(1, 11, vec![], &[]).unwrap();
+        assert_eq!(keys(&out), ["z", "a"]);
+        let mut m = Merge::new(&[0, 1], 10);
+        m.push(0, 11, vec![event("c", 11)], &[]);
+        let (_, out) = m.push(1, 11, vec![deleted("a", 11)], &[]).unwrap();
+        assert_eq!(keys(&out), ["c", "a"]);
     }
 }
