@@ -570,7 +570,13 @@ async fn a_delete_over_several_shards_is_watched_in_key_order_at_one_revision() 
     wait_writable(&mut c, "ready-spread").await;
     let mut last = 0;
     for k in &keys {
-        last = c.put(k.as_str(), "v", None).await.expect("put").header().unwrap().revision();
+        last = c
+            .put(k.as_str(), "v", None)
+            .await
+            .expect("put")
+            .header()
+            .unwrap()
+            .revision();
     }
     let mut stream = c
         .watch(
@@ -584,7 +590,10 @@ async fn a_delete_over_several_shards_is_watched_in_key_order_at_one_revision() 
         .await
         .expect("watch");
     let deleted = c
-        .delete("spread", Some(etcd_client::DeleteOptions::new().with_prefix()))
+        .delete(
+            "spread",
+            Some(etcd_client::DeleteOptions::new().with_prefix()),
+        )
         .await
         .expect("delete over several shards");
     assert_eq!(deleted.deleted(), keys.len() as i64);

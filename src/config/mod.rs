@@ -120,9 +120,10 @@ pub struct Flags {
 
     /// Number of shards (Raft groups) the keyspace is split into (default: the
     /// layout of the member in --data-dir; for a member joining a cluster or
-    /// restoring a backup, theirs; else 1). More than one shard gives up etcd's
-    /// single revision order, multi-shard txns and whole-keyspace watches (a
-    /// warning at start says so). Every member of a cluster must use the same value.
+    /// restoring a backup, theirs; else 1). With more than one shard revisions
+    /// start at 2^40 (a warning at start says what differs from etcd; README,
+    /// "How the keyspace is split"). Every member of a cluster must use the
+    /// same value.
     #[arg(long, value_name = "N")]
     pub shards: Option<usize>,
 

@@ -73,14 +73,13 @@ pub async fn run(router: Arc<Router>, req: TxnRequest) -> Result<TxnResponse, Ap
             // outcome is not known here.
             return answer.await.unwrap_or(Err(ApiError::TimeoutLeaderFail));
         }
-        Entry::Alone => None,
-        Entry::Lead(leading) => Some(leading),
+        Entry::Lead(leading) => leading,
     };
     let txn = NEXT_TXN.fetch_add(1, Ordering::Relaxed);
     let taken = keyspace.holds.take(&shards).await;
     let mut reqs = vec![req];
     let mut replies = Vec::new();
-    for joined in leading.map(|l| l.close()).unwrap_or_default() {
+    for joined in leading.close() {
         reqs.push(joined.req);
         replies.push(joined.reply);
     }

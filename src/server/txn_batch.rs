@@ -9,7 +9,8 @@
 //! revision, since no other txn of the batch touches its keys), and the
 //! txns take increasing revisions in the order they joined; each shard
 //! proposes the batch's parts there in one entry, in that order.
-//! A txn that cannot join waits for the holds on its own, after the batch.
+//! A txn that cannot join the last batch waiting for its shards (a key in
+//! common, or the batch full) leads a new batch, which waits behind it.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -29,10 +30,11 @@ pub const MAX_BATCH: usize = 64;
 /// What a txn that joined a batch is answered.
 pub type Answer = Result<TxnResponse, ApiError>;
 
-/// The batches still waiting for their holds, by the shards they want.
+/// The batches still waiting for their holds, by the shards they want, in
+/// the order their leaders came.
 #[derive(Debug, Default)]
 pub struct Batches {
-    open: Mutex<HashMap<Vec<ShardId>, Open>>,
+    open: Mutex<HashMap<Vec<ShardId>, Vec<Open>>>,
     next: std::sync::atomic::AtomicU64,
 }
 
@@ -58,8 +60,6 @@ pub enum Entry {
     Lead(Leading),
     /// It joined a batch, whose leader answers it.
     Joined(oneshot::Receiver<Answer>),
-    /// A batch over its shards names some of its keys: it runs alone.
-    Alone,
 }
 
 /// The batch a leading txn gathers while it waits for the holds.
@@ -71,12 +71,14 @@ pub struct Leading {
 }
 
 impl Batches {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Vec<ShardId>, Open>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Vec<ShardId>, Vec<Open>>> {
         self.open.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Enters a txn over `shards` (sorted) naming `keys`: joins the batch
-    /// waiting for the same shards if it can, or leads a new one.
+    /// Enters a txn over `shards` (sorted) naming `keys`: joins the last
+    /// batch waiting for the same shards if it can, or leads a new one.
+    /// Only the last may be joined: a txn then goes after every txn that
+    /// came before it and names one of its keys.
     pub fn enter(
         self: &Arc<Self>,
         shards: &[ShardId],
@@ -84,31 +86,28 @@ impl Batches {
         req: &TxnRequest,
     ) -> Entry {
         let mut open = self.lock();
-        if let Some(batch) = open.get_mut(shards) {
+        let waiting = open.entry(shards.to_vec()).or_default();
+        if let Some(batch) = waiting.last_mut() {
             let disjoint = !batch
                 .keys
                 .iter()
                 .any(|a| keys.iter().any(|b| ranges_overlap(a, b)));
-            if !disjoint || batch.joined.len() + 1 >= MAX_BATCH {
-                return Entry::Alone;
+            if disjoint && batch.joined.len() + 1 < MAX_BATCH {
+                let (reply, rx) = oneshot::channel();
+                batch.keys.extend_from_slice(keys);
+                batch.joined.push(Joined {
+                    req: req.clone(),
+                    reply,
+                });
+                return Entry::Joined(rx);
             }
-            let (reply, rx) = oneshot::channel();
-            batch.keys.extend_from_slice(keys);
-            batch.joined.push(Joined {
-                req: req.clone(),
-                reply,
-            });
-            return Entry::Joined(rx);
         }
         let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        open.insert(
-            shards.to_vec(),
-            Open {
-                id,
-                keys: keys.to_vec(),
-                joined: Vec::new(),
-            },
-        );
+        waiting.push(Open {
+            id,
+            keys: keys.to_vec(),
+            joined: Vec::new(),
+        });
         Entry::Lead(Leading {
             batches: self.clone(),
             shards: shards.to_vec(),
@@ -118,21 +117,25 @@ impl Batches {
 }
 
 impl Leading {
-    /// Closes the batch (a later txn over its shards leads a new one) and
-    /// hands over the txns that joined it, in the order they came.
+    /// Closes the batch (no txn joins it any more) and hands over the txns
+    /// that joined it, in the order they came.
     pub fn close(self) -> Vec<Joined> {
         self.take()
     }
 
     fn take(&self) -> Vec<Joined> {
         let mut open = self.batches.lock();
-        match open.get(&self.shards) {
-            Some(b) if b.id == self.id => open
-                .remove(&self.shards)
-                .map(|b| b.joined)
-                .unwrap_or_default(),
-            _ => Vec::new(),
+        let Some(waiting) = open.get_mut(&self.shards) else {
+            return Vec::new();
+        };
+        let joined = match waiting.iter().position(|b| b.id == self.id) {
+            Some(i) => waiting.remove(i).joined,
+            None => Vec::new(),
+        };
+        if waiting.is_empty() {
+            open.remove(&self.shards);
         }
+        joined
     }
 }
 
@@ -188,16 +191,25 @@ mod tests {
     }
 
     #[test]
-    fn a_txn_naming_a_key_of_the_batch_runs_alone() {
+    fn a_txn_naming_a_key_of_the_batch_leads_the_next_and_later_txns_join_that() {
         let b = Arc::new(Batches::default());
         let (k1, r1) = put("a");
-        let Entry::Lead(lead) = b.enter(&[0, 1], &k1, &r1) else {
+        let (k2, r2) = put("b");
+        let Entry::Lead(first) = b.enter(&[0, 1], &k1, &r1) else {
             panic!("the first txn leads");
         };
         let prefix = vec![(Bytes::from_static(b"a"), Bytes::from_static(b"b"))];
-        assert!(matches!(b.enter(&[0, 1], &prefix, &r1), Entry::Alone));
-        assert!(matches!(b.enter(&[0, 1], &k1, &r1), Entry::Alone));
-        assert!(lead.close().is_empty());
+        let Entry::Lead(second) = b.enter(&[0, 1], &prefix, &r1) else {
+            panic!("a txn over a key of the batch leads a new one");
+        };
+        // "b" is named by neither "a" nor [a, b), but only the last batch is
+        // joined: it goes after the txn over [a, b).
+        assert!(matches!(b.enter(&[0, 1], &k2, &r2), Entry::Joined(_)));
+        assert!(first.close().is_empty());
+        let joined = second.close();
+        assert_eq!(joined.len(), 1);
+        assert_eq!(joined[0].req, r2);
+        assert!(b.lock().is_empty(), "closed batches are gone");
     }
 
     #[test]
@@ -216,10 +228,13 @@ mod tests {
             }
         }
         let (k, r) = put("full");
-        assert!(matches!(b.enter(&[0, 1], &k, &r), Entry::Alone));
+        let Entry::Lead(next) = b.enter(&[0, 1], &k, &r) else {
+            panic!("a full batch is followed by a new one");
+        };
         drop(lead);
         for mut rx in waiting {
             assert_eq!(rx.try_recv().unwrap(), Err(ApiError::LeaderChanged));
         }
+        assert!(next.close().is_empty());
     }
 }
