@@ -15,6 +15,7 @@ pub mod errors;
 pub mod gateway;
 pub mod hold_table;
 pub mod identity;
+pub mod key_ranges;
 pub mod keyspace;
 pub mod kv;
 pub mod lease;

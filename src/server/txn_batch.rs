@@ -20,7 +20,7 @@ use cairn_proto::etcdserverpb::{TxnRequest, TxnResponse};
 use tokio::sync::oneshot;
 
 use super::errors::ApiError;
-use super::shard::ranges_overlap;
+use super::key_ranges::ranges_overlap;
 use crate::routing::ShardId;
 
 /// Most txns one batch runs: bounds the hold on its shards and the size of
@@ -165,7 +165,10 @@ mod tests {
             }],
             ..Default::default()
         };
-        (crate::server::shard::txn_ranges(&req), req)
+        (
+            vec![(Bytes::copy_from_slice(key.as_bytes()), Bytes::new())],
+            req,
+        )
     }
 
     #[test]

@@ -11,6 +11,8 @@ use cairn_proto::cairnpb::{shard_request, ShardRequest};
 use cairn_proto::etcdserverpb::{request_op, TxnRequest};
 use prost::Message as _;
 
+use crate::server::key_ranges::ranges_overlap;
+
 /// The keys an entry touches.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Touch {
@@ -113,24 +115,6 @@ fn add_txn_ranges(t: &TxnRequest, out: &mut Vec<(Bytes, Bytes)>) {
             Some(request_op::Request::RequestTxn(n)) => add_txn_ranges(n, out),
             None => {}
         }
-    }
-}
-
-/// Whether two etcd key ranges share a key.
-pub(crate) fn ranges_overlap(a: &(Bytes, Bytes), b: &(Bytes, Bytes)) -> bool {
-    starts_before_end(&a.0, b) && starts_before_end(&b.0, a)
-}
-
-/// Whether `start` is below the end of etcd key range `range`: `range_end`
-/// empty for the one key (its end is the key followed by a zero byte) and
-/// `"\0"` for every key from the key on.
-fn starts_before_end(start: &[u8], (key, end): &(Bytes, Bytes)) -> bool {
-    if end.is_empty() {
-        start <= key.as_ref()
-    } else if end.as_ref() == b"\0" {
-        true
-    } else {
-        start < end.as_ref()
     }
 }
 

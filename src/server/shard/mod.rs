@@ -93,7 +93,7 @@ mod tests;
 mod watchers;
 
 use held_snapshot::HeldSnapshot;
-pub(crate) use in_flight::{ranges_overlap, txn_ranges};
+pub(crate) use in_flight::txn_ranges;
 use lease_clock::LeaseClock;
 pub use lease_clock::MAX_LEASE_TTL_SECS;
 use pipeline::{InFlightWrite, Waiter};
