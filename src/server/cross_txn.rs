@@ -46,7 +46,7 @@ use super::errors::ApiError;
 use super::hold_table::Taken;
 use super::keyspace::Keyspace;
 use super::router::{Answer, Router};
-use super::txn_batch::Entry;
+use super::txn_batch::{Batch, Entry};
 use super::validate;
 use crate::routing::ShardId;
 
@@ -67,7 +67,7 @@ pub async fn run(router: Arc<Router>, req: TxnRequest) -> Result<TxnResponse, Ap
         .into_iter()
         .collect();
     let keys = super::shard::txn_ranges(&req);
-    let leading = match keyspace.batches.enter(&shards, &keys, &req) {
+    let leading = match keyspace.batches.enter(&shards, keys, req) {
         Entry::Joined(answer) => {
             // The batch's leader answers; its task ending first means the
             // outcome is not known here.
@@ -77,20 +77,15 @@ pub async fn run(router: Arc<Router>, req: TxnRequest) -> Result<TxnResponse, Ap
     };
     let txn = NEXT_TXN.fetch_add(1, Ordering::Relaxed);
     let taken = keyspace.holds.take(&shards).await;
-    let mut reqs = vec![req];
-    let mut replies = Vec::new();
-    for joined in leading.close() {
-        reqs.push(joined.req);
-        replies.push(joined.reply);
-    }
-    let mut answers = held(&router, &keyspace, txn, &shards, &reqs, taken).await;
+    let batch = leading.close();
+    let mut answers = held(&router, &keyspace, txn, &shards, &batch, taken).await;
     // Every hold not yet ended by a proposal ends here; a shard whose last
     // part was proposed has let go already, and ignores this.
     for &s in &shards {
         router.tell(s, ShardCommand::CrossRelease { txn }).await;
     }
     let mine = answers.remove(0);
-    for (reply, answer) in replies.into_iter().zip(answers) {
+    for (reply, answer) in batch.joined.into_iter().zip(answers) {
         let _ = reply.send(answer);
     }
     mine
@@ -109,28 +104,40 @@ enum Step {
     },
 }
 
-/// Steps 1 to 6 (see the module doc) for the txns of a batch `txn`, which
-/// name no key in common, in their order; the caller ends the holds.
+/// A txn of a batch once the writing ones' parts are queued.
+enum Settling {
+    Done(TxnResponse),
+    Queued {
+        plan: Plan,
+        /// The answers of the shards it only reads.
+        answers: BTreeMap<ShardId, Vec<ResponseOp>>,
+        parts: Box<Queued>,
+    },
+}
+
+/// Steps 1 to 6 (see the module doc) for the txns of `batch` (held as
+/// `txn`), which name no key in common, in their order; the caller ends
+/// the holds.
 async fn held(
     router: &Router,
     keyspace: &Keyspace,
     txn: u64,
     shards: &[ShardId],
-    reqs: &[TxnRequest],
+    batch: &Batch,
     taken: Taken,
 ) -> Vec<Result<TxnResponse, ApiError>> {
-    // Every txn's compares and keys, asked of each shard in one hold.
+    let reqs = &batch.txns;
+    // Every txn's compares, asked of each shard in one hold with the
+    // batch's keys.
     let mut compares = Vec::new();
     let mut spans = Vec::with_capacity(reqs.len());
-    let mut keys = Vec::new();
     for r in reqs {
         let from = compares.len();
         all_compares(r, &mut compares);
         spans.push(from..compares.len());
-        keys.extend(super::shard::txn_ranges(r));
     }
     let txns = u32::try_from(reqs.len()).unwrap_or(u32::MAX);
-    let held = match hold_all(router, txn, txns, shards, &compares, &keys).await {
+    let held = match hold_all(router, txn, txns, shards, &compares, &batch.keys).await {
         Ok(held) => held,
         Err(e) => return vec![Err(e); reqs.len()],
     };
@@ -170,9 +177,13 @@ async fn held(
         router.tell(s, ShardCommand::CrossRelease { txn }).await;
     }
     let mut queued = Vec::with_capacity(steps.len());
-    for (k, step) in steps.iter().enumerate() {
+    for (k, step) in steps.into_iter().enumerate() {
         queued.push(match step {
-            Ok(Step::Write { revision, plan, .. }) => {
+            Ok(Step::Write {
+                revision,
+                plan,
+                answers,
+            }) => {
                 let parts = plan
                     .written
                     .iter()
@@ -183,47 +194,42 @@ async fn held(
                         subs: plan.subs[&s].clone(),
                     })
                     .collect();
-                Some(queue_parts(router, txn, *revision, parts, |s| last[&s] == k).await)
+                let parts = queue_parts(router, txn, revision, parts, |s| last[&s] == k).await;
+                Ok(Settling::Queued {
+                    plan,
+                    answers,
+                    parts: Box::new(parts),
+                })
             }
-            _ => None,
+            Ok(Step::Done(answer)) => Ok(Settling::Done(answer)),
+            Err(e) => Err(e),
         });
     }
     // Each shard ends its hold when it proposes its last part, queued now
     // ahead of any later txn's hold from this core: the next txn over these
     // shards may go (a hold it asks from another core waits at the shard).
     drop(taken);
-    let settled = join_all(
-        steps
-            .into_iter()
-            .zip(queued)
-            .map(|(step, queued)| async move {
-                match (step?, queued) {
-                    (Step::Done(answer), _) => Ok((answer, None)),
-                    (
-                        Step::Write {
-                            revision,
-                            plan,
-                            mut answers,
-                        },
-                        Some(queued),
-                    ) => {
-                        let record = queued.record();
-                        for (s, answer) in queued.settle().await? {
-                            match answer {
-                                WriteResult::Txn(r) => {
-                                    answers.insert(s, r.responses);
-                                }
-                                _ => return Err(ApiError::TimeoutLeaderFail),
-                            }
+    let settled = join_all(queued.into_iter().map(|step| async move {
+        match step? {
+            Settling::Done(answer) => Ok((answer, None)),
+            Settling::Queued {
+                plan,
+                mut answers,
+                parts,
+            } => {
+                let (revision, record) = (parts.revision, parts.record());
+                for (s, answer) in parts.settle().await? {
+                    match answer {
+                        WriteResult::Txn(r) => {
+                            answers.insert(s, r.responses);
                         }
-                        Ok((plan.answer(answers, revision), record))
-                    }
-                    (Step::Write { .. }, None) => {
-                        unreachable!("every writing txn's parts are queued")
+                        _ => return Err(ApiError::TimeoutLeaderFail),
                     }
                 }
-            }),
-    )
+                Ok((plan.answer(answers, revision), record))
+            }
+        }
+    }))
     .await;
     let mut records = Vec::new();
     let answers = settled

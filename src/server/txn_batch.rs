@@ -17,15 +17,22 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use bytes::Bytes;
 use cairn_proto::etcdserverpb::{TxnRequest, TxnResponse};
+use prost::Message as _;
 use tokio::sync::oneshot;
 
 use super::errors::ApiError;
 use super::key_ranges::ranges_overlap;
 use crate::routing::ShardId;
 
-/// Most txns one batch runs: bounds the hold on its shards and the size of
-/// what each shard proposes at once.
+/// Most txns one batch runs: bounds the hold on its shards.
 pub const MAX_BATCH: usize = 64;
+
+/// Most bytes of txns (encoded) a txn joins a batch up to. Each shard
+/// proposes the batch's parts there in one Raft entry, and a part carries
+/// its ops and the whole txn's plan: so an entry stays within twice this,
+/// well inside a WAL record (at least 2 MiB). A leader larger than this
+/// runs alone.
+pub const MAX_BATCH_BYTES: usize = 512 * 1024;
 
 /// What a txn that joined a batch is answered.
 pub type Answer = Result<TxnResponse, ApiError>;
@@ -41,16 +48,19 @@ pub struct Batches {
 #[derive(Debug)]
 struct Open {
     id: u64,
-    /// Every key range the batch's txns name.
-    keys: Vec<(Bytes, Bytes)>,
-    joined: Vec<Joined>,
+    batch: Batch,
+    /// The encoded size of its txns.
+    bytes: usize,
 }
 
-/// A txn run by another txn's batch.
-#[derive(Debug)]
-pub struct Joined {
-    pub req: TxnRequest,
-    pub reply: oneshot::Sender<Answer>,
+/// The txns of one batch, the leader's first, in the order they came.
+#[derive(Debug, Default)]
+pub struct Batch {
+    pub txns: Vec<TxnRequest>,
+    /// Where to answer each txn after the leader's.
+    pub joined: Vec<oneshot::Sender<Answer>>,
+    /// Every key range the txns name.
+    pub keys: Vec<(Bytes, Bytes)>,
 }
 
 /// How a txn is run.
@@ -75,38 +85,46 @@ impl Batches {
         self.open.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Enters a txn over `shards` (sorted) naming `keys`: joins the last
-    /// batch waiting for the same shards if it can, or leads a new one.
-    /// Only the last may be joined: a txn then goes after every txn that
-    /// came before it and names one of its keys.
+    /// Enters `txn`, over `shards` (sorted) and naming `keys`: joins the
+    /// last batch waiting for the same shards if it can, or leads a new
+    /// one. Only the last may be joined: a txn then goes after every txn
+    /// that came before it and names one of its keys.
     pub fn enter(
         self: &Arc<Self>,
         shards: &[ShardId],
-        keys: &[(Bytes, Bytes)],
-        req: &TxnRequest,
+        keys: Vec<(Bytes, Bytes)>,
+        txn: TxnRequest,
     ) -> Entry {
+        let bytes = txn.encoded_len();
         let mut open = self.lock();
         let waiting = open.entry(shards.to_vec()).or_default();
-        if let Some(batch) = waiting.last_mut() {
-            let disjoint = !batch
+        if let Some(last) = waiting.last_mut() {
+            let disjoint = !last
+                .batch
                 .keys
                 .iter()
                 .any(|a| keys.iter().any(|b| ranges_overlap(a, b)));
-            if disjoint && batch.joined.len() + 1 < MAX_BATCH {
+            if disjoint
+                && last.batch.txns.len() < MAX_BATCH
+                && last.bytes + bytes <= MAX_BATCH_BYTES
+            {
                 let (reply, rx) = oneshot::channel();
-                batch.keys.extend_from_slice(keys);
-                batch.joined.push(Joined {
-                    req: req.clone(),
-                    reply,
-                });
+                last.bytes += bytes;
+                last.batch.keys.extend(keys);
+                last.batch.txns.push(txn);
+                last.batch.joined.push(reply);
                 return Entry::Joined(rx);
             }
         }
         let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         waiting.push(Open {
             id,
-            keys: keys.to_vec(),
-            joined: Vec::new(),
+            batch: Batch {
+                txns: vec![txn],
+                joined: Vec::new(),
+                keys,
+            },
+            bytes,
         });
         Entry::Lead(Leading {
             batches: self.clone(),
@@ -117,25 +135,22 @@ impl Batches {
 }
 
 impl Leading {
-    /// Closes the batch (no txn joins it any more) and hands over the txns
-    /// that joined it, in the order they came.
-    pub fn close(self) -> Vec<Joined> {
-        self.take()
+    /// Closes the batch (no txn joins it any more) and hands it over.
+    pub fn close(self) -> Batch {
+        self.take().unwrap_or_default()
     }
 
-    fn take(&self) -> Vec<Joined> {
+    fn take(&self) -> Option<Batch> {
         let mut open = self.batches.lock();
-        let Some(waiting) = open.get_mut(&self.shards) else {
-            return Vec::new();
-        };
-        let joined = match waiting.iter().position(|b| b.id == self.id) {
-            Some(i) => waiting.remove(i).joined,
-            None => Vec::new(),
-        };
+        let waiting = open.get_mut(&self.shards)?;
+        let batch = waiting
+            .iter()
+            .position(|b| b.id == self.id)
+            .map(|i| waiting.remove(i).batch);
         if waiting.is_empty() {
             open.remove(&self.shards);
         }
-        joined
+        batch
     }
 }
 
@@ -144,8 +159,8 @@ impl Drop for Leading {
     /// ends too: nothing of its joined txns was proposed, so they are
     /// answered with an error the caller retries.
     fn drop(&mut self) {
-        for j in self.take() {
-            let _ = j.reply.send(Err(ApiError::LeaderChanged));
+        for reply in self.take().map(|b| b.joined).unwrap_or_default() {
+            let _ = reply.send(Err(ApiError::LeaderChanged));
         }
     }
 }
@@ -177,20 +192,27 @@ mod tests {
         let (k1, r1) = put("a");
         let (k2, r2) = put("b");
         let (k3, r3) = put("c");
-        let Entry::Lead(lead) = b.enter(&[0, 1], &k1, &r1) else {
+        let Entry::Lead(lead) = b.enter(&[0, 1], k1.clone(), r1.clone()) else {
             panic!("the first txn leads");
         };
-        assert!(matches!(b.enter(&[0, 1], &k2, &r2), Entry::Joined(_)));
+        assert!(matches!(
+            b.enter(&[0, 1], k2.clone(), r2.clone()),
+            Entry::Joined(_)
+        ));
         // Other shards: a batch of its own.
-        let Entry::Lead(other) = b.enter(&[0, 2], &k3, &r3) else {
+        let Entry::Lead(other) = b.enter(&[0, 2], k3, r3) else {
             panic!("a txn over other shards leads its own batch");
         };
-        let joined = lead.close();
-        assert_eq!(joined.len(), 1);
-        assert_eq!(joined[0].req, r2);
-        assert!(other.close().is_empty());
+        let batch = lead.close();
+        assert_eq!(batch.joined.len(), 1);
+        assert_eq!(batch.txns, vec![r1, r2.clone()]);
+        assert_eq!(batch.keys, [k1, k2.clone()].concat());
+        assert!(other.close().joined.is_empty());
         // Closed: the next txn leads a new batch.
-        assert!(matches!(b.enter(&[0, 1], &k2, &r2), Entry::Lead(_)));
+        assert!(matches!(
+            b.enter(&[0, 1], k2.clone(), r2.clone()),
+            Entry::Lead(_)
+        ));
     }
 
     #[test]
@@ -198,20 +220,23 @@ mod tests {
         let b = Arc::new(Batches::default());
         let (k1, r1) = put("a");
         let (k2, r2) = put("b");
-        let Entry::Lead(first) = b.enter(&[0, 1], &k1, &r1) else {
+        let Entry::Lead(first) = b.enter(&[0, 1], k1.clone(), r1.clone()) else {
             panic!("the first txn leads");
         };
         let prefix = vec![(Bytes::from_static(b"a"), Bytes::from_static(b"b"))];
-        let Entry::Lead(second) = b.enter(&[0, 1], &prefix, &r1) else {
+        let Entry::Lead(second) = b.enter(&[0, 1], prefix, r1.clone()) else {
             panic!("a txn over a key of the batch leads a new one");
         };
         // "b" is named by neither "a" nor [a, b), but only the last batch is
         // joined: it goes after the txn over [a, b).
-        assert!(matches!(b.enter(&[0, 1], &k2, &r2), Entry::Joined(_)));
-        assert!(first.close().is_empty());
-        let joined = second.close();
-        assert_eq!(joined.len(), 1);
-        assert_eq!(joined[0].req, r2);
+        assert!(matches!(
+            b.enter(&[0, 1], k2.clone(), r2.clone()),
+            Entry::Joined(_)
+        ));
+        assert!(first.close().joined.is_empty());
+        let batch = second.close();
+        assert_eq!(batch.joined.len(), 1);
+        assert_eq!(batch.txns[1], r2);
         assert!(b.lock().is_empty(), "closed batches are gone");
     }
 
@@ -219,25 +244,52 @@ mod tests {
     fn a_batch_is_bounded_and_its_joiners_hear_when_its_leader_ends() {
         let b = Arc::new(Batches::default());
         let (k0, r0) = put("k0");
-        let Entry::Lead(lead) = b.enter(&[0, 1], &k0, &r0) else {
+        let Entry::Lead(lead) = b.enter(&[0, 1], k0, r0) else {
             panic!("the first txn leads");
         };
         let mut waiting = Vec::new();
         for i in 1..MAX_BATCH {
             let (k, r) = put(&format!("k{i}"));
-            match b.enter(&[0, 1], &k, &r) {
+            match b.enter(&[0, 1], k, r) {
                 Entry::Joined(rx) => waiting.push(rx),
                 other => panic!("txn {i} of the batch: {other:?}"),
             }
         }
         let (k, r) = put("full");
-        let Entry::Lead(next) = b.enter(&[0, 1], &k, &r) else {
+        let Entry::Lead(next) = b.enter(&[0, 1], k, r) else {
             panic!("a full batch is followed by a new one");
         };
         drop(lead);
         for mut rx in waiting {
             assert_eq!(rx.try_recv().unwrap(), Err(ApiError::LeaderChanged));
         }
-        assert!(next.close().is_empty());
+        assert!(next.close().joined.is_empty());
+    }
+
+    #[test]
+    fn a_batch_holds_at_most_max_batch_bytes_of_txns() {
+        let b = Arc::new(Batches::default());
+        let big = |key: &str| {
+            let (k, mut r) = put(key);
+            if let Some(request_op::Request::RequestPut(p)) = &mut r.success[0].request {
+                p.value = vec![0u8; MAX_BATCH_BYTES / 4].into();
+            }
+            (k, r)
+        };
+        let (k, r) = big("a");
+        let Entry::Lead(lead) = b.enter(&[0, 1], k, r) else {
+            panic!("the first txn leads");
+        };
+        let (k, r) = big("b");
+        assert!(matches!(b.enter(&[0, 1], k, r), Entry::Joined(_)));
+        let (k, r) = big("c");
+        assert!(matches!(b.enter(&[0, 1], k, r), Entry::Joined(_)));
+        // A fourth quarter, with the encoding around each, passes the bound.
+        let (k, r) = big("d");
+        let Entry::Lead(next) = b.enter(&[0, 1], k, r) else {
+            panic!("a batch over its bytes is followed by a new one");
+        };
+        assert_eq!(lead.close().txns.len(), 3);
+        assert_eq!(next.close().txns.len(), 1);
     }
 }

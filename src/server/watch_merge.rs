@@ -96,7 +96,9 @@ impl Merge {
 /// gives them: when every event is a delete, from more than one shard, and
 /// each shard's are in key order. Anything else keeps its order.
 fn flush_op(group: &mut Vec<(ShardId, Event)>, out: &mut Vec<Event>) {
-    let key = |e: &Event| e.kv.as_ref().map(|kv| kv.key.clone()).unwrap_or_default();
+    fn key(e: &Event) -> &[u8] {
+        e.kv.as_ref().map_or(&[], |kv| kv.key.as_ref())
+    }
     let spanning_delete = group.first().is_some_and(|(first, _)| {
         group.iter().any(|(s, _)| s != first)
             && group
@@ -107,7 +109,7 @@ fn flush_op(group: &mut Vec<(ShardId, Event)>, out: &mut Vec<Event>) {
                 .all(|w| w[0].0 != w[1].0 || key(&w[0].1) <= key(&w[1].1))
     });
     if spanning_delete {
-        group.sort_by_key(|(_, e)| key(e));
+        group.sort_by(|(_, a), (_, b)| key(a).cmp(key(b)));
     }
     out.extend(group.drain(..).map(|(_, e)| e));
 }

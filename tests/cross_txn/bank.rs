@@ -8,15 +8,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use cairn::routing::RoutingTable;
-use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp, WatchOptions};
+use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use super::accounts::{
-    account_of, check_watched, read_by_gets, read_by_txn, read_serializable_range, History, Seen,
+    account_of, check_watched, read_by_gets, read_by_txn, read_serializable_range, History,
     Transfer, ACCOUNTS, OPENING_BALANCE, TOTAL,
 };
-use super::{header_revision, placed, send_txn, shards_of, start, text, Failure, STEP_DEADLINE};
+use super::whole_watch::WholeWatch;
+use super::{header_revision, placed, send_txn, shards_of, start, text, Failure};
 use crate::common::{client, wait_writable};
 
 /// Clients moving money at once, each through the next member.
@@ -209,49 +210,8 @@ pub(crate) async fn bank_transfers_keep_the_total_at_every_revision(shards: usiz
     });
     let opened_at = header_revision(&opened);
 
-    // Watch everything ("\0" to "\0") from the opening on; a task drains the
-    // stream as it comes so the member never holds events back for us.
-    let mut w = client(&endpoints[2]).await;
-    let mut stream = w
-        .watch(
-            "\0",
-            Some(
-                WatchOptions::new()
-                    .with_range("\0")
-                    .with_start_revision(opened_at),
-            ),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("{what}: watching the whole keyspace: {e}"));
-    let (events_tx, mut events_rx) = tokio::sync::mpsc::unbounded_channel();
-    let drain = tokio::spawn(async move {
-        loop {
-            let message = match stream.message().await {
-                Ok(Some(resp)) if resp.canceled() => {
-                    Err(format!("cancelled: {}", resp.cancel_reason()))
-                }
-                Ok(Some(resp)) => Ok(resp
-                    .events()
-                    .iter()
-                    .map(|e| {
-                        let kv = e.kv().expect("an event has a kv");
-                        Seen {
-                            revision: kv.mod_revision(),
-                            kind: e.event_type(),
-                            key: text(kv.key()),
-                            value: text(kv.value()),
-                        }
-                    })
-                    .collect::<Vec<_>>()),
-                Ok(None) => Err("the stream ended".to_string()),
-                Err(e) => Err(e.to_string()),
-            };
-            let end = message.is_err();
-            if events_tx.send(message).is_err() || end {
-                return;
-            }
-        }
-    });
+    // Watch everything from the opening on.
+    let watch = WholeWatch::start(&endpoints[2], opened_at, &what).await;
 
     let stop = Arc::new(AtomicBool::new(false));
     let readers: Vec<_> = [1, 2]
@@ -319,20 +279,7 @@ pub(crate) async fn bank_transfers_keep_the_total_at_every_revision(shards: usiz
 
     // The watch delivered every txn together at its revision.
     let last = history.states.last().unwrap().0;
-    let mut seen: Vec<Seen> = Vec::new();
-    while seen.last().is_none_or(|e| e.revision < last) {
-        let message = tokio::time::timeout(STEP_DEADLINE, events_rx.recv())
-            .await
-            .unwrap_or_else(|_| {
-                panic!(
-                    "{what}: the whole-keyspace watch delivered nothing for {STEP_DEADLINE:?} after {:?}, waiting for revision {last}",
-                    seen.last()
-                )
-            })
-            .expect("the watch task ended without saying why");
-        seen.extend(message.unwrap_or_else(|e| panic!("{what}: the whole-keyspace watch: {e}")));
-    }
-    drain.abort();
+    let seen = watch.through(&mut c, last, &what).await;
     check_watched(&seen, opened_at, &transfers);
 
     // Each txn's puts were stored at its response's revision.

@@ -9,8 +9,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use cairn::routing::RoutingTable;
-use etcd_client::{Compare, CompareOp, EventType, Txn, TxnOp, WatchOptions};
+use etcd_client::{Compare, CompareOp, EventType, Txn, TxnOp};
 
+use super::whole_watch::WholeWatch;
 use super::{header_revision, send_txn, start, text, Failure};
 use crate::common::{client, http_get, shard0_leader, wait_writable};
 
@@ -165,32 +166,9 @@ pub(crate) async fn batched_txns_keep_their_compares_and_revisions(shards: usize
             .await
             .unwrap_or_else(|f| panic!("an empty txn: {f}")),
     );
-    // Watch everything from here on, drained as it comes.
-    let mut w = client(&endpoints[1]).await;
-    let mut stream = w
-        .watch(
-            "\0",
-            Some(
-                WatchOptions::new()
-                    .with_range("\0")
-                    .with_start_revision(start_rev + 1),
-            ),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("watching the whole keyspace: {e}"));
-    let (events_tx, mut events_rx) = tokio::sync::mpsc::unbounded_channel();
-    let drain = tokio::spawn(async move {
-        while let Ok(Some(resp)) = stream.message().await {
-            for e in resp.events() {
-                let kv = e.kv().expect("an event has a kv");
-                let put = e.event_type() == EventType::Put;
-                let seen = (kv.mod_revision(), text(kv.key()), text(kv.value()), put);
-                if events_tx.send(seen).is_err() {
-                    return;
-                }
-            }
-        }
-    });
+    // Watch everything from here on.
+    let what = format!("--shards {shards}");
+    let watch = WholeWatch::start(&endpoints[1], start_rev + 1, &what).await;
 
     let leader = shard0_leader(&cluster).await;
     let (shard_a, shard_b) = (
@@ -253,25 +231,22 @@ pub(crate) async fn batched_txns_keep_their_compares_and_revisions(shards: usize
     // and nothing else from these clients.
     let expected: BTreeMap<i64, BTreeSet<(String, String)>> =
         by_revision.into_iter().map(|(r, t)| (r, t.puts)).collect();
-    let (&last, last_puts) = expected.iter().next_back().expect("txns were acknowledged");
+    let last = *expected.keys().next_back().expect("txns were acknowledged");
     let mut watched: BTreeMap<i64, BTreeSet<(String, String)>> = BTreeMap::new();
-    let deadline = tokio::time::Instant::now() + super::STEP_DEADLINE;
-    while watched.get(&last).map_or(0, BTreeSet::len) < last_puts.len()
-        && watched.keys().next_back().is_none_or(|&r| r <= last)
-    {
-        let next = tokio::time::timeout_at(deadline, events_rx.recv()).await;
-        let Ok(Some((revision, key, value, put))) = next else {
-            panic!(
-                "--shards {shards}: the watch stopped before revision {last} (seen up to {:?})",
-                watched.keys().next_back()
+    for e in watch.through(&mut c, last, &what).await {
+        if e.key.starts_with("/xb") {
+            assert!(
+                e.kind == EventType::Put,
+                "{what}: a delete of {} at {}",
+                e.key,
+                e.revision
             );
-        };
-        if key.starts_with("/xb") {
-            assert!(put, "--shards {shards}: a delete of {key} at {revision}");
-            watched.entry(revision).or_default().insert((key, value));
+            watched
+                .entry(e.revision)
+                .or_default()
+                .insert((e.key, e.value));
         }
     }
-    drain.abort();
     if watched != expected {
         let diff: Vec<_> = expected
             .iter()

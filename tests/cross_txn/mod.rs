@@ -8,6 +8,7 @@ pub(crate) mod bank;
 pub(crate) mod batch;
 pub(crate) mod kill9;
 pub(crate) mod ledger;
+pub(crate) mod whole_watch;
 
 use std::collections::BTreeSet;
 use std::time::Duration;

@@ -147,28 +147,13 @@ impl Store {
         self.check_apply(index)?;
         let mut answers = Vec::with_capacity(parts.len());
         for &(revision, op, subs) in parts {
-            if self.poisoned {
-                answers.push(Err(ApplyError::Poisoned {
+            answers.push(if self.poisoned {
+                Err(ApplyError::Poisoned {
                     file: self.file.to_string(),
-                }));
-                continue;
-            }
-            if revision <= self.current_rev {
-                answers.push(Err(ApplyError::StaleRevision {
-                    file: self.file.to_string(),
-                    revision,
-                    current_revision: self.current_rev,
-                }));
-                continue;
-            }
-            let tx = Tx {
-                main: revision,
-                sub: 0,
-                written: false,
-                idle_rev: revision,
-                part_subs: subs.to_vec(),
-            };
-            answers.push(self.apply_entry(index, tx, op));
+                })
+            } else {
+                self.apply_checked_at(index, revision, op, subs.to_vec())
+            });
         }
         if !self.poisoned {
             self.applied_index = index;
@@ -184,6 +169,19 @@ impl Store {
         part_subs: Vec<i64>,
     ) -> Result<OpResult, ApplyError> {
         self.check_apply(index)?;
+        self.apply_checked_at(index, revision, op, part_subs)
+    }
+
+    /// Applies `op` at `revision` as entry `index`, which `check_apply`
+    /// admitted; refused with [`ApplyError::StaleRevision`] (nothing
+    /// touched) when the store has reached `revision`.
+    fn apply_checked_at(
+        &mut self,
+        index: u64,
+        revision: i64,
+        op: &Op,
+        part_subs: Vec<i64>,
+    ) -> Result<OpResult, ApplyError> {
         if revision <= self.current_rev {
             return Err(ApplyError::StaleRevision {
                 file: self.file.to_string(),

@@ -47,14 +47,14 @@ pub(super) struct Cross {
     gathered: Vec<(i64, CrossTxnPart, Reply<WriteResult>)>,
     /// The holder's entry of parts, when Raft did not take it (too many
     /// uncommitted entries): proposed again on the next close tick.
-    unproposed: Option<Unproposed>,
+    unproposed: Option<PartsEntry>,
     /// Led here, with every entry of earlier terms applied (the keyspace
     /// was told): a part of an earlier leader's txn may be proposed.
     pub(super) ready: bool,
 }
 
-/// An entry of parts waiting for Raft to take it.
-struct Unproposed {
+/// An entry of parts (one, or a batch's) to propose.
+struct PartsEntry {
     data: Bytes,
     id: u64,
     /// Its (last) part's revision.
@@ -364,7 +364,7 @@ impl Shard {
             }
             .encode_to_vec(),
         );
-        let entry = Unproposed {
+        let entry = PartsEntry {
             data,
             id,
             revision,
@@ -392,15 +392,18 @@ impl Shard {
             });
             replies.push(reply);
         }
-        let mismatch = self.storage_error(format!(
-            "an entry of {} parts answered otherwise",
-            replies.len()
-        ));
+        let shard = self.id;
         let (tx, rx) = tokio::sync::oneshot::channel::<Result<WriteResult, ApiError>>();
         tokio::task::spawn_local(async move {
             let answers = match rx.await {
                 Ok(Ok(WriteResult::Parts(answers))) if answers.len() == replies.len() => answers,
-                Ok(Ok(_)) => vec![Err(mismatch); replies.len()],
+                Ok(Ok(_)) => {
+                    let mismatch = ApiError::Storage {
+                        shard,
+                        reason: format!("an entry of {} parts answered otherwise", replies.len()),
+                    };
+                    vec![Err(mismatch); replies.len()]
+                }
                 Ok(Err(e)) => vec![Err(e); replies.len()],
                 Err(_) => vec![Err(ApiError::Stopped); replies.len()],
             };
@@ -416,7 +419,7 @@ impl Shard {
     /// proposed again on the next close tick. One Raft refuses otherwise (a
     /// transfer under way) may leave its txns applied on other shards only:
     /// see [`Shard::part_refused`]. Whether it was proposed.
-    fn propose_part(&mut self, entry: Unproposed) -> bool {
+    fn propose_part(&mut self, entry: PartsEntry) -> bool {
         match self.node.propose(entry.data.clone()) {
             Ok(()) => {
                 self.proposed_revision(entry.revision);
