@@ -29,11 +29,11 @@ async fn three_member_cluster_behaves_like_etcd() {
         wait_writable(&mut c, &format!("/ready/{ep}")).await;
         clients.push(c);
     }
-    // More than one shard is opt-in, and every member says what differs.
+    // Every member says how it numbers revisions.
     for m in &cluster.members {
         let log = m.log_text();
         assert!(
-            log.contains("running 4 shards: unlike etcd"),
+            log.contains("running 4 shards: revisions start at 2^40"),
             "{}: {log}",
             m.name
         );

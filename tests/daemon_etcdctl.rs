@@ -237,12 +237,40 @@ fn etcdctl_works_against_a_default_cairn() {
     one_keyspace_by_default(&_daemon);
 }
 
-/// A default member runs one shard, so etcd's recipes and the list-then-watch
-/// pattern hold over the whole keyspace whatever the keys are named.
+/// A default member runs one shard per core, and etcd's recipes and the
+/// list-then-watch pattern hold over the whole keyspace whatever the keys are
+/// named.
 fn one_keyspace_by_default(daemon: &Daemon) {
     let log = std::fs::read_to_string(daemon._dir.path().join("cairn.log")).unwrap();
-    assert!(log.contains("shards=1"), "one shard by default:\n{log}");
-    assert!(!log.contains("unlike etcd"), "no sharding warning:\n{log}");
+    let starting = log
+        .lines()
+        .find(|l| l.contains("starting"))
+        .unwrap_or_else(|| panic!("no starting line:\n{log}"));
+    let field = |name: &str| -> usize {
+        let at = starting
+            .find(&format!(" {name}="))
+            .unwrap_or_else(|| panic!("{name} in {starting}"));
+        starting[at + name.len() + 2..]
+            .split(|c: char| !c.is_ascii_digit())
+            .next()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{name} in {starting}"))
+    };
+    let (cores, shards) = (field("cores"), field("shards"));
+    assert_eq!(shards, cores, "one shard per core by default: {starting}");
+    if shards > 1 {
+        let said = format!("running {shards} shards: revisions start at 2^40");
+        let line = log.lines().find(|l| l.contains(&said));
+        assert!(
+            line.is_some_and(|l| l.contains("INFO")),
+            "the numbering said once, as information:\n{log}"
+        );
+    }
+    assert!(
+        !log.lines()
+            .any(|l| l.contains("WARN") && l.contains("shards")),
+        "no warning about shards at a default start:\n{log}"
+    );
 
     // etcd's lock recipe puts `<name>/<lease>` and ranges over `<name>/`.
     for name in ["mylock", "locks-x", "/locks/y"] {

@@ -464,3 +464,44 @@ async fn removing_a_member_that_leads_shards_completes_from_any_member() {
         panic!("{e}\n{}", cluster.logs());
     }
 }
+
+/// Members created with different shard counts (say the default of one per
+/// core on machines with different CPU counts) would place keys on different
+/// shards. Their cluster ids differ, so they refuse each other's peer
+/// connections and say which flags must agree; the two that agree still form
+/// a quorum and serve.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_created_with_different_shard_counts_refuse_each_other() {
+    let cluster =
+        Cluster::start_each(&[&["--shards", "1"], &["--shards", "1"], &["--shards", "2"]]);
+    let mut c = client(&cluster.members[0].endpoint()).await;
+    wait_writable(&mut c, "/agree").await;
+    let odd = &cluster.members[2];
+    common::wait_until(
+        "the odd member's refusal in a log",
+        Duration::from_secs(60),
+        || {
+            let logs = cluster.logs();
+            let said = logs
+                .lines()
+                .any(|l| l.contains("wrong cluster id") && l.contains("--shards"));
+            if said {
+                Ok(())
+            } else {
+                Err(logs.lines().rev().take(5).collect::<Vec<_>>().join("\n"))
+            }
+        },
+    );
+    // The odd member never serves a write: it has no quorum of its own.
+    let mut o = client(&odd.endpoint()).await;
+    let put = tokio::time::timeout(Duration::from_secs(5), o.put("/odd", "v", None)).await;
+    assert!(
+        !matches!(put, Ok(Ok(_))),
+        "a member of another cluster id took a write"
+    );
+    let got = c.get("/odd", None).await.unwrap();
+    assert!(
+        got.kvs().is_empty(),
+        "the odd member's write reached the cluster"
+    );
+}

@@ -112,7 +112,9 @@ fn gateway_answers_as_etcd_does() {
         return;
     }
     let etcd_server = common::Etcd::start();
-    let cluster = common::Cluster::start(1, &[]);
+    // One shard numbers revisions from 1 as etcd does, so the calls below
+    // name the same revisions on both.
+    let cluster = common::Cluster::start(1, &["--shards", "1"]);
     let (e, c) = (etcd_server.endpoint.as_str(), cluster.members[0].endpoint());
     let c = c.as_str();
     wait_serving(e);

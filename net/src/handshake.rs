@@ -418,7 +418,9 @@ pub(crate) async fn accept_greeting<S: AsyncRead + AsyncWrite + Unpin>(
         Some((
             RefuseReason::WrongCluster,
             format!(
-                "peer cluster {:#x}, member {} is in cluster {:#x}",
+                "peer cluster {:#x}, member {} is in cluster {:#x} (members of \
+                 one cluster start with the same --initial-cluster, \
+                 --initial-cluster-token and --shards)",
                 hello.cluster_id, config.member_id, config.cluster_id
             ),
         ))

@@ -38,11 +38,6 @@ pub const DEFAULT_QUOTA_BACKEND_BYTES: u64 = 2 * 1024 * 1024 * 1024;
 /// sized by these, and a typo such as `--shards 100000` should be refused, not obeyed.
 pub const MAX_CORES: usize = 256;
 pub const MAX_SHARDS: usize = 1024;
-/// One shard: etcd's semantics over the whole keyspace (one revision order,
-/// txns and watches over any keys) hold exactly only within one shard, so more
-/// shards are opt-in until the keyspace layer makes them invisible (README,
-/// "How the keyspace is split").
-pub const DEFAULT_SHARDS: usize = 1;
 /// etcd refuses requests above 10 MiB whatever the flag says; so do we, since
 /// every request is held whole in memory and in one Raft entry.
 pub const MAX_REQUEST_BYTES_LIMIT: usize = 10 * 1024 * 1024;
@@ -120,10 +115,10 @@ pub struct Flags {
 
     /// Number of shards (Raft groups) the keyspace is split into (default: the
     /// layout of the member in --data-dir; for a member joining a cluster or
-    /// restoring a backup, theirs; else 1). With more than one shard revisions
-    /// start at 2^40 (a warning at start says what differs from etcd; README,
-    /// "How the keyspace is split"). Every member of a cluster must use the
-    /// same value.
+    /// restoring a backup, theirs; else one per core, see --cores). With more
+    /// than one shard revisions start at 2^40 (README, "How the keyspace is
+    /// split"); --shards 1 keeps etcd's numbering from 1. Every member of a
+    /// cluster must use the same value.
     #[arg(long, value_name = "N")]
     pub shards: Option<usize>,
 
@@ -495,7 +490,7 @@ impl Config {
         let shards = f
             .shards
             .or(existing.as_ref().map(|e| e.shards as usize))
-            .unwrap_or(DEFAULT_SHARDS);
+            .unwrap_or(cores);
         let log_format = match f.log_format.as_deref().unwrap_or("text") {
             "text" | "human" => LogFormat::Text,
             "json" => LogFormat::Json,

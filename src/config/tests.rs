@@ -27,7 +27,7 @@ fn no_flags_start_a_single_member_on_loopback() {
     assert_eq!(c.max_request_bytes, 1_572_864);
     assert_eq!(c.max_txn_ops, 128);
     assert!(c.cores >= 1);
-    assert_eq!(c.shards, DEFAULT_SHARDS);
+    assert_eq!(c.shards, c.cores, "one shard per core by default");
     assert!(!c.shards_from_flag);
     assert_eq!(c.idle_poll, Duration::from_micros(DEFAULT_IDLE_POLL_US));
     let off = parse(&["--idle-poll-us", "0"]).unwrap();
@@ -351,7 +351,10 @@ fn a_local_cluster_divides_the_cpus_unless_cores_is_given() {
         }
     );
     assert_eq!(c.cores, (cpus / 3).max(1));
-    assert_eq!(c.shards, DEFAULT_SHARDS, "shards do not follow the cores");
+    assert_eq!(
+        c.shards, c.cores,
+        "one shard per core of the member's share"
+    );
     assert!(!c.shards_from_flag);
     let mut given = args.clone();
     given.extend(["--cores", "2", "--shards", "2"]);
@@ -359,6 +362,12 @@ fn a_local_cluster_divides_the_cpus_unless_cores_is_given() {
     assert_eq!((c.cores, c.shards), (2, 2));
     assert!(c.shards_from_flag);
     assert_eq!(c.host_share.first_cpu(c.cores), 2);
+    // Cores given alone: one shard each.
+    let mut cores_only = args.clone();
+    cores_only.extend(["--cores", "3"]);
+    let c = parse(&cores_only).unwrap();
+    assert_eq!((c.cores, c.shards), (3, 3));
+    assert!(!c.shards_from_flag);
     // A lone member takes every CPU.
     let c = parse(&in_dir(&[], dir.path())).unwrap();
     assert_eq!(c.host_share, HostShare::ALONE);

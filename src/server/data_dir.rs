@@ -59,9 +59,12 @@ pub fn prepare_data_dir(
             let file = if config.initial_cluster_state == ClusterState::Existing {
                 join_cluster(config, peer_tls)?
             } else {
-                let m = Membership::bootstrap(config);
+                let mut m = Membership::bootstrap(config);
                 if let Some(path) = config.restore_snapshot.clone() {
                     restore_snapshot(config, &path, &m.voter_ids())?;
+                    // The backup's shard count is now the member's, and the
+                    // cluster id names it (member ids do not depend on it).
+                    m = Membership::bootstrap(config);
                 }
                 new_member_file(config, m.local_id, m.cluster_id, m.voter_ids(), m.members)
             };
@@ -84,18 +87,19 @@ fn adopt_shards(config: &mut Config, shards: u32, source: &str) {
     }
 }
 
-/// More than one shard is opt-in: say at every start what an etcd client
-/// then sees differently, so nobody meets it first as a lost watch event.
-pub(super) fn warn_if_sharded(shards: usize) {
+/// Says at every start how a member of several shards numbers revisions, the
+/// one thing an etcd client sees differently (README, "How the keyspace is
+/// split").
+pub(super) fn log_sharding(shards: usize) {
     if shards > 1 {
-        tracing::warn!(
+        tracing::info!(
             shards,
-            "running {shards} shards: unlike etcd, revisions start at 2^40 \
-             (each keyspace leader numbers from its shard 0 term x 2^40) and \
-             response headers a shard did not produce carry shard 0's Raft \
-             term; writes (txns over any keys included) follow one revision \
-             order, and reads, watches and compactions are consistent with \
-             it; --shards 1 (the default) keeps etcd's revision numbering"
+            "running {shards} shards: revisions start at 2^40 (each keyspace \
+             leader numbers from its shard 0 term x 2^40) and response headers \
+             a shard did not produce carry shard 0's Raft term; writes (txns \
+             over any keys included) follow one revision order, and reads, \
+             watches and compactions are consistent with it; --shards 1 keeps \
+             etcd's numbering from 1"
         );
     }
 }

@@ -65,11 +65,16 @@ pub fn added_member_id(peer_urls: &[String], cluster_id: u64, now_ms: u64) -> u6
     ]))
 }
 
-pub fn cluster_id(member_ids: &[u64], token: &str) -> u64 {
+/// A new cluster's id, from its members, token and shard count: members
+/// started with a different `--shards` (by default one per core, so machines
+/// with different CPU counts) get different ids, and their peer handshakes
+/// refuse each other instead of routing keys to different shards.
+pub fn cluster_id(member_ids: &[u64], token: &str, shards: usize) -> u64 {
     let mut ids = member_ids.to_vec();
     ids.sort_unstable();
     let bytes: Vec<u8> = ids.iter().flat_map(|id| id.to_le_bytes()).collect();
-    nonzero(fnv1a64(&[&bytes, token.as_bytes()]))
+    let shards = u64::try_from(shards).unwrap_or(u64::MAX);
+    nonzero(fnv1a64(&[&bytes, token.as_bytes(), &shards.to_le_bytes()]))
 }
 
 /// Two URL lists name the same endpoints (order does not matter).
@@ -112,7 +117,7 @@ impl Membership {
             &config.initial_cluster_token,
         );
         Membership {
-            cluster_id: cluster_id(&ids, &config.initial_cluster_token),
+            cluster_id: cluster_id(&ids, &config.initial_cluster_token, config.shards),
             local_id,
             members,
         }
@@ -405,7 +410,13 @@ mod tests {
     fn the_token_changes_every_id() {
         let urls = vec!["http://127.0.0.1:2380".to_string()];
         assert_ne!(member_id(&urls, "one"), member_id(&urls, "two"));
-        assert_ne!(cluster_id(&[1, 2], "one"), cluster_id(&[1, 2], "two"));
-        assert_eq!(cluster_id(&[2, 1], "t"), cluster_id(&[1, 2], "t"));
+        assert_ne!(cluster_id(&[1, 2], "one", 1), cluster_id(&[1, 2], "two", 1));
+        assert_eq!(cluster_id(&[2, 1], "t", 1), cluster_id(&[1, 2], "t", 1));
+    }
+
+    #[test]
+    fn the_shard_count_changes_the_cluster_id() {
+        assert_ne!(cluster_id(&[1, 2], "t", 1), cluster_id(&[1, 2], "t", 2));
+        assert_ne!(cluster_id(&[1, 2], "t", 2), cluster_id(&[1, 2], "t", 4));
     }
 }

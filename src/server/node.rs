@@ -32,7 +32,7 @@ use crate::runtime::{CoreContext, Cores};
 /// (and TCP pushes back on the peer).
 pub const SHARD_INBOUND_MESSAGES: usize = 8_192;
 
-use super::data_dir::{prepare_data_dir, warn_if_sharded};
+use super::data_dir::{log_sharding, prepare_data_dir};
 use super::peer_links::{forward_inbound, CorePeers};
 pub use super::start_error::StartError;
 
@@ -200,7 +200,7 @@ impl Node {
         super::clock::follow(config.test_clock_file.clone());
         let (client_tls, peer_tls) = start_tls(&config)?;
         let file = prepare_data_dir(&mut config, peer_tls.clone())?;
-        warn_if_sharded(config.shards);
+        log_sharding(config.shards);
         let members = Arc::new(MemberRegistry::new(&config.data_dir, file.clone()));
         let auth = super::auth::AuthStore::open(&config.data_dir, config.auth.clone())?;
         let routing = RoutingTable::new(config.shards, config.cores);
