@@ -42,6 +42,25 @@ pub fn with_revision(data: &[u8], revision: i64) -> Bytes {
     out.freeze()
 }
 
+/// The request an applied entry carries, or why it has none this build can
+/// apply: protobuf decodes a request kind added by a newer build (a member
+/// of a cluster in the middle of an upgrade proposed it) as no request at
+/// all, and applying past it would silently lose that write on this member
+/// alone.
+pub fn known_request(
+    req: &mut ShardRequest,
+    shard: u32,
+    index: u64,
+) -> Result<shard_request::Request, String> {
+    req.request.take().ok_or_else(|| {
+        format!(
+            "shard {shard}: entry {index} holds a request this build does not know \
+             (proposed by a newer build?); restart this member with the build \
+             the others run"
+        )
+    })
+}
+
 /// `ShardRequest.revision`'s field number.
 const REVISION_FIELD: u32 = 12;
 
@@ -161,6 +180,35 @@ mod tests {
         assert_eq!(decoded.request, put.request);
         let twice = with_revision(&once, i64::MAX);
         assert_eq!(ShardRequest::decode(twice).unwrap().revision, i64::MAX);
+    }
+
+    #[test]
+    fn a_request_kind_this_build_does_not_know_is_refused_not_skipped() {
+        let put = ShardRequest {
+            id: 3,
+            member: 4,
+            request: Some(shard_request::Request::Put(PutRequest::default())),
+            revision: 9,
+        };
+        let mut known = ShardRequest::decode(put.encode_to_vec().as_slice()).unwrap();
+        assert_eq!(known_request(&mut known, 1, 5), Ok(put.request.unwrap()));
+        // A newer build's request kind: a field number this build's
+        // `ShardRequest` does not have (length-delimited, like every kind).
+        let mut newer = ShardRequest {
+            id: 3,
+            member: 4,
+            request: None,
+            revision: 9,
+        }
+        .encode_to_vec();
+        prost::encoding::bytes::encode(1000, &Bytes::from_static(b"part"), &mut newer);
+        let mut decoded = ShardRequest::decode(newer.as_slice()).unwrap();
+        assert_eq!((decoded.id, decoded.revision), (3, 9));
+        let err = known_request(&mut decoded, 1, 5).unwrap_err();
+        assert!(
+            err.contains("shard 1: entry 5") && err.contains("does not know"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -194,23 +194,22 @@ impl Shard {
             self.store.set_applied_index(e.index);
             return;
         }
-        let req = match ShardRequest::decode(e.data.clone()) {
+        let mut req = match ShardRequest::decode(e.data.clone()) {
             Ok(r) => r,
             Err(err) => {
                 self.fail(format!("entry {} does not decode: {err}", e.index));
                 return;
             }
         };
-        let mine = req.member == self.member_id;
-        let result = match req.request {
-            Some(r) => self.apply_request(e.index, req.revision, r),
-            None => {
-                self.store.set_applied_index(e.index);
-                Ok(WriteResult::Applied {
-                    revision: self.store.current_revision(),
-                })
+        let request = match entry::known_request(&mut req, self.id, e.index) {
+            Ok(r) => r,
+            Err(why) => {
+                self.fail(why);
+                return;
             }
         };
+        let mine = req.member == self.member_id;
+        let result = self.apply_request(e.index, req.revision, request);
         if mine {
             if let Some(w) = self.waiters.remove(&req.id) {
                 let _ = w.reply.send(result);
