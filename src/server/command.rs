@@ -218,19 +218,17 @@ pub enum ShardCommand {
         id: i64,
         reply: Reply<bool>,
     },
-    /// Gathers this shard's part of the txn at `revision`; at the holder's
-    /// `last` part here, proposes the gathered parts (one entry) and lets go
-    /// of the hold. Answered with the part's answer once applied here. `txn` 0:
-    /// a keyspace leader finishing an earlier leader's txn before it assigns
-    /// revisions: proposed only if the shard has not reached `revision`
-    /// (else answered at once with `WriteResult::Applied`).
+    /// Proposes every part the holder has here (one per txn of its batch
+    /// that writes this shard, revisions ascending) as one entry, and lets
+    /// go of the hold. Answered once applied here: for one part with its
+    /// answer, for several with `WriteResult::Parts` (theirs, in order).
+    /// `txn` 0: a keyspace leader finishing an earlier leader's txn before
+    /// it assigns revisions (one part): proposed only if the shard has not
+    /// reached its revision (else answered at once with
+    /// `WriteResult::Applied`).
     CrossPropose {
         txn: u64,
-        revision: i64,
-        part: cairnpb::CrossTxnPart,
-        /// The last part the holding batch proposes on this shard: the
-        /// hold ends once it is proposed.
-        last: bool,
+        parts: Vec<(i64, cairnpb::CrossTxnPart)>,
         reply: Reply<WriteResult>,
     },
     /// Lets go of the hold of `txn`, or stops waiting for it.

@@ -79,8 +79,8 @@ pub async fn run(router: Arc<Router>, req: TxnRequest) -> Result<TxnResponse, Ap
     let taken = keyspace.holds.take(&shards).await;
     let batch = leading.close();
     let mut answers = held(&router, &keyspace, txn, &shards, &batch, taken).await;
-    // Every hold not yet ended by a proposal ends here; a shard whose last
-    // part was proposed has let go already, and ignores this.
+    // Every hold not yet ended by a proposal ends here; a shard whose parts
+    // were proposed has let go already, and ignores this.
     for &s in &shards {
         router.tell(s, ShardCommand::CrossRelease { txn }).await;
     }
@@ -108,10 +108,13 @@ enum Step {
 enum Settling {
     Done(TxnResponse),
     Queued {
+        revision: i64,
         plan: Plan,
         /// The answers of the shards it only reads.
         answers: BTreeMap<ShardId, Vec<ResponseOp>>,
-        parts: Box<Queued>,
+        /// Whether its parts keep a record to forget (it writes several
+        /// shards).
+        recorded: bool,
     },
 }
 
@@ -163,86 +166,152 @@ async fn held(
         prepare(router, txn, revision, plan, no_space).await
     }))
     .await;
-    // The shards no txn writes are let go; each written one after the
-    // batch's last part there is queued.
-    let mut last = BTreeMap::new();
-    for (k, step) in steps.iter().enumerate() {
-        if let Ok(Step::Write { plan, .. }) = step {
-            for &s in &plan.written {
-                last.insert(s, k);
-            }
-        }
-    }
-    for &s in shards.iter().filter(|s| !last.contains_key(s)) {
-        router.tell(s, ShardCommand::CrossRelease { txn }).await;
-    }
-    let mut queued = Vec::with_capacity(steps.len());
-    for (k, step) in steps.into_iter().enumerate() {
-        queued.push(match step {
+    // Each written shard proposes the batch's parts there in one entry
+    // (revisions ascending), which ends its hold; the others are let go.
+    let mut per_shard: BTreeMap<ShardId, Vec<(i64, CrossTxnPart)>> = BTreeMap::new();
+    let mut settling = Vec::with_capacity(steps.len());
+    for step in steps {
+        settling.push(match step {
             Ok(Step::Write {
                 revision,
                 plan,
                 answers,
             }) => {
-                let parts = plan
-                    .written
-                    .iter()
-                    .map(|&s| CrossTxnShardOps {
-                        shard: s,
-                        ops: Some(ops_txn(&plan.ops[&s])),
-                        revoke_lease: 0,
-                        subs: plan.subs[&s].clone(),
-                    })
-                    .collect();
-                let parts = queue_parts(router, txn, revision, parts, |s| last[&s] == k).await;
+                let parts = parts_of(revision, &plan);
+                let recorded = parts.len() > 1;
+                for (shard, part) in parts {
+                    per_shard.entry(shard).or_default().push((revision, part));
+                }
                 Ok(Settling::Queued {
+                    revision,
                     plan,
                     answers,
-                    parts: Box::new(parts),
+                    recorded,
                 })
             }
             Ok(Step::Done(answer)) => Ok(Settling::Done(answer)),
             Err(e) => Err(e),
         });
     }
-    // Each shard ends its hold when it proposes its last part, queued now
-    // ahead of any later txn's hold from this core: the next txn over these
-    // shards may go (a hold it asks from another core waits at the shard).
+    for &s in shards.iter().filter(|s| !per_shard.contains_key(s)) {
+        router.tell(s, ShardCommand::CrossRelease { txn }).await;
+    }
+    let queued = queue_parts(router, txn, per_shard).await;
+    // Queued ahead of any later txn's hold from this core: the next txn
+    // over these shards may go (a hold it asks from another core waits at
+    // the shard).
     drop(taken);
-    let settled = join_all(queued.into_iter().map(|step| async move {
-        match step? {
-            Settling::Done(answer) => Ok((answer, None)),
+    let mut per_part = settle_shards(queued).await;
+    let mut records = Vec::new();
+    let answers = settling
+        .into_iter()
+        .map(|step| match step? {
+            Settling::Done(answer) => Ok(answer),
             Settling::Queued {
+                revision,
                 plan,
                 mut answers,
-                parts,
+                recorded,
             } => {
-                let (revision, record) = (parts.revision, parts.record());
-                for (s, answer) in parts.settle().await? {
-                    match answer {
-                        WriteResult::Txn(r) => {
+                if recorded {
+                    records.push((revision, plan.written.iter().copied().collect()));
+                }
+                for &s in &plan.written {
+                    let part = per_part
+                        .get_mut(&s)
+                        .and_then(|a| a.next())
+                        .unwrap_or(Err(ApiError::TimeoutLeaderFail));
+                    match part {
+                        Ok(WriteResult::Txn(r)) => {
                             answers.insert(s, r.responses);
                         }
-                        _ => return Err(ApiError::TimeoutLeaderFail),
+                        Ok(_) | Err(_) => return Err(ApiError::TimeoutLeaderFail),
                     }
                 }
-                Ok((plan.answer(answers, revision), record))
+                Ok(plan.answer(answers, revision))
             }
-        }
-    }))
-    .await;
-    let mut records = Vec::new();
-    let answers = settled
-        .into_iter()
-        .map(|r| {
-            r.map(|(answer, record)| {
-                records.extend(record);
-                answer
-            })
         })
         .collect();
     forget(router, records).await;
     answers
+}
+
+/// A written txn's parts at `revision`, one per written shard, each
+/// carrying the whole plan as its record when there are several.
+fn parts_of(revision: i64, plan: &Plan) -> Vec<(ShardId, CrossTxnPart)> {
+    let parts: Vec<CrossTxnShardOps> = plan
+        .written
+        .iter()
+        .map(|&s| CrossTxnShardOps {
+            shard: s,
+            ops: Some(ops_txn(&plan.ops[&s])),
+            revoke_lease: 0,
+            subs: plan.subs[&s].clone(),
+        })
+        .collect();
+    shard_parts(revision, parts)
+}
+
+/// `parts` as each shard proposes it: with the whole plan as its record
+/// when there are several.
+fn shard_parts(revision: i64, parts: Vec<CrossTxnShardOps>) -> Vec<(ShardId, CrossTxnPart)> {
+    let record = if parts.len() > 1 {
+        Bytes::from(
+            CrossTxnPlan {
+                revision,
+                parts: parts.clone(),
+            }
+            .encode_to_vec(),
+        )
+    } else {
+        Bytes::new()
+    };
+    parts
+        .into_iter()
+        .map(|p| {
+            (
+                p.shard,
+                CrossTxnPart {
+                    ops: p.ops,
+                    plan: record.clone(),
+                    revoke_lease: p.revoke_lease,
+                    subs: p.subs,
+                },
+            )
+        })
+        .collect()
+}
+
+/// Step 6's wait: each shard's answers to its `count` parts once applied
+/// here, in the order they were queued; a shard that failed answers each
+/// part with etcd's "request timed out" (the outcome is not known here).
+async fn settle_shards(
+    queued: Vec<(ShardId, usize, Result<Answer<WriteResult>, ApiError>)>,
+) -> BTreeMap<ShardId, std::vec::IntoIter<Result<WriteResult, ApiError>>> {
+    join_all(queued.into_iter().map(|(s, count, answer)| async move {
+        let got = match answer {
+            Ok(a) => a.within(super::command::REQUEST_TIMEOUT).await,
+            Err(e) => Err(e),
+        };
+        let parts = match got {
+            Ok(WriteResult::Parts(parts)) if parts.len() == count && count > 1 => parts,
+            Ok(one) if count == 1 => vec![Ok(one)],
+            Ok(_) => vec![Err(ApiError::TimeoutLeaderFail); count],
+            Err(e) => {
+                tracing::warn!(
+                    shard = s,
+                    parts = count,
+                    error = %e,
+                    "txns over several shards have an unknown outcome here"
+                );
+                vec![Err(ApiError::TimeoutLeaderFail); count]
+            }
+        };
+        (s, parts.into_iter())
+    }))
+    .await
+    .into_iter()
+    .collect()
 }
 
 /// Steps 3 and 4 for one txn at `revision`: the checks of what a shard's
@@ -333,101 +402,27 @@ async fn hold_all(
     .collect()
 }
 
-/// One txn's parts, queued for proposal at its revision.
-struct Queued {
-    revision: i64,
-    /// The whole plan, kept by each part's shard; empty for a lone part.
-    record: Bytes,
-    parts: Vec<(ShardId, Result<Answer<WriteResult>, ApiError>)>,
-}
-
-/// Step 5: queues each part of `parts` for proposal at `revision` by its
-/// held shard (with the whole plan as its record when there are several);
-/// `last` tells the parts after which a shard's hold ends.
+/// Step 5: queues each held shard's parts (revisions ascending) for
+/// proposal as one entry, which ends its hold; with each, how many parts
+/// it has.
 async fn queue_parts(
     router: &Router,
     txn: u64,
-    revision: i64,
-    parts: Vec<CrossTxnShardOps>,
-    last: impl Fn(ShardId) -> bool,
-) -> Queued {
-    let record = if parts.len() > 1 {
-        Bytes::from(
-            CrossTxnPlan {
-                revision,
-                parts: parts.clone(),
-            }
-            .encode_to_vec(),
-        )
-    } else {
-        Bytes::new()
-    };
-    let mut queued = Vec::with_capacity(parts.len());
-    for p in parts {
-        let shard = p.shard;
-        let part = CrossTxnPart {
-            ops: p.ops,
-            plan: record.clone(),
-            revoke_lease: p.revoke_lease,
-            subs: p.subs,
-        };
-        let last = last(shard);
+    per_shard: BTreeMap<ShardId, Vec<(i64, CrossTxnPart)>>,
+) -> Vec<(ShardId, usize, Result<Answer<WriteResult>, ApiError>)> {
+    let mut queued = Vec::with_capacity(per_shard.len());
+    for (s, parts) in per_shard {
+        let count = parts.len();
         let answer = router
-            .queue(shard, move |reply| ShardCommand::CrossPropose {
+            .queue(s, move |reply| ShardCommand::CrossPropose {
                 txn,
-                revision,
-                part,
-                last,
+                parts,
                 reply,
             })
             .await;
-        queued.push((shard, answer));
+        queued.push((s, count, answer));
     }
-    Queued {
-        revision,
-        record,
-        parts: queued,
-    }
-}
-
-impl Queued {
-    /// The txn's revision and its parts' shards, when they keep a record
-    /// to forget once every part is applied.
-    fn record(&self) -> Option<(i64, Vec<ShardId>)> {
-        (!self.record.is_empty()).then(|| (self.revision, self.parts.iter().map(|p| p.0).collect()))
-    }
-
-    /// Step 6's wait: the parts' answers once all are applied here.
-    async fn settle(self) -> Result<Vec<(ShardId, WriteResult)>, ApiError> {
-        let revision = self.revision;
-        let answers = join_all(self.parts.into_iter().map(|(s, q)| async move {
-            (
-                s,
-                match q {
-                    Ok(q) => q.within(super::command::REQUEST_TIMEOUT).await,
-                    Err(e) => Err(e),
-                },
-            )
-        }))
-        .await;
-        let mut done = Vec::with_capacity(answers.len());
-        let mut failed = None;
-        for (s, answer) in answers {
-            match answer {
-                Ok(a) => done.push((s, a)),
-                Err(e) => failed = Some(format!("shard {s}: {e}")),
-            }
-        }
-        if let Some(why) = failed {
-            tracing::warn!(
-                revision,
-                why,
-                "a txn over several shards has an unknown outcome here"
-            );
-            return Err(ApiError::TimeoutLeaderFail);
-        }
-        Ok(done)
-    }
+    queued
 }
 
 /// Has each shard forget, in one entry, the records of the txns at the
@@ -506,10 +501,17 @@ async fn revoke_held(
     if parts.is_empty() {
         return Err(ApiError::LeaseNotFound);
     }
-    let queued = queue_parts(router, txn, revision, parts, |_| true).await;
+    let parts = shard_parts(revision, parts);
+    let record = (parts.len() > 1).then(|| (revision, parts.iter().map(|p| p.0).collect()));
+    let per_shard = parts
+        .into_iter()
+        .map(|(s, part)| (s, vec![(revision, part)]))
+        .collect();
+    let queued = queue_parts(router, txn, per_shard).await;
     drop(taken);
-    let record = queued.record();
-    queued.settle().await?;
+    for (_, mut answer) in settle_shards(queued).await {
+        answer.next().unwrap_or(Err(ApiError::TimeoutLeaderFail))?;
+    }
     forget(router, record).await;
     Ok(revision)
 }
@@ -604,9 +606,7 @@ pub async fn finish_earlier(router: &Router) -> Result<usize, ApiError> {
             router
                 .ask(part.shard, |reply| ShardCommand::CrossPropose {
                     txn: 0,
-                    revision,
-                    part: part_msg,
-                    last: true,
+                    parts: vec![(revision, part_msg)],
                     reply,
                 })
                 .await?;

@@ -42,9 +42,6 @@ pub(super) struct Cross {
     /// Records asked by an opening keyspace leader, answered once the
     /// entries proposed before the ask (the index) are applied.
     records: Vec<(u64, Reply<CrossRecords>)>,
-    /// The holder's parts here before its last, proposed with the last in
-    /// one entry.
-    gathered: Vec<(i64, CrossTxnPart, Reply<WriteResult>)>,
     /// The holder's entry of parts, when Raft did not take it (too many
     /// uncommitted entries): proposed again on the next close tick.
     unproposed: Option<PartsEntry>,
@@ -109,13 +106,9 @@ impl Shard {
                     .map(|()| self.store.lease(id).is_some());
                 let _ = reply.send(answer);
             }
-            ShardCommand::CrossPropose {
-                txn,
-                revision,
-                part,
-                last,
-                reply,
-            } => self.cross_propose(txn, revision, part, last, reply),
+            ShardCommand::CrossPropose { txn, parts, reply } => {
+                self.cross_propose(txn, parts, reply)
+            }
             ShardCommand::CrossRelease { txn } => self.cross_release(txn),
             ShardCommand::CrossForget { revisions, reply } => self.cross_forget(revisions, reply),
             ShardCommand::CrossRecords { reply } => self.cross_records(reply),
@@ -270,9 +263,6 @@ impl Shard {
     /// Ends every hold and wait of a txn, which is answered `err`.
     fn end_holds(&mut self, err: ApiError) {
         self.cross.holder = None;
-        for (_, _, reply) in self.cross.gathered.drain(..) {
-            let _ = reply.send(Err(err.clone()));
-        }
         if let Some(part) = self.cross.unproposed.take() {
             let _ = part.reply.send(Err(err.clone()));
         }
@@ -313,18 +303,20 @@ impl Shard {
         }
     }
 
-    /// Proposes a part at `revision`. The parts of a batch's txns here
-    /// arrive while it holds the shard, in revision order; they are
-    /// gathered until the `last`, then proposed in one entry, and the hold
-    /// ends.
+    /// Proposes the holder's parts here (revisions ascending) in one entry,
+    /// and ends the hold.
     fn cross_propose(
         &mut self,
         txn: u64,
-        revision: i64,
-        part: CrossTxnPart,
-        last: bool,
+        mut parts: Vec<(i64, CrossTxnPart)>,
         reply: Reply<WriteResult>,
     ) {
+        let Some(&(revision, _)) = parts.last() else {
+            let _ = reply.send(Err(
+                self.storage_error(String::from("a proposal of no parts"))
+            ));
+            return;
+        };
         if txn == 0 {
             // Finishing an earlier leader's txn: only before this member
             // assigns revisions, and only where the part is missing.
@@ -342,18 +334,20 @@ impl Shard {
             let _ = reply.send(Err(e));
             return;
         }
-        if txn != 0 && !last {
-            self.cross.gathered.push((revision, part, reply));
-            return;
-        }
         self.next_request_id += 1;
         let id = self.next_request_id;
-        let (request, reply) = if self.cross.gathered.is_empty() {
-            (shard_request::Request::CrossPart(part), reply)
-        } else {
-            let mut parts = std::mem::take(&mut self.cross.gathered);
-            parts.push((revision, part, reply));
-            self.parts_entry(parts)
+        let request = match parts.pop() {
+            Some((_, part)) if parts.is_empty() => shard_request::Request::CrossPart(part),
+            last => shard_request::Request::CrossParts(CrossTxnParts {
+                parts: parts
+                    .into_iter()
+                    .chain(last)
+                    .map(|(revision, part)| CrossTxnPartAt {
+                        revision,
+                        part: Some(part),
+                    })
+                    .collect(),
+            }),
         };
         let data = Bytes::from(
             ShardRequest {
@@ -373,45 +367,6 @@ impl Shard {
         if self.propose_part(entry) && txn != 0 {
             self.cross_release(txn);
         }
-    }
-
-    /// One entry for the parts of a batch's txns here (revisions
-    /// ascending), and the reply that hands each part its own answer.
-    fn parts_entry(
-        &self,
-        parts: Vec<(i64, CrossTxnPart, Reply<WriteResult>)>,
-    ) -> (shard_request::Request, Reply<WriteResult>) {
-        let mut replies = Vec::with_capacity(parts.len());
-        let mut entry = CrossTxnParts {
-            parts: Vec::with_capacity(parts.len()),
-        };
-        for (revision, part, reply) in parts {
-            entry.parts.push(CrossTxnPartAt {
-                revision,
-                part: Some(part),
-            });
-            replies.push(reply);
-        }
-        let shard = self.id;
-        let (tx, rx) = tokio::sync::oneshot::channel::<Result<WriteResult, ApiError>>();
-        tokio::task::spawn_local(async move {
-            let answers = match rx.await {
-                Ok(Ok(WriteResult::Parts(answers))) if answers.len() == replies.len() => answers,
-                Ok(Ok(_)) => {
-                    let mismatch = ApiError::Storage {
-                        shard,
-                        reason: format!("an entry of {} parts answered otherwise", replies.len()),
-                    };
-                    vec![Err(mismatch); replies.len()]
-                }
-                Ok(Err(e)) => vec![Err(e); replies.len()],
-                Err(_) => vec![Err(ApiError::Stopped); replies.len()],
-            };
-            for (reply, answer) in replies.into_iter().zip(answers) {
-                let _ = reply.send(answer);
-            }
-        });
-        (shard_request::Request::CrossParts(entry), tx)
     }
 
     /// Proposes an entry of parts; one Raft does not take now for too many
@@ -472,13 +427,6 @@ impl Shard {
         if self.cross.holder.as_ref().is_some_and(|h| h.txn == txn) {
             if self.cross.unproposed.is_some() {
                 // Its parts still wait to be proposed: the hold stays.
-                return;
-            }
-            if !self.cross.gathered.is_empty() {
-                // Its last part never came: parts it took revisions for
-                // will not be proposed here, while other shards may have
-                // theirs. As for a part Raft refused.
-                self.part_refused();
                 return;
             }
             self.cross.holder = None;
