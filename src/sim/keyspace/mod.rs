@@ -236,6 +236,13 @@ pub const MAX_PENDING_CLIENT_WRITES: usize = 64;
 pub const MAX_CLIENT_RETRY_TICKS: u64 = 2 * ELECTION_TIMEOUT_TICKS;
 /// Events (messages, disk writes, client attempts) handled per tick at most.
 pub const MAX_EVENTS_PER_TICK: usize = 4_000;
+/// Most txns one batch runs: the real bound (`src/server/txn_batch.rs`).
+pub const MAX_BATCH_TXNS: usize = crate::server::txn_batch::MAX_BATCH;
+/// Most bytes of txns (their encoded text) a txn joins a batch up to. The
+/// real bound (512 KiB) is far above anything the model's txns reach; this
+/// one, about three of them, binds, so that both reasons to lead a new
+/// batch (a key in common, a full batch) come about.
+pub const MAX_BATCH_BYTES: usize = 120;
 
 const _: () = assert!(LEASE_MARGIN_TICKS < ELECTION_TIMEOUT_TICKS);
 // Rates within 10% of each other.
@@ -252,6 +259,7 @@ const _: () = assert!(
 const _: () = assert!(MAX_TXN_TICKS < LIVENESS_BOUND_TICKS);
 const _: () = assert!(MAX_PART_DELAY_TICKS < MAX_TXN_TICKS);
 const _: () = assert!(MIN_CHAOS_TICKS <= MAX_CHAOS_TICKS);
+const _: () = assert!(MAX_BATCH_TXNS >= 2 && MAX_BATCH_BYTES > 0);
 const _: () = assert!(LIVENESS_BOUND_TICKS > TRANSFER_TAINT_TICKS + 4 * ELECTION_TIMEOUT_TICKS);
 
 /// What stands between a member's view of leadership and the revisions it
@@ -370,15 +378,24 @@ pub enum Bug {
     SkipReadWait,
     /// A watch releases each shard's events as they come, not merged.
     WatchNoMerge,
+    /// A shard applies an entry of a batch's parts all at the entry's
+    /// revision (its last part's), not each part at its own.
+    BatchOneRevision,
+    /// A txn joins the last batch over its shards even when it names a key
+    /// a txn of the batch names: its compares and reads are still those of
+    /// the keyspace before the batch.
+    JoinIgnoresOverlap,
 }
 
 impl Bug {
-    pub const ALL: [Bug; 5] = [
+    pub const ALL: [Bug; 7] = [
         Bug::None,
         Bug::SkipFinish,
         Bug::NoFence,
         Bug::SkipReadWait,
         Bug::WatchNoMerge,
+        Bug::BatchOneRevision,
+        Bug::JoinIgnoresOverlap,
     ];
 
     pub fn name(self) -> &'static str {
@@ -388,6 +405,8 @@ impl Bug {
             Bug::NoFence => "no-fence",
             Bug::SkipReadWait => "skip-read-wait",
             Bug::WatchNoMerge => "watch-no-merge",
+            Bug::BatchOneRevision => "batch-one-revision",
+            Bug::JoinIgnoresOverlap => "join-ignores-overlap",
         }
     }
 
@@ -457,7 +476,7 @@ pub enum KsConfigError {
     #[error("unknown guard {0:?} (known: lease, none, lease-no-restart-hold)")]
     UnknownGuard(String),
     #[error(
-        "unknown bug {0:?} (known: none, skip-finish, no-fence, skip-read-wait, watch-no-merge)"
+        "unknown bug {0:?} (known: none, skip-finish, no-fence, skip-read-wait, watch-no-merge, batch-one-revision, join-ignores-overlap)"
     )]
     UnknownBug(String),
     #[error("unknown protocol {0:?} (known: as-built, reopen-only, fixed)")]
@@ -507,6 +526,30 @@ pub struct KsStats {
     pub fences_under_half_txn: u64,
     /// Times a counter opened.
     pub openings: u64,
+    /// Batches of txns over several shards that took their holds (a
+    /// batch of one txn included), and the txns they ran.
+    pub batches: u64,
+    pub batched_txns: u64,
+    /// Most txns one batch ran.
+    pub batch_max_txns: u64,
+    /// Txns that joined a batch another txn led.
+    pub batch_joins: u64,
+    /// Txns that led a new batch because the last one over their shards
+    /// named one of their keys, or was full (txns or bytes).
+    pub joins_refused_overlap: u64,
+    pub joins_refused_full: u64,
+    /// Entries of a batch's parts with more than one part.
+    pub parts_entries: u64,
+    /// Batches with an entry of parts refused (or never proposed) on one
+    /// shard while another shard's was proposed.
+    pub batches_half_proposed: u64,
+    /// Batches of several txns of which an opening's finishing proposed
+    /// a part, and the parts it proposed.
+    pub batches_finished_by_opening: u64,
+    pub batch_parts_finished: u64,
+    /// Batches whose leader ended before they took their holds: their
+    /// joined txns were told to retry.
+    pub batches_abandoned: u64,
     pub reads_invoked: u64,
     pub reads_acked: u64,
     pub closes_proposed: u64,
@@ -554,6 +597,17 @@ impl KsStats {
         self.finish_retries += o.finish_retries;
         self.fences_under_half_txn += o.fences_under_half_txn;
         self.openings += o.openings;
+        self.batches += o.batches;
+        self.batched_txns += o.batched_txns;
+        self.batch_max_txns = self.batch_max_txns.max(o.batch_max_txns);
+        self.batch_joins += o.batch_joins;
+        self.joins_refused_overlap += o.joins_refused_overlap;
+        self.joins_refused_full += o.joins_refused_full;
+        self.parts_entries += o.parts_entries;
+        self.batches_half_proposed += o.batches_half_proposed;
+        self.batches_finished_by_opening += o.batches_finished_by_opening;
+        self.batch_parts_finished += o.batch_parts_finished;
+        self.batches_abandoned += o.batches_abandoned;
         self.reads_invoked += o.reads_invoked;
         self.reads_acked += o.reads_acked;
         self.closes_proposed += o.closes_proposed;

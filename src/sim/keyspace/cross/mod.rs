@@ -45,6 +45,7 @@
 //! the client's answer); `opening.rs` readiness and the opening; `draw.rs`
 //! the txns the clients draw.
 
+mod batch;
 mod coordinator;
 mod draw;
 mod opening;
@@ -52,5 +53,5 @@ mod parts;
 mod shard;
 
 pub(super) use coordinator::{PartState, RunEnd, RunStage, TxnRun};
-pub(super) use draw::draw_txn;
+pub(super) use draw::{draw_burst, draw_txn};
 pub(super) use opening::Opening;
