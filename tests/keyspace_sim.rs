@@ -11,11 +11,16 @@
 //! before one acknowledged earlier within a modest number of seeds; without
 //! the restart vote hold, the lease alone must be caught too.
 //!
-//! Txns over several shards are modelled on `src/server/cross_txn.rs` and
-//! `src/server/shard/cross.rs`. The model of that code as built is caught
-//! (a part refused during a leader transfer leaves its txn half applied);
-//! the suites run it with the fix the model calls for
-//! (`keyspace::Protocol`), and each bug planted in the fix must be caught.
+//! Txns over several shards are modelled on `src/server/txn_batch.rs`,
+//! `src/server/cross_txn.rs` and `src/server/shard/cross.rs`: they run in
+//! batches (one hold and one entry of parts per shard per batch, a
+//! revision per txn), and the guarded suites must see batches of several
+//! txns, entries of several parts, and batches left half-proposed that a
+//! later opening finishes; each bug planted in the batches must be caught.
+//! The model of the protocol before its fix is caught (a part refused
+//! during a leader transfer leaves its txn half applied); the suites run
+//! it with the fix the model calls for (`keyspace::Protocol`), and each
+//! bug planted in the fix must be caught.
 //!
 //! The full runs are `cargo run --release --example keyspace-sim --
 //! --seeds 2000 --members 3 --guard lease` (and `--members 5`, `--guard
@@ -28,11 +33,12 @@ use cairn::sim::keyspace::{
 
 /// Seeds of the guarded suite for 3 members: enough for some hundred
 /// episodes that reach two members each believing they lead every shard,
-/// and some thousand txns over several shards.
-const GUARDED_SEEDS_3: u64 = 500;
+/// some thousand txns over several shards, and some hundred batches left
+/// half-proposed.
+const GUARDED_SEEDS_3: u64 = 1_000;
 /// Seeds of the guarded suite for 5 members (each costs about twice as
 /// much).
-const GUARDED_SEEDS_5: u64 = 250;
+const GUARDED_SEEDS_5: u64 = 500;
 /// The unguarded variant must be caught within this many seeds (measured:
 /// the first catch at seed 3 for 3 members and 9 for 5; 168 and 71 of
 /// 1,000 seeds catch it).

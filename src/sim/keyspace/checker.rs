@@ -449,6 +449,57 @@ mod tests {
         assert_eq!(f.kind, KsViolationKind::RevisionOrder);
     }
 
+    fn parts(revs: &[(u64, u64)]) -> Payload {
+        Payload::Parts {
+            by: crate::sim::keyspace::kv::ReqTag {
+                member: 1,
+                incarnation: 0,
+                seq: 1,
+            },
+            shard: 0,
+            parts: revs
+                .iter()
+                .map(|&(id, rev)| crate::sim::keyspace::kv::PartAt {
+                    id,
+                    rev,
+                    ops: vec![Op::Put(0)],
+                    plan: None,
+                })
+                .collect(),
+        }
+    }
+
+    fn txn() -> OpKind {
+        OpKind::Txn {
+            spec: TxnSpec {
+                compares: Vec::new(),
+                success: vec![Op::Put(0)],
+                failure: Vec::new(),
+            },
+        }
+    }
+
+    #[test]
+    fn each_part_of_an_entry_of_parts_has_its_own_revision() {
+        let mut c = KsChecker::default();
+        let mut cur = AppliedCursor::default();
+        c.invoked(1, txn(), 1, 1);
+        c.invoked(2, txn(), 1, 2);
+        let firsts = c
+            .applied(1, 0, 1, 1, 11, Some(&parts(&[(1, 5), (2, 6)])), &mut cur)
+            .unwrap();
+        assert_eq!(firsts, 2);
+        assert_eq!(cur.rev, 6);
+        let mut cur = AppliedCursor::default();
+        let mut c = KsChecker::default();
+        c.invoked(1, txn(), 1, 1);
+        c.invoked(2, txn(), 1, 2);
+        let f = c
+            .applied(1, 0, 1, 1, 11, Some(&parts(&[(1, 5), (2, 5)])), &mut cur)
+            .unwrap_err();
+        assert_eq!(f.kind, KsViolationKind::RevisionOrder);
+    }
+
     #[test]
     fn one_revision_for_two_writes_is_caught() {
         let mut c = KsChecker::default();

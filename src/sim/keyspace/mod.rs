@@ -61,7 +61,15 @@
 //!   shard 0, and a read asks that member for its read point. A refused op
 //!   is retried at the next tick, a bounded number of times. A write is
 //!   acknowledged when the member that proposed it applies it.
-//! - Txns over several shards (`cross/`) and reads over several shards
+//! - Txns over several shards (`cross/`) run in batches, as
+//!   `src/server/txn_batch.rs` runs them: a txn joins the last batch over
+//!   the same shards still waiting for its holds when it names no key a
+//!   txn of the batch names and the batch has room ([`MAX_BATCH_TXNS`],
+//!   [`MAX_BATCH_BYTES`]), else leads a new one. A batch holds each shard
+//!   once, gives its txns revisions in join order, and each shard it
+//!   writes proposes the batch's parts there in one entry, each applied at
+//!   its own revision; one forget per shard.
+//! - Txns and reads over several shards
 //!   (`reads.rs`) are run step by step, each call between cores one step
 //!   among the tick's events; the watch (`watch.rs`) merges every shard's
 //!   applied events by revision, moved on idle shards by the keyspace
@@ -116,6 +124,12 @@
 //! shards it lost; in one variant the pivots restart at the swap instead
 //! of waiting out an election timeout.
 //!
+//! Aimed at the batches: clients send bursts of txns over the same shards,
+//! most naming keys no other txn of the burst names and some not, so that
+//! txns join batches and are turned away for a key in common or a full
+//! batch; and the leading txn of a batch still waiting for its holds may
+//! end (its client went away), which tells its joiners to retry.
+//!
 //! Aimed at the txn protocol: each seed draws how long a part's proposal
 //! may wait in its shard's core queue (so a txn's parts reach their shards
 //! apart), and leader transfers of the coordinator's shards while it runs
@@ -133,7 +147,8 @@
 //! - along each shard's applied log, revisions (writes, parts, closes)
 //!   strictly increase;
 //! - no revision is applied for two different ops (a txn's parts share
-//!   one), and a txn's parts are all at one revision;
+//!   one), and a txn's parts are all at one revision; in an entry of a
+//!   batch's parts, each part's revision is above the one before it;
 //! - real-time order: an op invoked after another was acknowledged sits
 //!   later in the revision order (a write or txn at a larger revision, a
 //!   read at a point at or above), checked for every write and txn that gets
@@ -155,6 +170,17 @@
 //! history's events up to where it released).
 //!
 //! # Not modelled
+//! The batch closes once it holds every shard (the real one once the hold
+//! table gives it its shards, before it asks them: the model takes its
+//! holds one shard at a time and stays open meanwhile); its compares are
+//! read after its revisions are taken, not with the holds. A txn of a
+//! batch whose ops a shard's check refuses (NOSPACE) fails alone in the
+//! real code; here no check refuses. Entries of parts are gathered at
+//! once when the last part is due at the shard, not part by part, so the
+//! case of a hold ending between two parts of one shard (`cross_release`
+//! with parts gathered) is only reached through the hold ending before
+//! the entry.
+//!
 //! Nested txns, ranges (a read reads every key of its shards; a txn's gets
 //! read one key), leases (etcd's), compaction, snapshots, membership
 //! changes, serializable reads, the held-write and hold queues' bounds,

@@ -123,10 +123,13 @@ pub(in crate::sim::keyspace) fn draw_burst(
                     _ => success.push(Op::Get(key(s))),
                 }
             }
-            let failure = match rng.gen_range(0..4) {
-                0 | 1 => Vec::new(),
-                2 => vec![Op::Get(key(chosen[rng.gen_range(0..chosen.len())]))],
-                _ => vec![Op::Put(key(chosen[rng.gen_range(0..chosen.len())]))],
+            // Most failure branches write too, so that a batch's txns
+            // mostly have parts whichever way their compares go.
+            let failure = match rng.gen_range(0..20) {
+                0..=2 => Vec::new(),
+                3..=5 => vec![Op::Get(key(chosen[rng.gen_range(0..chosen.len())]))],
+                6..=11 => vec![Op::Put(key(chosen[rng.gen_range(0..chosen.len())]))],
+                _ => chosen.iter().map(|&s| Op::Put(key(s))).collect(),
             };
             TxnSpec {
                 compares: vec![compare],
