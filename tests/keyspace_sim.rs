@@ -40,25 +40,26 @@ const GUARDED_SEEDS_3: u64 = 1_000;
 /// much).
 const GUARDED_SEEDS_5: u64 = 500;
 /// The unguarded variant must be caught within this many seeds (measured:
-/// the first catch at seed 3 for 3 members and 9 for 5; 168 and 71 of
+/// the first catch at seed 4 for 3 members and 22 for 5; 139 and 46 of
 /// 1,000 seeds catch it).
 const NO_GUARD_BUDGET: u64 = 100;
 /// The lease without the restart vote hold must be caught within this many
-/// seeds of 3 members (measured: the first at seed 277, 3 of 1,000; the
+/// seeds of 3 members (measured: the first at seed 403, 2 of 1,000; the
 /// lease's margin of one tick and 10% leaves a narrow window).
 const NO_HOLD_BUDGET: u64 = 500;
 /// The model of the code as built, and of the first fix alone, must be
 /// caught within this many seeds of 3 members (measured: both first at
-/// seed 9; 27 and 26 of 1,000 seeds).
+/// seed 8, whose trace shows a part refused during a transfer; 62 and 53
+/// of 1,000 seeds).
 const AS_BUILT_BUDGET: u64 = 100;
 /// Each planted bug must be caught within this many seeds of 3 members
-/// (measured, first catch: skip-finish seed 1, no-fence 12, skip-read-wait
-/// 0, watch-no-merge 0; of 1,000 seeds, 248, 18, 661 and 1,000 catch them).
+/// (measured, first catch: skip-finish seed 0, no-fence 79, skip-read-wait
+/// 0, watch-no-merge 0; of 1,000 seeds, 393, 56, 569 and 1,000 catch them).
 const BUG_BUDGET: u64 = 100;
 
 /// Each bug planted in the batches must be caught within this many seeds
-/// of 3 members (measured, first catch: batch-one-revision seed 6,
-/// join-ignores-overlap 16).
+/// of 3 members (measured, first catch: batch-one-revision seed 0,
+/// join-ignores-overlap 0; of 1,000 seeds, 380 and 135 catch them).
 const BATCH_BUG_BUDGET: u64 = 100;
 
 fn config(members: usize, seed: u64, guard: Guard) -> KsConfig {
@@ -348,9 +349,13 @@ fn planted_batch_bugs_are_caught() {
             "{bug:?} caught as {kind:?}: {}",
             describe(&out)
         );
+        let exercised = match bug {
+            Bug::BatchOneRevision => out.stats.parts_entries,
+            _ => out.stats.batch_joins,
+        };
         assert!(
-            out.stats.batch_joins > 0,
-            "{bug:?} caught in a run with no batch of several txns: {}",
+            exercised > 0,
+            "{bug:?} caught in a run with no entry of several parts or no join: {}",
             describe(&out)
         );
         replays(&out, &template);
