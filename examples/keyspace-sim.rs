@@ -182,7 +182,7 @@ fn main() -> ExitCode {
     println!("writes applied          {}", st.writes_applied);
     println!("writes acknowledged     {}", st.writes_acked);
     println!(
-        "txns invoked (runs)     {} ({}: {} acknowledged, {} retried, {} unknown)",
+        "txns invoked (batches)  {} ({}: {} acknowledged, {} retried, {} unknown)",
         st.txns_invoked, st.txn_runs, st.txns_acked, st.txn_retries, st.txn_unknown
     );
     println!("txns applied            {}", st.txns_applied);

@@ -533,8 +533,9 @@ pub struct KsStats {
     pub writes_applied: u64,
     pub writes_acked: u64,
     pub txns_invoked: u64,
-    /// Runs of txns over several shards started by keyspace leaders
-    /// (a client's retry is a new run).
+    /// Batches of txns over several shards started by keyspace leaders
+    /// (a txn that joins a batch starts none; a client's retry enters
+    /// anew).
     pub txn_runs: u64,
     /// Txns with a part applied somewhere.
     pub txns_applied: u64,
