@@ -50,7 +50,8 @@ struct Args {
     #[arg(long, default_value = "fixed")]
     protocol: String,
     /// A bug planted in the model of txns, reads and watches: none,
-    /// skip-finish, no-fence, skip-read-wait or watch-no-merge.
+    /// skip-finish, no-fence, skip-read-wait, watch-no-merge,
+    /// batch-one-revision or join-ignores-overlap.
     #[arg(long, default_value = "none")]
     bug: String,
     /// Replay this one seed and print its full trace.
@@ -181,13 +182,29 @@ fn main() -> ExitCode {
     println!("writes applied          {}", st.writes_applied);
     println!("writes acknowledged     {}", st.writes_acked);
     println!(
-        "txns invoked (runs)     {} ({}: {} acknowledged, {} retried, {} unknown)",
+        "txns invoked (batches)  {} ({}: {} acknowledged, {} retried, {} unknown)",
         st.txns_invoked, st.txn_runs, st.txns_acked, st.txn_retries, st.txn_unknown
     );
     println!("txns applied            {}", st.txns_applied);
     println!(
         "parts proposed          {} (+{} by finishing; {} finishing retries)",
         st.parts_proposed, st.parts_finished, st.finish_retries
+    );
+    println!(
+        "batches (txns, max)     {} ({}, {}; {} joins)",
+        st.batches, st.batched_txns, st.batch_max_txns, st.batch_joins
+    );
+    println!(
+        "joins refused           {} for a key in common, {} full",
+        st.joins_refused_overlap, st.joins_refused_full
+    );
+    println!("entries of several parts {}", st.parts_entries);
+    println!(
+        "batches half proposed   {} ({} finished by an opening, {} parts; {} abandoned)",
+        st.batches_half_proposed,
+        st.batches_finished_by_opening,
+        st.batch_parts_finished,
+        st.batches_abandoned
     );
     println!("counter openings        {}", st.openings);
     println!("fences under a half txn {}", st.fences_under_half_txn);
@@ -212,13 +229,19 @@ fn main() -> ExitCode {
     }
     let first = summary.violations.first().map(|v| v.seed);
     println!(
-        "keyspace-sim guard={} protocol={} bug={} members={} seeds={} violations={} first_violating_seed={} seeds_to_first={} elapsed_s={elapsed:.2} seeds_per_s={seeds_per_sec:.1}",
+        "keyspace-sim guard={} protocol={} bug={} members={} seeds={} violations={} batches={} batched_txns={} batch_max_txns={} parts_entries={} batches_half_proposed={} batches_finished_by_opening={} first_violating_seed={} seeds_to_first={} elapsed_s={elapsed:.2} seeds_per_s={seeds_per_sec:.1}",
         guard.name(),
         protocol.name(),
         bug.name(),
         args.members,
         summary.seeds_run,
         summary.violations.len(),
+        st.batches,
+        st.batched_txns,
+        st.batch_max_txns,
+        st.parts_entries,
+        st.batches_half_proposed,
+        st.batches_finished_by_opening,
         first.map_or("none".to_string(), |s| s.to_string()),
         first.map_or("none".to_string(), |s| (s - args.first_seed + 1).to_string()),
     );

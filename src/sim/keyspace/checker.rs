@@ -255,8 +255,9 @@ impl KsChecker {
     }
 
     /// `member` applied the entry `(shard, index)` carrying `payload` (none
-    /// for a no-op or a conf change). Returns whether this is the first
-    /// apply anywhere of the revision of the op it carries.
+    /// for a no-op or a conf change). Returns how many of the ops whose
+    /// revisions it carries (an entry of a batch's parts carries several)
+    /// had theirs applied here first anywhere.
     #[allow(clippy::too_many_arguments)]
     pub fn applied(
         &mut self,
@@ -267,7 +268,7 @@ impl KsChecker {
         digest: u64,
         payload: Option<&Payload>,
         cursor: &mut AppliedCursor,
-    ) -> Result<bool, Found> {
+    ) -> Result<usize, Found> {
         if index != cursor.index + 1 {
             return Err(found(
                 KsViolationKind::StateMachineSafety,
@@ -296,23 +297,41 @@ impl KsChecker {
                 ),
             ));
         }
-        let Some(rev) = payload.and_then(Payload::revision) else {
-            return Ok(false);
-        };
-        if cursor.rev_index > 0 && rev <= cursor.rev {
-            return Err(found(
-                KsViolationKind::RevisionOrder,
-                format!(
-                    "member {member} shard {shard}: {payload:?} at index {index} has revision {rev}, not above revision {} at index {}",
-                    cursor.rev, cursor.rev_index
-                ),
-            ));
+        let mut firsts = 0;
+        for (rev, owner) in payload.map(Payload::stamps).unwrap_or_default() {
+            // Within an entry of parts too: each part is at a revision of
+            // its own, above the one before it.
+            if cursor.rev_index > 0 && rev <= cursor.rev {
+                return Err(found(
+                    KsViolationKind::RevisionOrder,
+                    format!(
+                        "member {member} shard {shard}: {payload:?} at index {index} has revision {rev}, not above revision {} at index {}",
+                        cursor.rev, cursor.rev_index
+                    ),
+                ));
+            }
+            cursor.rev = rev;
+            cursor.rev_index = index;
+            let Some(w) = owner else {
+                continue;
+            };
+            if self.first_of_revision(w, rev, shard, index)? {
+                firsts += 1;
+            }
         }
-        cursor.rev = rev;
-        cursor.rev_index = index;
-        let Some(w) = payload.and_then(Payload::owner) else {
-            return Ok(false);
-        };
+        Ok(firsts)
+    }
+
+    /// Op `w` was applied at `rev` on `(shard, index)`: no other op has
+    /// the revision, and the first time it is applied anywhere it is
+    /// checked against real time. Whether it was the first time.
+    fn first_of_revision(
+        &mut self,
+        w: u64,
+        rev: u64,
+        shard: usize,
+        index: u64,
+    ) -> Result<bool, Found> {
         match self.rev_owner.get(&rev) {
             Some(&(other, s, i)) if other != w => {
                 return Err(found(
@@ -327,7 +346,6 @@ impl KsChecker {
                 self.rev_owner.insert(rev, (w, shard, index));
             }
         }
-        // The first time this op's revision is applied anywhere.
         let Some(rec) = self.ops.get_mut(&w) else {
             return Err(found(
                 KsViolationKind::StateMachineSafety,
@@ -427,6 +445,57 @@ mod tests {
         c.applied(1, 0, 2, 1, 0, None, &mut cur).unwrap();
         let f = c
             .applied(1, 0, 3, 1, 22, Some(&wr(2, 5)), &mut cur)
+            .unwrap_err();
+        assert_eq!(f.kind, KsViolationKind::RevisionOrder);
+    }
+
+    fn parts(revs: &[(u64, u64)]) -> Payload {
+        Payload::Parts {
+            by: crate::sim::keyspace::kv::ReqTag {
+                member: 1,
+                incarnation: 0,
+                seq: 1,
+            },
+            shard: 0,
+            parts: revs
+                .iter()
+                .map(|&(id, rev)| crate::sim::keyspace::kv::PartAt {
+                    id,
+                    rev,
+                    ops: vec![Op::Put(0)],
+                    plan: None,
+                })
+                .collect(),
+        }
+    }
+
+    fn txn() -> OpKind {
+        OpKind::Txn {
+            spec: TxnSpec {
+                compares: Vec::new(),
+                success: vec![Op::Put(0)],
+                failure: Vec::new(),
+            },
+        }
+    }
+
+    #[test]
+    fn each_part_of_an_entry_of_parts_has_its_own_revision() {
+        let mut c = KsChecker::default();
+        let mut cur = AppliedCursor::default();
+        c.invoked(1, txn(), 1, 1);
+        c.invoked(2, txn(), 1, 2);
+        let firsts = c
+            .applied(1, 0, 1, 1, 11, Some(&parts(&[(1, 5), (2, 6)])), &mut cur)
+            .unwrap();
+        assert_eq!(firsts, 2);
+        assert_eq!(cur.rev, 6);
+        let mut cur = AppliedCursor::default();
+        let mut c = KsChecker::default();
+        c.invoked(1, txn(), 1, 1);
+        c.invoked(2, txn(), 1, 2);
+        let f = c
+            .applied(1, 0, 1, 1, 11, Some(&parts(&[(1, 5), (2, 5)])), &mut cur)
             .unwrap_err();
         assert_eq!(f.kind, KsViolationKind::RevisionOrder);
     }

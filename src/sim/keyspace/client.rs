@@ -7,7 +7,7 @@ use rand::seq::SliceRandom;
 use rand::Rng;
 
 use super::checker::{Check, OpKind};
-use super::cross::{draw_txn, RunEnd};
+use super::cross::{draw_burst, draw_txn, RunEnd};
 use super::kv::{Op, Payload, TxnSpec, KEYS_PER_SHARD};
 use super::member::{encode_lease_ctx, Refusal};
 use super::world::World;
@@ -61,6 +61,20 @@ impl World {
                 let spec = draw_txn(&mut self.rng, self.shard_count, |k| {
                     peek_at.and_then(|m| members[m].shards[super::kv::shard_of(k)].store.latest(k))
                 });
+                self.invoke(ClientKind::Txn { spec });
+            }
+        }
+        if self.shard_count >= 2
+            && !self.calm
+            && self.rng.gen_range(0..1000) < self.plan.burst_per_mille
+        {
+            let n = self.rng.gen_range(2..=self.plan.max_burst_txns);
+            let peek_at = self.running().choose(&mut self.rng).copied();
+            let members = &self.members;
+            let specs = draw_burst(&mut self.rng, self.shard_count, n, |k| {
+                peek_at.and_then(|m| members[m].shards[super::kv::shard_of(k)].store.latest(k))
+            });
+            for spec in specs {
                 self.invoke(ClientKind::Txn { spec });
             }
         }
@@ -202,7 +216,7 @@ impl World {
                 match self.members[idx].assigns(self.guard) {
                     Err(why) => self.note(|| format!("  refused: {why:?}")),
                     Ok(()) => {
-                        let run = self.start_run(idx, w, spec);
+                        let run = self.enter_batch(idx, w, spec);
                         self.note(|| format!("  run {run}"));
                         self.clients[c].in_flight = true;
                     }

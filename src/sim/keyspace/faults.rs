@@ -87,6 +87,14 @@ pub(super) struct Plan {
     /// MoveLeader, a handover) to another member: aimed at the windows of
     /// the txn protocol, between the holds and the last part.
     pub txn_transfer_per_mille: u32,
+    /// Chance per tick of a burst of txns over the same shards, some naming
+    /// keys in common and some not: the load that makes batches.
+    pub burst_per_mille: u32,
+    /// Most txns in a burst.
+    pub max_burst_txns: usize,
+    /// Chance per step of a batch waiting for its holds that its leading
+    /// txn's task ends (its client went away).
+    pub batch_abandon_per_mille: u32,
     /// Share of disk writes that complete only in the next tick.
     pub late_write_per_mille: u32,
     /// Chance per tick of a leader transfer of a random shard to a random
@@ -131,6 +139,9 @@ impl Plan {
                 rng.gen_range(1..=MAX_PART_DELAY_TICKS)
             },
             txn_transfer_per_mille: rng.gen_range(0..=400),
+            burst_per_mille: rng.gen_range(20..=150),
+            max_burst_txns: rng.gen_range(2..=5),
+            batch_abandon_per_mille: rng.gen_range(0..=4),
         }
     }
 }
@@ -264,15 +275,17 @@ impl World {
             return Ok(());
         }
         let (pending, proposed): (Vec<usize>, Vec<usize>) = match &r.stage {
-            super::cross::RunStage::Parts { parts, .. } => {
-                let pending = parts
+            super::cross::RunStage::Parts(p) => {
+                let pending = p
+                    .entries
                     .iter()
-                    .filter(|(_, p)| **p == super::cross::PartState::Unasked)
+                    .filter(|(_, e)| e.state == super::cross::PartState::Unasked)
                     .map(|(s, _)| *s)
                     .collect();
-                let proposed = parts
+                let proposed = p
+                    .entries
                     .iter()
-                    .filter(|(s, p)| **s != 0 && **p != super::cross::PartState::Unasked)
+                    .filter(|(s, e)| **s != 0 && e.state != super::cross::PartState::Unasked)
                     .map(|(s, _)| *s)
                     .collect();
                 (pending, proposed)
@@ -306,8 +319,8 @@ impl World {
         };
         self.begin_step(|| {
             format!(
-                "n{id} is asked to move shard {shard} to n{to} (under txn x{})",
-                r.op
+                "n{id} is asked to move shard {shard} to n{to} (under {})",
+                r.name()
             )
         });
         self.stats.transfers_requested += 1;

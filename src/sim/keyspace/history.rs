@@ -88,29 +88,28 @@ impl KsChecker {
                     Some(Payload::Write { id, rev, op }) => {
                         effects.push((*rev, shard, index, *id, std::slice::from_ref(op)));
                     }
-                    Some(Payload::Part {
-                        id,
-                        rev,
-                        ops,
-                        plan,
-                        shard: s,
-                        ..
-                    }) => {
-                        assert_eq!(*s, shard, "a part names its shard");
-                        effects.push((*rev, shard, index, *id, ops));
-                        let t = txns.entry(*id).or_insert(Parts {
-                            by_shard: BTreeMap::new(),
-                            plan: None,
-                        });
-                        if let Some((r, i, _)) = t.by_shard.insert(shard, (*rev, index, ops)) {
-                            return Err(found(
-                                KsViolationKind::Atomicity,
-                                format!("txn x{id} has two parts on shard {shard}: index {i} at {r} and index {index} at {rev}"),
-                            ));
+                    Some(p @ (Payload::Part { .. } | Payload::Parts { .. })) => {
+                        if let Payload::Part { shard: s, .. } | Payload::Parts { shard: s, .. } = p
+                        {
+                            assert_eq!(*s, shard, "a part names its shard");
                         }
-                        if let Some(plan) = plan {
-                            t.plan =
-                                Some(plan.parts.iter().map(|(s, o)| (*s, o.as_slice())).collect());
+                        for (id, rev, ops, plan) in p.parts() {
+                            effects.push((rev, shard, index, id, ops));
+                            let t = txns.entry(id).or_insert(Parts {
+                                by_shard: BTreeMap::new(),
+                                plan: None,
+                            });
+                            if let Some((r, i, _)) = t.by_shard.insert(shard, (rev, index, ops)) {
+                                return Err(found(
+                                    KsViolationKind::Atomicity,
+                                    format!("txn x{id} has two parts on shard {shard}: index {i} at {r} and index {index} at {rev}"),
+                                ));
+                            }
+                            if let Some(plan) = plan {
+                                t.plan = Some(
+                                    plan.parts.iter().map(|(s, o)| (*s, o.as_slice())).collect(),
+                                );
+                            }
                         }
                     }
                     _ => {}
@@ -186,7 +185,10 @@ impl KsChecker {
                 ));
             }
         }
-        for (id, rec) in &self.ops {
+        // In op order: the first violation found is the same on a replay.
+        let mut ops: Vec<(&u64, &super::checker::OpRecord)> = self.ops.iter().collect();
+        ops.sort_unstable_by_key(|(id, _)| **id);
+        for (id, rec) in ops {
             let Some(answer) = &rec.answer else {
                 continue;
             };

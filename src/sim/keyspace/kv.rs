@@ -14,7 +14,12 @@
 //!   part of txn `id` at `T`, proposed by request `q`; `<ops>` is the
 //!   shard's ops (`p3,g4,d5`, or `-`), `<plan>` every written shard's ops
 //!   (`0=p1,g2/2=p7`), or `-` for a txn that writes one shard (no record).
-//! - `d r<T> q<...>`: forget the record of the txn at `T` (no revision).
+//! - `X q<member>.<incarnation>.<seq> s<shard> <id>@<T>:<ops>:<plan>;...`:
+//!   the parts of a batch's txns on one shard, in one entry, revisions
+//!   ascending (`cross_parts`); each is applied at its own revision, as if
+//!   it were an entry of its own. A lone part is a `x` entry.
+//! - `d r<T> m<more> q<...>`: forget the records of the txns at `T` and at
+//!   `<more>` (`5,9`, or `-`), in one entry (no revision).
 //! - `c r<C>`: a close: no later entry of the shard is at or below `C`.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -138,6 +143,22 @@ impl TxnSpec {
             .collect()
     }
 
+    /// Every key a compare or an op of either branch names: the key
+    /// ranges a batch compares (`txn_ranges`; each of the model's is one
+    /// key).
+    pub fn keys(&self) -> BTreeSet<Key> {
+        self.compares
+            .iter()
+            .map(|c| c.key())
+            .chain(self.success.iter().chain(&self.failure).map(|o| o.key()))
+            .collect()
+    }
+
+    /// The txn's size as a batch counts it: its encoded length.
+    pub fn encoded_len(&self) -> usize {
+        self.to_string().len()
+    }
+
     pub fn branch(&self, succeeded: bool) -> &[Op] {
         if succeeded {
             &self.success
@@ -248,6 +269,46 @@ impl ReqTag {
     }
 }
 
+/// One txn's part in an entry of a batch's parts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartAt {
+    pub id: u64,
+    pub rev: u64,
+    pub ops: Vec<Op>,
+    pub plan: Option<Plan>,
+}
+
+impl PartAt {
+    fn code(&self) -> String {
+        format!(
+            "{}@{}:{}:{}",
+            self.id,
+            self.rev,
+            ops_code(&self.ops),
+            self.plan.as_ref().map_or("-".to_string(), Plan::code)
+        )
+    }
+
+    fn parse(s: &str) -> Option<PartAt> {
+        let (id, rest) = s.split_once('@')?;
+        let id = id.parse().ok()?;
+        let mut f = rest.split(':');
+        let (rev, ops, plan) = (f.next()?, f.next()?, f.next()?);
+        if f.next().is_some() {
+            return None;
+        }
+        Some(PartAt {
+            id,
+            rev: rev.parse().ok()?,
+            ops: parse_ops(ops)?,
+            plan: match plan {
+                "-" => None,
+                text => Some(Plan::parse(id, text)?),
+            },
+        })
+    }
+}
+
 /// What an entry of a shard's log carries (besides no-ops and conf
 /// changes).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -265,8 +326,16 @@ pub enum Payload {
         ops: Vec<Op>,
         plan: Option<Plan>,
     },
+    /// The parts of two or more txns of a batch on one shard.
+    Parts {
+        by: ReqTag,
+        shard: usize,
+        parts: Vec<PartAt>,
+    },
+    /// Forgets the records at `rev` and at each of `more`.
     Done {
         rev: u64,
+        more: Vec<u64>,
         by: ReqTag,
     },
     Close {
@@ -291,7 +360,23 @@ impl Payload {
                 ops_code(ops),
                 plan.as_ref().map_or("-".to_string(), Plan::code)
             ),
-            Payload::Done { rev, by } => format!("d r{rev} {}", by.code()),
+            Payload::Parts { by, shard, parts } => format!(
+                "X {} s{shard} {}",
+                by.code(),
+                parts.iter().map(PartAt::code).collect::<Vec<_>>().join(";")
+            ),
+            Payload::Done { rev, more, by } => format!(
+                "d r{rev} m{} {}",
+                if more.is_empty() {
+                    "-".to_string()
+                } else {
+                    more.iter()
+                        .map(u64::to_string)
+                        .collect::<Vec<_>>()
+                        .join(",")
+                },
+                by.code()
+            ),
             Payload::Close { rev } => format!("c r{rev}"),
         })
     }
@@ -321,8 +406,23 @@ impl Payload {
                     plan,
                 })
             }
-            ["d", r, q] => Some(Payload::Done {
+            ["X", q, s, parts] => Some(Payload::Parts {
+                by: ReqTag::parse(q)?,
+                shard: s.strip_prefix('s')?.parse().ok()?,
+                parts: parts
+                    .split(';')
+                    .map(PartAt::parse)
+                    .collect::<Option<Vec<_>>>()?,
+            }),
+            ["d", r, m, q] => Some(Payload::Done {
                 rev: rev(r)?,
+                more: match m.strip_prefix('m')? {
+                    "-" => Vec::new(),
+                    list => list
+                        .split(',')
+                        .map(|x| x.parse().ok())
+                        .collect::<Option<Vec<_>>>()?,
+                },
                 by: ReqTag::parse(q)?,
             }),
             ["c", r] => Some(Payload::Close { rev: rev(r)? }),
@@ -330,22 +430,37 @@ impl Payload {
         }
     }
 
-    /// The revision the entry moves its shard to, if any.
+    /// The revision the entry moves its shard to, if any (an entry of
+    /// parts: its last part's, as its header says).
     pub fn revision(&self) -> Option<u64> {
+        self.stamps().last().map(|(rev, _)| *rev)
+    }
+
+    /// The revisions the entry carries, in order, each with the op it is
+    /// for: a write's or a txn's id (a close carries another op's
+    /// revision, and a done none).
+    pub fn stamps(&self) -> Vec<(u64, Option<u64>)> {
         match self {
-            Payload::Write { rev, .. } | Payload::Part { rev, .. } | Payload::Close { rev } => {
-                Some(*rev)
+            Payload::Write { id, rev, .. } | Payload::Part { id, rev, .. } => {
+                vec![(*rev, Some(*id))]
             }
-            Payload::Done { .. } => None,
+            Payload::Parts { parts, .. } => parts.iter().map(|p| (p.rev, Some(p.id))).collect(),
+            Payload::Close { rev } => vec![(*rev, None)],
+            Payload::Done { .. } => Vec::new(),
         }
     }
 
-    /// The op whose revision this entry carries: a write's or a txn's id
-    /// (a close carries another op's revision, and a done none).
-    pub fn owner(&self) -> Option<u64> {
+    /// The txn parts the entry carries, in order: one, a batch's, or none.
+    pub fn parts(&self) -> Vec<(u64, u64, &[Op], Option<&Plan>)> {
         match self {
-            Payload::Write { id, .. } | Payload::Part { id, .. } => Some(*id),
-            _ => None,
+            Payload::Part {
+                id, rev, ops, plan, ..
+            } => vec![(*id, *rev, ops.as_slice(), plan.as_ref())],
+            Payload::Parts { parts, .. } => parts
+                .iter()
+                .map(|p| (p.id, p.rev, p.ops.as_slice(), p.plan.as_ref()))
+                .collect(),
+            _ => Vec::new(),
         }
     }
 }
@@ -461,7 +576,37 @@ mod tests {
                 ops: vec![],
                 plan: None,
             },
-            Payload::Done { rev: 77, by },
+            Payload::Parts {
+                by,
+                shard: 1,
+                parts: vec![
+                    PartAt {
+                        id: 5,
+                        rev: 77,
+                        ops: vec![Op::Put(3), Op::Get(4)],
+                        plan: Some(Plan {
+                            id: 5,
+                            parts: vec![(0, vec![Op::Put(1)]), (1, vec![Op::Put(3), Op::Get(4)])],
+                        }),
+                    },
+                    PartAt {
+                        id: 9,
+                        rev: 78,
+                        ops: vec![],
+                        plan: None,
+                    },
+                ],
+            },
+            Payload::Done {
+                rev: 77,
+                more: vec![],
+                by,
+            },
+            Payload::Done {
+                rev: 77,
+                more: vec![78, 81],
+                by,
+            },
             Payload::Close { rev: 80 },
         ];
         for p in ps {

@@ -278,9 +278,10 @@ pub(super) struct KsMember {
     pub incarnation: u64,
     pub lease_seq: u64,
     /// Requests this incarnation proposed (parts, dones): the last number
-    /// used, and the answers of those applied here, by number.
+    /// used, and the answers of those applied here, by number: each part's
+    /// gets (one part, or a batch's in the entry's order; none for a done).
     pub req_seq: u64,
-    pub answers: BTreeMap<u64, Vec<GetResult>>,
+    pub answers: BTreeMap<u64, Vec<Vec<GetResult>>>,
     /// A watch over every shard, from revision 0, for this incarnation.
     pub watcher: Watcher,
 }

@@ -61,7 +61,15 @@
 //!   shard 0, and a read asks that member for its read point. A refused op
 //!   is retried at the next tick, a bounded number of times. A write is
 //!   acknowledged when the member that proposed it applies it.
-//! - Txns over several shards (`cross/`) and reads over several shards
+//! - Txns over several shards (`cross/`) run in batches, as
+//!   `src/server/txn_batch.rs` runs them: a txn joins the last batch over
+//!   the same shards still waiting for its holds when it names no key a
+//!   txn of the batch names and the batch has room ([`MAX_BATCH_TXNS`],
+//!   [`MAX_BATCH_BYTES`]), else leads a new one. A batch holds each shard
+//!   once, gives its txns revisions in join order, and each shard it
+//!   writes proposes the batch's parts there in one entry, each applied at
+//!   its own revision; one forget per shard.
+//! - Txns and reads over several shards
 //!   (`reads.rs`) are run step by step, each call between cores one step
 //!   among the tick's events; the watch (`watch.rs`) merges every shard's
 //!   applied events by revision, moved on idle shards by the keyspace
@@ -116,6 +124,12 @@
 //! shards it lost; in one variant the pivots restart at the swap instead
 //! of waiting out an election timeout.
 //!
+//! Aimed at the batches: clients send bursts of txns over the same shards,
+//! most naming keys no other txn of the burst names and some not, so that
+//! txns join batches and are turned away for a key in common or a full
+//! batch; and the leading txn of a batch still waiting for its holds may
+//! end (its client went away), which tells its joiners to retry.
+//!
 //! Aimed at the txn protocol: each seed draws how long a part's proposal
 //! may wait in its shard's core queue (so a txn's parts reach their shards
 //! apart), and leader transfers of the coordinator's shards while it runs
@@ -133,7 +147,8 @@
 //! - along each shard's applied log, revisions (writes, parts, closes)
 //!   strictly increase;
 //! - no revision is applied for two different ops (a txn's parts share
-//!   one), and a txn's parts are all at one revision;
+//!   one), and a txn's parts are all at one revision; in an entry of a
+//!   batch's parts, each part's revision is above the one before it;
 //! - real-time order: an op invoked after another was acknowledged sits
 //!   later in the revision order (a write or txn at a larger revision, a
 //!   read at a point at or above), checked for every write and txn that gets
@@ -155,6 +170,17 @@
 //! history's events up to where it released).
 //!
 //! # Not modelled
+//! The batch closes once it holds every shard (the real one once the hold
+//! table gives it its shards, before it asks them: the model takes its
+//! holds one shard at a time and stays open meanwhile); its compares are
+//! read after its revisions are taken, not with the holds. A txn of a
+//! batch whose ops a shard's check refuses (NOSPACE) fails alone in the
+//! real code; here no check refuses. Entries of parts are gathered at
+//! once when the last part is due at the shard, not part by part, so the
+//! case of a hold ending between two parts of one shard (`cross_release`
+//! with parts gathered) is only reached through the hold ending before
+//! the entry.
+//!
 //! Nested txns, ranges (a read reads every key of its shards; a txn's gets
 //! read one key), leases (etcd's), compaction, snapshots, membership
 //! changes, serializable reads, the held-write and hold queues' bounds,
@@ -236,6 +262,13 @@ pub const MAX_PENDING_CLIENT_WRITES: usize = 64;
 pub const MAX_CLIENT_RETRY_TICKS: u64 = 2 * ELECTION_TIMEOUT_TICKS;
 /// Events (messages, disk writes, client attempts) handled per tick at most.
 pub const MAX_EVENTS_PER_TICK: usize = 4_000;
+/// Most txns one batch runs: the real bound (`src/server/txn_batch.rs`).
+pub const MAX_BATCH_TXNS: usize = crate::server::txn_batch::MAX_BATCH;
+/// Most bytes of txns (their encoded text) a txn joins a batch up to. The
+/// real bound (512 KiB) is far above anything the model's txns reach; this
+/// one, about three of them, binds, so that both reasons to lead a new
+/// batch (a key in common, a full batch) come about.
+pub const MAX_BATCH_BYTES: usize = 120;
 
 const _: () = assert!(LEASE_MARGIN_TICKS < ELECTION_TIMEOUT_TICKS);
 // Rates within 10% of each other.
@@ -252,6 +285,7 @@ const _: () = assert!(
 const _: () = assert!(MAX_TXN_TICKS < LIVENESS_BOUND_TICKS);
 const _: () = assert!(MAX_PART_DELAY_TICKS < MAX_TXN_TICKS);
 const _: () = assert!(MIN_CHAOS_TICKS <= MAX_CHAOS_TICKS);
+const _: () = assert!(MAX_BATCH_TXNS >= 2 && MAX_BATCH_BYTES > 0);
 const _: () = assert!(LIVENESS_BOUND_TICKS > TRANSFER_TAINT_TICKS + 4 * ELECTION_TIMEOUT_TICKS);
 
 /// What stands between a member's view of leadership and the revisions it
@@ -370,15 +404,24 @@ pub enum Bug {
     SkipReadWait,
     /// A watch releases each shard's events as they come, not merged.
     WatchNoMerge,
+    /// A shard applies an entry of a batch's parts all at the entry's
+    /// revision (its last part's), not each part at its own.
+    BatchOneRevision,
+    /// A txn joins the last batch over its shards even when it names a key
+    /// a txn of the batch names: its compares and reads are still those of
+    /// the keyspace before the batch.
+    JoinIgnoresOverlap,
 }
 
 impl Bug {
-    pub const ALL: [Bug; 5] = [
+    pub const ALL: [Bug; 7] = [
         Bug::None,
         Bug::SkipFinish,
         Bug::NoFence,
         Bug::SkipReadWait,
         Bug::WatchNoMerge,
+        Bug::BatchOneRevision,
+        Bug::JoinIgnoresOverlap,
     ];
 
     pub fn name(self) -> &'static str {
@@ -388,6 +431,8 @@ impl Bug {
             Bug::NoFence => "no-fence",
             Bug::SkipReadWait => "skip-read-wait",
             Bug::WatchNoMerge => "watch-no-merge",
+            Bug::BatchOneRevision => "batch-one-revision",
+            Bug::JoinIgnoresOverlap => "join-ignores-overlap",
         }
     }
 
@@ -457,7 +502,7 @@ pub enum KsConfigError {
     #[error("unknown guard {0:?} (known: lease, none, lease-no-restart-hold)")]
     UnknownGuard(String),
     #[error(
-        "unknown bug {0:?} (known: none, skip-finish, no-fence, skip-read-wait, watch-no-merge)"
+        "unknown bug {0:?} (known: none, skip-finish, no-fence, skip-read-wait, watch-no-merge, batch-one-revision, join-ignores-overlap)"
     )]
     UnknownBug(String),
     #[error("unknown protocol {0:?} (known: as-built, reopen-only, fixed)")]
@@ -488,8 +533,9 @@ pub struct KsStats {
     pub writes_applied: u64,
     pub writes_acked: u64,
     pub txns_invoked: u64,
-    /// Runs of txns over several shards started by keyspace leaders
-    /// (a client's retry is a new run).
+    /// Batches of txns over several shards started by keyspace leaders
+    /// (a txn that joins a batch starts none; a client's retry enters
+    /// anew).
     pub txn_runs: u64,
     /// Txns with a part applied somewhere.
     pub txns_applied: u64,
@@ -507,6 +553,30 @@ pub struct KsStats {
     pub fences_under_half_txn: u64,
     /// Times a counter opened.
     pub openings: u64,
+    /// Batches of txns over several shards that took their holds (a
+    /// batch of one txn included), and the txns they ran.
+    pub batches: u64,
+    pub batched_txns: u64,
+    /// Most txns one batch ran.
+    pub batch_max_txns: u64,
+    /// Txns that joined a batch another txn led.
+    pub batch_joins: u64,
+    /// Txns that led a new batch because the last one over their shards
+    /// named one of their keys, or was full (txns or bytes).
+    pub joins_refused_overlap: u64,
+    pub joins_refused_full: u64,
+    /// Entries of a batch's parts with more than one part.
+    pub parts_entries: u64,
+    /// Batches with an entry of parts refused (or never proposed) on one
+    /// shard while another shard's was proposed.
+    pub batches_half_proposed: u64,
+    /// Batches of several txns of which an opening's finishing proposed
+    /// a part, and the parts it proposed.
+    pub batches_finished_by_opening: u64,
+    pub batch_parts_finished: u64,
+    /// Batches whose leader ended before they took their holds: their
+    /// joined txns were told to retry.
+    pub batches_abandoned: u64,
     pub reads_invoked: u64,
     pub reads_acked: u64,
     pub closes_proposed: u64,
@@ -554,6 +624,17 @@ impl KsStats {
         self.finish_retries += o.finish_retries;
         self.fences_under_half_txn += o.fences_under_half_txn;
         self.openings += o.openings;
+        self.batches += o.batches;
+        self.batched_txns += o.batched_txns;
+        self.batch_max_txns = self.batch_max_txns.max(o.batch_max_txns);
+        self.batch_joins += o.batch_joins;
+        self.joins_refused_overlap += o.joins_refused_overlap;
+        self.joins_refused_full += o.joins_refused_full;
+        self.parts_entries += o.parts_entries;
+        self.batches_half_proposed += o.batches_half_proposed;
+        self.batches_finished_by_opening += o.batches_finished_by_opening;
+        self.batch_parts_finished += o.batch_parts_finished;
+        self.batches_abandoned += o.batches_abandoned;
         self.reads_invoked += o.reads_invoked;
         self.reads_acked += o.reads_acked;
         self.closes_proposed += o.closes_proposed;

@@ -1,67 +1,105 @@
-//! The coordinator of a txn over several shards (`src/server/cross_txn.rs`),
-//! on the keyspace leader: a run's state, and its steps from holding every
-//! touched shard through taking `T`, the compares and the checks that the
-//! holds stand. The steps after the checks are in `parts.rs`.
+//! The coordinator of a batch of txns over several shards
+//! (`src/server/cross_txn.rs`), on the keyspace leader: a run's state, and
+//! its steps from holding every shard of the batch through taking each
+//! txn's revision, the compares and the checks that the holds stand. How
+//! a txn joins or leads a batch is in `batch.rs`; the steps after the
+//! checks are in `parts.rs`.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use rand::seq::SliceRandom;
+use rand::Rng;
 
 use crate::sim::keyspace::checker::Check;
-use crate::sim::keyspace::kv::{shard_of, GetResult, Plan, TxnSpec};
+use crate::sim::keyspace::kv::{shard_of, GetResult, Key, Plan, TxnSpec};
 use crate::sim::keyspace::world::World;
 use crate::sim::keyspace::MAX_TXN_TICKS;
 
-/// Where a txn's part stands, at its coordinator.
+/// Where a shard's entry of the batch's parts stands, at the coordinator.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(in crate::sim::keyspace) enum PartState {
     Unasked,
     Proposed(u64),
-    Applied(Vec<GetResult>),
+    /// Each part's gets, in the entry's order.
+    Applied(Vec<Vec<GetResult>>),
     Failed,
+}
+
+/// One written shard's entry: the parts of the batch's txns that write it.
+#[derive(Debug, Clone)]
+pub(in crate::sim::keyspace) struct ShardEntry {
+    /// The txns with a part here, by their place in the batch (so by
+    /// revision).
+    pub txns: Vec<usize>,
+    /// When the last part's proposal reaches the shard's core, which then
+    /// proposes every part gathered in one entry.
+    pub due: u64,
+    pub state: PartState,
+}
+
+/// The batch once each txn's branch is known.
+#[derive(Debug, Clone)]
+pub(in crate::sim::keyspace) struct PartsStage {
+    /// Each txn's revision, in join order.
+    pub revs: Vec<u64>,
+    pub succeeded: Vec<bool>,
+    /// Each txn's plan, when it writes several shards.
+    pub plans: Vec<Option<Plan>>,
+    /// Each txn's gets on the shards it does not write, read at its
+    /// revision less one.
+    pub reads: Vec<BTreeMap<usize, Vec<GetResult>>>,
+    /// Every shard some txn writes.
+    pub entries: BTreeMap<usize, ShardEntry>,
 }
 
 #[derive(Debug, Clone)]
 pub(in crate::sim::keyspace) enum RunStage {
-    /// Holding `shards[next]`; `queued` once it waits behind another txn.
+    /// Holding `shards[next]`; `queued` once it waits behind another
+    /// batch. Txns may join while the batch is here.
     Hold { next: usize, queued: bool },
-    /// Every shard held: take `T`.
+    /// Every shard held (the batch is closed): take each txn's revision.
     Revision,
-    /// Each shard's outcomes of the compares on its keys.
+    /// Each shard's outcomes of the compares on its keys, of every txn:
+    /// `(txn, compare, outcome)`.
     Compare {
-        t: u64,
-        answered: BTreeMap<usize, Vec<(usize, bool)>>,
+        revs: Vec<u64>,
+        answered: BTreeMap<usize, Vec<(usize, usize, bool)>>,
     },
-    /// Each written shard checks that its hold stands.
+    /// Each shard some txn writes checks that its hold stands.
     Check {
-        t: u64,
-        succeeded: bool,
+        revs: Vec<u64>,
+        succeeded: Vec<bool>,
         checked: BTreeSet<usize>,
     },
-    /// The gets of shards not written, at `T - 1`.
-    ReadOnly { t: u64, succeeded: bool },
-    /// Each written shard's part.
-    Parts {
-        t: u64,
-        succeeded: bool,
-        plan: Option<Plan>,
-        reads: BTreeMap<usize, Vec<GetResult>>,
-        parts: BTreeMap<usize, PartState>,
-        /// When each part's proposal reaches its shard's core.
-        due: BTreeMap<usize, u64>,
+    /// The gets of shards a txn does not write, at its revision less one.
+    ReadOnly {
+        revs: Vec<u64>,
+        succeeded: Vec<bool>,
     },
+    /// Each written shard's entry of parts.
+    Parts(Box<PartsStage>),
 }
 
-/// One txn over several shards, run by a keyspace leader for a client.
+/// A client's txn in a batch.
+#[derive(Debug, Clone)]
+pub(in crate::sim::keyspace) struct BatchTxn {
+    pub op: u64,
+    pub spec: TxnSpec,
+}
+
+/// One batch of txns over the same shards, run by a keyspace leader.
 #[derive(Debug, Clone)]
 pub(in crate::sim::keyspace) struct TxnRun {
-    /// Names the run in the holds (a retry is a new run).
+    /// Names the batch in the holds (a retry is a new run).
     pub run: u64,
-    /// The client's op.
-    pub op: u64,
     pub idx: usize,
     pub incarnation: u64,
-    pub spec: TxnSpec,
+    /// The batch's txns in join order, its leader first.
+    pub txns: Vec<BatchTxn>,
+    /// Every key the txns name.
+    pub keys: BTreeSet<Key>,
+    /// The txns' encoded size.
+    pub bytes: usize,
     pub shards: Vec<usize>,
     /// When the current stage began: each ask of the real code times out
     /// on its own (`REQUEST_TIMEOUT`).
@@ -69,8 +107,16 @@ pub(in crate::sim::keyspace) struct TxnRun {
     pub stage: RunStage,
 }
 
-/// How a run ended, for its client.
-#[derive(Debug, Clone, PartialEq, Eq)]
+impl TxnRun {
+    /// For the trace: the run and its txns.
+    pub fn name(&self) -> String {
+        let ops: Vec<String> = self.txns.iter().map(|t| format!("x{}", t.op)).collect();
+        format!("batch {} [{}]", self.run, ops.join(","))
+    }
+}
+
+/// How a txn of a run ended, for its client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(in crate::sim::keyspace) enum RunEnd {
     Acked,
     /// Nothing was proposed: the client may try again.
@@ -81,35 +127,10 @@ pub(in crate::sim::keyspace) enum RunEnd {
 }
 
 impl World {
-    /// Starts a txn over several shards on member `idx` for client op `op`.
-    pub fn start_run(&mut self, idx: usize, op: u64, spec: TxnSpec) -> u64 {
-        self.next_run += 1;
-        let run = self.next_run;
-        let shards: Vec<usize> = spec.shards().into_iter().collect();
-        let incarnation = self.members[idx].incarnation;
-        self.runs.insert(
-            run,
-            TxnRun {
-                run,
-                op,
-                idx,
-                incarnation,
-                spec,
-                shards,
-                stage_since_tick: self.tick,
-                stage: RunStage::Hold {
-                    next: 0,
-                    queued: false,
-                },
-            },
-        );
-        self.stats.txn_runs += 1;
-        run
-    }
-
     /// Ends a run: every hold it has is released (`run`'s last loop), and
-    /// its client is told.
-    pub(super) fn end_run(&mut self, run: u64, how: RunEnd, why: &str) -> Check {
+    /// each txn's client is told how it ended (`ends[k]`; answered txns
+    /// were acknowledged before).
+    pub(super) fn finish_run(&mut self, run: u64, ends: &[RunEnd], why: &str) -> Check {
         let Some(r) = self.runs.remove(&run) else {
             return Ok(());
         };
@@ -119,14 +140,22 @@ impl World {
                 self.cross_release(r.idx, s, run)?;
             }
         }
-        self.note(|| format!("  txn x{} (run {run}) ends {how:?}: {why}", r.op));
-        match how {
-            RunEnd::Acked => {}
-            RunEnd::Retry => self.stats.txn_retries += 1,
-            RunEnd::Unknown => self.stats.txn_unknown += 1,
+        self.note(|| format!("  {} ends {ends:?}: {why}", r.name()));
+        for (t, &how) in r.txns.iter().zip(ends) {
+            match how {
+                RunEnd::Acked => {}
+                RunEnd::Retry => self.stats.txn_retries += 1,
+                RunEnd::Unknown => self.stats.txn_unknown += 1,
+            }
+            self.client_run_ended(t.op, how);
         }
-        self.client_run_ended(r.op, how);
         Ok(())
+    }
+
+    /// Ends a run the same way for every txn.
+    pub(super) fn end_run(&mut self, run: u64, how: RunEnd, why: &str) -> Check {
+        let n = self.runs.get(&run).map_or(0, |r| r.txns.len());
+        self.finish_run(run, &vec![how; n], why)
     }
 
     /// One step of run `run`.
@@ -137,74 +166,37 @@ impl World {
         let idx = r.idx;
         let m = &self.members[idx];
         if m.incarnation != r.incarnation || !m.is_up() {
-            // The coordinator died with its member: its client hears
+            // The coordinator died with its member: its clients hear
             // nothing, and cannot tell whether a part was proposed.
             self.runs.remove(&run);
-            self.client_run_ended(r.op, RunEnd::Unknown);
-            self.stats.txn_unknown += 1;
+            for t in &r.txns {
+                self.client_run_ended(t.op, RunEnd::Unknown);
+                self.stats.txn_unknown += 1;
+            }
             return Ok(());
         }
         if m.is_paused() {
             return Ok(());
         }
         if self.tick - r.stage_since_tick > MAX_TXN_TICKS {
-            self.begin_step(|| format!("txn x{} (run {run}) on n{} times out", r.op, idx + 1));
-            let how = if let RunStage::Parts {
-                t,
-                succeeded,
-                plan,
-                parts,
-                ..
-            } = &r.stage
-            {
-                // The proposals were sent when the stage began: each core
-                // takes its part before the release that follows it.
-                for (shard, p) in parts {
-                    if *p == PartState::Unasked {
-                        self.propose_part(&r, *t, *succeeded, plan, *shard)?;
-                    }
-                }
-                RunEnd::Unknown
-            } else {
-                RunEnd::Retry
-            };
-            self.end_run(run, how, "timed out")?;
+            self.begin_step(|| format!("{} on n{} times out", r.name(), idx + 1));
+            if let RunStage::Parts(p) = &r.stage {
+                return self.time_out_parts(&r, p);
+            }
+            self.end_run(run, RunEnd::Retry, "timed out")?;
             return self.end_step();
         }
         match r.stage.clone() {
             RunStage::Hold { next, queued } => self.step_hold(&r, next, queued),
-            RunStage::Revision => {
-                self.begin_step(|| format!("txn x{} (run {run}) takes T on n{}", r.op, idx + 1));
-                if let Err(why) = self.members[idx].assigns(self.guard) {
-                    self.end_run(run, RunEnd::Retry, &format!("{why:?}"))?;
-                    return self.end_step();
-                }
-                let t = self.members[idx].next_revision();
-                self.note(|| format!("  T = {t}"));
-                self.set_stage(
-                    run,
-                    RunStage::Compare {
-                        t,
-                        answered: BTreeMap::new(),
-                    },
-                );
-                self.end_step()
-            }
-            RunStage::Compare { t, answered } => self.step_compare(&r, t, answered),
+            RunStage::Revision => self.step_revisions(&r),
+            RunStage::Compare { revs, answered } => self.step_compare(&r, revs, answered),
             RunStage::Check {
-                t,
+                revs,
                 succeeded,
                 checked,
-            } => self.step_check(&r, t, succeeded, checked),
-            RunStage::ReadOnly { t, succeeded } => self.step_read_only(&r, t, succeeded),
-            RunStage::Parts {
-                t,
-                succeeded,
-                plan,
-                reads,
-                parts,
-                due,
-            } => self.step_parts(&r, t, succeeded, plan, reads, parts, due),
+            } => self.step_check(&r, revs, succeeded, checked),
+            RunStage::ReadOnly { revs, succeeded } => self.step_read_only(&r, revs, succeeded),
+            RunStage::Parts(p) => self.step_parts(&r, *p),
         }
     }
 
@@ -221,40 +213,46 @@ impl World {
     fn step_hold(&mut self, r: &TxnRun, next: usize, queued: bool) -> Check {
         let (run, idx) = (r.run, r.idx);
         let shard = r.shards[next];
+        if !self.calm && self.rng.gen_range(0..1000) < self.plan.batch_abandon_per_mille {
+            // The leading txn's task ends before the batch closes (its
+            // client went away): `Leading`'s drop tells every joined txn
+            // to retry; nothing was proposed.
+            self.begin_step(|| format!("{}: its leader ends before the holds", r.name()));
+            self.stats.batches_abandoned += 1;
+            let mut ends = vec![RunEnd::Retry; r.txns.len()];
+            ends[0] = RunEnd::Unknown;
+            self.finish_run(run, &ends, "leader gone")?;
+            return self.end_step();
+        }
         let advance = |w: &mut World| {
-            let stage = if next + 1 == r.shards.len() {
-                RunStage::Revision
+            if next + 1 == r.shards.len() {
+                w.close_batch(run);
+                w.set_stage(run, RunStage::Revision);
             } else {
-                RunStage::Hold {
-                    next: next + 1,
-                    queued: false,
-                }
-            };
-            w.set_stage(run, stage);
+                w.set_stage(
+                    run,
+                    RunStage::Hold {
+                        next: next + 1,
+                        queued: false,
+                    },
+                );
+            }
         };
         if queued {
             let s = &self.members[idx].shards[shard];
             if s.holder.is_some_and(|h| h.run == run) {
-                self.begin_step(|| format!("txn x{} (run {run}) holds shard {shard}", r.op));
+                self.begin_step(|| format!("{} holds shard {shard}", r.name()));
                 advance(self);
                 return self.end_step();
             }
             if s.hold_waiting.contains(&run) {
                 return Ok(());
             }
-            self.begin_step(|| {
-                format!("txn x{} (run {run}) lost its place on shard {shard}", r.op)
-            });
+            self.begin_step(|| format!("{} lost its place on shard {shard}", r.name()));
             self.end_run(run, RunEnd::Retry, "hold refused")?;
             return self.end_step();
         }
-        self.begin_step(|| {
-            format!(
-                "txn x{} (run {run}) asks n{} to hold shard {shard}",
-                r.op,
-                idx + 1
-            )
-        });
+        self.begin_step(|| format!("{} asks n{} to hold shard {shard}", r.name(), idx + 1));
         match self.cross_hold(idx, shard, run) {
             Ok(true) => advance(self),
             Ok(false) => {
@@ -266,11 +264,36 @@ impl World {
         self.end_step()
     }
 
+    /// Each txn's revision from the counter, in join order
+    /// (`keyspace.next_revision()` per txn).
+    fn step_revisions(&mut self, r: &TxnRun) -> Check {
+        let (run, idx) = (r.run, r.idx);
+        self.begin_step(|| format!("{} takes its revisions on n{}", r.name(), idx + 1));
+        if let Err(why) = self.members[idx].assigns(self.guard) {
+            self.end_run(run, RunEnd::Retry, &format!("{why:?}"))?;
+            return self.end_step();
+        }
+        let revs: Vec<u64> = r
+            .txns
+            .iter()
+            .map(|_| self.members[idx].next_revision())
+            .collect();
+        self.note(|| format!("  revisions {revs:?}"));
+        self.set_stage(
+            run,
+            RunStage::Compare {
+                revs,
+                answered: BTreeMap::new(),
+            },
+        );
+        self.end_step()
+    }
+
     fn step_compare(
         &mut self,
         r: &TxnRun,
-        t: u64,
-        mut answered: BTreeMap<usize, Vec<(usize, bool)>>,
+        revs: Vec<u64>,
+        mut answered: BTreeMap<usize, Vec<(usize, usize, bool)>>,
     ) -> Check {
         let (run, idx) = (r.run, r.idx);
         let mut open: Vec<usize> = r
@@ -284,9 +307,7 @@ impl World {
             let index = match self.holder_index(idx, shard, run) {
                 Ok(i) => i,
                 Err(why) => {
-                    self.begin_step(|| {
-                        format!("txn x{} (run {run}): shard {shard} cannot compare", r.op)
-                    });
+                    self.begin_step(|| format!("{}: shard {shard} cannot compare", r.name()));
                     self.end_run(run, RunEnd::Retry, why)?;
                     return self.end_step();
                 }
@@ -295,35 +316,53 @@ impl World {
             if s.sm.applied_index < index {
                 continue;
             }
-            let outcomes: Vec<(usize, bool)> = r
-                .spec
-                .compares
+            // Every txn's compares at once, over the keyspace before the
+            // batch: for each txn, that is the keyspace before its own
+            // revision, since no txn of the batch names another's keys.
+            let outcomes: Vec<(usize, usize, bool)> = r
+                .txns
                 .iter()
                 .enumerate()
-                .filter(|(_, c)| shard_of(c.key()) == shard)
-                .map(|(i, c)| (i, c.holds(s.store.latest(c.key()))))
+                .flat_map(|(k, t)| {
+                    t.spec
+                        .compares
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, c)| shard_of(c.key()) == shard)
+                        .map(move |(i, c)| (k, i, c))
+                })
+                .map(|(k, i, c)| (k, i, c.holds(s.store.latest(c.key()))))
                 .collect();
             self.begin_step(|| {
                 format!(
-                    "txn x{} (run {run}): shard {shard} compares {outcomes:?} (applied through the hold's index {index})",
-                    r.op
+                    "{}: shard {shard} compares {outcomes:?} (applied through the hold's index {index})",
+                    r.name()
                 )
             });
             answered.insert(shard, outcomes);
             if answered.len() == r.shards.len() {
-                let succeeded = answered.values().flatten().all(|(_, ok)| *ok);
+                let succeeded: Vec<bool> = (0..r.txns.len())
+                    .map(|k| {
+                        answered
+                            .values()
+                            .flatten()
+                            .filter(|(t, _, _)| *t == k)
+                            .all(|(_, _, ok)| *ok)
+                    })
+                    .collect();
                 let n = answered.values().map(Vec::len).sum::<usize>();
-                assert_eq!(n, r.spec.compares.len(), "each compare on one shard");
+                let want: usize = r.txns.iter().map(|t| t.spec.compares.len()).sum();
+                assert_eq!(n, want, "each compare on one shard");
                 self.set_stage(
                     run,
                     RunStage::Check {
-                        t,
+                        revs,
                         succeeded,
                         checked: BTreeSet::new(),
                     },
                 );
             } else {
-                self.set_stage(run, RunStage::Compare { t, answered });
+                self.set_stage(run, RunStage::Compare { revs, answered });
             }
             return self.end_step();
         }
@@ -333,17 +372,22 @@ impl World {
     fn step_check(
         &mut self,
         r: &TxnRun,
-        t: u64,
-        succeeded: bool,
+        revs: Vec<u64>,
+        succeeded: Vec<bool>,
         mut checked: BTreeSet<usize>,
     ) -> Check {
         let (run, idx) = (r.run, r.idx);
-        let written = r.spec.written(succeeded);
+        let written: BTreeSet<usize> = r
+            .txns
+            .iter()
+            .zip(&succeeded)
+            .flat_map(|(t, ok)| t.spec.written(*ok))
+            .collect();
         let Some(shard) = written.iter().copied().find(|s| !checked.contains(s)) else {
-            self.set_stage(run, RunStage::ReadOnly { t, succeeded });
+            self.set_stage(run, RunStage::ReadOnly { revs, succeeded });
             return Ok(());
         };
-        self.begin_step(|| format!("txn x{} (run {run}): shard {shard} checks its ops", r.op));
+        self.begin_step(|| format!("{}: shard {shard} checks its ops", r.name()));
         let ok = self
             .holder_index(idx, shard, run)
             .is_ok_and(|i| i <= self.members[idx].shards[shard].sm.applied_index);
@@ -355,7 +399,7 @@ impl World {
         self.set_stage(
             run,
             RunStage::Check {
-                t,
+                revs,
                 succeeded,
                 checked,
             },

@@ -76,3 +76,66 @@ pub(in crate::sim::keyspace) fn draw_txn(
     }
     spec
 }
+
+/// A burst of `n` txns over the same 2 or 3 of `shards` shards, as
+/// concurrent clients send them: each names one key of each of those
+/// shards (the same slot on each), mostly a slot of its own, so that most
+/// may share a batch and some may not.
+pub(in crate::sim::keyspace) fn draw_burst(
+    rng: &mut impl Rng,
+    shards: usize,
+    n: usize,
+    peek: impl Fn(Key) -> GetResult,
+) -> Vec<TxnSpec> {
+    let mut chosen: Vec<usize> = (0..shards).collect();
+    chosen.shuffle(rng);
+    chosen.truncate(rng.gen_range(2..=shards.min(3)));
+    chosen.sort_unstable();
+    let base = rng.gen_range(0..KEYS_PER_SHARD);
+    (0..n)
+        .map(|j| {
+            let slot = if rng.gen_bool(0.7) {
+                (base + j) % KEYS_PER_SHARD
+            } else {
+                rng.gen_range(0..KEYS_PER_SHARD)
+            };
+            let key = |s: usize| (s * KEYS_PER_SHARD + slot) as Key;
+            let on = key(chosen[rng.gen_range(0..chosen.len())]);
+            let now = peek(on);
+            let right = rng.gen_bool(0.7);
+            let compare = if rng.gen_bool(0.5) {
+                Compare::Version(
+                    on,
+                    if right {
+                        now.map_or(0, |x| x.version)
+                    } else {
+                        rng.gen_range(0..3)
+                    },
+                )
+            } else {
+                Compare::Value(on, if right { now.map(|x| x.value) } else { None })
+            };
+            let mut success = Vec::new();
+            for &s in &chosen {
+                match rng.gen_range(0..10) {
+                    0..=6 => success.push(Op::Put(key(s))),
+                    7..=8 => success.extend([Op::Get(key(s)), Op::Put(key(s))]),
+                    _ => success.push(Op::Get(key(s))),
+                }
+            }
+            // Most failure branches write too, so that a batch's txns
+            // mostly have parts whichever way their compares go.
+            let failure = match rng.gen_range(0..20) {
+                0..=2 => Vec::new(),
+                3..=5 => vec![Op::Get(key(chosen[rng.gen_range(0..chosen.len())]))],
+                6..=11 => vec![Op::Put(key(chosen[rng.gen_range(0..chosen.len())]))],
+                _ => chosen.iter().map(|&s| Op::Put(key(s))).collect(),
+            };
+            TxnSpec {
+                compares: vec![compare],
+                success,
+                failure,
+            }
+        })
+        .collect()
+}

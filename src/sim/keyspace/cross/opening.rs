@@ -118,8 +118,8 @@ impl World {
             return false;
         };
         self.runs.get(&h.run).is_some_and(|r| {
-            matches!(&r.stage, RunStage::Parts { parts, .. }
-                if parts.values().any(|p| matches!(p, PartState::Proposed(_) | PartState::Applied(_))))
+            matches!(&r.stage, RunStage::Parts(p)
+                if p.entries.values().any(|e| matches!(e.state, PartState::Proposed(_) | PartState::Applied(_))))
         })
     }
 
@@ -264,6 +264,7 @@ impl World {
                     }
                     FinishAction::Forget { rev, .. } => Payload::Done {
                         rev,
+                        more: Vec::new(),
                         by: self.tag(idx),
                     },
                 };
@@ -275,8 +276,14 @@ impl World {
                     self.opening_failed(idx, "proposal refused");
                     return self.end_step();
                 }
-                if matches!(payload, Payload::Part { .. }) {
+                if let Payload::Part { id, .. } = payload {
                     self.stats.parts_finished += 1;
+                    if let Some(&run) = self.batch_of.get(&id) {
+                        self.stats.batch_parts_finished += 1;
+                        if self.batches_finished.insert(run) {
+                            self.stats.batches_finished_by_opening += 1;
+                        }
+                    }
                 }
                 self.pump(idx, shard)?;
                 let tick = self.tick;

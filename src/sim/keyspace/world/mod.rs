@@ -20,7 +20,7 @@ mod members;
 mod ready;
 mod tick;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use bytes::Bytes;
@@ -98,6 +98,11 @@ pub(super) struct World {
     pub point_asks: BTreeMap<u64, PointAsk>,
     /// The last id given to a run, a read or an ask.
     pub next_run: u64,
+    /// For the counters only: the batch of each txn that ran in a batch
+    /// of several, and the batches an opening's finishing proposed a part
+    /// of.
+    pub batch_of: BTreeMap<u64, u64>,
+    pub batches_finished: BTreeSet<u64>,
     /// The watches of members' earlier incarnations, with the member.
     pub closed_watches: Vec<(u64, Watcher)>,
     /// After liveness: no new client ops, until everything is applied
@@ -229,6 +234,8 @@ impl World {
             reads: BTreeMap::new(),
             point_asks: BTreeMap::new(),
             next_run: 0,
+            batch_of: BTreeMap::new(),
+            batches_finished: BTreeSet::new(),
             closed_watches: Vec::new(),
             settling: false,
         }

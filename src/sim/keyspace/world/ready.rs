@@ -168,33 +168,42 @@ impl World {
         let events = match &payload {
             Payload::Write { id: w, rev, op } => {
                 let (_, events) = s.store.apply_ops(*rev, *w, std::slice::from_ref(op));
-                if first {
+                if first > 0 {
                     self.stats.writes_applied += 1;
                 }
                 events
             }
-            Payload::Part {
-                id: x,
-                rev,
-                by,
-                ops,
-                plan,
-                ..
-            } => {
-                let (gets, events) = s.store.apply_ops(*rev, *x, ops);
-                if let Some(plan) = plan {
-                    s.store.records.insert(*rev, plan.clone());
+            Payload::Part { by, .. } | Payload::Parts { by, .. } => {
+                // Each part at its own revision (`apply_parts_at`); the
+                // planted bug applies a batch's at the entry's header
+                // revision, its last part's.
+                let header = payload.revision().expect("parts carry revisions");
+                let mut answers = Vec::new();
+                let mut events = Vec::new();
+                for (x, rev, ops, plan) in payload.parts() {
+                    let at = if self.bug == Bug::BatchOneRevision {
+                        header
+                    } else {
+                        rev
+                    };
+                    let (gets, ev) = s.store.apply_ops(at, x, ops);
+                    if let Some(plan) = plan {
+                        s.store.records.insert(rev, plan.clone());
+                    }
+                    answers.push(gets);
+                    events.extend(ev);
                 }
                 if mine(by) {
-                    m.answers.insert(by.seq, gets);
+                    m.answers.insert(by.seq, answers);
                 }
-                if first {
-                    self.stats.txns_applied += 1;
-                }
+                self.stats.txns_applied += first as u64;
                 events
             }
-            Payload::Done { rev, by } => {
+            Payload::Done { rev, more, by } => {
                 s.store.records.remove(rev);
+                for r in more {
+                    s.store.records.remove(r);
+                }
                 if mine(by) {
                     m.answers.insert(by.seq, Vec::new());
                 }
