@@ -25,11 +25,25 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// "Consistent reads"): at `revision`, the keyspace leader's counter when the
 /// read began, once the shard has applied up to `index`, which the leader's
 /// ReadPoint gave after taking `revision`: every entry of the shard with a
-/// revision up to it is at or below that index.
+/// revision up to it is at or below that index in the leader's log. The
+/// entry there may not be committed yet, and a later leader may replace it
+/// (and add a txn's part at its old revision after it): the read is served
+/// only where the entry applied at `index` has the leader's `term` (the same
+/// log up to it), else refused with [`ApiError::LeaderChanged`] and taken at
+/// a new point. `index` and `term` 0: no wait, no check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReadAt {
     pub revision: i64,
     pub index: u64,
+    pub term: u64,
+}
+
+/// A shard leader's part of a read point: the index every entry proposed
+/// before the point is at or below, and the term of its entry there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShardPoint {
+    pub index: u64,
+    pub term: u64,
 }
 
 /// What a write returned once applied.
@@ -110,7 +124,7 @@ pub enum ShardCommand {
     /// leads the shard, and answers the index every entry proposed before the
     /// command arrived is at or below (see [`ReadAt`]).
     ReadPoint {
-        reply: Reply<u64>,
+        reply: Reply<ShardPoint>,
     },
     Status {
         reply: Reply<ShardStatus>,

@@ -354,6 +354,7 @@ async fn prepare(
                 ReadAt {
                     revision: revision - 1,
                     index: 0,
+                    term: 0,
                 },
             ),
             _ => unreachable!("a shard the txn does not write has only ranges"),

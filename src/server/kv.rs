@@ -21,7 +21,7 @@ use prost::Message;
 use tonic::{Request, Response, Status};
 
 use super::auth::{caller_of, check, AuthStore};
-use super::command::{ReadAt, WriteResult, REQUEST_TIMEOUT};
+use super::command::{ReadAt, ShardPoint, WriteResult, REQUEST_TIMEOUT};
 use super::cross_txn;
 use super::errors::ApiError;
 use super::members::MemberRegistry;
@@ -31,6 +31,11 @@ use super::router::Router;
 use super::shard::LEADERLESS_WAIT;
 use super::validate;
 use crate::routing::ShardId;
+
+/// Read points a linearizable range over several shards takes at most when a
+/// leader change replaced a point's entry before it was read (each a
+/// ReadIndex round per shard, so a few are cheap).
+const POINT_TRIES: u32 = 3;
 
 pub use super::identity::Identity;
 
@@ -93,18 +98,7 @@ impl KvService {
             .routing
             .shards_for_range(&req.key, &req.range_end);
         let mut resp = if self.router.keyspace.is_some() && !req.serializable {
-            // Several shards: one point of the revision order for them all.
-            let (revision, indexes) = self.read_point(&shards).await?;
-            if req.revision > revision {
-                return Err(ApiError::FutureRev.into());
-            }
-            let parts = join_all(shards.iter().zip(indexes).map(|(&s, index)| {
-                self.router
-                    .range_at(s, req.clone(), ReadAt { revision, index })
-            }))
-            .await;
-            let parts: Result<Vec<_>, _> = parts.into_iter().collect();
-            merge_ranges(&req, parts?)
+            self.range_at_point(&req, &shards).await?
         } else if let Some(keyspace) = &self.router.keyspace {
             // Serializable, several shards per member: read at a cut of the
             // revision order this member's shards have reached.
@@ -122,8 +116,15 @@ impl KvService {
                 self.router.range(shards[0], req).await?
             } else {
                 let parts = join_all(shards.iter().map(|&s| {
-                    self.router
-                        .range_at(s, req.clone(), ReadAt { revision, index: 0 })
+                    self.router.range_at(
+                        s,
+                        req.clone(),
+                        ReadAt {
+                            revision,
+                            index: 0,
+                            term: 0,
+                        },
+                    )
                 }))
                 .await;
                 let parts: Result<Vec<_>, _> = parts.into_iter().collect();
@@ -136,9 +137,41 @@ impl KvService {
         Ok(resp)
     }
 
+    /// A linearizable range over `shards` at one point of the revision order
+    /// for them all. A point whose entry a later leader replaced on some
+    /// shard before it was read there is taken again.
+    async fn range_at_point(
+        &self,
+        req: &RangeRequest,
+        shards: &[ShardId],
+    ) -> Result<RangeResponse, Status> {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let (revision, points) = self.read_point(shards).await?;
+            if req.revision > revision {
+                return Err(ApiError::FutureRev.into());
+            }
+            let parts = join_all(shards.iter().zip(points).map(|(&s, p)| {
+                let at = ReadAt {
+                    revision,
+                    index: p.index,
+                    term: p.term,
+                };
+                self.router.range_at(s, req.clone(), at)
+            }))
+            .await;
+            match parts.into_iter().collect::<Result<Vec<_>, _>>() {
+                Ok(parts) => return Ok(merge_ranges(req, parts)),
+                Err(ApiError::LeaderChanged) if tries < POINT_TRIES => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
     /// The read point of a linearizable read over `shards`, from the keyspace
     /// leader: this member, or asked over the peer port.
-    async fn read_point(&self, shards: &[ShardId]) -> Result<(i64, Vec<u64>), Status> {
+    async fn read_point(&self, shards: &[ShardId]) -> Result<(i64, Vec<ShardPoint>), Status> {
         let cluster_id = self.members.cluster_id();
         peer_http::at_shard_leader(
             &self.members,

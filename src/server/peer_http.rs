@@ -35,6 +35,7 @@ use prost::Message as _;
 use tokio::net::TcpStream;
 use tonic::Code;
 
+use super::command::ShardPoint;
 use super::errors::ApiError;
 use super::members::MemberRegistry;
 use super::peer_lease::{serve_lease, PeerLeaseAnswer};
@@ -222,13 +223,14 @@ async fn serve_read_point(router: &Router, body: Bytes) -> Response<Full<Bytes>>
         );
     }
     match router.read_point(&asked.shards).await {
-        Ok((revision, indexes)) => answer(
+        Ok((revision, points)) => answer(
             StatusCode::OK,
             Bytes::from(
                 KeyspaceReadPoint {
                     shards: asked.shards,
-                    indexes,
+                    indexes: points.iter().map(|p| p.index).collect(),
                     revision,
+                    terms: points.iter().map(|p| p.term).collect(),
                 }
                 .encode_to_vec(),
             ),
@@ -552,7 +554,7 @@ impl PeerClient {
         url: &str,
         cluster_id: u64,
         shards: &[ShardId],
-    ) -> Forwarded<(i64, Vec<u64>)> {
+    ) -> Forwarded<(i64, Vec<ShardPoint>)> {
         let body = KeyspaceReadPoint {
             shards: shards.to_vec(),
             ..Default::default()
@@ -569,15 +571,26 @@ impl PeerClient {
         .await
         .and_decode(|b| {
             let point = KeyspaceReadPoint::decode(b).map_err(|e| format!("bad read point: {e}"))?;
-            if point.shards != shards || point.indexes.len() != shards.len() {
+            if point.shards != shards
+                || point.indexes.len() != shards.len()
+                || !(point.terms.is_empty() || point.terms.len() == shards.len())
+            {
                 return Err(format!(
-                    "read point for shards {:?} answered for {:?} with {} indexes",
+                    "read point for shards {:?} answered for {:?} with {} indexes and {} terms",
                     shards,
                     point.shards,
-                    point.indexes.len()
+                    point.indexes.len(),
+                    point.terms.len()
                 ));
             }
-            Ok((point.revision, point.indexes))
+            let terms = point.terms.into_iter().chain(std::iter::repeat(0));
+            let points = point
+                .indexes
+                .into_iter()
+                .zip(terms)
+                .map(|(index, term)| ShardPoint { index, term })
+                .collect();
+            Ok((point.revision, points))
         })
     }
 

@@ -18,7 +18,8 @@ use cairn_proto::etcdserverpb::{RangeRequest, RangeResponse};
 use tokio::sync::{mpsc, oneshot};
 
 use super::command::{
-    LeaseInfo, ReadAt, Reply, ShardCommand, ShardHash, ShardStatus, WriteResult, REQUEST_TIMEOUT,
+    LeaseInfo, ReadAt, Reply, ShardCommand, ShardHash, ShardPoint, ShardStatus, WriteResult,
+    REQUEST_TIMEOUT,
 };
 use super::errors::ApiError;
 use super::keyspace::Keyspace;
@@ -218,7 +219,7 @@ impl Router {
     /// of its last entry proposed by then, each confirmed by a ReadIndex
     /// round started after the counter was read. Otherwise `NotLeader` with
     /// the member that leads the shard asked about (or shard 0).
-    pub async fn read_point(&self, shards: &[ShardId]) -> Result<(i64, Vec<u64>), ApiError> {
+    pub async fn read_point(&self, shards: &[ShardId]) -> Result<(i64, Vec<ShardPoint>), ApiError> {
         let Some(keyspace) = &self.keyspace else {
             return Err(ApiError::Unsupported("read points with one shard"));
         };

@@ -38,7 +38,7 @@ pub(super) struct Cross {
     pub(super) in_flight: InFlight,
     /// Read points asked while held: asked again once the hold ends, so
     /// that a point taken after the txn's revision covers its part.
-    points: Vec<Reply<u64>>,
+    points: Vec<Reply<ShardPoint>>,
     /// Records asked by an opening keyspace leader, answered once the
     /// entries proposed before the ask (the index) are applied.
     records: Vec<(u64, Reply<CrossRecords>)>,
@@ -452,7 +452,10 @@ impl Shard {
 
     /// A read point asked while a txn holds the shard waits for the hold to
     /// end; handed back when no txn holds it.
-    pub(super) fn hold_read_point(&mut self, reply: Reply<u64>) -> Result<(), Reply<u64>> {
+    pub(super) fn hold_read_point(
+        &mut self,
+        reply: Reply<ShardPoint>,
+    ) -> Result<(), Reply<ShardPoint>> {
         if self.cross.holder.is_some() {
             self.cross.points.push(reply);
             Ok(())

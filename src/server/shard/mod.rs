@@ -65,7 +65,7 @@ use crate::raft::{
 };
 use crate::routing::ShardId;
 use crate::server::command::{
-    Reply, ShardCommand, ShardHash, ShardStatus, WriteResult, REQUEST_TIMEOUT,
+    Reply, ShardCommand, ShardHash, ShardPoint, ShardStatus, WriteResult, REQUEST_TIMEOUT,
 };
 use crate::server::convert;
 use crate::server::entry;

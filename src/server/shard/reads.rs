@@ -26,7 +26,7 @@ pub(super) struct PendingRead {
 /// round's index and `last_index`, the log's last index when it arrived.
 pub(super) struct PendingPoint {
     pub(super) last_index: u64,
-    pub(super) reply: Reply<u64>,
+    pub(super) reply: Reply<ShardPoint>,
 }
 
 /// A lease keep-alive waiting for the ReadIndex round that proves this member
@@ -159,7 +159,12 @@ impl Shard {
             let _ = r.reply.send(renewed);
         }
         for p in round.points {
-            let _ = p.reply.send(Ok(index.max(p.last_index)));
+            let index = index.max(p.last_index);
+            let point = match self.node.term_of(index) {
+                Some(term) => Ok(ShardPoint { index, term }),
+                None => Err(ApiError::LeaderChanged),
+            };
+            let _ = p.reply.send(point);
         }
     }
 
@@ -191,7 +196,7 @@ impl Shard {
 
     /// A read point asked of this shard: see [`PendingPoint`]. Only the
     /// leader answers one; the asker goes to the leader otherwise.
-    pub(super) fn read_point(&mut self, reply: Reply<u64>) {
+    pub(super) fn read_point(&mut self, reply: Reply<ShardPoint>) {
         if let Some(reason) = &self.failed {
             let _ = reply.send(Err(self.storage_error(reason.clone())));
             return;
@@ -218,7 +223,7 @@ impl Shard {
     pub(super) fn read_at(&mut self, read: PendingRead) {
         let index = read.at.map_or(0, |at| at.index);
         if index <= self.node.applied_index() {
-            self.serve_range(&read.request, read.reply, read.at.map(|at| at.revision));
+            self.serve_read(read);
         } else {
             self.confirmed_reads.entry(index).or_default().push(read);
         }
@@ -231,8 +236,21 @@ impl Shard {
                 break;
             }
             for r in entry.remove() {
-                self.serve_range(&r.request, r.reply, r.at.map(|at| at.revision));
+                self.serve_read(r);
             }
         }
+    }
+
+    /// Serves a read whose index is applied; one at a point whose entry
+    /// here is not the leader's (see [`crate::server::command::ReadAt`])
+    /// is refused.
+    fn serve_read(&mut self, read: PendingRead) {
+        if let Some(at) = read.at {
+            if at.term != 0 && self.node.term_of(at.index) != Some(at.term) {
+                let _ = read.reply.send(Err(ApiError::LeaderChanged));
+                return;
+            }
+        }
+        self.serve_range(&read.request, read.reply, read.at.map(|at| at.revision));
     }
 }
