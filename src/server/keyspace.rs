@@ -114,6 +114,8 @@ pub struct Keyspace {
     pub batches: std::sync::Arc<super::txn_batch::Batches>,
     /// What each shard of this member has applied up to.
     pub reached: super::reached::Reached,
+    /// Wakes the shards waiting for the counter to move.
+    pub counter_moved: super::counter_moved::CounterMoved,
 }
 
 impl Keyspace {
@@ -137,6 +139,7 @@ impl Keyspace {
             holds: Default::default(),
             batches: Default::default(),
             reached: super::reached::Reached::new(shards),
+            counter_moved: Default::default(),
         }
     }
 
@@ -170,7 +173,9 @@ impl Keyspace {
         if !self.is_open() {
             return None;
         }
-        let revision = self.counter.fetch_add(1, Ordering::AcqRel) + 1;
+        // Sequentially consistent, as `counter_moved`'s flag (see there).
+        let revision = self.counter.fetch_add(1, Ordering::SeqCst) + 1;
+        self.counter_moved.moved();
         if revision > self.epoch_end.load(Ordering::Acquire) {
             // The epoch's revisions are used up: writes wait until shard 0
             // changes leader (a new epoch).
@@ -260,6 +265,7 @@ impl Keyspace {
         self.epoch_end
             .store(epoch_start(o.epoch + 1) - 1, Ordering::Release);
         self.open.store(true, Ordering::Release);
+        self.counter_moved.moved();
         let times = self.opened.fetch_add(1, Ordering::Relaxed) + 1;
         tracing::info!(
             revision = base.max(previous),

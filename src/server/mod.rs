@@ -6,6 +6,7 @@ pub mod clock;
 pub mod cluster;
 pub mod command;
 pub mod convert;
+pub mod counter_moved;
 pub mod crash_point;
 pub mod cross_plan;
 pub mod cross_txn;

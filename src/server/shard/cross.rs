@@ -50,6 +50,13 @@ pub(super) struct Cross {
     pub(super) ready: bool,
 }
 
+impl Cross {
+    /// An entry of parts waits to be proposed again on the close ticks.
+    pub(super) fn unproposed_waits(&self) -> bool {
+        self.unproposed.is_some()
+    }
+}
+
 /// An entry of parts (one, or a batch's) to propose.
 struct PartsEntry {
     data: Bytes,

@@ -368,6 +368,10 @@ impl Shard {
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut close_ticker = tokio::time::interval(KEYSPACE_CLOSE_INTERVAL);
         close_ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        // While there is nothing to close, the close ticks stop until the
+        // counter moves (see `counter_moved`).
+        let mut counter_moved = self.keyspace.as_ref().map(|k| k.counter_moved.subscribe());
+        let mut closes_wait = false;
         let mut last_commit = Instant::now();
         // A store over its quota raises NOSPACE again at restart, before any
         // write can add to it.
@@ -403,11 +407,17 @@ impl Shard {
                     self.expire();
                 }
                 _ = close_ticker.tick(), if self.keyspace.is_some()
+                    && !closes_wait
                     && self.failed.is_none()
                     && self.node.leader_id() == self.member_id => {
                     self.retry_cross_part();
-                    self.maybe_close_revision();
+                    if !self.maybe_close_revision() {
+                        if let Some(seen) = counter_moved.as_mut() {
+                            closes_wait = self.closes_may_wait(seen);
+                        }
+                    }
                 }
+                _ = moved(&mut counter_moved), if closes_wait => closes_wait = false,
                 durable = self.durable.wait_for(oldest_write), if !self.in_flight.is_empty() && self.failed.is_none() => {
                     if !durable {
                         self.fail(self.wal_failure());
@@ -705,5 +715,16 @@ impl Shard {
                 tracing::debug!(shard = self.id, error = %e, "raft refused a peer message")
             }
         }
+    }
+}
+
+/// The next move of the keyspace counter that `seen` waits for (never,
+/// without a keyspace).
+async fn moved(seen: &mut Option<watch::Receiver<u64>>) {
+    match seen {
+        Some(rx) => {
+            let _ = rx.changed().await;
+        }
+        None => std::future::pending().await,
     }
 }

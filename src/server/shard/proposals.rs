@@ -90,21 +90,22 @@ impl Shard {
     /// proposes an entry saying no later entry carries a revision at or
     /// below the counter. Watches over several shards release another
     /// shard's events only once this one has been applied past them.
-    pub(super) fn maybe_close_revision(&mut self) {
+    /// False when there is nothing to close until the counter moves.
+    pub(super) fn maybe_close_revision(&mut self) -> bool {
         let Some(k) = &self.keyspace else {
-            return;
+            return true;
         };
         if self.node.leader_id() != self.member_id
             || !self.takes_proposals()
             || self.closed_at.elapsed() < KEYSPACE_CLOSE_INTERVAL
         {
-            return;
+            return true;
         }
         let Some(current) = k.current() else {
-            return;
+            return true;
         };
         if current <= self.closed_revision || current <= self.store.current_revision() {
-            return;
+            return false;
         }
         let data = ShardRequest {
             id: 0,
@@ -119,6 +120,22 @@ impl Shard {
             self.closed_revision = current;
             self.closed_at = Instant::now();
         }
+        true
+    }
+
+    /// After a close tick found nothing to close: whether the shard may stop
+    /// its close ticks until the counter moves (`seen` then wakes it).
+    pub(super) fn closes_may_wait(&self, seen: &mut tokio::sync::watch::Receiver<u64>) -> bool {
+        let Some(k) = &self.keyspace else {
+            return false;
+        };
+        if self.cross.unproposed_waits() {
+            return false;
+        }
+        k.counter_moved.wait(seen);
+        // A second look, after the flag is up (see `counter_moved`).
+        k.current()
+            .is_some_and(|c| c <= self.closed_revision || c <= self.store.current_revision())
     }
 
     /// True for requests that may add data, which a NOSPACE alarm refuses.
