@@ -50,7 +50,7 @@ struct Args {
     #[arg(long, default_value = "fixed")]
     protocol: String,
     /// A bug planted in the model of txns, reads and watches: none,
-    /// skip-finish, no-fence, skip-read-wait, watch-no-merge,
+    /// skip-finish, no-fence, skip-read-wait, skip-read-term, watch-no-merge,
     /// batch-one-revision or join-ignores-overlap.
     #[arg(long, default_value = "none")]
     bug: String,
@@ -209,8 +209,8 @@ fn main() -> ExitCode {
     println!("counter openings        {}", st.openings);
     println!("fences under a half txn {}", st.fences_under_half_txn);
     println!(
-        "reads invoked (acked)   {} ({})",
-        st.reads_invoked, st.reads_acked
+        "reads invoked (acked)   {} ({}; {} refused, leader changed)",
+        st.reads_invoked, st.reads_acked, st.reads_leader_changed
     );
     println!("closes proposed         {}", st.closes_proposed);
     println!("watch events released   {}", st.watch_events_released);
@@ -229,7 +229,7 @@ fn main() -> ExitCode {
     }
     let first = summary.violations.first().map(|v| v.seed);
     println!(
-        "keyspace-sim guard={} protocol={} bug={} members={} seeds={} violations={} batches={} batched_txns={} batch_max_txns={} parts_entries={} batches_half_proposed={} batches_finished_by_opening={} first_violating_seed={} seeds_to_first={} elapsed_s={elapsed:.2} seeds_per_s={seeds_per_sec:.1}",
+        "keyspace-sim guard={} protocol={} bug={} members={} seeds={} violations={} batches={} batched_txns={} batch_max_txns={} parts_entries={} batches_half_proposed={} batches_finished_by_opening={} reads_leader_changed={} first_violating_seed={} seeds_to_first={} elapsed_s={elapsed:.2} seeds_per_s={seeds_per_sec:.1}",
         guard.name(),
         protocol.name(),
         bug.name(),
@@ -242,6 +242,7 @@ fn main() -> ExitCode {
         st.parts_entries,
         st.batches_half_proposed,
         st.batches_finished_by_opening,
+        st.reads_leader_changed,
         first.map_or("none".to_string(), |s| s.to_string()),
         first.map_or("none".to_string(), |s| (s - args.first_seed + 1).to_string()),
     );

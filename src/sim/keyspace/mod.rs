@@ -74,6 +74,11 @@
 //!   among the tick's events; the watch (`watch.rs`) merges every shard's
 //!   applied events by revision, moved on idle shards by the keyspace
 //!   leader's close entries.
+//! - A read point gives each shard's index with the term of the entry
+//!   there in the log of the shard's leader that answered; a member serves
+//!   the read once it has applied the index, only if its entry there has
+//!   that term (Raft's log matching), else refuses it as "leader changed"
+//!   and the client asks again (`reads.rs`).
 //!
 //! # The guard ([`Guard`])
 //! With a partial partition, two members can each believe they lead every
@@ -402,6 +407,11 @@ pub enum Bug {
     /// A read at a point is served without waiting for the point's index
     /// to be applied.
     SkipReadWait,
+    /// A read at a point is served once the point's index is applied
+    /// without checking that the entry there has the point's term: an
+    /// entry of a new shard leader that replaced the one the point's
+    /// leader had appended passes.
+    SkipReadTerm,
     /// A watch releases each shard's events as they come, not merged.
     WatchNoMerge,
     /// A shard applies an entry of a batch's parts all at the entry's
@@ -414,11 +424,12 @@ pub enum Bug {
 }
 
 impl Bug {
-    pub const ALL: [Bug; 7] = [
+    pub const ALL: [Bug; 8] = [
         Bug::None,
         Bug::SkipFinish,
         Bug::NoFence,
         Bug::SkipReadWait,
+        Bug::SkipReadTerm,
         Bug::WatchNoMerge,
         Bug::BatchOneRevision,
         Bug::JoinIgnoresOverlap,
@@ -430,6 +441,7 @@ impl Bug {
             Bug::SkipFinish => "skip-finish",
             Bug::NoFence => "no-fence",
             Bug::SkipReadWait => "skip-read-wait",
+            Bug::SkipReadTerm => "skip-read-term",
             Bug::WatchNoMerge => "watch-no-merge",
             Bug::BatchOneRevision => "batch-one-revision",
             Bug::JoinIgnoresOverlap => "join-ignores-overlap",
@@ -502,7 +514,7 @@ pub enum KsConfigError {
     #[error("unknown guard {0:?} (known: lease, none, lease-no-restart-hold)")]
     UnknownGuard(String),
     #[error(
-        "unknown bug {0:?} (known: none, skip-finish, no-fence, skip-read-wait, watch-no-merge, batch-one-revision, join-ignores-overlap)"
+        "unknown bug {0:?} (known: none, skip-finish, no-fence, skip-read-wait, skip-read-term, watch-no-merge, batch-one-revision, join-ignores-overlap)"
     )]
     UnknownBug(String),
     #[error("unknown protocol {0:?} (known: as-built, reopen-only, fixed)")]
@@ -579,6 +591,9 @@ pub struct KsStats {
     pub batches_abandoned: u64,
     pub reads_invoked: u64,
     pub reads_acked: u64,
+    /// Reads refused because the entry at a shard's point index had
+    /// another term where they were served (a new leader replaced it).
+    pub reads_leader_changed: u64,
     pub closes_proposed: u64,
     /// Events released by the watches (every incarnation's), at the end.
     pub watch_events_released: u64,
@@ -637,6 +652,7 @@ impl KsStats {
         self.batches_abandoned += o.batches_abandoned;
         self.reads_invoked += o.reads_invoked;
         self.reads_acked += o.reads_acked;
+        self.reads_leader_changed += o.reads_leader_changed;
         self.closes_proposed += o.closes_proposed;
         self.watch_events_released += o.watch_events_released;
         self.lease_refusals += o.lease_refusals;

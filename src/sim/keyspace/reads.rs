@@ -7,10 +7,24 @@
 //! not across a cut link). `L` reads its counter, `R` (only while the
 //! counter is open), then asks each shard the read touches for its point:
 //! the shard's leader notes its log's last index and starts a ReadIndex
-//! round, and answers the larger of the two once the round comes back;
-//! a shard held by a txn over several shards queues the ask until the hold
-//! ends. `F` then reads each shard at `R` once it has applied the shard's
-//! index. Each of those calls is one step.
+//! round, and answers the larger of the two once the round comes back,
+//! with the term of the entry at that index in its log; a shard held by a
+//! txn over several shards queues the ask until the hold ends. `F` then
+//! reads each shard at `R` once it has applied the shard's index, if the
+//! entry at that index in its own log has the point's term. Each of those
+//! calls is one step.
+//!
+//! # Why the term
+//! The last index a shard's leader answers may be an entry not yet
+//! committed, such as a txn's part at a revision below `R`. If that leader
+//! loses the shard before the entry commits, a new leader's entries take
+//! its index, and a member that applied the index would serve the read
+//! without the part, which a later opening then finishes below `R`: half a
+//! txn. Raft's log matching (paper 5.3: an entry with the same index and
+//! term means the same log up to it) makes the point's term the proof that
+//! `F`'s log holds every entry the leader had when it answered. When the
+//! terms differ, the read is refused as "leader changed", and its client
+//! asks for a new point.
 
 use rand::seq::SliceRandom;
 
@@ -32,8 +46,18 @@ pub(super) enum PointState {
         term: u64,
         last_index: u64,
     },
-    Answered(u64),
+    /// The point's index, and the term of the entry there in the leader's
+    /// log when it answered.
+    Answered(IndexTerm),
     Failed,
+}
+
+/// A shard's part of a read point: an index, and the term of the entry
+/// at it in the log of the shard's leader that answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct IndexTerm {
+    pub index: u64,
+    pub term: u64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -50,10 +74,11 @@ pub(super) enum ReadStage {
     Point,
     /// `L` asks each shard; `asks[i]` for `shards[i]`.
     Indexes { rev: u64, asks: Vec<Option<u64>> },
-    /// `F` reads each shard at `rev` once applied through its index.
+    /// `F` reads each shard at `rev` once applied through its index, if
+    /// the entry there has the point's term.
     Serve {
         rev: u64,
-        indexes: Vec<u64>,
+        points: Vec<IndexTerm>,
         values: Vec<Option<Vec<(Key, GetResult)>>>,
     },
 }
@@ -126,15 +151,17 @@ impl World {
             return;
         };
         // A round survives no role change (the driver drains them).
-        let led = m.shards[shard]
+        let index = index.max(last_index);
+        let point = m.shards[shard]
             .node
             .as_ref()
-            .is_some_and(|n| n.role() == StateRole::Leader && n.term() == term);
-        a.state = if led {
-            PointState::Answered(index.max(last_index))
-        } else {
-            PointState::Failed
-        };
+            .filter(|n| n.role() == StateRole::Leader && n.term() == term)
+            .and_then(|n| n.term_of(index))
+            .map(|entry_term| IndexTerm {
+                index,
+                term: entry_term,
+            });
+        a.state = point.map_or(PointState::Failed, PointState::Answered);
     }
 
     /// Starts a read of every key of `shards` for client op `op`, served by
@@ -283,17 +310,23 @@ impl World {
                     self.end_read(id, None, "point refused")?;
                     return self.end_step();
                 }
-                let indexes: Option<Vec<u64>> = states
+                let points: Option<Vec<IndexTerm>> = states
                     .iter()
                     .map(|s| match s {
-                        PointState::Answered(i) => Some(*i),
+                        PointState::Answered(p) => Some(*p),
                         _ => None,
                     })
                     .collect();
-                let Some(indexes) = indexes else {
+                let Some(points) = points else {
                     return Ok(());
                 };
-                self.begin_step(|| format!("read q{}: point {rev} at indexes {indexes:?}", r.op));
+                self.begin_step(|| {
+                    let at: Vec<String> = points
+                        .iter()
+                        .map(|p| format!("{}@t{}", p.index, p.term))
+                        .collect();
+                    format!("read q{}: point {rev} at indexes {at:?}", r.op)
+                });
                 for a in asks.iter().flatten() {
                     self.point_asks.remove(a);
                 }
@@ -311,15 +344,15 @@ impl World {
                 if let Some(x) = self.reads.get_mut(&id) {
                     x.stage = ReadStage::Serve {
                         rev,
-                        values: vec![None; indexes.len()],
-                        indexes,
+                        values: vec![None; points.len()],
+                        points,
                     };
                 }
                 self.end_step()
             }
             ReadStage::Serve {
                 rev,
-                indexes,
+                points,
                 mut values,
             } => {
                 if self.members[r.f].is_paused() {
@@ -330,18 +363,33 @@ impl World {
                 open.shuffle(&mut self.rng);
                 for i in open {
                     let shard = r.shards[i];
-                    let applied = self.members[r.f].shards[shard].sm.applied_index;
-                    if applied < indexes[i] && self.bug != Bug::SkipReadWait {
+                    let point = points[i];
+                    let s = &self.members[r.f].shards[shard];
+                    let applied = s.sm.applied_index;
+                    let waits = applied < point.index;
+                    if waits && self.bug != Bug::SkipReadWait {
                         continue;
                     }
+                    let entry_term = s.node.as_ref().and_then(|n| n.term_of(point.index));
                     self.begin_step(|| {
                         format!(
-                            "read q{}: n{} reads shard {shard} at {rev} (applied {applied}, point index {})",
+                            "read q{}: n{} reads shard {shard} at {rev} (applied {applied}, point {}@t{}, entry's term here {entry_term:?})",
                             r.op,
                             r.f + 1,
-                            indexes[i]
+                            point.index,
+                            point.term
                         )
                     });
+                    // Log matching: the entry at the point's index holds the
+                    // leader's log up to it only if its term is the point's.
+                    if !waits && entry_term != Some(point.term) {
+                        if self.bug != Bug::SkipReadTerm {
+                            self.stats.reads_leader_changed += 1;
+                            self.end_read(id, None, "leader changed")?;
+                            return self.end_step();
+                        }
+                        self.note(|| "  the entry's term is not the point's: served anyway".into());
+                    }
                     let s = &self.members[r.f].shards[shard];
                     values[i] = Some(
                         keys_of(shard)
@@ -356,7 +404,7 @@ impl World {
                     } else if let Some(x) = self.reads.get_mut(&id) {
                         x.stage = ReadStage::Serve {
                             rev,
-                            indexes,
+                            points,
                             values,
                         };
                     }
