@@ -79,6 +79,14 @@ async fn whole_keyspace(c: &mut Client, revision: i64) -> (BTreeMap<String, (Str
     (kvs, got.header().unwrap().revision())
 }
 
+/// A watch over the whole keyspace from `revision`.
+async fn watch_all_from(c: &mut Client, revision: i64) -> etcd_client::WatchStream {
+    let opts = WatchOptions::new()
+        .with_all_keys()
+        .with_start_revision(revision);
+    c.watch("", Some(opts)).await.unwrap()
+}
+
 /// What the writes at or below `revision` leave.
 fn expected_at(written: &[Written], revision: i64) -> BTreeMap<String, (String, i64)> {
     written
@@ -111,17 +119,7 @@ async fn one_keyspace(members: usize, shards: usize) {
     let before = expected_at(&written, list_revision);
     assert_eq!(listed, before, "{what}: the list is every write so far");
     let watcher = clients.len() - 1;
-    let mut stream = clients[watcher]
-        .watch(
-            "",
-            Some(
-                WatchOptions::new()
-                    .with_all_keys()
-                    .with_start_revision(list_revision + 1),
-            ),
-        )
-        .await
-        .unwrap();
+    let mut stream = watch_all_from(&mut clients[watcher], list_revision + 1).await;
     let later = write_round(&mut clients, 1, written.last().unwrap().2, &what).await;
     let until = later.last().unwrap().2;
     let mut seen: Vec<Written> = Vec::new();
@@ -170,17 +168,7 @@ async fn one_keyspace(members: usize, shards: usize) {
         let (got, _) = whole_keyspace(c, mid).await;
         assert_eq!(got, at_mid, "{what}: member {m} at the compacted revision");
     }
-    let mut stream = clients[watcher]
-        .watch(
-            "",
-            Some(
-                WatchOptions::new()
-                    .with_all_keys()
-                    .with_start_revision(mid - 1),
-            ),
-        )
-        .await
-        .unwrap();
+    let mut stream = watch_all_from(&mut clients[watcher], mid - 1).await;
     let resp = loop {
         let resp = tokio::time::timeout(Duration::from_secs(30), stream.message())
             .await
