@@ -12,12 +12,12 @@
 //! do.
 //!
 //! No move is missed: a shard first marks what it has seen, then raises the
-//! flag, then looks at the counter again (all sequentially consistent, as is
-//! the counter's increment); a write increments, then reads the flag. Either
+//! flag, then (after a sequentially consistent fence) looks at the counter
+//! again; a write increments, then (after a fence) reads the flag. Either
 //! the write sees the flag and wakes the shard, or the shard's second look
 //! sees the write.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{fence, AtomicBool, Ordering};
 
 use tokio::sync::watch;
 
@@ -49,10 +49,16 @@ impl CounterMoved {
     pub fn wait(&self, seen: &mut watch::Receiver<u64>) {
         seen.borrow_and_update();
         self.waiting.store(true, Ordering::SeqCst);
+        // The caller's second look at the counter is an acquire load: the
+        // fence keeps it after the flag is raised on every architecture.
+        fence(Ordering::SeqCst);
     }
 
     /// The counter moved (called after its increment).
     pub fn moved(&self) {
+        // The counter's increment before the flag's load, whatever order
+        // the increment was made with (the opening's is acquire-release).
+        fence(Ordering::SeqCst);
         if self.waiting.load(Ordering::SeqCst) && self.waiting.swap(false, Ordering::SeqCst) {
             self.moves.send_modify(|n| *n = n.wrapping_add(1));
         }

@@ -213,20 +213,15 @@ async fn held(
                 mut answers,
                 recorded,
             } => {
+                // Each written shard's next answer is this txn's, taken even
+                // when another of its parts failed, so that the next txn
+                // gets its own.
+                let parts = take_parts(&mut per_part, &plan.written)?;
+                answers.extend(parts);
+                // Only a txn whose every part applied has its records
+                // forgotten: any other is finished from them by an opening.
                 if recorded {
                     records.push((revision, plan.written.iter().copied().collect()));
-                }
-                for &s in &plan.written {
-                    let part = per_part
-                        .get_mut(&s)
-                        .and_then(|a| a.next())
-                        .unwrap_or(Err(ApiError::TimeoutLeaderFail));
-                    match part {
-                        Ok(WriteResult::Txn(r)) => {
-                            answers.insert(s, r.responses);
-                        }
-                        Ok(_) | Err(_) => return Err(ApiError::TimeoutLeaderFail),
-                    }
                 }
                 Ok(plan.answer(answers, revision))
             }
@@ -234,6 +229,30 @@ async fn held(
         .collect();
     forget(router, records).await;
     answers
+}
+
+/// Takes a txn's answer from each shard it writes (the next answer of each:
+/// parts were queued in the batch's order), all of them even when one
+/// failed. Its responses per shard, or etcd's "request timed out" when any
+/// part did not apply as a txn part (its outcome is not known here).
+fn take_parts(
+    per_part: &mut BTreeMap<ShardId, std::vec::IntoIter<Result<WriteResult, ApiError>>>,
+    written: &BTreeSet<ShardId>,
+) -> Result<BTreeMap<ShardId, Vec<ResponseOp>>, ApiError> {
+    let mut answers = BTreeMap::new();
+    let mut failed = false;
+    for &s in written {
+        match per_part.get_mut(&s).and_then(Iterator::next) {
+            Some(Ok(WriteResult::Txn(r))) => {
+                answers.insert(s, r.responses);
+            }
+            _ => failed = true,
+        }
+    }
+    if failed {
+        return Err(ApiError::TimeoutLeaderFail);
+    }
+    Ok(answers)
 }
 
 /// A written txn's parts at `revision`, one per written shard, each
@@ -651,5 +670,51 @@ pub async fn finish_at_every_opening(router: Arc<Router>) {
                 tokio::time::sleep(std::time::Duration::from_millis(20)).await;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn part(tag: i64) -> Result<WriteResult, ApiError> {
+        Ok(WriteResult::Txn(TxnResponse {
+            responses: vec![ResponseOp {
+                response: Some(response_op::Response::ResponsePut(
+                    cairn_proto::etcdserverpb::PutResponse {
+                        header: Some(cairn_proto::etcdserverpb::ResponseHeader {
+                            revision: tag,
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    },
+                )),
+            }],
+            ..Default::default()
+        }))
+    }
+
+    fn tag(ops: &[ResponseOp]) -> i64 {
+        match &ops[0].response {
+            Some(response_op::Response::ResponsePut(p)) => p.header.as_ref().unwrap().revision,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// Txn A writes shards 1 and 2, B writes shard 2: shard 1 fails A's
+    /// part. A is not answered as applied, and B still gets its own answer
+    /// from shard 2, not A's.
+    #[test]
+    fn a_failed_part_does_not_shift_the_answers_of_later_txns() {
+        let mut per_part = BTreeMap::new();
+        per_part.insert(1, vec![Err(ApiError::LeaderChanged)].into_iter());
+        per_part.insert(2, vec![part(10), part(20)].into_iter());
+        let a = take_parts(&mut per_part, &BTreeSet::from([1, 2]));
+        assert!(matches!(a, Err(ApiError::TimeoutLeaderFail)), "{a:?}");
+        let b = take_parts(&mut per_part, &BTreeSet::from([2])).unwrap();
+        assert_eq!(tag(&b[&2]), 20, "B got its own answer");
+        // Nothing left: a missing answer is an unknown outcome.
+        let c = take_parts(&mut per_part, &BTreeSet::from([2]));
+        assert!(matches!(c, Err(ApiError::TimeoutLeaderFail)));
     }
 }

@@ -73,6 +73,11 @@ pub fn cluster_id(member_ids: &[u64], token: &str, shards: usize) -> u64 {
     let mut ids = member_ids.to_vec();
     ids.sort_unstable();
     let bytes: Vec<u8> = ids.iter().flat_map(|id| id.to_le_bytes()).collect();
+    if shards <= 1 {
+        // As builds before the count was mixed in: a one-shard cluster may
+        // be bootstrapped by members of both.
+        return nonzero(fnv1a64(&[&bytes, token.as_bytes()]));
+    }
     let shards = u64::try_from(shards).unwrap_or(u64::MAX);
     nonzero(fnv1a64(&[&bytes, token.as_bytes(), &shards.to_le_bytes()]))
 }

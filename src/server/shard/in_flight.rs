@@ -62,9 +62,9 @@ impl Touch {
                 Ok(ShardRequest {
                     request: Some(r), ..
                 }) => Touch::of_request(&r),
-                Ok(_) => None,
-                // Not ours to judge here; apply refuses it. Wait for it.
-                Err(_) => Some(Touch::Everything),
+                // Not ours to judge here (a request kind this build does not
+                // know, or no request); apply refuses it. Wait for it.
+                Ok(_) | Err(_) => Some(Touch::Everything),
             };
             all = match (all, touch) {
                 (a, None) => a,

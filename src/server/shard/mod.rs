@@ -407,7 +407,7 @@ impl Shard {
                     self.expire();
                 }
                 _ = close_ticker.tick(), if self.keyspace.is_some()
-                    && !closes_wait
+                    && (!closes_wait || self.cross.unproposed_waits())
                     && self.failed.is_none()
                     && self.node.leader_id() == self.member_id => {
                     self.retry_cross_part();

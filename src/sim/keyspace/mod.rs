@@ -180,11 +180,8 @@
 //! holds one shard at a time and stays open meanwhile); its compares are
 //! read after its revisions are taken, not with the holds. A txn of a
 //! batch whose ops a shard's check refuses (NOSPACE) fails alone in the
-//! real code; here no check refuses. Entries of parts are gathered at
-//! once when the last part is due at the shard, not part by part, so the
-//! case of a hold ending between two parts of one shard (`cross_release`
-//! with parts gathered) is only reached through the hold ending before
-//! the entry.
+//! real code; here no check refuses. As in the real code, a shard gets
+//! all of a batch's parts there at once and proposes them in one entry.
 //!
 //! Nested txns, ranges (a read reads every key of its shards; a txn's gets
 //! read one key), leases (etcd's), compaction, snapshots, membership

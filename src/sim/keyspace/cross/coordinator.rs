@@ -31,8 +31,8 @@ pub(in crate::sim::keyspace) struct ShardEntry {
     /// The txns with a part here, by their place in the batch (so by
     /// revision).
     pub txns: Vec<usize>,
-    /// When the last part's proposal reaches the shard's core, which then
-    /// proposes every part gathered in one entry.
+    /// When the batch's parts reach the shard's core, which then proposes
+    /// them in one entry.
     pub due: u64,
     pub state: PartState,
 }
