@@ -13,7 +13,8 @@
 //!
 //! No move is missed: a shard first marks what it has seen, then raises the
 //! flag, then (after a sequentially consistent fence) looks at the counter
-//! again; a write increments, then (after a fence) reads the flag. Either
+//! again; a write increments (sequentially consistent), then reads the
+//! flag (sequentially consistent). Either
 //! the write sees the flag and wakes the shard, or the shard's second look
 //! sees the write.
 
@@ -54,11 +55,10 @@ impl CounterMoved {
         fence(Ordering::SeqCst);
     }
 
-    /// The counter moved (called after its increment).
+    /// The counter moved (called after its increment, which must be
+    /// sequentially consistent: then no fence is needed on this, the write
+    /// path).
     pub fn moved(&self) {
-        // The counter's increment before the flag's load, whatever order
-        // the increment was made with (the opening's is acquire-release).
-        fence(Ordering::SeqCst);
         if self.waiting.load(Ordering::SeqCst) && self.waiting.swap(false, Ordering::SeqCst) {
             self.moves.send_modify(|n| *n = n.wrapping_add(1));
         }

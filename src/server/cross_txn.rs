@@ -79,11 +79,6 @@ pub async fn run(router: Arc<Router>, req: TxnRequest) -> Result<TxnResponse, Ap
     let taken = keyspace.holds.take(&shards).await;
     let batch = leading.close();
     let mut answers = held(&router, &keyspace, txn, &shards, &batch, taken).await;
-    // Every hold not yet ended by a proposal ends here; a shard whose parts
-    // were proposed has let go already, and ignores this.
-    for &s in &shards {
-        router.tell(s, ShardCommand::CrossRelease { txn }).await;
-    }
     let mine = answers.remove(0);
     for (reply, answer) in batch.joined.into_iter().zip(answers) {
         let _ = reply.send(answer);
@@ -112,15 +107,12 @@ enum Settling {
         plan: Plan,
         /// The answers of the shards it only reads.
         answers: BTreeMap<ShardId, Vec<ResponseOp>>,
-        /// Whether its parts keep a record to forget (it writes several
-        /// shards).
-        recorded: bool,
     },
 }
 
 /// Steps 1 to 6 (see the module doc) for the txns of `batch` (held as
-/// `txn`), which name no key in common, in their order; the caller ends
-/// the holds.
+/// `txn`), which name no key in common, in their order. Ends every hold:
+/// a written shard's with the proposal of its parts, the others here.
 async fn held(
     router: &Router,
     keyspace: &Keyspace,
@@ -142,7 +134,13 @@ async fn held(
     let txns = u32::try_from(reqs.len()).unwrap_or(u32::MAX);
     let held = match hold_all(router, txn, txns, shards, &compares, &batch.keys).await {
         Ok(held) => held,
-        Err(e) => return vec![Err(e); reqs.len()],
+        Err(e) => {
+            // The shards that granted the hold let it go.
+            for &s in shards {
+                router.tell(s, ShardCommand::CrossRelease { txn }).await;
+            }
+            return vec![Err(e); reqs.len()];
+        }
     };
     let no_space = held.iter().any(|h| h.no_space);
     // Revisions in the batch's order. No txn of the batch touches another's
@@ -177,16 +175,13 @@ async fn held(
                 plan,
                 answers,
             }) => {
-                let parts = parts_of(revision, &plan);
-                let recorded = parts.len() > 1;
-                for (shard, part) in parts {
+                for (shard, part) in parts_of(revision, &plan) {
                     per_shard.entry(shard).or_default().push((revision, part));
                 }
                 Ok(Settling::Queued {
                     revision,
                     plan,
                     answers,
-                    recorded,
                 })
             }
             Ok(Step::Done(answer)) => Ok(Settling::Done(answer)),
@@ -211,7 +206,6 @@ async fn held(
                 revision,
                 plan,
                 mut answers,
-                recorded,
             } => {
                 // Each written shard's next answer is this txn's, taken even
                 // when another of its parts failed, so that the next txn
@@ -220,7 +214,8 @@ async fn held(
                 answers.extend(parts);
                 // Only a txn whose every part applied has its records
                 // forgotten: any other is finished from them by an opening.
-                if recorded {
+                // Its parts keep records when it writes several shards.
+                if plan.written.len() > 1 {
                     records.push((revision, plan.written.iter().copied().collect()));
                 }
                 Ok(plan.answer(answers, revision))

@@ -261,7 +261,8 @@ impl Keyspace {
         // Above every revision of an earlier epoch, and never below what
         // this member handed out before in this epoch.
         let base = o.base.max(epoch_start(o.epoch));
-        let previous = self.counter.fetch_max(base, Ordering::AcqRel);
+        // Sequentially consistent, as `next_revision`'s increment.
+        let previous = self.counter.fetch_max(base, Ordering::SeqCst);
         self.epoch_end
             .store(epoch_start(o.epoch + 1) - 1, Ordering::Release);
         self.open.store(true, Ordering::Release);
