@@ -38,7 +38,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::Mutex;
-use std::time::Instant;
+use tokio::time::Instant;
 
 /// Revisions of epoch `e` lie in `(e << EPOCH_SHIFT, (e + 1) << EPOCH_SHIFT)`:
 /// about 10^12 writes per keyspace leadership (four months at 100,000 a

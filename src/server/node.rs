@@ -459,6 +459,9 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
             disk_faults: config.test_disk_faults.clone(),
             term_out: (shard == 0).then(|| shared.identity.raft_term.clone()),
             keyspace: shared.keyspace.clone(),
+            seed: None,
+            #[cfg(feature = "raft-mutations")]
+            mutation: None,
         };
         let driver = Shard::open(&mut setup)?;
         tokio::task::spawn_local(driver.run(setup));

@@ -45,6 +45,7 @@
 
 mod checker;
 mod cluster;
+pub mod driver;
 pub mod keyspace;
 mod member;
 mod network;

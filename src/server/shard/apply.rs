@@ -370,7 +370,13 @@ impl Shard {
         let applied = self.node.applied_index();
         // A small --snapshot-count also keeps fewer entries for slow followers.
         let keep = CATCH_UP_ENTRIES.min(self.snapshot_count);
-        if applied < self.snapshot_meta.index + self.snapshot_count + keep {
+        // Saturating: a --snapshot-count near u64::MAX means never.
+        let due = self
+            .snapshot_meta
+            .index
+            .saturating_add(self.snapshot_count)
+            .saturating_add(keep);
+        if applied < due {
             return;
         }
         let compact_to = applied - keep;

@@ -3,7 +3,8 @@
 //! this leader for, and expired ones handed to the driver to revoke.
 
 use std::collections::{BTreeSet, HashMap};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 /// etcd's largest lease TTL, in seconds.
 pub const MAX_LEASE_TTL_SECS: i64 = 9_000_000_000;

@@ -50,7 +50,8 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::rc::Rc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use bytes::Bytes;
 use cairn_mvcc as mvcc;
@@ -220,6 +221,13 @@ pub struct ShardSetup {
     /// The keyspace's revision counter, one per member, when it runs several
     /// shards (see [`crate::server::keyspace`]).
     pub keyspace: Option<std::sync::Arc<Keyspace>>,
+    /// Seeds the Raft node's election timeouts and this start's request ids
+    /// and read contexts; `None` draws them at random. The simulator sets it
+    /// so that a seed names a run.
+    pub seed: Option<u64>,
+    /// A Raft safety rule switched off, for the simulator's mutation check.
+    #[cfg(feature = "raft-mutations")]
+    pub mutation: Option<raft::SafetyMutation>,
 }
 
 /// An apply of one Ready's committed entries slower than this is counted as a

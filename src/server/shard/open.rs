@@ -167,13 +167,23 @@ impl Shard {
         cfg.election_timeout_ticks = setup.election_ticks;
         cfg.heartbeat_timeout_ticks = 1;
         cfg.applied_index = applied.max(snapshot_meta.index);
-        cfg.seed = setup.member_id ^ (u64::from(shard) << 32) ^ crate::server::clock::now_ms();
+        let seed = setup
+            .seed
+            .unwrap_or_else(|| crate::server::clock::now_ms() ^ rand::random::<u64>());
+        cfg.seed = setup.member_id ^ (u64::from(shard) << 32) ^ seed;
+        #[cfg(feature = "raft-mutations")]
+        {
+            cfg.mutation = setup.mutation;
+        }
         cfg.async_append = true;
         // The keyspace leader's lease counts on followers ignoring
         // candidates, also right after they restart.
         cfg.vote_hold_after_start = setup.keyspace.is_some();
         cfg.max_committed_size_per_ready_bytes = APPLY_BYTES_PER_TURN as u64;
-        let boot_nonce: u64 = rand::random::<u64>() | 1;
+        let boot_nonce: u64 = match setup.seed {
+            Some(seed) => (seed.rotate_left(17) ^ cfg.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15)) | 1,
+            None => rand::random::<u64>() | 1,
+        };
         let mut node =
             RawNode::new(&cfg, storage).map_err(|source| ShardOpenError::Raft { shard, source })?;
         // The membership recorded with the log's start misses the changes

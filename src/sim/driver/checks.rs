@@ -1,0 +1,255 @@
+//! What a driver simulation checks: the clients' history on its own
+//! (nothing lost in the driver, one revision per write, no stale read), and
+//! against every member's store once the faults are over (every
+//! acknowledged write kept at its revision, every read's value in the log,
+//! the same store everywhere).
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use bytes::Bytes;
+use tokio::sync::oneshot;
+
+use crate::server::command::{ShardCommand, ShardHash, ShardStatus};
+
+use super::client::{range, Answer, Call, Op, Unanswered};
+use super::world::World;
+
+/// A property the real driver broke.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DriverViolation {
+    pub kind: DriverViolationKind,
+    pub detail: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DriverViolationKind {
+    /// An acknowledged put is missing from a member's store at its revision.
+    LostWrite,
+    /// Two acknowledged puts were given one revision.
+    DuplicateRevision,
+    /// A linearizable read missed a put acknowledged before it began.
+    StaleRead,
+    /// A read returned a value the log does not hold at its revision.
+    PhantomRead,
+    /// Two members' stores differ once they applied the same log.
+    Diverged,
+    /// A running driver never answered a request.
+    Unanswered,
+    /// No write was acknowledged everywhere within the bound after the
+    /// faults stopped.
+    NoLiveness,
+    /// A driver panicked or stopped by itself.
+    DriverPanic,
+    /// A member did not open again after a crash.
+    RestartFailed,
+    /// The drivers took far more real time than the simulated load needs.
+    Storm,
+}
+
+impl DriverViolationKind {
+    /// The kinds that mean acknowledged data or linearizability was lost:
+    /// what a safety mutation of the Raft core must lead to.
+    pub fn is_consensus_safety(self) -> bool {
+        matches!(
+            self,
+            DriverViolationKind::LostWrite
+                | DriverViolationKind::DuplicateRevision
+                | DriverViolationKind::StaleRead
+                | DriverViolationKind::PhantomRead
+                | DriverViolationKind::Diverged
+        )
+    }
+}
+
+impl fmt::Display for DriverViolation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}: {}", self.kind, self.detail)
+    }
+}
+
+pub fn violation(kind: DriverViolationKind, detail: impl Into<String>) -> DriverViolation {
+    DriverViolation {
+        kind,
+        detail: detail.into(),
+    }
+}
+
+/// The acknowledged puts, by revision.
+fn acknowledged(calls: &[Call]) -> Result<BTreeMap<i64, (&Bytes, &Bytes)>, DriverViolation> {
+    let mut by_revision = BTreeMap::new();
+    for c in calls {
+        if let (Op::Put { key, value }, Answer::Put { revision }) = (&c.op, &c.answer) {
+            if let Some((k, v)) = by_revision.insert(*revision, (key, value)) {
+                return Err(violation(
+                    DriverViolationKind::DuplicateRevision,
+                    format!(
+                        "puts {k:?}={v:?} and {key:?}={value:?} were both acknowledged at \
+                         revision {revision}"
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(by_revision)
+}
+
+/// The checks the history alone decides.
+pub fn check_history(calls: &[Call]) -> Result<(), DriverViolation> {
+    if let Some(c) = calls
+        .iter()
+        .find(|c| matches!(c.answer, Answer::Unanswered))
+    {
+        return Err(violation(
+            DriverViolationKind::Unanswered,
+            format!("member {} never answered {:?}", c.member, c.op),
+        ));
+    }
+    acknowledged(calls)?;
+    for read in calls {
+        let (Op::Read { key }, Answer::Read { mod_revision, .. }) = (&read.op, &read.answer) else {
+            continue;
+        };
+        let newest_before = calls
+            .iter()
+            .filter(|w| w.end < read.start)
+            .filter_map(|w| match (&w.op, &w.answer) {
+                (Op::Put { key: k, .. }, Answer::Put { revision }) if k == key => Some(*revision),
+                _ => None,
+            })
+            .max();
+        if let Some(newest) = newest_before.filter(|n| n > mod_revision) {
+            return Err(violation(
+                DriverViolationKind::StaleRead,
+                format!(
+                    "a linearizable read of {key:?} through member {} saw mod revision \
+                     {mod_revision}, but a put of it was acknowledged at {newest} before the \
+                     read began",
+                    read.member
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+async fn ask<T>(
+    world: &World,
+    id: u64,
+    make: impl FnOnce(oneshot::Sender<Result<T, crate::server::errors::ApiError>>) -> ShardCommand,
+) -> Result<T, String> {
+    let commands = world
+        .commands(id)
+        .ok_or_else(|| format!("member {id} is not running"))?;
+    let (reply, rx) = oneshot::channel();
+    commands
+        .send(make(reply))
+        .await
+        .map_err(|_| format!("member {id} stopped"))?;
+    match rx.await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(format!("member {id}: {e}")),
+        Err(_) => Err(format!("member {id} stopped")),
+    }
+}
+
+pub async fn status(world: &World, id: u64) -> Result<ShardStatus, String> {
+    ask(world, id, |reply| ShardCommand::Status { reply }).await
+}
+
+/// The checks against the members' stores, once every member has applied
+/// the same log.
+pub async fn check_stores(world: &World, calls: &[Call]) -> Result<(), DriverViolation> {
+    let safety = |kind, detail: String| violation(kind, detail);
+    let by_revision = acknowledged(calls)?;
+    let ids = world.ids();
+    for &id in &ids {
+        let commands = world.commands(id).ok_or_else(|| {
+            safety(
+                DriverViolationKind::NoLiveness,
+                format!("member {id} is not running"),
+            )
+        })?;
+        for (&revision, (key, value)) in &by_revision {
+            let found = stored(&commands, key, revision).await;
+            if holds(&found) != Some((*value, revision)) {
+                return Err(safety(
+                    DriverViolationKind::LostWrite,
+                    format!(
+                        "put {key:?}={value:?} was acknowledged at revision {revision}; member \
+                         {id} holds {found:?} there"
+                    ),
+                ));
+            }
+        }
+    }
+    let first = world.commands(ids[0]).expect("checked running above");
+    for read in calls {
+        let (
+            Op::Read { key },
+            Answer::Read {
+                value,
+                mod_revision,
+            },
+        ) = (&read.op, &read.answer)
+        else {
+            continue;
+        };
+        if *mod_revision == 0 {
+            continue;
+        }
+        let found = stored(&first, key, *mod_revision).await;
+        if holds(&found) != Some((value, *mod_revision)) {
+            return Err(safety(
+                DriverViolationKind::PhantomRead,
+                format!(
+                    "a read of {key:?} through member {} returned {value:?} at mod revision \
+                     {mod_revision}; the log holds {found:?} there",
+                    read.member
+                ),
+            ));
+        }
+    }
+    let mut hashes: Vec<(u64, ShardHash)> = Vec::new();
+    for &id in &ids {
+        let hash = ask(world, id, |reply| ShardCommand::HashKv {
+            revision: 0,
+            reply,
+        })
+        .await
+        .map_err(|e| safety(DriverViolationKind::NoLiveness, e))?;
+        hashes.push((id, hash));
+    }
+    let (first_id, first_hash) = &hashes[0];
+    for (id, hash) in &hashes[1..] {
+        if (hash.hash, hash.revision) != (first_hash.hash, first_hash.revision) {
+            return Err(safety(
+                DriverViolationKind::Diverged,
+                format!(
+                    "member {first_id}'s store hashes to {:#x} at revision {}, member {id}'s \
+                     to {:#x} at {}",
+                    first_hash.hash, first_hash.revision, hash.hash, hash.revision
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The value and mod revision a member's store holds for `key` at
+/// `revision`, or why it could not be read.
+async fn stored(
+    commands: &tokio::sync::mpsc::Sender<ShardCommand>,
+    key: &Bytes,
+    revision: i64,
+) -> Result<Option<(Bytes, i64)>, String> {
+    match range(commands, key, revision, true).await {
+        Ok(kv) => Ok(kv.map(|kv| (kv.value, kv.mod_revision))),
+        Err(Unanswered::Error(e)) => Err(e),
+        Err(Unanswered::No) => Err("no answer".into()),
+    }
+}
+
+fn holds(found: &Result<Option<(Bytes, i64)>, String>) -> Option<(&Bytes, i64)> {
+    found.as_ref().ok()?.as_ref().map(|(v, r)| (v, *r))
+}

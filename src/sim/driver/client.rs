@@ -1,0 +1,179 @@
+//! The simulated clients: puts and linearizable reads of a few keys, sent
+//! to any running member's driver as the API layer sends them, and the
+//! history of what each was answered.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use cairn_proto::cairnpb::shard_request;
+use cairn_proto::etcdserverpb as pb;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use crate::server::command::{ShardCommand, WriteResult, REQUEST_TIMEOUT};
+use crate::server::errors::ApiError;
+
+use super::world::World;
+
+/// Keys the clients write and read: few, so that reads and writes meet.
+pub const KEYS: u32 = 8;
+
+/// What a client asked.
+#[derive(Debug, Clone)]
+pub enum Op {
+    Put { key: Bytes, value: Bytes },
+    Read { key: Bytes },
+}
+
+/// What it was answered.
+#[derive(Debug, Clone)]
+pub enum Answer {
+    /// The put was applied at this revision.
+    Put { revision: i64 },
+    /// The key's value and mod revision (0: no such key).
+    Read { value: Bytes, mod_revision: i64 },
+    /// An error: the write may or may not have taken effect.
+    Failed(String),
+    /// No answer at all from a driver that kept running: a lost request.
+    Unanswered,
+}
+
+/// One operation, from when it was sent to when it was answered.
+#[derive(Debug, Clone)]
+pub struct Call {
+    pub member: u64,
+    pub op: Op,
+    pub start: Instant,
+    pub end: Instant,
+    pub answer: Answer,
+}
+
+pub type History = Rc<RefCell<Vec<Call>>>;
+
+fn key(n: u32) -> Bytes {
+    Bytes::from(format!("k{n}"))
+}
+
+/// Sends client operations until `stop`, one every few milliseconds, each to
+/// a running member picked at random; answers land in `history`.
+pub async fn run_clients(world: Rc<World>, history: History, until: Instant) {
+    let mut next_value = 0u64;
+    while Instant::now() < until {
+        tokio::time::sleep(Duration::from_micros(world.gen_range(200..4_000))).await;
+        let up = world.up_ids();
+        if up.is_empty() {
+            continue;
+        }
+        let member = up[world.gen_range(0..up.len())];
+        let op = if world.chance(500) {
+            next_value += 1;
+            Op::Put {
+                key: key(world.gen_range(0..KEYS)),
+                value: Bytes::from(format!("v{next_value}")),
+            }
+        } else {
+            Op::Read {
+                key: key(world.gen_range(0..KEYS)),
+            }
+        };
+        let world = world.clone();
+        let history = history.clone();
+        tokio::task::spawn_local(async move {
+            if let Some(call) = call(&world, member, op).await {
+                history.borrow_mut().push(call);
+            }
+        });
+    }
+}
+
+/// Sends `op` to `member` and waits for its answer (None: the member was
+/// not running).
+pub async fn call(world: &World, member: u64, op: Op) -> Option<Call> {
+    let commands = world.commands(member)?;
+    let start = Instant::now();
+    let answer = match &op {
+        Op::Put { key, value } => {
+            let (reply, rx) = oneshot::channel();
+            let request = shard_request::Request::Put(pb::PutRequest {
+                key: key.clone(),
+                value: value.clone(),
+                ..Default::default()
+            });
+            if commands
+                .try_send(ShardCommand::Write { request, reply })
+                .is_err()
+            {
+                return None;
+            }
+            match answered(rx).await {
+                Ok(WriteResult::Put(r)) => Answer::Put {
+                    revision: r.header.map_or(0, |h| h.revision),
+                },
+                Ok(other) => Answer::Failed(format!("a put answered {other:?}")),
+                Err(Unanswered::No) => Answer::Unanswered,
+                Err(Unanswered::Error(e)) => Answer::Failed(e),
+            }
+        }
+        Op::Read { key } => match range(&commands, key, 0, false).await {
+            Ok(kv) => Answer::Read {
+                value: kv.as_ref().map(|kv| kv.value.clone()).unwrap_or_default(),
+                mod_revision: kv.map_or(0, |kv| kv.mod_revision),
+            },
+            Err(Unanswered::No) => Answer::Unanswered,
+            Err(Unanswered::Error(e)) => Answer::Failed(e),
+        },
+    };
+    Some(Call {
+        member,
+        op,
+        start,
+        end: Instant::now(),
+        answer,
+    })
+}
+
+/// Reads `key` at `revision` (0: the newest) from a member's driver.
+pub async fn range(
+    commands: &tokio::sync::mpsc::Sender<ShardCommand>,
+    key: &Bytes,
+    revision: i64,
+    serializable: bool,
+) -> Result<Option<cairn_proto::mvccpb::KeyValue>, Unanswered> {
+    let (reply, rx) = oneshot::channel();
+    let request = pb::RangeRequest {
+        key: key.clone(),
+        revision,
+        serializable,
+        ..Default::default()
+    };
+    commands
+        .try_send(ShardCommand::Range {
+            request,
+            at: None,
+            reply,
+        })
+        .map_err(|e| Unanswered::Error(format!("the member's queue refused the read: {e}")))?;
+    answered(rx).await.map(|r| r.kvs.into_iter().next())
+}
+
+/// Why a request has no result.
+#[derive(Debug)]
+pub enum Unanswered {
+    /// The driver answered with an error, or stopped (crashed) first.
+    Error(String),
+    /// No answer within twice the request timeout from a driver still running.
+    No,
+}
+
+/// The driver's answer. Its own timeout ends every request, so a wait much
+/// longer than that means the driver lost the request.
+async fn answered<T>(rx: oneshot::Receiver<Result<T, ApiError>>) -> Result<T, Unanswered> {
+    match tokio::time::timeout(REQUEST_TIMEOUT * 2, rx).await {
+        Ok(Ok(Ok(v))) => Ok(v),
+        Ok(Ok(Err(e))) => Err(Unanswered::Error(e.to_string())),
+        Ok(Err(_)) => Err(Unanswered::Error("the driver stopped (crashed)".into())),
+        Err(_) => Err(Unanswered::No),
+    }
+}

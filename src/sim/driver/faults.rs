@@ -1,0 +1,180 @@
+//! The faults of one seed: rates drawn from the seed, random crashes,
+//! partitions, one-way cuts and loss, and an adversary aimed at leaders
+//! (Raft paper figure 8): a newly elected leader struck before its entries
+//! reach a quorum, a leader struck right after its commit index moves.
+//! Leaders are recognised on the wire: a member sending appends or
+//! heartbeats in a term leads it.
+
+use std::cell::Cell;
+use std::rc::Rc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::raft::{self, MessageType};
+
+use super::checks::{violation, DriverViolationKind as Kind};
+use super::world::World;
+
+/// The fault rates of one seed.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// Longest pause between two random faults.
+    max_fault_gap_ms: u64,
+    /// Weights of the random faults: crash, isolate, one-way cut, heal,
+    /// change the loss rate.
+    weights: [u32; 5],
+    /// Highest loss rate, per mille.
+    max_drop_per_mille: u32,
+    /// Longest a crashed member stays down.
+    max_down_ms: u64,
+    /// Chance that a newly elected leader is struck.
+    new_leader_doom_per_mille: u32,
+    /// Chance that a leader is struck right after its commit index moves.
+    committed_doom_per_mille: u32,
+    /// Latest a doomed leader is struck.
+    max_doom_delay_ms: u64,
+    /// Share of strikes that crash rather than cut off (a crash lets the
+    /// messages already sent arrive; a cut does not).
+    doom_crash_per_mille: u32,
+}
+
+impl Plan {
+    pub fn draw(world: &World) -> Plan {
+        Plan {
+            max_fault_gap_ms: world.gen_range(30..=300),
+            weights: [
+                world.gen_range(0..=30),
+                world.gen_range(0..=25),
+                world.gen_range(0..=15),
+                world.gen_range(5..=30),
+                world.gen_range(0..=15),
+            ],
+            max_drop_per_mille: world.gen_range(0..=250),
+            max_down_ms: world.gen_range(20..=600),
+            new_leader_doom_per_mille: world.gen_range(0..=500),
+            committed_doom_per_mille: world.gen_range(0..=50),
+            max_doom_delay_ms: world.gen_range(0..=30),
+            doom_crash_per_mille: world.gen_range(0..=1000),
+        }
+    }
+}
+
+/// What the adversary saw of leadership on the wire.
+#[derive(Default)]
+pub struct LeaderWatch {
+    /// The newest (term, leader) seen.
+    leader: Cell<(u64, u64)>,
+    /// The highest commit index a leader sent.
+    commit: Cell<u64>,
+}
+
+impl LeaderWatch {
+    /// Looks at a message a member sends; returns the member to strike
+    /// when it is a leader the adversary picks.
+    pub fn observe(&self, world: &World, plan: &Plan, msg: &raft::Message) -> Option<u64> {
+        let t = msg.msg_type();
+        if t != MessageType::MsgApp && t != MessageType::MsgHeartbeat {
+            return None;
+        }
+        let (term, _) = self.leader.get();
+        if msg.term > term {
+            self.leader.set((msg.term, msg.from));
+            if world.chance(plan.new_leader_doom_per_mille) {
+                return Some(msg.from);
+            }
+        }
+        if msg.commit > self.commit.get() {
+            self.commit.set(msg.commit);
+            if world.chance(plan.committed_doom_per_mille) {
+                return Some(msg.from);
+            }
+        }
+        None
+    }
+}
+
+/// Strikes `id` soon: crashes it (restarted later) or cuts it off.
+pub fn doom(world: &Rc<World>, plan: &Plan, id: u64) {
+    let delay = Duration::from_millis(world.gen_range(0..=plan.max_doom_delay_ms));
+    let crash = world.chance(plan.doom_crash_per_mille);
+    let world = world.clone();
+    let plan = plan.clone();
+    tokio::task::spawn_local(async move {
+        tokio::time::sleep(delay).await;
+        if !world.in_chaos() {
+            return;
+        }
+        if crash {
+            crash_and_restart(&world, &plan, id).await;
+        } else {
+            isolate(&world, id);
+        }
+    });
+}
+
+fn isolate(world: &World, id: u64) {
+    world.partitions.set(world.partitions.get() + 1);
+    for other in world.ids().into_iter().filter(|&o| o != id) {
+        world.cut(id, other);
+        world.cut(other, id);
+    }
+}
+
+/// Crashes `id` and restarts it a while later.
+async fn crash_and_restart(world: &Rc<World>, plan: &Plan, id: u64) {
+    if !world.is_up(id) {
+        return;
+    }
+    if let Err(e) = world.crash(id).await {
+        world.note_failure(violation(Kind::DriverPanic, e));
+        return;
+    }
+    world.crashes.set(world.crashes.get() + 1);
+    let after = Duration::from_millis(world.gen_range(20..=plan.max_down_ms));
+    let world = world.clone();
+    tokio::task::spawn_local(async move {
+        tokio::time::sleep(after).await;
+        if !world.is_up(id) {
+            if let Err(e) = world.start(id).await {
+                world.note_failure(violation(Kind::RestartFailed, e));
+            }
+        }
+    });
+}
+
+/// Random faults until `until`.
+pub async fn run(world: &Rc<World>, plan: &Plan, until: Instant) {
+    let ids = world.ids();
+    let total: u32 = plan.weights.iter().sum::<u32>().max(1);
+    while Instant::now() < until {
+        let gap = world.gen_range(5..=plan.max_fault_gap_ms);
+        tokio::time::sleep(Duration::from_millis(gap)).await;
+        let pick = ids[world.gen_range(0..ids.len())];
+        let mut roll = world.gen_range(0..total);
+        let mut kind = 0;
+        while kind < plan.weights.len() - 1 && roll >= plan.weights[kind] {
+            roll -= plan.weights[kind];
+            kind += 1;
+        }
+        if let Err(e) = world.check_running().await {
+            world.note_failure(violation(Kind::DriverPanic, e));
+            return;
+        }
+        match kind {
+            0 => crash_and_restart(world, plan, pick).await,
+            1 => isolate(world, pick),
+            2 => {
+                let other = ids[world.gen_range(0..ids.len())];
+                if other != pick {
+                    world.partitions.set(world.partitions.get() + 1);
+                    world.cut(pick, other);
+                }
+            }
+            3 => world.heal(),
+            _ => world
+                .drop_per_mille
+                .set(world.gen_range(0..=plan.max_drop_per_mille)),
+        }
+    }
+}

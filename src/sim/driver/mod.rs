@@ -1,0 +1,361 @@
+//! The production shard driver under simulation: every member of a group
+//! runs the daemon's own [`Shard`](crate::server::shard::Shard) (its write
+//! pipeline, apply, ReadIndex reads, proposals held for a leader) with the
+//! real WAL on its power-cut disk model and the real MVCC store, and the
+//! members talk through a seeded network, all on one thread under a paused
+//! clock. Where `super`'s simulator checks the Raft core under a driver of
+//! its own, this one checks the code that runs in production.
+//!
+//! # The world
+//! - Time: tokio's clock, paused. Ticks, message delays, disk syncs and
+//!   client pauses are timers; when every task waits, the clock jumps to the
+//!   next one, so seconds of cluster time take milliseconds.
+//! - Disk: each member's WAL is [`cairn_wal::crash::CrashStorage`] behind
+//!   [`disk::SlowDisk`], whose syncs take 50-2,000 µs. A crash keeps what was
+//!   synced and, at random, some sectors written since. The store is the real
+//!   store in a directory (on `/dev/shm` where it exists), kept whole by a
+//!   crash as a killed process leaves it.
+//! - Network: every message waits 0-5 ms; some are lost (a seeded rate of up
+//!   to 20%) or duplicated; links are cut one way or both.
+//! - Faults, for 1.5-4 s: crashes with restarts 20-600 ms later,
+//!   partitions, one-way cuts, loss; meanwhile clients put and read a few
+//!   keys through any running member.
+//! - Then the faults stop, every member runs, and a put must be acknowledged
+//!   and applied everywhere within [`LIVENESS_BOUND`].
+//!
+//! # What is checked
+//! See [`checks`]: no request lost by a running driver; one revision per
+//! acknowledged put; linearizable reads see every put acknowledged before
+//! they began; every acknowledged put is in every member's store at its
+//! revision; every value read is the log's at its revision; every member's
+//! store hashes the same; no driver panics; every crashed member reopens.
+//!
+//! # Not simulated
+//! - Snapshot transfer (it needs the real transport): the log is never
+//!   compacted, so a lagging member catches up from the log.
+//! - Membership changes, leader transfers, leases, watches, several shards
+//!   and the keyspace over them (`super::keyspace` models those).
+//! - The store's own power cuts (its syncs go to real files).
+//! - Replays are seeded but not exact: the store syncs on a thread of its
+//!   own, and the driver keeps some queues in hash maps.
+//!
+//! # Running
+//! [`run_seed`] must run inside a `LocalSet` on a current-thread runtime
+//! started with its clock paused (tokio's `test-util`, which test and
+//! example builds have); it refuses a clock that runs.
+
+mod checks;
+mod client;
+mod disk;
+mod faults;
+mod world;
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::raft::SafetyMutation;
+
+use checks::{violation, DriverViolationKind as Kind};
+pub use checks::{DriverViolation, DriverViolationKind};
+use client::{Answer, Call, History, Op};
+use world::World;
+
+use super::SimConfigError;
+
+/// Most members a driver simulation runs.
+pub const MAX_DRIVER_MEMBERS: usize = 7;
+/// After the faults stop, a put must be acknowledged and applied on every
+/// member within this much simulated time: a few election rounds.
+pub const LIVENESS_BOUND: Duration = Duration::from_secs(20);
+/// Real time one seed may take; a normal seed takes well under a second
+/// even in a debug build.
+pub const REAL_TIME_BUDGET: Duration = Duration::from_secs(60);
+/// Shortest and longest stretch of faults, in milliseconds.
+pub const CHAOS_MS: std::ops::Range<u64> = 1_500..4_000;
+
+/// What one driver simulation runs.
+#[derive(Debug, Clone)]
+pub struct DriverSimConfig {
+    pub members: usize,
+    pub seed: u64,
+    /// A Raft safety rule switched off in every member's core.
+    pub mutation: Option<SafetyMutation>,
+}
+
+impl DriverSimConfig {
+    pub fn new(members: usize, seed: u64) -> DriverSimConfig {
+        DriverSimConfig {
+            members,
+            seed,
+            mutation: None,
+        }
+    }
+
+    fn validate(&self) -> Result<(), SimConfigError> {
+        if self.members == 0 || self.members > MAX_DRIVER_MEMBERS {
+            return Err(SimConfigError::Members {
+                members: self.members,
+                max_members: MAX_DRIVER_MEMBERS,
+            });
+        }
+        if self.mutation.is_some() && cfg!(not(feature = "raft-mutations")) {
+            return Err(SimConfigError::MutationsNotBuilt);
+        }
+        Ok(())
+    }
+}
+
+/// Counters of one run.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DriverSimStats {
+    pub puts_acknowledged: u64,
+    pub puts_failed: u64,
+    pub reads_served: u64,
+    pub reads_failed: u64,
+    pub crashes: u64,
+    pub partitions: u64,
+    pub messages_delivered: u64,
+    pub messages_dropped: u64,
+    /// The Raft term the group ended in: elections it went through.
+    pub final_term: u64,
+    /// Simulated time from the end of the faults to the liveness goal.
+    pub recovery_ms: u64,
+    /// The errors clients were answered with, by their text's start.
+    pub errors: std::collections::BTreeMap<String, u64>,
+}
+
+impl DriverSimStats {
+    pub fn add(&mut self, o: &DriverSimStats) {
+        self.puts_acknowledged += o.puts_acknowledged;
+        self.puts_failed += o.puts_failed;
+        self.reads_served += o.reads_served;
+        self.reads_failed += o.reads_failed;
+        self.crashes += o.crashes;
+        self.partitions += o.partitions;
+        self.messages_delivered += o.messages_delivered;
+        self.messages_dropped += o.messages_dropped;
+        self.final_term = self.final_term.max(o.final_term);
+        self.recovery_ms = self.recovery_ms.max(o.recovery_ms);
+        for (e, n) in &o.errors {
+            *self.errors.entry(e.clone()).or_default() += n;
+        }
+    }
+}
+
+/// The result of one seed.
+#[derive(Debug, Clone)]
+pub struct DriverSimOutcome {
+    pub seed: u64,
+    pub members: usize,
+    pub stats: DriverSimStats,
+    pub violation: Option<DriverViolation>,
+}
+
+impl std::fmt::Display for DriverSimOutcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.violation {
+            None => write!(f, "seed={} members={} ok", self.seed, self.members),
+            Some(v) => write!(
+                f,
+                "seed={} members={} VIOLATION {v}",
+                self.seed, self.members
+            ),
+        }
+    }
+}
+
+/// Why a driver simulation could not run at all.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DriverSimError {
+    #[error(transparent)]
+    Config(#[from] SimConfigError),
+    #[error("the driver simulation needs tokio's clock paused (a current-thread runtime started paused)")]
+    ClockRuns,
+    #[error("setting up the simulated members: {0}")]
+    Setup(String),
+}
+
+/// Runs one seed: faults, then the liveness goal, then the checks.
+pub async fn run_seed(cfg: &DriverSimConfig) -> Result<DriverSimOutcome, DriverSimError> {
+    cfg.validate()?;
+    let real = std::time::Instant::now();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    if real.elapsed() >= Duration::from_millis(500) {
+        return Err(DriverSimError::ClockRuns);
+    }
+    let world = World::new(cfg).map_err(DriverSimError::Setup)?;
+    let mut stats = DriverSimStats::default();
+    let began = Instant::now();
+    let result = tokio::select! {
+        r = run_world(&world, &mut stats) => r,
+        v = real_time_budget(real, began) => Err(v),
+    };
+    // Every driver stops before the members' directories go.
+    for id in world.ids() {
+        let _ = world.crash(id).await;
+    }
+    stats.messages_delivered = world.delivered.get();
+    stats.messages_dropped = world.dropped.get();
+    stats.crashes = world.crashes.get();
+    stats.partitions = world.partitions.get();
+    Ok(DriverSimOutcome {
+        seed: cfg.seed,
+        members: cfg.members,
+        stats,
+        violation: result.err(),
+    })
+}
+
+async fn run_world(world: &Rc<World>, stats: &mut DriverSimStats) -> Result<(), DriverViolation> {
+    for id in world.ids() {
+        world
+            .start(id)
+            .await
+            .map_err(|e| violation(Kind::RestartFailed, e))?;
+    }
+    let history: History = Rc::new(RefCell::new(Vec::new()));
+    let until = Instant::now() + Duration::from_millis(world.gen_range(CHAOS_MS));
+    let clients =
+        tokio::task::spawn_local(client::run_clients(world.clone(), history.clone(), until));
+    let plan = faults::Plan::draw(world);
+    world.start_chaos(plan.clone());
+    faults::run(world, &plan, until).await;
+    let _ = clients.await;
+    world.end_chaos();
+    if let Some(v) = world.take_failure() {
+        return Err(v);
+    }
+    for id in world.ids() {
+        if !world.is_up(id) {
+            world
+                .start(id)
+                .await
+                .map_err(|e| violation(Kind::RestartFailed, e))?;
+        }
+    }
+    let healed = Instant::now();
+    let final_term = liveness(world).await?;
+    stats.recovery_ms = healed.elapsed().as_millis() as u64;
+    stats.final_term = final_term;
+    // Calls still in flight end within their timeout.
+    tokio::time::sleep(crate::server::command::REQUEST_TIMEOUT * 2).await;
+    world
+        .check_running()
+        .await
+        .map_err(|e| violation(Kind::DriverPanic, e))?;
+    let calls: Vec<Call> = history.borrow().clone();
+    for c in &calls {
+        match (&c.op, &c.answer) {
+            (Op::Put { .. }, Answer::Put { .. }) => stats.puts_acknowledged += 1,
+            (Op::Put { .. }, _) => stats.puts_failed += 1,
+            (Op::Read { .. }, Answer::Read { .. }) => stats.reads_served += 1,
+            (Op::Read { .. }, _) => stats.reads_failed += 1,
+        }
+        if let Answer::Failed(e) = &c.answer {
+            let kind: String = e.chars().take_while(|c| !c.is_ascii_digit()).collect();
+            *stats.errors.entry(kind.trim_end().to_string()).or_default() += 1;
+        }
+    }
+    checks::check_history(&calls)?;
+    checks::check_stores(world, &calls).await
+}
+
+/// Resolves once the seed has used [`REAL_TIME_BUDGET`] of real time: its
+/// drivers are busy far beyond what the simulated load needs (a storm of
+/// messages or of retries).
+async fn real_time_budget(real: std::time::Instant, began: Instant) -> DriverViolation {
+    loop {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        if real.elapsed() >= REAL_TIME_BUDGET {
+            return violation(
+                Kind::Storm,
+                format!(
+                    "{:?} of real time ran only {:?} of simulated time",
+                    real.elapsed(),
+                    began.elapsed()
+                ),
+            );
+        }
+    }
+}
+
+/// Puts through the members in turn until one is acknowledged, then waits
+/// for every member to apply it. Returns the group's term.
+async fn liveness(world: &Rc<World>) -> Result<u64, DriverViolation> {
+    let deadline = Instant::now() + LIVENESS_BOUND;
+    let ids = world.ids();
+    let mut attempt = 0usize;
+    let revision = loop {
+        if Instant::now() >= deadline {
+            return Err(violation(
+                Kind::NoLiveness,
+                format!("no put was acknowledged within {LIVENESS_BOUND:?} after the faults"),
+            ));
+        }
+        let id = ids[attempt % ids.len()];
+        attempt += 1;
+        let op = Op::Put {
+            key: bytes::Bytes::from_static(b"liveness"),
+            value: bytes::Bytes::from(format!("attempt {attempt}")),
+        };
+        match client::call(world, id, op).await.map(|c| c.answer) {
+            Some(Answer::Put { revision }) => break revision,
+            _ => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    };
+    let mut term = 0;
+    for id in ids {
+        loop {
+            let applied = checks::status(world, id).await.ok();
+            if let Some(s) = applied.filter(|s| s.revision >= revision) {
+                term = term.max(s.term);
+                break;
+            }
+            if Instant::now() >= deadline {
+                return Err(violation(
+                    Kind::NoLiveness,
+                    format!(
+                        "member {id} did not apply the put acknowledged at revision {revision} \
+                         within {LIVENESS_BOUND:?} after the faults"
+                    ),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    Ok(term)
+}
+
+/// Runs seeds `first..first + count` of `members` members, stopping at the
+/// first violation (under a mutation, the first consensus-safety one).
+pub async fn run_seeds(
+    members: usize,
+    first: u64,
+    count: u64,
+    mutation: Option<SafetyMutation>,
+) -> Result<(u64, DriverSimStats, Option<DriverSimOutcome>), DriverSimError> {
+    let mut stats = DriverSimStats::default();
+    for seed in first..first + count {
+        let mut cfg = DriverSimConfig::new(members, seed);
+        cfg.mutation = mutation;
+        let out = run_seed(&cfg).await?;
+        stats.add(&out.stats);
+        let stop = out
+            .violation
+            .as_ref()
+            .is_some_and(|v| mutation.is_none() || v.kind.is_consensus_safety());
+        if stop {
+            return Ok((seed - first + 1, stats, Some(out)));
+        }
+    }
+    Ok((count, stats, None))
+}
+
+/// The message of a driver's panic.
+fn panic_text(payload: Box<dyn std::any::Any + Send>) -> String {
+    super::take_panic_report(payload.as_ref())
+}

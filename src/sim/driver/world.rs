@@ -1,0 +1,444 @@
+//! The simulated world around the real shard drivers: one data directory
+//! and one power-cut WAL disk per member, a seeded network between them, and
+//! starting, crashing and restarting a member's driver.
+
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use cairn_wal::crash::CrashStorage;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+
+use crate::member_file::{Member as FileMember, MemberFile, LAYOUT_VERSION};
+use crate::raft;
+use crate::routing::ShardId;
+use crate::server::command::ShardCommand;
+use crate::server::members::MemberRegistry;
+use crate::server::router::CommandInbox;
+use crate::server::shard::{PeerSender, Shard, ShardInbound, ShardSetup};
+
+use super::checks::DriverViolation;
+use super::disk::SlowDisk;
+use super::faults::{LeaderWatch, Plan};
+use super::DriverSimConfig;
+
+/// The simulated shard's heartbeat tick.
+pub const TICK: Duration = Duration::from_millis(10);
+/// Election timeout, in ticks.
+pub const ELECTION_TICKS: u64 = 10;
+/// Longest a message spends on the simulated network.
+pub const MAX_DELAY: Duration = Duration::from_millis(5);
+/// Messages a member's inbound queue holds; more are dropped, as a full
+/// socket buffer would.
+const INBOUND_QUEUE: usize = 4_096;
+/// Commands a member's command queue holds.
+const COMMAND_QUEUE: usize = 1_024;
+
+/// One member: its identity, its disks, and its running driver.
+pub struct Member {
+    pub id: u64,
+    /// The store's directory (a real one: the store is the real store).
+    dir: PathBuf,
+    /// The WAL's disk as a power cut leaves it.
+    disk: CrashStorage,
+    incarnation: u64,
+    running: Option<Running>,
+    /// Being started or stopped: whoever else wants to start or stop it
+    /// waits, so two drivers never share its disks.
+    busy: bool,
+}
+
+struct Running {
+    task: JoinHandle<()>,
+    inbound: mpsc::Sender<ShardInbound>,
+    commands: mpsc::Sender<ShardCommand>,
+    _shutdown: watch::Sender<bool>,
+}
+
+/// Everything the simulated members share: the seeded choices, the network
+/// and the members.
+pub struct World {
+    cfg: DriverSimConfig,
+    pub rng: Rc<RefCell<SmallRng>>,
+    pub members: RefCell<Vec<Member>>,
+    /// Directed links that drop everything sent over them.
+    cut: RefCell<BTreeSet<(u64, u64)>>,
+    /// Chance in a thousand that a message is lost.
+    pub drop_per_mille: Cell<u32>,
+    pub delivered: Cell<u64>,
+    pub dropped: Cell<u64>,
+    pub crashes: Cell<u64>,
+    pub partitions: Cell<u64>,
+    /// The faults of this seed, while they last.
+    plan: RefCell<Option<Plan>>,
+    leaders: LeaderWatch,
+    /// The first failure found away from the main task (a restart that
+    /// failed, a driver that panicked).
+    failure: RefCell<Option<DriverViolation>>,
+    _root: tempfile::TempDir,
+}
+
+impl World {
+    pub fn new(cfg: &DriverSimConfig) -> Result<Rc<World>, String> {
+        // Store syncs cost nothing on a memory filesystem.
+        let shm = std::path::Path::new("/dev/shm");
+        let mut builder = tempfile::Builder::new();
+        builder.prefix("cairn-driver-sim-");
+        let root = if shm.is_dir() {
+            builder.tempdir_in(shm)
+        } else {
+            builder.tempdir()
+        }
+        .map_err(|e| format!("creating the members' directories: {e}"))?;
+        let members = (1..=cfg.members as u64)
+            .map(|id| Member {
+                id,
+                dir: root.path().join(format!("member-{id}")),
+                disk: CrashStorage::new(),
+                incarnation: 0,
+                running: None,
+                busy: false,
+            })
+            .collect();
+        Ok(Rc::new(World {
+            cfg: cfg.clone(),
+            rng: Rc::new(RefCell::new(SmallRng::seed_from_u64(cfg.seed))),
+            members: RefCell::new(members),
+            cut: RefCell::new(BTreeSet::new()),
+            drop_per_mille: Cell::new(0),
+            delivered: Cell::new(0),
+            dropped: Cell::new(0),
+            crashes: Cell::new(0),
+            partitions: Cell::new(0),
+            plan: RefCell::new(None),
+            leaders: LeaderWatch::default(),
+            failure: RefCell::new(None),
+            _root: root,
+        }))
+    }
+
+    pub fn ids(&self) -> Vec<u64> {
+        self.members.borrow().iter().map(|m| m.id).collect()
+    }
+
+    pub fn is_up(&self, id: u64) -> bool {
+        self.members.borrow()[index(id)].running.is_some()
+    }
+
+    pub fn up_ids(&self) -> Vec<u64> {
+        let members = self.members.borrow();
+        members
+            .iter()
+            .filter(|m| m.running.is_some())
+            .map(|m| m.id)
+            .collect()
+    }
+
+    pub fn gen_range<T, R>(&self, range: R) -> T
+    where
+        T: rand::distributions::uniform::SampleUniform,
+        R: rand::distributions::uniform::SampleRange<T>,
+    {
+        self.rng.borrow_mut().gen_range(range)
+    }
+
+    pub fn chance(&self, per_mille: u32) -> bool {
+        self.gen_range(0..1000) < per_mille
+    }
+
+    /// The queue of `id`'s commands, while it runs.
+    pub fn commands(&self, id: u64) -> Option<mpsc::Sender<ShardCommand>> {
+        self.members.borrow()[index(id)]
+            .running
+            .as_ref()
+            .map(|r| r.commands.clone())
+    }
+
+    /// Faults follow `plan` until [`World::end_chaos`].
+    pub fn start_chaos(&self, plan: Plan) {
+        *self.plan.borrow_mut() = Some(plan);
+    }
+
+    pub fn end_chaos(&self) {
+        *self.plan.borrow_mut() = None;
+        self.heal();
+    }
+
+    pub fn in_chaos(&self) -> bool {
+        self.plan.borrow().is_some()
+    }
+
+    pub fn note_failure(&self, v: DriverViolation) {
+        self.failure.borrow_mut().get_or_insert(v);
+    }
+
+    pub fn take_failure(&self) -> Option<DriverViolation> {
+        self.failure.borrow_mut().take()
+    }
+
+    /// Cuts the links from `from` to `to`.
+    pub fn cut(&self, from: u64, to: u64) {
+        self.cut.borrow_mut().insert((from, to));
+    }
+
+    pub fn heal(&self) {
+        self.cut.borrow_mut().clear();
+        self.drop_per_mille.set(0);
+    }
+
+    /// Waits until nobody starts or stops member `id`, then takes the turn.
+    async fn take_turn(&self, id: u64) {
+        loop {
+            {
+                let mut members = self.members.borrow_mut();
+                let m = &mut members[index(id)];
+                if !m.busy {
+                    m.busy = true;
+                    return;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    fn end_turn(&self, id: u64) {
+        self.members.borrow_mut()[index(id)].busy = false;
+    }
+
+    /// Starts member `id`'s shard driver on its disks, unless it runs.
+    pub async fn start(self: &Rc<Self>, id: u64) -> Result<(), String> {
+        self.take_turn(id).await;
+        let started = self.start_turn(id).await;
+        self.end_turn(id);
+        started
+    }
+
+    async fn start_turn(self: &Rc<Self>, id: u64) -> Result<(), String> {
+        let (dir, disk, incarnation) = {
+            let mut members = self.members.borrow_mut();
+            let m = &mut members[index(id)];
+            if m.running.is_some() {
+                return Ok(());
+            }
+            m.incarnation += 1;
+            (m.dir.clone(), m.disk.clone(), m.incarnation)
+        };
+        let storage = Rc::new(SlowDisk::new(disk, self.rng.clone()));
+        let (wal, mut recovered) = cairn_wal::Wal::open_with_storage(wal_config(&dir), storage)
+            .await
+            .map_err(|e| format!("member {id}: the WAL does not open: {e}"))?;
+        std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        let ids = self.ids();
+        let registry = MemberRegistry::new(&dir, member_file(id, &ids));
+        let (commands_tx, commands_rx) = mpsc::channel(COMMAND_QUEUE);
+        let (inbound_tx, inbound_rx) = mpsc::channel(INBOUND_QUEUE);
+        let (shutdown_tx, shutdown_rx) = watch::channel(false);
+        let mut setup = ShardSetup {
+            shard: 0,
+            member_id: id,
+            initial_voters: ids,
+            dir: dir.join("shard-0"),
+            wal: Rc::new(wal),
+            recovered: recovered.shards.remove(&0).unwrap_or_default(),
+            peers: Rc::new(SimPeers {
+                from: id,
+                world: Rc::downgrade(self),
+            }),
+            commands: CommandInbox::new(vec![commands_rx]),
+            inbound: inbound_rx,
+            tick: TICK,
+            election_ticks: ELECTION_TICKS,
+            quota_backend_bytes: 1 << 30,
+            // The log is never compacted: a lagging member catches up from
+            // the log (snapshot transfer needs the real transport).
+            snapshot_count: u64::MAX,
+            shutdown: shutdown_rx,
+            metrics: None,
+            readiness: None,
+            members: Arc::new(registry),
+            auth: None,
+            disk_faults: None,
+            term_out: None,
+            keyspace: None,
+            seed: Some(self.cfg.seed ^ (id << 48) ^ (incarnation << 40)),
+            #[cfg(feature = "raft-mutations")]
+            mutation: self.cfg.mutation,
+        };
+        let shard =
+            Shard::open(&mut setup).map_err(|e| format!("member {id} does not restart: {e}"))?;
+        let task = tokio::task::spawn_local(shard.run(setup));
+        self.members.borrow_mut()[index(id)].running = Some(Running {
+            task,
+            inbound: inbound_tx,
+            commands: commands_tx,
+            _shutdown: shutdown_tx,
+        });
+        Ok(())
+    }
+
+    /// Cuts member `id`'s power: its driver stops between two steps, its
+    /// WAL keeps what was synced (and, at random, some sectors written since),
+    /// its store keeps its files as a killed process leaves them.
+    pub async fn crash(&self, id: u64) -> Result<(), String> {
+        self.take_turn(id).await;
+        let crashed = self.crash_turn(id).await;
+        self.end_turn(id);
+        crashed
+    }
+
+    async fn crash_turn(&self, id: u64) -> Result<(), String> {
+        let torn = self.chance(700).then(|| self.gen_range(0..u64::MAX));
+        let running = {
+            let mut members = self.members.borrow_mut();
+            let m = &mut members[index(id)];
+            let Some(running) = m.running.take() else {
+                return Ok(());
+            };
+            let after = m.disk.after_crash(torn);
+            // Whatever the old WAL still tries to sync fails.
+            m.disk.crash_at_sync(m.disk.syncs() + 1);
+            m.disk = after;
+            running
+        };
+        running.task.abort();
+        // The driver (and its store) is gone before anything restarts.
+        match running.task.await {
+            Err(e) if e.is_panic() => Err(format!(
+                "member {id}'s driver panicked: {}",
+                super::panic_text(e.into_panic())
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// A driver that stopped by itself: it panicked.
+    pub async fn check_running(&self) -> Result<(), String> {
+        let finished = self
+            .members
+            .borrow()
+            .iter()
+            .find(|m| m.running.as_ref().is_some_and(|r| r.task.is_finished()))
+            .map(|m| m.id);
+        match finished {
+            Some(id) => {
+                self.crash(id).await?;
+                Err(format!("member {id}'s driver stopped by itself"))
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// Carries `msg` from `from` to its member, or loses it.
+    fn send(self: &Rc<Self>, from: u64, msg: raft::Message) -> bool {
+        let to = msg.to;
+        let plan = self.plan.borrow().clone();
+        if let Some(plan) = plan {
+            if let Some(doomed) = self.leaders.observe(self, &plan, &msg) {
+                super::faults::doom(self, &plan, doomed);
+            }
+        }
+        if self.cut.borrow().contains(&(from, to)) || self.chance(self.drop_per_mille.get()) {
+            self.dropped.set(self.dropped.get() + 1);
+            return true;
+        }
+        let copies = if self.chance(5) { 2 } else { 1 };
+        for _ in 0..copies {
+            let delay = Duration::from_micros(self.gen_range(0..=MAX_DELAY.as_micros() as u64));
+            let world = Rc::downgrade(self);
+            let msg = msg.clone();
+            tokio::task::spawn_local(async move {
+                tokio::time::sleep(delay).await;
+                if let Some(world) = world.upgrade() {
+                    world.deliver(from, msg);
+                }
+            });
+        }
+        true
+    }
+
+    fn deliver(&self, from: u64, msg: raft::Message) {
+        let to = msg.to;
+        let inbound = {
+            let members = self.members.borrow();
+            let Some(m) = members.get(index(to)) else {
+                return;
+            };
+            m.running.as_ref().map(|r| r.inbound.clone())
+        };
+        let lost = self.cut.borrow().contains(&(from, to))
+            || inbound.is_none_or(|tx| tx.try_send(ShardInbound::Raft(msg)).is_err());
+        if lost {
+            self.dropped.set(self.dropped.get() + 1);
+        } else {
+            self.delivered.set(self.delivered.get() + 1);
+        }
+    }
+}
+
+fn index(id: u64) -> usize {
+    (id - 1) as usize
+}
+
+/// A small-segment WAL, so runs roll and recycle segments.
+fn wal_config(dir: &std::path::Path) -> cairn_wal::Config {
+    let mut c = cairn_wal::Config::new(dir.join("wal"));
+    c.segment_size_bytes = 256 << 10;
+    c.max_record_payload_bytes = 16 << 10;
+    c.max_batch_bytes = 64 << 10;
+    c.max_queued_bytes = 4 << 20;
+    c.max_shards = 4;
+    c.zero_chunk_bytes = 64 << 10;
+    c.spare_segments = 1;
+    c.max_spare_segments = 2;
+    c
+}
+
+fn member_file(id: u64, ids: &[u64]) -> MemberFile {
+    MemberFile {
+        layout_version: LAYOUT_VERSION,
+        name: format!("m{id}"),
+        member_id: id,
+        cluster_id: 1,
+        shards: 1,
+        routing_version: crate::routing::ROUTING_VERSION,
+        wal_lanes: 1,
+        removed: false,
+        bootstrap_voters: ids.to_vec(),
+        members: ids
+            .iter()
+            .map(|&m| FileMember {
+                id: m,
+                name: format!("m{m}"),
+                peer_urls: vec![format!("sim://m{m}")],
+                client_urls: Vec::new(),
+                is_learner: false,
+            })
+            .collect(),
+    }
+}
+
+/// The network as a member's driver sees it.
+struct SimPeers {
+    from: u64,
+    world: std::rc::Weak<World>,
+}
+
+impl PeerSender for SimPeers {
+    fn send(&self, _shard: ShardId, msg: raft::Message) -> bool {
+        self.world.upgrade().is_some_and(|w| w.send(self.from, msg))
+    }
+
+    fn link(&self, _shard: ShardId, _to: u64) -> Option<cairn_net::Link> {
+        None
+    }
+
+    fn connect(&self, _shard: ShardId, _to: u64, _peer_urls: &[String]) {}
+
+    fn disconnect(&self, _shard: ShardId, _to: u64) {}
+}

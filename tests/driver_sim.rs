@@ -1,0 +1,94 @@
+//! The daemon's shard driver under simulation (`cairn::sim::driver`): seeded
+//! runs of 3 and 5 members, each running the production driver with the real
+//! WAL on its power-cut disk and the real store, under crashes, partitions,
+//! loss and slow syncs, must lose no acknowledged write, serve no stale or
+//! phantom read, keep every store the same and recover once the faults stop;
+//! and a Raft safety rule switched off must be caught.
+//!
+//! The full runs are `cargo run --release --example driver-sim -- --seeds 2000
+//! --members 3` (and `--members 5`).
+
+use cairn::raft::SafetyMutation;
+use cairn::sim::driver::{self, DriverSimStats};
+use cairn::sim::{self};
+
+/// Seeds per member count in the normal suite.
+const SUITE_SEEDS_3: u64 = 300;
+const SUITE_SEEDS_5: u64 = 150;
+/// The mutation check must succeed within this many seeds.
+const MUTATION_SEED_BUDGET: u64 = 400;
+
+fn run_seeds(
+    members: usize,
+    first: u64,
+    count: u64,
+    mutation: Option<SafetyMutation>,
+) -> (u64, DriverSimStats, Option<driver::DriverSimOutcome>) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .expect("a current-thread runtime");
+    runtime
+        .block_on(
+            tokio::task::LocalSet::new()
+                .run_until(driver::run_seeds(members, first, count, mutation)),
+        )
+        .expect("the driver simulation runs")
+}
+
+fn suite(members: usize, seeds: u64) {
+    let (run, stats, found) = run_seeds(members, 0, seeds, None);
+    if let Some(out) = found {
+        panic!(
+            "{out}\nreplay: cargo run --release --example driver-sim -- --seed {} --members {}",
+            out.seed, out.members
+        );
+    }
+    assert_eq!(run, seeds);
+    // The faults and the work happened, many times over.
+    assert!(stats.crashes > seeds, "{stats:#?}");
+    assert!(stats.partitions > seeds, "{stats:#?}");
+    assert!(stats.puts_acknowledged > 100 * seeds, "{stats:#?}");
+    assert!(stats.reads_served > 100 * seeds, "{stats:#?}");
+    assert!(stats.messages_dropped > 100 * seeds, "{stats:#?}");
+}
+
+#[test]
+fn three_member_seeds_keep_every_acknowledged_write() {
+    suite(3, SUITE_SEEDS_3);
+}
+
+#[test]
+fn five_member_seeds_keep_every_acknowledged_write() {
+    suite(5, SUITE_SEEDS_5);
+}
+
+#[test]
+fn a_raft_core_voting_without_the_log_check_is_caught() {
+    sim::install_quiet_panic_hook();
+    let (run, _, found) = run_seeds(
+        3,
+        0,
+        MUTATION_SEED_BUDGET,
+        Some(SafetyMutation::VoteWithoutLogCheck),
+    );
+    let out = found.unwrap_or_else(|| panic!("not caught in {run} seeds"));
+    let v = out.violation.expect("a violation");
+    assert!(v.kind.is_consensus_safety(), "{v}");
+}
+
+#[test]
+fn a_clock_that_runs_is_refused() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let err = runtime
+        .block_on(
+            tokio::task::LocalSet::new()
+                .run_until(driver::run_seed(&driver::DriverSimConfig::new(3, 0))),
+        )
+        .unwrap_err();
+    assert!(matches!(err, driver::DriverSimError::ClockRuns), "{err}");
+}
