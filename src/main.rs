@@ -3,7 +3,7 @@
 
 use cairn::config::{Config, LogFormat};
 use cairn::ops::logging;
-use cairn::server::node::Node;
+use cairn::server::member::node::Node;
 
 /// Every request allocates (decoded messages, Raft entries, peer frames, index
 /// nodes) and frees on the core that made it; glibc's malloc spent ~15% of the

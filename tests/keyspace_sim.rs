@@ -11,8 +11,8 @@
 //! before one acknowledged earlier within a modest number of seeds; without
 //! the restart vote hold, the lease alone must be caught too.
 //!
-//! Txns over several shards are modelled on `src/server/txn_batch.rs`,
-//! `src/server/cross_txn.rs` and `src/server/shard/cross.rs`: they run in
+//! Txns over several shards are modelled on `src/server/keyspace/txn_batch.rs`,
+//! `src/server/keyspace/cross_txn.rs` and `src/server/shard/cross.rs`: they run in
 //! batches (one hold and one entry of parts per shard per batch, a
 //! revision per txn), and the guarded suites must see batches of several
 //! txns, entries of several parts, and batches left half-proposed that a

@@ -12,8 +12,8 @@ use cairn_proto::etcdserverpb::{
 use cairn_proto::mvccpb;
 use tokio::sync::{mpsc, oneshot};
 
-use super::errors::ApiError;
 use crate::routing::ShardId;
+use crate::server::errors::ApiError;
 
 /// How long a client waits for its write to be committed and applied, or for a
 /// linearizable read to be confirmed, before it gets etcd's timeout error. etcd's
@@ -83,7 +83,7 @@ pub struct ShardStatus {
     pub nospace_alarm: bool,
 }
 
-/// What a shard's leader knows of a lease (see `super::lease`).
+/// What a shard's leader knows of a lease (see `crate::server::api::lease`).
 #[derive(Debug, Clone, Default)]
 pub struct LeaseInfo {
     /// The TTL the lease was granted with, in seconds.

@@ -1,37 +1,29 @@
 //! The member: shards, the etcd v3 gRPC services, and how they meet.
+//!
+//! In layers, top to bottom (docs/ARCHITECTURE.md, "Layers"), each using
+//! only the layers below it:
+//! - `member`: bootstrap, data directory, peers; builds and starts the rest;
+//! - `api`: the etcd v3 services, with `gateway` (HTTP/JSON) and `auth`;
+//! - `keyspace`: the one place that routes a request to shards and merges
+//!   their answers; the revision counter; txns over several shards;
+//! - `shard`: the shard driver;
+//! - the files here: what the layers share (`command`: what a shard is
+//!   asked and answers; `entry`: what its log entries mean; the member
+//!   table, errors, request checks, the wall clock, crash points).
 
+pub mod api;
 pub mod auth;
-pub mod backup;
 pub mod clock;
-pub mod cluster;
 pub mod command;
 pub mod convert;
-pub mod counter_moved;
 pub mod crash_point;
-pub mod cross_plan;
-pub mod cross_txn;
-pub mod data_dir;
 pub mod entry;
 pub mod errors;
 pub mod gateway;
-pub mod hold_table;
 pub mod identity;
 pub mod key_ranges;
 pub mod keyspace;
-pub mod kv;
-pub mod lease;
-pub mod maintenance;
+pub mod member;
 pub mod members;
-pub mod merge;
-pub mod node;
-pub mod peer_http;
-pub mod peer_lease;
-pub mod peer_links;
-pub mod reached;
-pub mod router;
 pub mod shard;
-pub mod start_error;
-pub mod txn_batch;
 pub mod validate;
-pub mod watch;
-pub mod watch_merge;

@@ -9,8 +9,8 @@ use cairn_proto::etcdserverpb::{
     TxnRequest,
 };
 
-use super::errors::ApiError;
 use crate::routing::{RoutingTable, ShardId};
+use crate::server::errors::ApiError;
 
 pub fn check_range(r: &RangeRequest) -> Result<(), ApiError> {
     if r.key.is_empty() {

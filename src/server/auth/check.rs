@@ -12,7 +12,7 @@ use cairn_proto::etcdserverpb::{
 
 use super::{AuthStore, Caller};
 use crate::server::errors::ApiError;
-use crate::server::router::Router;
+use crate::server::keyspace::router::Router;
 
 pub fn range(auth: &AuthStore, caller: Option<&Caller>, r: &RangeRequest) -> Result<(), ApiError> {
     auth.check(caller, &r.key, &r.range_end, PermType::Read)

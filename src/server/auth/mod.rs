@@ -25,7 +25,7 @@ use cairn_proto::authpb::permission::Type as PermType;
 use cairn_proto::cairnpb::{auth_change::Change, AuthChange, AuthState};
 use prost::Message as _;
 
-use super::errors::ApiError;
+use crate::server::errors::ApiError;
 use published::Published;
 use state::AuthData;
 use tokens::{JwtTokens, SimpleTokens, TokenKind};

@@ -16,7 +16,7 @@ use super::{caller_of, AuthStore, Caller};
 use crate::server::command::WriteResult;
 use crate::server::errors::ApiError;
 use crate::server::identity::Identity;
-use crate::server::router::Router;
+use crate::server::keyspace::router::Router;
 
 use super::AUTH_SHARD;
 

@@ -226,7 +226,7 @@ fn version(method: &Method) -> Response<FallbackBody> {
         return plain(StatusCode::METHOD_NOT_ALLOWED, "Method Not Allowed\n");
     }
     let body = serde_json::json!({
-        "etcdserver": super::maintenance::ETCD_API_VERSION,
+        "etcdserver": crate::server::api::maintenance::ETCD_API_VERSION,
         "etcdcluster": CLUSTER_VERSION,
     });
     let response = json_response(StatusCode::OK, Bytes::from(body.to_string()));

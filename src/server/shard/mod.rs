@@ -197,7 +197,7 @@ pub struct ShardSetup {
     pub wal: Rc<cairn_wal::Wal>,
     pub recovered: cairn_wal::RecoveredShard,
     pub peers: Rc<dyn PeerSender>,
-    pub commands: super::router::CommandInbox,
+    pub commands: crate::server::keyspace::router::CommandInbox,
     pub inbound: mpsc::Receiver<ShardInbound>,
     pub tick: Duration,
     pub election_ticks: u64,
@@ -209,9 +209,9 @@ pub struct ShardSetup {
     /// Readiness: told when the shard has a leader and has caught up.
     pub readiness: Option<std::sync::Arc<crate::ops::readiness::Readiness>>,
     /// The member table, updated as membership changes are applied.
-    pub members: std::sync::Arc<super::members::MemberRegistry>,
+    pub members: std::sync::Arc<crate::server::members::MemberRegistry>,
     /// The auth state, which shard 0's log changes.
-    pub auth: Option<std::sync::Arc<super::auth::AuthStore>>,
+    pub auth: Option<std::sync::Arc<crate::server::auth::AuthStore>>,
     /// Test-only: the control file that stalls or fails the store's syncs
     /// (`--test-disk-faults`; the WAL reads the same file).
     pub disk_faults: Option<PathBuf>,
@@ -356,8 +356,8 @@ pub struct Shard {
     /// Random per start: makes read contexts and request ids of this
     /// incarnation distinct from any earlier one's.
     boot_nonce: u64,
-    members: std::sync::Arc<super::members::MemberRegistry>,
-    auth: Option<std::sync::Arc<super::auth::AuthStore>>,
+    members: std::sync::Arc<crate::server::members::MemberRegistry>,
+    auth: Option<std::sync::Arc<crate::server::auth::AuthStore>>,
     /// Membership changes waiting for the previous one to be applied (Raft
     /// takes one at a time).
     conf_change_queue: std::collections::VecDeque<(ConfChange, Reply<WriteResult>)>,

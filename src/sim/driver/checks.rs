@@ -12,7 +12,7 @@ use tokio::sync::oneshot;
 
 use crate::server::command::{ShardCommand, ShardHash, ShardStatus};
 
-use super::client::{range, Answer, Call, Op, Unanswered};
+use super::client::{range, range_all, Answer, Call, Op, Unanswered};
 use super::world::World;
 
 /// A property the real driver broke.
@@ -28,6 +28,10 @@ pub enum DriverViolationKind {
     LostWrite,
     /// Two acknowledged puts were given one revision.
     DuplicateRevision,
+    /// One put's value is in the log at two revisions.
+    AppliedTwice,
+    /// Puts that did not overlap in time took revisions in the other order.
+    WriteOrder,
     /// A linearizable read missed a put acknowledged before it began.
     StaleRead,
     /// A read returned a value the log does not hold at its revision.
@@ -55,6 +59,8 @@ impl DriverViolationKind {
             self,
             DriverViolationKind::LostWrite
                 | DriverViolationKind::DuplicateRevision
+                | DriverViolationKind::AppliedTwice
+                | DriverViolationKind::WriteOrder
                 | DriverViolationKind::StaleRead
                 | DriverViolationKind::PhantomRead
                 | DriverViolationKind::Diverged
@@ -210,6 +216,7 @@ pub async fn check_stores(world: &World, calls: &[Call]) -> Result<(), DriverVio
             ));
         }
     }
+    check_order(&first, calls).await?;
     let mut hashes: Vec<(u64, ShardHash)> = Vec::new();
     for &id in &ids {
         let hash = ask(world, id, |reply| ShardCommand::HashKv {
@@ -252,4 +259,106 @@ async fn stored(
 
 fn holds(found: &Result<Option<(Bytes, i64)>, String>) -> Option<(&Bytes, i64)> {
     found.as_ref().ok()?.as_ref().map(|(v, r)| (v, *r))
+}
+
+/// The log's writes, revision by revision, against the clients' history:
+/// each value written once; puts that did not overlap in time ordered as
+/// they happened; each read's value written by a put that began before the
+/// read ended, and no older than what an earlier read of the key saw.
+async fn check_order(
+    commands: &tokio::sync::mpsc::Sender<ShardCommand>,
+    calls: &[Call],
+) -> Result<(), DriverViolation> {
+    let newest = range_all(commands, 0)
+        .await
+        .map_err(|e| violation(DriverViolationKind::NoLiveness, format!("{e:?}")))?
+        .iter()
+        .map(|kv| kv.mod_revision)
+        .max()
+        .unwrap_or(0);
+    let mut revision_of: BTreeMap<Bytes, i64> = BTreeMap::new();
+    for revision in 1..=newest {
+        let kvs = range_all(commands, revision)
+            .await
+            .map_err(|e| violation(DriverViolationKind::NoLiveness, format!("{e:?}")))?;
+        for kv in kvs.into_iter().filter(|kv| kv.mod_revision == revision) {
+            if let Some(first) = revision_of.insert(kv.value.clone(), revision) {
+                return Err(violation(
+                    DriverViolationKind::AppliedTwice,
+                    format!(
+                        "{:?}={:?} is in the log at revisions {first} and {revision}",
+                        kv.key, kv.value
+                    ),
+                ));
+            }
+        }
+    }
+    let put_of = |value: &Bytes| {
+        calls
+            .iter()
+            .find(|c| matches!(&c.op, Op::Put { value: v, .. } if v == value))
+    };
+    let acked: Vec<(&Call, i64)> = calls
+        .iter()
+        .filter_map(|c| match c.answer {
+            Answer::Put { revision } => Some((c, revision)),
+            _ => None,
+        })
+        .collect();
+    for (a, ra) in &acked {
+        if let Some((b, rb)) = acked.iter().find(|(b, rb)| a.end < b.start && rb <= ra) {
+            return Err(violation(
+                DriverViolationKind::WriteOrder,
+                format!(
+                    "{:?} was acknowledged at revision {ra} before {:?} began, which got \
+                     revision {rb}",
+                    a.op, b.op
+                ),
+            ));
+        }
+    }
+    let reads: Vec<(&Call, &Bytes, &Bytes, i64)> = calls
+        .iter()
+        .filter_map(|c| match (&c.op, &c.answer) {
+            (
+                Op::Read { key },
+                Answer::Read {
+                    value,
+                    mod_revision,
+                },
+            ) => Some((c, key, value, *mod_revision)),
+            _ => None,
+        })
+        .collect();
+    for (read, key, value, seen) in &reads {
+        if *seen > 0 {
+            match put_of(value) {
+                Some(put) if put.start < read.end => {}
+                other => {
+                    return Err(violation(
+                        DriverViolationKind::StaleRead,
+                        format!(
+                            "a read of {key:?} through member {} saw {value:?}, written by \
+                             {other:?}, which had not begun when the read ended",
+                            read.member
+                        ),
+                    ))
+                }
+            }
+        }
+        if let Some((earlier, _, _, newer)) = reads
+            .iter()
+            .find(|(r, k, _, m)| k == key && r.end < read.start && m > seen)
+        {
+            return Err(violation(
+                DriverViolationKind::StaleRead,
+                format!(
+                    "a read of {key:?} through member {} saw mod revision {seen} after a \
+                     read through member {} had seen {newer}",
+                    read.member, earlier.member
+                ),
+            ));
+        }
+    }
+    Ok(())
 }

@@ -141,13 +141,37 @@ pub async fn range(
     revision: i64,
     serializable: bool,
 ) -> Result<Option<cairn_proto::mvccpb::KeyValue>, Unanswered> {
-    let (reply, rx) = oneshot::channel();
     let request = pb::RangeRequest {
         key: key.clone(),
         revision,
         serializable,
         ..Default::default()
     };
+    range_request(commands, request)
+        .await
+        .map(|kvs| kvs.into_iter().next())
+}
+
+/// Every key a member's store holds at `revision` (serializable).
+pub async fn range_all(
+    commands: &tokio::sync::mpsc::Sender<ShardCommand>,
+    revision: i64,
+) -> Result<Vec<cairn_proto::mvccpb::KeyValue>, Unanswered> {
+    let request = pb::RangeRequest {
+        key: Bytes::from_static(b"\0"),
+        range_end: Bytes::from_static(b"\0"),
+        revision,
+        serializable: true,
+        ..Default::default()
+    };
+    range_request(commands, request).await
+}
+
+async fn range_request(
+    commands: &tokio::sync::mpsc::Sender<ShardCommand>,
+    request: pb::RangeRequest,
+) -> Result<Vec<cairn_proto::mvccpb::KeyValue>, Unanswered> {
+    let (reply, rx) = oneshot::channel();
     commands
         .try_send(ShardCommand::Range {
             request,
@@ -155,7 +179,7 @@ pub async fn range(
             reply,
         })
         .map_err(|e| Unanswered::Error(format!("the member's queue refused the read: {e}")))?;
-    answered(rx).await.map(|r| r.kvs.into_iter().next())
+    answered(rx).await.map(|r| r.kvs)
 }
 
 /// Why a request has no result.

@@ -121,14 +121,15 @@ fn isolate(world: &World, id: u64) {
     }
 }
 
-/// Crashes `id` and restarts it a while later.
+/// Crashes `id` and restarts it a while later, while the faults last.
 async fn crash_and_restart(world: &Rc<World>, plan: &Plan, id: u64) {
-    if !world.is_up(id) {
-        return;
-    }
-    if let Err(e) = world.crash(id).await {
-        world.note_failure(violation(Kind::DriverPanic, e));
-        return;
+    match world.crash_in_chaos(id).await {
+        Ok(true) => {}
+        Ok(false) => return,
+        Err(e) => {
+            world.note_failure(violation(Kind::DriverPanic, e));
+            return;
+        }
     }
     world.crashes.set(world.crashes.get() + 1);
     let after = Duration::from_millis(world.gen_range(20..=plan.max_down_ms));

@@ -19,8 +19,8 @@ use crate::member_file::{Member as FileMember, MemberFile, LAYOUT_VERSION};
 use crate::raft;
 use crate::routing::ShardId;
 use crate::server::command::ShardCommand;
+use crate::server::keyspace::router::CommandInbox;
 use crate::server::members::MemberRegistry;
-use crate::server::router::CommandInbox;
 use crate::server::shard::{PeerSender, Shard, ShardInbound, ShardSetup};
 
 use super::checks::DriverViolation;
@@ -81,6 +81,8 @@ pub struct World {
     /// The first failure found away from the main task (a restart that
     /// failed, a driver that panicked).
     failure: RefCell<Option<DriverViolation>>,
+    /// The seed is over: nothing starts any more.
+    over: Cell<bool>,
     _root: tempfile::TempDir,
 }
 
@@ -119,6 +121,7 @@ impl World {
             plan: RefCell::new(None),
             leaders: LeaderWatch::default(),
             failure: RefCell::new(None),
+            over: Cell::new(false),
             _root: root,
         }))
     }
@@ -174,6 +177,12 @@ impl World {
         self.plan.borrow().is_some()
     }
 
+    /// Ends the seed: no member starts again.
+    pub fn end(&self) {
+        self.over.set(true);
+        self.end_chaos();
+    }
+
     pub fn note_failure(&self, v: DriverViolation) {
         self.failure.borrow_mut().get_or_insert(v);
     }
@@ -192,38 +201,34 @@ impl World {
         self.drop_per_mille.set(0);
     }
 
-    /// Waits until nobody starts or stops member `id`, then takes the turn.
-    async fn take_turn(&self, id: u64) {
+    /// Waits until nobody starts or stops member `id`, then takes the turn;
+    /// it ends when the returned guard goes, also when the task holding it
+    /// is dropped.
+    async fn take_turn(&self, id: u64) -> Turn<'_> {
         loop {
             {
                 let mut members = self.members.borrow_mut();
                 let m = &mut members[index(id)];
                 if !m.busy {
                     m.busy = true;
-                    return;
+                    return Turn { world: self, id };
                 }
             }
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
     }
 
-    fn end_turn(&self, id: u64) {
-        self.members.borrow_mut()[index(id)].busy = false;
-    }
-
     /// Starts member `id`'s shard driver on its disks, unless it runs.
     pub async fn start(self: &Rc<Self>, id: u64) -> Result<(), String> {
-        self.take_turn(id).await;
-        let started = self.start_turn(id).await;
-        self.end_turn(id);
-        started
+        let _turn = self.take_turn(id).await;
+        self.start_turn(id).await
     }
 
     async fn start_turn(self: &Rc<Self>, id: u64) -> Result<(), String> {
         let (dir, disk, incarnation) = {
             let mut members = self.members.borrow_mut();
             let m = &mut members[index(id)];
-            if m.running.is_some() {
+            if m.running.is_some() || self.over.get() {
                 return Ok(());
             }
             m.incarnation += 1;
@@ -283,13 +288,23 @@ impl World {
     }
 
     /// Cuts member `id`'s power: its driver stops between two steps, its
-    /// WAL keeps what was synced (and, at random, some sectors written since),
-    /// its store keeps its files as a killed process leaves them.
+    /// WAL keeps what was synced (and, at random, some sectors written
+    /// since). Its store is dropped: every commit already handed to the
+    /// store's sync thread becomes durable (the thread finishes its queue),
+    /// which is kinder than a power cut and than a `kill -9`.
     pub async fn crash(&self, id: u64) -> Result<(), String> {
-        self.take_turn(id).await;
-        let crashed = self.crash_turn(id).await;
-        self.end_turn(id);
-        crashed
+        let _turn = self.take_turn(id).await;
+        self.crash_turn(id).await
+    }
+
+    /// [`World::crash`], unless the faults have ended by the time the turn
+    /// is taken. Returns whether it crashed the member.
+    pub async fn crash_in_chaos(&self, id: u64) -> Result<bool, String> {
+        let _turn = self.take_turn(id).await;
+        if !self.in_chaos() || !self.is_up(id) {
+            return Ok(false);
+        }
+        self.crash_turn(id).await.map(|()| true)
     }
 
     async fn crash_turn(&self, id: u64) -> Result<(), String> {
@@ -347,7 +362,14 @@ impl World {
             self.dropped.set(self.dropped.get() + 1);
             return true;
         }
-        let copies = if self.chance(5) { 2 } else { 1 };
+        // A proposal forwarded to the leader is not duplicated: the peer
+        // transport (TCP) never delivers a message twice, and Raft does not
+        // make proposals idempotent (etcd's do not dedupe either).
+        let copies = if msg.msg_type() != raft::MessageType::MsgProp && self.chance(5) {
+            2
+        } else {
+            1
+        };
         for _ in 0..copies {
             let delay = Duration::from_micros(self.gen_range(0..=MAX_DELAY.as_micros() as u64));
             let world = Rc::downgrade(self);
@@ -381,11 +403,23 @@ impl World {
     }
 }
 
+/// A member's turn to be started or stopped.
+struct Turn<'a> {
+    world: &'a World,
+    id: u64,
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        self.world.members.borrow_mut()[index(self.id)].busy = false;
+    }
+}
+
 fn index(id: u64) -> usize {
     (id - 1) as usize
 }
 
-/// A small-segment WAL, so runs roll and recycle segments.
+/// A small-segment WAL, so runs roll over segments.
 fn wal_config(dir: &std::path::Path) -> cairn_wal::Config {
     let mut c = cairn_wal::Config::new(dir.join("wal"));
     c.segment_size_bytes = 256 << 10;

@@ -26,7 +26,7 @@ use super::{
 use crate::raft::{MemStorage, Message, RawNode, StateRole};
 
 /// First revision of epoch `e` is above `e << EPOCH_SHIFT`, as in
-/// `src/server/keyspace.rs` (which shifts by 40; the simulator's runs are
+/// `src/server/keyspace/mod.rs` (which shifts by 40; the simulator's runs are
 /// short).
 pub const EPOCH_SHIFT: u32 = 32;
 

@@ -49,7 +49,7 @@
 //!   records, the missing parts, the done entries), then the counter is set
 //!   to the largest of what it handed out, the shards' revisions and the
 //!   start of its epoch (shard 0's term `<< 32`, as
-//!   `src/server/keyspace.rs`). Any shard ceasing to be ready closes it.
+//!   `src/server/keyspace/mod.rs`). Any shard ceasing to be ready closes it.
 //! - A member gives a write a revision only while its counter is open, it
 //!   leads every shard with each no-op applied, its guard agrees, and no
 //!   txn holds the write's shard. It proposes the write stamped with
@@ -62,7 +62,7 @@
 //!   is retried at the next tick, a bounded number of times. A write is
 //!   acknowledged when the member that proposed it applies it.
 //! - Txns over several shards (`cross/`) run in batches, as
-//!   `src/server/txn_batch.rs` runs them: a txn joins the last batch over
+//!   `src/server/keyspace/txn_batch.rs` runs them: a txn joins the last batch over
 //!   the same shards still waiting for its holds when it names no key a
 //!   txn of the batch names and the batch has room ([`MAX_BATCH_TXNS`],
 //!   [`MAX_BATCH_BYTES`]), else leads a new one. A batch holds each shard
@@ -97,7 +97,7 @@
 //! which a pause does not stop; the Raft ticks of a paused member stop, and
 //! catch up in a bunch when it resumes. The margin is one tick (the
 //! followers' timers count whole ticks) and 10% of the election timeout
-//! (the clocks' rates), as in `src/server/keyspace.rs`.
+//! (the clocks' rates), as in `src/server/keyspace/mod.rs`.
 //!
 //! A restarted member has forgotten which leader it heard, so the Raft
 //! core's check-quorum rule alone would let it vote at once. The
@@ -224,7 +224,7 @@ pub const MAX_SHARDS: usize = 4;
 pub const MAX_MEMBERS: usize = 7;
 /// Ticks the lease leaves unused at its end: one for the tick granularity
 /// of the followers' election timers, and 10% of the election timeout for
-/// the members' clock rates (`src/server/keyspace.rs`: "election timeout
+/// the members' clock rates (`src/server/keyspace/mod.rs`: "election timeout
 /// less one tick and a drift margin").
 pub const LEASE_MARGIN_TICKS: u64 = 1 + ELECTION_TIMEOUT_TICKS / 10;
 /// A member's clock counts thousandths of a tick.
@@ -264,8 +264,8 @@ pub const MAX_PENDING_CLIENT_WRITES: usize = 64;
 pub const MAX_CLIENT_RETRY_TICKS: u64 = 2 * ELECTION_TIMEOUT_TICKS;
 /// Events (messages, disk writes, client attempts) handled per tick at most.
 pub const MAX_EVENTS_PER_TICK: usize = 4_000;
-/// Most txns one batch runs: the real bound (`src/server/txn_batch.rs`).
-pub const MAX_BATCH_TXNS: usize = crate::server::txn_batch::MAX_BATCH;
+/// Most txns one batch runs: the real bound (`src/server/keyspace/txn_batch.rs`).
+pub const MAX_BATCH_TXNS: usize = crate::server::keyspace::txn_batch::MAX_BATCH;
 /// Most bytes of txns (their encoded text) a txn joins a batch up to. The
 /// real bound (512 KiB) is far above anything the model's txns reach; this
 /// one, about three of them, binds, so that both reasons to lead a new

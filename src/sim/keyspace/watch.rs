@@ -1,4 +1,4 @@
-//! A watch over every shard, merged as `src/server/watch_merge.rs` merges
+//! A watch over every shard, merged as `src/server/keyspace/watch_merge.rs` merges
 //! it (docs/KEYSPACE.md, "Watches"): each shard streams its events in its
 //! own apply order and says how far it has applied (its store's revision,
 //! which closes move on idle shards); the watch releases an event only once

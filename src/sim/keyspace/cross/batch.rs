@@ -1,5 +1,5 @@
 //! How a txn over several shards enters a batch on the keyspace leader
-//! (`src/server/txn_batch.rs`): it joins the last batch over the same
+//! (`src/server/keyspace/txn_batch.rs`): it joins the last batch over the same
 //! shards still waiting for its holds, when no key it names is named by a
 //! txn of that batch and the batch has room (fewer than
 //! [`MAX_BATCH_TXNS`] txns, and its txns' encoded size within

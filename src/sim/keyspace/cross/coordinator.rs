@@ -1,5 +1,5 @@
 //! The coordinator of a batch of txns over several shards
-//! (`src/server/cross_txn.rs`), on the keyspace leader: a run's state, and
+//! (`src/server/keyspace/cross_txn.rs`), on the keyspace leader: a run's state, and
 //! its steps from holding every shard of the batch through taking each
 //! txn's revision, the compares and the checks that the holds stand. How
 //! a txn joins or leads a batch is in `batch.rs`; the steps after the

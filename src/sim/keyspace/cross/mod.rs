@@ -1,5 +1,5 @@
-//! Txns over several shards, modelled on `src/server/txn_batch.rs` (the
-//! batches), `src/server/cross_txn.rs` (the coordinator and
+//! Txns over several shards, modelled on `src/server/keyspace/txn_batch.rs` (the
+//! batches), `src/server/keyspace/cross_txn.rs` (the coordinator and
 //! `finish_earlier`) and `src/server/shard/cross.rs` (the shard's side),
 //! step for step where the simulator allows.
 //!

@@ -1,4 +1,4 @@
-//! A batch's last steps at its coordinator (`src/server/cross_txn.rs`):
+//! A batch's last steps at its coordinator (`src/server/keyspace/cross_txn.rs`):
 //! each txn's gets of shards it does not write, read at its revision less
 //! one (the whole answer when it writes none); each written shard's entry
 //! of the parts of the batch's txns there, proposed at once through the

@@ -11,10 +11,10 @@ use bytes::Bytes;
 use prost::Message as _;
 use tokio::sync::mpsc;
 
-use super::data_dir::shard_dir;
-use super::shard::{PeerSender, ShardInbound, SpoolError, StreamSpool};
 use crate::raft;
 use crate::routing::ShardId;
+use crate::server::member::data_dir::shard_dir;
+use crate::server::shard::{PeerSender, ShardInbound, SpoolError, StreamSpool};
 
 /// Largest snapshot stream a member accepts, checked as its bytes arrive. A
 /// snapshot is spooled to a file as it arrives, so this bounds disk, not memory.
@@ -93,7 +93,7 @@ impl PeerSender for CorePeers {
             .borrow()
             .get(&(shard, to))
             .map(|(_, u)| u.clone());
-        if current.is_some_and(|u| super::members::same_urls(&u, peer_urls)) {
+        if current.is_some_and(|u| crate::server::members::same_urls(&u, peer_urls)) {
             return;
         }
         if let Err(e) = self.dial(shard, to, peer_urls) {

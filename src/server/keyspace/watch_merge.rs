@@ -13,8 +13,8 @@ use std::collections::BTreeMap;
 
 use cairn_proto::mvccpb::Event;
 
-use super::cross_plan::OP_SUB_SHIFT;
 use crate::routing::ShardId;
+use crate::server::keyspace::cross_plan::OP_SUB_SHIFT;
 
 /// The events of one watch waiting for the other shards to catch up.
 #[derive(Debug)]

@@ -2,7 +2,7 @@
 //! the revision counter moves again.
 //!
 //! A shard the keyspace leader leads checks every
-//! [`KEYSPACE_CLOSE_INTERVAL`](super::shard::KEYSPACE_CLOSE_INTERVAL)
+//! [`KEYSPACE_CLOSE_INTERVAL`](crate::server::shard::KEYSPACE_CLOSE_INTERVAL)
 //! whether the counter moved past its last entry (then it proposes a close,
 //! so merged watches go on). While the keyspace is idle there is nothing to
 //! close, and those checks were most of an idle member's CPU (each wake-up

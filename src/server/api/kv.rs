@@ -20,24 +20,24 @@ use futures::future::join_all;
 use prost::Message;
 use tonic::{Request, Response, Status};
 
-use super::auth::{caller_of, check, AuthStore};
-use super::command::{ReadAt, ShardPoint, WriteResult, REQUEST_TIMEOUT};
-use super::cross_txn;
-use super::errors::ApiError;
-use super::members::MemberRegistry;
-use super::merge::merge_ranges;
-use super::peer_http;
-use super::router::Router;
-use super::shard::LEADERLESS_WAIT;
-use super::validate;
 use crate::routing::ShardId;
+use crate::server::auth::{caller_of, check, AuthStore};
+use crate::server::command::{ReadAt, ShardPoint, WriteResult, REQUEST_TIMEOUT};
+use crate::server::errors::ApiError;
+use crate::server::keyspace::cross_txn;
+use crate::server::keyspace::merge::merge_ranges;
+use crate::server::keyspace::router::Router;
+use crate::server::member::peer_http;
+use crate::server::members::MemberRegistry;
+use crate::server::shard::LEADERLESS_WAIT;
+use crate::server::validate;
 
 /// Read points a linearizable range over several shards takes at most when a
 /// leader change replaced a point's entry before it was read (each a
 /// ReadIndex round per shard, so a few are cheap).
 const POINT_TRIES: u32 = 3;
 
-pub use super::identity::Identity;
+pub use crate::server::identity::Identity;
 
 /// Request limits, etcd's flags.
 #[derive(Debug, Clone, Copy)]

@@ -17,10 +17,10 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::members::{Member, MemberFile, Membership, LAYOUT_VERSION, MEMBER_FILE};
-use super::start_error::StartError;
 use crate::config::{ClusterState, Config};
 use crate::routing::ShardId;
+use crate::server::member::start_error::StartError;
+use crate::server::members::{Member, MemberFile, Membership, LAYOUT_VERSION, MEMBER_FILE};
 
 /// The directory of shard `shard`'s store, in the member's data directory.
 pub fn shard_dir(data_dir: &Path, shard: ShardId) -> PathBuf {
@@ -108,7 +108,7 @@ pub(super) fn log_sharding(shards: usize) {
 fn restore_snapshot(config: &mut Config, path: &Path, voters: &[u64]) -> Result<(), StartError> {
     let dir = &config.data_dir.clone();
     let restore_error = |e: String| data_dir_error(dir, format!("--restore-snapshot: {e}"));
-    let backup = super::backup::read_backup(path).map_err(restore_error)?;
+    let backup = crate::server::member::backup::read_backup(path).map_err(restore_error)?;
     adopt_shards(config, backup.shards, "the backup holds");
     if backup.shards as usize != config.shards {
         return Err(restore_error(format!(
@@ -125,7 +125,8 @@ fn restore_snapshot(config: &mut Config, path: &Path, voters: &[u64]) -> Result<
         "restoring the stores from a snapshot"
     );
     let store_config = cairn_mvcc::Config::default();
-    super::backup::restore_into(backup, dir, &store_config, voters).map_err(restore_error)
+    crate::server::member::backup::restore_into(backup, dir, &store_config, voters)
+        .map_err(restore_error)
 }
 
 fn check_member_file(config: &Config, file: &MemberFile) -> Result<(), StartError> {
@@ -207,7 +208,7 @@ fn join_cluster(
     let peers: Vec<String> = config
         .initial_cluster
         .iter()
-        .filter(|m| !super::members::same_urls(&m.peer_urls, own))
+        .filter(|m| !crate::server::members::same_urls(&m.peer_urls, own))
         .flat_map(|m| m.peer_urls.iter().cloned())
         .collect();
     if peers.is_empty() {
@@ -227,10 +228,10 @@ fn join_cluster(
     let has_me = |t: &cairn_proto::cairnpb::MemberTable| {
         t.members
             .iter()
-            .any(|m| super::members::same_urls(&m.peer_urls, own))
+            .any(|m| crate::server::members::same_urls(&m.peer_urls, own))
     };
     let table = rt.block_on(async {
-        let client = super::peer_http::PeerClient::new(peer_tls);
+        let client = crate::server::member::peer_http::PeerClient::new(peer_tls);
         let mut errors = Vec::new();
         let mut without_me: Option<(std::time::Instant, _)> = None;
         loop {
@@ -278,7 +279,7 @@ fn join_cluster(
     let members: Vec<Member> = table.members.iter().map(Member::from_info).collect();
     let Some(me) = members
         .iter()
-        .find(|m| super::members::same_urls(&m.peer_urls, own))
+        .find(|m| crate::server::members::same_urls(&m.peer_urls, own))
     else {
         return Err(data_dir_error(
             dir,

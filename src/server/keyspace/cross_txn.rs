@@ -2,7 +2,7 @@
 //! "Transactions over several shards").
 //!
 //! 1. **Hold** every shard the txn touches, all at once once the member's
-//!    [`HoldTable`](super::hold_table::HoldTable) gives the txn all of them
+//!    [`HoldTable`](crate::server::keyspace::hold_table::HoldTable) gives the txn all of them
 //!    (so two txns never wait for each other, and none holds a shard while
 //!    it waits for another): a held shard gives no entry a revision and
 //!    answers read points only once the hold ends.
@@ -40,22 +40,22 @@ use cairn_proto::etcdserverpb::{
 use futures::future::join_all;
 use prost::Message;
 
-use super::command::{CrossHeld, ReadAt, ShardCommand, WriteResult};
-use super::cross_plan::{all_compares, combine, Plan};
-use super::errors::ApiError;
-use super::hold_table::Taken;
-use super::keyspace::Keyspace;
-use super::router::{Answer, Router};
-use super::txn_batch::{Batch, Entry};
-use super::validate;
 use crate::routing::ShardId;
+use crate::server::command::{CrossHeld, ReadAt, ShardCommand, WriteResult};
+use crate::server::errors::ApiError;
+use crate::server::keyspace::cross_plan::{all_compares, combine, Plan};
+use crate::server::keyspace::hold_table::Taken;
+use crate::server::keyspace::router::{Answer, Router};
+use crate::server::keyspace::txn_batch::{Batch, Entry};
+use crate::server::keyspace::Keyspace;
+use crate::server::validate;
 
 /// Numbers the txns over several shards this member runs, for the holds.
 static NEXT_TXN: AtomicU64 = AtomicU64::new(1);
 
 /// Runs `req`, which touches several shards, with this member as the
 /// keyspace leader: alone, or in a batch with other txns over the same
-/// shards (see [`super::txn_batch`]). Refused with [`ApiError::NotLeader`]
+/// shards (see [`crate::server::keyspace::txn_batch`]). Refused with [`ApiError::NotLeader`]
 /// (nothing proposed) where it is not.
 pub async fn run(router: Arc<Router>, req: TxnRequest) -> Result<TxnResponse, ApiError> {
     let Some(keyspace) = router.keyspace.clone() else {
@@ -66,7 +66,7 @@ pub async fn run(router: Arc<Router>, req: TxnRequest) -> Result<TxnResponse, Ap
     let shards: Vec<ShardId> = validate::txn_shards(&req, &router.routing)
         .into_iter()
         .collect();
-    let keys = super::shard::txn_ranges(&req);
+    let keys = crate::server::shard::txn_ranges(&req);
     let leading = match keyspace.batches.enter(&shards, keys, req) {
         Entry::Joined(answer) => {
             // The batch's leader answers; its task ending first means the
@@ -304,7 +304,7 @@ async fn settle_shards(
 ) -> BTreeMap<ShardId, std::vec::IntoIter<Result<WriteResult, ApiError>>> {
     join_all(queued.into_iter().map(|(s, count, answer)| async move {
         let got = match answer {
-            Ok(a) => a.within(super::command::REQUEST_TIMEOUT).await,
+            Ok(a) => a.within(crate::server::command::REQUEST_TIMEOUT).await,
             Err(e) => Err(e),
         };
         let parts = match got {

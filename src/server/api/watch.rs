@@ -23,11 +23,11 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::command::{ShardCommand, WatchBatch, WatchSpec};
-use super::kv::Identity;
-use super::router::Router;
-use super::watch_merge::Merge;
 use crate::routing::ShardId;
+use crate::server::api::kv::Identity;
+use crate::server::command::{ShardCommand, WatchBatch, WatchSpec};
+use crate::server::keyspace::router::Router;
+use crate::server::keyspace::watch_merge::Merge;
 
 /// Event batches queued per watch stream before its watchers fall back to
 /// catching up from the store.
@@ -38,10 +38,10 @@ pub const WATCH_STREAM_QUEUE_BATCHES: usize = 256;
 pub struct WatchService {
     pub router: Arc<Router>,
     /// To refuse streams while this member is a learner, as etcd does.
-    pub members: Arc<super::members::MemberRegistry>,
+    pub members: Arc<crate::server::members::MemberRegistry>,
     pub identity: Identity,
     pub next_stream: Arc<AtomicU64>,
-    pub auth: Arc<super::auth::AuthStore>,
+    pub auth: Arc<crate::server::auth::AuthStore>,
 }
 
 impl WatchService {
@@ -76,7 +76,7 @@ impl WatchService {
 }
 
 /// A refused create's `cancel_reason`, as etcd's clients print an error.
-fn cancel_reason(e: super::errors::ApiError) -> String {
+fn cancel_reason(e: crate::server::errors::ApiError) -> String {
     let status = Status::from(e);
     format!(
         "rpc error: code = {:?} desc = {}",
@@ -94,12 +94,13 @@ impl Watch for WatchService {
         request: Request<Streaming<WatchRequest>>,
     ) -> Result<Response<Self::WatchStream>, Status> {
         if self.members.local_is_learner() {
-            return Err(super::errors::ApiError::NotSupportedForLearner.into());
+            return Err(crate::server::errors::ApiError::NotSupportedForLearner.into());
         }
         // Each create is checked against the stream's credentials, as etcd
         // checks them: a token that expired since the stream opened fails.
         let metadata = request.metadata().clone();
-        let common_name = super::auth::conn_info(&request).and_then(|i| i.common_name.clone());
+        let common_name =
+            crate::server::auth::conn_info(&request).and_then(|i| i.common_name.clone());
         let mut incoming = request.into_inner();
         let (out_tx, out_rx) =
             mpsc::channel::<Result<WatchResponse, Status>>(WATCH_STREAM_QUEUE_BATCHES);

@@ -17,12 +17,12 @@ use cairn_proto::etcdserverpb::{
 use futures::future::join_all;
 use tonic::{Request, Response, Status};
 
-use super::backup::BackupEncoder;
-use super::command::{ShardCommand, ShardHash, ShardStatus, REQUEST_TIMEOUT};
-use super::errors::ApiError;
-use super::kv::Identity;
-use super::members::MemberRegistry;
-use super::router::Router;
+use crate::server::api::kv::Identity;
+use crate::server::command::{ShardCommand, ShardHash, ShardStatus, REQUEST_TIMEOUT};
+use crate::server::errors::ApiError;
+use crate::server::keyspace::router::Router;
+use crate::server::member::backup::BackupEncoder;
+use crate::server::members::MemberRegistry;
 
 /// How long defragmenting one shard's store may take before the client is
 /// answered with a timeout (the work itself carries on).
@@ -37,7 +37,7 @@ pub struct MaintenanceService {
     pub router: Arc<Router>,
     pub identity: Identity,
     pub members: Arc<MemberRegistry>,
-    pub auth: Arc<super::auth::AuthStore>,
+    pub auth: Arc<crate::server::auth::AuthStore>,
 }
 
 /// How often MoveLeader looks whether the transfers are done.
@@ -151,7 +151,7 @@ impl Maintenance for MaintenanceService {
         &self,
         request: Request<DefragmentRequest>,
     ) -> Result<Response<DefragmentResponse>, Status> {
-        super::auth::require_admin_maintenance(&self.auth, &request)?;
+        crate::server::auth::require_admin_maintenance(&self.auth, &request)?;
         // The store reuses freed pages online, so this is rarely needed: it
         // gives the disk back. Shard by shard; each shard runs it in steps on
         // its ticks, so its core keeps serving meanwhile.
@@ -168,7 +168,7 @@ impl Maintenance for MaintenanceService {
     }
 
     async fn hash(&self, request: Request<HashRequest>) -> Result<Response<HashResponse>, Status> {
-        super::auth::require_admin_maintenance(&self.auth, &request)?;
+        crate::server::auth::require_admin_maintenance(&self.auth, &request)?;
         let hashes = self.all_hashes(0).await?;
         let statuses = self.router.all_status().await?;
         Ok(Response::new(HashResponse {
@@ -181,7 +181,7 @@ impl Maintenance for MaintenanceService {
         &self,
         request: Request<HashKvRequest>,
     ) -> Result<Response<HashKvResponse>, Status> {
-        super::auth::require_admin_maintenance(&self.auth, &request)?;
+        crate::server::auth::require_admin_maintenance(&self.auth, &request)?;
         let req = request.into_inner();
         let hashes = self.all_hashes(req.revision).await?;
         let statuses = self.router.all_status().await?;
@@ -199,7 +199,7 @@ impl Maintenance for MaintenanceService {
         &self,
         request: Request<SnapshotRequest>,
     ) -> Result<Response<Self::SnapshotStream>, Status> {
-        super::auth::require_admin_maintenance(&self.auth, &request)?;
+        crate::server::auth::require_admin_maintenance(&self.auth, &request)?;
         // The file `etcdctl snapshot save` writes: see `backup.rs` for its
         // format and how `--restore-snapshot` builds a cluster from it.
         let (out_tx, out_rx) = tokio::sync::mpsc::channel::<Result<SnapshotResponse, Status>>(4);
@@ -287,7 +287,7 @@ impl Maintenance for MaintenanceService {
         &self,
         request: Request<MoveLeaderRequest>,
     ) -> Result<Response<MoveLeaderResponse>, Status> {
-        super::auth::require_admin_maintenance(&self.auth, &request)?;
+        crate::server::auth::require_admin_maintenance(&self.auth, &request)?;
         let target = request.into_inner().target_id;
         if self.members.get(target).is_none_or(|m| m.is_learner) {
             return Err(ApiError::BadLeaderTransferee.into());
@@ -332,7 +332,7 @@ impl Maintenance for MaintenanceService {
         &self,
         request: Request<DowngradeRequest>,
     ) -> Result<Response<DowngradeResponse>, Status> {
-        super::auth::require_admin_maintenance(&self.auth, &request)?;
+        crate::server::auth::require_admin_maintenance(&self.auth, &request)?;
         Err(ApiError::Unsupported("Downgrade").into())
     }
 }

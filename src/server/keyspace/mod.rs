@@ -1,3 +1,8 @@
+//! The keyspace layer: requests routed to shards and answers merged
+//! (`router`, `merge`, `watch_merge`), txns over several shards
+//! (`cross_plan`, `cross_txn`, `txn_batch`, `hold_table`), and, in this
+//! file, the revision counter.
+//!
 //! One revision order over a member's shards: the keyspace leader's counter.
 //!
 //! With several shards, every shard of the cluster is led by one member, the
@@ -35,6 +40,16 @@
 //! One `Keyspace` per member, shared by its cores. The request path reads a
 //! few atomics and the monotonic clock; the mutex is taken only when a
 //! shard's leadership changes.
+
+pub mod counter_moved;
+pub mod cross_plan;
+pub mod cross_txn;
+pub mod hold_table;
+pub mod merge;
+pub mod reached;
+pub mod router;
+pub mod txn_batch;
+pub mod watch_merge;
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -109,13 +124,13 @@ pub struct Keyspace {
     expired_leases: Mutex<Vec<i64>>,
     expired_wanted: tokio::sync::Notify,
     /// The shards this member's txns over several shards hold.
-    pub holds: std::sync::Arc<super::hold_table::HoldTable>,
+    pub holds: std::sync::Arc<crate::server::keyspace::hold_table::HoldTable>,
     /// Txns over several shards gathered while they wait for the holds.
-    pub batches: std::sync::Arc<super::txn_batch::Batches>,
+    pub batches: std::sync::Arc<crate::server::keyspace::txn_batch::Batches>,
     /// What each shard of this member has applied up to.
-    pub reached: super::reached::Reached,
+    pub reached: crate::server::keyspace::reached::Reached,
     /// Wakes the shards waiting for the counter to move.
-    pub counter_moved: super::counter_moved::CounterMoved,
+    pub counter_moved: crate::server::keyspace::counter_moved::CounterMoved,
 }
 
 impl Keyspace {
@@ -138,7 +153,7 @@ impl Keyspace {
             expired_wanted: tokio::sync::Notify::new(),
             holds: Default::default(),
             batches: Default::default(),
-            reached: super::reached::Reached::new(shards),
+            reached: crate::server::keyspace::reached::Reached::new(shards),
             counter_moved: Default::default(),
         }
     }

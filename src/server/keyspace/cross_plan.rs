@@ -11,13 +11,13 @@ use cairn_proto::etcdserverpb::{
     ResponseHeader, ResponseOp, TxnRequest, TxnResponse,
 };
 
-use super::convert;
+use crate::server::convert;
 
 /// The sub revision of a part's op is its place in the txn shifted left by
 /// this: room for every key a delete of one op deletes on one shard.
 pub const OP_SUB_SHIFT: u32 = 32;
-use super::merge::merge_ranges;
 use crate::routing::{RoutingTable, ShardId};
+use crate::server::keyspace::merge::merge_ranges;
 
 /// Every compare of `t` and of its nested txns (both branches), the txn's
 /// own first, then its success ops' nested txns, then its failure ops'.

@@ -19,7 +19,7 @@
 //!   deletes. Followers never expire anything.
 //! - **KeepAlive** renews the lease at every shard's leader: directly for the
 //!   shards this member leads, over the peer port's HTTP side
-//!   (`POST /cairn/lease-renew`, see `super::peer_http`) for the others, on
+//!   (`POST /cairn/lease-renew`, see `crate::server::member::peer_http`) for the others, on
 //!   pooled keep-alive connections. Renewals do not go through Raft, as in
 //!   etcd (no checkpointing: the TTL restarts on a new leader).
 //! - **Revoke** is one `LeaseRevoke` proposal per shard.
@@ -57,14 +57,14 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::command::{LeaseInfo, WriteResult};
-use super::errors::ApiError;
-use super::kv::Identity;
-use super::members::MemberRegistry;
-use super::peer_http::{self, Forwarded, CLUSTER_HEADER, SHARD_HEADER};
-use super::router::Router;
-use super::shard::MAX_LEASE_TTL_SECS;
 use crate::routing::ShardId;
+use crate::server::api::kv::Identity;
+use crate::server::command::{LeaseInfo, WriteResult};
+use crate::server::errors::ApiError;
+use crate::server::keyspace::router::Router;
+use crate::server::member::peer_http::{self, Forwarded, CLUSTER_HEADER, SHARD_HEADER};
+use crate::server::members::MemberRegistry;
+use crate::server::shard::MAX_LEASE_TTL_SECS;
 
 /// How long a lease request waits for a shard's leader (elections included)
 /// before it fails with etcd's "no leader".
@@ -97,7 +97,7 @@ pub struct LeaseIds {
 
 impl LeaseIds {
     pub fn new(member_id: u64) -> LeaseIds {
-        let now_ms = super::clock::now_ms();
+        let now_ms = crate::server::clock::now_ms();
         LeaseIds {
             prefix: (member_id & 0xffff) << 48,
             suffix: AtomicU64::new((now_ms & ((1 << 40) - 1)) << 8),
@@ -124,7 +124,7 @@ pub struct LeaseService {
     pub min_ttl_secs: i64,
     pub ids: Arc<LeaseIds>,
     pub peers: peer_http::PeerClient,
-    pub auth: Arc<super::auth::AuthStore>,
+    pub auth: Arc<crate::server::auth::AuthStore>,
 }
 
 impl LeaseService {
@@ -243,9 +243,12 @@ impl LeaseService {
         let body = Bytes::from(LeaseRevokeRequest { id }.encode_to_vec());
         self.at_leader(
             || async {
-                tokio::spawn(super::cross_txn::revoke_lease(self.router.clone(), id))
-                    .await
-                    .unwrap_or(Err(ApiError::Stopped))
+                tokio::spawn(crate::server::keyspace::cross_txn::revoke_lease(
+                    self.router.clone(),
+                    id,
+                ))
+                .await
+                .unwrap_or(Err(ApiError::Stopped))
             },
             |url| {
                 let body = body.clone();
@@ -400,9 +403,10 @@ impl Lease for LeaseService {
         &self,
         request: Request<LeaseRevokeRequest>,
     ) -> Result<Response<LeaseRevokeResponse>, Status> {
-        let caller = super::auth::caller_of(&self.auth, &request)?;
+        let caller = crate::server::auth::caller_of(&self.auth, &request)?;
         let id = request.into_inner().id;
-        super::auth::check::lease_keys(&self.auth, caller.as_ref(), &self.router, id).await?;
+        crate::server::auth::check::lease_keys(&self.auth, caller.as_ref(), &self.router, id)
+            .await?;
         let revision = self.revoke_everywhere(id).await?;
         Ok(Response::new(LeaseRevokeResponse {
             header: self.header(revision),

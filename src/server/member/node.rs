@@ -1,6 +1,6 @@
 //! A running member: the cores, their WALs and shards, the peer transport,
 //! and the client API listeners, started on a data directory that
-//! [`super::data_dir`] has prepared.
+//! [`crate::server::member::data_dir`] has prepared.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -17,24 +17,24 @@ use cairn_proto::etcdserverpb::maintenance_server::MaintenanceServer;
 use cairn_proto::etcdserverpb::watch_server::WatchServer;
 use tokio::sync::{mpsc, watch};
 
-use super::cluster::ClusterService;
-use super::keyspace::Keyspace;
-use super::kv::{Identity, KvService, Limits};
-use super::maintenance::MaintenanceService;
-use super::members::MemberRegistry;
-use super::router::{command_channels, CommandInbox, Router};
-use super::shard::{Shard, ShardInbound, ShardSetup};
 use crate::config::{Config, WalBackendChoice, WalSyncMode};
 use crate::routing::{RoutingTable, ShardId};
 use crate::runtime::{CoreContext, Cores};
+use crate::server::api::cluster::ClusterService;
+use crate::server::api::kv::{Identity, KvService, Limits};
+use crate::server::api::maintenance::MaintenanceService;
+use crate::server::keyspace::router::{command_channels, CommandInbox, Router};
+use crate::server::keyspace::Keyspace;
+use crate::server::members::MemberRegistry;
+use crate::server::shard::{Shard, ShardInbound, ShardSetup};
 
 /// Raft messages queued for one shard from the network before the reader waits
 /// (and TCP pushes back on the peer).
 pub const SHARD_INBOUND_MESSAGES: usize = 8_192;
 
-use super::data_dir::{log_sharding, prepare_data_dir};
-use super::peer_links::{forward_inbound, CorePeers};
-pub use super::start_error::StartError;
+use crate::server::member::data_dir::{log_sharding, prepare_data_dir};
+use crate::server::member::peer_links::{forward_inbound, CorePeers};
+pub use crate::server::member::start_error::StartError;
 
 fn wal_config(config: &Config, lane: usize) -> cairn_wal::Config {
     let mut wal = cairn_wal::Config::new(config.data_dir.join("wal").join(format!("lane-{lane}")));
@@ -162,14 +162,14 @@ struct Shared {
     /// Watch stream ids, unique across the member's cores.
     next_watch_stream: Arc<std::sync::atomic::AtomicU64>,
     /// Lease ids this member generates, unique across its cores.
-    lease_ids: Arc<super::lease::LeaseIds>,
+    lease_ids: Arc<crate::server::api::lease::LeaseIds>,
     /// The certificates of the https:// client URLs.
     client_tls: Option<Arc<crate::tls::CertSource>>,
     /// The peer certificates: the peer port's when its URL is https://, and
     /// this member's when it reaches https:// peers.
     peer_tls: Option<cairn_net::PeerTls>,
     /// Users, roles and permissions; changed by shard 0's log.
-    auth: Arc<super::auth::AuthStore>,
+    auth: Arc<crate::server::auth::AuthStore>,
     /// The revision counter of the member's shards, with several shards.
     keyspace: Option<Arc<Keyspace>>,
 }
@@ -197,12 +197,12 @@ impl Node {
         watchdog: Arc<crate::ops::watchdog::Watchdog>,
     ) -> Result<Node, StartError> {
         let mut config = config;
-        super::clock::follow(config.test_clock_file.clone());
+        crate::server::clock::follow(config.test_clock_file.clone());
         let (client_tls, peer_tls) = start_tls(&config)?;
         let file = prepare_data_dir(&mut config, peer_tls.clone())?;
         log_sharding(config.shards);
         let members = Arc::new(MemberRegistry::new(&config.data_dir, file.clone()));
-        let auth = super::auth::AuthStore::open(&config.data_dir, config.auth.clone())?;
+        let auth = crate::server::auth::AuthStore::open(&config.data_dir, config.auth.clone())?;
         let routing = RoutingTable::new(config.shards, config.cores);
         let keyspace = (config.shards > 1).then(|| Arc::new(Keyspace::new(config.shards)));
         let channels = command_channels(&routing, config.cores, keyspace.clone());
@@ -285,7 +285,7 @@ impl Node {
             endpoints,
             watchdog,
             next_watch_stream: Arc::new(std::sync::atomic::AtomicU64::new(1)),
-            lease_ids: Arc::new(super::lease::LeaseIds::new(file.member_id)),
+            lease_ids: Arc::new(crate::server::api::lease::LeaseIds::new(file.member_id)),
             client_tls,
             peer_tls,
             auth,
@@ -438,7 +438,7 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
             shard,
             member_id: membership.local_id,
             initial_voters: shared.members.bootstrap_voters(),
-            dir: super::data_dir::shard_dir(&config.data_dir, shard),
+            dir: crate::server::member::data_dir::shard_dir(&config.data_dir, shard),
             wal: wal.clone(),
             recovered: recovered
                 .shards
@@ -469,10 +469,10 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
     if core == 0 && shared.keyspace.is_some() {
         // Before the counter opens here, the txns over several shards an
         // earlier keyspace leader left half-proposed are finished.
-        tokio::task::spawn_local(super::cross_txn::finish_at_every_opening(
+        tokio::task::spawn_local(crate::server::keyspace::cross_txn::finish_at_every_opening(
             shared.routers[core].clone(),
         ));
-        tokio::task::spawn_local(super::cross_txn::revoke_expired_leases(
+        tokio::task::spawn_local(crate::server::keyspace::cross_txn::revoke_expired_leases(
             shared.routers[core].clone(),
         ));
     }
@@ -505,8 +505,8 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
         };
         // The peer port also answers the peer HTTP requests (membership).
         let mut peer_listener = cairn_net::PeerListener::from_listener(listener, policy)
-            .with_other_protocol(super::peer_http::is_http);
-        let peer_http = super::peer_http::PeerHttp {
+            .with_other_protocol(crate::server::member::peer_http::is_http);
+        let peer_http = crate::server::member::peer_http::PeerHttp {
             router: shared.routers[core].clone(),
             members: shared.members.clone(),
         };
@@ -564,9 +564,11 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
     let max_message_bytes = config.max_request_bytes + 512 * 1024;
     // This core's keep-alive connections to peers' HTTP sides, for lease
     // renewals and membership changes.
-    let peers = super::peer_http::PeerClient::new(shared.peer_tls.clone());
-    let min_lease_ttl_secs =
-        super::lease::min_lease_ttl_secs(config.heartbeat_interval_ms, config.election_timeout_ms);
+    let peers = crate::server::member::peer_http::PeerClient::new(shared.peer_tls.clone());
+    let min_lease_ttl_secs = crate::server::api::lease::min_lease_ttl_secs(
+        config.heartbeat_interval_ms,
+        config.election_timeout_ms,
+    );
     for (index, listener) in listeners.into_iter().enumerate() {
         // Each listen URL's own scheme says whether it speaks TLS.
         let tls = config
@@ -597,7 +599,7 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
             members: shared.members.clone(),
             auth: shared.auth.clone(),
         };
-        let watch = super::watch::WatchService {
+        let watch = crate::server::api::watch::WatchService {
             router: shared.routers[core].clone(),
             members: shared.members.clone(),
             identity: shared.identity.clone(),
@@ -611,7 +613,7 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
             peers: peers.clone(),
             auth: shared.auth.clone(),
         };
-        let lease = super::lease::LeaseService {
+        let lease = crate::server::api::lease::LeaseService {
             router: shared.routers[core].clone(),
             members: shared.members.clone(),
             identity: shared.identity.clone(),
@@ -620,7 +622,7 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
             peers: peers.clone(),
             auth: shared.auth.clone(),
         };
-        let auth = super::auth::service::AuthService {
+        let auth = crate::server::auth::service::AuthService {
             auth: shared.auth.clone(),
             router: shared.routers[core].clone(),
             identity: shared.identity.clone(),
@@ -643,10 +645,12 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
         .add_service(AuthServer::new(auth));
         // HTTP/1 requests that are not operator endpoints go to the HTTP/JSON
         // gateway, which calls the same services in-process.
-        let endpoints = shared.endpoints.with_fallback(super::gateway::fallback(
-            services.clone(),
-            super::gateway::max_body_bytes(max_message_bytes),
-        ));
+        let endpoints = shared
+            .endpoints
+            .with_fallback(crate::server::gateway::fallback(
+                services.clone(),
+                crate::server::gateway::max_body_bytes(max_message_bytes),
+            ));
         tokio::task::spawn_local(async move {
             let shutdown = async move {
                 let _ = stop_http.changed().await;
@@ -673,12 +677,12 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
         });
     }
     if core == 0 {
-        tokio::task::spawn_local(super::cluster::watch_for_removal(
+        tokio::task::spawn_local(crate::server::api::cluster::watch_for_removal(
             shared.members.clone(),
             peers.clone(),
             shared.shutdown.clone(),
         ));
-        tokio::task::spawn_local(super::cluster::publish_attributes(
+        tokio::task::spawn_local(crate::server::api::cluster::publish_attributes(
             shared.routers[core].clone(),
             shared.members.clone(),
             peers.clone(),

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
-use super::errors::ApiError;
 use crate::routing::ShardId;
+use crate::server::errors::ApiError;
 
 /// What each shard of this member has applied up to.
 #[derive(Debug)]

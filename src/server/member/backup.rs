@@ -281,10 +281,10 @@ pub fn restore_into(
             .min(state.applied_index);
         crate::durable_file::write_checked(
             data_dir,
-            super::auth::AUTH_FILE,
+            crate::server::auth::AUTH_FILE,
             &state.encode_to_vec(),
         )
-        .map_err(|e| format!("writing {}: {e}", super::auth::AUTH_FILE))?;
+        .map_err(|e| format!("writing {}: {e}", crate::server::auth::AUTH_FILE))?;
     }
     for part in backup.parts {
         let dir = data_dir.join(format!("shard-{}", part.shard));
@@ -312,7 +312,7 @@ pub fn restore_into(
             index: part.applied_index,
             term: 1,
         };
-        super::shard::write_snapshot_meta(&dir, &md)
+        crate::server::shard::write_snapshot_meta(&dir, &md)
             .map_err(|e| format!("shard {}: writing its log start: {e}", part.shard))?;
     }
     let wal = data_dir.join("wal");

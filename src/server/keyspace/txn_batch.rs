@@ -20,9 +20,9 @@ use cairn_proto::etcdserverpb::{TxnRequest, TxnResponse};
 use prost::Message as _;
 use tokio::sync::oneshot;
 
-use super::errors::ApiError;
-use super::key_ranges::ranges_overlap;
 use crate::routing::ShardId;
+use crate::server::errors::ApiError;
+use crate::server::key_ranges::ranges_overlap;
 
 /// Most txns one batch runs: bounds the hold on its shards.
 pub const MAX_BATCH: usize = 64;

@@ -17,13 +17,13 @@ use cairn_proto::cairnpb::shard_request;
 use cairn_proto::etcdserverpb::{RangeRequest, RangeResponse};
 use tokio::sync::{mpsc, oneshot};
 
-use super::command::{
+use crate::routing::{RoutingTable, ShardId};
+use crate::server::command::{
     LeaseInfo, ReadAt, Reply, ShardCommand, ShardHash, ShardPoint, ShardStatus, WriteResult,
     REQUEST_TIMEOUT,
 };
-use super::errors::ApiError;
-use super::keyspace::Keyspace;
-use crate::routing::{RoutingTable, ShardId};
+use crate::server::errors::ApiError;
+use crate::server::keyspace::Keyspace;
 
 /// Commands queued from one core for one shard before that core's senders wait.
 pub const SHARD_QUEUE_COMMANDS: usize = 16_384;

@@ -3,7 +3,7 @@
 //! A member belongs to every shard's Raft group, so a membership change is one
 //! conf change per shard, each carried out by that shard's leader: the member
 //! a client asked does the shards it leads itself and carries the others to
-//! their leaders over the peer port (`super::peer_http`). Additions and
+//! their leaders over the peer port (`crate::server::member::peer_http`). Additions and
 //! promotions go through the shards in order, removals in reverse order, so
 //! shard 0, whose applies alone update the member table, is the first to add
 //! and the last to remove. Each shard's step is idempotent (a shard already
@@ -23,12 +23,12 @@ use cairn_proto::etcdserverpb::{
 };
 use tonic::{Request, Response, Status};
 
-use super::errors::ApiError;
-use super::kv::Identity;
-use super::members::{added_member_id, same_urls, Member, MemberRegistry};
-use super::peer_http;
-use super::router::Router;
 use crate::raft::ConfChangeType;
+use crate::server::api::kv::Identity;
+use crate::server::errors::ApiError;
+use crate::server::keyspace::router::Router;
+use crate::server::member::peer_http;
+use crate::server::members::{added_member_id, same_urls, Member, MemberRegistry};
 
 /// How long one shard's step of a membership change may take, leader
 /// elections and retries included.
@@ -41,7 +41,7 @@ pub struct ClusterService {
     pub members: Arc<MemberRegistry>,
     /// This core's keep-alive connections to the peers' HTTP sides.
     pub peers: peer_http::PeerClient,
-    pub auth: Arc<super::auth::AuthStore>,
+    pub auth: Arc<crate::server::auth::AuthStore>,
 }
 
 fn pb_member(m: &Member) -> PbMember {
@@ -160,7 +160,7 @@ impl Cluster for ClusterService {
         &self,
         request: Request<MemberAddRequest>,
     ) -> Result<Response<MemberAddResponse>, Status> {
-        super::auth::require_admin(&self.auth, &request)?;
+        crate::server::auth::require_admin(&self.auth, &request)?;
         let _one_at_a_time = self.members.change_lock().await;
         let req = request.into_inner();
         check_peer_urls(&req.peer_ur_ls)?;
@@ -172,7 +172,11 @@ impl Cluster for ClusterService {
         }) {
             return Err(ApiError::PeerUrlExist.into());
         }
-        let id = added_member_id(&req.peer_ur_ls, now.cluster_id, super::clock::now_ms());
+        let id = added_member_id(
+            &req.peer_ur_ls,
+            now.cluster_id,
+            crate::server::clock::now_ms(),
+        );
         if now.get(id).is_some() {
             return Err(ApiError::MemberExist.into());
         }
@@ -205,7 +209,7 @@ impl Cluster for ClusterService {
         &self,
         request: Request<MemberRemoveRequest>,
     ) -> Result<Response<MemberRemoveResponse>, Status> {
-        super::auth::require_admin(&self.auth, &request)?;
+        crate::server::auth::require_admin(&self.auth, &request)?;
         let _one_at_a_time = self.members.change_lock().await;
         let id = request.into_inner().id;
         let member = self.member(id)?;
@@ -239,7 +243,7 @@ impl Cluster for ClusterService {
         &self,
         request: Request<MemberUpdateRequest>,
     ) -> Result<Response<MemberUpdateResponse>, Status> {
-        super::auth::require_admin(&self.auth, &request)?;
+        crate::server::auth::require_admin(&self.auth, &request)?;
         let _one_at_a_time = self.members.change_lock().await;
         let req = request.into_inner();
         check_peer_urls(&req.peer_ur_ls)?;
@@ -279,7 +283,7 @@ impl Cluster for ClusterService {
         &self,
         request: Request<MemberPromoteRequest>,
     ) -> Result<Response<MemberPromoteResponse>, Status> {
-        super::auth::require_admin(&self.auth, &request)?;
+        crate::server::auth::require_admin(&self.auth, &request)?;
         let _one_at_a_time = self.members.change_lock().await;
         let id = request.into_inner().id;
         let member = self.member(id)?;

@@ -1,7 +1,7 @@
 //! The peer port's lease requests (`POST /cairn/lease-renew`,
 //! `/cairn/lease-ttl`, `/cairn/lease-revoke`): a member asks the leader of a
 //! shard (or, to revoke, the keyspace leader) on behalf of its client. The
-//! HTTP side and its table of paths are in `super::peer_http`.
+//! HTTP side and its table of paths are in `crate::server::member::peer_http`.
 
 use std::sync::Arc;
 
@@ -12,9 +12,9 @@ use cairn_proto::etcdserverpb::{
 };
 use prost::Message as _;
 
-use super::errors::ApiError;
-use super::router::Router;
 use crate::routing::ShardId;
+use crate::server::errors::ApiError;
+use crate::server::keyspace::router::Router;
 
 /// What this member answers a peer's forwarded lease request with.
 #[derive(Debug)]
@@ -68,7 +68,10 @@ pub async fn serve_lease(
                 Err(e) => return PeerLeaseAnswer::BadRequest(format!("bad request: {e}")),
             };
             // Run apart from this connection, as a txn over several shards.
-            let run = tokio::spawn(super::cross_txn::revoke_lease(router.clone(), req.id));
+            let run = tokio::spawn(crate::server::keyspace::cross_txn::revoke_lease(
+                router.clone(),
+                req.id,
+            ));
             run.await.unwrap_or(Err(ApiError::Stopped)).map(|revision| {
                 LeaseRevokeResponse {
                     header: Some(ResponseHeader {

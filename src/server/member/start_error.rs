@@ -20,7 +20,7 @@ pub enum StartError {
     #[error("{0}")]
     Tls(#[from] crate::tls::TlsError),
     #[error("auth state: {0}")]
-    Auth(#[from] super::auth::AuthLoadError),
+    Auth(#[from] crate::server::auth::AuthLoadError),
     #[error("metrics registry: {0}")]
     Metrics(#[from] crate::ops::metrics::MetricsError),
     #[error("--listen-metrics-urls: {0}")]
@@ -39,7 +39,7 @@ pub enum StartError {
         source: cairn_wal::OpenError,
     },
     #[error("{0}")]
-    Shard(#[from] super::shard::ShardOpenError),
+    Shard(#[from] crate::server::shard::ShardOpenError),
     #[error("member {member:x}: {reason}")]
     Peer { member: u64, reason: String },
 }

@@ -35,12 +35,12 @@ use prost::Message as _;
 use tokio::net::TcpStream;
 use tonic::Code;
 
-use super::command::ShardPoint;
-use super::errors::ApiError;
-use super::members::MemberRegistry;
-use super::peer_lease::{serve_lease, PeerLeaseAnswer};
-use super::router::Router;
 use crate::routing::ShardId;
+use crate::server::command::ShardPoint;
+use crate::server::errors::ApiError;
+use crate::server::keyspace::router::Router;
+use crate::server::member::peer_lease::{serve_lease, PeerLeaseAnswer};
+use crate::server::members::MemberRegistry;
 
 pub const CLUSTER_HEADER: &str = "x-cairn-cluster-id";
 pub const LEADER_HEADER: &str = "x-cairn-leader";
@@ -251,7 +251,7 @@ async fn serve_txn(router: &Arc<Router>, body: Bytes) -> Response<Full<Bytes>> {
     };
     // Run apart from this connection: a peer that gives up must not stop a
     // txn half way through its holds.
-    let run = tokio::spawn(super::cross_txn::run(router.clone(), req));
+    let run = tokio::spawn(crate::server::keyspace::cross_txn::run(router.clone(), req));
     match run.await {
         Ok(Ok(r)) => answer(StatusCode::OK, Bytes::from(r.encode_to_vec())),
         Ok(Err(ApiError::NotLeader { leader })) => not_leader(leader),

@@ -1,0 +1,8 @@
+//! The etcd v3 API services: each turns a client's request into commands
+//! for the keyspace layer and its answers into etcd's responses.
+
+pub mod cluster;
+pub mod kv;
+pub mod lease;
+pub mod maintenance;
+pub mod watch;
