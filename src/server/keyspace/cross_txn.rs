@@ -6,12 +6,13 @@
 //!    (so two txns never wait for each other, and none holds a shard while
 //!    it waits for another): a held shard gives no entry a revision and
 //!    answers read points only once the hold ends.
-//! 2. Take the txn's revision `T` from the counter: every entry of the held
+//! 2. **Compare**, in the same request as the hold: each shard evaluates
+//!    every compare over its own keys once the entries proposed before its
+//!    hold are applied, so it answers for the keyspace as it is until the
+//!    hold ends. The answers decide the branches.
+//! 3. Take the txn's revision `T` from the counter: every entry of the held
 //!    shards proposed so far has a revision below it, and none proposed
 //!    until the shard's part will have one above.
-//! 3. **Compare**: each shard evaluates every compare over its own keys,
-//!    once the entries proposed before its hold are applied, so it answers
-//!    for the keyspace just before `T`. The answers decide the branches.
 //! 4. **Check** each written shard's ops (what would refuse them on apply),
 //!    and read the ranges of shards the txn only reads; let those go.
 //! 5. **Propose** each written shard's part at `T`. With more than one, each

@@ -1,7 +1,8 @@
 //! A shard's side of a txn over several shards (docs/KEYSPACE.md,
-//! "Transactions over several shards"): the keyspace leader holds each shard
-//! the txn touches (in shard order), reads their compares and checks their
-//! ops while no entry of theirs can get a revision, takes the txn's revision,
+//! "Transactions over several shards"): the keyspace leader holds every
+//! shard the txn touches (all at once, through the member's hold table) and
+//! has them answer its compares with the hold; while no entry of those
+//! shards can get a revision it takes the txn's revision, checks the ops,
 //! and has every shard it writes propose its part at that revision. A part
 //! carries the whole plan, which the shard's store keeps until every part is
 //! applied, so that a later keyspace leader can finish a txn whose leader

@@ -353,8 +353,9 @@ pub struct Shard {
     /// The pending-proposals figure last exported, to export changes as deltas.
     pending_reported: i64,
     watchers: watchers::ShardWatchers,
-    /// Random per start: makes read contexts and request ids of this
-    /// incarnation distinct from any earlier one's.
+    /// Random per start (derived from [`ShardSetup::seed`] when one is
+    /// given, which the simulator varies per start): makes read contexts
+    /// and request ids of this incarnation distinct from any earlier one's.
     boot_nonce: u64,
     members: std::sync::Arc<crate::server::members::MemberRegistry>,
     auth: Option<std::sync::Arc<crate::server::auth::AuthStore>>,
