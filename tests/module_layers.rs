@@ -311,11 +311,6 @@ fn layer_rank(module: &str) -> Option<u32> {
 /// undone (docs/ARCHITECTURE.md, "What is not layered yet"). A new one
 /// fails the test.
 const KNOWN_UPWARD: &[(&str, &str)] = &[
-    // The services forward a request to the leader's peer port through the
-    // peer HTTP client, which lives with the peer port's server side.
-    ("server::api::cluster", "server::member::peer_http"),
-    ("server::api::kv", "server::member::peer_http"),
-    ("server::api::lease", "server::member::peer_http"),
     // Maintenance's Snapshot writes the backup format the member restores.
     ("server::api::maintenance", "server::member::backup"),
     // Shard 0 applies auth changes to the auth store.

@@ -9,7 +9,8 @@
 //! - `shard`: the shard driver;
 //! - the files here: what the layers share (`command`: what a shard is
 //!   asked and answers; `entry`: what its log entries mean; the member
-//!   table, errors, request checks, the wall clock, crash points).
+//!   table, the peer port's client, errors, request checks, the wall clock,
+//!   crash points).
 
 pub mod api;
 pub mod auth;
@@ -25,5 +26,6 @@ pub mod key_ranges;
 pub mod keyspace;
 pub mod member;
 pub mod members;
+pub mod peer_client;
 pub mod shard;
 pub mod validate;

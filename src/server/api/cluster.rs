@@ -27,8 +27,8 @@ use crate::raft::ConfChangeType;
 use crate::server::api::kv::Identity;
 use crate::server::errors::ApiError;
 use crate::server::keyspace::router::Router;
-use crate::server::member::peer_http;
 use crate::server::members::{added_member_id, same_urls, Member, MemberRegistry};
+use crate::server::peer_client;
 
 /// How long one shard's step of a membership change may take, leader
 /// elections and retries included.
@@ -40,7 +40,7 @@ pub struct ClusterService {
     pub router: Arc<Router>,
     pub members: Arc<MemberRegistry>,
     /// This core's keep-alive connections to the peers' HTTP sides.
-    pub peers: peer_http::PeerClient,
+    pub peers: peer_client::PeerClient,
     pub auth: Arc<crate::server::auth::AuthStore>,
 }
 
@@ -124,7 +124,7 @@ impl ClusterService {
 pub async fn change_shard(
     router: &Router,
     members: &MemberRegistry,
-    peers: &peer_http::PeerClient,
+    peers: &peer_client::PeerClient,
     shard: u32,
     change: ConfChangeType,
     member: &MemberInfo,
@@ -137,7 +137,7 @@ pub async fn change_shard(
         check_only,
     };
     let cluster_id = members.cluster_id();
-    peer_http::at_shard_leader(
+    peer_client::at_shard_leader(
         members,
         SHARD_CHANGE_TIMEOUT,
         || async {
@@ -317,7 +317,7 @@ impl Cluster for ClusterService {
 pub async fn publish_attributes(
     router: Arc<Router>,
     members: Arc<MemberRegistry>,
-    peers: peer_http::PeerClient,
+    peers: peer_client::PeerClient,
     name: String,
     client_urls: Vec<String>,
     mut stop: tokio::sync::watch::Receiver<bool>,
@@ -370,7 +370,7 @@ pub const MEMBERSHIP_CHECK_STRIKES: u32 = 3;
 /// it, several times in a row, it marks itself removed, as if told.
 pub async fn watch_for_removal(
     members: Arc<MemberRegistry>,
-    client: peer_http::PeerClient,
+    client: peer_client::PeerClient,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
     let mut strikes = 0;

@@ -27,8 +27,8 @@ use crate::server::errors::ApiError;
 use crate::server::keyspace::cross_txn;
 use crate::server::keyspace::merge::merge_ranges;
 use crate::server::keyspace::router::Router;
-use crate::server::member::peer_http;
 use crate::server::members::MemberRegistry;
+use crate::server::peer_client;
 use crate::server::shard::LEADERLESS_WAIT;
 use crate::server::validate;
 
@@ -54,24 +54,24 @@ pub struct KvService {
     pub auth: Arc<AuthStore>,
     /// Where the keyspace leader is found for a read point.
     pub members: Arc<MemberRegistry>,
-    pub peers: peer_http::PeerClient,
+    pub peers: peer_client::PeerClient,
 }
 
 /// Asks the keyspace leader at `url` to run a txn over several shards.
 async fn forward_txn(
-    peers: &peer_http::PeerClient,
+    peers: &peer_client::PeerClient,
     url: &str,
     cluster_id: u64,
     req: &TxnRequest,
-) -> peer_http::Forwarded<TxnResponse> {
+) -> peer_client::Forwarded<TxnResponse> {
     peers
         .call(
             url,
             hyper::Method::POST,
-            peer_http::TXN_PATH,
-            &[(peer_http::CLUSTER_HEADER, format!("{cluster_id:x}"))],
+            peer_client::TXN_PATH,
+            &[(peer_client::CLUSTER_HEADER, format!("{cluster_id:x}"))],
             bytes::Bytes::from(req.encode_to_vec()),
-            peer_http::PEER_HTTP_TIMEOUT,
+            peer_client::PEER_HTTP_TIMEOUT,
         )
         .await
         .and_decode(|b| TxnResponse::decode(b).map_err(|e| format!("bad txn answer: {e}")))
@@ -173,7 +173,7 @@ impl KvService {
     /// leader: this member, or asked over the peer port.
     async fn read_point(&self, shards: &[ShardId]) -> Result<(i64, Vec<ShardPoint>), Status> {
         let cluster_id = self.members.cluster_id();
-        peer_http::at_shard_leader(
+        peer_client::at_shard_leader(
             &self.members,
             LEADERLESS_WAIT,
             || self.router.read_point(shards),
@@ -213,10 +213,10 @@ impl KvService {
                 .and_then(|m| m.peer_urls.first().cloned());
             if let Some(url) = url {
                 match forward_txn(&self.peers, &url, self.members.cluster_id(), &req).await {
-                    peer_http::Forwarded::Ok(r) => return Ok(r),
-                    peer_http::Forwarded::NotLeader(_) => {}
+                    peer_client::Forwarded::Ok(r) => return Ok(r),
+                    peer_client::Forwarded::NotLeader(_) => {}
                     // Not retried: the leader may have proposed it.
-                    peer_http::Forwarded::Failed(s) => return Err(s),
+                    peer_client::Forwarded::Failed(s) => return Err(s),
                 }
             }
             if Instant::now() >= deadline {

@@ -62,8 +62,8 @@ use crate::server::api::kv::Identity;
 use crate::server::command::{LeaseInfo, WriteResult};
 use crate::server::errors::ApiError;
 use crate::server::keyspace::router::Router;
-use crate::server::member::peer_http::{self, Forwarded, CLUSTER_HEADER, SHARD_HEADER};
 use crate::server::members::MemberRegistry;
+use crate::server::peer_client::{self, Forwarded, CLUSTER_HEADER, SHARD_HEADER};
 use crate::server::shard::MAX_LEASE_TTL_SECS;
 
 /// How long a lease request waits for a shard's leader (elections included)
@@ -123,7 +123,7 @@ pub struct LeaseService {
     /// Smallest TTL granted, in seconds: shorter ones are raised to it.
     pub min_ttl_secs: i64,
     pub ids: Arc<LeaseIds>,
-    pub peers: peer_http::PeerClient,
+    pub peers: peer_client::PeerClient,
     pub auth: Arc<crate::server::auth::AuthStore>,
 }
 
@@ -141,7 +141,7 @@ impl LeaseService {
         R: Fn(String) -> RF,
         RF: Future<Output = Forwarded<T>>,
     {
-        peer_http::at_shard_leader(&self.members, LEADER_WAIT, local, remote).await
+        peer_client::at_shard_leader(&self.members, LEADER_WAIT, local, remote).await
     }
 
     /// Posts a lease request for `shard` to the peer at `url`.

@@ -231,7 +231,7 @@ fn join_cluster(
             .any(|m| crate::server::members::same_urls(&m.peer_urls, own))
     };
     let table = rt.block_on(async {
-        let client = crate::server::member::peer_http::PeerClient::new(peer_tls);
+        let client = crate::server::peer_client::PeerClient::new(peer_tls);
         let mut errors = Vec::new();
         let mut without_me: Option<(std::time::Instant, _)> = None;
         loop {

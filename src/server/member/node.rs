@@ -564,7 +564,7 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
     let max_message_bytes = config.max_request_bytes + 512 * 1024;
     // This core's keep-alive connections to peers' HTTP sides, for lease
     // renewals and membership changes.
-    let peers = crate::server::member::peer_http::PeerClient::new(shared.peer_tls.clone());
+    let peers = crate::server::peer_client::PeerClient::new(shared.peer_tls.clone());
     let min_lease_ttl_secs = crate::server::api::lease::min_lease_ttl_secs(
         config.heartbeat_interval_ms,
         config.election_timeout_ms,
