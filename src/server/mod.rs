@@ -9,11 +9,12 @@
 //! - `shard`: the shard driver;
 //! - the files here: what the layers share (`command`: what a shard is
 //!   asked and answers; `entry`: what its log entries mean; the member
-//!   table, the peer port's client, errors, request checks, the wall clock,
+//!   table, the backup file's format, the peer port's client, errors, request checks, the wall clock,
 //!   crash points).
 
 pub mod api;
 pub mod auth;
+pub mod backup;
 pub mod clock;
 pub mod command;
 pub mod convert;

@@ -18,10 +18,10 @@ use futures::future::join_all;
 use tonic::{Request, Response, Status};
 
 use crate::server::api::kv::Identity;
+use crate::server::backup::BackupEncoder;
 use crate::server::command::{ShardCommand, ShardHash, ShardStatus, REQUEST_TIMEOUT};
 use crate::server::errors::ApiError;
 use crate::server::keyspace::router::Router;
-use crate::server::member::backup::BackupEncoder;
 use crate::server::members::MemberRegistry;
 
 /// How long defragmenting one shard's store may take before the client is

@@ -108,7 +108,7 @@ pub(super) fn log_sharding(shards: usize) {
 fn restore_snapshot(config: &mut Config, path: &Path, voters: &[u64]) -> Result<(), StartError> {
     let dir = &config.data_dir.clone();
     let restore_error = |e: String| data_dir_error(dir, format!("--restore-snapshot: {e}"));
-    let backup = crate::server::member::backup::read_backup(path).map_err(restore_error)?;
+    let backup = crate::server::backup::read_backup(path).map_err(restore_error)?;
     adopt_shards(config, backup.shards, "the backup holds");
     if backup.shards as usize != config.shards {
         return Err(restore_error(format!(
@@ -125,7 +125,7 @@ fn restore_snapshot(config: &mut Config, path: &Path, voters: &[u64]) -> Result<
         "restoring the stores from a snapshot"
     );
     let store_config = cairn_mvcc::Config::default();
-    crate::server::member::backup::restore_into(backup, dir, &store_config, voters)
+    crate::server::member::restore::restore_into(backup, dir, &store_config, voters)
         .map_err(restore_error)
 }
 
