@@ -166,12 +166,11 @@ pub async fn status(world: &World, id: u64) -> Result<ShardStatus, String> {
 /// The checks against the members' stores, once every member has applied
 /// the same log.
 pub async fn check_stores(world: &World, calls: &[Call]) -> Result<(), DriverViolation> {
-    let safety = |kind, detail: String| violation(kind, detail);
     let by_revision = acknowledged(calls)?;
     let ids = world.ids();
     for &id in &ids {
         let commands = world.commands(id).ok_or_else(|| {
-            safety(
+            violation(
                 DriverViolationKind::NoLiveness,
                 format!("member {id} is not running"),
             )
@@ -179,7 +178,7 @@ pub async fn check_stores(world: &World, calls: &[Call]) -> Result<(), DriverVio
         for (&revision, (key, value)) in &by_revision {
             let found = stored(&commands, key, revision).await;
             if holds(&found) != Some((*value, revision)) {
-                return Err(safety(
+                return Err(violation(
                     DriverViolationKind::LostWrite,
                     format!(
                         "put {key:?}={value:?} was acknowledged at revision {revision}; member \
@@ -206,7 +205,7 @@ pub async fn check_stores(world: &World, calls: &[Call]) -> Result<(), DriverVio
         }
         let found = stored(&first, key, *mod_revision).await;
         if holds(&found) != Some((value, *mod_revision)) {
-            return Err(safety(
+            return Err(violation(
                 DriverViolationKind::PhantomRead,
                 format!(
                     "a read of {key:?} through member {} returned {value:?} at mod revision \
@@ -224,13 +223,13 @@ pub async fn check_stores(world: &World, calls: &[Call]) -> Result<(), DriverVio
             reply,
         })
         .await
-        .map_err(|e| safety(DriverViolationKind::NoLiveness, e))?;
+        .map_err(|e| violation(DriverViolationKind::NoLiveness, e))?;
         hashes.push((id, hash));
     }
     let (first_id, first_hash) = &hashes[0];
     for (id, hash) in &hashes[1..] {
         if (hash.hash, hash.revision) != (first_hash.hash, first_hash.revision) {
-            return Err(safety(
+            return Err(violation(
                 DriverViolationKind::Diverged,
                 format!(
                     "member {first_id}'s store hashes to {:#x} at revision {}, member {id}'s \

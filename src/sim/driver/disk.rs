@@ -27,10 +27,11 @@ impl SlowDisk {
     pub fn new(inner: CrashStorage, rng: Rc<RefCell<SmallRng>>) -> SlowDisk {
         SlowDisk { inner, rng }
     }
+}
 
-    fn sync_delay(&self) -> Duration {
-        Duration::from_micros(self.rng.borrow_mut().gen_range(SYNC_MICROS))
-    }
+/// How long one simulated sync takes.
+fn sync_delay(rng: &RefCell<SmallRng>) -> Duration {
+    Duration::from_micros(rng.borrow_mut().gen_range(SYNC_MICROS))
 }
 
 impl Storage for SlowDisk {
@@ -56,7 +57,7 @@ impl Storage for SlowDisk {
         self.inner.remove(name)
     }
     fn sync_dir(&self) -> IoFuture<'_, io::Result<()>> {
-        let delay = self.sync_delay();
+        let delay = sync_delay(&self.rng);
         Box::pin(async move {
             tokio::time::sleep(delay).await;
             self.inner.sync_dir().await
@@ -83,7 +84,7 @@ impl StorageFile for SlowFile {
         self.inner.write_at(offset, buf)
     }
     fn sync_data(&self) -> IoFuture<'_, io::Result<()>> {
-        let delay = Duration::from_micros(self.rng.borrow_mut().gen_range(SYNC_MICROS));
+        let delay = sync_delay(&self.rng);
         Box::pin(async move {
             tokio::time::sleep(delay).await;
             self.inner.sync_data().await
