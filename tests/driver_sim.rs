@@ -1,7 +1,8 @@
 //! The daemon's shard driver under simulation (`cairn::sim::driver`): seeded
 //! runs of 3 and 5 members, each running the production driver with the real
 //! WAL on its power-cut disk and the real store, under crashes, partitions,
-//! loss and slow syncs, must lose no acknowledged write, serve no stale or
+//! loss, slow syncs, leader transfers and log compactions (members catch up
+//! by snapshot), must lose no acknowledged write, serve no stale or
 //! phantom read, keep every store the same and recover once the faults stop;
 //! and a Raft safety rule switched off must be caught.
 //!
@@ -52,6 +53,9 @@ fn suite(members: usize, seeds: u64) {
     // The faults and the work happened, many times over.
     assert!(stats.crashes > seeds, "{stats:#?}");
     assert!(stats.partitions > seeds, "{stats:#?}");
+    // Lagging members caught up by snapshot, and leaders handed over.
+    assert!(stats.snapshots_delivered > seeds / 10, "{stats:#?}");
+    assert!(stats.transfers > seeds / 10, "{stats:#?}");
     assert!(stats.puts_acknowledged > 100 * seeds, "{stats:#?}");
     assert!(stats.reads_served > 100 * seeds, "{stats:#?}");
     assert!(stats.messages_dropped > 100 * seeds, "{stats:#?}");

@@ -14,7 +14,7 @@ use tokio::sync::mpsc;
 use crate::raft;
 use crate::routing::ShardId;
 use crate::server::member::data_dir::shard_dir;
-use crate::server::shard::{PeerSender, ShardInbound, SpoolError, StreamSpool};
+use crate::server::shard::{PeerSender, ShardInbound, SnapshotTransfer, SpoolError, StreamSpool};
 
 /// Largest snapshot stream a member accepts, checked as its bytes arrive. A
 /// snapshot is spooled to a file as it arrives, so this bounds disk, not memory.
@@ -80,11 +80,20 @@ impl PeerSender for CorePeers {
         link.send(shard, 0, payload).is_ok()
     }
 
-    fn link(&self, shard: ShardId, to: u64) -> Option<cairn_net::Link> {
-        self.links
+    fn send_snapshot<'a>(
+        &self,
+        shard: ShardId,
+        to: u64,
+        source: &'a mut dyn cairn_net::StreamSource,
+    ) -> Option<SnapshotTransfer<'a>> {
+        let link = self
+            .links
             .borrow()
             .get(&(shard, to))
-            .map(|(l, _)| l.clone())
+            .map(|(l, _)| l.clone())?;
+        Some(Box::pin(async move {
+            link.send_stream(shard, source).await.map(|_| ())
+        }))
     }
 
     fn connect(&self, shard: ShardId, to: u64, peer_urls: &[String]) {

@@ -403,7 +403,7 @@ impl Shard {
         let dir = self.dir.clone();
         let written = md.clone();
         let faults = self.store_config.sync_faults.clone();
-        let write = tokio::task::spawn_blocking(move || {
+        let write = self.off_core.spawn(move || {
             if let Some(control) = &faults {
                 let name = dir.file_name().unwrap_or_default().to_string_lossy();
                 mvcc::fault::SyncFault::before_sync(control, &format!("{name}/raft-snapshot"))?;

@@ -80,6 +80,7 @@ mod in_flight;
 mod lease_clock;
 mod leases;
 mod membership;
+mod off_core;
 mod open;
 mod pipeline;
 mod proposals;
@@ -97,6 +98,7 @@ use held_snapshot::HeldSnapshot;
 pub(crate) use in_flight::txn_ranges;
 use lease_clock::LeaseClock;
 pub use lease_clock::MAX_LEASE_TTL_SECS;
+pub use off_core::OffCoreJobs;
 use pipeline::{InFlightWrite, Waiter};
 use proposals::HeldWrite;
 use reads::{read_context_counter, PendingPoint, PendingRead, PendingRenewal, ReadRound};
@@ -156,6 +158,10 @@ pub const STORE_COMMIT_PENDING_BYTES: usize = 16 * 1024 * 1024;
 /// restart may have to replay from the WAL.
 pub const STORE_COMMIT_INTERVAL: Duration = Duration::from_millis(100);
 
+/// A snapshot stream on its way to a peer (see [`PeerSender::send_snapshot`]).
+pub type SnapshotTransfer<'a> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), cairn_net::StreamError>> + 'a>>;
+
 /// How the driver sends Raft messages to the other members of its shard.
 pub trait PeerSender {
     /// Queues `msg` for its `to` member. Returns false when it could not be
@@ -163,8 +169,15 @@ pub trait PeerSender {
     /// message, and the driver reports the peer unreachable.
     fn send(&self, shard: ShardId, msg: raft::Message) -> bool;
 
-    /// The link to `to` for `shard`, for streaming a snapshot.
-    fn link(&self, shard: ShardId, to: u64) -> Option<cairn_net::Link>;
+    /// Streams a snapshot of `shard` to member `to`, reading it chunk by
+    /// chunk from `source`; `None` when there is no link to `to`. The
+    /// transfer ends once the receiver has the whole stream, or fails.
+    fn send_snapshot<'a>(
+        &self,
+        shard: ShardId,
+        to: u64,
+        source: &'a mut dyn cairn_net::StreamSource,
+    ) -> Option<SnapshotTransfer<'a>>;
 
     /// Makes sure `shard` has a link to member `to` at `peer_urls` (a new
     /// member, or one whose URLs changed).
@@ -225,6 +238,8 @@ pub struct ShardSetup {
     /// and read contexts; `None` draws them at random. The simulator sets it
     /// so that a seed names a run.
     pub seed: Option<u64>,
+    /// Counts the shard's jobs on the blocking pool (see [`off_core`]).
+    pub off_core: OffCoreJobs,
     /// A Raft safety rule switched off, for the simulator's mutation check.
     #[cfg(feature = "raft-mutations")]
     pub mutation: Option<raft::SafetyMutation>,
@@ -341,6 +356,9 @@ pub struct Shard {
     snapshot_reports: mpsc::UnboundedReceiver<(u64, raft::SnapshotStatus)>,
     /// Followers a snapshot is being streamed to right now.
     snapshots_in_flight: std::collections::HashSet<u64>,
+    /// The tasks streaming them, which end with the shard: a stopped
+    /// driver leaves no reader of its store behind.
+    snapshot_sends: tokio::task::JoinSet<()>,
     /// The snapshot metadata of a log compaction, being written off the
     /// core; the log is compacted once it is durable.
     compaction: Option<apply::Compaction>,
@@ -368,6 +386,8 @@ pub struct Shard {
     lease_clock: LeaseClock,
     /// The defragment in progress, carried on in steps on the ticks.
     defrag: Option<apply::Defrag>,
+    /// The shard's jobs on the blocking pool.
+    off_core: OffCoreJobs,
 }
 
 impl Shard {

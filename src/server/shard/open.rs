@@ -263,6 +263,7 @@ impl Shard {
             snapshot_reports_tx,
             snapshot_reports,
             snapshots_in_flight: std::collections::HashSet::new(),
+            snapshot_sends: tokio::task::JoinSet::new(),
             compaction: None,
             term_out: setup.term_out.clone(),
             store_config: store_cfg,
@@ -278,6 +279,7 @@ impl Shard {
             is_learner,
             lease_clock: LeaseClock::new(setup.tick, setup.election_ticks),
             defrag: None,
+            off_core: setup.off_core.clone(),
         })
     }
 }

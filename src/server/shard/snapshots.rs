@@ -116,9 +116,10 @@ impl InstallError {
 /// Runs a step of an install on the blocking pool and waits for it there,
 /// leaving the core to its other shards.
 async fn off_core<T: Send + 'static>(
+    jobs: &super::OffCoreJobs,
     step: impl FnOnce() -> Result<T, InstallError> + Send + 'static,
 ) -> Result<T, InstallError> {
-    tokio::task::spawn_blocking(step)
+    jobs.spawn(step)
         .await
         .unwrap_or_else(|e| Err(InstallError::Worker(e.to_string())))
 }
@@ -234,10 +235,6 @@ impl Shard {
         if self.snapshots_in_flight.contains(&to) {
             return;
         }
-        let Some(link) = self.peers.link(self.id, to) else {
-            self.node.report_snapshot(to, raft::SnapshotStatus::Failure);
-            return;
-        };
         let stream = self.store.snapshot_stream();
         let index = stream.applied_index();
         let Some(term) = self.node.term_of(index) else {
@@ -267,6 +264,7 @@ impl Shard {
         tracing::info!(shard = self.id, to, index, "sending snapshot");
         self.snapshots_in_flight.insert(to);
         let reports = self.snapshot_reports_tx.clone();
+        let peers = self.peers.clone();
         let shard = self.id;
         let progress = Rc::new(std::cell::Cell::new(Instant::now()));
         let mut source = StoreSnapshotSource {
@@ -277,7 +275,8 @@ impl Shard {
             bytes: 0,
             progress: progress.clone(),
         };
-        tokio::task::spawn_local(async move {
+        while self.snapshot_sends.try_join_next().is_some() {}
+        self.snapshot_sends.spawn_local(async move {
             let stalled = async {
                 loop {
                     let idle = progress.get().elapsed();
@@ -287,12 +286,17 @@ impl Shard {
                     tokio::time::sleep(SNAPSHOT_SEND_IDLE_TIMEOUT - idle).await;
                 }
             };
+            let Some(transfer) = peers.send_snapshot(shard, to, &mut source) else {
+                tracing::warn!(shard, to, "no link to the member; snapshot not sent");
+                let _ = reports.send((to, raft::SnapshotStatus::Failure));
+                return;
+            };
             let sent = tokio::select! {
-                r = link.send_stream(shard, &mut source) => Ok(r),
+                r = transfer => Ok(r),
                 () = stalled => Err(()),
             };
             let status = match sent {
-                Ok(Ok(_)) => {
+                Ok(Ok(())) => {
                     tracing::info!(shard, to, index, bytes = source.bytes, "snapshot sent");
                     raft::SnapshotStatus::Finish
                 }
@@ -355,9 +359,11 @@ impl Shard {
         // Reading gigabytes from the spool, writing and syncing the new store
         // and its files: on the blocking pool, so the core's other shards go
         // on while this one waits.
-        let store = off_core(move || build_store(&new_dir, id, cfg, &meta, incoming))
-            .await?
-            .into_store();
+        let store = off_core(&self.off_core, move || {
+            build_store(&new_dir, id, cfg, &meta, incoming)
+        })
+        .await?
+        .into_store();
         crate::server::crash_point::reached("snapshot-built");
         let truncate = [cairn_wal::Record::Truncate {
             shard: u64::from(self.id),
@@ -384,7 +390,7 @@ impl Shard {
         let dir = self.dir.clone();
         let (members, auth) = (self.members.clone(), self.auth.clone());
         let shard0 = self.id == 0;
-        off_core(move || {
+        off_core(&self.off_core, move || {
             store_swap::swap_in(&mut store_swap::RealFs, &dir)
                 .map_err(InstallError::io("swapping in the snapshot's store"))?;
             crate::server::crash_point::reached("snapshot-swapped");

@@ -1,5 +1,6 @@
 //! The faults of one seed: rates drawn from the seed, random crashes,
-//! partitions, one-way cuts and loss, and an adversary aimed at leaders
+//! partitions, one-way cuts, loss and leader transfers (etcd's MoveLeader,
+//! asked of the leader seen last), and an adversary aimed at leaders
 //! (Raft paper figure 8): a newly elected leader struck before its entries
 //! reach a quorum, a leader struck right after its commit index moves.
 //! Leaders are recognised on the wire: a member sending appends or
@@ -12,6 +13,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::raft::{self, MessageType};
+use crate::server::command::ShardCommand;
 
 use super::checks::{violation, DriverViolationKind as Kind};
 use super::world::World;
@@ -22,8 +24,8 @@ pub struct Plan {
     /// Longest pause between two random faults.
     max_fault_gap_ms: u64,
     /// Weights of the random faults: crash, isolate, one-way cut, heal,
-    /// change the loss rate.
-    weights: [u32; 5],
+    /// change the loss rate, transfer the leadership.
+    weights: [u32; 6],
     /// Highest loss rate, per mille.
     max_drop_per_mille: u32,
     /// Longest a crashed member stays down.
@@ -48,6 +50,7 @@ impl Plan {
                 world.gen_range(0..=25),
                 world.gen_range(0..=15),
                 world.gen_range(5..=30),
+                world.gen_range(0..=15),
                 world.gen_range(0..=15),
             ],
             max_drop_per_mille: world.gen_range(0..=250),
@@ -78,6 +81,9 @@ impl LeaderWatch {
             return None;
         }
         let (term, _) = self.leader.get();
+        if msg.term >= term {
+            self.leader.set((msg.term, msg.from));
+        }
         if msg.term > term {
             self.leader.set((msg.term, msg.from));
             if world.chance(plan.new_leader_doom_per_mille) {
@@ -91,6 +97,11 @@ impl LeaderWatch {
             }
         }
         None
+    }
+
+    /// The member seen leading last.
+    pub fn leader(&self) -> Option<u64> {
+        Some(self.leader.get().1).filter(|&id| id != 0)
     }
 }
 
@@ -173,9 +184,35 @@ pub async fn run(world: &Rc<World>, plan: &Plan, until: Instant) {
                 }
             }
             3 => world.heal(),
-            _ => world
+            4 => world
                 .drop_per_mille
                 .set(world.gen_range(0..=plan.max_drop_per_mille)),
+            _ => transfer(world, pick),
         }
     }
+}
+
+/// Asks the member seen leading last to hand its leadership to `to`. A
+/// transfer the leader starts is counted; one it refuses (it no longer
+/// leads, `to` is itself or behind) is not.
+fn transfer(world: &Rc<World>, to: u64) {
+    let Some(leader) = world.leader_seen().filter(|&l| l != to) else {
+        return;
+    };
+    let Some(commands) = world.commands(leader) else {
+        return;
+    };
+    let (reply, answer) = tokio::sync::oneshot::channel();
+    if commands
+        .try_send(ShardCommand::TransferLeader { to, reply })
+        .is_err()
+    {
+        return;
+    }
+    let world = world.clone();
+    tokio::task::spawn_local(async move {
+        if let Ok(Ok(())) = answer.await {
+            world.transfers.set(world.transfers.get() + 1);
+        }
+    });
 }

@@ -20,8 +20,19 @@
 //!   to 25%) or duplicated (not forwarded proposals: TCP never duplicates,
 //!   and Raft proposals are not idempotent); links are cut one way or both.
 //! - Faults, for 1.5-4 s: crashes with restarts 20-600 ms later,
-//!   partitions, one-way cuts, loss; meanwhile clients put and read a few
-//!   keys through any running member.
+//!   partitions, one-way cuts, loss, leader transfers asked of the leader;
+//!   meanwhile clients put and read a few keys through any running member.
+//! - Log compaction: most seeds compact every 4-100 entries
+//!   (`--snapshot-count`), so a member back from a crash or a partition
+//!   often finds its next entries gone and catches up by snapshot. The
+//!   leader streams its store through the driver's own snapshot sender; the
+//!   receiver spools it to a file in its shard's directory, as the peer
+//!   transport's receiving side does, and installs it (store built beside
+//!   the old one, directories swapped) on the blocking pool. A stream ends
+//!   when its link is cut or its receiver crashes.
+//! - A crash aborts the driver; the jobs it left on the blocking pool
+//!   (installs, snapshot metadata writes) finish before the member
+//!   restarts, as if the crash came just after them.
 //! - Then the faults stop, every member runs, and a put must be acknowledged
 //!   and applied everywhere within [`LIVENESS_BOUND`].
 //!
@@ -36,10 +47,10 @@
 //! panics; every crashed member reopens.
 //!
 //! # Not simulated
-//! - Snapshot transfer (it needs the real transport): the log is never
-//!   compacted, so a lagging member catches up from the log.
-//! - Membership changes, leader transfers, leases, watches, several shards
-//!   and the keyspace over them (`super::keyspace` models those).
+//! - Membership changes, leases, watches, several shards and the keyspace
+//!   over them (`super::keyspace` models those).
+//! - The peer transport's framing: a snapshot stream's chunks go straight
+//!   from the sender's store to the receiver's spool.
 //! - The store's own power cuts (its syncs go to real files).
 //! - Replays are seeded but not exact: the store syncs on a thread of its
 //!   own, and the driver keeps some queues in hash maps.
@@ -125,6 +136,11 @@ pub struct DriverSimStats {
     pub reads_failed: u64,
     pub crashes: u64,
     pub partitions: u64,
+    /// Leader transfers a leader started.
+    pub transfers: u64,
+    /// Snapshot streams started, and handed whole to their receiver.
+    pub snapshots_started: u64,
+    pub snapshots_delivered: u64,
     pub messages_delivered: u64,
     pub messages_dropped: u64,
     /// The Raft term the group ended in: elections it went through.
@@ -143,6 +159,9 @@ impl DriverSimStats {
         self.reads_failed += o.reads_failed;
         self.crashes += o.crashes;
         self.partitions += o.partitions;
+        self.transfers += o.transfers;
+        self.snapshots_started += o.snapshots_started;
+        self.snapshots_delivered += o.snapshots_delivered;
         self.messages_delivered += o.messages_delivered;
         self.messages_dropped += o.messages_dropped;
         self.final_term = self.final_term.max(o.final_term);
@@ -217,6 +236,9 @@ pub async fn run_seed(cfg: &DriverSimConfig) -> Result<DriverSimOutcome, DriverS
     stats.messages_dropped = world.dropped.get();
     stats.crashes = world.crashes.get();
     stats.partitions = world.partitions.get();
+    stats.transfers = world.transfers.get();
+    stats.snapshots_started = world.snapshots_started.get();
+    stats.snapshots_delivered = world.snapshots_delivered.get();
     Ok(DriverSimOutcome {
         seed: cfg.seed,
         members: cfg.members,

@@ -21,7 +21,9 @@ use crate::routing::ShardId;
 use crate::server::command::ShardCommand;
 use crate::server::keyspace::router::CommandInbox;
 use crate::server::members::MemberRegistry;
-use crate::server::shard::{PeerSender, Shard, ShardInbound, ShardSetup};
+use crate::server::shard::{
+    OffCoreJobs, PeerSender, Shard, ShardInbound, ShardSetup, SnapshotTransfer, StreamSpool,
+};
 
 use super::checks::DriverViolation;
 use super::disk::SlowDisk;
@@ -39,6 +41,8 @@ pub const MAX_DELAY: Duration = Duration::from_millis(5);
 const INBOUND_QUEUE: usize = 4_096;
 /// Commands a member's command queue holds.
 const COMMAND_QUEUE: usize = 1_024;
+/// Bytes a simulated snapshot stream hands over per step.
+const STREAM_CHUNK_BYTES: usize = 64 << 10;
 
 /// One member: its identity, its disks, and its running driver.
 pub struct Member {
@@ -58,6 +62,8 @@ struct Running {
     task: JoinHandle<()>,
     inbound: mpsc::Sender<ShardInbound>,
     commands: mpsc::Sender<ShardCommand>,
+    /// The driver's jobs on the blocking pool, which outlive an aborted task.
+    jobs: OffCoreJobs,
     _shutdown: watch::Sender<bool>,
 }
 
@@ -75,6 +81,15 @@ pub struct World {
     pub dropped: Cell<u64>,
     pub crashes: Cell<u64>,
     pub partitions: Cell<u64>,
+    /// Leader transfers a leader started.
+    pub transfers: Cell<u64>,
+    /// Snapshot streams started, and handed whole to their receiver.
+    pub snapshots_started: Cell<u64>,
+    pub snapshots_delivered: Cell<u64>,
+    next_stream: Cell<u64>,
+    /// Entries between log compactions (`--snapshot-count`), drawn per seed:
+    /// a member that was down or cut off for long catches up by snapshot.
+    snapshot_count: u64,
     /// The faults of this seed, while they last.
     plan: RefCell<Option<Plan>>,
     leaders: LeaderWatch,
@@ -108,9 +123,16 @@ impl World {
                 busy: false,
             })
             .collect();
+        let mut rng = SmallRng::seed_from_u64(cfg.seed);
+        // One seed in eight never compacts: its members catch up from the log.
+        let snapshot_count = if rng.gen_range(0..8) == 0 {
+            u64::MAX
+        } else {
+            rng.gen_range(4..100)
+        };
         Ok(Rc::new(World {
             cfg: cfg.clone(),
-            rng: Rc::new(RefCell::new(SmallRng::seed_from_u64(cfg.seed))),
+            rng: Rc::new(RefCell::new(rng)),
             members: RefCell::new(members),
             cut: RefCell::new(BTreeSet::new()),
             drop_per_mille: Cell::new(0),
@@ -118,6 +140,11 @@ impl World {
             dropped: Cell::new(0),
             crashes: Cell::new(0),
             partitions: Cell::new(0),
+            transfers: Cell::new(0),
+            snapshots_started: Cell::new(0),
+            snapshots_delivered: Cell::new(0),
+            next_stream: Cell::new(1),
+            snapshot_count,
             plan: RefCell::new(None),
             leaders: LeaderWatch::default(),
             failure: RefCell::new(None),
@@ -191,6 +218,11 @@ impl World {
         self.failure.borrow_mut().take()
     }
 
+    /// The member seen leading last, on the wire.
+    pub fn leader_seen(&self) -> Option<u64> {
+        self.leaders.leader()
+    }
+
     /// Cuts the links from `from` to `to`.
     pub fn cut(&self, from: u64, to: u64) {
         self.cut.borrow_mut().insert((from, to));
@@ -244,6 +276,7 @@ impl World {
         let (commands_tx, commands_rx) = mpsc::channel(COMMAND_QUEUE);
         let (inbound_tx, inbound_rx) = mpsc::channel(INBOUND_QUEUE);
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
+        let jobs = OffCoreJobs::default();
         let mut setup = ShardSetup {
             shard: 0,
             member_id: id,
@@ -260,9 +293,7 @@ impl World {
             tick: TICK,
             election_ticks: ELECTION_TICKS,
             quota_backend_bytes: 1 << 30,
-            // The log is never compacted: a lagging member catches up from
-            // the log (snapshot transfer needs the real transport).
-            snapshot_count: u64::MAX,
+            snapshot_count: self.snapshot_count,
             shutdown: shutdown_rx,
             metrics: None,
             readiness: None,
@@ -272,6 +303,7 @@ impl World {
             term_out: None,
             keyspace: None,
             seed: Some(self.cfg.seed ^ (id << 48) ^ (incarnation << 40)),
+            off_core: jobs.clone(),
             #[cfg(feature = "raft-mutations")]
             mutation: self.cfg.mutation,
         };
@@ -282,6 +314,7 @@ impl World {
             task,
             inbound: inbound_tx,
             commands: commands_tx,
+            jobs,
             _shutdown: shutdown_tx,
         });
         Ok(())
@@ -323,7 +356,19 @@ impl World {
         };
         running.task.abort();
         // The driver (and its store) is gone before anything restarts.
-        match running.task.await {
+        let ended = running.task.await;
+        // So are its jobs on the blocking pool, which a dead process would
+        // have taken with it: the crash is then just after the last of them.
+        // The tasks it aborted on its way out (snapshot sends reading its
+        // store) end once the scheduler has run them, so it runs once more.
+        loop {
+            tokio::task::yield_now().await;
+            if running.jobs.in_flight() == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        match ended {
             Err(e) if e.is_panic() => Err(format!(
                 "member {id}'s driver panicked: {}",
                 super::panic_text(e.into_panic())
@@ -382,6 +427,81 @@ impl World {
             });
         }
         true
+    }
+
+    /// The running incarnation of member `id`, and where its shard's
+    /// directory is.
+    fn incarnation(&self, id: u64) -> Option<(u64, PathBuf)> {
+        let members = self.members.borrow();
+        let m = members.get(index(id))?;
+        m.running.as_ref()?;
+        Some((m.incarnation, m.dir.join("shard-0")))
+    }
+
+    /// Carries a snapshot stream from `from` to `to` as the peer transport
+    /// does: the receiver spools it to a file in its shard's directory as it
+    /// arrives and gets it once whole. A cut link or a receiver that crashes
+    /// on the way ends the stream (a lost connection), and so does a
+    /// receiver's spool that fails.
+    async fn stream(
+        self: Rc<Self>,
+        from: u64,
+        to: u64,
+        shard: ShardId,
+        source: &mut dyn cairn_net::StreamSource,
+    ) -> Result<(), cairn_net::StreamError> {
+        let closed = || cairn_net::StreamError::Closed {
+            shard_id: shard,
+            peer_member: to,
+        };
+        let source_failed = |source| cairn_net::StreamError::Source {
+            shard_id: shard,
+            peer_member: to,
+            source,
+        };
+        let (incarnation, dir) = self.incarnation(to).ok_or_else(closed)?;
+        source.rewind().map_err(source_failed)?;
+        self.snapshots_started.set(self.snapshots_started.get() + 1);
+        let stream_id = self.next_stream.get();
+        self.next_stream.set(stream_id + 1);
+        let mut spool =
+            StreamSpool::start(&dir, shard, from, stream_id, 1, u64::MAX).map_err(|_| closed())?;
+        let same_receiver = |world: &World| {
+            !world.cut.borrow().contains(&(from, to))
+                && world.incarnation(to).is_some_and(|(i, _)| i == incarnation)
+        };
+        loop {
+            let delay = Duration::from_micros(self.gen_range(0..=MAX_DELAY.as_micros() as u64));
+            tokio::time::sleep(delay).await;
+            if !same_receiver(&self) {
+                return Err(closed());
+            }
+            let Some(chunk) = source
+                .next_chunk(STREAM_CHUNK_BYTES)
+                .map_err(source_failed)?
+            else {
+                break;
+            };
+            spool.append(chunk).await.map_err(|_| closed())?;
+        }
+        let spooled = spool.finish().await.map_err(|_| closed())?;
+        let inbound = if same_receiver(&self) {
+            self.members.borrow()[index(to)]
+                .running
+                .as_ref()
+                .map(|r| r.inbound.clone())
+        } else {
+            None
+        };
+        let Some(inbound) = inbound else {
+            return Err(closed());
+        };
+        if inbound.try_send(ShardInbound::Snapshot(spooled)).is_err() {
+            return Err(closed());
+        }
+        self.snapshots_delivered
+            .set(self.snapshots_delivered.get() + 1);
+        Ok(())
     }
 
     fn deliver(&self, from: u64, msg: raft::Message) {
@@ -468,8 +588,14 @@ impl PeerSender for SimPeers {
         self.world.upgrade().is_some_and(|w| w.send(self.from, msg))
     }
 
-    fn link(&self, _shard: ShardId, _to: u64) -> Option<cairn_net::Link> {
-        None
+    fn send_snapshot<'a>(
+        &self,
+        shard: ShardId,
+        to: u64,
+        source: &'a mut dyn cairn_net::StreamSource,
+    ) -> Option<SnapshotTransfer<'a>> {
+        let world = self.world.upgrade()?;
+        Some(Box::pin(world.stream(self.from, to, shard, source)))
     }
 
     fn connect(&self, _shard: ShardId, _to: u64, _peer_urls: &[String]) {}

@@ -1,0 +1,73 @@
+//! Work a shard hands to the blocking pool so that its core goes on with the
+//! other shards: a log compaction's snapshot metadata write, and the steps of
+//! a snapshot install (building the received store, swapping directories).
+//!
+//! The jobs are counted. A process that dies takes its threads with it, but a
+//! shard driver stopped from outside (the simulator aborts its task to crash
+//! a member) leaves its jobs running on the pool: whoever reopens the shard's
+//! directory first waits for [`OffCoreJobs::in_flight`] to reach zero, so a
+//! swap of the old incarnation never races the recovery of the new one. A
+//! job that finished is then as if the crash came just after it.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use tokio::task::JoinHandle;
+
+/// The shard's jobs on the blocking pool, counted while they run. Clones
+/// share the count.
+#[derive(Clone, Debug, Default)]
+pub struct OffCoreJobs(Arc<AtomicUsize>);
+
+/// Takes a job off the count when the job ends, or when it is dropped
+/// without running (a runtime shutting down).
+struct Running(Arc<AtomicUsize>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl OffCoreJobs {
+    /// Runs `job` on the blocking pool.
+    pub(super) fn spawn<T: Send + 'static>(
+        &self,
+        job: impl FnOnce() -> T + Send + 'static,
+    ) -> JoinHandle<T> {
+        self.0.fetch_add(1, Ordering::AcqRel);
+        let running = Running(self.0.clone());
+        tokio::task::spawn_blocking(move || {
+            let _running = running;
+            job()
+        })
+    }
+
+    /// Jobs started and not yet ended.
+    pub fn in_flight(&self) -> usize {
+        self.0.load(Ordering::Acquire)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_job_is_counted_until_it_ends_even_when_nobody_waits_for_it() {
+        let jobs = OffCoreJobs::default();
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        let handle = jobs.spawn(move || go_rx.recv().is_ok());
+        assert_eq!(jobs.in_flight(), 1);
+        // The waiter goes away, as when a driver task is aborted.
+        drop(handle);
+        assert_eq!(jobs.clone().in_flight(), 1);
+        go_tx.send(()).unwrap();
+        while jobs.in_flight() > 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        let finished = jobs.spawn(|| 7).await.unwrap();
+        assert_eq!(finished, 7);
+        assert_eq!(jobs.in_flight(), 0);
+    }
+}
