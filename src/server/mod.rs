@@ -5,8 +5,11 @@
 //! - `member`: bootstrap, data directory, peers; builds and starts the rest;
 //! - `api`: the etcd v3 services, with `gateway` (HTTP/JSON) and `auth`;
 //! - `keyspace`: the one place that routes a request to shards and merges
-//!   their answers; the revision counter; txns over several shards;
+//!   their answers; txns over several shards;
 //! - `shard`: the shard driver;
+//! - what the shard drivers keep for the layers above: `auth_state` (the
+//!   auth state shard 0 applies), `revisions` (the revision counter, what
+//!   each shard reached), `shard_inbox` (a shard's commands from every core);
 //! - the files here: what the layers share (`command`: what a shard is
 //!   asked and answers; `entry`: what its log entries mean; the member
 //!   table, the backup file's format, the peer port's client, errors, request checks, the wall clock,
@@ -14,6 +17,7 @@
 
 pub mod api;
 pub mod auth;
+pub mod auth_state;
 pub mod backup;
 pub mod clock;
 pub mod command;
@@ -28,5 +32,7 @@ pub mod keyspace;
 pub mod member;
 pub mod members;
 pub mod peer_client;
+pub mod revisions;
 pub mod shard;
+pub mod shard_inbox;
 pub mod validate;

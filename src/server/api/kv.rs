@@ -104,12 +104,13 @@ impl KvService {
             // revision order this member's shards have reached.
             let revision = if req.revision > 0 {
                 keyspace
+                    .counter
                     .reached
                     .wait_for(&shards, req.revision, REQUEST_TIMEOUT)
                     .await?;
                 req.revision
             } else {
-                keyspace.reached.cut(&shards)
+                keyspace.counter.reached.cut(&shards)
             };
             if shards.len() == 1 && req.revision == 0 {
                 // One shard's own state is a cut at its own revision.

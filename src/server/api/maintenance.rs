@@ -209,7 +209,7 @@ impl Maintenance for MaintenanceService {
         let estimate: u64 = statuses.iter().map(|s| s.db_size_in_use_bytes).sum();
         let auth_state = {
             use prost::Message as _;
-            self.auth.snapshot().encode_to_vec()
+            self.auth.replica().snapshot().encode_to_vec()
         };
         tokio::spawn(async move {
             let mut enc = BackupEncoder::default();

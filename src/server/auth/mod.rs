@@ -1,40 +1,25 @@
-//! etcd's authentication and role-based access control.
-//!
-//! The users, roles and permissions ([`state`]) are changed only through shard
-//! 0's Raft log: every member applies the same changes in the same order, keeps
-//! the result in `<data dir>/auth.state`, and hands it to a member that catches
-//! up by snapshot. The API services ask this member's [`AuthStore`] who a
+//! etcd's authentication and role-based access control, on this member's
+//! copy of the auth state ([`crate::server::auth_state`]), which shard 0's
+//! driver applies. The API services ask this member's [`AuthStore`] who a
 //! request comes from ([`AuthStore::caller`]) and whether it may do what it
 //! asks ([`AuthStore::check`]); with auth disabled both are one atomic load,
-//! and with auth enabled they take no lock (the state is [`Published`]).
+//! and with auth enabled they take no lock (the state is published:
+//! [`crate::server::auth_state::published`]).
 
 pub mod check;
-mod file;
 pub mod limiter;
-pub mod perms;
-pub mod published;
 pub mod service;
-pub mod state;
 pub mod tokens;
 
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::path::Path;
 use std::sync::Arc;
 
 use cairn_proto::authpb::permission::Type as PermType;
-use cairn_proto::cairnpb::{auth_change::Change, AuthChange, AuthState};
-use prost::Message as _;
 
+use crate::server::auth_state::state::{has_root_role, AuthData};
+use crate::server::auth_state::{AuthLoadError, AuthReplica, AUTH_SHARD};
 use crate::server::errors::ApiError;
-use published::Published;
-use state::AuthData;
-use tokens::{JwtTokens, SimpleTokens, TokenKind};
-
-/// The file holding this member's copy of the auth state.
-pub const AUTH_FILE: &str = "auth.state";
-
-/// The shard whose log carries the auth state.
-pub const AUTH_SHARD: u32 = 0;
+use tokens::{JwtTokens, TokenKind};
 
 pub use crate::config::auth::AuthOptions;
 
@@ -47,38 +32,19 @@ pub struct Caller {
     pub revision: u64,
 }
 
-/// This member's auth state and tokens.
+/// This member's auth state and tokens, as the API services use them.
 pub struct AuthStore {
-    /// Mirrors the state's flag, read without a lock on every request.
-    enabled: AtomicBool,
-    data: Published<AuthData>,
-    file: file::StateFile,
-    simple: SimpleTokens,
+    /// The state and simple tokens, shared with shard 0's driver.
+    replica: Arc<AuthReplica>,
     jwt: Option<JwtTokens>,
     pub options: AuthOptions,
     pub limiter: limiter::FailureLimiter,
 }
 
-/// Why the auth state could not be loaded.
-#[derive(Debug, thiserror::Error)]
-#[error("{path}: {reason}")]
-pub struct AuthLoadError {
-    pub path: PathBuf,
-    pub reason: String,
-}
-
 impl AuthStore {
     /// Loads the auth state kept in `dir` (none yet: auth disabled, no users).
     pub fn open(dir: &Path, options: AuthOptions) -> Result<Arc<AuthStore>, AuthLoadError> {
-        let path = dir.join(AUTH_FILE);
-        let bad = |reason: String| AuthLoadError {
-            path: path.clone(),
-            reason,
-        };
-        let state = match crate::durable_file::read_checked(&path).map_err(bad)? {
-            Some(body) => AuthState::decode(body.as_slice()).map_err(|e| bad(e.to_string()))?,
-            None => AuthState::default(),
-        };
+        let replica = AuthReplica::open(dir, options.simple_token_ttl)?;
         let jwt = match &options.token {
             TokenKind::Simple => None,
             TokenKind::Jwt(o) => Some(JwtTokens::load(o).map_err(|reason| AuthLoadError {
@@ -87,94 +53,30 @@ impl AuthStore {
             })?),
         };
         Ok(Arc::new(AuthStore {
-            enabled: AtomicBool::new(state.enabled),
-            file: file::StateFile::new(dir, state.applied_index),
-            data: Published::new(AuthData::new(state)),
-            simple: SimpleTokens::new(options.simple_token_ttl),
+            replica: Arc::new(replica),
             jwt,
             options,
             limiter: limiter::FailureLimiter::default(),
         }))
     }
 
+    /// The state and simple tokens, for shard 0's driver that applies the
+    /// changes to them.
+    pub fn replica(&self) -> &Arc<AuthReplica> {
+        &self.replica
+    }
+
     pub fn is_enabled(&self) -> bool {
-        self.enabled.load(Ordering::Acquire)
+        self.replica.is_enabled()
     }
 
     pub fn revision(&self) -> u64 {
-        self.with(|d| d.revision())
+        self.replica.revision()
     }
 
     /// Reads the state (without a lock).
     pub fn with<T>(&self, f: impl FnOnce(&AuthData) -> T) -> T {
-        self.data.read(f)
-    }
-
-    /// The state as shard 0's snapshots carry it.
-    pub fn snapshot(&self) -> AuthState {
-        self.with(|d| d.state().clone())
-    }
-
-    /// Applies a change committed at shard 0's log `index`. A change at or
-    /// below the index the state already has (a replay after restart, or one
-    /// a snapshot's state already holds) is skipped. A change to the state
-    /// takes effect at once and is written to `auth.state` off the core;
-    /// shard 0 commits its store past it only once it is written
-    /// ([`AuthStore::unwritten`]).
-    pub fn apply(&self, index: u64, change: &AuthChange) -> Result<(), ApiError> {
-        let Some(change) = &change.change else {
-            return Ok(());
-        };
-        if let Change::Token(t) = change {
-            if self.is_enabled() {
-                self.simple.assign(&t.token, &t.user);
-            }
-            return Ok(());
-        }
-        let mut data = self.data.write();
-        if index <= data.get().applied_index() {
-            return Ok(());
-        }
-        // A refused change leaves the state as it was: nothing to keep.
-        let mut next = data.get().clone();
-        next.apply(index, change)?;
-        // Only a change that altered the state is written: replaying a
-        // no-op after a restart is a no-op again.
-        if next.revision() != data.get().revision() {
-            self.file.queue(next.state().clone());
-        }
-        let enabled = next.enabled();
-        data.set(next);
-        self.enabled.store(enabled, Ordering::Release);
-        match change {
-            Change::UserDelete(r) => self.simple.invalidate_user(&r.name),
-            Change::UserChangePassword(r) => self.simple.invalidate_user(&r.name),
-            Change::Disable(_) => self.simple.clear(),
-            _ => {}
-        }
-        Ok(())
-    }
-
-    /// Whether a change applied is not yet in `auth.state`, so that shard 0's
-    /// store must not commit past it yet (a crash would then lose it: the
-    /// log would not replay it), or why the file could not be written.
-    pub fn unwritten(&self) -> Result<bool, String> {
-        self.file.unwritten()
-    }
-
-    /// Takes the state a snapshot carried when it is newer than this one,
-    /// written to `auth.state` on this thread first (an install runs off the
-    /// core).
-    pub fn install(&self, state: &AuthState) -> std::io::Result<()> {
-        let mut data = self.data.write();
-        if state.applied_index <= data.get().applied_index() {
-            return Ok(());
-        }
-        self.file.write_now(state)?;
-        data.set(AuthData::new(state.clone()));
-        self.enabled.store(state.enabled, Ordering::Release);
-        self.simple.clear();
-        Ok(())
+        self.replica.with(f)
     }
 
     /// Who a request comes from: its token (gRPC metadata `token`, or the
@@ -213,8 +115,8 @@ impl AuthStore {
                 .map(|(user, revision)| Caller { user, revision })
                 .ok_or(ApiError::InvalidAuthToken),
             None => self
-                .simple
-                .user_of(token)
+                .replica
+                .token_user(token)
                 .map(|user| Caller {
                     user,
                     revision: self.revision(),
@@ -268,18 +170,12 @@ impl AuthStore {
     pub fn check_admin(&self, caller: Option<&Caller>) -> Result<(), ApiError> {
         self.judge_caller(caller, |caller, data| {
             let user = data.user(&caller.user).ok_or(ApiError::UserNotFound)?;
-            if state::has_root_role(user) {
+            if has_root_role(user) {
                 Ok(())
             } else {
                 Err(ApiError::PermissionDenied)
             }
         })
-    }
-
-    /// Looks up a simple token's user without renewing it (for tests).
-    #[cfg(test)]
-    fn knows_token(&self, token: &str) -> bool {
-        self.simple.user_of(token).is_some()
     }
 
     /// A token for `user`, who just gave the right password: a JWT signed
@@ -347,7 +243,7 @@ pub fn require_admin_maintenance<T>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cairn_proto::cairnpb::{auth_change, AuthToken};
+    use cairn_proto::cairnpb::{auth_change, auth_change::Change, AuthChange, AuthToken};
     use cairn_proto::etcdserverpb as pb;
     use std::time::Duration;
 
@@ -365,6 +261,7 @@ mod tests {
     }
 
     fn enable_with_root(a: &AuthStore) {
+        let a = a.replica();
         a.apply(
             1,
             &change(Change::UserAdd(pb::AuthUserAddRequest {
@@ -387,38 +284,6 @@ mod tests {
     }
 
     #[test]
-    fn the_state_survives_reopening_and_replays_are_skipped() {
-        let dir = tempfile::tempdir().unwrap();
-        let a = AuthStore::open(dir.path(), options()).unwrap();
-        assert!(!a.is_enabled());
-        enable_with_root(&a);
-        assert!(a.is_enabled());
-        let rev = a.revision();
-        // A replayed entry (index at or below the state's) changes nothing.
-        a.apply(
-            2,
-            &change(Change::RoleAdd(pb::AuthRoleAddRequest { name: "r".into() })),
-        )
-        .unwrap();
-        assert_eq!(a.revision(), rev);
-        // The file is written off the applying thread; shard 0 commits its
-        // store only once it is.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        while a.unwritten().unwrap() {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "auth.state never written"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
-        drop(a);
-        let a = AuthStore::open(dir.path(), options()).unwrap();
-        assert!(a.is_enabled());
-        assert_eq!(a.revision(), rev);
-        assert!(a.with(|d| d.role("r").is_none()));
-    }
-
-    #[test]
     fn callers_come_from_tokens_or_the_certificate_name() {
         let dir = tempfile::tempdir().unwrap();
         let a = AuthStore::open(dir.path(), options()).unwrap();
@@ -437,15 +302,16 @@ mod tests {
         let mut md = tonic::metadata::MetadataMap::new();
         md.insert("token", "nope.1".parse().unwrap());
         assert_eq!(a.caller(&md, None), Err(ApiError::InvalidAuthToken));
-        a.apply(
-            4,
-            &change(auth_change::Change::Token(AuthToken {
-                user: "root".into(),
-                token: "nope.1".into(),
-            })),
-        )
-        .unwrap();
-        assert!(a.knows_token("nope.1"));
+        a.replica()
+            .apply(
+                4,
+                &change(auth_change::Change::Token(AuthToken {
+                    user: "root".into(),
+                    token: "nope.1".into(),
+                })),
+            )
+            .unwrap();
+        assert!(a.replica().knows_token("nope.1"));
         assert_eq!(a.caller(&md, None).unwrap().unwrap().user, "root");
         let nobody = Caller {
             user: "eve".into(),

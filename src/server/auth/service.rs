@@ -1,7 +1,7 @@
 //! The etcd v3 Auth service. Changes go through shard 0's log (see
-//! [`super::AuthStore::apply`]); reads answer from this member's copy after a
-//! ReadIndex round on shard 0, so they see every change acknowledged before
-//! them, as etcd's do.
+//! [`crate::server::auth_state::AuthReplica::apply`]); reads answer from
+//! this member's copy after a ReadIndex round on shard 0, so they see every
+//! change acknowledged before them, as etcd's do.
 
 use std::sync::Arc;
 
@@ -11,14 +11,13 @@ use cairn_proto::etcdserverpb::auth_server::Auth;
 use cairn_proto::etcdserverpb::*;
 use tonic::{Request, Response, Status};
 
-use super::tokens::SimpleTokens;
 use super::{caller_of, AuthStore, Caller};
+use crate::server::auth_state::simple_tokens::SimpleTokens;
+use crate::server::auth_state::AUTH_SHARD;
 use crate::server::command::WriteResult;
 use crate::server::errors::ApiError;
 use crate::server::identity::Identity;
 use crate::server::keyspace::router::Router;
-
-use super::AUTH_SHARD;
 
 #[derive(Clone)]
 pub struct AuthService {

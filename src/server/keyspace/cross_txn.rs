@@ -149,7 +149,7 @@ async fn held(
     // keyspace just before its own revision.
     let mut planned = Vec::with_capacity(reqs.len());
     for (r, span) in reqs.iter().zip(&spans) {
-        let Some(revision) = keyspace.next_revision() else {
+        let Some(revision) = keyspace.counter.next_revision() else {
             planned.push(Err(ApiError::NoLeader));
             continue;
         };
@@ -494,7 +494,7 @@ async fn revoke_held(
     // lease's presence below is current.
     let every_key = [(Bytes::from_static(b"\0"), Bytes::from_static(b"\0"))];
     hold_all(router, txn, 1, shards, &[], &every_key).await?;
-    let revision = keyspace.next_revision().ok_or(ApiError::NoLeader)?;
+    let revision = keyspace.counter.next_revision().ok_or(ApiError::NoLeader)?;
     let has = join_all(
         shards
             .iter()
@@ -539,7 +539,7 @@ pub async fn revoke_expired_leases(router: Arc<Router>) {
         return;
     };
     loop {
-        for id in keyspace.take_expired_leases().await {
+        for id in keyspace.counter.take_expired_leases().await {
             match revoke_lease(router.clone(), id).await {
                 Ok(revision) => {
                     tracing::debug!(lease = id, revision, "lease expired; revoked")
@@ -653,11 +653,11 @@ pub async fn finish_at_every_opening(router: Arc<Router>) {
         return;
     };
     loop {
-        let generation = keyspace.opening_wanted().await;
+        let generation = keyspace.counter.opening_wanted().await;
         let started = Instant::now();
         match finish_earlier(&router).await {
             Ok(parts) => {
-                if keyspace.finished(generation) && parts > 0 {
+                if keyspace.counter.finished(generation) && parts > 0 {
                     tracing::info!(parts, took = ?started.elapsed(), "earlier txns over several shards finished");
                 }
             }

@@ -10,7 +10,6 @@
 //! of clients waits for room instead of growing memory.
 
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use cairn_proto::cairnpb::shard_request;
@@ -24,6 +23,7 @@ use crate::server::command::{
 };
 use crate::server::errors::ApiError;
 use crate::server::keyspace::Keyspace;
+use crate::server::shard_inbox::CommandInbox;
 
 /// Commands queued from one core for one shard before that core's senders wait.
 pub const SHARD_QUEUE_COMMANDS: usize = 16_384;
@@ -63,69 +63,13 @@ pub fn command_channels(
     }
 }
 
-/// A shard's commands: one channel from each core, taken from in turn so no
-/// core's queue waits behind another's.
-#[derive(Debug)]
-pub struct CommandInbox {
-    from_cores: Vec<mpsc::Receiver<ShardCommand>>,
-    /// The channel looked at first next time.
-    next: usize,
-}
-
-impl CommandInbox {
-    pub fn new(from_cores: Vec<mpsc::Receiver<ShardCommand>>) -> CommandInbox {
-        CommandInbox {
-            from_cores,
-            next: 0,
-        }
-    }
-
-    /// The next command from any core; None once every sender is gone.
-    pub async fn recv(&mut self) -> Option<ShardCommand> {
-        std::future::poll_fn(|cx| self.poll_recv(cx)).await
-    }
-
-    fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<ShardCommand>> {
-        let n = self.from_cores.len();
-        let mut closed = 0;
-        for i in 0..n {
-            let k = (self.next + i) % n;
-            match self.from_cores[k].poll_recv(cx) {
-                Poll::Ready(Some(cmd)) => {
-                    self.next = (k + 1) % n;
-                    return Poll::Ready(Some(cmd));
-                }
-                Poll::Ready(None) => closed += 1,
-                Poll::Pending => {}
-            }
-        }
-        if closed == n {
-            Poll::Ready(None)
-        } else {
-            Poll::Pending
-        }
-    }
-
-    /// A command already queued on any channel, without waiting.
-    pub fn try_recv(&mut self) -> Option<ShardCommand> {
-        let n = self.from_cores.len();
-        for i in 0..n {
-            let k = (self.next + i) % n;
-            if let Ok(cmd) = self.from_cores[k].try_recv() {
-                self.next = (k + 1) % n;
-                return Some(cmd);
-            }
-        }
-        None
-    }
-}
-
 /// The routing table plus a sender to every shard of this member, from one core.
 #[derive(Debug)]
 pub struct Router {
     pub routing: RoutingTable,
     shards: Vec<mpsc::Sender<ShardCommand>>,
-    /// The member's revision counter, with several shards.
+    /// The member's revision counter and what its txns over several shards
+    /// share, with several shards.
     pub keyspace: Option<Arc<Keyspace>>,
 }
 
@@ -223,9 +167,10 @@ impl Router {
         let Some(keyspace) = &self.keyspace else {
             return Err(ApiError::Unsupported("read points with one shard"));
         };
-        let opened = keyspace.times_opened();
-        let Some(revision) = keyspace.current() else {
-            return Err(match keyspace.shard0_leader() {
+        let counter = &keyspace.counter;
+        let opened = counter.times_opened();
+        let Some(revision) = counter.current() else {
+            return Err(match counter.shard0_leader() {
                 crate::raft::NONE => ApiError::NoLeader,
                 leader => ApiError::NotLeader { leader },
             });
@@ -241,7 +186,7 @@ impl Router {
         // fence of an opening) may answer before the opening that follows
         // adds the part at a revision below this point: a point that spans
         // a closing of the counter is asked again.
-        if keyspace.current().is_none() || keyspace.times_opened() != opened {
+        if counter.current().is_none() || counter.times_opened() != opened {
             return Err(ApiError::LeaderChanged);
         }
         Ok((revision, indexes))

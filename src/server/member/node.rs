@@ -23,10 +23,12 @@ use crate::runtime::{CoreContext, Cores};
 use crate::server::api::cluster::ClusterService;
 use crate::server::api::kv::{Identity, KvService, Limits};
 use crate::server::api::maintenance::MaintenanceService;
-use crate::server::keyspace::router::{command_channels, CommandInbox, Router};
+use crate::server::keyspace::router::{command_channels, Router};
 use crate::server::keyspace::Keyspace;
 use crate::server::members::MemberRegistry;
+use crate::server::revisions::RevisionCounter;
 use crate::server::shard::{Shard, ShardInbound, ShardSetup};
+use crate::server::shard_inbox::CommandInbox;
 
 /// Raft messages queued for one shard from the network before the reader waits
 /// (and TCP pushes back on the peer).
@@ -170,7 +172,8 @@ struct Shared {
     peer_tls: Option<cairn_net::PeerTls>,
     /// Users, roles and permissions; changed by shard 0's log.
     auth: Arc<crate::server::auth::AuthStore>,
-    /// The revision counter of the member's shards, with several shards.
+    /// The revision counter of the member's shards and what its txns over
+    /// several shards share, with several shards.
     keyspace: Option<Arc<Keyspace>>,
 }
 
@@ -204,7 +207,8 @@ impl Node {
         let members = Arc::new(MemberRegistry::new(&config.data_dir, file.clone()));
         let auth = crate::server::auth::AuthStore::open(&config.data_dir, config.auth.clone())?;
         let routing = RoutingTable::new(config.shards, config.cores);
-        let keyspace = (config.shards > 1).then(|| Arc::new(Keyspace::new(config.shards)));
+        let keyspace = (config.shards > 1)
+            .then(|| Arc::new(Keyspace::new(Arc::new(RevisionCounter::new(config.shards)))));
         let channels = command_channels(&routing, config.cores, keyspace.clone());
         let routers = channels.routers;
         let commands = channels
@@ -455,10 +459,10 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
             metrics: recorder.shard(shard),
             readiness: Some(shared.readiness.clone()),
             members: shared.members.clone(),
-            auth: Some(shared.auth.clone()),
+            auth: Some(shared.auth.replica().clone()),
             disk_faults: config.test_disk_faults.clone(),
             term_out: (shard == 0).then(|| shared.identity.raft_term.clone()),
-            keyspace: shared.keyspace.clone(),
+            keyspace: shared.keyspace.as_ref().map(|k| k.counter.clone()),
             seed: None,
             off_core: Default::default(),
             #[cfg(feature = "raft-mutations")]

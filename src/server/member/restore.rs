@@ -30,10 +30,10 @@ pub fn restore_into(
             .min(state.applied_index);
         crate::durable_file::write_checked(
             data_dir,
-            crate::server::auth::AUTH_FILE,
+            crate::server::auth_state::AUTH_FILE,
             &state.encode_to_vec(),
         )
-        .map_err(|e| format!("writing {}: {e}", crate::server::auth::AUTH_FILE))?;
+        .map_err(|e| format!("writing {}: {e}", crate::server::auth_state::AUTH_FILE))?;
     }
     for part in backup.parts {
         let dir = data_dir.join(format!("shard-{}", part.shard));

@@ -20,7 +20,7 @@ pub enum StartError {
     #[error("{0}")]
     Tls(#[from] crate::tls::TlsError),
     #[error("auth state: {0}")]
-    Auth(#[from] crate::server::auth::AuthLoadError),
+    Auth(#[from] crate::server::auth_state::AuthLoadError),
     #[error("metrics registry: {0}")]
     Metrics(#[from] crate::ops::metrics::MetricsError),
     #[error("--listen-metrics-urls: {0}")]

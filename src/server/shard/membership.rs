@@ -33,7 +33,7 @@ impl Shard {
     }
 
     /// With several shards, every shard is led by shard 0's leader (the
-    /// keyspace leader, see [`crate::server::keyspace`]): a leader of
+    /// keyspace leader, see [`crate::server::revisions`]): a leader of
     /// another shard hands it to shard 0's leader once that member has its
     /// whole log, and tries again every [`LEADERSHIP_HANDOVER_RETRY`] while
     /// it still leads. With one shard the leader stays where elections or

@@ -71,7 +71,7 @@ use crate::server::command::{
 use crate::server::convert;
 use crate::server::entry;
 use crate::server::errors::ApiError;
-use crate::server::keyspace::Keyspace;
+use crate::server::revisions::RevisionCounter;
 
 mod apply;
 mod cross;
@@ -210,7 +210,7 @@ pub struct ShardSetup {
     pub wal: Rc<cairn_wal::Wal>,
     pub recovered: cairn_wal::RecoveredShard,
     pub peers: Rc<dyn PeerSender>,
-    pub commands: crate::server::keyspace::router::CommandInbox,
+    pub commands: crate::server::shard_inbox::CommandInbox,
     pub inbound: mpsc::Receiver<ShardInbound>,
     pub tick: Duration,
     pub election_ticks: u64,
@@ -224,7 +224,7 @@ pub struct ShardSetup {
     /// The member table, updated as membership changes are applied.
     pub members: std::sync::Arc<crate::server::members::MemberRegistry>,
     /// The auth state, which shard 0's log changes.
-    pub auth: Option<std::sync::Arc<crate::server::auth::AuthStore>>,
+    pub auth: Option<std::sync::Arc<crate::server::auth_state::AuthReplica>>,
     /// Test-only: the control file that stalls or fails the store's syncs
     /// (`--test-disk-faults`; the WAL reads the same file).
     pub disk_faults: Option<PathBuf>,
@@ -232,8 +232,8 @@ pub struct ShardSetup {
     /// produces (shard 0 only).
     pub term_out: Option<std::sync::Arc<std::sync::atomic::AtomicU64>>,
     /// The keyspace's revision counter, one per member, when it runs several
-    /// shards (see [`crate::server::keyspace`]).
-    pub keyspace: Option<std::sync::Arc<Keyspace>>,
+    /// shards (see [`crate::server::revisions`]).
+    pub keyspace: Option<std::sync::Arc<RevisionCounter>>,
     /// Seeds the Raft node's election timeouts and this start's request ids
     /// and read contexts; `None` draws them at random. The simulator sets it
     /// so that a seed names a run.
@@ -320,7 +320,7 @@ pub struct Shard {
     snapshot_count: u64,
     /// The keyspace's revision counter, shared by the member's shards (None
     /// with one shard, whose store numbers its writes itself).
-    keyspace: Option<std::sync::Arc<Keyspace>>,
+    keyspace: Option<std::sync::Arc<RevisionCounter>>,
     /// Led here: the index this shard must apply before it tells the
     /// keyspace it is ready (its current term's first entry).
     keyspace_ready_at: Option<u64>,
@@ -376,7 +376,7 @@ pub struct Shard {
     /// and request ids of this incarnation distinct from any earlier one's.
     boot_nonce: u64,
     members: std::sync::Arc<crate::server::members::MemberRegistry>,
-    auth: Option<std::sync::Arc<crate::server::auth::AuthStore>>,
+    auth: Option<std::sync::Arc<crate::server::auth_state::AuthReplica>>,
     /// Membership changes waiting for the previous one to be applied (Raft
     /// takes one at a time).
     conf_change_queue: std::collections::VecDeque<(ConfChange, Reply<WriteResult>)>,

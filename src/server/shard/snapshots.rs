@@ -53,7 +53,7 @@ pub(crate) fn write_snapshot_meta(dir: &Path, md: &SnapshotMetadata) -> std::io:
 pub(super) fn apply_pending_table(
     dir: &Path,
     members: &crate::server::members::MemberRegistry,
-    auth: Option<&crate::server::auth::AuthStore>,
+    auth: Option<&crate::server::auth_state::AuthReplica>,
 ) -> Result<Option<cairn_proto::cairnpb::MemberTable>, String> {
     let path = pending_table_path(dir);
     let Some(body) =

@@ -19,11 +19,11 @@ use crate::member_file::{Member as FileMember, MemberFile, LAYOUT_VERSION};
 use crate::raft;
 use crate::routing::ShardId;
 use crate::server::command::ShardCommand;
-use crate::server::keyspace::router::CommandInbox;
 use crate::server::members::MemberRegistry;
 use crate::server::shard::{
     OffCoreJobs, PeerSender, Shard, ShardInbound, ShardSetup, SnapshotTransfer, StreamSpool,
 };
+use crate::server::shard_inbox::CommandInbox;
 
 use super::checks::DriverViolation;
 use super::disk::SlowDisk;

@@ -26,7 +26,7 @@ use super::{
 use crate::raft::{MemStorage, Message, RawNode, StateRole};
 
 /// First revision of epoch `e` is above `e << EPOCH_SHIFT`, as in
-/// `src/server/keyspace/mod.rs` (which shifts by 40; the simulator's runs are
+/// `src/server/revisions/mod.rs` (which shifts by 40; the simulator's runs are
 /// short).
 pub const EPOCH_SHIFT: u32 = 32;
 
@@ -255,7 +255,8 @@ pub(super) struct KsMember {
     pub opening: Option<Opening>,
     /// Bumped each time every shard becomes ready here.
     pub ready_gen: u64,
-    /// Bumped each time the counter opens here (`Keyspace::times_opened`).
+    /// Bumped each time the counter opens here
+    /// (`RevisionCounter::times_opened`).
     pub opened: u64,
     /// The monotonic clock, in mticks; runs across crashes (the machine's).
     pub clock_mticks: u64,
@@ -359,7 +360,7 @@ impl KsMember {
         Ok(())
     }
 
-    /// `Keyspace::is_open`: may assign, and the counter opened.
+    /// `RevisionCounter::is_open`: may assign, and the counter opened.
     pub fn assigns(&self, guard: Guard) -> Result<(), Refusal> {
         self.may_assign(guard)?;
         if !self.open {

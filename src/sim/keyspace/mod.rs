@@ -49,7 +49,7 @@
 //!   records, the missing parts, the done entries), then the counter is set
 //!   to the largest of what it handed out, the shards' revisions and the
 //!   start of its epoch (shard 0's term `<< 32`, as
-//!   `src/server/keyspace/mod.rs`). Any shard ceasing to be ready closes it.
+//!   `src/server/revisions/mod.rs`). Any shard ceasing to be ready closes it.
 //! - A member gives a write a revision only while its counter is open, it
 //!   leads every shard with each no-op applied, its guard agrees, and no
 //!   txn holds the write's shard. It proposes the write stamped with
@@ -97,7 +97,7 @@
 //! which a pause does not stop; the Raft ticks of a paused member stop, and
 //! catch up in a bunch when it resumes. The margin is one tick (the
 //! followers' timers count whole ticks) and 10% of the election timeout
-//! (the clocks' rates), as in `src/server/keyspace/mod.rs`.
+//! (the clocks' rates), as in `src/server/revisions/mod.rs`.
 //!
 //! A restarted member has forgotten which leader it heard, so the Raft
 //! core's check-quorum rule alone would let it vote at once. The
@@ -224,7 +224,7 @@ pub const MAX_SHARDS: usize = 4;
 pub const MAX_MEMBERS: usize = 7;
 /// Ticks the lease leaves unused at its end: one for the tick granularity
 /// of the followers' election timers, and 10% of the election timeout for
-/// the members' clock rates (`src/server/keyspace/mod.rs`: "election timeout
+/// the members' clock rates (`src/server/revisions/mod.rs`: "election timeout
 /// less one tick and a drift margin").
 pub const LEASE_MARGIN_TICKS: u64 = 1 + ELECTION_TIMEOUT_TICKS / 10;
 /// A member's clock counts thousandths of a tick.
@@ -344,7 +344,7 @@ impl Guard {
 /// `reads.rs`):
 ///
 /// 1. a part refused after `T` was taken makes its shard not ready
-///    (`Keyspace::shard_not_ready`), so the counter closes and opens again
+///    (`RevisionCounter::shard_not_ready`), so the counter closes and opens again
 ///    only after a finishing, which proposes the missing part if another
 ///    part committed;
 /// 2. a read point is answered only if the counter is still open, in the

@@ -1,9 +1,9 @@
-//! Readiness and the counter's opening on a member (`Keyspace::shard_ready`
-//! and `shard_not_ready`, `finish_earlier`, `Keyspace::finished`): a shard
-//! that stops being ready closes the counter and ends its holds; once every
-//! shard is ready, the opening fences each shard and asks it for its
-//! records, finishes what earlier leaders left half-proposed, and opens the
-//! counter.
+//! Readiness and the counter's opening on a member
+//! (`RevisionCounter::shard_ready` and `shard_not_ready`, `finish_earlier`,
+//! `RevisionCounter::finished`): a shard that stops being ready closes the
+//! counter and ends its holds; once every shard is ready, the opening
+//! fences each shard and asks it for its records, finishes what earlier
+//! leaders left half-proposed, and opens the counter.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -67,7 +67,7 @@ impl Opening {
 }
 
 impl World {
-    /// Follows each shard's readiness on member `idx` (`Keyspace::
+    /// Follows each shard's readiness on member `idx` (`RevisionCounter::
     /// shard_ready` / `shard_not_ready`, `cross_role_changed`): a shard that
     /// stops being ready closes the counter and ends its holds; once every
     /// shard is ready, an opening starts.
@@ -340,7 +340,8 @@ impl World {
         actions
     }
 
-    /// `Keyspace::finished`: opens the counter, unless the opening is stale.
+    /// `RevisionCounter::finished`: opens the counter, unless the opening is
+    /// stale.
     fn finished(&mut self, idx: usize, gen: u64) {
         let m = &mut self.members[idx];
         let Some(o) = m.opening.as_ref().filter(|o| o.gen == gen) else {
