@@ -464,6 +464,7 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
             term_out: (shard == 0).then(|| shared.identity.raft_term.clone()),
             keyspace: shared.keyspace.as_ref().map(|k| k.counter.clone()),
             seed: None,
+            max_append_bytes: None,
             off_core: Default::default(),
             #[cfg(feature = "raft-mutations")]
             mutation: None,

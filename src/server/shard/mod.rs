@@ -238,6 +238,10 @@ pub struct ShardSetup {
     /// and read contexts; `None` draws them at random. The simulator sets it
     /// so that a seed names a run.
     pub seed: Option<u64>,
+    /// Most entry bytes in one append to a follower (Raft's
+    /// `max_size_per_msg_bytes`); `None` keeps the core's default (1 MiB).
+    /// The simulator sends one entry per append on some seeds.
+    pub max_append_bytes: Option<u64>,
     /// Counts the shard's jobs on the blocking pool (see [`off_core`]).
     pub off_core: OffCoreJobs,
     /// A Raft safety rule switched off, for the simulator's mutation check.

@@ -180,6 +180,9 @@ impl Shard {
         // candidates, also right after they restart.
         cfg.vote_hold_after_start = setup.keyspace.is_some();
         cfg.max_committed_size_per_ready_bytes = APPLY_BYTES_PER_TURN as u64;
+        if let Some(bytes) = setup.max_append_bytes {
+            cfg.max_size_per_msg_bytes = bytes;
+        }
         let boot_nonce: u64 = match setup.seed {
             Some(seed) => (seed.rotate_left(17) ^ cfg.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15)) | 1,
             None => rand::random::<u64>() | 1,

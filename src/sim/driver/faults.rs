@@ -42,8 +42,12 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// The rates of a seed; on a figure-8 seed ([`World::figure8`]) new
+    /// leaders and leaders whose commit index moved are struck far more
+    /// often, and at once: logs then diverge over many short terms, where
+    /// committing an entry of an earlier term by counting goes wrong.
     pub fn draw(world: &World) -> Plan {
-        Plan {
+        let mut plan = Plan {
             max_fault_gap_ms: world.gen_range(30..=300),
             weights: [
                 world.gen_range(0..=30),
@@ -59,7 +63,14 @@ impl Plan {
             committed_doom_per_mille: world.gen_range(0..=50),
             max_doom_delay_ms: world.gen_range(0..=30),
             doom_crash_per_mille: world.gen_range(0..=1000),
+        };
+        if world.figure8 {
+            plan.new_leader_doom_per_mille = world.gen_range(200..=500);
+            plan.committed_doom_per_mille = world.gen_range(50..=300);
+            plan.max_doom_delay_ms = 0;
+            plan.doom_crash_per_mille = world.gen_range(0..=200);
         }
+        plan
     }
 }
 

@@ -90,6 +90,10 @@ pub struct World {
     /// Entries between log compactions (`--snapshot-count`), drawn per seed:
     /// a member that was down or cut off for long catches up by snapshot.
     snapshot_count: u64,
+    /// This seed plays the adversary of Raft paper figure 8: one entry per
+    /// append, and leaders struck often right after they are elected or
+    /// commit (see [`Plan::draw`]).
+    pub figure8: bool,
     /// The faults of this seed, while they last.
     plan: RefCell<Option<Plan>>,
     leaders: LeaderWatch,
@@ -130,6 +134,7 @@ impl World {
         } else {
             rng.gen_range(4..100)
         };
+        let figure8 = rng.gen_range(0..4) == 0;
         Ok(Rc::new(World {
             cfg: cfg.clone(),
             rng: Rc::new(RefCell::new(rng)),
@@ -145,6 +150,7 @@ impl World {
             snapshots_delivered: Cell::new(0),
             next_stream: Cell::new(1),
             snapshot_count,
+            figure8,
             plan: RefCell::new(None),
             leaders: LeaderWatch::default(),
             failure: RefCell::new(None),
@@ -303,6 +309,7 @@ impl World {
             term_out: None,
             keyspace: None,
             seed: Some(self.cfg.seed ^ (id << 48) ^ (incarnation << 40)),
+            max_append_bytes: self.figure8.then_some(1),
             off_core: jobs.clone(),
             #[cfg(feature = "raft-mutations")]
             mutation: self.cfg.mutation,
