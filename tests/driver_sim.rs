@@ -1,10 +1,11 @@
 //! The daemon's shard driver under simulation (`cairn::sim::driver`): seeded
 //! runs of 3 and 5 members, each running the production driver with the real
 //! WAL on its power-cut disk and the real store, under crashes, partitions,
-//! loss, slow syncs, leader transfers and log compactions (members catch up
-//! by snapshot), must lose no acknowledged write, serve no stale or
-//! phantom read, keep every store the same and recover once the faults stop;
-//! and a Raft safety rule switched off must be caught.
+//! loss, slow syncs, leader transfers, membership changes and log
+//! compactions (members catch up by snapshot), must lose no acknowledged
+//! write, serve no stale or phantom read, keep every store the same and
+//! recover once the faults stop; and a Raft safety rule switched off must be
+//! caught.
 //!
 //! The full runs are `cargo run --release --example driver-sim -- --seeds 2000
 //! --members 3` (and `--members 5`).
@@ -56,6 +57,7 @@ fn suite(members: usize, seeds: u64) {
     // Lagging members caught up by snapshot, and leaders handed over.
     assert!(stats.snapshots_delivered > seeds / 10, "{stats:#?}");
     assert!(stats.transfers > seeds / 10, "{stats:#?}");
+    assert!(stats.membership_changes > seeds / 10, "{stats:#?}");
     assert!(stats.puts_acknowledged > 100 * seeds, "{stats:#?}");
     assert!(stats.reads_served > 100 * seeds, "{stats:#?}");
     assert!(stats.messages_dropped > 100 * seeds, "{stats:#?}");

@@ -38,6 +38,9 @@ pub enum DriverViolationKind {
     PhantomRead,
     /// Two members' stores differ once they applied the same log.
     Diverged,
+    /// Two members sent appends or heartbeats as leaders of one term
+    /// (Raft's election safety), seen on the wire.
+    TwoLeaders,
     /// A running driver never answered a request.
     Unanswered,
     /// No write was acknowledged everywhere within the bound after the
@@ -64,6 +67,7 @@ impl DriverViolationKind {
                 | DriverViolationKind::StaleRead
                 | DriverViolationKind::PhantomRead
                 | DriverViolationKind::Diverged
+                | DriverViolationKind::TwoLeaders
         )
     }
 }

@@ -77,6 +77,8 @@ impl Plan {
 /// What the adversary saw of leadership on the wire.
 #[derive(Default)]
 pub struct LeaderWatch {
+    /// Every term's leader, from the first append or heartbeat it sent.
+    leader_of: std::cell::RefCell<std::collections::BTreeMap<u64, u64>>,
     /// The newest (term, leader) seen.
     leader: Cell<(u64, u64)>,
     /// The highest commit index a leader sent.
@@ -84,6 +86,30 @@ pub struct LeaderWatch {
 }
 
 impl LeaderWatch {
+    /// Election safety on the wire: only a term's one leader sends appends,
+    /// heartbeats and snapshots in it.
+    pub fn check(&self, msg: &raft::Message) -> Result<(), super::DriverViolation> {
+        let t = msg.msg_type();
+        if !matches!(
+            t,
+            MessageType::MsgApp | MessageType::MsgHeartbeat | MessageType::MsgSnap
+        ) {
+            return Ok(());
+        }
+        let mut leader_of = self.leader_of.borrow_mut();
+        let leader = *leader_of.entry(msg.term).or_insert(msg.from);
+        if leader != msg.from {
+            return Err(violation(
+                Kind::TwoLeaders,
+                format!(
+                    "members {leader} and {} both sent {t:?} as leaders of term {}",
+                    msg.from, msg.term
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// Looks at a message a member sends; returns the member to strike
     /// when it is a leader the adversary picks.
     pub fn observe(&self, world: &World, plan: &Plan, msg: &raft::Message) -> Option<u64> {
@@ -168,11 +194,12 @@ async fn crash_and_restart(world: &Rc<World>, plan: &Plan, id: u64) {
 
 /// Random faults until `until`.
 pub async fn run(world: &Rc<World>, plan: &Plan, until: Instant) {
-    let ids = world.ids();
     let total: u32 = plan.weights.iter().sum::<u32>().max(1);
     while Instant::now() < until {
         let gap = world.gen_range(5..=plan.max_fault_gap_ms);
         tokio::time::sleep(Duration::from_millis(gap)).await;
+        // Membership changes add and remove members meanwhile.
+        let ids = world.ids();
         let pick = ids[world.gen_range(0..ids.len())];
         let mut roll = world.gen_range(0..total);
         let mut kind = 0;

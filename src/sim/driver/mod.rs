@@ -30,6 +30,13 @@
 //!   transport's receiving side does, and installs it (store built beside
 //!   the old one, directories swapped) on the blocking pool. A stream ends
 //!   when its link is cut or its receiver crashes.
+//! - Membership changes (see [`membership`]): a spare member is added as
+//!   a learner, started empty and promoted; later a member, the leader as
+//!   likely as any, is removed and stopped for good. Each change is retried
+//!   until it is in effect before the group is checked.
+//! - Figure-8 seeds (a quarter): one entry per append, and new or
+//!   committing leaders struck at once, so logs diverge over many short
+//!   terms.
 //! - A crash aborts the driver; the jobs it left on the blocking pool
 //!   (installs, snapshot metadata writes) finish before the member
 //!   restarts, as if the crash came just after them.
@@ -43,12 +50,13 @@
 //! every put acknowledged before it began and nothing older than an earlier
 //! read saw, and never a put that began after it ended; every acknowledged
 //! put is in every member's store at its revision; every value read is the
-//! log's at its revision; every member's store hashes the same; no driver
-//! panics; every crashed member reopens.
+//! log's at its revision; every member's store hashes the same; one leader
+//! per term, as seen on the wire; no driver panics; every crashed member
+//! reopens.
 //!
 //! # Not simulated
-//! - Membership changes, leases, watches, several shards and the keyspace
-//!   over them (`super::keyspace` models those).
+//! - Leases, watches, several shards and the keyspace over them
+//!   (`super::keyspace` models those).
 //! - The peer transport's framing: a snapshot stream's chunks go straight
 //!   from the sender's store to the receiver's spool.
 //! - The store's own power cuts (its syncs go to real files).
@@ -64,6 +72,7 @@ mod checks;
 mod client;
 mod disk;
 mod faults;
+mod membership;
 mod world;
 
 use std::cell::RefCell;
@@ -138,6 +147,8 @@ pub struct DriverSimStats {
     pub partitions: u64,
     /// Leader transfers a leader started.
     pub transfers: u64,
+    /// Members added as learners, promoted and removed.
+    pub membership_changes: u64,
     /// Snapshot streams started, and handed whole to their receiver.
     pub snapshots_started: u64,
     pub snapshots_delivered: u64,
@@ -160,6 +171,7 @@ impl DriverSimStats {
         self.crashes += o.crashes;
         self.partitions += o.partitions;
         self.transfers += o.transfers;
+        self.membership_changes += o.membership_changes;
         self.snapshots_started += o.snapshots_started;
         self.snapshots_delivered += o.snapshots_delivered;
         self.messages_delivered += o.messages_delivered;
@@ -258,6 +270,7 @@ async fn run_world(world: &Rc<World>, stats: &mut DriverSimStats) -> Result<(), 
     let until = Instant::now() + Duration::from_millis(world.gen_range(CHAOS_MS));
     let clients =
         tokio::task::spawn_local(client::run_clients(world.clone(), history.clone(), until));
+    let changes = tokio::task::spawn_local(membership::run(world.clone(), until));
     let plan = faults::Plan::draw(world);
     world.start_chaos(plan.clone());
     faults::run(world, &plan, until).await;
@@ -275,6 +288,21 @@ async fn run_world(world: &Rc<World>, stats: &mut DriverSimStats) -> Result<(), 
         }
     }
     let healed = Instant::now();
+    // The membership change under way takes effect before the group is
+    // checked; members it added are started.
+    stats.membership_changes = match changes.await {
+        Ok(Ok(n)) => n,
+        Ok(Err(e)) => return Err(violation(Kind::NoLiveness, e)),
+        Err(e) => return Err(violation(Kind::DriverPanic, e.to_string())),
+    };
+    for id in world.ids() {
+        if !world.is_up(id) {
+            world
+                .start(id)
+                .await
+                .map_err(|e| violation(Kind::RestartFailed, e))?;
+        }
+    }
     let final_term = liveness(world).await?;
     stats.recovery_ms = healed.elapsed().as_millis() as u64;
     stats.final_term = final_term;

@@ -41,6 +41,8 @@ pub const MAX_DELAY: Duration = Duration::from_millis(5);
 const INBOUND_QUEUE: usize = 4_096;
 /// Commands a member's command queue holds.
 const COMMAND_QUEUE: usize = 1_024;
+/// Members beyond the group's first ones, which membership changes add.
+pub const SPARE_MEMBERS: usize = 2;
 /// Bytes a simulated snapshot stream hands over per step.
 const STREAM_CHUNK_BYTES: usize = 64 << 10;
 
@@ -52,6 +54,9 @@ pub struct Member {
     /// The WAL's disk as a power cut leaves it.
     disk: CrashStorage,
     incarnation: u64,
+    /// In the group, as far as the membership changes made so far go: a
+    /// spare is not yet, a removed member no longer (it never starts again).
+    in_group: bool,
     running: Option<Running>,
     /// Being started or stopped: whoever else wants to start or stop it
     /// waits, so two drivers never share its disks.
@@ -117,12 +122,13 @@ impl World {
             builder.tempdir()
         }
         .map_err(|e| format!("creating the members' directories: {e}"))?;
-        let members = (1..=cfg.members as u64)
+        let members = (1..=(cfg.members + SPARE_MEMBERS) as u64)
             .map(|id| Member {
                 id,
                 dir: root.path().join(format!("member-{id}")),
                 disk: CrashStorage::new(),
                 incarnation: 0,
+                in_group: id as usize <= cfg.members,
                 running: None,
                 busy: false,
             })
@@ -159,8 +165,44 @@ impl World {
         }))
     }
 
+    /// The members of the group.
     pub fn ids(&self) -> Vec<u64> {
-        self.members.borrow().iter().map(|m| m.id).collect()
+        self.members
+            .borrow()
+            .iter()
+            .filter(|m| m.in_group)
+            .map(|m| m.id)
+            .collect()
+    }
+
+    /// The spares never added to the group.
+    pub fn spare_ids(&self) -> Vec<u64> {
+        self.members
+            .borrow()
+            .iter()
+            .filter(|m| !m.in_group && m.incarnation == 0)
+            .map(|m| m.id)
+            .collect()
+    }
+
+    /// The members the group was created with.
+    fn founders(&self) -> Vec<u64> {
+        (1..=self.cfg.members as u64).collect()
+    }
+
+    /// Starts spare `id` as a new member, once the group has it as a
+    /// learner.
+    pub async fn join(self: &Rc<Self>, id: u64) -> Result<(), String> {
+        let _turn = self.take_turn(id).await;
+        self.members.borrow_mut()[index(id)].in_group = true;
+        self.start_turn(id).await
+    }
+
+    /// Stops member `id` for good, once the group removed it.
+    pub async fn leave(&self, id: u64) -> Result<(), String> {
+        let _turn = self.take_turn(id).await;
+        self.members.borrow_mut()[index(id)].in_group = false;
+        self.crash_turn(id).await
     }
 
     pub fn is_up(&self, id: u64) -> bool {
@@ -266,7 +308,7 @@ impl World {
         let (dir, disk, incarnation) = {
             let mut members = self.members.borrow_mut();
             let m = &mut members[index(id)];
-            if m.running.is_some() || self.over.get() {
+            if m.running.is_some() || !m.in_group || self.over.get() {
                 return Ok(());
             }
             m.incarnation += 1;
@@ -277,8 +319,8 @@ impl World {
             .await
             .map_err(|e| format!("member {id}: the WAL does not open: {e}"))?;
         std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-        let ids = self.ids();
-        let registry = MemberRegistry::new(&dir, member_file(id, &ids));
+        let founders = self.founders();
+        let registry = MemberRegistry::new(&dir, member_file(id, &founders, &self.ids()));
         let (commands_tx, commands_rx) = mpsc::channel(COMMAND_QUEUE);
         let (inbound_tx, inbound_rx) = mpsc::channel(INBOUND_QUEUE);
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
@@ -286,7 +328,10 @@ impl World {
         let mut setup = ShardSetup {
             shard: 0,
             member_id: id,
-            initial_voters: ids,
+            // A member that joins later starts from the same bootstrap
+            // voters and learns the changes since from the log or a
+            // snapshot, as a joining daemon does.
+            initial_voters: founders,
             dir: dir.join("shard-0"),
             wal: Rc::new(wal),
             recovered: recovered.shards.remove(&0).unwrap_or_default(),
@@ -404,6 +449,9 @@ impl World {
     /// Carries `msg` from `from` to its member, or loses it.
     fn send(self: &Rc<Self>, from: u64, msg: raft::Message) -> bool {
         let to = msg.to;
+        if let Err(v) = self.leaders.check(&msg) {
+            self.note_failure(v);
+        }
         let plan = self.plan.borrow().clone();
         if let Some(plan) = plan {
             if let Some(doomed) = self.leaders.observe(self, &plan, &msg) {
@@ -560,7 +608,7 @@ fn wal_config(dir: &std::path::Path) -> cairn_wal::Config {
     c
 }
 
-fn member_file(id: u64, ids: &[u64]) -> MemberFile {
+fn member_file(id: u64, founders: &[u64], ids: &[u64]) -> MemberFile {
     MemberFile {
         layout_version: LAYOUT_VERSION,
         name: format!("m{id}"),
@@ -570,7 +618,7 @@ fn member_file(id: u64, ids: &[u64]) -> MemberFile {
         routing_version: crate::routing::ROUTING_VERSION,
         wal_lanes: 1,
         removed: false,
-        bootstrap_voters: ids.to_vec(),
+        bootstrap_voters: founders.to_vec(),
         members: ids
             .iter()
             .map(|&m| FileMember {
