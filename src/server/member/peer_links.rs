@@ -80,6 +80,10 @@ impl PeerSender for CorePeers {
         link.send(shard, 0, payload).is_ok()
     }
 
+    fn has_link(&self, shard: ShardId, to: u64) -> bool {
+        self.links.borrow().contains_key(&(shard, to))
+    }
+
     fn send_snapshot<'a>(
         &self,
         shard: ShardId,

@@ -169,6 +169,10 @@ pub trait PeerSender {
     /// message, and the driver reports the peer unreachable.
     fn send(&self, shard: ShardId, msg: raft::Message) -> bool;
 
+    /// Whether there is a link to member `to` for `shard` to stream a
+    /// snapshot over.
+    fn has_link(&self, shard: ShardId, to: u64) -> bool;
+
     /// Streams a snapshot of `shard` to member `to`, reading it chunk by
     /// chunk from `source`; `None` when there is no link to `to`. The
     /// transfer ends once the receiver has the whole stream, or fails.
@@ -361,8 +365,9 @@ pub struct Shard {
     /// Followers a snapshot is being streamed to right now.
     snapshots_in_flight: std::collections::HashSet<u64>,
     /// The tasks streaming them, which end with the shard: a stopped
-    /// driver leaves no reader of its store behind.
+    /// driver leaves no reader of its store behind. By task, the follower.
     snapshot_sends: tokio::task::JoinSet<()>,
+    snapshot_send_to: HashMap<tokio::task::Id, u64>,
     /// The snapshot metadata of a log compaction, being written off the
     /// core; the log is compacted once it is durable.
     compaction: Option<apply::Compaction>,

@@ -267,6 +267,7 @@ impl Shard {
             snapshot_reports,
             snapshots_in_flight: std::collections::HashSet::new(),
             snapshot_sends: tokio::task::JoinSet::new(),
+            snapshot_send_to: HashMap::new(),
             compaction: None,
             term_out: setup.term_out.clone(),
             store_config: store_cfg,

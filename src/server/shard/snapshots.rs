@@ -232,7 +232,12 @@ impl Shard {
     /// its term: the follower then resumes the log right after what it got.
     pub(super) fn send_snapshot(&mut self, mut m: raft::Message) {
         let to = m.to;
+        self.reap_snapshot_sends();
         if self.snapshots_in_flight.contains(&to) {
+            return;
+        }
+        if !self.peers.has_link(self.id, to) {
+            self.node.report_snapshot(to, raft::SnapshotStatus::Failure);
             return;
         }
         let stream = self.store.snapshot_stream();
@@ -275,8 +280,7 @@ impl Shard {
             bytes: 0,
             progress: progress.clone(),
         };
-        while self.snapshot_sends.try_join_next().is_some() {}
-        self.snapshot_sends.spawn_local(async move {
+        let task = self.snapshot_sends.spawn_local(async move {
             let stalled = async {
                 loop {
                     let idle = progress.get().elapsed();
@@ -316,6 +320,31 @@ impl Shard {
             };
             let _ = reports.send((to, status));
         });
+        self.snapshot_send_to.insert(task.id(), to);
+    }
+
+    /// Forgets the snapshot sends that ended. One that panicked sent no
+    /// report: Raft hears of its failure here, so the follower gets a fresh
+    /// snapshot later.
+    fn reap_snapshot_sends(&mut self) {
+        while let Some(ended) = self.snapshot_sends.try_join_next_with_id() {
+            let (id, failed) = match ended {
+                Ok((id, ())) => (id, false),
+                Err(e) => (e.id(), true),
+            };
+            let Some(to) = self.snapshot_send_to.remove(&id) else {
+                continue;
+            };
+            if failed {
+                tracing::error!(
+                    shard = self.id,
+                    to,
+                    "a snapshot send stopped without a report"
+                );
+                self.snapshots_in_flight.remove(&to);
+                self.node.report_snapshot(to, raft::SnapshotStatus::Failure);
+            }
+        }
     }
 
     /// Replaces the store with the snapshot Raft accepted, as one crash-atomic

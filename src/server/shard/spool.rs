@@ -509,8 +509,12 @@ pub fn remove_leftovers(shard_dir: &Path) -> io::Result<usize> {
             .to_str()
             .is_some_and(|n| n.starts_with(SPOOL_FILE_PREFIX));
         if is_spool {
-            std::fs::remove_file(entry.path())?;
-            removed += 1;
+            // The writer of an abandoned stream may delete it meanwhile.
+            match std::fs::remove_file(entry.path()) {
+                Ok(()) => removed += 1,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
         }
     }
     Ok(removed)

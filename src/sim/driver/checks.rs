@@ -41,6 +41,9 @@ pub enum DriverViolationKind {
     /// Two members sent appends or heartbeats as leaders of one term
     /// (Raft's election safety), seen on the wire.
     TwoLeaders,
+    /// A member's Raft core was told to replace an entry it had committed
+    /// (its own assertion stopped the driver).
+    CommittedOverwritten,
     /// A running driver never answered a request.
     Unanswered,
     /// No write was acknowledged everywhere within the bound after the
@@ -68,6 +71,7 @@ impl DriverViolationKind {
                 | DriverViolationKind::PhantomRead
                 | DriverViolationKind::Diverged
                 | DriverViolationKind::TwoLeaders
+                | DriverViolationKind::CommittedOverwritten
         )
     }
 }
@@ -76,6 +80,18 @@ impl fmt::Display for DriverViolation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{:?}: {}", self.kind, self.detail)
     }
+}
+
+/// A driver that panicked or stopped: the Raft core's assertion that a
+/// committed entry is never replaced means the group lost a committed write;
+/// any other panic is a driver fault.
+pub fn driver_stopped(detail: String) -> DriverViolation {
+    let kind = if detail.contains("conflicts with committed entry") {
+        DriverViolationKind::CommittedOverwritten
+    } else {
+        DriverViolationKind::DriverPanic
+    };
+    violation(kind, detail)
 }
 
 pub fn violation(kind: DriverViolationKind, detail: impl Into<String>) -> DriverViolation {

@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use crate::raft::{self, MessageType};
 use crate::server::command::ShardCommand;
 
-use super::checks::{violation, DriverViolationKind as Kind};
+use super::checks::{driver_stopped, violation, DriverViolationKind as Kind};
 use super::world::World;
 
 /// The fault rates of one seed.
@@ -77,7 +77,8 @@ impl Plan {
 /// What the adversary saw of leadership on the wire.
 #[derive(Default)]
 pub struct LeaderWatch {
-    /// Every term's leader, from the first append or heartbeat it sent.
+    /// Every term's leader, from the first append or heartbeat it sent (all
+    /// the time, not only during the faults).
     leader_of: std::cell::RefCell<std::collections::BTreeMap<u64, u64>>,
     /// The newest (term, leader) seen.
     leader: Cell<(u64, u64)>,
@@ -86,14 +87,11 @@ pub struct LeaderWatch {
 }
 
 impl LeaderWatch {
-    /// Election safety on the wire: only a term's one leader sends appends,
-    /// heartbeats and snapshots in it.
+    /// Election safety on the wire: only a term's one leader sends appends
+    /// and heartbeats in it.
     pub fn check(&self, msg: &raft::Message) -> Result<(), super::DriverViolation> {
         let t = msg.msg_type();
-        if !matches!(
-            t,
-            MessageType::MsgApp | MessageType::MsgHeartbeat | MessageType::MsgSnap
-        ) {
+        if t != MessageType::MsgApp && t != MessageType::MsgHeartbeat {
             return Ok(());
         }
         let mut leader_of = self.leader_of.borrow_mut();
@@ -118,9 +116,6 @@ impl LeaderWatch {
             return None;
         }
         let (term, _) = self.leader.get();
-        if msg.term >= term {
-            self.leader.set((msg.term, msg.from));
-        }
         if msg.term > term {
             self.leader.set((msg.term, msg.from));
             if world.chance(plan.new_leader_doom_per_mille) {
@@ -136,9 +131,12 @@ impl LeaderWatch {
         None
     }
 
-    /// The member seen leading last.
+    /// The leader of the newest term seen on the wire.
     pub fn leader(&self) -> Option<u64> {
-        Some(self.leader.get().1).filter(|&id| id != 0)
+        self.leader_of
+            .borrow()
+            .last_key_value()
+            .map(|(_, &leader)| leader)
     }
 }
 
@@ -175,7 +173,7 @@ async fn crash_and_restart(world: &Rc<World>, plan: &Plan, id: u64) {
         Ok(true) => {}
         Ok(false) => return,
         Err(e) => {
-            world.note_failure(violation(Kind::DriverPanic, e));
+            world.note_failure(driver_stopped(e));
             return;
         }
     }
@@ -208,7 +206,7 @@ pub async fn run(world: &Rc<World>, plan: &Plan, until: Instant) {
             kind += 1;
         }
         if let Err(e) = world.check_running().await {
-            world.note_failure(violation(Kind::DriverPanic, e));
+            world.note_failure(driver_stopped(e));
             return;
         }
         match kind {

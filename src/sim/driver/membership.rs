@@ -18,6 +18,7 @@ use crate::raft::ConfChangeType;
 use crate::server::command::ShardCommand;
 use crate::server::errors::ApiError;
 
+use super::checks::{driver_stopped, violation, DriverViolation, DriverViolationKind as Kind};
 use super::world::World;
 use super::LIVENESS_BOUND;
 
@@ -25,8 +26,8 @@ use super::LIVENESS_BOUND;
 const ATTEMPT_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// Adds and removes members until `until`, then finishes the change under
-/// way. Returns the changes made, or why one never took effect.
-pub async fn run(world: Rc<World>, until: Instant) -> Result<u64, String> {
+/// way. Returns the changes made.
+pub async fn run(world: Rc<World>, until: Instant) -> Result<u64, DriverViolation> {
     let mut changes = 0;
     let founders = world.ids().len();
     while Instant::now() < until {
@@ -38,11 +39,14 @@ pub async fn run(world: Rc<World>, until: Instant) -> Result<u64, String> {
         if ids.len() > founders {
             let id = ids[world.gen_range(0..ids.len())];
             change(&world, ConfChangeType::ConfChangeRemoveNode, id).await?;
-            world.leave(id).await?;
+            world.leave(id).await.map_err(driver_stopped)?;
             changes += 1;
         } else if let Some(&id) = world.spare_ids().first() {
             change(&world, ConfChangeType::ConfChangeAddLearnerNode, id).await?;
-            world.join(id).await?;
+            world
+                .join(id)
+                .await
+                .map_err(|e| violation(Kind::RestartFailed, e))?;
             change(&world, ConfChangeType::ConfChangeAddNode, id).await?;
             changes += 2;
         }
@@ -51,7 +55,7 @@ pub async fn run(world: Rc<World>, until: Instant) -> Result<u64, String> {
 }
 
 /// Asks the leader for `change` of member `id` until it is in effect.
-async fn change(world: &Rc<World>, change: ConfChangeType, id: u64) -> Result<(), String> {
+async fn change(world: &Rc<World>, change: ConfChangeType, id: u64) -> Result<(), DriverViolation> {
     let began = Instant::now();
     // The leader seen on the wire first; then the one a refusal names, or
     // any member (the leader seen last may be stale: the faults are over,
@@ -59,8 +63,9 @@ async fn change(world: &Rc<World>, change: ConfChangeType, id: u64) -> Result<()
     let mut hint = world.leader_seen();
     loop {
         if began.elapsed() >= LIVENESS_BOUND {
-            return Err(format!(
-                "{change:?} of member {id} did not take effect within {LIVENESS_BOUND:?}"
+            return Err(violation(
+                Kind::NoLiveness,
+                format!("{change:?} of member {id} did not take effect within {LIVENESS_BOUND:?}"),
             ));
         }
         let up = world.up_ids();

@@ -40,8 +40,9 @@
 //! - A crash aborts the driver; the jobs it left on the blocking pool
 //!   (installs, snapshot metadata writes) finish before the member
 //!   restarts, as if the crash came just after them.
-//! - Then the faults stop, every member runs, and a put must be acknowledged
-//!   and applied everywhere within [`LIVENESS_BOUND`].
+//! - Then the faults stop, every member runs, the membership change under
+//!   way (if any) takes effect within [`LIVENESS_BOUND`], and then a put
+//!   must be acknowledged and applied everywhere within [`LIVENESS_BOUND`].
 //!
 //! # What is checked
 //! See [`checks`]: no request lost by a running driver; one revision per
@@ -238,6 +239,14 @@ pub async fn run_seed(cfg: &DriverSimConfig) -> Result<DriverSimOutcome, DriverS
         r = run_world(&world, &mut stats) => r,
         v = real_time_budget(real, began, budget) => Err(v),
     };
+    // A safety violation found away from the main task (two leaders of a
+    // term, a committed entry replaced) outranks what ended the run.
+    let noted = world.take_failure();
+    let violation = match (noted, result) {
+        (Some(n), _) if n.kind.is_consensus_safety() => Some(n),
+        (_, Err(v)) => Some(v),
+        (noted, Ok(())) => noted,
+    };
     // Every driver stops before the members' directories go, and no task
     // left over from the faults starts one again.
     world.end();
@@ -255,7 +264,7 @@ pub async fn run_seed(cfg: &DriverSimConfig) -> Result<DriverSimOutcome, DriverS
         seed: cfg.seed,
         members: cfg.members,
         stats,
-        violation: result.err(),
+        violation,
     })
 }
 
@@ -268,41 +277,34 @@ async fn run_world(world: &Rc<World>, stats: &mut DriverSimStats) -> Result<(), 
     }
     let history: History = Rc::new(RefCell::new(Vec::new()));
     let until = Instant::now() + Duration::from_millis(world.gen_range(CHAOS_MS));
-    let clients =
-        tokio::task::spawn_local(client::run_clients(world.clone(), history.clone(), until));
-    let changes = tokio::task::spawn_local(membership::run(world.clone(), until));
+    // Aborted if the seed ends early (its real-time budget ran out).
+    let mut clients = AbortOnDrop(tokio::task::spawn_local(client::run_clients(
+        world.clone(),
+        history.clone(),
+        until,
+    )));
+    let mut changes = AbortOnDrop(tokio::task::spawn_local(membership::run(
+        world.clone(),
+        until,
+    )));
     let plan = faults::Plan::draw(world);
     world.start_chaos(plan.clone());
     faults::run(world, &plan, until).await;
-    let _ = clients.await;
+    let _ = (&mut clients.0).await;
     world.end_chaos();
     if let Some(v) = world.take_failure() {
         return Err(v);
     }
-    for id in world.ids() {
-        if !world.is_up(id) {
-            world
-                .start(id)
-                .await
-                .map_err(|e| violation(Kind::RestartFailed, e))?;
-        }
-    }
-    let healed = Instant::now();
-    // The membership change under way takes effect before the group is
-    // checked; members it added are started.
-    stats.membership_changes = match changes.await {
+    start_down_members(world).await?;
+    // The membership change under way takes effect (within its own bound)
+    // before the group is checked; members it added are started.
+    stats.membership_changes = match (&mut changes.0).await {
         Ok(Ok(n)) => n,
-        Ok(Err(e)) => return Err(violation(Kind::NoLiveness, e)),
+        Ok(Err(v)) => return Err(v),
         Err(e) => return Err(violation(Kind::DriverPanic, e.to_string())),
     };
-    for id in world.ids() {
-        if !world.is_up(id) {
-            world
-                .start(id)
-                .await
-                .map_err(|e| violation(Kind::RestartFailed, e))?;
-        }
-    }
+    start_down_members(world).await?;
+    let healed = Instant::now();
     let final_term = liveness(world).await?;
     stats.recovery_ms = healed.elapsed().as_millis() as u64;
     stats.final_term = final_term;
@@ -311,7 +313,7 @@ async fn run_world(world: &Rc<World>, stats: &mut DriverSimStats) -> Result<(), 
     world
         .check_running()
         .await
-        .map_err(|e| violation(Kind::DriverPanic, e))?;
+        .map_err(checks::driver_stopped)?;
     let calls: Vec<Call> = history.borrow().clone();
     for c in &calls {
         match (&c.op, &c.answer) {
@@ -330,6 +332,28 @@ async fn run_world(world: &Rc<World>, stats: &mut DriverSimStats) -> Result<(), 
     }
     checks::check_history(&calls)?;
     checks::check_stores(world, &calls).await
+}
+
+/// A task that ends with the seed's main task.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Restarts every member of the group that is down.
+async fn start_down_members(world: &Rc<World>) -> Result<(), DriverViolation> {
+    for id in world.ids() {
+        if !world.is_up(id) {
+            world
+                .start(id)
+                .await
+                .map_err(|e| violation(Kind::RestartFailed, e))?;
+        }
+    }
+    Ok(())
 }
 
 /// Resolves once the seed has used `budget` of real time: its drivers are

@@ -41,8 +41,6 @@ pub const MAX_DELAY: Duration = Duration::from_millis(5);
 const INBOUND_QUEUE: usize = 4_096;
 /// Commands a member's command queue holds.
 const COMMAND_QUEUE: usize = 1_024;
-/// Members beyond the group's first ones, which membership changes add.
-pub const SPARE_MEMBERS: usize = 2;
 /// Bytes a simulated snapshot stream hands over per step.
 const STREAM_CHUNK_BYTES: usize = 64 << 10;
 
@@ -122,7 +120,7 @@ impl World {
             builder.tempdir()
         }
         .map_err(|e| format!("creating the members' directories: {e}"))?;
-        let members = (1..=(cfg.members + SPARE_MEMBERS) as u64)
+        let members = (1..=(cfg.members + crate::sim::SPARE_MEMBERS) as u64)
             .map(|id| Member {
                 id,
                 dir: root.path().join(format!("member-{id}")),
@@ -641,6 +639,10 @@ struct SimPeers {
 impl PeerSender for SimPeers {
     fn send(&self, _shard: ShardId, msg: raft::Message) -> bool {
         self.world.upgrade().is_some_and(|w| w.send(self.from, msg))
+    }
+
+    fn has_link(&self, _shard: ShardId, _to: u64) -> bool {
+        true
     }
 
     fn send_snapshot<'a>(
