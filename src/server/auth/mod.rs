@@ -243,8 +243,8 @@ pub fn require_admin_maintenance<T>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cairn_proto::cairnpb::{auth_change, auth_change::Change, AuthChange, AuthToken};
-    use cairn_proto::etcdserverpb as pb;
+    use crate::server::auth_state::tests::change;
+    use cairn_proto::cairnpb::{auth_change, AuthToken};
     use std::time::Duration;
 
     fn options() -> AuthOptions {
@@ -256,40 +256,13 @@ mod tests {
         }
     }
 
-    fn change(c: Change) -> AuthChange {
-        AuthChange { change: Some(c) }
-    }
-
-    fn enable_with_root(a: &AuthStore) {
-        let a = a.replica();
-        a.apply(
-            1,
-            &change(Change::UserAdd(pb::AuthUserAddRequest {
-                name: "root".into(),
-                hashed_password: "h".into(),
-                ..Default::default()
-            })),
-        )
-        .unwrap();
-        a.apply(
-            2,
-            &change(Change::UserGrantRole(pb::AuthUserGrantRoleRequest {
-                user: "root".into(),
-                role: "root".into(),
-            })),
-        )
-        .unwrap();
-        a.apply(3, &change(Change::Enable(pb::AuthEnableRequest {})))
-            .unwrap();
-    }
-
     #[test]
     fn callers_come_from_tokens_or_the_certificate_name() {
         let dir = tempfile::tempdir().unwrap();
         let a = AuthStore::open(dir.path(), options()).unwrap();
         let md = tonic::metadata::MetadataMap::new();
         assert_eq!(a.caller(&md, Some("root")), Ok(None), "auth disabled");
-        enable_with_root(&a);
+        crate::server::auth_state::tests::enable_with_root(a.replica());
         assert_eq!(a.caller(&md, None), Ok(None));
         assert_eq!(
             a.check(None, b"k", b"", PermType::Read),

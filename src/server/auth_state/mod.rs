@@ -166,16 +166,16 @@ impl AuthReplica {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use cairn_proto::etcdserverpb as pb;
 
-    fn change(c: Change) -> AuthChange {
+    pub(crate) fn change(c: Change) -> AuthChange {
         AuthChange { change: Some(c) }
     }
 
     /// Adds root with the root role and enables auth.
-    fn enable_with_root(a: &AuthReplica) {
+    pub(crate) fn enable_with_root(a: &AuthReplica) {
         a.apply(
             1,
             &change(Change::UserAdd(pb::AuthUserAddRequest {
