@@ -538,14 +538,7 @@ impl World {
             spool.append(chunk).await.map_err(|_| closed())?;
         }
         let spooled = spool.finish().await.map_err(|_| closed())?;
-        let inbound = if same_receiver(&self) {
-            self.members.borrow()[index(to)]
-                .running
-                .as_ref()
-                .map(|r| r.inbound.clone())
-        } else {
-            None
-        };
+        let inbound = same_receiver(&self).then(|| self.inbound(to)).flatten();
         let Some(inbound) = inbound else {
             return Err(closed());
         };
@@ -557,15 +550,19 @@ impl World {
         Ok(())
     }
 
+    /// The inbound queue of member `id`, while it runs.
+    fn inbound(&self, id: u64) -> Option<mpsc::Sender<ShardInbound>> {
+        let members = self.members.borrow();
+        members
+            .get(index(id))?
+            .running
+            .as_ref()
+            .map(|r| r.inbound.clone())
+    }
+
     fn deliver(&self, from: u64, msg: raft::Message) {
         let to = msg.to;
-        let inbound = {
-            let members = self.members.borrow();
-            let Some(m) = members.get(index(to)) else {
-                return;
-            };
-            m.running.as_ref().map(|r| r.inbound.clone())
-        };
+        let inbound = self.inbound(to);
         let lost = self.cut.borrow().contains(&(from, to))
             || inbound.is_none_or(|tx| tx.try_send(ShardInbound::Raft(msg)).is_err());
         if lost {
@@ -642,7 +639,9 @@ impl PeerSender for SimPeers {
     }
 
     fn has_link(&self, _shard: ShardId, _to: u64) -> bool {
-        true
+        // Every member is reachable while the world lasts; cuts and crashes
+        // end a stream on its way (see `World::stream`).
+        self.world.strong_count() > 0
     }
 
     fn send_snapshot<'a>(
