@@ -11,10 +11,12 @@ mod common;
 use std::time::{Duration, Instant};
 
 use cairn::routing::RoutingTable;
+use cairn_proto::cairnpb::{LeaseRenewalTtls, LeaseRenewals};
 use common::{client, etcdctl, shard0_leader, wait_writable, Cluster};
 use etcd_client::{
     EventType, GetOptions, LeaseGrantOptions, LeaseTimeToLiveOptions, PutOptions, WatchOptions,
 };
+use prost::Message as _;
 
 /// Keys under several routing prefixes, covering both shards.
 fn keys_on_both_shards(tag: &str) -> Vec<String> {
@@ -451,6 +453,56 @@ async fn many_leases_expire_leases_survive_a_restart_and_bad_peer_requests_are_r
         r.starts_with("HTTP/1.1 200"),
         "renew of an unknown lease: {r}"
     );
+    // Renewals gathered in one request: garbage and too many are refused.
+    let r = raw_http(
+        port,
+        &lease_post(
+            "/cairn/lease-renews",
+            Some(cluster_id),
+            Some("1"),
+            b"\x0f\x0f",
+        ),
+    );
+    assert!(r.starts_with("HTTP/1.1 400"), "garbage renewals: {r}");
+    let too_many = LeaseRenewals {
+        ids: (1..=4097).collect(),
+    }
+    .encode_to_vec();
+    let r = raw_http(
+        port,
+        &lease_post(
+            "/cairn/lease-renews",
+            Some(cluster_id),
+            Some("1"),
+            &too_many,
+        ),
+    );
+    assert!(r.starts_with("HTTP/1.1 400"), "4,097 renewals: {r}");
+
+    // Renewals in one request answer each lease's TTL in order; one the
+    // shard does not have, 0.
+    let x = c.lease_grant(30, None).await.expect("grant").id();
+    let y = c.lease_grant(40, None).await.expect("grant").id();
+    let asked = LeaseRenewals {
+        ids: vec![x, 0x7777, y],
+    };
+    let r = raw_http(
+        port,
+        &lease_post(
+            "/cairn/lease-renews",
+            Some(cluster_id),
+            Some("1"),
+            &asked.encode_to_vec(),
+        ),
+    );
+    assert!(r.starts_with("HTTP/1.1 200"), "renewals: {r:?}");
+    let body = &r.as_bytes()[r.find("\r\n\r\n").expect("end of head") + 4..];
+    let ttls = LeaseRenewalTtls::decode(body)
+        .expect("renewals answer")
+        .ttls;
+    assert_eq!(ttls, [30, 0, 40], "the TTLs of x, none and y");
+    c.lease_revoke(x).await.expect("revoke");
+    c.lease_revoke(y).await.expect("revoke");
 
     // Many leases with keys on both shards expire together.
     let mut ids = Vec::new();
@@ -497,4 +549,67 @@ async fn many_leases_expire_leases_survive_a_restart_and_bad_peer_requests_are_r
     assert_eq!(ttl.keys().len(), keys.len());
     c.lease_revoke(id).await.expect("revoke after restart");
     wait_keys_everywhere(&cluster, "r", &[], Duration::from_secs(5)).await;
+}
+
+// Keep-alives that followers forward to a shard's leader go together, as one
+// request per leader and shard at a time from each core: every stream must
+// still get its own lease's answer, and a lease that is gone its own refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keep_alives_forwarded_together_each_get_their_own_answer() {
+    let cluster = Cluster::start(3, &["--shards", "2", "--cores", "1"]);
+    let eps = cluster.endpoints();
+    let mut c0 = client(&eps[0]).await;
+    wait_writable(&mut c0, "/lease/ready").await;
+    let mut clients = Vec::new();
+    for ep in &eps {
+        clients.push(client(ep).await);
+    }
+    // Distinct TTLs, so an answer given to the wrong stream shows.
+    let mut leases = Vec::new();
+    for i in 0..48 {
+        let ttl = 30 + i;
+        let id = c0.lease_grant(ttl, None).await.expect("grant").id();
+        leases.push((id, ttl));
+    }
+    let mut streams = Vec::new();
+    for (i, &(id, ttl)) in leases.iter().enumerate() {
+        let n = clients.len();
+        let c = &mut clients[i % n];
+        let (keeper, answers) = c.lease_keep_alive(id).await.expect("keep alive");
+        streams.push((id, ttl, keeper, answers));
+    }
+    for round in 0..5 {
+        let sends = streams
+            .iter_mut()
+            .map(|(id, ttl, keeper, answers)| async move {
+                keeper.keep_alive().await.expect("send keep-alive");
+                let answer = tokio::time::timeout(Duration::from_secs(20), answers.message())
+                    .await
+                    .expect("a keep-alive answer in time")
+                    .expect("keep-alive answer")
+                    .expect("stream open");
+                assert_eq!(
+                    (answer.id(), answer.ttl()),
+                    (*id, *ttl),
+                    "round {round}: the answer of another lease"
+                );
+            });
+        futures::future::join_all(sends).await;
+    }
+    // A revoked lease kept alive through each member is refused as etcd
+    // refuses it, while the others go on.
+    let (gone, _) = leases[0];
+    c0.lease_revoke(gone).await.expect("revoke");
+    for c in clients.iter_mut() {
+        let refused = c
+            .lease_keep_alive(gone)
+            .await
+            .expect_err("keep-alive of a revoked lease");
+        assert!(refused.to_string().contains("lease not found"), "{refused}");
+    }
+    for (id, ttl, keeper, answers) in streams.iter_mut().skip(1) {
+        keeper.keep_alive().await.expect("send keep-alive");
+        let answer = answers.message().await.expect("answer").expect("open");
+        assert_eq!((answer.id(), answer.ttl()), (*id, *ttl));
+    }
 }

@@ -19,8 +19,9 @@
 //!   deletes. Followers never expire anything.
 //! - **KeepAlive** renews the lease at every shard's leader: directly for the
 //!   shards this member leads, over the peer port's HTTP side
-//!   (`POST /cairn/lease-renew`, see `crate::server::member::peer_http`) for the others, on
-//!   pooled keep-alive connections. Renewals do not go through Raft, as in
+//!   (`POST /cairn/lease-renews`, see `crate::server::member::peer_http`) for the others, on
+//!   pooled keep-alive connections, the keep-alives bound for one leader
+//!   gathered into one request (`lease_renewals`). Renewals do not go through Raft, as in
 //!   etcd (no checkpointing: the TTL restarts on a new leader).
 //! - **Revoke** is one `LeaseRevoke` proposal per shard.
 //! - **TimeToLive** asks every shard's leader (`POST /cairn/lease-ttl` for the
@@ -59,6 +60,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::routing::ShardId;
 use crate::server::api::kv::Identity;
+use crate::server::api::lease_renewals::Renewals;
 use crate::server::command::{LeaseInfo, WriteResult};
 use crate::server::errors::ApiError;
 use crate::server::keyspace::router::Router;
@@ -124,6 +126,8 @@ pub struct LeaseService {
     pub min_ttl_secs: i64,
     pub ids: Arc<LeaseIds>,
     pub peers: peer_client::PeerClient,
+    /// This core's keep-alives forwarded to shard leaders elsewhere.
+    pub renewals: Renewals,
     pub auth: Arc<crate::server::auth::AuthStore>,
 }
 
@@ -162,23 +166,13 @@ impl LeaseService {
             .await
     }
 
-    /// Renews the lease at `shard`'s leader: its granted TTL, or None.
+    /// Renews the lease at `shard`'s leader: its granted TTL, or None. A
+    /// leader elsewhere gets it with the other keep-alives this core
+    /// forwards to it ([`Renewals`]).
     async fn renew_at(&self, shard: ShardId, id: i64) -> Result<Option<i64>, Status> {
-        let body = Bytes::from(LeaseKeepAliveRequest { id }.encode_to_vec());
         self.at_leader(
             || self.router.lease_renew(shard, id),
-            |url| {
-                let body = body.clone();
-                async move {
-                    self.post(&url, "/cairn/lease-renew", shard, body)
-                        .await
-                        .and_decode(|b: Bytes| {
-                            LeaseKeepAliveResponse::decode(b)
-                                .map(|r| (r.ttl > 0).then_some(r.ttl))
-                                .map_err(|e| format!("{url}: renew answer: {e}"))
-                        })
-                }
-            },
+            |url| async move { self.renewals.renew(&url, shard, id).await },
         )
         .await
     }

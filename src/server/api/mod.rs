@@ -4,5 +4,6 @@
 pub mod cluster;
 pub mod kv;
 pub mod lease;
+pub mod lease_renewals;
 pub mod maintenance;
 pub mod watch;

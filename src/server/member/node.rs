@@ -626,6 +626,11 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
             min_ttl_secs: min_lease_ttl_secs,
             ids: shared.lease_ids.clone(),
             peers: peers.clone(),
+            renewals: crate::server::api::lease_renewals::Renewals::new(
+                peers.clone(),
+                shared.members.cluster_id(),
+                crate::server::api::lease::PEER_LEASE_TIMEOUT,
+            ),
             auth: shared.auth.clone(),
         };
         let auth = crate::server::auth::service::AuthService {

@@ -10,6 +10,7 @@
 //! | `POST /cairn/conf-change` | carries out a membership change of one shard (`cairnpb.ShardConfChange`) if this member leads the shard: `200`, or `409` with `x-cairn-leader` naming the leader, or the gRPC error as `x-cairn-grpc-code` plus the message |
 //! | `POST /cairn/removed` | tells a member it was removed from the cluster (`x-cairn-member` must be its id): it stops |
 //! | `POST /cairn/lease-renew` | renews a lease at the leader of the shard in `x-cairn-shard` (`etcdserverpb.LeaseKeepAliveRequest`; answer `LeaseKeepAliveResponse`, TTL 0 when the shard has no such lease): `200`, or `409` with `x-cairn-leader` as above |
+//! | `POST /cairn/lease-renews` | renews several leases at once at the leader of the shard in `x-cairn-shard` (`cairnpb.LeaseRenewals`, at most 4,096; answer `cairnpb.LeaseRenewalTtls`, each lease's TTL as above, in order): `200`, or `409` with `x-cairn-leader` as above when the shard refuses any of them |
 //! | `POST /cairn/read-point` | the read point of a linearizable read over the shards listed (`cairnpb.KeyspaceReadPoint`), if this member is the keyspace leader: `200` with the revision and each shard's index, or `409` with `x-cairn-leader` naming shard 0's (or that shard's) leader |
 //! | `POST /cairn/txn` | runs a txn over several shards (`etcdserverpb.TxnRequest`) if this member is the keyspace leader: `200` with the `TxnResponse`, or `409` with `x-cairn-leader` when nothing was proposed, or the gRPC error as above |
 //! | `POST /cairn/lease-revoke` | with several shards, revokes a lease on every shard at one revision (`etcdserverpb.LeaseRevokeRequest`; answer `LeaseRevokeResponse`) if this member is the keyspace leader: `200`, or `409` with `x-cairn-leader` as above |
@@ -91,6 +92,7 @@ impl PeerHttp {
                 "/cairn/conf-change"
                     | "/cairn/removed"
                     | "/cairn/lease-renew"
+                    | "/cairn/lease-renews"
                     | "/cairn/lease-ttl"
                     | "/cairn/lease-revoke"
                     | "/cairn/read-point"

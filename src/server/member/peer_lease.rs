@@ -1,11 +1,12 @@
 //! The peer port's lease requests (`POST /cairn/lease-renew`,
-//! `/cairn/lease-ttl`, `/cairn/lease-revoke`): a member asks the leader of a
+//! `/cairn/lease-renews`, `/cairn/lease-ttl`, `/cairn/lease-revoke`): a member asks the leader of a
 //! shard (or, to revoke, the keyspace leader) on behalf of its client. The
 //! HTTP side and its table of paths are in `crate::server::member::peer_http`.
 
 use std::sync::Arc;
 
 use bytes::Bytes;
+use cairn_proto::cairnpb::{LeaseRenewalTtls, LeaseRenewals};
 use cairn_proto::etcdserverpb::{
     LeaseKeepAliveRequest, LeaseKeepAliveResponse, LeaseRevokeRequest, LeaseRevokeResponse,
     LeaseTimeToLiveRequest, LeaseTimeToLiveResponse, ResponseHeader,
@@ -25,12 +26,21 @@ pub enum PeerLeaseAnswer {
     BadRequest(String),
 }
 
-/// Serves `POST /cairn/lease-renew` and `POST /cairn/lease-ttl` for one shard
-/// this member is asked to lead.
+/// Most leases one `lease-renews` request may name (a follower sends at most
+/// `crate::server::api::lease_renewals::MAX_RENEWALS` at once).
+pub const MAX_RENEWALS_PER_REQUEST: usize = 4096;
+
+/// Serves `POST /cairn/lease-renew`, `/cairn/lease-renews` and
+/// `/cairn/lease-ttl` for one shard this member is asked to lead.
 ///
 /// - `lease-renew`: body `LeaseKeepAliveRequest`; answer
 ///   `LeaseKeepAliveResponse` whose TTL is the granted TTL, 0 when the shard
 ///   has no such lease.
+/// - `lease-renews`: body `cairnpb.LeaseRenewals`, the keep-alives a member
+///   gathered; answer `cairnpb.LeaseRenewalTtls`, each lease's TTL as above,
+///   in order. The shard renews them in one ReadIndex round. Where the shard
+///   refuses one (another member leads it, say), the whole request is refused
+///   so: renewing a lease twice is harmless, so the asker sends them again.
 /// - `lease-ttl`: body `LeaseTimeToLiveRequest`; answer
 ///   `LeaseTimeToLiveResponse` whose TTL is the time left in milliseconds (-1
 ///   when the shard has no such lease), with the shard's keys when asked.
@@ -61,6 +71,26 @@ pub async fn serve_lease(
                 }
                 .encode_to_vec()
             })
+        }
+        "/cairn/lease-renews" => {
+            let req = match LeaseRenewals::decode(body) {
+                Ok(r) => r,
+                Err(e) => return PeerLeaseAnswer::BadRequest(format!("bad request: {e}")),
+            };
+            if req.ids.len() > MAX_RENEWALS_PER_REQUEST {
+                return PeerLeaseAnswer::BadRequest(format!(
+                    "{} leases to renew, more than {MAX_RENEWALS_PER_REQUEST} in one request",
+                    req.ids.len()
+                ));
+            }
+            let renewed =
+                futures::future::join_all(req.ids.iter().map(|&id| router.lease_renew(shard, id)))
+                    .await;
+            renewed
+                .into_iter()
+                .map(|ttl| ttl.map(|t| t.unwrap_or(0)))
+                .collect::<Result<Vec<i64>, ApiError>>()
+                .map(|ttls| LeaseRenewalTtls { ttls }.encode_to_vec())
         }
         "/cairn/lease-revoke" => {
             let req = match LeaseRevokeRequest::decode(body) {
