@@ -23,6 +23,13 @@
 //! would only trade turns with that thread (measured with 100 clients on one
 //! member: about a fifth of the CPU per request).
 //!
+//! Polling pays for sparse requests, where each waits on wake-ups. A core
+//! busy more than [`BUSY_LIMIT`] of the last [`LOAD_PERIOD`] does not poll: its
+//! requests queue behind its own work, so a wake-up's cost delays none of
+//! them much, while polling through every short wait (a WAL sync under 100
+//! clients, say) costs the member about an eighth more CPU per put (one
+//! member, 100 clients, BENCHMARKS.md).
+//!
 //! A poll watches I/O and wake-ups, not tokio's timers: a timer due inside the
 //! window fires when the window ends, so at most the window late (Cairn's timers
 //! are Raft ticks and request deadlines, milliseconds and longer).
@@ -43,6 +50,13 @@ const GROW_START: Duration = Duration::from_micros(50);
 /// work, and the poll ends (a yield with nothing else runnable returns in
 /// about a microsecond).
 const YIELD_GAVE_CPU_AWAY: Duration = Duration::from_micros(20);
+
+/// The stretch of time over which a core's load is measured.
+const LOAD_PERIOD: Duration = Duration::from_millis(2);
+
+/// The share of [`LOAD_PERIOD`] a core may spend busy (running tasks, not
+/// polling or asleep) and still poll when it idles.
+const BUSY_LIMIT: f64 = 0.5;
 
 /// An idle poller for `runtime` (built on this thread), or `None` when `max` is
 /// zero or the runtime's epoll instance cannot be found, in which case the core
@@ -120,6 +134,49 @@ pub struct IdlePoll {
     last_poll: Cell<Option<bool>>,
     /// Told of every poll (whether it caught work), e.g. to count them.
     observer: RefCell<Option<PollObserver>>,
+    /// The core's load over the current [`LOAD_PERIOD`].
+    load: Cell<Load>,
+    /// Whether the core was busy more than [`BUSY_LIMIT`] of the last whole
+    /// period; it then does not poll.
+    loaded: Cell<bool>,
+}
+
+/// Time a core spent busy and idle since its load was last measured, and
+/// when its current busy stretch began.
+#[derive(Clone, Copy, Default)]
+struct Load {
+    busy: Duration,
+    idle: Duration,
+    busy_since: Option<Instant>,
+}
+
+impl Load {
+    /// The busy stretch ends at `now`.
+    fn park(mut self, now: Instant) -> Load {
+        if let Some(since) = self.busy_since.take() {
+            self.busy += now.saturating_duration_since(since);
+        }
+        self
+    }
+
+    /// An idle stretch of `idled` ends at `now`; once a whole period is
+    /// counted, whether the core was loaded over it, and a fresh count.
+    fn unpark(mut self, now: Instant, idled: Duration) -> (Load, Option<bool>) {
+        self.idle += idled;
+        self.busy_since = Some(now);
+        let total = self.busy + self.idle;
+        if total < LOAD_PERIOD {
+            return (self, None);
+        }
+        let loaded = self.busy.as_secs_f64() > BUSY_LIMIT * total.as_secs_f64();
+        (
+            Load {
+                busy_since: Some(now),
+                ..Load::default()
+            },
+            Some(loaded),
+        )
+    }
 }
 
 impl IdlePoll {
@@ -156,6 +213,8 @@ impl IdlePoll {
             idle_since: Cell::new(None),
             last_poll: Cell::new(None),
             observer: RefCell::new(None),
+            load: Cell::new(Load::default()),
+            loaded: Cell::new(false),
         })
     }
 
@@ -170,8 +229,9 @@ impl IdlePoll {
     pub fn before_park(&self) {
         let start = Instant::now();
         self.idle_since.set(Some(start));
+        self.load.set(self.load.get().park(start));
         let window = self.window.get();
-        if window.is_zero() {
+        if window.is_zero() || self.loaded.get() {
             return;
         }
         // One clock read a turn: the time after a yield both ends the window
@@ -204,8 +264,15 @@ impl IdlePoll {
     /// Runs as the runtime wakes: adapts the window to how long the core idled.
     pub fn after_unpark(&self) {
         if let Some(since) = self.idle_since.take() {
+            let now = Instant::now();
+            let idled = now.saturating_duration_since(since);
             self.window
-                .set(next_window(self.window.get(), since.elapsed(), self.max));
+                .set(next_window(self.window.get(), idled, self.max));
+            let (load, loaded) = self.load.get().unpark(now, idled);
+            self.load.set(load);
+            if let Some(loaded) = loaded {
+                self.loaded.set(loaded);
+            }
         }
         if let (Some(caught), Some(observer)) = (self.last_poll.take(), &*self.observer.borrow()) {
             observer(caught);
@@ -250,6 +317,34 @@ mod tests {
         assert_eq!(next_window(Duration::ZERO, us(120), MAX), GROW_START);
         assert_eq!(next_window(us(50), us(120), MAX), us(100));
         assert_eq!(next_window(us(200), us(250), MAX), MAX);
+    }
+
+    #[test]
+    fn a_core_busy_over_half_a_period_is_loaded() {
+        let t0 = Instant::now();
+        let at = |n: u64| t0 + us(n);
+        // Busy 300 µs, idle 100 µs, repeated: loaded once a period is counted.
+        let mut load = Load {
+            busy_since: Some(t0),
+            ..Load::default()
+        };
+        let mut verdicts = Vec::new();
+        for cycle in 0..6 {
+            load = load.park(at(cycle * 400 + 300));
+            let (next, verdict) = load.unpark(at(cycle * 400 + 400), us(100));
+            load = next;
+            verdicts.extend(verdict);
+        }
+        assert_eq!(verdicts, [true], "one whole period of 2 ms counted");
+        // Busy 50 µs, idle 350 µs: not loaded.
+        let mut verdicts = Vec::new();
+        for cycle in 6..12 {
+            load = load.park(at(cycle * 400 + 50));
+            let (next, verdict) = load.unpark(at(cycle * 400 + 400), us(350));
+            load = next;
+            verdicts.extend(verdict);
+        }
+        assert_eq!(verdicts, [false]);
     }
 
     #[test]

@@ -12,7 +12,9 @@
 //!   keep-alives arriving meanwhile wait for the next one, as writes wait for
 //!   the next WAL sync, so the batch grows with the load and a lone
 //!   keep-alive goes at once (after the turn that brought it);
-//! - at most [`MAX_RENEWALS`] leases per request;
+//! - at most [`MAX_RENEWALS`] leases per request; a queue holds at most one
+//!   keep-alive per stream on the core, since a stream's next keep-alive
+//!   waits for the answer to its last;
 //! - the answer (each lease's TTL, or that another member leads, or the
 //!   failure) goes to each keep-alive of the batch, which then does what a
 //!   keep-alive forwarded alone would: `peer_client::at_shard_leader` retries
