@@ -48,9 +48,23 @@ pub(crate) fn scratch_dir(work_dir: Option<&Path>, prefix: &str) -> Result<TempD
         .map_err(bad_work_dir)
 }
 
+/// Starts of a cluster made before giving up when a member finds one of its
+/// ports taken.
+const START_ATTEMPTS: usize = 3;
+
+/// Whether a start failed because a member's port was taken: free ports are
+/// picked, then released for the members to bind, and another process (a
+/// connection's ephemeral port, say) may take one in between.
+fn port_taken(e: &ClusterError) -> bool {
+    matches!(e, ClusterError::Exited { tail, .. }
+        if tail.to_ascii_lowercase().contains("address already in use"))
+}
+
 /// Starts `members` members of `binary` under `dir` with `options` and waits
 /// until they serve; with `user`, then turns auth on (root with
-/// [`security::ROOT_PASSWORD`], and `user` with readwrite on every key).
+/// [`security::ROOT_PASSWORD`], and `user` with readwrite on every key). A
+/// start that fails because a port was taken is made again, afresh, on new
+/// ports.
 pub(crate) async fn start_secured(
     system: System,
     binary: &Path,
@@ -59,8 +73,25 @@ pub(crate) async fn start_secured(
     options: &StartOptions,
     user: Option<&Credentials>,
 ) -> Result<LocalCluster, ClusterError> {
-    let mut cluster = LocalCluster::start_with(system, binary, members, dir, options)?;
-    cluster.wait_ready(CLUSTER_READY_TIMEOUT).await?;
+    let mut attempt = 1;
+    let mut cluster = loop {
+        let mut cluster = LocalCluster::start_with(system, binary, members, dir, options)?;
+        match cluster.wait_ready(CLUSTER_READY_TIMEOUT).await {
+            Ok(()) => break cluster,
+            Err(e) if port_taken(&e) && attempt < START_ATTEMPTS => {
+                eprintln!("{system}: a port was taken while starting; starting again on new ports");
+                drop(cluster);
+                std::fs::remove_dir_all(dir).map_err(|source| ClusterError::Io {
+                    system,
+                    action: "remove",
+                    path: dir.to_owned(),
+                    source,
+                })?;
+                attempt += 1;
+            }
+            Err(e) => return Err(e),
+        }
+    };
     if let Some(user) = user {
         cluster.enable_auth(security::ROOT_PASSWORD, user).await?;
     }
@@ -250,5 +281,24 @@ mod tests {
         let m = median(vec![report(30), report(10), report(20)]).unwrap();
         assert_eq!(m.requests(), 20);
         assert!(median(Vec::new()).is_none());
+    }
+
+    #[test]
+    fn a_start_is_made_again_only_when_a_port_was_taken() {
+        let exited = |tail: &str| ClusterError::Exited {
+            system: System::Etcd,
+            member: "etcd2".into(),
+            status: "exit status: 1".into(),
+            log: std::path::PathBuf::from("member.log"),
+            tail: tail.into(),
+        };
+        assert!(port_taken(&exited(
+            "etcdmain: listen tcp 127.0.0.1:40947: bind: address already in use"
+        )));
+        assert!(port_taken(&exited(
+            "binding 127.0.0.1:2380: Address already in use (os error 98)"
+        )));
+        assert!(!port_taken(&exited("data directory is locked")));
+        assert!(!port_taken(&ClusterError::Size { members: 0 }));
     }
 }
