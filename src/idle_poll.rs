@@ -319,31 +319,36 @@ mod tests {
         assert_eq!(next_window(us(200), us(250), MAX), MAX);
     }
 
+    /// Runs `load` through 400 µs cycles `cycles` from `t0`, each busy for
+    /// `busy_us` then idle: the verdicts of the periods completed.
+    fn cycles(
+        mut load: Load,
+        t0: Instant,
+        cycles: std::ops::Range<u64>,
+        busy_us: u64,
+    ) -> (Load, Vec<bool>) {
+        let mut verdicts = Vec::new();
+        for cycle in cycles {
+            load = load.park(t0 + us(cycle * 400 + busy_us));
+            let (next, verdict) = load.unpark(t0 + us(cycle * 400 + 400), us(400 - busy_us));
+            load = next;
+            verdicts.extend(verdict);
+        }
+        (load, verdicts)
+    }
+
     #[test]
     fn a_core_busy_over_half_a_period_is_loaded() {
         let t0 = Instant::now();
-        let at = |n: u64| t0 + us(n);
-        // Busy 300 µs, idle 100 µs, repeated: loaded once a period is counted.
-        let mut load = Load {
+        let load = Load {
             busy_since: Some(t0),
             ..Load::default()
         };
-        let mut verdicts = Vec::new();
-        for cycle in 0..6 {
-            load = load.park(at(cycle * 400 + 300));
-            let (next, verdict) = load.unpark(at(cycle * 400 + 400), us(100));
-            load = next;
-            verdicts.extend(verdict);
-        }
+        // Busy 300 µs of every 400: loaded, once a whole period is counted.
+        let (load, verdicts) = cycles(load, t0, 0..6, 300);
         assert_eq!(verdicts, [true], "one whole period of 2 ms counted");
-        // Busy 50 µs, idle 350 µs: not loaded.
-        let mut verdicts = Vec::new();
-        for cycle in 6..12 {
-            load = load.park(at(cycle * 400 + 50));
-            let (next, verdict) = load.unpark(at(cycle * 400 + 400), us(350));
-            load = next;
-            verdicts.extend(verdict);
-        }
+        // Busy 50 µs of every 400: not loaded.
+        let (_, verdicts) = cycles(load, t0, 6..12, 50);
         assert_eq!(verdicts, [false]);
     }
 

@@ -244,6 +244,27 @@ impl PeerClient {
     }
 }
 
+impl PeerClient {
+    /// Posts a request about `shard` (a lease's, forwarded to the shard's
+    /// leader) to the peer at `url`, with the cluster id and shard headers.
+    pub async fn post_for_shard(
+        &self,
+        url: &str,
+        path: &str,
+        cluster_id: u64,
+        shard: ShardId,
+        body: Bytes,
+        timeout: Duration,
+    ) -> Forwarded {
+        let headers = [
+            (CLUSTER_HEADER, format!("{cluster_id:x}")),
+            (SHARD_HEADER, shard.to_string()),
+        ];
+        self.call(url, Method::POST, path, &headers, body, timeout)
+            .await
+    }
+}
+
 /// Runs `local` on this member's driver of a shard; where another member
 /// leads the shard, runs `remote` with the leader's peer URL instead.
 /// Retried through elections and leader changes for at most `wait`.

@@ -65,7 +65,7 @@ use crate::server::command::{LeaseInfo, WriteResult};
 use crate::server::errors::ApiError;
 use crate::server::keyspace::router::Router;
 use crate::server::members::MemberRegistry;
-use crate::server::peer_client::{self, Forwarded, CLUSTER_HEADER, SHARD_HEADER};
+use crate::server::peer_client::{self, Forwarded};
 use crate::server::shard::MAX_LEASE_TTL_SECS;
 
 /// How long a lease request waits for a shard's leader (elections included)
@@ -150,19 +150,9 @@ impl LeaseService {
 
     /// Posts a lease request for `shard` to the peer at `url`.
     async fn post(&self, url: &str, path: &str, shard: ShardId, body: Bytes) -> Forwarded {
-        let headers = [
-            (CLUSTER_HEADER, format!("{:x}", self.members.cluster_id())),
-            (SHARD_HEADER, shard.to_string()),
-        ];
+        let cluster_id = self.members.cluster_id();
         self.peers
-            .call(
-                url,
-                hyper::Method::POST,
-                path,
-                &headers,
-                body,
-                PEER_LEASE_TIMEOUT,
-            )
+            .post_for_shard(url, path, cluster_id, shard, body, PEER_LEASE_TIMEOUT)
             .await
     }
 

@@ -30,7 +30,7 @@ use prost::Message as _;
 use tokio::sync::oneshot;
 
 use crate::routing::ShardId;
-use crate::server::peer_client::{Forwarded, PeerClient, CLUSTER_HEADER, SHARD_HEADER};
+use crate::server::peer_client::{Forwarded, PeerClient};
 
 /// Most leases renewed by one request to a leader.
 pub const MAX_RENEWALS: usize = 1024;
@@ -135,16 +135,12 @@ impl Renewals {
     async fn post(&self, url: &str, shard: ShardId, ids: Vec<i64>) -> Forwarded<Vec<i64>> {
         let asked = ids.len();
         let body = Bytes::from(LeaseRenewals { ids }.encode_to_vec());
-        let headers = [
-            (CLUSTER_HEADER, format!("{:x}", self.cluster_id)),
-            (SHARD_HEADER, shard.to_string()),
-        ];
         self.peers
-            .call(
+            .post_for_shard(
                 url,
-                hyper::Method::POST,
                 RENEWALS_PATH,
-                &headers,
+                self.cluster_id,
+                shard,
                 body,
                 self.timeout,
             )
