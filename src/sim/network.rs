@@ -140,18 +140,6 @@ impl Network {
         Some(self.due.swap_remove(i))
     }
 
-    /// Cuts the group in two: no message crosses between `side` and the rest
-    /// in either direction.
-    pub fn partition_symmetric(&mut self, side: &[u64], all: &[u64]) {
-        self.blocked.clear();
-        for a in side {
-            for b in all.iter().filter(|b| !side.contains(b)) {
-                self.blocked.insert((*a, *b));
-                self.blocked.insert((*b, *a));
-            }
-        }
-    }
-
     /// Cuts the given directed links only.
     pub fn partition_one_way(&mut self, links: &[(u64, u64)]) {
         self.blocked.clear();
@@ -160,10 +148,6 @@ impl Network {
 
     pub fn heal(&mut self) {
         self.blocked.clear();
-    }
-
-    pub fn blocked_links(&self) -> Vec<(u64, u64)> {
-        self.blocked.iter().copied().collect()
     }
 }
 
@@ -193,14 +177,6 @@ mod tests {
             n.send(&mut rng, 0, msg(2, 1)),
             SendFate::Queued { copies: 1 }
         );
-    }
-
-    #[test]
-    fn symmetric_partition_blocks_both_directions() {
-        let mut n = Network::new(Faults::calm());
-        n.partition_symmetric(&[1], &[1, 2, 3]);
-        assert!(n.is_blocked(1, 2) && n.is_blocked(2, 1) && n.is_blocked(3, 1));
-        assert!(!n.is_blocked(2, 3));
     }
 
     #[test]

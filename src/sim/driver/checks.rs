@@ -44,6 +44,15 @@ pub enum DriverViolationKind {
     /// A member's Raft core was told to replace an entry it had committed
     /// (its own assertion stopped the driver).
     CommittedOverwritten,
+    /// Two appends showed one `(index, term)` with different data or after
+    /// different terms (Raft's log matching), seen on the wire.
+    LogMismatch,
+    /// A leader said an index is committed with another term than an
+    /// earlier leader had (Raft's state machine safety), seen on the wire.
+    CommittedChanged,
+    /// A leader's log lacks an entry a leader of an earlier term committed
+    /// (Raft's leader completeness), seen on the wire.
+    LeaderIncomplete,
     /// A running driver never answered a request.
     Unanswered,
     /// No write was acknowledged everywhere within the bound after the
@@ -72,6 +81,9 @@ impl DriverViolationKind {
                 | DriverViolationKind::Diverged
                 | DriverViolationKind::TwoLeaders
                 | DriverViolationKind::CommittedOverwritten
+                | DriverViolationKind::LogMismatch
+                | DriverViolationKind::CommittedChanged
+                | DriverViolationKind::LeaderIncomplete
         )
     }
 }

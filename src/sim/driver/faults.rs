@@ -64,7 +64,11 @@ impl Plan {
             max_doom_delay_ms: world.gen_range(0..=30),
             doom_crash_per_mille: world.gen_range(0..=1000),
         };
-        if world.figure8 {
+        if world.figure8_script.is_some() {
+            // The script strikes leaders itself, at its own moments.
+            plan.new_leader_doom_per_mille = 0;
+            plan.committed_doom_per_mille = 0;
+        } else if world.figure8 {
             plan.new_leader_doom_per_mille = world.gen_range(200..=500);
             plan.committed_doom_per_mille = world.gen_range(50..=300);
             plan.max_doom_delay_ms = 0;
@@ -133,10 +137,15 @@ impl LeaderWatch {
 
     /// The leader of the newest term seen on the wire.
     pub fn leader(&self) -> Option<u64> {
+        self.newest().map(|(_, leader)| leader)
+    }
+
+    /// The newest term seen on the wire, and its leader.
+    pub fn newest(&self) -> Option<(u64, u64)> {
         self.leader_of
             .borrow()
             .last_key_value()
-            .map(|(_, &leader)| leader)
+            .map(|(&term, &leader)| (term, leader))
     }
 }
 
@@ -159,7 +168,8 @@ pub fn doom(world: &Rc<World>, plan: &Plan, id: u64) {
     });
 }
 
-fn isolate(world: &World, id: u64) {
+/// Cuts `id` off from every other member, both ways.
+pub fn isolate(world: &World, id: u64) {
     world.partitions.set(world.partitions.get() + 1);
     for other in world.ids().into_iter().filter(|&o| o != id) {
         world.cut(id, other);

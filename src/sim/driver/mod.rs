@@ -3,8 +3,8 @@
 //! pipeline, apply, ReadIndex reads, proposals held for a leader) with the
 //! real WAL on its power-cut disk model and the real MVCC store, and the
 //! members talk through a seeded network, all on one thread under a paused
-//! clock. Where `super`'s simulator checks the Raft core under a driver of
-//! its own, this one checks the code that runs in production.
+//! clock. The Raft core is checked here under the code that drives it in
+//! production, and each of its safety mutations must be caught.
 //!
 //! # The world
 //! - Time: tokio's clock, paused. Ticks, message delays, disk syncs and
@@ -34,9 +34,13 @@
 //!   a learner, started empty and promoted; later a member, the leader as
 //!   likely as any, is removed and stopped for good. Each change is retried
 //!   until it is in effect before the group is checked.
-//! - Figure-8 seeds (a quarter): one entry per append, and new or
-//!   committing leaders struck at once, so logs diverge over many short
-//!   terms.
+//! - Figure-8 seeds (a quarter): on half of them, one entry per append and
+//!   new or committing leaders struck at once, so logs diverge over many
+//!   short terms; the other half play the scripted adversary of Raft paper
+//!   figure 8 instead of random faults and membership changes (see
+//!   [`figure8`]): rounds of cuts that leave an old leader able to commit an
+//!   entry of an earlier term only by counting replicas, which a correct
+//!   core never does.
 //! - A crash aborts the driver; the jobs it left on the blocking pool
 //!   (installs, snapshot metadata writes) finish before the member
 //!   restarts, as if the crash came just after them.
@@ -51,9 +55,13 @@
 //! every put acknowledged before it began and nothing older than an earlier
 //! read saw, and never a put that began after it ended; every acknowledged
 //! put is in every member's store at its revision; every value read is the
-//! log's at its revision; every member's store hashes the same; one leader
-//! per term, as seen on the wire; no driver panics; every crashed member
-//! reopens.
+//! log's at its revision; every member's store hashes the same; no driver
+//! panics; every crashed member reopens. On the wire, at every append and
+//! heartbeat (see [`log_watch`]): one leader per term (election safety); an
+//! `(index, term)` names one entry after one term (log matching); an index
+//! said committed never changes its term (state machine safety); a leader
+//! shows no other term at an index an earlier term's leader committed
+//! (leader completeness).
 //!
 //! # Not simulated
 //! - Leases, watches, several shards and the keyspace over them
@@ -73,6 +81,8 @@ mod checks;
 mod client;
 mod disk;
 mod faults;
+mod figure8;
+mod log_watch;
 mod membership;
 mod world;
 
@@ -239,8 +249,12 @@ pub async fn run_seed(cfg: &DriverSimConfig) -> Result<DriverSimOutcome, DriverS
         r = run_world(&world, &mut stats) => r,
         v = real_time_budget(real, began, budget) => Err(v),
     };
-    // A safety violation found away from the main task (two leaders of a
-    // term, a committed entry replaced) outranks what ended the run.
+    // A driver stopped by the core's assertion is seen also when the run
+    // ended early; a safety violation found away from the main task (two
+    // leaders of a term, a committed entry replaced) outranks what ended it.
+    if let Err(e) = world.check_running().await {
+        world.note_failure(checks::driver_stopped(e));
+    }
     let noted = world.take_failure();
     let violation = match (noted, result) {
         (Some(n), _) if n.kind.is_consensus_safety() => Some(n),
@@ -283,13 +297,24 @@ async fn run_world(world: &Rc<World>, stats: &mut DriverSimStats) -> Result<(), 
         history.clone(),
         until,
     )));
+    // The scripted adversary places every member itself: no membership
+    // changes under it.
+    let script = world.figure8_script.clone();
+    let changes_until = if script.is_some() {
+        Instant::now()
+    } else {
+        until
+    };
     let mut changes = AbortOnDrop(tokio::task::spawn_local(membership::run(
         world.clone(),
-        until,
+        changes_until,
     )));
     let plan = faults::Plan::draw(world);
     world.start_chaos(plan.clone());
-    faults::run(world, &plan, until).await;
+    match &script {
+        Some(script) => figure8::run(world, script, until).await,
+        None => faults::run(world, &plan, until).await,
+    }
     let _ = (&mut clients.0).await;
     world.end_chaos();
     if let Some(v) = world.take_failure() {

@@ -28,6 +28,8 @@ use crate::server::shard_inbox::CommandInbox;
 use super::checks::DriverViolation;
 use super::disk::SlowDisk;
 use super::faults::{LeaderWatch, Plan};
+use super::figure8::Figure8;
+use super::log_watch::LogWatch;
 use super::DriverSimConfig;
 
 /// The simulated shard's heartbeat tick.
@@ -97,9 +99,14 @@ pub struct World {
     /// append, and leaders struck often right after they are elected or
     /// commit (see [`Plan::draw`]).
     pub figure8: bool,
+    /// Half the figure-8 seeds play the scripted adversary of
+    /// [`super::figure8`] instead of random faults, with appends of the
+    /// usual size.
+    pub figure8_script: Option<Rc<Figure8>>,
     /// The faults of this seed, while they last.
     plan: RefCell<Option<Plan>>,
     leaders: LeaderWatch,
+    logs: LogWatch,
     /// The first failure found away from the main task (a restart that
     /// failed, a driver that panicked).
     failure: RefCell<Option<DriverViolation>>,
@@ -139,6 +146,7 @@ impl World {
             rng.gen_range(4..100)
         };
         let figure8 = rng.gen_range(0..4) == 0;
+        let figure8_script = (figure8 && rng.gen_bool(0.5)).then(Rc::default);
         Ok(Rc::new(World {
             cfg: cfg.clone(),
             rng: Rc::new(RefCell::new(rng)),
@@ -155,8 +163,10 @@ impl World {
             next_stream: Cell::new(1),
             snapshot_count,
             figure8,
+            figure8_script,
             plan: RefCell::new(None),
             leaders: LeaderWatch::default(),
+            logs: LogWatch::default(),
             failure: RefCell::new(None),
             over: Cell::new(false),
             _root: root,
@@ -269,6 +279,18 @@ impl World {
         self.leaders.leader()
     }
 
+    /// The newest term seen on the wire, and its leader.
+    pub fn newest_leader(&self) -> Option<(u64, u64)> {
+        self.leaders.newest()
+    }
+
+    /// Restores the links between `a` and `b`, both ways.
+    pub fn connect(&self, a: u64, b: u64) {
+        let mut cut = self.cut.borrow_mut();
+        cut.remove(&(a, b));
+        cut.remove(&(b, a));
+    }
+
     /// Cuts the links from `from` to `to`.
     pub fn cut(&self, from: u64, to: u64) {
         self.cut.borrow_mut().insert((from, to));
@@ -352,7 +374,10 @@ impl World {
             term_out: None,
             keyspace: None,
             seed: Some(self.cfg.seed ^ (id << 48) ^ (incarnation << 40)),
-            max_append_bytes: self.figure8.then_some(1),
+            // The scripted adversary leaves followers hundreds of entries
+            // behind; sent one by one and reordered, they would cost a storm
+            // of refusals to catch up.
+            max_append_bytes: (self.figure8 && self.figure8_script.is_none()).then_some(1),
             off_core: jobs.clone(),
             #[cfg(feature = "raft-mutations")]
             mutation: self.cfg.mutation,
@@ -445,10 +470,21 @@ impl World {
     }
 
     /// Carries `msg` from `from` to its member, or loses it.
-    fn send(self: &Rc<Self>, from: u64, msg: raft::Message) -> bool {
+    fn send(self: &Rc<Self>, from: u64, mut msg: raft::Message) -> bool {
         let to = msg.to;
         if let Err(v) = self.leaders.check(&msg) {
             self.note_failure(v);
+        }
+        if let Err(v) = self.logs.check(&msg) {
+            self.note_failure(v);
+        }
+        let carried = self
+            .figure8_script
+            .as_ref()
+            .is_none_or(|script| script.on_send(self, from, &mut msg));
+        if !carried {
+            self.dropped.set(self.dropped.get() + 1);
+            return true;
         }
         let plan = self.plan.borrow().clone();
         if let Some(plan) = plan {

@@ -9,14 +9,14 @@
 //! for atomicity, strict serializability of the multi-key history, and
 //! watch order and completeness.
 //!
-//! One `u64` seed decides everything, as in the one-group simulator: the
-//! network, crashes, pauses, disk-write completions and the client workload.
+//! One `u64` seed decides everything: the network, crashes, pauses,
+//! disk-write completions and the client workload.
 //! Replaying a seed replays the run exactly.
 //!
 //! # What a member is
 //! A member is `S` shards (`S` in `1..=MAX_SHARDS`, drawn from the seed
 //! unless fixed), each a `RawNode<MemStorage>` driven by the same Ready
-//! contract as the one-group simulator (messages leave when the Ready is
+//! contract as the shard driver (messages leave when the Ready is
 //! taken; entries, hard state and the messages that wait for them only when
 //! the shard's own simulated disk write completes), plus the keyspace state
 //! kept in memory: the revision counter and its opening, and per shard the
@@ -251,8 +251,8 @@ pub const MAX_PAUSE_TICKS: u64 = 3 * ELECTION_TIMEOUT_TICKS;
 pub const TRANSFER_TAINT_TICKS: u64 = MAX_DELAY_TICKS + MAX_PAUSE_TICKS + 1;
 /// After the faults stop, a write to every shard must be acknowledged within
 /// this many ticks: elections on every shard, the transfers to shard 0's
-/// leader, a lease round and a commit, with room for lost election rounds as
-/// in the one-group simulator.
+/// leader, a lease round and a commit, with room for lost election rounds (a
+/// candidate whose log is too short to win can lose several in a row).
 pub const LIVENESS_BOUND_TICKS: u64 = 40 * ELECTION_TIMEOUT_TICKS;
 /// Fewest ticks of faults a seed runs.
 pub const MIN_CHAOS_TICKS: u64 = 150;
