@@ -242,9 +242,7 @@ impl PeerClient {
             }
         }
     }
-}
 
-impl PeerClient {
     /// Posts a request about `shard` (a lease's, forwarded to the shard's
     /// leader) to the peer at `url`, with the cluster id and shard headers.
     pub async fn post_for_shard(

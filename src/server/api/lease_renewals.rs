@@ -42,11 +42,8 @@ const RENEWALS_PATH: &str = "/cairn/lease-renews";
 /// answer (the granted TTL, `None` when the shard has no such lease) goes.
 type Waiting = (i64, oneshot::Sender<Forwarded<Option<i64>>>);
 
-/// The keep-alives waiting for one leader (peer URL) and shard.
-#[derive(Default)]
-struct Queue {
-    waiting: Vec<Waiting>,
-}
+/// The keep-alives waiting, by leader (peer URL) and shard.
+type Queues = HashMap<(String, ShardId), Vec<Waiting>>;
 
 /// One core's gathered keep-alives, by leader URL and shard. A queue exists
 /// while a request for it is in flight or about to be sent; the task that
@@ -57,7 +54,7 @@ pub struct Renewals {
     cluster_id: u64,
     /// How long one request to a leader may take.
     timeout: Duration,
-    queues: Arc<Mutex<HashMap<(String, ShardId), Queue>>>,
+    queues: Arc<Mutex<Queues>>,
 }
 
 impl Renewals {
@@ -80,9 +77,9 @@ impl Renewals {
             let mut start = false;
             let queue = queues.entry(key.clone()).or_insert_with(|| {
                 start = true;
-                Queue::default()
+                Vec::new()
             });
-            queue.waiting.push((id, tx));
+            queue.push((id, tx));
             start
         };
         if start {
@@ -123,12 +120,12 @@ impl Renewals {
         let Some(queue) = queues.get_mut(key) else {
             return Vec::new();
         };
-        if queue.waiting.is_empty() {
+        if queue.is_empty() {
             queues.remove(key);
             return Vec::new();
         }
-        let n = queue.waiting.len().min(MAX_RENEWALS);
-        queue.waiting.drain(..n).collect()
+        let n = queue.len().min(MAX_RENEWALS);
+        queue.drain(..n).collect()
     }
 
     /// Posts one batch: each lease's TTL (0 for none), in order.

@@ -215,8 +215,7 @@ pub async fn run(world: &Rc<World>, plan: &Plan, until: Instant) {
             roll -= plan.weights[kind];
             kind += 1;
         }
-        if let Err(e) = world.check_running().await {
-            world.note_failure(driver_stopped(e));
+        if world.note_stopped_driver().await {
             return;
         }
         match kind {

@@ -32,7 +32,6 @@ use tokio::time::Instant;
 
 use crate::raft::{self, MessageType};
 
-use super::checks::driver_stopped;
 use super::faults::isolate;
 use super::world::World;
 
@@ -191,8 +190,7 @@ pub async fn run(world: &Rc<World>, script: &Figure8, until: Instant) {
         world.heal();
         let healed = world.gen_range(HEALED_MS);
         tokio::time::sleep(Duration::from_millis(healed)).await;
-        if let Err(e) = world.check_running().await {
-            world.note_failure(driver_stopped(e));
+        if world.note_stopped_driver().await {
             break;
         }
         let Some((term, old)) = world.newest_leader() else {
@@ -231,7 +229,5 @@ pub async fn run(world: &Rc<World>, script: &Figure8, until: Instant) {
     script.step.set(Step::Idle);
     world.heal();
     tokio::time::sleep(Duration::from_millis(HEALED_MS.end)).await;
-    if let Err(e) = world.check_running().await {
-        world.note_failure(driver_stopped(e));
-    }
+    world.note_stopped_driver().await;
 }

@@ -252,9 +252,7 @@ pub async fn run_seed(cfg: &DriverSimConfig) -> Result<DriverSimOutcome, DriverS
     // A driver stopped by the core's assertion is seen also when the run
     // ended early; a safety violation found away from the main task (two
     // leaders of a term, a committed entry replaced) outranks what ended it.
-    if let Err(e) = world.check_running().await {
-        world.note_failure(checks::driver_stopped(e));
-    }
+    world.note_stopped_driver().await;
     let noted = world.take_failure();
     let violation = match (noted, result) {
         (Some(n), _) if n.kind.is_consensus_safety() => Some(n),

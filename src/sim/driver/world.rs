@@ -25,7 +25,7 @@ use crate::server::shard::{
 };
 use crate::server::shard_inbox::CommandInbox;
 
-use super::checks::DriverViolation;
+use super::checks::{driver_stopped, DriverViolation};
 use super::disk::SlowDisk;
 use super::faults::{LeaderWatch, Plan};
 use super::figure8::Figure8;
@@ -453,6 +453,18 @@ impl World {
     }
 
     /// A driver that stopped by itself: it panicked.
+    /// Notes a driver that stopped by itself ([`Self::check_running`]) as a
+    /// violation; whether one had.
+    pub async fn note_stopped_driver(&self) -> bool {
+        match self.check_running().await {
+            Ok(()) => false,
+            Err(e) => {
+                self.note_failure(driver_stopped(e));
+                true
+            }
+        }
+    }
+
     pub async fn check_running(&self) -> Result<(), String> {
         let finished = self
             .members
