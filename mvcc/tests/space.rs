@@ -3,6 +3,9 @@
 //! stops growing the file; an explicit defragment shrinks the file while a
 //! snapshot keeps reading; applied index and data survive a reopen.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
 use cairn_mvcc::*;
 
 fn put(key: &[u8], value: &[u8]) -> Op {
@@ -128,6 +131,13 @@ fn defragment_shrinks_the_file_while_a_snapshot_keeps_reading() {
 /// at the end.
 fn mostly_free_store(dir: &std::path::Path) -> (Store, u64) {
     let mut store = Store::open(dir, 0, small_growth()).unwrap();
+    let index = fill_mostly_free(&mut store);
+    (store, index)
+}
+
+/// Fills `store` as [`mostly_free_store`] describes; answers the last
+/// applied index.
+fn fill_mostly_free(store: &mut Store) -> u64 {
     let mut index = 0;
     for i in 0..20_000u32 {
         index += 1;
@@ -156,7 +166,7 @@ fn mostly_free_store(dir: &std::path::Path) -> (Store, u64) {
         .unwrap();
     store.commit().unwrap();
     store.sync().unwrap();
-    (store, index)
+    index
 }
 
 #[test]
@@ -211,4 +221,89 @@ fn a_defragment_in_steps_never_waits_while_writes_and_commits_go_on_between_step
         .get(format!("new{:05}", written - 1).as_bytes())
         .unwrap()
         .is_some());
+}
+
+/// The store's file, counting the syncs made on the applying thread; the
+/// background syncer's handle is the file's own.
+struct CountedSyncs {
+    inner: FileStorage,
+    syncs: Arc<AtomicU64>,
+}
+
+impl Storage for CountedSyncs {
+    fn len(&self) -> std::io::Result<u64> {
+        self.inner.len()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&mut self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        self.inner.write_at(buf, offset)
+    }
+    fn set_len(&mut self, len: u64) -> std::io::Result<()> {
+        self.inner.set_len(len)
+    }
+    fn sync_data(&mut self) -> std::io::Result<()> {
+        self.syncs.fetch_add(1, Ordering::SeqCst);
+        self.inner.sync_data()
+    }
+    fn file(&self) -> Option<&std::fs::File> {
+        self.inner.file()
+    }
+    fn sync_handle(&self) -> Option<Box<dyn SyncHandle>> {
+        self.inner.sync_handle()
+    }
+}
+
+#[test]
+fn a_defragment_in_steps_never_syncs_on_the_applying_thread() {
+    // A daemon core runs the steps: a sync there (the file's cut, say) would
+    // stop every shard of the core for as long as the disk takes.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("shard-0.mvcc");
+    let syncs = Arc::new(AtomicU64::new(0));
+    let storage = CountedSyncs {
+        inner: FileStorage::open(&path).unwrap(),
+        syncs: syncs.clone(),
+    };
+    let mut store = Store::open_with(Box::new(storage), "shard-0.mvcc", small_growth()).unwrap();
+    let mut index = fill_mostly_free(&mut store);
+    let before = store.size_bytes();
+    let synced_before = syncs.load(Ordering::SeqCst);
+    let mut run = store.defragment_start();
+    let mut steps = 0;
+    loop {
+        steps += 1;
+        assert!(steps < 1_000_000, "the run never ends: {run:?}");
+        match store.defragment_step(&mut run, 64).unwrap() {
+            DefragProgress::Done(_) => break,
+            DefragProgress::Moved => {}
+            DefragProgress::Waiting => std::thread::sleep(std::time::Duration::from_millis(1)),
+        }
+    }
+    // Pages the last steps freed are cut by the commits that follow.
+    for i in 0..50u32 {
+        index += 1;
+        store
+            .apply(index, &put(format!("after{i:02}").as_bytes(), b"v"))
+            .unwrap();
+        store.commit_unless_busy().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    store.commit().unwrap();
+    let after = store.size_bytes();
+    assert!(
+        after * 4 < before,
+        "the file went from {before} to {after} bytes"
+    );
+    assert_eq!(
+        syncs.load(Ordering::SeqCst),
+        synced_before,
+        "the applying thread synced the store file during the defragment"
+    );
+    store.sync().unwrap();
+    drop(store);
+    let store = Store::open(dir.path(), 0, small_growth()).unwrap();
+    assert_eq!(store.applied_index(), index);
+    assert_eq!(store.key_count(), 1000 + 50);
 }

@@ -292,6 +292,11 @@ impl Store {
 
     /// Cuts free pages off the end of the file. Only pages in the free set go:
     /// no meta and no live snapshot can reach them.
+    ///
+    /// The cut is not synced here: this runs on the applying thread, which
+    /// must not wait for the disk. The next commit's data sync (on the
+    /// syncer) makes the new length durable; a crash before it leaves the
+    /// longer file, whose tail no meta reaches, so an open treats it as free.
     pub(super) fn shrink(&mut self) -> Result<(), CommitError> {
         let mut hw = self.pager.high_water;
         while hw > META_PAGES && self.pager.free.contains(&(hw - 1)) {
@@ -305,8 +310,6 @@ impl Store {
             let mut st = self.pager.storage.borrow_mut();
             st.set_len(len)
                 .map_err(storage_err(&file, IoOp::Shrink, len))?;
-            st.sync_data()
-                .map_err(storage_err(&file, IoOp::Sync, len))?;
             drop(st);
             self.pager.file_pages = hw;
             self.remap()?;
