@@ -3,10 +3,12 @@
 //! WAL on its power-cut disk and the real store, under crashes, partitions,
 //! loss, slow syncs, leader transfers, membership changes and log
 //! compactions (members catch up by snapshot), must lose no acknowledged
-//! write, serve no stale or phantom read, keep every store the same, show
-//! one leader per term and no committed entry replaced on the wire, and
-//! recover once the faults stop; and each Raft safety rule switched off must
-//! be caught, with 3 members and with 5.
+//! write, serve no stale or phantom read, send every watch each revision
+//! once and in order as it moves between members, end no lease before its
+//! TTL, keep every store the same, show one leader per term and no
+//! committed entry replaced on the wire, and recover once the faults stop;
+//! and each Raft safety rule switched off must be caught, with 3 members
+//! and with 5.
 //!
 //! The full runs are `cargo run --release --example driver-sim -- --seeds 2000
 //! --members 3` (and `--members 5`).
@@ -73,6 +75,12 @@ fn suite(members: usize, seeds: u64) {
     assert!(stats.puts_acknowledged > 100 * seeds, "{stats:#?}");
     assert!(stats.reads_served > 100 * seeds, "{stats:#?}");
     assert!(stats.messages_dropped > 100 * seeds, "{stats:#?}");
+    // Watch sessions moved between members and were sent the log.
+    assert!(stats.watches > 5 * seeds, "{stats:#?}");
+    assert!(stats.watch_events > 300 * seeds, "{stats:#?}");
+    // Leases were kept alive, and some ran out under the faults.
+    assert!(stats.lease_renewals > seeds, "{stats:#?}");
+    assert!(stats.leases_seen_gone > 0, "{stats:#?}");
 }
 
 #[test]

@@ -461,6 +461,7 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
             members: shared.members.clone(),
             auth: Some(shared.auth.replica().clone()),
             disk_faults: config.test_disk_faults.clone(),
+            store_sync_thread: true,
             term_out: (shard == 0).then(|| shared.identity.raft_term.clone()),
             keyspace: shared.keyspace.as_ref().map(|k| k.counter.clone()),
             seed: None,

@@ -467,7 +467,7 @@ impl Shard {
 /// A log compaction whose snapshot metadata is being written off the core.
 pub(super) type Compaction = (
     SnapshotMetadata,
-    tokio::task::JoinHandle<std::io::Result<()>>,
+    super::off_core::OffCoreJob<std::io::Result<()>>,
 );
 
 /// Waits for the metadata write of the compaction in `c` and takes it.

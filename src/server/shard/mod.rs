@@ -232,6 +232,11 @@ pub struct ShardSetup {
     /// Test-only: the control file that stalls or fails the store's syncs
     /// (`--test-disk-faults`; the WAL reads the same file).
     pub disk_faults: Option<PathBuf>,
+    /// Whether the store syncs its commits on a thread of its own (the
+    /// daemon) or inline, on the core (the simulation: a thread its paused
+    /// clock cannot see would let simulated time pass while a sync waits
+    /// for a CPU, and make runs differ from one machine load to another).
+    pub store_sync_thread: bool,
     /// Where the shard publishes its Raft term for response headers no shard
     /// produces (shard 0 only).
     pub term_out: Option<std::sync::Arc<std::sync::atomic::AtomicU64>>,

@@ -7,12 +7,17 @@
 //! a member) leaves its jobs running on the pool: whoever reopens the shard's
 //! directory first waits for [`OffCoreJobs::in_flight`] to reach zero, so a
 //! swap of the old incarnation never races the recovery of the new one. A
-//! job that finished is then as if the crash came just after it.
+//! job that finished is then as if the crash came just after it. A job's
+//! result leaves the count only once it is dropped or taken: an install's
+//! store that nobody waits for any more still holds its file's lock.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
-use tokio::task::JoinHandle;
+use tokio::task::{JoinError, JoinHandle};
 
 /// The shard's jobs on the blocking pool, counted while they run. Clones
 /// share the count.
@@ -29,18 +34,30 @@ impl Drop for Running {
     }
 }
 
+/// A job on the blocking pool; resolves to its result as a `JoinHandle`
+/// does. The job's count travels with its result: when nobody waits, the
+/// runtime drops the result first, then the count.
+pub struct OffCoreJob<T>(JoinHandle<(T, Running)>);
+
+impl<T> Future for OffCoreJob<T> {
+    type Output = Result<T, JoinError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        Pin::new(&mut self.0)
+            .poll(cx)
+            .map(|r| r.map(|(result, _running)| result))
+    }
+}
+
 impl OffCoreJobs {
     /// Runs `job` on the blocking pool.
     pub(super) fn spawn<T: Send + 'static>(
         &self,
         job: impl FnOnce() -> T + Send + 'static,
-    ) -> JoinHandle<T> {
+    ) -> OffCoreJob<T> {
         self.0.fetch_add(1, Ordering::AcqRel);
         let running = Running(self.0.clone());
-        tokio::task::spawn_blocking(move || {
-            let _running = running;
-            job()
-        })
+        OffCoreJob(tokio::task::spawn_blocking(move || (job(), running)))
     }
 
     /// Jobs started and not yet ended.
@@ -69,5 +86,30 @@ mod tests {
         let finished = jobs.spawn(|| 7).await.unwrap();
         assert_eq!(finished, 7);
         assert_eq!(jobs.in_flight(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_result_nobody_takes_is_dropped_before_its_job_leaves_the_count() {
+        // The result stands for an installed store, whose drop releases its
+        // file's lock: whoever waits for the count to reach zero must find
+        // it released.
+        struct Lock(Arc<std::sync::atomic::AtomicBool>);
+        impl Drop for Lock {
+            fn drop(&mut self) {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                self.0.store(false, Ordering::SeqCst);
+            }
+        }
+        let jobs = OffCoreJobs::default();
+        let held = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let lock = Lock(held.clone());
+        drop(jobs.spawn(move || lock));
+        while jobs.in_flight() > 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        assert!(
+            !held.load(Ordering::SeqCst),
+            "the count ended before the result was dropped"
+        );
     }
 }

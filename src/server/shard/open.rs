@@ -53,6 +53,7 @@ impl Shard {
         // must not depend on this member's flags.
         let store_cfg = mvcc::Config {
             sync_faults: setup.disk_faults.clone(),
+            background_sync: setup.store_sync_thread,
             ..mvcc::Config::default()
         };
         let (snapshot_reports_tx, snapshot_reports) = mpsc::unbounded_channel();

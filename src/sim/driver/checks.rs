@@ -58,6 +58,22 @@ pub enum DriverViolationKind {
     /// No write was acknowledged everywhere within the bound after the
     /// faults stopped.
     NoLiveness,
+    /// A watch was sent a revision again, or out of order.
+    WatchOrder,
+    /// A watch was never sent a revision of the log between the first and
+    /// the last it was sent, or was cancelled as compacted.
+    WatchGap,
+    /// A watch was sent a key or value the log does not hold at its revision.
+    WatchPhantom,
+    /// A watch was not sent the newest revision within the bound after the
+    /// faults stopped.
+    WatchStalled,
+    /// A lease was gone before the TTL a grant or keep-alive was answered
+    /// had run from when it was sent.
+    LeaseRevokedEarly,
+    /// A lease no one kept alive was still held past its TTL and the
+    /// liveness bound after the faults stopped.
+    LeaseNotRevoked,
     /// A driver panicked or stopped by itself.
     DriverPanic,
     /// A member did not open again after a crash.
@@ -195,9 +211,14 @@ pub async fn status(world: &World, id: u64) -> Result<ShardStatus, String> {
     ask(world, id, |reply| ShardCommand::Status { reply }).await
 }
 
+/// One change of a key: put to a value, or deleted (None).
+pub type Change = (Bytes, Option<Bytes>);
+/// Each revision that changed keys, with its changes in key order.
+pub type Log = BTreeMap<i64, Vec<Change>>;
+
 /// The checks against the members' stores, once every member has applied
-/// the same log.
-pub async fn check_stores(world: &World, calls: &[Call]) -> Result<(), DriverViolation> {
+/// the same log; answers the log.
+pub async fn check_stores(world: &World, calls: &[Call]) -> Result<Log, DriverViolation> {
     let by_revision = acknowledged(calls)?;
     let ids = world.ids();
     for &id in &ids {
@@ -247,7 +268,8 @@ pub async fn check_stores(world: &World, calls: &[Call]) -> Result<(), DriverVio
             ));
         }
     }
-    check_order(&first, calls).await?;
+    let log = read_log(world, ids[0]).await?;
+    check_order(&log, calls)?;
     let mut hashes: Vec<(u64, ShardHash)> = Vec::new();
     for &id in &ids {
         let hash = ask(world, id, |reply| ShardCommand::HashKv {
@@ -271,7 +293,7 @@ pub async fn check_stores(world: &World, calls: &[Call]) -> Result<(), DriverVio
             ));
         }
     }
-    Ok(())
+    Ok(log)
 }
 
 /// The value and mod revision a member's store holds for `key` at
@@ -292,36 +314,60 @@ fn holds(found: &Result<Option<(Bytes, i64)>, String>) -> Option<(&Bytes, i64)> 
     found.as_ref().ok()?.as_ref().map(|(v, r)| (v, *r))
 }
 
+/// The log as member `id`'s store holds it: the revisions that changed a
+/// key, each with its changes, read revision by revision (nothing compacts
+/// the stores here).
+async fn read_log(world: &World, id: u64) -> Result<Log, DriverViolation> {
+    let unreadable = |e: String| violation(DriverViolationKind::NoLiveness, e);
+    let commands = world
+        .commands(id)
+        .ok_or_else(|| unreadable(format!("member {id} is not running")))?;
+    let newest = status(world, id).await.map_err(unreadable)?.revision;
+    let mut log = Log::new();
+    let mut before: BTreeMap<Bytes, i64> = BTreeMap::new();
+    for revision in 1..=newest {
+        let kvs = range_all(&commands, revision)
+            .await
+            .map_err(|e| unreadable(format!("{e:?}")))?;
+        let mut changes: Vec<Change> = Vec::new();
+        let mut now = BTreeMap::new();
+        for kv in kvs {
+            if kv.mod_revision == revision {
+                changes.push((kv.key.clone(), Some(kv.value)));
+            }
+            now.insert(kv.key, kv.mod_revision);
+        }
+        changes.extend(
+            before
+                .keys()
+                .filter(|k| !now.contains_key(*k))
+                .map(|k| (k.clone(), None)),
+        );
+        if !changes.is_empty() {
+            changes.sort();
+            log.insert(revision, changes);
+        }
+        before = now;
+    }
+    Ok(log)
+}
+
 /// The log's writes, revision by revision, against the clients' history:
 /// each value written once; puts that did not overlap in time ordered as
 /// they happened; each read's value written by a put that began before the
 /// read ended, and no older than what an earlier read of the key saw.
-async fn check_order(
-    commands: &tokio::sync::mpsc::Sender<ShardCommand>,
-    calls: &[Call],
-) -> Result<(), DriverViolation> {
-    let newest = range_all(commands, 0)
-        .await
-        .map_err(|e| violation(DriverViolationKind::NoLiveness, format!("{e:?}")))?
+fn check_order(log: &Log, calls: &[Call]) -> Result<(), DriverViolation> {
+    let mut revision_of: BTreeMap<&Bytes, i64> = BTreeMap::new();
+    let puts = log
         .iter()
-        .map(|kv| kv.mod_revision)
-        .max()
-        .unwrap_or(0);
-    let mut revision_of: BTreeMap<Bytes, i64> = BTreeMap::new();
-    for revision in 1..=newest {
-        let kvs = range_all(commands, revision)
-            .await
-            .map_err(|e| violation(DriverViolationKind::NoLiveness, format!("{e:?}")))?;
-        for kv in kvs.into_iter().filter(|kv| kv.mod_revision == revision) {
-            if let Some(first) = revision_of.insert(kv.value.clone(), revision) {
-                return Err(violation(
-                    DriverViolationKind::AppliedTwice,
-                    format!(
-                        "{:?}={:?} is in the log at revisions {first} and {revision}",
-                        kv.key, kv.value
-                    ),
-                ));
-            }
+        .flat_map(|(r, changes)| changes.iter().map(move |c| (*r, c)))
+        .filter_map(|(r, (key, value))| Some((r, key, value.as_ref()?)));
+    for (revision, key, value) in puts {
+        if let Some(first) = revision_of.insert(value, revision) {
+            return Err(violation(
+                DriverViolationKind::AppliedTwice,
+                format!("{key:?}={value:?} is in the log at revisions {first} and {revision}"),
+            ));
         }
     }
     let put_of = |value: &Bytes| {

@@ -13,15 +13,27 @@
 //! - Disk: each member's WAL is [`cairn_wal::crash::CrashStorage`] behind
 //!   [`disk::SlowDisk`], whose syncs take 50-2,000 µs. A crash keeps what was
 //!   synced and, at random, some sectors written since. The store is the real
-//!   store in a directory (on `/dev/shm` where it exists); a crash drops it,
-//!   and every commit already handed to its sync thread becomes durable:
-//!   kinder than a power cut or `kill -9`.
+//!   store in a directory (on `/dev/shm` where it exists), its commits synced
+//!   inline rather than on a thread of its own (a thread the paused clock
+//!   cannot see would let simulated seconds pass while it waits for a CPU,
+//!   so a busy machine made members seem to recover slowly). A commit is
+//!   then whole before the driver goes on, and a crash finds the store as
+//!   `kill -9` between two commits does.
 //! - Network: every message waits 0-5 ms; some are lost (a seeded rate of up
 //!   to 25%) or duplicated (not forwarded proposals: TCP never duplicates,
 //!   and Raft proposals are not idempotent); links are cut one way or both.
 //! - Faults, for 1.5-4 s: crashes with restarts 20-600 ms later,
 //!   partitions, one-way cuts, loss, leader transfers asked of the leader;
 //!   meanwhile clients put and read a few keys through any running member.
+//! - Watches (see [`watchers`]): three sessions watch every key from
+//!   revision 1 through a running member each, and watch again through
+//!   another from where they stopped when it crashes or is removed, or now
+//!   and then by themselves; one reads slowly, so its driver moves it to
+//!   catch-up from the store.
+//! - Leases (see [`leases`]): two clients grant leases of 1-2 s with a key
+//!   each and keep them alive through any running member (sent on to the
+//!   leader it names), reading the key now and then, and let them go now
+//!   and then; the leader revokes what expires.
 //! - Log compaction: most seeds compact every 4-100 entries
 //!   (`--snapshot-count`), so a member back from a crash or a partition
 //!   often finds its next entries gone and catches up by snapshot. The
@@ -56,7 +68,13 @@
 //! read saw, and never a put that began after it ended; every acknowledged
 //! put is in every member's store at its revision; every value read is the
 //! log's at its revision; every member's store hashes the same; no driver
-//! panics; every crashed member reopens. On the wire, at every append and
+//! panics; every crashed member reopens; every watch session is sent the
+//! newest revision within [`LIVENESS_BOUND`] after the faults, and was sent
+//! each revision of the log once, in order, with the log's key and value,
+//! none missing; no lease is gone (its key deleted, or a keep-alive told it
+//! is unknown) before the TTL of an answered grant or keep-alive has run
+//! from when that was sent; after the faults, every lease ends on every
+//! member within [`LEASE_BOUND`]. On the wire, at every append and
 //! heartbeat (see [`log_watch`]): one leader per term (election safety); an
 //! `(index, term)` names one entry after one term (log matching); an index
 //! said committed never changes its term (state machine safety); a leader
@@ -64,13 +82,14 @@
 //! (leader completeness).
 //!
 //! # Not simulated
-//! - Leases, watches, several shards and the keyspace over them
-//!   (`super::keyspace` models those).
+//! - Several shards and the keyspace over them (`super::keyspace` models
+//!   those).
 //! - The peer transport's framing: a snapshot stream's chunks go straight
 //!   from the sender's store to the receiver's spool.
-//! - The store's own power cuts (its syncs go to real files).
-//! - Replays are seeded but not exact: the store syncs on a thread of its
-//!   own, and the driver keeps some queues in hash maps.
+//! - The store's own power cuts (its syncs go to real files), and its
+//!   commits left to a sync thread that falls behind.
+//! - Replays are seeded but not exact: the driver keeps some queues in hash
+//!   maps, and installs run on the blocking pool.
 //!
 //! # Running
 //! [`run_seed`] must run inside a `LocalSet` on a current-thread runtime
@@ -82,8 +101,10 @@ mod client;
 mod disk;
 mod faults;
 mod figure8;
+mod leases;
 mod log_watch;
 mod membership;
+mod watchers;
 mod world;
 
 use std::cell::RefCell;
@@ -112,6 +133,9 @@ pub const REAL_TIME_BUDGET: Duration = Duration::from_secs(20);
 /// The same under a safety mutation, where a broken core can keep its
 /// members busy without end: such a seed is given up sooner.
 pub const MUTATION_REAL_TIME_BUDGET: Duration = Duration::from_secs(3);
+/// After the liveness goal, every lease has ended on every member within
+/// this much simulated time: the longest TTL and the liveness bound.
+pub const LEASE_BOUND: Duration = Duration::from_secs(22);
 /// Shortest and longest stretch of faults, in milliseconds.
 pub const CHAOS_MS: std::ops::Range<u64> = 1_500..4_000;
 
@@ -154,6 +178,14 @@ pub struct DriverSimStats {
     pub puts_failed: u64,
     pub reads_served: u64,
     pub reads_failed: u64,
+    /// Watches the watch sessions started, and the events they were sent.
+    pub watches: u64,
+    pub watch_events: u64,
+    /// Leases granted with a key, keep-alives answered, and leases their
+    /// client saw gone.
+    pub leases: u64,
+    pub lease_renewals: u64,
+    pub leases_seen_gone: u64,
     pub crashes: u64,
     pub partitions: u64,
     /// Leader transfers a leader started.
@@ -179,6 +211,11 @@ impl DriverSimStats {
         self.puts_failed += o.puts_failed;
         self.reads_served += o.reads_served;
         self.reads_failed += o.reads_failed;
+        self.watches += o.watches;
+        self.watch_events += o.watch_events;
+        self.leases += o.leases;
+        self.lease_renewals += o.lease_renewals;
+        self.leases_seen_gone += o.leases_seen_gone;
         self.crashes += o.crashes;
         self.partitions += o.partitions;
         self.transfers += o.transfers;
@@ -307,6 +344,14 @@ async fn run_world(world: &Rc<World>, stats: &mut DriverSimStats) -> Result<(), 
         world.clone(),
         changes_until,
     )));
+    let lease_log: leases::Leases = Rc::default();
+    let lease_clients = AbortOnDrop(tokio::task::spawn_local(leases::run(
+        world.clone(),
+        lease_log.clone(),
+        until,
+    )));
+    let (sessions, watch_tasks) = watchers::start(world);
+    let _watches: Vec<_> = watch_tasks.into_iter().map(AbortOnDrop).collect();
     let plan = faults::Plan::draw(world);
     world.start_chaos(plan.clone());
     match &script {
@@ -314,6 +359,7 @@ async fn run_world(world: &Rc<World>, stats: &mut DriverSimStats) -> Result<(), 
         None => faults::run(world, &plan, until).await,
     }
     let _ = (&mut clients.0).await;
+    drop(lease_clients);
     world.end_chaos();
     if let Some(v) = world.take_failure() {
         return Err(v);
@@ -331,6 +377,14 @@ async fn run_world(world: &Rc<World>, stats: &mut DriverSimStats) -> Result<(), 
     let final_term = liveness(world).await?;
     stats.recovery_ms = healed.elapsed().as_millis() as u64;
     stats.final_term = final_term;
+    // Leases no one keeps alive any more end everywhere; then every watch
+    // is sent the last revision.
+    leases::all_revoked(world, LEASE_BOUND).await?;
+    let revision = checks::status(world, world.ids()[0])
+        .await
+        .map_err(|e| violation(Kind::NoLiveness, e))?
+        .revision;
+    watchers::caught_up(&sessions, revision, LIVENESS_BOUND).await?;
     // Calls still in flight end within their timeout.
     tokio::time::sleep(crate::server::command::REQUEST_TIMEOUT * 2).await;
     world
@@ -354,7 +408,17 @@ async fn run_world(world: &Rc<World>, stats: &mut DriverSimStats) -> Result<(), 
         return Err(v);
     }
     checks::check_history(&calls)?;
-    checks::check_stores(world, &calls).await
+    let log = checks::check_stores(world, &calls).await?;
+    for s in sessions.borrow().iter() {
+        stats.watches += s.watches;
+        stats.watch_events += s.events.len() as u64;
+    }
+    watchers::check(&sessions, &log)?;
+    let lease_log = lease_log.borrow();
+    stats.leases = lease_log.len() as u64;
+    stats.lease_renewals = lease_log.iter().map(|l| l.alive.len() as u64 - 1).sum();
+    stats.leases_seen_gone = lease_log.iter().filter(|l| l.gone.is_some()).count() as u64;
+    leases::check(&lease_log)
 }
 
 /// A task that ends with the seed's main task.

@@ -371,6 +371,7 @@ impl World {
             members: Arc::new(registry),
             auth: None,
             disk_faults: None,
+            store_sync_thread: false,
             term_out: None,
             keyspace: None,
             seed: Some(self.cfg.seed ^ (id << 48) ^ (incarnation << 40)),

@@ -1,0 +1,257 @@
+//! Simulated lease clients: each grants a lease of one or two seconds,
+//! attaches a key to it, and keeps it alive through running members (a
+//! member that does not lead says who does, and the keep-alive goes there,
+//! as the API layer forwards it), reading the key now and then; now and then
+//! it stops keeping the lease alive and starts another.
+//!
+//! What they saw is checked ([`check`]): a lease is never gone (its key
+//! deleted, or a keep-alive told it does not exist) before the TTL of a
+//! grant or keep-alive that was answered had run from when it was sent.
+//! After the faults, every lease ends within its TTL and the liveness bound
+//! on every member ([`all_revoked`]).
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use cairn_proto::cairnpb::shard_request;
+use cairn_proto::etcdserverpb as pb;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use crate::server::command::{ShardCommand, WriteResult, REQUEST_TIMEOUT};
+use crate::server::errors::ApiError;
+
+use super::checks::{violation, DriverViolation, DriverViolationKind as Kind};
+use super::world::World;
+
+/// Lease clients at once.
+const CLIENTS: u64 = 2;
+/// The shortest TTL the API grants for the simulation's election timeout.
+const MIN_TTL_SECS: i64 = 1;
+
+/// One lease and what its client saw of it.
+#[derive(Debug, Clone)]
+pub struct Lease {
+    pub id: i64,
+    pub key: Bytes,
+    /// Grants and keep-alives answered: when each was sent, and the TTL
+    /// (seconds) it was answered.
+    pub alive: Vec<(Instant, i64)>,
+    /// When the lease was seen gone (by the end of the call that saw it),
+    /// and how.
+    pub gone: Option<(Instant, String)>,
+}
+
+pub type Leases = Rc<RefCell<Vec<Lease>>>;
+
+/// Runs the lease clients until `until`.
+pub async fn run(world: Rc<World>, leases: Leases, until: Instant) {
+    // Aborted with this task.
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|n| {
+            let c = client(world.clone(), leases.clone(), n, until);
+            super::AbortOnDrop(tokio::task::spawn_local(c))
+        })
+        .collect();
+    for mut c in clients {
+        let _ = (&mut c.0).await;
+    }
+}
+
+async fn client(world: Rc<World>, leases: Leases, n: u64, until: Instant) {
+    let mut made = 0i64;
+    while Instant::now() < until {
+        made += 1;
+        let id = ((n as i64 + 1) << 32) | made;
+        let ttl = world.gen_range(MIN_TTL_SECS..=2 * MIN_TTL_SECS);
+        let key = Bytes::from(format!("lease{id}"));
+        let sent = Instant::now();
+        let grant = shard_request::Request::LeaseGrant(pb::LeaseGrantRequest { ttl, id });
+        if !matches!(write(&world, grant).await, Some(Ok(_))) {
+            // Maybe granted, maybe not: it ends by itself either way.
+            tokio::time::sleep(Duration::from_millis(world.gen_range(10..100))).await;
+            continue;
+        }
+        let put = shard_request::Request::Put(pb::PutRequest {
+            key: key.clone(),
+            value: key.clone(),
+            lease: id,
+            ..Default::default()
+        });
+        if !matches!(write(&world, put).await, Some(Ok(WriteResult::Put(_)))) {
+            continue;
+        }
+        let at = {
+            let mut all = leases.borrow_mut();
+            all.push(Lease {
+                id,
+                key: key.clone(),
+                alive: vec![(sent, ttl)],
+                gone: None,
+            });
+            all.len() - 1
+        };
+        keep_alive(&world, &leases, at, ttl, until).await;
+    }
+}
+
+/// Keeps lease `at` alive until `until`, or until it is seen gone or the
+/// client lets it go.
+async fn keep_alive(world: &World, leases: &Leases, at: usize, ttl: i64, until: Instant) {
+    let (id, key) = {
+        let l = &leases.borrow()[at];
+        (l.id, l.key.clone())
+    };
+    let period_ms = ttl as u64 * 1000;
+    while Instant::now() < until && !world.chance(50) {
+        tokio::time::sleep(Duration::from_millis(
+            world.gen_range(period_ms / 5..period_ms * 9 / 10),
+        ))
+        .await;
+        let sent = Instant::now();
+        match renew(world, id).await {
+            Some(Ok(Some(ttl))) => leases.borrow_mut()[at].alive.push((sent, ttl)),
+            Some(Ok(None)) => {
+                leases.borrow_mut()[at].gone = Some((Instant::now(), "a keep-alive".into()));
+                return;
+            }
+            _ => {}
+        }
+        if world.chance(500) && read_absent(world, &key).await {
+            leases.borrow_mut()[at].gone = Some((Instant::now(), "a read of its key".into()));
+            return;
+        }
+    }
+}
+
+/// Sends `request` to a running member's driver; None: no member ran, or
+/// no answer came.
+async fn write(
+    world: &World,
+    request: shard_request::Request,
+) -> Option<Result<WriteResult, ApiError>> {
+    let member = pick(world)?;
+    ask(world, member, |reply| ShardCommand::Write {
+        request,
+        reply,
+    })
+    .await
+}
+
+/// A keep-alive through a running member, sent on to the leader it names.
+async fn renew(world: &World, id: i64) -> Option<Result<Option<i64>, ApiError>> {
+    let member = pick(world)?;
+    match ask(world, member, |reply| ShardCommand::LeaseRenew {
+        id,
+        reply,
+    })
+    .await
+    {
+        Some(Err(ApiError::NotLeader { leader })) if leader != 0 && world.is_up(leader) => {
+            ask(world, leader, |reply| ShardCommand::LeaseRenew {
+                id,
+                reply,
+            })
+            .await
+        }
+        other => other,
+    }
+}
+
+/// Whether a linearizable read through a running member found no `key`.
+async fn read_absent(world: &World, key: &Bytes) -> bool {
+    let Some(member) = pick(world) else {
+        return false;
+    };
+    let request = pb::RangeRequest {
+        key: key.clone(),
+        ..Default::default()
+    };
+    let answer = ask(world, member, |reply| ShardCommand::Range {
+        request,
+        at: None,
+        reply,
+    })
+    .await;
+    matches!(answer, Some(Ok(r)) if r.kvs.is_empty())
+}
+
+fn pick(world: &World) -> Option<u64> {
+    let up = world.up_ids();
+    (!up.is_empty()).then(|| up[world.gen_range(0..up.len())])
+}
+
+async fn ask<T>(
+    world: &World,
+    member: u64,
+    make: impl FnOnce(oneshot::Sender<Result<T, ApiError>>) -> ShardCommand,
+) -> Option<Result<T, ApiError>> {
+    let commands = world.commands(member)?;
+    let (reply, rx) = oneshot::channel();
+    commands.try_send(make(reply)).ok()?;
+    tokio::time::timeout(REQUEST_TIMEOUT * 2, rx)
+        .await
+        .ok()?
+        .ok()
+}
+
+/// Waits until no member holds a lease, or says which still does `bound`
+/// after the clients stopped keeping them alive.
+pub async fn all_revoked(world: &World, bound: Duration) -> Result<(), DriverViolation> {
+    let deadline = Instant::now() + bound;
+    for id in world.ids() {
+        loop {
+            let held = match ask(world, id, |reply| ShardCommand::LeaseList { reply }).await {
+                Some(Ok(ids)) => ids,
+                other => {
+                    return Err(violation(
+                        Kind::NoLiveness,
+                        format!("member {id} did not list its leases: {other:?}"),
+                    ))
+                }
+            };
+            if held.is_empty() {
+                break;
+            }
+            if Instant::now() >= deadline {
+                return Err(violation(
+                    Kind::LeaseNotRevoked,
+                    format!(
+                        "member {id} still holds leases {held:?} {bound:?} after the clients \
+                         stopped keeping them alive"
+                    ),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    Ok(())
+}
+
+/// Checks that no lease was seen gone before the TTL of an answered grant
+/// or keep-alive had run from when it was sent.
+pub fn check(leases: &[Lease]) -> Result<(), DriverViolation> {
+    for l in leases {
+        let Some((seen, how)) = &l.gone else {
+            continue;
+        };
+        if let Some((sent, ttl)) = l
+            .alive
+            .iter()
+            .find(|(sent, ttl)| *seen < *sent + Duration::from_secs(*ttl as u64))
+        {
+            return Err(violation(
+                Kind::LeaseRevokedEarly,
+                format!(
+                    "lease {} was seen gone by {how} {:?} after a grant or keep-alive sent \
+                     before it was answered a TTL of {ttl} s",
+                    l.id,
+                    seen.saturating_duration_since(*sent)
+                ),
+            ));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,346 @@
+//! Simulated watch streams: a few sessions each watch every key through one
+//! running member's driver, from the first revision they have not seen.
+//! When the member crashes, is removed, or a session moves on by itself, it
+//! watches again through another member from where it stopped, as an etcd
+//! client resumes a watch. Some sessions read slowly, so their driver's
+//! queue fills and moves them to catch-up from the store.
+//!
+//! What each session was sent is checked against the log ([`check`]): every
+//! revision once, in order, with the log's key and value, and nothing
+//! missing between the first and the last.
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::rc::Rc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use cairn_proto::mvccpb;
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+
+use crate::server::command::{ShardCommand, WatchBatch, WatchSpec};
+
+use super::checks::{violation, Change, DriverViolation, DriverViolationKind as Kind, Log};
+use super::world::World;
+
+/// Sessions watching at once.
+const SESSIONS: usize = 3;
+/// Batches a session's stream holds before its driver moves it to catch-up.
+const STREAM_QUEUE: usize = 4;
+
+/// One event a session was sent.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    pub member: u64,
+    pub revision: i64,
+    pub key: Bytes,
+    /// None: a delete.
+    pub value: Option<Bytes>,
+}
+
+/// What one session was sent, in order.
+#[derive(Debug)]
+pub struct Session {
+    pub events: Vec<Seen>,
+    /// The first revision not seen yet.
+    pub next: i64,
+    /// Times the session watched through a member.
+    pub watches: u64,
+    /// A broken promise of a driver, seen as it happened.
+    pub failure: Option<DriverViolation>,
+}
+
+pub type Sessions = Rc<RefCell<Vec<Session>>>;
+
+/// Starts the sessions; they watch until their tasks are aborted.
+pub fn start(world: &Rc<World>) -> (Sessions, Vec<tokio::task::JoinHandle<()>>) {
+    let sessions: Sessions = Rc::new(RefCell::new(
+        (0..SESSIONS)
+            .map(|_| Session {
+                events: Vec::new(),
+                next: 1,
+                watches: 0,
+                failure: None,
+            })
+            .collect(),
+    ));
+    let tasks = (0..SESSIONS)
+        .map(|n| {
+            // The last session reads slowly: its queue fills.
+            let slow = n + 1 == SESSIONS;
+            tokio::task::spawn_local(watch(world.clone(), sessions.clone(), n, slow))
+        })
+        .collect();
+    (sessions, tasks)
+}
+
+async fn watch(world: Rc<World>, sessions: Sessions, n: usize, slow: bool) {
+    loop {
+        tokio::time::sleep(Duration::from_millis(world.gen_range(5..200))).await;
+        let up = world.up_ids();
+        if up.is_empty() {
+            continue;
+        }
+        let member = up[world.gen_range(0..up.len())];
+        let Some(commands) = world.commands(member) else {
+            continue;
+        };
+        let (start_revision, watches) = {
+            let mut all = sessions.borrow_mut();
+            all[n].watches += 1;
+            (all[n].next, all[n].watches)
+        };
+        // Distinct for every watch of the run, so a restarted driver never
+        // meets an earlier stream's key.
+        let key = (((n as u64) << 32) | watches, 0);
+        let (tx, mut rx) = mpsc::channel::<WatchBatch>(STREAM_QUEUE);
+        let (reply, answered) = oneshot::channel();
+        let spec = WatchSpec {
+            key: vec![0],
+            range_end: vec![0],
+            prev_kv: false,
+            no_put: false,
+            no_delete: false,
+            progress: false,
+        };
+        let command = ShardCommand::Watch {
+            key,
+            spec,
+            start_revision,
+            tx,
+            reply,
+        };
+        if commands.send(command).await.is_err() || !matches!(answered.await, Ok(Ok(_))) {
+            // Refused or stopped: another member, later.
+            continue;
+        }
+        // Now and then a session moves on by itself after some batches.
+        let moves_after = world.chance(200).then(|| world.gen_range(1..20u32));
+        let mut batches = 0u32;
+        while let Some(batch) = rx.recv().await {
+            let broken = take(&mut sessions.borrow_mut()[n], member, batch);
+            if broken.is_some() {
+                sessions.borrow_mut()[n].failure = broken;
+                return;
+            }
+            batches += 1;
+            if moves_after.is_some_and(|m| batches >= m) {
+                let (reply, _) = oneshot::channel();
+                let _ = commands.try_send(ShardCommand::CancelWatch { key, reply });
+                break;
+            }
+            if slow {
+                tokio::time::sleep(Duration::from_millis(world.gen_range(2..40))).await;
+            }
+        }
+    }
+}
+
+/// Records `batch`, or says how it breaks the stream's promise: events in
+/// revision order, from the revision the session asked for, no revision
+/// sent in two batches.
+fn take(session: &mut Session, member: u64, batch: WatchBatch) -> Option<DriverViolation> {
+    if let Some(compacted) = batch.compact_revision {
+        // Nothing compacts the stores here.
+        return Some(violation(
+            Kind::WatchGap,
+            format!(
+                "member {member} cancelled a watch from revision {} as compacted at {compacted}",
+                session.next
+            ),
+        ));
+    }
+    let from = session.next;
+    let mut last = from;
+    for e in batch.events {
+        let deleted = e.r#type == mvccpb::event::EventType::Delete as i32;
+        let kv = e.kv.unwrap_or_default();
+        let revision = kv.mod_revision;
+        if revision < last {
+            return Some(violation(
+                Kind::WatchOrder,
+                format!(
+                    "member {member} sent revision {revision} to a watch that had been sent \
+                     revision {} or every revision before {from}",
+                    last.max(from + 1) - 1
+                ),
+            ));
+        }
+        last = revision;
+        session.next = revision + 1;
+        session.events.push(Seen {
+            member,
+            revision,
+            key: kv.key,
+            value: (!deleted).then_some(kv.value),
+        });
+    }
+    None
+}
+
+/// Waits until every session has been sent revision `revision`, or says
+/// which one was not within `bound` while every member runs.
+pub async fn caught_up(
+    sessions: &Sessions,
+    revision: i64,
+    bound: Duration,
+) -> Result<(), DriverViolation> {
+    let deadline = Instant::now() + bound;
+    loop {
+        let behind = {
+            let mut all = sessions.borrow_mut();
+            if let Some(v) = all.iter_mut().find_map(|s| s.failure.take()) {
+                return Err(v);
+            }
+            all.iter()
+                .position(|s| s.next <= revision)
+                .map(|n| (n, all[n].next))
+        };
+        let Some((n, next)) = behind else {
+            return Ok(());
+        };
+        if Instant::now() >= deadline {
+            return Err(violation(
+                Kind::WatchStalled,
+                format!(
+                    "watch session {n} had been sent the revisions below {next} only, \
+                     {bound:?} after revision {revision} was applied everywhere"
+                ),
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Checks what the sessions were sent against `log`: each revision a
+/// session was sent holds the log's changes there, and from the log's first
+/// revision to a session's last, none is missing (every session watched
+/// from revision 1, and nothing compacts).
+pub fn check(sessions: &Sessions, log: &Log) -> Result<(), DriverViolation> {
+    for (n, s) in sessions.borrow_mut().iter_mut().enumerate() {
+        if let Some(v) = s.failure.take() {
+            return Err(v);
+        }
+        let mut sent: BTreeMap<i64, (u64, Vec<Change>)> = BTreeMap::new();
+        for e in &s.events {
+            let (_, changes) = sent.entry(e.revision).or_insert((e.member, Vec::new()));
+            changes.push((e.key.clone(), e.value.clone()));
+        }
+        for (revision, (member, changes)) in &mut sent {
+            changes.sort();
+            let logged = log.get(revision);
+            if logged != Some(changes) {
+                return Err(violation(
+                    Kind::WatchPhantom,
+                    format!(
+                        "member {member} sent watch session {n} {changes:?} at revision \
+                         {revision}; the log holds {logged:?} there"
+                    ),
+                ));
+            }
+        }
+        let Some(&last) = sent.keys().next_back() else {
+            continue;
+        };
+        if let Some(missing) = log
+            .range(..=last)
+            .map(|(r, _)| *r)
+            .find(|r| !sent.contains_key(r))
+        {
+            let after = sent.range(missing..).next().map(|(r, (m, _))| (*r, *m));
+            return Err(violation(
+                Kind::WatchGap,
+                format!(
+                    "watch session {n} was never sent revision {missing} of the log; the next \
+                     it was sent was {after:?} (revision, member), after {} watches",
+                    s.watches
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn log() -> Log {
+        (2..=5)
+            .map(|r| {
+                (
+                    r,
+                    vec![(Bytes::from("k"), Some(Bytes::from(format!("v{r}"))))],
+                )
+            })
+            .collect()
+    }
+
+    fn session(revisions: &[i64], value_of: impl Fn(i64) -> String) -> Session {
+        Session {
+            events: revisions
+                .iter()
+                .map(|&revision| Seen {
+                    member: 1,
+                    revision,
+                    key: Bytes::from("k"),
+                    value: Some(Bytes::from(value_of(revision))),
+                })
+                .collect(),
+            next: revisions.last().map_or(1, |r| r + 1),
+            watches: 1,
+            failure: None,
+        }
+    }
+
+    fn checked(s: Session) -> Result<(), Kind> {
+        check(&Rc::new(RefCell::new(vec![s])), &log()).map_err(|v| v.kind)
+    }
+
+    #[test]
+    fn a_session_must_see_the_log_from_its_start_without_gaps_or_strangers() {
+        let value = |r: i64| format!("v{r}");
+        assert_eq!(checked(session(&[2, 3, 4, 5], value)), Ok(()));
+        // Not yet sent the newest: still whole up to its last event.
+        assert_eq!(checked(session(&[2, 3], value)), Ok(()));
+        assert_eq!(checked(session(&[], value)), Ok(()));
+        assert_eq!(checked(session(&[2, 4, 5], value)), Err(Kind::WatchGap));
+        assert_eq!(checked(session(&[3, 4], value)), Err(Kind::WatchGap));
+        assert_eq!(
+            checked(session(&[2, 3], |r| format!("w{r}"))),
+            Err(Kind::WatchPhantom)
+        );
+        assert_eq!(checked(session(&[2, 3, 6], value)), Err(Kind::WatchPhantom));
+    }
+
+    #[test]
+    fn a_batch_that_goes_back_or_says_compacted_breaks_the_stream() {
+        let batch = |revisions: &[i64], compact_revision| WatchBatch {
+            watch_id: 0,
+            shard: 0,
+            revision: 9,
+            through: 9,
+            events: revisions
+                .iter()
+                .map(|&r| cairn_proto::mvccpb::Event {
+                    kv: Some(cairn_proto::mvccpb::KeyValue {
+                        key: Bytes::from("k"),
+                        mod_revision: r,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                })
+                .collect(),
+            subs: Vec::new(),
+            compact_revision,
+        };
+        let mut s = session(&[], |_| String::new());
+        assert!(take(&mut s, 1, batch(&[2, 3], None)).is_none());
+        assert_eq!(s.next, 4);
+        let again = take(&mut s, 2, batch(&[3], None)).map(|v| v.kind);
+        assert_eq!(again, Some(Kind::WatchOrder));
+        let compacted = take(&mut s, 2, batch(&[], Some(4))).map(|v| v.kind);
+        assert_eq!(compacted, Some(Kind::WatchGap));
+    }
+}
