@@ -65,7 +65,9 @@
 //!
 //! # Not simulated
 //! - Leases, watches, several shards and the keyspace over them
-//!   (`super::keyspace` models those).
+//!   (`super::keyspace` models those). Lease renewals on the real driver
+//!   are checked in this world without faults, apart from the seeds (the
+//!   tests of `renewals`).
 //! - The peer transport's framing: a snapshot stream's chunks go straight
 //!   from the sender's store to the receiver's spool.
 //! - The store's own power cuts (its syncs go to real files).
@@ -84,6 +86,8 @@ mod faults;
 mod figure8;
 mod log_watch;
 mod membership;
+#[cfg(test)]
+mod renewals;
 mod world;
 
 use std::cell::RefCell;
