@@ -322,6 +322,33 @@ async fn leases_span_shards_expire_and_survive_a_leader_crash() {
     let keys_c = keys_on_both_shards("c");
     put_with_lease(&mut c0, &keys_c, c).await;
     let leader = shard0_leader(&cluster).await;
+
+    // Renewals gathered in one request and asked of a member that does not
+    // lead the shard are refused together, naming the leader; the asker
+    // sends them all again there.
+    let status = client(&eps[leader]).await.status().await.expect("status");
+    let (cluster_id, leader_id) = (
+        status.header().expect("header").cluster_id(),
+        status.leader(),
+    );
+    let asked = LeaseRenewals {
+        ids: vec![c, 0x7777],
+    };
+    let follower = (leader + 1) % 3;
+    let r = raw_http(
+        cluster.members[follower].peer_port,
+        &lease_post(
+            "/cairn/lease-renews",
+            Some(cluster_id),
+            Some("0"),
+            &asked.encode_to_vec(),
+        ),
+    );
+    assert!(
+        r.starts_with("HTTP/1.1 409") && r.contains(&format!("x-cairn-leader: {leader_id:x}\r\n")),
+        "renewals asked of a follower: {r}"
+    );
+
     cluster.members[leader].kill9();
     let survivor = cluster.members[(leader + 1) % 3].endpoint();
     let mut cs = client(&survivor).await;

@@ -21,6 +21,12 @@ use crate::server::errors::ApiError;
 /// because leader failover takes well under 2 s.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Most leases one [`ShardCommand::LeaseRenew`] names: a follower's gathered
+/// keep-alives for one leader and shard fit (see
+/// `crate::server::member::peer_lease`), and the leader renews them all in
+/// the turn the ReadIndex round comes back.
+pub const MAX_LEASES_PER_RENEW: usize = 4096;
+
 /// Where a linearizable read over several shards is read (docs/KEYSPACE.md,
 /// "Consistent reads"): at `revision`, the keyspace leader's counter when the
 /// read began, once the shard has applied up to `index`, which the leader's
@@ -171,12 +177,17 @@ pub enum ShardCommand {
         check_only: bool,
         reply: Reply<WriteResult>,
     },
-    /// Restarts a lease's TTL. Only the shard's leader tracks lease TTLs:
-    /// elsewhere it is refused with [`ApiError::NotLeader`]. Answers the
-    /// granted TTL, or None when the shard has no such lease (or it expired).
+    /// Restarts the TTL of every lease of `ids` (at most
+    /// [`MAX_LEASES_PER_RENEW`]), once a ReadIndex round confirms that this
+    /// member leads the shard. Only the shard's leader tracks lease TTLs:
+    /// elsewhere the whole command is refused with [`ApiError::NotLeader`].
+    /// Answers each lease's granted TTL in the order of `ids`, None where
+    /// the shard has no such lease (or it expired). A keep-alive served here
+    /// names one lease; the keep-alives a follower gathered for this leader
+    /// come as one command.
     LeaseRenew {
-        id: i64,
-        reply: Reply<Option<i64>>,
+        ids: Vec<i64>,
+        reply: Reply<Vec<Option<i64>>>,
     },
     /// A lease's TTLs (and keys when `keys`), at the shard's leader only.
     LeaseQuery {

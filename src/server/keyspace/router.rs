@@ -19,7 +19,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::routing::{RoutingTable, ShardId};
 use crate::server::command::{
     LeaseInfo, ReadAt, Reply, ShardCommand, ShardHash, ShardPoint, ShardStatus, WriteResult,
-    REQUEST_TIMEOUT,
+    MAX_LEASES_PER_RENEW, REQUEST_TIMEOUT,
 };
 use crate::server::errors::ApiError;
 use crate::server::keyspace::Keyspace;
@@ -221,9 +221,38 @@ impl Router {
         .await
     }
 
+    /// Renews one lease at `shard`'s leader: its granted TTL, or None.
     pub async fn lease_renew(&self, shard: ShardId, id: i64) -> Result<Option<i64>, ApiError> {
-        self.ask(shard, |reply| ShardCommand::LeaseRenew { id, reply })
-            .await
+        Ok(self.lease_renew_many(shard, vec![id]).await?[0])
+    }
+
+    /// Renews every lease of `ids` at `shard`'s leader, in one command:
+    /// each granted TTL (None where the shard has no such lease) in order,
+    /// or the one refusal of them all. Nothing to renew asks nothing.
+    pub async fn lease_renew_many(
+        &self,
+        shard: ShardId,
+        ids: Vec<i64>,
+    ) -> Result<Vec<Option<i64>>, ApiError> {
+        assert!(
+            ids.len() <= MAX_LEASES_PER_RENEW,
+            "{} leases to renew on shard {shard}, more than {MAX_LEASES_PER_RENEW}",
+            ids.len()
+        );
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let asked = ids.len();
+        let ttls = self
+            .ask(shard, |reply| ShardCommand::LeaseRenew { ids, reply })
+            .await?;
+        assert_eq!(
+            ttls.len(),
+            asked,
+            "shard {shard} answered {} TTLs for {asked} leases",
+            ttls.len()
+        );
+        Ok(ttls)
     }
 
     pub async fn lease_query(
@@ -293,13 +322,16 @@ mod tests {
     fn send(channels: &CommandChannels, core: usize, tag: i64) {
         let (reply, _) = oneshot::channel();
         channels.routers[core].shards[0]
-            .try_send(ShardCommand::LeaseRenew { id: tag, reply })
+            .try_send(ShardCommand::LeaseRenew {
+                ids: vec![tag],
+                reply,
+            })
             .expect("room");
     }
 
     fn tag(cmd: ShardCommand) -> i64 {
         match cmd {
-            ShardCommand::LeaseRenew { id, .. } => id,
+            ShardCommand::LeaseRenew { ids, .. } => ids[0],
             _ => panic!("only renewals were sent"),
         }
     }

@@ -14,6 +14,8 @@ use cairn_proto::etcdserverpb::{
 use prost::Message as _;
 
 use crate::routing::ShardId;
+use crate::server::api::lease_renewals::MAX_RENEWALS;
+use crate::server::command::MAX_LEASES_PER_RENEW;
 use crate::server::errors::ApiError;
 use crate::server::keyspace::router::Router;
 
@@ -27,8 +29,10 @@ pub enum PeerLeaseAnswer {
 }
 
 /// Most leases one `lease-renews` request may name (a follower sends at most
-/// `crate::server::api::lease_renewals::MAX_RENEWALS` at once).
-pub const MAX_RENEWALS_PER_REQUEST: usize = 4096;
+/// [`MAX_RENEWALS`] at once): the shard renews them with one command.
+pub const MAX_RENEWALS_PER_REQUEST: usize = MAX_LEASES_PER_RENEW;
+
+const _: () = assert!(MAX_RENEWALS <= MAX_RENEWALS_PER_REQUEST);
 
 /// Serves `POST /cairn/lease-renew`, `/cairn/lease-renews` and
 /// `/cairn/lease-ttl` for one shard this member is asked to lead.
@@ -38,9 +42,10 @@ pub const MAX_RENEWALS_PER_REQUEST: usize = 4096;
 ///   has no such lease.
 /// - `lease-renews`: body `cairnpb.LeaseRenewals`, the keep-alives a member
 ///   gathered; answer `cairnpb.LeaseRenewalTtls`, each lease's TTL as above,
-///   in order. The shard renews them in one ReadIndex round. Where the shard
-///   refuses one (another member leads it, say), the whole request is refused
-///   so: renewing a lease twice is harmless, so the asker sends them again.
+///   in order. The shard renews them with one command, in one ReadIndex
+///   round. Where the shard refuses them (another member leads it, say), the
+///   whole request is refused so: renewing a lease twice is harmless, so the
+///   asker sends them again.
 /// - `lease-ttl`: body `LeaseTimeToLiveRequest`; answer
 ///   `LeaseTimeToLiveResponse` whose TTL is the time left in milliseconds (-1
 ///   when the shard has no such lease), with the shard's keys when asked.
@@ -83,14 +88,12 @@ pub async fn serve_lease(
                     req.ids.len()
                 ));
             }
-            let renewed =
-                futures::future::join_all(req.ids.iter().map(|&id| router.lease_renew(shard, id)))
-                    .await;
-            renewed
-                .into_iter()
-                .map(|ttl| ttl.map(|t| t.unwrap_or(0)))
-                .collect::<Result<Vec<i64>, ApiError>>()
-                .map(|ttls| LeaseRenewalTtls { ttls }.encode_to_vec())
+            router.lease_renew_many(shard, req.ids).await.map(|ttls| {
+                LeaseRenewalTtls {
+                    ttls: ttls.into_iter().map(|t| t.unwrap_or(0)).collect(),
+                }
+                .encode_to_vec()
+            })
         }
         "/cairn/lease-revoke" => {
             let req = match LeaseRevokeRequest::decode(body) {

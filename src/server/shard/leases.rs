@@ -20,12 +20,12 @@ impl Shard {
         Ok(())
     }
 
-    /// A keep-alive is answered once a ReadIndex round has confirmed that
-    /// this member still leads (see [`PendingRenewal`]), as etcd confirms
-    /// leadership before renewing.
-    pub(super) fn lease_renew(&mut self, id: i64, reply: Reply<Option<i64>>) {
+    /// Keep-alives (one, or a follower's gathered ones) are answered once a
+    /// ReadIndex round has confirmed that this member still leads (see
+    /// [`PendingRenewal`]), as etcd confirms leadership before renewing.
+    pub(super) fn lease_renew(&mut self, ids: Vec<i64>, reply: Reply<Vec<Option<i64>>>) {
         match self.lease_leader_check() {
-            Ok(()) => self.renewals_this_turn.push(PendingRenewal { id, reply }),
+            Ok(()) => self.renewals_this_turn.push(PendingRenewal { ids, reply }),
             Err(e) => {
                 let _ = reply.send(Err(e));
             }

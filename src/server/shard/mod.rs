@@ -634,7 +634,7 @@ impl Shard {
                     .map_err(|e| self.read_error(e));
                 let _ = reply.send(result);
             }
-            ShardCommand::LeaseRenew { id, reply } => self.lease_renew(id, reply),
+            ShardCommand::LeaseRenew { ids, reply } => self.lease_renew(ids, reply),
             ShardCommand::LeaseQuery { id, keys, reply } => {
                 let _ = reply.send(self.lease_query(id, keys));
             }

@@ -29,13 +29,14 @@ pub(super) struct PendingPoint {
     pub(super) reply: Reply<ShardPoint>,
 }
 
-/// A lease keep-alive waiting for the ReadIndex round that proves this member
+/// Lease keep-alives waiting for the ReadIndex round that proves this member
 /// still leads the shard: a leader cut off from the majority must not renew
 /// on its own word, since the majority may have elected a leader that expires
-/// the lease meanwhile.
+/// the lease meanwhile. Answered together: every lease's TTL, in order, or
+/// one refusal.
 pub(super) struct PendingRenewal {
-    pub(super) id: i64,
-    pub(super) reply: Reply<Option<i64>>,
+    pub(super) ids: Vec<i64>,
+    pub(super) reply: Reply<Vec<Option<i64>>>,
 }
 
 pub(super) struct ReadRound {
@@ -153,9 +154,12 @@ impl Shard {
                 .extend(round.reads);
         }
         for r in round.renewals {
-            let renewed = self
-                .lease_leader_check()
-                .map(|()| self.lease_clock.renew(r.id, round.since));
+            let renewed = self.lease_leader_check().map(|()| {
+                r.ids
+                    .iter()
+                    .map(|&id| self.lease_clock.renew(id, round.since))
+                    .collect()
+            });
             let _ = r.reply.send(renewed);
         }
         for p in round.points {

@@ -27,7 +27,10 @@ use super::checks::{violation, DriverViolation, DriverViolationKind as Kind};
 use super::world::World;
 
 /// Lease clients at once.
-const CLIENTS: u64 = 2;
+const CLIENTS: u64 = 4;
+/// How long a client waits for a keep-alive or a read of its key, as an
+/// etcd client's keep-alive gives up well within the TTL.
+const KEEP_ALIVE_WAIT: Duration = Duration::from_millis(500);
 /// The shortest TTL the API grants for the simulation's election timeout.
 const MIN_TTL_SECS: i64 = 1;
 
@@ -133,31 +136,26 @@ async fn write(
     request: shard_request::Request,
 ) -> Option<Result<WriteResult, ApiError>> {
     let member = pick(world)?;
-    ask(world, member, |reply| ShardCommand::Write {
-        request,
-        reply,
+    ask(world, member, REQUEST_TIMEOUT * 2, |reply| {
+        ShardCommand::Write { request, reply }
     })
     .await
 }
 
 /// A keep-alive through a running member, sent on to the leader it names.
 async fn renew(world: &World, id: i64) -> Option<Result<Option<i64>, ApiError>> {
-    let member = pick(world)?;
-    match ask(world, member, |reply| ShardCommand::LeaseRenew {
-        id,
+    let renew = |reply| ShardCommand::LeaseRenew {
+        ids: vec![id],
         reply,
-    })
-    .await
-    {
+    };
+    let member = pick(world)?;
+    let answer = match ask(world, member, KEEP_ALIVE_WAIT, renew).await {
         Some(Err(ApiError::NotLeader { leader })) if leader != 0 && world.is_up(leader) => {
-            ask(world, leader, |reply| ShardCommand::LeaseRenew {
-                id,
-                reply,
-            })
-            .await
+            ask(world, leader, KEEP_ALIVE_WAIT, renew).await
         }
         other => other,
-    }
+    };
+    answer.map(|r| r.map(|ttls| ttls.into_iter().next().flatten()))
 }
 
 /// Whether a linearizable read through a running member found no `key`.
@@ -169,10 +167,12 @@ async fn read_absent(world: &World, key: &Bytes) -> bool {
         key: key.clone(),
         ..Default::default()
     };
-    let answer = ask(world, member, |reply| ShardCommand::Range {
-        request,
-        at: None,
-        reply,
+    let answer = ask(world, member, KEEP_ALIVE_WAIT, |reply| {
+        ShardCommand::Range {
+            request,
+            at: None,
+            reply,
+        }
     })
     .await;
     matches!(answer, Some(Ok(r)) if r.kvs.is_empty())
@@ -183,18 +183,17 @@ fn pick(world: &World) -> Option<u64> {
     (!up.is_empty()).then(|| up[world.gen_range(0..up.len())])
 }
 
+/// Sends member `member` a command and waits up to `wait` for its answer.
 async fn ask<T>(
     world: &World,
     member: u64,
+    wait: Duration,
     make: impl FnOnce(oneshot::Sender<Result<T, ApiError>>) -> ShardCommand,
 ) -> Option<Result<T, ApiError>> {
     let commands = world.commands(member)?;
     let (reply, rx) = oneshot::channel();
     commands.try_send(make(reply)).ok()?;
-    tokio::time::timeout(REQUEST_TIMEOUT * 2, rx)
-        .await
-        .ok()?
-        .ok()
+    tokio::time::timeout(wait, rx).await.ok()?.ok()
 }
 
 /// Waits until no member holds a lease, or says which still does `bound`
@@ -203,7 +202,11 @@ pub async fn all_revoked(world: &World, bound: Duration) -> Result<(), DriverVio
     let deadline = Instant::now() + bound;
     for id in world.ids() {
         loop {
-            let held = match ask(world, id, |reply| ShardCommand::LeaseList { reply }).await {
+            let held = match ask(world, id, REQUEST_TIMEOUT * 2, |reply| {
+                ShardCommand::LeaseList { reply }
+            })
+            .await
+            {
                 Some(Ok(ids)) => ids,
                 other => {
                     return Err(violation(

@@ -30,7 +30,7 @@
 //!   another from where they stopped when it crashes or is removed, or now
 //!   and then by themselves; one reads slowly, so its driver moves it to
 //!   catch-up from the store.
-//! - Leases (see [`leases`]): two clients grant leases of 1-2 s with a key
+//! - Leases (see [`leases`]): four clients grant leases of 1-2 s with a key
 //!   each and keep them alive through any running member (sent on to the
 //!   leader it names), reading the key now and then, and let them go now
 //!   and then; the leader revokes what expires.
@@ -104,6 +104,8 @@ mod figure8;
 mod leases;
 mod log_watch;
 mod membership;
+#[cfg(test)]
+mod renewals;
 mod watchers;
 mod world;
 
