@@ -97,7 +97,7 @@ mod watchers;
 use held_snapshot::HeldSnapshot;
 pub(crate) use in_flight::txn_ranges;
 use lease_clock::LeaseClock;
-pub use lease_clock::MAX_LEASE_TTL_SECS;
+pub use lease_clock::{LEASE_REVOKE_RETRY, MAX_LEASE_TTL_SECS};
 pub use off_core::OffCoreJobs;
 use pipeline::{InFlightWrite, Waiter};
 use proposals::HeldWrite;

@@ -24,9 +24,19 @@ use tokio::task::{JoinError, JoinHandle};
 #[derive(Clone, Debug, Default)]
 pub struct OffCoreJobs(Arc<AtomicUsize>);
 
-/// Takes a job off the count when the job ends, or when it is dropped
-/// without running (a runtime shutting down).
+/// Takes a job off the count when dropped: with the job's result (see
+/// [`Finished`]), or with the job itself if it never ran (a runtime shutting
+/// down) or panicked.
 struct Running(Arc<AtomicUsize>);
+
+/// A job's result and its place in the count. Fields drop in declaration
+/// order: the result first, then the count, whoever drops it (the waiter
+/// that takes the result, or the runtime when nobody waits).
+struct Finished<T> {
+    result: T,
+    /// Held only for its drop.
+    _running: Running,
+}
 
 impl Drop for Running {
     fn drop(&mut self) {
@@ -37,15 +47,13 @@ impl Drop for Running {
 /// A job on the blocking pool; resolves to its result as a `JoinHandle`
 /// does. The job's count travels with its result: when nobody waits, the
 /// runtime drops the result first, then the count.
-pub struct OffCoreJob<T>(JoinHandle<(T, Running)>);
+pub struct OffCoreJob<T>(JoinHandle<Finished<T>>);
 
 impl<T> Future for OffCoreJob<T> {
     type Output = Result<T, JoinError>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        Pin::new(&mut self.0)
-            .poll(cx)
-            .map(|r| r.map(|(result, _running)| result))
+        Pin::new(&mut self.0).poll(cx).map(|r| r.map(|f| f.result))
     }
 }
 
@@ -57,7 +65,10 @@ impl OffCoreJobs {
     ) -> OffCoreJob<T> {
         self.0.fetch_add(1, Ordering::AcqRel);
         let running = Running(self.0.clone());
-        OffCoreJob(tokio::task::spawn_blocking(move || (job(), running)))
+        OffCoreJob(tokio::task::spawn_blocking(move || Finished {
+            result: job(),
+            _running: running,
+        }))
     }
 
     /// Jobs started and not yet ended.
@@ -101,15 +112,25 @@ mod tests {
             }
         }
         let jobs = OffCoreJobs::default();
-        let held = Arc::new(std::sync::atomic::AtomicBool::new(true));
-        let lock = Lock(held.clone());
-        drop(jobs.spawn(move || lock));
-        while jobs.in_flight() > 0 {
-            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        // The waiter goes away before the job ends, and after.
+        for wait_first in [false, true] {
+            let held = Arc::new(std::sync::atomic::AtomicBool::new(true));
+            let lock = Lock(held.clone());
+            let job = jobs.spawn(move || lock);
+            if wait_first {
+                while !job.0.is_finished() {
+                    tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+                }
+            }
+            drop(job);
+            while jobs.in_flight() > 0 {
+                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+            }
+            assert!(
+                !held.load(Ordering::SeqCst),
+                "the count ended before the result was dropped (waiter gone after the end: \
+                 {wait_first})"
+            );
         }
-        assert!(
-            !held.load(Ordering::SeqCst),
-            "the count ended before the result was dropped"
-        );
     }
 }

@@ -83,8 +83,9 @@ pub enum DriverViolationKind {
 }
 
 impl DriverViolationKind {
-    /// The kinds that mean acknowledged data or linearizability was lost:
-    /// what a safety mutation of the Raft core must lead to.
+    /// The kinds that mean acknowledged data or linearizability was lost, or
+    /// a watch disagreed with the log: what a safety mutation of the Raft
+    /// core must lead to.
     pub fn is_consensus_safety(self) -> bool {
         matches!(
             self,
@@ -100,6 +101,9 @@ impl DriverViolationKind {
                 | DriverViolationKind::LogMismatch
                 | DriverViolationKind::CommittedChanged
                 | DriverViolationKind::LeaderIncomplete
+                | DriverViolationKind::WatchOrder
+                | DriverViolationKind::WatchGap
+                | DriverViolationKind::WatchPhantom
         )
     }
 }

@@ -31,8 +31,10 @@ const CLIENTS: u64 = 4;
 /// How long a client waits for a keep-alive or a read of its key, as an
 /// etcd client's keep-alive gives up well within the TTL.
 const KEEP_ALIVE_WAIT: Duration = Duration::from_millis(500);
-/// The shortest TTL the API grants for the simulation's election timeout.
+/// The shortest TTL the API grants for the simulation's election timeout,
+/// and the longest a client asks.
 const MIN_TTL_SECS: i64 = 1;
+pub const MAX_TTL_SECS: i64 = 2 * MIN_TTL_SECS;
 
 /// One lease and what its client saw of it.
 #[derive(Debug, Clone)]
@@ -68,7 +70,7 @@ async fn client(world: Rc<World>, leases: Leases, n: u64, until: Instant) {
     while Instant::now() < until {
         made += 1;
         let id = ((n as i64 + 1) << 32) | made;
-        let ttl = world.gen_range(MIN_TTL_SECS..=2 * MIN_TTL_SECS);
+        let ttl = world.gen_range(MIN_TTL_SECS..=MAX_TTL_SECS);
         let key = Bytes::from(format!("lease{id}"));
         let sent = Instant::now();
         let grant = shard_request::Request::LeaseGrant(pb::LeaseGrantRequest { ttl, id });

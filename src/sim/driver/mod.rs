@@ -136,8 +136,11 @@ pub const REAL_TIME_BUDGET: Duration = Duration::from_secs(20);
 /// members busy without end: such a seed is given up sooner.
 pub const MUTATION_REAL_TIME_BUDGET: Duration = Duration::from_secs(3);
 /// After the liveness goal, every lease has ended on every member within
-/// this much simulated time: the longest TTL and the liveness bound.
-pub const LEASE_BOUND: Duration = Duration::from_secs(22);
+/// this much simulated time: a new leader's wait, the longest TTL, a revoke
+/// proposed again once, and its commit on every member.
+pub const LEASE_BOUND: Duration = LIVENESS_BOUND
+    .saturating_add(Duration::from_secs(leases::MAX_TTL_SECS as u64))
+    .saturating_add(crate::server::shard::LEASE_REVOKE_RETRY);
 /// Shortest and longest stretch of faults, in milliseconds.
 pub const CHAOS_MS: std::ops::Range<u64> = 1_500..4_000;
 
@@ -353,7 +356,7 @@ async fn run_world(world: &Rc<World>, stats: &mut DriverSimStats) -> Result<(), 
         until,
     )));
     let (sessions, watch_tasks) = watchers::start(world);
-    let _watches: Vec<_> = watch_tasks.into_iter().map(AbortOnDrop).collect();
+    let watches: Vec<_> = watch_tasks.into_iter().map(AbortOnDrop).collect();
     let plan = faults::Plan::draw(world);
     world.start_chaos(plan.clone());
     match &script {
@@ -387,6 +390,8 @@ async fn run_world(world: &Rc<World>, stats: &mut DriverSimStats) -> Result<(), 
         .map_err(|e| violation(Kind::NoLiveness, e))?
         .revision;
     watchers::caught_up(&sessions, revision, LIVENESS_BOUND).await?;
+    // Nothing newer than the log read below reaches a session.
+    drop(watches);
     // Calls still in flight end within their timeout.
     tokio::time::sleep(crate::server::command::REQUEST_TIMEOUT * 2).await;
     world

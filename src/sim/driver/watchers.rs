@@ -45,7 +45,8 @@ pub struct Session {
     pub events: Vec<Seen>,
     /// The first revision not seen yet.
     pub next: i64,
-    /// Times the session watched through a member.
+    /// Watches asked of a member, and those it took.
+    pub asked: u64,
     pub watches: u64,
     /// A broken promise of a driver, seen as it happened.
     pub failure: Option<DriverViolation>,
@@ -60,6 +61,7 @@ pub fn start(world: &Rc<World>) -> (Sessions, Vec<tokio::task::JoinHandle<()>>) 
             .map(|_| Session {
                 events: Vec::new(),
                 next: 1,
+                asked: 0,
                 watches: 0,
                 failure: None,
             })
@@ -86,14 +88,14 @@ async fn watch(world: Rc<World>, sessions: Sessions, n: usize, slow: bool) {
         let Some(commands) = world.commands(member) else {
             continue;
         };
-        let (start_revision, watches) = {
+        let (start_revision, asked) = {
             let mut all = sessions.borrow_mut();
-            all[n].watches += 1;
-            (all[n].next, all[n].watches)
+            all[n].asked += 1;
+            (all[n].next, all[n].asked)
         };
         // Distinct for every watch of the run, so a restarted driver never
         // meets an earlier stream's key.
-        let key = (((n as u64) << 32) | watches, 0);
+        let key = (((n as u64) << 32) | asked, 0);
         let (tx, mut rx) = mpsc::channel::<WatchBatch>(STREAM_QUEUE);
         let (reply, answered) = oneshot::channel();
         let spec = WatchSpec {
@@ -115,6 +117,7 @@ async fn watch(world: Rc<World>, sessions: Sessions, n: usize, slow: bool) {
             // Refused or stopped: another member, later.
             continue;
         }
+        sessions.borrow_mut()[n].watches += 1;
         // Now and then a session moves on by itself after some batches.
         let moves_after = world.chance(200).then(|| world.gen_range(1..20u32));
         let mut batches = 0u32;
@@ -162,8 +165,7 @@ fn take(session: &mut Session, member: u64, batch: WatchBatch) -> Option<DriverV
                 Kind::WatchOrder,
                 format!(
                     "member {member} sent revision {revision} to a watch that had been sent \
-                     revision {} or every revision before {from}",
-                    last.max(from + 1) - 1
+                     revision {last} already, or every revision before {from}"
                 ),
             ));
         }
@@ -205,7 +207,8 @@ pub async fn caught_up(
                 Kind::WatchStalled,
                 format!(
                     "watch session {n} had been sent the revisions below {next} only, \
-                     {bound:?} after revision {revision} was applied everywhere"
+                     {bound:?} after the faults ended and every lease with them; the last \
+                     revision is {revision}"
                 ),
             ));
         }
@@ -289,6 +292,7 @@ mod tests {
                 })
                 .collect(),
             next: revisions.last().map_or(1, |r| r + 1),
+            asked: 1,
             watches: 1,
             failure: None,
         }
