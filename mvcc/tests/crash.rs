@@ -9,6 +9,8 @@
 //! last entry of a commit wrote nothing. Beside its entries the workload puts
 //! and removes txn records as the shard driver does, so a record and the
 //! entry it was put for are found after recovery together or not at all.
+//! Now and then the workload defragments the store, whose last step cuts the
+//! file without a sync of its own.
 //!
 //! More seeds: `MVCC_CRASH_SEEDS=200 cargo test --release -p cairn-mvcc --test crash`.
 
@@ -63,23 +65,31 @@ fn run(
         };
         assert_eq!(r.is_ok(), accepted, "seed {seed} op {i}: {op:?} -> {r:?}");
         change_txn_records(&mut txn_rng, &mut store, &mut m);
-        if rng.gen_range(0..6) == 0 || i + 1 == OPS {
-            match store.commit() {
-                Ok(_) => committed = m.clone(),
-                Err(e) => {
-                    assert!(
-                        storage.crashed(),
-                        "seed {seed}: commit failed without a crash: {e}"
-                    );
-                    assert!(store.is_poisoned());
-                    let after =
-                        store.apply(index + 1, &Op::Compact(CompactionRequest { revision: 1 }));
-                    assert!(
-                        matches!(after, Err(ApplyError::Poisoned { .. })),
-                        "{after:?}"
-                    );
-                    return (storage.syncs_done() - start_syncs, committed, Some(m));
-                }
+        // Now and then a whole defragment after the commit: its steps move
+        // pages and commit them, and its end cuts the file.
+        let defragment = rng.gen_range(0..30) == 0;
+        if !(defragment || rng.gen_range(0..6) == 0 || i + 1 == OPS) {
+            continue;
+        }
+        let mut result = store.commit().map(|_| ()).map_err(|e| e.to_string());
+        if result.is_ok() && defragment {
+            committed = m.clone();
+            result = store.defragment().map(|_| ()).map_err(|e| e.to_string());
+        }
+        match result {
+            Ok(()) => committed = m.clone(),
+            Err(e) => {
+                assert!(
+                    storage.crashed(),
+                    "seed {seed}: commit failed without a crash: {e}"
+                );
+                assert!(store.is_poisoned());
+                let after = store.apply(index + 1, &Op::Compact(CompactionRequest { revision: 1 }));
+                assert!(
+                    matches!(after, Err(ApplyError::Poisoned { .. })),
+                    "{after:?}"
+                );
+                return (storage.syncs_done() - start_syncs, committed, Some(m));
             }
         }
     }

@@ -41,12 +41,26 @@ pub const MAX_TTL_SECS: i64 = 2 * MIN_TTL_SECS;
 pub struct Lease {
     pub id: i64,
     pub key: Bytes,
-    /// Grants and keep-alives answered: when each was sent, and the TTL
-    /// (seconds) it was answered.
-    pub alive: Vec<(Instant, i64)>,
+    /// The grant and the keep-alives answered.
+    pub alive: Vec<Answered>,
     /// When the lease was seen gone (by the end of the call that saw it),
     /// and how.
-    pub gone: Option<(Instant, String)>,
+    pub gone: Option<(Instant, &'static str)>,
+}
+
+/// A grant or keep-alive answered with a TTL.
+#[derive(Debug, Clone, Copy)]
+pub struct Answered {
+    /// When it was sent: the TTL runs from a moment after this.
+    pub sent: Instant,
+    pub ttl_secs: i64,
+}
+
+impl Answered {
+    /// Before this, the lease must be alive.
+    fn alive_until(&self) -> Instant {
+        self.sent + Duration::from_secs(self.ttl_secs as u64)
+    }
 }
 
 pub type Leases = Rc<RefCell<Vec<Lease>>>;
@@ -93,7 +107,10 @@ async fn client(world: Rc<World>, leases: Leases, n: u64, until: Instant) {
             all.push(Lease {
                 id,
                 key: key.clone(),
-                alive: vec![(sent, ttl)],
+                alive: vec![Answered {
+                    sent,
+                    ttl_secs: ttl,
+                }],
                 gone: None,
             });
             all.len() - 1
@@ -117,15 +134,17 @@ async fn keep_alive(world: &World, leases: &Leases, at: usize, ttl: i64, until: 
         .await;
         let sent = Instant::now();
         match renew(world, id).await {
-            Some(Ok(Some(ttl))) => leases.borrow_mut()[at].alive.push((sent, ttl)),
+            Some(Ok(Some(ttl_secs))) => leases.borrow_mut()[at]
+                .alive
+                .push(Answered { sent, ttl_secs }),
             Some(Ok(None)) => {
-                leases.borrow_mut()[at].gone = Some((Instant::now(), "a keep-alive".into()));
+                leases.borrow_mut()[at].gone = Some((Instant::now(), "a keep-alive"));
                 return;
             }
             _ => {}
         }
         if world.chance(500) && read_absent(world, &key).await {
-            leases.borrow_mut()[at].gone = Some((Instant::now(), "a read of its key".into()));
+            leases.borrow_mut()[at].gone = Some((Instant::now(), "a read of its key"));
             return;
         }
     }
@@ -242,18 +261,15 @@ pub fn check(leases: &[Lease]) -> Result<(), DriverViolation> {
         let Some((seen, how)) = &l.gone else {
             continue;
         };
-        if let Some((sent, ttl)) = l
-            .alive
-            .iter()
-            .find(|(sent, ttl)| *seen < *sent + Duration::from_secs(*ttl as u64))
-        {
+        if let Some(a) = l.alive.iter().find(|a| *seen < a.alive_until()) {
             return Err(violation(
                 Kind::LeaseRevokedEarly,
                 format!(
                     "lease {} was seen gone by {how} {:?} after a grant or keep-alive sent \
-                     before it was answered a TTL of {ttl} s",
+                     before it was answered a TTL of {} s",
                     l.id,
-                    seen.saturating_duration_since(*sent)
+                    seen.saturating_duration_since(a.sent),
+                    a.ttl_secs
                 ),
             ));
         }
