@@ -62,11 +62,9 @@ pub async fn run_clients(world: Rc<World>, history: History, until: Instant) {
     let mut next_value = 0u64;
     while Instant::now() < until {
         tokio::time::sleep(Duration::from_micros(world.gen_range(200..4_000))).await;
-        let up = world.up_ids();
-        if up.is_empty() {
+        let Some(member) = world.pick_up() else {
             continue;
-        }
-        let member = up[world.gen_range(0..up.len())];
+        };
         let op = if world.chance(500) {
             next_value += 1;
             Op::Put {

@@ -156,7 +156,7 @@ async fn write(
     world: &World,
     request: shard_request::Request,
 ) -> Option<Result<WriteResult, ApiError>> {
-    let member = pick(world)?;
+    let member = world.pick_up()?;
     ask(world, member, REQUEST_TIMEOUT * 2, |reply| {
         ShardCommand::Write { request, reply }
     })
@@ -169,7 +169,7 @@ async fn renew(world: &World, id: i64) -> Option<Result<Option<i64>, ApiError>> 
         ids: vec![id],
         reply,
     };
-    let member = pick(world)?;
+    let member = world.pick_up()?;
     let answer = match ask(world, member, KEEP_ALIVE_WAIT, renew).await {
         Some(Err(ApiError::NotLeader { leader })) if leader != 0 && world.is_up(leader) => {
             ask(world, leader, KEEP_ALIVE_WAIT, renew).await
@@ -181,7 +181,7 @@ async fn renew(world: &World, id: i64) -> Option<Result<Option<i64>, ApiError>> 
 
 /// Whether a linearizable read through a running member found no `key`.
 async fn read_absent(world: &World, key: &Bytes) -> bool {
-    let Some(member) = pick(world) else {
+    let Some(member) = world.pick_up() else {
         return false;
     };
     let request = pb::RangeRequest {
@@ -197,11 +197,6 @@ async fn read_absent(world: &World, key: &Bytes) -> bool {
     })
     .await;
     matches!(answer, Some(Ok(r)) if r.kvs.is_empty())
-}
-
-fn pick(world: &World) -> Option<u64> {
-    let up = world.up_ids();
-    (!up.is_empty()).then(|| up[world.gen_range(0..up.len())])
 }
 
 /// Sends member `member` a command and waits up to `wait` for its answer.

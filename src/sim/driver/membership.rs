@@ -71,8 +71,7 @@ async fn change(world: &Rc<World>, change: ConfChangeType, id: u64) -> Result<()
         let up = world.up_ids();
         let to = match hint.take().filter(|l| up.contains(l)) {
             Some(leader) => Some(leader),
-            None if up.is_empty() => None,
-            None => Some(up[world.gen_range(0..up.len())]),
+            None => world.pick_up(),
         };
         if let Some(commands) = to.and_then(|to| world.commands(to)) {
             let (reply, answer) = oneshot::channel();

@@ -80,11 +80,9 @@ pub fn start(world: &Rc<World>) -> (Sessions, Vec<tokio::task::JoinHandle<()>>) 
 async fn watch(world: Rc<World>, sessions: Sessions, n: usize, slow: bool) {
     loop {
         tokio::time::sleep(Duration::from_millis(world.gen_range(5..200))).await;
-        let up = world.up_ids();
-        if up.is_empty() {
+        let Some(member) = world.pick_up() else {
             continue;
-        }
-        let member = up[world.gen_range(0..up.len())];
+        };
         let Some(commands) = world.commands(member) else {
             continue;
         };

@@ -226,6 +226,12 @@ impl World {
             .collect()
     }
 
+    /// A running member picked at random; None when none runs.
+    pub fn pick_up(&self) -> Option<u64> {
+        let up = self.up_ids();
+        (!up.is_empty()).then(|| up[self.gen_range(0..up.len())])
+    }
+
     pub fn gen_range<T, R>(&self, range: R) -> T
     where
         T: rand::distributions::uniform::SampleUniform,
