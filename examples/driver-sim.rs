@@ -5,6 +5,7 @@
 //! cargo run --release --example driver-sim -- --seeds 2000 --members 3
 //! cargo run --release --example driver-sim -- --seed 17 --members 5          # one seed
 //! cargo run --release --example driver-sim -- --seeds 500 --mutation vote-without-log-check
+//! cargo run --release --example driver-sim -- --seeds 50 --replay-check      # each seed twice
 //! ```
 //!
 //! A normal run ends with `seeds=N violations=0` and exits 0, or prints the
@@ -41,6 +42,10 @@ struct Args {
     /// Show the drivers' log lines at this level (e.g. `info`).
     #[arg(long)]
     log: Option<String>,
+    /// Run every seed twice and compare the messages the members sent: exit
+    /// 1 at the first seed whose two runs differ, showing where.
+    #[arg(long)]
+    replay_check: bool,
 }
 
 fn main() -> ExitCode {
@@ -66,18 +71,11 @@ fn main() -> ExitCode {
         Some(seed) => (seed, 1),
         None => (args.first_seed, args.seeds),
     };
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .expect("a current-thread runtime");
     let started = Instant::now();
-    let result = runtime.block_on(tokio::task::LocalSet::new().run_until(driver::run_seeds(
-        args.members,
-        first,
-        count,
-        mutation,
-    )));
+    if args.replay_check {
+        return replay_check(args.members, first, count);
+    }
+    let result = driver::run_seeds(args.members, first, count, mutation);
     let (run, stats, found) = match result {
         Ok(r) => r,
         Err(e) => {
@@ -111,4 +109,52 @@ fn main() -> ExitCode {
         }
         (None, None) => ExitCode::SUCCESS,
     }
+}
+
+/// Runs each seed twice with a trace of the wire and reports the first seed
+/// whose runs differ.
+fn replay_check(members: usize, first: u64, count: u64) -> ExitCode {
+    for seed in first..first + count {
+        let mut runs = Vec::new();
+        for _ in 0..2 {
+            let mut cfg = driver::DriverSimConfig::new(members, seed);
+            cfg.trace = true;
+            match driver::run_seed_alone(&cfg) {
+                Ok(out) => runs.push(out),
+                Err(e) => {
+                    eprintln!("{e}");
+                    return ExitCode::from(2);
+                }
+            }
+        }
+        let (a, b) = (&runs[0], &runs[1]);
+        if a.wire_digest == b.wire_digest && a.stats == b.stats {
+            println!("seed={seed} same: {} messages", a.messages_sent);
+            continue;
+        }
+        println!(
+            "seed={seed} DIFFERS: {} and {} messages sent",
+            a.messages_sent, b.messages_sent
+        );
+        let first_diff = a
+            .trace
+            .iter()
+            .zip(&b.trace)
+            .position(|(x, y)| x != y)
+            .unwrap_or(a.trace.len().min(b.trace.len()));
+        println!("first difference at message {first_diff}:");
+        let from = first_diff.saturating_sub(5);
+        for (name, run) in [("first", a), ("second", b)] {
+            println!("-- {name} run");
+            for line in run.trace.iter().skip(from).take(12) {
+                println!("{line}");
+            }
+        }
+        if a.stats != b.stats {
+            println!("first run: {:?}\nsecond run: {:?}", a.stats, b.stats);
+        }
+        return ExitCode::from(1);
+    }
+    println!("seeds={count} members={members}: every seed ran the same twice");
+    ExitCode::SUCCESS
 }

@@ -299,7 +299,10 @@ pub struct Shard {
     dir: PathBuf,
     wal: Rc<cairn_wal::Wal>,
     peers: Rc<dyn PeerSender>,
-    waiters: HashMap<u64, Waiter>,
+    /// Proposals waiting for their apply, by request id. This and the other
+    /// maps the driver walks are ordered, so that a simulated seed replays
+    /// exactly.
+    waiters: BTreeMap<u64, Waiter>,
     next_request_id: u64,
     /// Reads collected this turn, sent as one ReadIndex round.
     reads_this_turn: Vec<PendingRead>,
@@ -315,7 +318,7 @@ pub struct Shard {
     leaderless_write_bytes: usize,
     leaderless_reads: Vec<(Instant, PendingRead)>,
     /// Rounds sent, by context, awaiting their read state.
-    read_rounds: HashMap<u64, ReadRound>,
+    read_rounds: BTreeMap<u64, ReadRound>,
     next_read_ctx: u64,
     /// Confirmed reads by the index that must be applied first.
     confirmed_reads: BTreeMap<u64, Vec<PendingRead>>,
@@ -368,7 +371,7 @@ pub struct Shard {
     snapshot_reports_tx: mpsc::UnboundedSender<(u64, raft::SnapshotStatus)>,
     snapshot_reports: mpsc::UnboundedReceiver<(u64, raft::SnapshotStatus)>,
     /// Followers a snapshot is being streamed to right now.
-    snapshots_in_flight: std::collections::HashSet<u64>,
+    snapshots_in_flight: std::collections::BTreeSet<u64>,
     /// The tasks streaming them, which end with the shard: a stopped
     /// driver leaves no reader of its store behind. By task, the follower.
     snapshot_sends: tokio::task::JoinSet<()>,

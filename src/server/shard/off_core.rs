@@ -10,19 +10,40 @@
 //! job that finished is then as if the crash came just after it. A job's
 //! result leaves the count only once it is dropped or taken: an install's
 //! store that nobody waits for any more still holds its file's lock.
+//!
+//! Under simulation ([`OffCoreJobs::simulated`]) a job is a task of the
+//! simulation's own thread instead: it waits a seeded stretch of simulated
+//! time, as a job on the pool takes a while, then runs. The driver goes on
+//! meanwhile, as it does in the daemon, and a seed replays exactly: a thread
+//! of the pool would finish when the machine lets it.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
 use tokio::task::{JoinError, JoinHandle};
 
 /// The shard's jobs on the blocking pool, counted while they run. Clones
 /// share the count.
 #[derive(Clone, Debug, Default)]
-pub struct OffCoreJobs(Arc<AtomicUsize>);
+pub struct OffCoreJobs {
+    count: Arc<AtomicUsize>,
+    /// Under simulation: how long each job takes, drawn from a seeded
+    /// generator.
+    simulated: Option<Arc<SimulatedJobs>>,
+}
+
+/// The seeded durations of simulated jobs.
+#[derive(Debug)]
+struct SimulatedJobs {
+    rng: Mutex<SmallRng>,
+    longest: Duration,
+}
 
 /// Takes a job off the count when dropped: with the job's result (see
 /// [`Finished`]), or with the job itself if it never ran (a runtime shutting
@@ -58,22 +79,47 @@ impl<T> Future for OffCoreJob<T> {
 }
 
 impl OffCoreJobs {
+    /// Jobs that run on the simulation's thread (inside a `LocalSet`), each
+    /// after a wait of up to `longest`, drawn from `seed`.
+    pub fn simulated(seed: u64, longest: Duration) -> OffCoreJobs {
+        OffCoreJobs {
+            count: Arc::default(),
+            simulated: Some(Arc::new(SimulatedJobs {
+                rng: Mutex::new(SmallRng::seed_from_u64(seed)),
+                longest,
+            })),
+        }
+    }
+
     /// Runs `job` on the blocking pool.
     pub(super) fn spawn<T: Send + 'static>(
         &self,
         job: impl FnOnce() -> T + Send + 'static,
     ) -> OffCoreJob<T> {
-        self.0.fetch_add(1, Ordering::AcqRel);
-        let running = Running(self.0.clone());
-        OffCoreJob(tokio::task::spawn_blocking(move || Finished {
+        self.count.fetch_add(1, Ordering::AcqRel);
+        let running = Running(self.count.clone());
+        let finish = move || Finished {
             result: job(),
             _running: running,
-        }))
+        };
+        match &self.simulated {
+            None => OffCoreJob(tokio::task::spawn_blocking(finish)),
+            Some(sim) => {
+                let wait = {
+                    let mut rng = sim.rng.lock().unwrap_or_else(|e| e.into_inner());
+                    rng.gen_range(Duration::ZERO..=sim.longest)
+                };
+                OffCoreJob(tokio::task::spawn_local(async move {
+                    tokio::time::sleep(wait).await;
+                    finish()
+                }))
+            }
+        }
     }
 
     /// Jobs started and not yet ended.
     pub fn in_flight(&self) -> usize {
-        self.0.load(Ordering::Acquire)
+        self.count.load(Ordering::Acquire)
     }
 }
 

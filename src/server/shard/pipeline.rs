@@ -47,7 +47,7 @@ impl Shard {
             // A leader change drops ReadIndex rounds in flight; asking again is
             // always safe. A read point is the leader's only: its asker goes
             // to the new leader.
-            for (_, round) in self.read_rounds.drain() {
+            for round in std::mem::take(&mut self.read_rounds).into_values() {
                 self.reads_this_turn.extend(round.reads);
                 self.renewals_this_turn.extend(round.renewals);
                 for p in round.points {
@@ -347,15 +347,14 @@ impl Shard {
         // loop must not wait for them (a poisoned WAL answers at once).
         self.in_flight.clear();
         let err = self.storage_error(reason.clone());
-        for (_, w) in self.waiters.drain() {
+        for w in std::mem::take(&mut self.waiters).into_values() {
             let _ = w.reply.send(Err(err.clone()));
         }
         let mut renewals = std::mem::take(&mut self.renewals_this_turn);
         let mut points = std::mem::take(&mut self.points_this_turn);
-        let reads = self
-            .read_rounds
-            .drain()
-            .flat_map(|(_, r)| {
+        let reads = std::mem::take(&mut self.read_rounds)
+            .into_values()
+            .flat_map(|r| {
                 renewals.extend(r.renewals);
                 points.extend(r.points);
                 r.reads

@@ -295,7 +295,10 @@ impl Shard {
                 let _ = reports.send((to, raft::SnapshotStatus::Failure));
                 return;
             };
+            // Biased: the same order every time, so a simulated run
+            // replays exactly.
             let sent = tokio::select! {
+                biased;
                 r = transfer => Ok(r),
                 () = stalled => Err(()),
             };

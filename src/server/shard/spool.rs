@@ -314,9 +314,18 @@ enum SpoolOp {
 pub struct StreamSpool {
     shard: ShardId,
     path: PathBuf,
-    tx: mpsc::Sender<SpoolOp>,
+    sink: Sink,
     received_bytes: u64,
     limit_bytes: u64,
+}
+
+/// Where a stream's bytes go.
+enum Sink {
+    /// To the stream's writer thread.
+    Thread(mpsc::Sender<SpoolOp>),
+    /// To the file, on the caller's thread: the simulation's streams, which
+    /// a thread the simulated clock cannot see would make replay unevenly.
+    Inline(SpoolWriter),
 }
 
 impl StreamSpool {
@@ -330,10 +339,7 @@ impl StreamSpool {
         attempt: u32,
         limit_bytes: u64,
     ) -> Result<StreamSpool, SpoolError> {
-        let nonce: u32 = rand::random();
-        let path = shard_dir.join(format!(
-            "{SPOOL_FILE_PREFIX}{peer:x}-{stream_id}-{attempt}-{nonce:08x}"
-        ));
+        let path = spool_path(shard_dir, peer, stream_id, attempt);
         let (tx, rx) = mpsc::channel(SPOOL_QUEUE_CHUNKS);
         let writer_path = path.clone();
         std::thread::Builder::new()
@@ -347,7 +353,29 @@ impl StreamSpool {
         Ok(StreamSpool {
             shard,
             path,
-            tx,
+            sink: Sink::Thread(tx),
+            received_bytes: 0,
+            limit_bytes,
+        })
+    }
+
+    /// [`StreamSpool::start`] writing on the caller's thread, for the
+    /// simulation: each append and the finish write (and sync) before they
+    /// return.
+    pub fn start_inline(
+        shard_dir: &Path,
+        shard: ShardId,
+        peer: u64,
+        stream_id: u64,
+        attempt: u32,
+        limit_bytes: u64,
+    ) -> Result<StreamSpool, SpoolError> {
+        let path = spool_path(shard_dir, peer, stream_id, attempt);
+        let writer = SpoolWriter::create(path.clone())?;
+        Ok(StreamSpool {
+            shard,
+            path,
+            sink: Sink::Inline(writer),
             received_bytes: 0,
             limit_bytes,
         })
@@ -371,12 +399,16 @@ impl StreamSpool {
                 limit_bytes: self.limit_bytes,
             });
         }
-        self.tx
-            .send(SpoolOp::Chunk(data))
-            .await
-            .map_err(|_| SpoolError::WriterGone {
-                path: self.path.clone(),
-            })
+        match &mut self.sink {
+            Sink::Thread(tx) => {
+                tx.send(SpoolOp::Chunk(data))
+                    .await
+                    .map_err(|_| SpoolError::WriterGone {
+                        path: self.path.clone(),
+                    })
+            }
+            Sink::Inline(writer) => writer.write(&data),
+        }
     }
 
     /// Ends the stream: once the writer has synced the file, its `MsgSnap`
@@ -385,13 +417,24 @@ impl StreamSpool {
         let gone = || SpoolError::WriterGone {
             path: self.path.clone(),
         };
-        let (reply, answer) = oneshot::channel();
-        self.tx
-            .send(SpoolOp::Finish(reply))
-            .await
-            .map_err(|_| gone())?;
-        answer.await.map_err(|_| gone())?
+        match self.sink {
+            Sink::Thread(tx) => {
+                let (reply, answer) = oneshot::channel();
+                tx.send(SpoolOp::Finish(reply)).await.map_err(|_| gone())?;
+                answer.await.map_err(|_| gone())?
+            }
+            Sink::Inline(writer) => writer.finish(),
+        }
     }
+}
+
+/// A fresh spool file's path for one stream attempt; the nonce keeps an
+/// attempt's file apart from a leftover of an earlier process.
+fn spool_path(shard_dir: &Path, peer: u64, stream_id: u64, attempt: u32) -> PathBuf {
+    let nonce: u32 = rand::random();
+    shard_dir.join(format!(
+        "{SPOOL_FILE_PREFIX}{peer:x}-{stream_id}-{attempt}-{nonce:08x}"
+    ))
 }
 
 /// The writer thread of one stream: appends what the link sends until it

@@ -19,7 +19,7 @@
 //! with no events whenever the shard's revision moves, so the watch stream
 //! can release other shards' events in revision order.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use cairn_mvcc as mvcc;
 use cairn_proto::mvccpb;
@@ -41,18 +41,19 @@ struct Watcher {
     synced: bool,
 }
 
-/// A shard's watchers.
+/// A shard's watchers. The maps that are walked are ordered: watchers are
+/// fed in the same order on every run, so a simulated seed replays exactly.
 #[derive(Default)]
 pub struct ShardWatchers {
-    watchers: HashMap<WatcherKey, Watcher>,
+    watchers: BTreeMap<WatcherKey, Watcher>,
     /// Synced watchers of one key, by that key.
     by_key: HashMap<Vec<u8>, Vec<WatcherKey>>,
     /// Synced watchers of a key range.
-    ranges: HashSet<WatcherKey>,
+    ranges: BTreeSet<WatcherKey>,
     /// Watchers catching up from the store.
-    behind: HashSet<WatcherKey>,
+    behind: BTreeSet<WatcherKey>,
     /// Watchers told how far they were sent at every feed.
-    progress: HashSet<WatcherKey>,
+    progress: BTreeSet<WatcherKey>,
     /// The store revision through which synced watchers have been fed.
     fed_through: i64,
 }
@@ -193,7 +194,7 @@ impl ShardWatchers {
         changes: &[mvcc::Change],
         current: i64,
     ) {
-        let mut out: HashMap<WatcherKey, (Vec<mvccpb::Event>, Vec<i64>)> = HashMap::new();
+        let mut out: BTreeMap<WatcherKey, (Vec<mvccpb::Event>, Vec<i64>)> = BTreeMap::new();
         for c in changes {
             let key = c.kv().key.as_slice();
             // The key's previous value, read once for all the prev_kv

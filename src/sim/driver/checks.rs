@@ -8,9 +8,8 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use bytes::Bytes;
-use tokio::sync::oneshot;
 
-use crate::server::command::{ShardCommand, ShardHash, ShardStatus};
+use crate::server::command::{ShardCommand, ShardHash, ShardStatus, REQUEST_TIMEOUT};
 
 use super::client::{range, range_all, Answer, Call, Op, Unanswered};
 use super::world::World;
@@ -191,28 +190,13 @@ pub fn check_history(calls: &[Call]) -> Result<(), DriverViolation> {
     Ok(())
 }
 
-async fn ask<T>(
-    world: &World,
-    id: u64,
-    make: impl FnOnce(oneshot::Sender<Result<T, crate::server::errors::ApiError>>) -> ShardCommand,
-) -> Result<T, String> {
-    let commands = world
-        .commands(id)
-        .ok_or_else(|| format!("member {id} is not running"))?;
-    let (reply, rx) = oneshot::channel();
-    commands
-        .send(make(reply))
-        .await
-        .map_err(|_| format!("member {id} stopped"))?;
-    match rx.await {
-        Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => Err(format!("member {id}: {e}")),
-        Err(_) => Err(format!("member {id} stopped")),
-    }
-}
-
 pub async fn status(world: &World, id: u64) -> Result<ShardStatus, String> {
-    ask(world, id, |reply| ShardCommand::Status { reply }).await
+    world
+        .ask(id, REQUEST_TIMEOUT * 2, |reply| ShardCommand::Status {
+            reply,
+        })
+        .await
+        .map_err(|e| e.to_string())
 }
 
 /// One change of a key: put to a value, or deleted (None).
@@ -276,12 +260,13 @@ pub async fn check_stores(world: &World, calls: &[Call]) -> Result<Log, DriverVi
     check_order(&log, calls)?;
     let mut hashes: Vec<(u64, ShardHash)> = Vec::new();
     for &id in &ids {
-        let hash = ask(world, id, |reply| ShardCommand::HashKv {
-            revision: 0,
-            reply,
-        })
-        .await
-        .map_err(|e| violation(DriverViolationKind::NoLiveness, e))?;
+        let hash = world
+            .ask(id, REQUEST_TIMEOUT * 2, |reply| ShardCommand::HashKv {
+                revision: 0,
+                reply,
+            })
+            .await
+            .map_err(|e| violation(DriverViolationKind::NoLiveness, e.to_string()))?;
         hashes.push((id, hash));
     }
     let (first_id, first_hash) = &hashes[0];

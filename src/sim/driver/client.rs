@@ -90,6 +90,7 @@ pub async fn run_clients(world: Rc<World>, history: History, until: Instant) {
 /// not running).
 pub async fn call(world: &World, member: u64, op: Op) -> Option<Call> {
     let commands = world.commands(member)?;
+    world.note(|| format!("call {member}: {op:?}"));
     let start = Instant::now();
     let answer = match &op {
         Op::Put { key, value } => {
@@ -123,6 +124,7 @@ pub async fn call(world: &World, member: u64, op: Op) -> Option<Call> {
             Err(Unanswered::Error(e)) => Answer::Failed(e),
         },
     };
+    world.note(|| format!("call {member}: {op:?} answered {answer:?}"));
     Some(Call {
         member,
         op,

@@ -3,16 +3,15 @@
 //! stretch of simulated time, so that a crash can fall between a write and
 //! its sync, as it can on a real disk.
 
-use std::cell::RefCell;
 use std::io;
 use std::path::PathBuf;
-use std::rc::Rc;
+use std::rc::{Rc, Weak};
 use std::time::Duration;
 
 use cairn_wal::crash::CrashStorage;
 use cairn_wal::{AlignedBuf, IoFuture, Storage, StorageFile};
-use rand::rngs::SmallRng;
-use rand::Rng;
+
+use super::world::World;
 
 /// Shortest and longest simulated data sync.
 pub const SYNC_MICROS: std::ops::RangeInclusive<u64> = 50..=2_000;
@@ -20,18 +19,28 @@ pub const SYNC_MICROS: std::ops::RangeInclusive<u64> = 50..=2_000;
 /// [`CrashStorage`] whose syncs sleep first.
 pub struct SlowDisk {
     inner: CrashStorage,
-    rng: Rc<RefCell<SmallRng>>,
+    world: Weak<World>,
+    /// Whose disk it is, for a traced seed's trace.
+    member: u64,
 }
 
 impl SlowDisk {
-    pub fn new(inner: CrashStorage, rng: Rc<RefCell<SmallRng>>) -> SlowDisk {
-        SlowDisk { inner, rng }
+    pub fn new(inner: CrashStorage, world: Weak<World>, member: u64) -> SlowDisk {
+        SlowDisk {
+            inner,
+            world,
+            member,
+        }
     }
 }
 
-/// How long one simulated sync takes.
-fn sync_delay(rng: &RefCell<SmallRng>) -> Duration {
-    Duration::from_micros(rng.borrow_mut().gen_range(SYNC_MICROS))
+/// How long one simulated sync of `what` takes, drawn from the seed (none
+/// once the world is gone).
+fn sync_delay(world: &Weak<World>, member: u64, what: &str) -> Duration {
+    world.upgrade().map_or(Duration::ZERO, |w| {
+        w.note(|| format!("member {member} syncs {what}"));
+        Duration::from_micros(w.gen_range(SYNC_MICROS))
+    })
 }
 
 impl Storage for SlowDisk {
@@ -47,7 +56,9 @@ impl Storage for SlowDisk {
     fn open(&self, name: &str, create: bool) -> io::Result<Rc<dyn StorageFile>> {
         Ok(Rc::new(SlowFile {
             inner: self.inner.open(name, create)?,
-            rng: self.rng.clone(),
+            world: self.world.clone(),
+            member: self.member,
+            name: name.to_string(),
         }))
     }
     fn rename(&self, from: &str, to: &str) -> io::Result<()> {
@@ -57,7 +68,7 @@ impl Storage for SlowDisk {
         self.inner.remove(name)
     }
     fn sync_dir(&self) -> IoFuture<'_, io::Result<()>> {
-        let delay = sync_delay(&self.rng);
+        let delay = sync_delay(&self.world, self.member, "the directory");
         Box::pin(async move {
             tokio::time::sleep(delay).await;
             self.inner.sync_dir().await
@@ -67,7 +78,9 @@ impl Storage for SlowDisk {
 
 struct SlowFile {
     inner: Rc<dyn StorageFile>,
-    rng: Rc<RefCell<SmallRng>>,
+    world: Weak<World>,
+    member: u64,
+    name: String,
 }
 
 impl StorageFile for SlowFile {
@@ -84,7 +97,7 @@ impl StorageFile for SlowFile {
         self.inner.write_at(offset, buf)
     }
     fn sync_data(&self) -> IoFuture<'_, io::Result<()>> {
-        let delay = sync_delay(&self.rng);
+        let delay = sync_delay(&self.world, self.member, &self.name);
         Box::pin(async move {
             tokio::time::sleep(delay).await;
             self.inner.sync_data().await

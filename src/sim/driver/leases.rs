@@ -17,14 +17,13 @@ use std::time::Duration;
 use bytes::Bytes;
 use cairn_proto::cairnpb::shard_request;
 use cairn_proto::etcdserverpb as pb;
-use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::server::command::{ShardCommand, WriteResult, REQUEST_TIMEOUT};
 use crate::server::errors::ApiError;
 
 use super::checks::{violation, DriverViolation, DriverViolationKind as Kind};
-use super::world::World;
+use super::world::{AskError, World};
 
 /// Lease clients at once.
 const CLIENTS: u64 = 4;
@@ -150,33 +149,38 @@ async fn keep_alive(world: &World, leases: &Leases, at: usize, ttl: i64, until: 
     }
 }
 
-/// Sends `request` to a running member's driver; None: no member ran, or
-/// no answer came.
+/// Sends `request` to a running member's driver; None: no member ran.
 async fn write(
     world: &World,
     request: shard_request::Request,
-) -> Option<Result<WriteResult, ApiError>> {
+) -> Option<Result<WriteResult, AskError>> {
     let member = world.pick_up()?;
-    ask(world, member, REQUEST_TIMEOUT * 2, |reply| {
-        ShardCommand::Write { request, reply }
-    })
-    .await
+    Some(
+        world
+            .ask(member, REQUEST_TIMEOUT * 2, |reply| ShardCommand::Write {
+                request,
+                reply,
+            })
+            .await,
+    )
 }
 
-/// A keep-alive through a running member, sent on to the leader it names.
-async fn renew(world: &World, id: i64) -> Option<Result<Option<i64>, ApiError>> {
+/// A keep-alive through a running member, sent on to the leader it names;
+/// None: no member ran.
+async fn renew(world: &World, id: i64) -> Option<Result<Option<i64>, AskError>> {
     let renew = |reply| ShardCommand::LeaseRenew {
         ids: vec![id],
         reply,
     };
     let member = world.pick_up()?;
-    let answer = match ask(world, member, KEEP_ALIVE_WAIT, renew).await {
-        Some(Err(ApiError::NotLeader { leader })) if leader != 0 && world.is_up(leader) => {
-            ask(world, leader, KEEP_ALIVE_WAIT, renew).await
-        }
+    let answer = match world.ask(member, KEEP_ALIVE_WAIT, renew).await {
+        Err(AskError::Refused {
+            error: ApiError::NotLeader { leader },
+            ..
+        }) if leader != 0 && world.is_up(leader) => world.ask(leader, KEEP_ALIVE_WAIT, renew).await,
         other => other,
     };
-    answer.map(|r| r.map(|ttls| ttls.into_iter().next().flatten()))
+    Some(answer.map(|ttls| ttls.into_iter().next().flatten()))
 }
 
 /// Whether a linearizable read through a running member found no `key`.
@@ -188,28 +192,14 @@ async fn read_absent(world: &World, key: &Bytes) -> bool {
         key: key.clone(),
         ..Default::default()
     };
-    let answer = ask(world, member, KEEP_ALIVE_WAIT, |reply| {
-        ShardCommand::Range {
+    let answer = world
+        .ask(member, KEEP_ALIVE_WAIT, |reply| ShardCommand::Range {
             request,
             at: None,
             reply,
-        }
-    })
-    .await;
-    matches!(answer, Some(Ok(r)) if r.kvs.is_empty())
-}
-
-/// Sends member `member` a command and waits up to `wait` for its answer.
-async fn ask<T>(
-    world: &World,
-    member: u64,
-    wait: Duration,
-    make: impl FnOnce(oneshot::Sender<Result<T, ApiError>>) -> ShardCommand,
-) -> Option<Result<T, ApiError>> {
-    let commands = world.commands(member)?;
-    let (reply, rx) = oneshot::channel();
-    commands.try_send(make(reply)).ok()?;
-    tokio::time::timeout(wait, rx).await.ok()?.ok()
+        })
+        .await;
+    matches!(answer, Ok(r) if r.kvs.is_empty())
 }
 
 /// Waits until no member holds a lease, or says which still does `bound`
@@ -218,16 +208,17 @@ pub async fn all_revoked(world: &World, bound: Duration) -> Result<(), DriverVio
     let deadline = Instant::now() + bound;
     for id in world.ids() {
         loop {
-            let held = match ask(world, id, REQUEST_TIMEOUT * 2, |reply| {
-                ShardCommand::LeaseList { reply }
-            })
-            .await
+            let held = match world
+                .ask(id, REQUEST_TIMEOUT * 2, |reply| ShardCommand::LeaseList {
+                    reply,
+                })
+                .await
             {
-                Some(Ok(ids)) => ids,
-                other => {
+                Ok(ids) => ids,
+                Err(e) => {
                     return Err(violation(
                         Kind::NoLiveness,
-                        format!("member {id} did not list its leases: {other:?}"),
+                        format!("member {id} did not list its leases: {e}"),
                     ))
                 }
             };

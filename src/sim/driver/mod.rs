@@ -39,9 +39,10 @@
 //!   often finds its next entries gone and catches up by snapshot. The
 //!   leader streams its store through the driver's own snapshot sender; the
 //!   receiver spools it to a file in its shard's directory, as the peer
-//!   transport's receiving side does, and installs it (store built beside
-//!   the old one, directories swapped) on the blocking pool. A stream ends
-//!   when its link is cut or its receiver crashes.
+//!   transport's receiving side does (writing on the simulation's thread,
+//!   not a writer thread of its own), and installs it (store built beside
+//!   the old one, directories swapped) in jobs off the driver. A stream
+//!   ends when its link is cut or its receiver crashes.
 //! - Membership changes (see [`membership`]): a spare member is added as
 //!   a learner, started empty and promoted; later a member, the leader as
 //!   likely as any, is removed and stopped for good. Each change is retried
@@ -53,9 +54,13 @@
 //!   [`figure8`]): rounds of cuts that leave an old leader able to commit an
 //!   entry of an earlier term only by counting replicas, which a correct
 //!   core never does.
-//! - A crash aborts the driver; the jobs it left on the blocking pool
-//!   (installs, snapshot metadata writes) finish before the member
-//!   restarts, as if the crash came just after them.
+//! - The driver's jobs off its core (installs, snapshot metadata writes),
+//!   which the daemon runs on the blocking pool, are tasks of the
+//!   simulation's thread that start after a seeded wait of up to 10 ms
+//!   ([`OffCoreJobs::simulated`](crate::server::shard::OffCoreJobs::simulated)):
+//!   the driver goes on meanwhile, as in the daemon. A crash aborts the
+//!   driver; the jobs it left finish before the member restarts, as if the
+//!   crash came just after them.
 //! - Then the faults stop, every member runs, the membership change under
 //!   way (if any) takes effect within [`LIVENESS_BOUND`], and then a put
 //!   must be acknowledged and applied everywhere within [`LIVENESS_BOUND`].
@@ -88,13 +93,25 @@
 //!   from the sender's store to the receiver's spool.
 //! - The store's own power cuts (its syncs go to real files), and its
 //!   commits left to a sync thread that falls behind.
-//! - Replays are seeded but not exact: the driver keeps some queues in hash
-//!   maps, and installs run on the blocking pool.
+//!
+//! # Replays
+//! A seed replays exactly ([`run_seed_alone`]: each seed on a runtime of
+//! its own, whose timers count from its start): everything runs on one
+//! thread under the paused clock, every choice comes from the seed, the
+//! driver walks ordered maps only, its `select!`s are biased (tokio draws an
+//! unbiased one's order from a seed of its own), the WAL paces itself by
+//! tokio's clock, and the jobs the daemon runs on threads (installs, spool
+//! writes, store syncs) run on the simulation's thread. The store's files
+//! are real but hold the same bytes every run. `--replay-check` runs each
+//! seed twice and shows where two runs part: a digest of every message sent
+//! (with when) is compared, and a trace of messages, draws from the seed,
+//! client calls, syncs, starts and crashes locates the first difference.
 //!
 //! # Running
 //! [`run_seed`] must run inside a `LocalSet` on a current-thread runtime
 //! started with its clock paused (tokio's `test-util`, which test and
-//! example builds have); it refuses a clock that runs.
+//! example builds have); it refuses a clock that runs. [`run_seed_alone`]
+//! and [`run_seeds`] build that runtime themselves.
 
 mod checks;
 mod client;
@@ -151,6 +168,8 @@ pub struct DriverSimConfig {
     pub seed: u64,
     /// A Raft safety rule switched off in every member's core.
     pub mutation: Option<SafetyMutation>,
+    /// Keep a line per message sent, to compare two runs of the seed.
+    pub trace: bool,
 }
 
 impl DriverSimConfig {
@@ -159,6 +178,7 @@ impl DriverSimConfig {
             members,
             seed,
             mutation: None,
+            trace: false,
         }
     }
 
@@ -244,6 +264,12 @@ pub struct DriverSimOutcome {
     pub members: usize,
     pub stats: DriverSimStats,
     pub violation: Option<DriverViolation>,
+    /// A digest of every message the members sent, in order, with when:
+    /// two runs of one seed that agree on it took the same course.
+    pub wire_digest: u64,
+    pub messages_sent: u64,
+    /// One line per message sent, when the config asked for a trace.
+    pub trace: Vec<String>,
 }
 
 impl std::fmt::Display for DriverSimOutcome {
@@ -287,7 +313,11 @@ pub async fn run_seed(cfg: &DriverSimConfig) -> Result<DriverSimOutcome, DriverS
     } else {
         REAL_TIME_BUDGET
     };
+    // Biased, as every `select!` the simulation runs through: tokio draws
+    // an unbiased one's order from a seed of its own, and a replay would
+    // then take another course.
     let result = tokio::select! {
+        biased;
         r = run_world(&world, &mut stats) => r,
         v = real_time_budget(real, began, budget) => Err(v),
     };
@@ -314,11 +344,15 @@ pub async fn run_seed(cfg: &DriverSimConfig) -> Result<DriverSimOutcome, DriverS
     stats.transfers = world.transfers.get();
     stats.snapshots_started = world.snapshots_started.get();
     stats.snapshots_delivered = world.snapshots_delivered.get();
+    let mut wire = world.wire();
     Ok(DriverSimOutcome {
         seed: cfg.seed,
         members: cfg.members,
         stats,
         violation,
+        wire_digest: wire.digest(),
+        messages_sent: wire.sent(),
+        trace: wire.take_lines(),
     })
 }
 
@@ -520,9 +554,23 @@ async fn liveness(world: &Rc<World>) -> Result<u64, DriverViolation> {
     Ok(term)
 }
 
-/// Runs seeds `first..first + count` of `members` members, stopping at the
-/// first violation (under a mutation, the first consensus-safety one).
-pub async fn run_seeds(
+/// Runs one seed on a runtime of its own: a fresh current-thread runtime
+/// with its clock paused, so that the seed's timers fall as they do in any
+/// other run of it, whatever ran before (a runtime's timers count whole
+/// milliseconds from its start). A seed run this way replays exactly.
+pub fn run_seed_alone(cfg: &DriverSimConfig) -> Result<DriverSimOutcome, DriverSimError> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .map_err(|e| DriverSimError::Setup(format!("building a runtime: {e}")))?;
+    runtime.block_on(tokio::task::LocalSet::new().run_until(run_seed(cfg)))
+}
+
+/// Runs seeds `first..first + count` of `members` members, each on a runtime
+/// of its own ([`run_seed_alone`]), stopping at the first violation (under
+/// a mutation, the first consensus-safety one).
+pub fn run_seeds(
     members: usize,
     first: u64,
     count: u64,
@@ -532,7 +580,7 @@ pub async fn run_seeds(
     for seed in first..first + count {
         let mut cfg = DriverSimConfig::new(members, seed);
         cfg.mutation = mutation;
-        let out = run_seed(&cfg).await?;
+        let out = run_seed_alone(&cfg)?;
         stats.add(&out.stats);
         let stop = out
             .violation

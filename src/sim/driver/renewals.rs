@@ -11,29 +11,30 @@ use std::time::Duration;
 
 use cairn_proto::cairnpb::shard_request;
 use cairn_proto::etcdserverpb::LeaseGrantRequest;
-use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use super::world::World;
+use super::world::{AskError, World};
 use super::DriverSimConfig;
 use crate::server::command::{Reply, ShardCommand, WriteResult, REQUEST_TIMEOUT};
 use crate::server::errors::ApiError;
 
 /// Sends member `id` a command and waits for its answer.
+async fn renew(world: &World, id: u64, ids: &[i64]) -> Result<Vec<Option<i64>>, ApiError> {
+    let ids = ids.to_vec();
+    ask(world, id, |reply| ShardCommand::LeaseRenew { ids, reply }).await
+}
+
+/// Asks a running member's driver, which answers or refuses.
 async fn ask<T>(
     world: &World,
     id: u64,
     make: impl FnOnce(Reply<T>) -> ShardCommand,
 ) -> Result<T, ApiError> {
-    let commands = world.commands(id).expect("the member runs");
-    let (reply, answer) = oneshot::channel();
-    commands.send(make(reply)).await.expect("the driver runs");
-    answer.await.expect("the driver answers")
-}
-
-async fn renew(world: &World, id: u64, ids: &[i64]) -> Result<Vec<Option<i64>>, ApiError> {
-    let ids = ids.to_vec();
-    ask(world, id, |reply| ShardCommand::LeaseRenew { ids, reply }).await
+    match world.ask(id, REQUEST_TIMEOUT, make).await {
+        Ok(v) => Ok(v),
+        Err(AskError::Refused { error, .. }) => Err(error),
+        Err(e) => panic!("{e}"),
+    }
 }
 
 /// The member every member sees leading, once they agree.

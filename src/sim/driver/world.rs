@@ -12,18 +12,21 @@ use std::time::Duration;
 use cairn_wal::crash::CrashStorage;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 use crate::member_file::{Member as FileMember, MemberFile, LAYOUT_VERSION};
 use crate::raft;
 use crate::routing::ShardId;
-use crate::server::command::ShardCommand;
+use crate::server::command::{Reply, ShardCommand};
+use crate::server::errors::ApiError;
 use crate::server::members::MemberRegistry;
 use crate::server::shard::{
     OffCoreJobs, PeerSender, Shard, ShardInbound, ShardSetup, SnapshotTransfer, StreamSpool,
 };
 use crate::server::shard_inbox::CommandInbox;
+use crate::sim::member::fnv1a;
 
 use super::checks::{driver_stopped, DriverViolation};
 use super::disk::SlowDisk;
@@ -43,6 +46,9 @@ pub const MAX_DELAY: Duration = Duration::from_millis(5);
 const INBOUND_QUEUE: usize = 4_096;
 /// Commands a member's command queue holds.
 const COMMAND_QUEUE: usize = 1_024;
+/// Longest a job the driver hands off the core (a snapshot install's step,
+/// a snapshot's metadata write) takes.
+const OFF_CORE_JOB_LONGEST: Duration = Duration::from_millis(10);
 /// Bytes a simulated snapshot stream hands over per step.
 const STREAM_CHUNK_BYTES: usize = 64 << 10;
 
@@ -67,7 +73,7 @@ struct Running {
     task: JoinHandle<()>,
     inbound: mpsc::Sender<ShardInbound>,
     commands: mpsc::Sender<ShardCommand>,
-    /// The driver's jobs on the blocking pool, which outlive an aborted task.
+    /// The driver's jobs off its core, which outlive an aborted task.
     jobs: OffCoreJobs,
     _shutdown: watch::Sender<bool>,
 }
@@ -76,7 +82,7 @@ struct Running {
 /// and the members.
 pub struct World {
     cfg: DriverSimConfig,
-    pub rng: Rc<RefCell<SmallRng>>,
+    rng: RefCell<SmallRng>,
     pub members: RefCell<Vec<Member>>,
     /// Directed links that drop everything sent over them.
     cut: RefCell<BTreeSet<(u64, u64)>>,
@@ -112,7 +118,86 @@ pub struct World {
     failure: RefCell<Option<DriverViolation>>,
     /// The seed is over: nothing starts any more.
     over: Cell<bool>,
+    /// Every message the members sent, in order, as a digest (and as lines
+    /// when the seed is traced): what a replay of the seed must repeat.
+    wire: RefCell<WireTrace>,
     _root: tempfile::TempDir,
+}
+
+/// The messages a seed's members sent, in the order they sent them.
+#[derive(Default)]
+pub struct WireTrace {
+    began: Option<Instant>,
+    digest: u64,
+    sent: u64,
+    /// One line per message, kept only for a traced seed.
+    lines: Option<Vec<String>>,
+}
+
+impl WireTrace {
+    fn record(&mut self, from: u64, msg: &raft::Message) {
+        let at = self.began.map_or(0, |b| b.elapsed().as_micros() as u64);
+        let fields = [
+            at,
+            from,
+            msg.to,
+            msg.msg_type as u64,
+            msg.term,
+            msg.index,
+            msg.log_term,
+            msg.commit,
+            msg.entries.len() as u64,
+            u64::from(msg.reject),
+        ];
+        let mut h = self.digest;
+        for f in fields {
+            h = fnv1a(h, &f.to_le_bytes());
+        }
+        self.digest = h;
+        self.sent += 1;
+        if let Some(lines) = &mut self.lines {
+            lines.push(format!(
+                "{at:>10}us {from}->{} {:?} term={} index={} log_term={} commit={} entries={} reject={}",
+                msg.to,
+                msg.msg_type(),
+                msg.term,
+                msg.index,
+                msg.log_term,
+                msg.commit,
+                msg.entries.len(),
+                msg.reject
+            ));
+        }
+    }
+
+    /// A draw from the seed's generator, in a traced seed: where the two
+    /// runs of a seed first draw apart shows what took another course.
+    fn draw(&mut self, at: &std::panic::Location<'_>) {
+        if let Some(lines) = &mut self.lines {
+            let when = self.began.map_or(0, |b| b.elapsed().as_micros() as u64);
+            lines.push(format!("{when:>10}us draw at {}:{}", at.file(), at.line()));
+        }
+    }
+
+    fn note(&mut self, what: impl FnOnce() -> String) {
+        if let Some(lines) = &mut self.lines {
+            let when = self.began.map_or(0, |b| b.elapsed().as_micros() as u64);
+            lines.push(format!("{when:>10}us {}", what()));
+        }
+    }
+
+    /// The digest of every message sent so far.
+    pub fn digest(&self) -> u64 {
+        self.digest
+    }
+
+    pub fn sent(&self) -> u64 {
+        self.sent
+    }
+
+    pub fn take_lines(&mut self) -> Vec<String> {
+        self.lines.take().unwrap_or_default()
+    }
 }
 
 impl World {
@@ -149,7 +234,7 @@ impl World {
         let figure8_script = (figure8 && rng.gen_bool(0.5)).then(Rc::default);
         Ok(Rc::new(World {
             cfg: cfg.clone(),
-            rng: Rc::new(RefCell::new(rng)),
+            rng: RefCell::new(rng),
             members: RefCell::new(members),
             cut: RefCell::new(BTreeSet::new()),
             drop_per_mille: Cell::new(0),
@@ -169,6 +254,11 @@ impl World {
             logs: LogWatch::default(),
             failure: RefCell::new(None),
             over: Cell::new(false),
+            wire: RefCell::new(WireTrace {
+                began: Some(Instant::now()),
+                lines: cfg.trace.then(Vec::new),
+                ..WireTrace::default()
+            }),
             _root: root,
         }))
     }
@@ -232,16 +322,45 @@ impl World {
         (!up.is_empty()).then(|| up[self.gen_range(0..up.len())])
     }
 
+    #[track_caller]
     pub fn gen_range<T, R>(&self, range: R) -> T
     where
         T: rand::distributions::uniform::SampleUniform,
         R: rand::distributions::uniform::SampleRange<T>,
     {
+        self.wire.borrow_mut().draw(std::panic::Location::caller());
         self.rng.borrow_mut().gen_range(range)
     }
 
+    #[track_caller]
     pub fn chance(&self, per_mille: u32) -> bool {
         self.gen_range(0..1000) < per_mille
+    }
+
+    /// Sends member `id`'s driver a command and waits at most `wait` (room
+    /// in its queue included) for the answer.
+    pub async fn ask<T>(
+        &self,
+        id: u64,
+        wait: Duration,
+        make: impl FnOnce(Reply<T>) -> ShardCommand,
+    ) -> Result<T, AskError> {
+        let commands = self.commands(id).ok_or(AskError::NotRunning { id })?;
+        let (reply, answer) = oneshot::channel();
+        let asked = async {
+            commands
+                .send(make(reply))
+                .await
+                .map_err(|_| AskError::Stopped { id })?;
+            match answer.await {
+                Ok(Ok(v)) => Ok(v),
+                Ok(Err(error)) => Err(AskError::Refused { id, error }),
+                Err(_) => Err(AskError::Stopped { id }),
+            }
+        };
+        tokio::time::timeout(wait, asked)
+            .await
+            .unwrap_or(Err(AskError::TimedOut { id, wait }))
     }
 
     /// The queue of `id`'s commands, while it runs.
@@ -274,6 +393,16 @@ impl World {
 
     pub fn note_failure(&self, v: DriverViolation) {
         self.failure.borrow_mut().get_or_insert(v);
+    }
+
+    /// Adds a line to a traced seed's trace.
+    pub fn note(&self, what: impl FnOnce() -> String) {
+        self.wire.borrow_mut().note(what);
+    }
+
+    /// The messages sent so far.
+    pub fn wire(&self) -> std::cell::RefMut<'_, WireTrace> {
+        self.wire.borrow_mut()
     }
 
     pub fn take_failure(&self) -> Option<DriverViolation> {
@@ -340,7 +469,7 @@ impl World {
             m.incarnation += 1;
             (m.dir.clone(), m.disk.clone(), m.incarnation)
         };
-        let storage = Rc::new(SlowDisk::new(disk, self.rng.clone()));
+        let storage = Rc::new(SlowDisk::new(disk, Rc::downgrade(self), id));
         let (wal, mut recovered) = cairn_wal::Wal::open_with_storage(wal_config(&dir), storage)
             .await
             .map_err(|e| format!("member {id}: the WAL does not open: {e}"))?;
@@ -350,7 +479,12 @@ impl World {
         let (commands_tx, commands_rx) = mpsc::channel(COMMAND_QUEUE);
         let (inbound_tx, inbound_rx) = mpsc::channel(INBOUND_QUEUE);
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
-        let jobs = OffCoreJobs::default();
+        // Jobs run on this thread after a seeded wait, so that a seed
+        // replays exactly.
+        let jobs = OffCoreJobs::simulated(
+            self.cfg.seed ^ (id << 48) ^ (incarnation << 40) ^ 0x6a6f_6273,
+            OFF_CORE_JOB_LONGEST,
+        );
         let mut setup = ShardSetup {
             shard: 0,
             member_id: id,
@@ -389,6 +523,7 @@ impl World {
             #[cfg(feature = "raft-mutations")]
             mutation: self.cfg.mutation,
         };
+        self.note(|| format!("member {id} starts (incarnation {incarnation})"));
         let shard =
             Shard::open(&mut setup).map_err(|e| format!("member {id} does not restart: {e}"))?;
         let task = tokio::task::spawn_local(shard.run(setup));
@@ -436,10 +571,11 @@ impl World {
             m.disk = after;
             running
         };
+        self.note(|| format!("member {id} crashes"));
         running.task.abort();
         // The driver (and its store) is gone before anything restarts.
         let ended = running.task.await;
-        // So are its jobs on the blocking pool, which a dead process would
+        // So are its jobs off the core, which a dead process would
         // have taken with it: the crash is then just after the last of them.
         // The tasks it aborted on its way out (snapshot sends reading its
         // store) end once the scheduler has run them, so it runs once more.
@@ -491,6 +627,7 @@ impl World {
     /// Carries `msg` from `from` to its member, or loses it.
     fn send(self: &Rc<Self>, from: u64, mut msg: raft::Message) -> bool {
         let to = msg.to;
+        self.wire.borrow_mut().record(from, &msg);
         if let Err(v) = self.leaders.check(&msg) {
             self.note_failure(v);
         }
@@ -572,8 +709,8 @@ impl World {
         self.snapshots_started.set(self.snapshots_started.get() + 1);
         let stream_id = self.next_stream.get();
         self.next_stream.set(stream_id + 1);
-        let mut spool =
-            StreamSpool::start(&dir, shard, from, stream_id, 1, u64::MAX).map_err(|_| closed())?;
+        let mut spool = StreamSpool::start_inline(&dir, shard, from, stream_id, 1, u64::MAX)
+            .map_err(|_| closed())?;
         let same_receiver = |world: &World| {
             !world.cut.borrow().contains(&(from, to))
                 && world.incarnation(to).is_some_and(|(i, _)| i == incarnation)
@@ -626,6 +763,19 @@ impl World {
             self.delivered.set(self.delivered.get() + 1);
         }
     }
+}
+
+/// Why a member's driver did not answer a command.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum AskError {
+    #[error("member {id} is not running")]
+    NotRunning { id: u64 },
+    #[error("member {id} stopped before it answered")]
+    Stopped { id: u64 },
+    #[error("member {id} did not answer within {wait:?}")]
+    TimedOut { id: u64, wait: Duration },
+    #[error("member {id}: {error}")]
+    Refused { id: u64, error: ApiError },
 }
 
 /// A member's turn to be started or stopped.

@@ -5,7 +5,7 @@
 use std::io;
 use std::path::PathBuf;
 use std::rc::Rc;
-use std::time::Instant;
+use tokio::time::Instant;
 
 use tracing::{debug, error, info};
 

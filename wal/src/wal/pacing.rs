@@ -17,7 +17,8 @@
 //! bytes twice over. What remains is the bandwidth: `wal/BENCHMARKS.md` has
 //! its cost to one writer.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use super::State;
 use crate::config::Config;

@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::rc::Rc;
-use std::time::Instant;
+use tokio::time::Instant;
 
 use bytes::Bytes;
 use tracing::{debug, info, warn};

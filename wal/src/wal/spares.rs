@@ -5,7 +5,7 @@
 
 use std::io;
 use std::rc::Rc;
-use std::time::Instant;
+use tokio::time::Instant;
 
 use tracing::{debug, warn};
 
