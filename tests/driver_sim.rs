@@ -70,6 +70,7 @@ fn suite(members: usize, seeds: u64) {
     assert!(stats.watch_events > 300 * seeds, "{stats:#?}");
     // Leases were kept alive, and some ran out under the faults.
     assert!(stats.lease_renewals > seeds, "{stats:#?}");
+    assert!(stats.lease_renewals_together > seeds, "{stats:#?}");
     assert!(stats.leases_seen_gone > 0, "{stats:#?}");
 }
 

@@ -1,8 +1,9 @@
-//! Simulated lease clients: each grants a lease of one or two seconds,
-//! attaches a key to it, and keeps it alive through running members (a
-//! member that does not lead says who does, and the keep-alive goes there,
-//! as the API layer forwards it), reading the key now and then; now and then
-//! it stops keeping the lease alive and starts another.
+//! Simulated lease clients: each grants one to three leases of one or two
+//! seconds, attaches a key to each, and keeps them alive together through
+//! running members, one renewal naming them all (a member that does not
+//! lead says who does, and the renewal goes there, as a follower's
+//! gathered keep-alives do), reading a key now and then; now and then it
+//! stops keeping its leases alive and starts others.
 //!
 //! What they saw is checked ([`check`]): a lease is never gone (its key
 //! deleted, or a keep-alive told it does not exist) before the TTL of a
@@ -27,6 +28,8 @@ use super::world::{AskError, World};
 
 /// Lease clients at once.
 const CLIENTS: u64 = 4;
+/// Most leases a client keeps alive together.
+const MAX_HELD: usize = 3;
 /// How long a client waits for a keep-alive or a read of its key, as an
 /// etcd client's keep-alive gives up well within the TTL.
 const KEEP_ALIVE_WAIT: Duration = Duration::from_millis(500);
@@ -53,6 +56,8 @@ pub struct Answered {
     /// When it was sent: the TTL runs from a moment after this.
     pub sent: Instant,
     pub ttl_secs: i64,
+    /// Leases the grant or renewal named (a grant names one).
+    pub named: usize,
 }
 
 impl Answered {
@@ -81,71 +86,99 @@ pub async fn run(world: Rc<World>, leases: Leases, until: Instant) {
 async fn client(world: Rc<World>, leases: Leases, n: u64, until: Instant) {
     let mut made = 0i64;
     while Instant::now() < until {
-        made += 1;
-        let id = ((n as i64 + 1) << 32) | made;
-        let ttl = world.gen_range(MIN_TTL_SECS..=MAX_TTL_SECS);
-        let key = Bytes::from(format!("lease{id}"));
-        let sent = Instant::now();
-        let grant = shard_request::Request::LeaseGrant(pb::LeaseGrantRequest { ttl, id });
-        if !matches!(write(&world, grant).await, Some(Ok(_))) {
-            // Maybe granted, maybe not: it ends by itself either way.
-            tokio::time::sleep(Duration::from_millis(world.gen_range(10..100))).await;
-            continue;
+        // Granted one by one; a grant that fails ends the group.
+        let want = world.gen_range(1..=MAX_HELD);
+        let mut held = Vec::new();
+        let mut shortest_ttl = MAX_TTL_SECS;
+        while held.len() < want && Instant::now() < until {
+            made += 1;
+            let id = ((n as i64 + 1) << 32) | made;
+            let Some((at, ttl)) = grant(&world, &leases, id).await else {
+                break;
+            };
+            held.push(at);
+            shortest_ttl = shortest_ttl.min(ttl);
         }
-        let put = shard_request::Request::Put(pb::PutRequest {
-            key: key.clone(),
-            value: key.clone(),
-            lease: id,
-            ..Default::default()
-        });
-        if !matches!(write(&world, put).await, Some(Ok(WriteResult::Put(_)))) {
-            continue;
+        if !held.is_empty() {
+            keep_alive(&world, &leases, held, shortest_ttl, until).await;
         }
-        let at = {
-            let mut all = leases.borrow_mut();
-            all.push(Lease {
-                id,
-                key: key.clone(),
-                alive: vec![Answered {
-                    sent,
-                    ttl_secs: ttl,
-                }],
-                gone: None,
-            });
-            all.len() - 1
-        };
-        keep_alive(&world, &leases, at, ttl, until).await;
     }
 }
 
-/// Keeps lease `at` alive until `until`, or until it is seen gone or the
-/// client lets it go.
-async fn keep_alive(world: &World, leases: &Leases, at: usize, ttl: i64, until: Instant) {
-    let (id, key) = {
-        let l = &leases.borrow()[at];
-        (l.id, l.key.clone())
-    };
+/// Grants lease `id` and attaches a key to it; its place in the log and its
+/// TTL, or None when either failed.
+async fn grant(world: &World, leases: &Leases, id: i64) -> Option<(usize, i64)> {
+    let ttl = world.gen_range(MIN_TTL_SECS..=MAX_TTL_SECS);
+    let key = Bytes::from(format!("lease{id}"));
+    let sent = Instant::now();
+    let grant = shard_request::Request::LeaseGrant(pb::LeaseGrantRequest { ttl, id });
+    if !matches!(write(world, grant).await, Some(Ok(_))) {
+        // Maybe granted, maybe not: it ends by itself either way.
+        tokio::time::sleep(Duration::from_millis(world.gen_range(10..100))).await;
+        return None;
+    }
+    let put = shard_request::Request::Put(pb::PutRequest {
+        key: key.clone(),
+        value: key.clone(),
+        lease: id,
+        ..Default::default()
+    });
+    if !matches!(write(world, put).await, Some(Ok(WriteResult::Put(_)))) {
+        return None;
+    }
+    let mut all = leases.borrow_mut();
+    all.push(Lease {
+        id,
+        key,
+        alive: vec![Answered {
+            sent,
+            ttl_secs: ttl,
+            named: 1,
+        }],
+        gone: None,
+    });
+    Some((all.len() - 1, ttl))
+}
+
+/// Keeps the leases at `held` alive together, within the shortest of their
+/// TTLs, until `until`, until each is seen gone, or until the client lets
+/// them go.
+async fn keep_alive(
+    world: &World,
+    leases: &Leases,
+    mut held: Vec<usize>,
+    ttl: i64,
+    until: Instant,
+) {
     let period_ms = ttl as u64 * 1000;
-    while Instant::now() < until && !world.chance(50) {
+    while Instant::now() < until && !held.is_empty() && !world.chance(50) {
         tokio::time::sleep(Duration::from_millis(
             world.gen_range(period_ms / 5..period_ms * 9 / 10),
         ))
         .await;
+        let ids: Vec<i64> = held.iter().map(|&at| leases.borrow()[at].id).collect();
         let sent = Instant::now();
-        match renew(world, id).await {
-            Some(Ok(Some(ttl_secs))) => leases.borrow_mut()[at]
-                .alive
-                .push(Answered { sent, ttl_secs }),
-            Some(Ok(None)) => {
-                leases.borrow_mut()[at].gone = Some((Instant::now(), "a keep-alive"));
-                return;
+        if let Some(Ok(ttls)) = renew(world, &ids).await {
+            let mut all = leases.borrow_mut();
+            for (&at, ttl) in held.iter().zip(ttls) {
+                match ttl {
+                    Some(ttl_secs) => all[at].alive.push(Answered {
+                        sent,
+                        ttl_secs,
+                        named: ids.len(),
+                    }),
+                    None => all[at].gone = Some((Instant::now(), "a keep-alive")),
+                }
             }
-            _ => {}
         }
-        if world.chance(500) && read_absent(world, &key).await {
-            leases.borrow_mut()[at].gone = Some((Instant::now(), "a read of its key"));
-            return;
+        if world.chance(500) && !held.is_empty() {
+            let at = held[world.gen_range(0..held.len())];
+            let key = leases.borrow()[at].key.clone();
+            if read_absent(world, &key).await {
+                leases.borrow_mut()[at].gone = Some((Instant::now(), "a read of its key"));
+            }
         }
+        held.retain(|&at| leases.borrow()[at].gone.is_none());
     }
 }
 
@@ -165,11 +198,12 @@ async fn write(
     )
 }
 
-/// A keep-alive through a running member, sent on to the leader it names;
-/// None: no member ran.
-async fn renew(world: &World, id: i64) -> Option<Result<Option<i64>, AskError>> {
+/// A renewal of the leases `ids` through a running member, sent on to the
+/// leader it names: each lease's TTL in order, None for one the leader
+/// lacks. None: no member ran.
+async fn renew(world: &World, ids: &[i64]) -> Option<Result<Vec<Option<i64>>, AskError>> {
     let renew = |reply| ShardCommand::LeaseRenew {
-        ids: vec![id],
+        ids: ids.to_vec(),
         reply,
     };
     let member = world.pick_up()?;
@@ -180,7 +214,7 @@ async fn renew(world: &World, id: i64) -> Option<Result<Option<i64>, AskError>> 
         }) if leader != 0 && world.is_up(leader) => world.ask(leader, KEEP_ALIVE_WAIT, renew).await,
         other => other,
     };
-    Some(answer.map(|ttls| ttls.into_iter().next().flatten()))
+    Some(answer)
 }
 
 /// Whether a linearizable read through a running member found no `key`.

@@ -30,10 +30,11 @@
 //!   another from where they stopped when it crashes or is removed, or now
 //!   and then by themselves; one reads slowly, so its driver moves it to
 //!   catch-up from the store.
-//! - Leases (see [`leases`]): four clients grant leases of 1-2 s with a key
-//!   each and keep them alive through any running member (sent on to the
-//!   leader it names), reading the key now and then, and let them go now
-//!   and then; the leader revokes what expires.
+//! - Leases (see [`leases`]): four clients grant one to three leases of 1-2
+//!   s with a key each and keep them alive together, one renewal naming
+//!   them all, through any running member (sent on to the leader it names),
+//!   reading a key now and then, and let them go now and then; the leader
+//!   revokes what expires.
 //! - Log compaction: most seeds compact every 4-100 entries
 //!   (`--snapshot-count`), so a member back from a crash or a partition
 //!   often finds its next entries gone and catches up by snapshot. The
@@ -211,6 +212,8 @@ pub struct DriverSimStats {
     pub leases: u64,
     pub lease_renewals: u64,
     pub leases_seen_gone: u64,
+    /// Keep-alives answered by a renewal that named several leases.
+    pub lease_renewals_together: u64,
     pub crashes: u64,
     pub partitions: u64,
     /// Leader transfers a leader started.
@@ -241,6 +244,7 @@ impl DriverSimStats {
         self.leases += o.leases;
         self.lease_renewals += o.lease_renewals;
         self.leases_seen_gone += o.leases_seen_gone;
+        self.lease_renewals_together += o.lease_renewals_together;
         self.crashes += o.crashes;
         self.partitions += o.partitions;
         self.transfers += o.transfers;
@@ -458,6 +462,11 @@ async fn run_world(world: &Rc<World>, stats: &mut DriverSimStats) -> Result<(), 
     let lease_log = lease_log.borrow();
     stats.leases = lease_log.len() as u64;
     stats.lease_renewals = lease_log.iter().map(|l| l.alive.len() as u64 - 1).sum();
+    stats.lease_renewals_together = lease_log
+        .iter()
+        .flat_map(|l| &l.alive)
+        .filter(|a| a.named > 1)
+        .count() as u64;
     stats.leases_seen_gone = lease_log.iter().filter(|l| l.gone.is_some()).count() as u64;
     leases::check(&lease_log)
 }
