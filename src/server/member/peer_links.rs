@@ -14,7 +14,9 @@ use tokio::sync::mpsc;
 use crate::raft;
 use crate::routing::ShardId;
 use crate::server::member::data_dir::shard_dir;
-use crate::server::shard::{PeerSender, ShardInbound, SnapshotTransfer, SpoolError, StreamSpool};
+use crate::server::shard::{
+    PeerSender, ShardInbound, SnapshotTransfer, SpoolError, SpoolWriterThread, StreamSpool,
+};
 
 /// Largest snapshot stream a member accepts, checked as its bytes arrive. A
 /// snapshot is spooled to a file as it arrives, so this bounds disk, not memory.
@@ -177,6 +179,7 @@ pub(super) async fn forward_inbound(
                     stream_id,
                     attempt,
                     MAX_SNAPSHOT_STREAM_BYTES,
+                    SpoolWriterThread::Own,
                 ) {
                     Ok(spool) => {
                         streams.insert(stream_id, spool);

@@ -104,7 +104,7 @@ use proposals::HeldWrite;
 use reads::{read_context_counter, PendingPoint, PendingRead, PendingRenewal, ReadRound};
 pub(crate) use snapshots::write_snapshot_meta;
 use snapshots::{apply_pending_table, read_snapshot_meta, IncomingSnapshot};
-pub use spool::{SpoolError, SpooledSnapshot, StreamSpool};
+pub use spool::{SpoolError, SpoolWriterThread, SpooledSnapshot, StreamSpool};
 
 /// Committed entry bytes applied per turn at most (and per Ready): a turn that
 /// reaches it yields, and the next turn goes on where it stopped. At the

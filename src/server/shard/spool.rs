@@ -319,6 +319,17 @@ pub struct StreamSpool {
     limit_bytes: u64,
 }
 
+/// Which thread writes a stream's spool file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpoolWriterThread {
+    /// A thread of the stream's own, so that the peer link never waits for
+    /// the disk: the daemon's.
+    Own,
+    /// The thread that appends, before each append returns: the
+    /// simulation's, whose clock cannot see another thread.
+    Caller,
+}
+
 /// Where a stream's bytes go.
 enum Sink {
     /// To the stream's writer thread.
@@ -331,6 +342,7 @@ enum Sink {
 impl StreamSpool {
     /// Starts spooling attempt `attempt` of stream `stream_id` from member
     /// `peer` into `shard_dir`; the stream may carry at most `limit_bytes`.
+    /// `writer` says which thread writes the file.
     pub fn start(
         shard_dir: &Path,
         shard: ShardId,
@@ -338,44 +350,29 @@ impl StreamSpool {
         stream_id: u64,
         attempt: u32,
         limit_bytes: u64,
+        writer: SpoolWriterThread,
     ) -> Result<StreamSpool, SpoolError> {
         let path = spool_path(shard_dir, peer, stream_id, attempt);
-        let (tx, rx) = mpsc::channel(SPOOL_QUEUE_CHUNKS);
-        let writer_path = path.clone();
-        std::thread::Builder::new()
-            .name(format!("snapshot-spool-{shard}"))
-            .spawn(move || write_spool(shard, peer, writer_path, rx))
-            .map_err(|source| SpoolError::Io {
-                op: "starting the writer thread of",
-                path: path.clone(),
-                source,
-            })?;
+        let sink = match writer {
+            SpoolWriterThread::Own => {
+                let (tx, rx) = mpsc::channel(SPOOL_QUEUE_CHUNKS);
+                let writer_path = path.clone();
+                std::thread::Builder::new()
+                    .name(format!("snapshot-spool-{shard}"))
+                    .spawn(move || write_spool(shard, peer, writer_path, rx))
+                    .map_err(|source| SpoolError::Io {
+                        op: "starting the writer thread of",
+                        path: path.clone(),
+                        source,
+                    })?;
+                Sink::Thread(tx)
+            }
+            SpoolWriterThread::Caller => Sink::Inline(SpoolWriter::create(path.clone())?),
+        };
         Ok(StreamSpool {
             shard,
             path,
-            sink: Sink::Thread(tx),
-            received_bytes: 0,
-            limit_bytes,
-        })
-    }
-
-    /// [`StreamSpool::start`] writing on the caller's thread, for the
-    /// simulation: each append and the finish write (and sync) before they
-    /// return.
-    pub fn start_inline(
-        shard_dir: &Path,
-        shard: ShardId,
-        peer: u64,
-        stream_id: u64,
-        attempt: u32,
-        limit_bytes: u64,
-    ) -> Result<StreamSpool, SpoolError> {
-        let path = spool_path(shard_dir, peer, stream_id, attempt);
-        let writer = SpoolWriter::create(path.clone())?;
-        Ok(StreamSpool {
-            shard,
-            path,
-            sink: Sink::Inline(writer),
+            sink,
             received_bytes: 0,
             limit_bytes,
         })

@@ -157,7 +157,8 @@ fn a_restore_from_a_cut_stream_fails_cleanly() {
 #[tokio::test]
 async fn an_aborted_stream_leaves_no_file() {
     let dir = tempfile::tempdir().unwrap();
-    let mut spool = StreamSpool::start(dir.path(), 0, 1, 9, 1, u64::MAX).unwrap();
+    let mut spool =
+        StreamSpool::start(dir.path(), 0, 1, 9, 1, u64::MAX, SpoolWriterThread::Own).unwrap();
     for _ in 0..4 {
         spool.append(Bytes::from(vec![7u8; 4096])).await.unwrap();
     }
@@ -168,7 +169,8 @@ async fn an_aborted_stream_leaves_no_file() {
 #[tokio::test]
 async fn a_stream_over_its_limit_is_refused_as_it_arrives() {
     let dir = tempfile::tempdir().unwrap();
-    let mut spool = StreamSpool::start(dir.path(), 0, 1, 9, 1, 10_000).unwrap();
+    let mut spool =
+        StreamSpool::start(dir.path(), 0, 1, 9, 1, 10_000, SpoolWriterThread::Own).unwrap();
     spool.append(Bytes::from(vec![7u8; 6_000])).await.unwrap();
     let error = spool.append(Bytes::from(vec![7u8; 6_000])).await;
     assert!(
@@ -188,7 +190,8 @@ async fn a_stream_over_its_limit_is_refused_as_it_arrives() {
 async fn a_spool_file_that_cannot_be_written_drops_the_stream() {
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("no-such-shard");
-    let mut spool = StreamSpool::start(&missing, 0, 1, 9, 1, u64::MAX).unwrap();
+    let mut spool =
+        StreamSpool::start(&missing, 0, 1, 9, 1, u64::MAX, SpoolWriterThread::Own).unwrap();
     // The writer stops at once; the link learns it at the latest at the end.
     let mut dropped = false;
     for _ in 0..2 * SPOOL_QUEUE_CHUNKS {

@@ -72,28 +72,39 @@ async fn a_snapshot_read_as_it_is_sent_restores_the_same_store() {
         source.bytes,
         parts.iter().map(|p| p.len() as u64).sum::<u64>()
     );
-    let spool_dir = dir.path().join("spool");
-    std::fs::create_dir(&spool_dir).unwrap();
-    let mut spool = spool::StreamSpool::start(&spool_dir, 0, 1, 7, 1, u64::MAX).unwrap();
-    let pieces = recut(&parts, 100_003);
-    assert!(pieces.len() > 3, "the store spans several pieces");
-    for piece in pieces {
-        spool.append(piece).await.unwrap();
+    // Spooled by a writer thread of its own, as the daemon does, and on
+    // the appending thread, as the simulation does: the same store.
+    for (n, writer) in [
+        spool::SpoolWriterThread::Own,
+        spool::SpoolWriterThread::Caller,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let spool_dir = dir.path().join(format!("spool-{n}"));
+        std::fs::create_dir(&spool_dir).unwrap();
+        let mut spool =
+            spool::StreamSpool::start(&spool_dir, 0, 1, 7, 1, u64::MAX, writer).unwrap();
+        let pieces = recut(&parts, 100_003);
+        assert!(pieces.len() > 3, "the store spans several pieces");
+        for piece in pieces {
+            spool.append(piece).await.unwrap();
+        }
+        let (got, chunks) = spool.finish().await.unwrap().into_parts();
+        assert_eq!(got, msg);
+        let mut reader = chunks.reader();
+        let restored = mvcc::Store::restore(
+            &dir.path().join(format!("b-{n}")),
+            0,
+            mvcc::Config::default(),
+            &mut reader,
+        )
+        .unwrap();
+        assert!(reader.into_error().is_none());
+        assert_eq!(restored.applied_index(), 3_000);
+        assert_eq!(
+            restored.hash_kv(0).unwrap().hash,
+            store.hash_kv(0).unwrap().hash
+        );
     }
-    let (got, chunks) = spool.finish().await.unwrap().into_parts();
-    assert_eq!(got, msg);
-    let mut reader = chunks.reader();
-    let restored = mvcc::Store::restore(
-        &dir.path().join("b"),
-        0,
-        mvcc::Config::default(),
-        &mut reader,
-    )
-    .unwrap();
-    assert!(reader.into_error().is_none());
-    assert_eq!(restored.applied_index(), 3_000);
-    assert_eq!(
-        restored.hash_kv(0).unwrap().hash,
-        store.hash_kv(0).unwrap().hash
-    );
 }

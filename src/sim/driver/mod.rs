@@ -96,8 +96,9 @@
 //!   commits left to a sync thread that falls behind.
 //!
 //! # Replays
-//! A seed replays exactly ([`run_seed_alone`]: each seed on a runtime of
-//! its own, whose timers count from its start): everything runs on one
+//! A seed replays exactly (`run_seed_alone`, in builds with the
+//! `paused-clock` feature: each seed on a runtime of its own, whose timers
+//! count from its start): everything runs on one
 //! thread under the paused clock, every choice comes from the seed, the
 //! driver walks ordered maps only, its `select!`s are biased (tokio draws an
 //! unbiased one's order from a seed of its own), the WAL paces itself by
@@ -111,8 +112,8 @@
 //! # Running
 //! [`run_seed`] must run inside a `LocalSet` on a current-thread runtime
 //! started with its clock paused (tokio's `test-util`, which test and
-//! example builds have); it refuses a clock that runs. [`run_seed_alone`]
-//! and [`run_seeds`] build that runtime themselves.
+//! example builds have); it refuses a clock that runs. `run_seed_alone`
+//! and `run_seeds` build that runtime themselves.
 
 mod checks;
 mod client;
@@ -567,6 +568,7 @@ async fn liveness(world: &Rc<World>) -> Result<u64, DriverViolation> {
 /// with its clock paused, so that the seed's timers fall as they do in any
 /// other run of it, whatever ran before (a runtime's timers count whole
 /// milliseconds from its start). A seed run this way replays exactly.
+#[cfg(feature = "paused-clock")]
 pub fn run_seed_alone(cfg: &DriverSimConfig) -> Result<DriverSimOutcome, DriverSimError> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -579,6 +581,7 @@ pub fn run_seed_alone(cfg: &DriverSimConfig) -> Result<DriverSimOutcome, DriverS
 /// Runs seeds `first..first + count` of `members` members, each on a runtime
 /// of its own ([`run_seed_alone`]), stopping at the first violation (under
 /// a mutation, the first consensus-safety one).
+#[cfg(feature = "paused-clock")]
 pub fn run_seeds(
     members: usize,
     first: u64,

@@ -23,7 +23,8 @@ use crate::server::command::{Reply, ShardCommand};
 use crate::server::errors::ApiError;
 use crate::server::members::MemberRegistry;
 use crate::server::shard::{
-    OffCoreJobs, PeerSender, Shard, ShardInbound, ShardSetup, SnapshotTransfer, StreamSpool,
+    OffCoreJobs, PeerSender, Shard, ShardInbound, ShardSetup, SnapshotTransfer, SpoolWriterThread,
+    StreamSpool,
 };
 use crate::server::shard_inbox::CommandInbox;
 use crate::sim::member::fnv1a;
@@ -709,8 +710,16 @@ impl World {
         self.snapshots_started.set(self.snapshots_started.get() + 1);
         let stream_id = self.next_stream.get();
         self.next_stream.set(stream_id + 1);
-        let mut spool = StreamSpool::start_inline(&dir, shard, from, stream_id, 1, u64::MAX)
-            .map_err(|_| closed())?;
+        let mut spool = StreamSpool::start(
+            &dir,
+            shard,
+            from,
+            stream_id,
+            1,
+            u64::MAX,
+            SpoolWriterThread::Caller,
+        )
+        .map_err(|_| closed())?;
         let same_receiver = |world: &World| {
             !world.cut.borrow().contains(&(from, to))
                 && world.incarnation(to).is_some_and(|(i, _)| i == incarnation)
