@@ -73,6 +73,10 @@ fn main() -> ExitCode {
     };
     let started = Instant::now();
     if args.replay_check {
+        if mutation.is_some() {
+            eprintln!("--replay-check runs the core as built: it takes no --mutation");
+            return ExitCode::from(2);
+        }
         return replay_check(args.members, first, count);
     }
     let result = driver::run_seeds(args.members, first, count, mutation);

@@ -24,8 +24,8 @@ const SUITE_SEEDS_5: u64 = 150;
 /// core breaks safety only on some seeds (15 of seeds 0-199 in one run with 3
 /// members before the checks on the wire, the first at seed 3, in a build
 /// whose replays were not exact), so 100 seeds miss it with odds near
-/// 0.925^100, 4 in 10,000. With the checks on the wire the first seed caught
-/// is seed 0, with 3 members and with 5. A full search
+/// 0.925^100, 4 in 10,000. With the checks on the wire and exact replays the
+/// first seed caught is seed 0 with 3 members and seed 3 with 5. A full search
 /// is `cargo run --release --example driver-sim -- --seeds 2000 --mutation
 /// vote-without-log-check`; each seed under it may spend up to 3 s.
 const MUTATION_SEEDS: std::ops::Range<u64> = 0..100;

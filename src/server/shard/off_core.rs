@@ -28,8 +28,9 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use tokio::task::{JoinError, JoinHandle};
 
-/// The shard's jobs on the blocking pool, counted while they run. Clones
-/// share the count.
+/// The shard's jobs off its core (on the blocking pool, or under simulation
+/// on the simulation's thread), counted while they run. Clones share the
+/// count.
 #[derive(Clone, Debug, Default)]
 pub struct OffCoreJobs {
     count: Arc<AtomicUsize>,
@@ -65,8 +66,7 @@ impl Drop for Running {
     }
 }
 
-/// A job on the blocking pool; resolves to its result as a `JoinHandle`
-/// does. The job's count travels with its result: when nobody waits, the
+/// A job off the core; resolves to its result as a `JoinHandle` does. The job's count travels with its result: when nobody waits, the
 /// runtime drops the result first, then the count.
 pub struct OffCoreJob<T>(JoinHandle<Finished<T>>);
 
@@ -81,7 +81,7 @@ impl<T> Future for OffCoreJob<T> {
 impl OffCoreJobs {
     /// Jobs that run on the simulation's thread (inside a `LocalSet`), each
     /// after a wait of up to `longest`, drawn from `seed`.
-    pub fn simulated(seed: u64, longest: Duration) -> OffCoreJobs {
+    pub(crate) fn simulated(seed: u64, longest: Duration) -> OffCoreJobs {
         OffCoreJobs {
             count: Arc::default(),
             simulated: Some(Arc::new(SimulatedJobs {
@@ -91,7 +91,8 @@ impl OffCoreJobs {
         }
     }
 
-    /// Runs `job` on the blocking pool.
+    /// Runs `job` on the blocking pool (under simulation: as a task of the
+    /// simulation's thread, after its seeded wait).
     pub(super) fn spawn<T: Send + 'static>(
         &self,
         job: impl FnOnce() -> T + Send + 'static,
@@ -143,6 +144,45 @@ mod tests {
         let finished = jobs.spawn(|| 7).await.unwrap();
         assert_eq!(finished, 7);
         assert_eq!(jobs.in_flight(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_simulated_job_waits_runs_on_this_thread_and_drops_its_result_first() {
+        struct Lock(Arc<std::sync::atomic::AtomicBool>);
+        impl Drop for Lock {
+            fn drop(&mut self) {
+                self.0.store(false, Ordering::SeqCst);
+            }
+        }
+        let local = tokio::task::LocalSet::new();
+        local
+            .run_until(async {
+                let longest = std::time::Duration::from_millis(10);
+                let jobs = OffCoreJobs::simulated(7, longest);
+                let thread = std::thread::current().id();
+                let began = tokio::time::Instant::now();
+                let ran_on = jobs.spawn(std::thread::current).await.unwrap().id();
+                assert_eq!(
+                    ran_on, thread,
+                    "a simulated job runs on the simulation's thread"
+                );
+                assert!(began.elapsed() <= longest);
+                assert_eq!(jobs.in_flight(), 0);
+                // Nobody waits for this one, as when a crash aborted its driver:
+                // it still runs, and its result goes before its count.
+                let held = Arc::new(std::sync::atomic::AtomicBool::new(true));
+                let lock = Lock(held.clone());
+                drop(jobs.spawn(move || lock));
+                assert_eq!(jobs.in_flight(), 1);
+                while jobs.in_flight() > 0 {
+                    tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+                }
+                assert!(
+                    !held.load(Ordering::SeqCst),
+                    "the count ended before the result was dropped"
+                );
+            })
+            .await;
     }
 
     #[tokio::test]

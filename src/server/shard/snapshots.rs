@@ -113,8 +113,8 @@ impl InstallError {
     }
 }
 
-/// Runs a step of an install on the blocking pool and waits for it there,
-/// leaving the core to its other shards.
+/// Runs a step of an install off the core (`OffCoreJobs`) and waits for it
+/// there, leaving the core to its other shards.
 async fn off_core<T: Send + 'static>(
     jobs: &super::OffCoreJobs,
     step: impl FnOnce() -> Result<T, InstallError> + Send + 'static,

@@ -121,6 +121,10 @@ struct SpoolPath {
     path: PathBuf,
     /// Cleared once the file is deleted.
     armed: bool,
+    /// Which thread deletes the file when it goes: the blocking pool's
+    /// (`Own`), or the dropping thread (`Caller`: the simulation's, where a
+    /// thread of the pool would race the next install or restart).
+    deleter: SpoolWriterThread,
 }
 
 impl SpoolPath {
@@ -134,6 +138,10 @@ impl SpoolPath {
 impl Drop for SpoolPath {
     fn drop(&mut self) {
         if !std::mem::take(&mut self.armed) {
+            return;
+        }
+        if self.deleter == SpoolWriterThread::Caller {
+            remove_spool_file(&self.path);
             return;
         }
         // Unlinking a file of gigabytes takes a while: a core thread hands it
@@ -367,7 +375,7 @@ impl StreamSpool {
                     })?;
                 Sink::Thread(tx)
             }
-            SpoolWriterThread::Caller => Sink::Inline(SpoolWriter::create(path.clone())?),
+            SpoolWriterThread::Caller => Sink::Inline(SpoolWriter::create(path.clone(), writer)?),
         };
         Ok(StreamSpool {
             shard,
@@ -437,7 +445,7 @@ fn spool_path(shard_dir: &Path, peer: u64, stream_id: u64, attempt: u32) -> Path
 /// The writer thread of one stream: appends what the link sends until it
 /// finishes the stream or drops it.
 fn write_spool(shard: ShardId, peer: u64, path: PathBuf, mut rx: mpsc::Receiver<SpoolOp>) {
-    let mut writer = match SpoolWriter::create(path) {
+    let mut writer = match SpoolWriter::create(path, SpoolWriterThread::Own) {
         Ok(w) => w,
         Err(e) => {
             tracing::warn!(shard, peer, error = %e, "snapshot stream dropped: cannot create its spool file");
@@ -471,7 +479,8 @@ struct SpoolWriter {
 }
 
 impl SpoolWriter {
-    fn create(path: PathBuf) -> Result<SpoolWriter, SpoolError> {
+    /// Creates the file at `path`; `deleter` deletes it when it goes.
+    fn create(path: PathBuf, deleter: SpoolWriterThread) -> Result<SpoolWriter, SpoolError> {
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -486,7 +495,11 @@ impl SpoolWriter {
             file,
             written_bytes: 0,
             unsynced_bytes: 0,
-            path: SpoolPath { path, armed: true },
+            path: SpoolPath {
+                path,
+                armed: true,
+                deleter,
+            },
         })
     }
 
@@ -567,7 +580,10 @@ pub(super) fn spool_for_test(
     name: &str,
     parts: &[&[u8]],
 ) -> Result<SpooledSnapshot, SpoolError> {
-    let mut writer = SpoolWriter::create(dir.join(format!("{SPOOL_FILE_PREFIX}{name}")))?;
+    let mut writer = SpoolWriter::create(
+        dir.join(format!("{SPOOL_FILE_PREFIX}{name}")),
+        SpoolWriterThread::Own,
+    )?;
     for p in parts {
         writer.write(p)?;
     }

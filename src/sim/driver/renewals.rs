@@ -30,7 +30,7 @@ async fn ask<T>(
     id: u64,
     make: impl FnOnce(Reply<T>) -> ShardCommand,
 ) -> Result<T, ApiError> {
-    match world.ask(id, REQUEST_TIMEOUT, make).await {
+    match world.ask(id, REQUEST_TIMEOUT * 2, make).await {
         Ok(v) => Ok(v),
         Err(AskError::Refused { error, .. }) => Err(error),
         Err(e) => panic!("{e}"),
