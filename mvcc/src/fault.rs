@@ -139,6 +139,10 @@ impl SyncHandle for FaultSyncHandle {
         SyncFault::before_sync(&self.control, &self.file)?;
         self.inner.sync_data()
     }
+
+    fn grow_to(&mut self, len: u64) -> io::Result<()> {
+        self.inner.grow_to(len)
+    }
 }
 
 #[cfg(test)]

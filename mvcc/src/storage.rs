@@ -44,6 +44,9 @@ pub trait Storage {
 pub trait SyncHandle: Send {
     fn write_at(&mut self, buf: &[u8], offset: u64) -> io::Result<()>;
     fn sync_data(&mut self) -> io::Result<()>;
+    /// Grows the file to at least `len` bytes, reserving the space; a file
+    /// already as long is left alone. Never shrinks.
+    fn grow_to(&mut self, len: u64) -> io::Result<()>;
 }
 
 impl SyncHandle for File {
@@ -52,6 +55,29 @@ impl SyncHandle for File {
     }
     fn sync_data(&mut self) -> io::Result<()> {
         File::sync_data(self)
+    }
+    fn grow_to(&mut self, len: u64) -> io::Result<()> {
+        let cur = self.metadata()?.len();
+        if len > cur {
+            reserve(self, cur, len)
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// Grows `file` from `cur` to `len` bytes. Reserving the blocks makes a full
+/// disk fail here, before any page write, and keeps later data syncs free
+/// of allocation; a file system without fallocate gets a plain set_len.
+fn reserve(file: &File, cur: u64, len: u64) -> io::Result<()> {
+    let add = (len - cur) as libc::off_t;
+    // SAFETY: posix_fallocate only reads its integer arguments; the fd is
+    // owned by `file`, which the caller borrows for the duration of the call.
+    let rc = unsafe { libc::posix_fallocate(file.as_raw_fd(), cur as libc::off_t, add) };
+    match rc {
+        0 => Ok(()),
+        libc::EOPNOTSUPP | libc::EINVAL => file.set_len(len),
+        e => Err(io::Error::from_raw_os_error(e)),
     }
 }
 
@@ -97,18 +123,7 @@ impl Storage for FileStorage {
     fn set_len(&mut self, len: u64) -> io::Result<()> {
         let cur = self.len()?;
         if len > cur {
-            // Reserving the blocks now makes a full disk fail here, before any
-            // page write, and keeps later data syncs free of allocation.
-            let add = (len - cur) as libc::off_t;
-            // SAFETY: posix_fallocate only reads its integer arguments; the fd is
-            // owned by `self.file` and stays open for the duration of the call.
-            let rc =
-                unsafe { libc::posix_fallocate(self.file.as_raw_fd(), cur as libc::off_t, add) };
-            match rc {
-                0 => Ok(()),
-                libc::EOPNOTSUPP | libc::EINVAL => self.file.set_len(len),
-                e => Err(io::Error::from_raw_os_error(e)),
-            }
+            reserve(&self.file, cur, len)
         } else {
             self.file.set_len(len)
         }

@@ -121,8 +121,13 @@ pub struct CommitStats {
     pub pages_written: u64,
     pub bytes_written: u64,
     /// Commits [`Store::commit_unless_busy`] left for later because the
-    /// background syncer was behind.
+    /// background syncer was behind or growing the file.
     pub deferred: u64,
+    /// Times the file grew on the syncer, ahead of need.
+    pub grown_ahead: u64,
+    /// Times a commit grew the file itself: storages without a syncer, or a
+    /// commit that could not wait for one.
+    pub grown_inline: u64,
 }
 
 /// What a defragment did.
@@ -222,6 +227,11 @@ pub struct Store {
     pub(crate) poisoned: bool,
     pub(crate) stats: CommitStats,
     pub(crate) shrink_wanted: bool,
+    /// A defragment step is waiting for room in the syncer's queue: the
+    /// owner's commits hold back until the queue drains, so that a steady
+    /// stream of them on a slow disk cannot keep the queue full ahead of
+    /// the step for ever.
+    pub(crate) defrag_waiting: bool,
     /// Pages the last commit moved below a defragment's limit.
     pub(crate) relocated_pages: usize,
     pub(crate) meta_writer: MetaWriter,
@@ -405,6 +415,7 @@ impl Store {
             poisoned: false,
             stats: CommitStats::default(),
             shrink_wanted: false,
+            defrag_waiting: false,
             relocated_pages: 0,
             meta_writer,
             captured: None,

@@ -7,6 +7,13 @@
 //! for all of them and writes only the newest meta (group commit). Pages a
 //! commit frees are reused only after that commit is durable.
 //!
+//! The syncer also grows the file ahead of need ([`MetaWriter::grow_ahead`]):
+//! reserving blocks can wait on the file system's journal as a sync does, so
+//! the applying thread asks for room before it runs out and takes the new
+//! length up at a later commit ([`MetaWriter::take_grown`]). One grow is in
+//! flight at most. Room past the last commit's pages is free to an open, so
+//! a crash at any point of a grow loses nothing.
+//!
 //! Storages without a sync handle (the in-memory test backends) run the same
 //! steps inline, in [`MetaWriter::commit_inline`].
 
@@ -24,6 +31,17 @@ use crate::storage::SyncHandle;
 /// Most commits written but not yet durable; a further commit waits.
 pub(crate) const MAX_INFLIGHT_COMMITS: usize = 16;
 
+/// What the applying thread hands the syncer.
+enum Job {
+    /// Make the pages written so far durable under this meta.
+    Commit(Meta),
+    /// Grow the file to this many bytes.
+    Grow(u64),
+}
+
+/// How a grow ahead ended: the file's new length, or why it could not grow.
+pub(crate) type Grown = Result<u64, std::io::Error>;
+
 #[derive(Default)]
 struct Shared {
     /// Txn of the newest durable meta.
@@ -33,6 +51,8 @@ struct Shared {
     last_sync_us: AtomicU64,
     syncs: AtomicU64,
     failure: Mutex<Option<(IoOp, u64, std::io::Error)>>,
+    /// The end of the grow in flight, once the syncer is done with it.
+    grown: Mutex<Option<Grown>>,
     wake: Condvar,
     lock: Mutex<()>,
 }
@@ -51,9 +71,11 @@ enum Mode {
         durable_index: u64,
     },
     Thread {
-        tx: Option<SyncSender<Meta>>,
+        tx: Option<SyncSender<Job>>,
         shared: Arc<Shared>,
         join: Option<JoinHandle<()>>,
+        /// A grow was handed over and its end not yet taken up.
+        growing: bool,
     },
 }
 
@@ -75,7 +97,8 @@ impl MetaWriter {
                 shared
                     .durable_index
                     .store(meta.applied_index, Ordering::Release);
-                let (tx, rx) = sync_channel(MAX_INFLIGHT_COMMITS);
+                // One slot more than the commits in flight, for the one grow.
+                let (tx, rx) = sync_channel(MAX_INFLIGHT_COMMITS + 1);
                 let sh = shared.clone();
                 let join = std::thread::Builder::new()
                     .name("mvcc-sync".into())
@@ -85,6 +108,7 @@ impl MetaWriter {
                     tx: Some(tx),
                     shared,
                     join: Some(join),
+                    growing: false,
                 }
             }
         };
@@ -179,7 +203,7 @@ impl MetaWriter {
             }
             Mode::Thread { tx, .. } => {
                 let sender = tx.as_ref().expect("syncer running");
-                if sender.send(meta).is_err() {
+                if sender.send(Job::Commit(meta)).is_err() {
                     return Err(self.failure().unwrap_or_else(|| {
                         StorageError::new(
                             &self.file,
@@ -216,6 +240,77 @@ impl MetaWriter {
     }
 }
 
+/// Growing the file ahead of need, on the syncer.
+impl MetaWriter {
+    /// Whether a grow is in flight: handed over, its end not yet taken up.
+    pub(crate) fn growing(&self) -> bool {
+        matches!(self.mode, Mode::Thread { growing: true, .. })
+    }
+
+    /// Asks the syncer to grow the file to `len` bytes. False when there is
+    /// no syncer (storages without a sync handle grow inline), a grow is
+    /// already in flight, or the syncer's queue is full.
+    pub(crate) fn grow_ahead(&mut self, len: u64) -> bool {
+        let Mode::Thread {
+            tx: Some(tx),
+            growing,
+            ..
+        } = &mut self.mode
+        else {
+            return false;
+        };
+        if *growing {
+            return false;
+        }
+        *growing = tx.try_send(Job::Grow(len)).is_ok();
+        *growing
+    }
+
+    /// The end of the grow in flight, if the syncer is done with it.
+    pub(crate) fn take_grown(&mut self) -> Option<Grown> {
+        let Mode::Thread {
+            shared, growing, ..
+        } = &mut self.mode
+        else {
+            return None;
+        };
+        if !*growing {
+            return None;
+        }
+        let grown = shared.grown.lock().expect("grow lock").take();
+        *growing = grown.is_none();
+        grown
+    }
+
+    /// Waits for the end of the grow in flight; None when none is in flight
+    /// or the syncer stopped first (its failure says why).
+    pub(crate) fn wait_grown(&mut self) -> Option<Grown> {
+        loop {
+            if !self.growing() {
+                return None;
+            }
+            if let Some(g) = self.take_grown() {
+                return Some(g);
+            }
+            if self.has_failed() {
+                return None;
+            }
+            let Mode::Thread { shared, .. } = &self.mode else {
+                return None;
+            };
+            let g = shared.lock.lock().expect("sync wait lock");
+            if shared.grown.lock().expect("grow lock").is_none() {
+                drop(
+                    shared
+                        .wake
+                        .wait_timeout(g, std::time::Duration::from_millis(50))
+                        .expect("sync wait"),
+                );
+            }
+        }
+    }
+}
+
 impl MetaWriter {
     /// Lets the sync thread finish its queue on its own: dropping this writer
     /// then does not wait for it.
@@ -239,12 +334,37 @@ impl Drop for MetaWriter {
     }
 }
 
-fn run(mut h: Box<dyn SyncHandle>, rx: Receiver<Meta>, shared: Arc<Shared>, mut slot: u64) {
-    while let Ok(mut meta) = rx.recv() {
+fn run(mut h: Box<dyn SyncHandle>, rx: Receiver<Job>, shared: Arc<Shared>, mut slot: u64) {
+    while let Ok(job) = rx.recv() {
+        let mut grow = None;
+        let mut meta = match job {
+            Job::Commit(meta) => Some(meta),
+            Job::Grow(len) => {
+                grow = Some(len);
+                None
+            }
+        };
         // Group commit: one sync covers every commit written so far.
-        while let Ok(newer) = rx.try_recv() {
-            meta = newer;
+        while let Ok(job) = rx.try_recv() {
+            match job {
+                Job::Commit(newer) => meta = Some(newer),
+                Job::Grow(len) => grow = Some(len),
+            }
         }
+        // The grow first: room the applying thread is short of unblocks it
+        // sooner than the sync does.
+        if let Some(len) = grow {
+            let r = h.grow_to(len).map(|()| len);
+            if let Err(e) = &r {
+                tracing::warn!(len, error = %e, "growing the store file ahead failed; a commit that needs the room grows it itself");
+            }
+            *shared.grown.lock().expect("grow lock") = Some(r);
+            let _g = shared.lock.lock().expect("sync wait lock");
+            shared.wake.notify_all();
+        }
+        let Some(meta) = meta else {
+            continue;
+        };
         let started = Instant::now();
         let next = 1 - slot;
         let off = next * PAGE_SIZE_BYTES as u64;

@@ -330,8 +330,15 @@ fn a_discarded_store_does_not_wait_for_its_stalled_syncer_and_a_dropped_one_does
         let mut store = open_with_sync_faults(dir.path());
         std::fs::write(&control, format!("store-stall {}", stall.as_millis())).unwrap();
         store.apply(1, &put(b"k", b"v")).unwrap();
-        // The syncer takes the commit and sleeps in its sync.
-        assert!(store.commit_unless_busy().unwrap());
+        // The syncer takes the commit and sleeps in its sync. A new file has
+        // no room yet: the first try asks the syncer to grow it and waits
+        // for a later one.
+        let mut tries = 0;
+        while !store.commit_unless_busy().unwrap() {
+            tries += 1;
+            assert!(tries < 2_000, "the commit never went to the syncer");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
         let started = std::time::Instant::now();
         if discard {
             store.discard();

@@ -169,13 +169,23 @@ fn fill_mostly_free(store: &mut Store) -> u64 {
     index
 }
 
-#[test]
-fn a_defragment_in_steps_never_waits_while_writes_and_commits_go_on_between_steps() {
-    let dir = tempfile::tempdir().unwrap();
-    let (mut store, mut index) = mostly_free_store(dir.path());
+/// Runs a defragment in steps while the store's owner writes and commits
+/// between steps as fast as it can, as a shard's core does; then commits on
+/// until the file is cut (pages the last steps freed are cut by the commits
+/// that follow, once durable). Answers the run's report, the steps that
+/// moved pages, the last index and the keys written.
+fn defragment_while_writing(store: &mut Store, mut index: u64) -> (DefragReport, u32, u64, u32) {
     let before = store.size_bytes();
     let mut run = store.defragment_start();
     let (mut moved, mut waiting, mut written) = (0, 0, 0u32);
+    let write = |store: &mut Store, index: &mut u64, written: &mut u32| {
+        *index += 1;
+        store
+            .apply(*index, &put(format!("new{written:05}").as_bytes(), b"v"))
+            .unwrap();
+        *written += 1;
+        store.commit_unless_busy().unwrap();
+    };
     let report = loop {
         // 16 pages a step: the live pages at the end take several.
         match store.defragment_step(&mut run, 16).unwrap() {
@@ -186,25 +196,38 @@ fn a_defragment_in_steps_never_waits_while_writes_and_commits_go_on_between_step
             }
             DefragProgress::Done(report) => break report,
         }
-        assert!(moved + waiting < 100_000, "the run never ends: {run:?}");
-        // The store's owner goes on writing and committing between steps.
-        index += 1;
-        store
-            .apply(index, &put(format!("new{written:05}").as_bytes(), b"v"))
-            .unwrap();
-        written += 1;
-        store.commit_unless_busy().unwrap();
+        assert!(
+            moved + waiting < 100_000,
+            "the run never ends: {run:?}, {moved} moved, {waiting} waiting"
+        );
+        write(store, &mut index, &mut written);
     };
-    assert!(moved > 2, "{moved} steps moved pages ({report:?})");
-    let after = store.size_bytes();
-    assert!(
-        after * 4 < before,
-        "defragment in steps left {after} of {before} bytes ({report:?}, {moved} moved, {waiting} waiting)"
-    );
+    let mut tries = 0;
+    while store.size_bytes() * 4 >= before {
+        tries += 1;
+        assert!(
+            tries < 100_000,
+            "the file stays at {} of {before} bytes after the run ({report:?}, {moved} moved, {waiting} waiting)",
+            store.size_bytes()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+        write(store, &mut index, &mut written);
+    }
+    (report, moved, index, written)
+}
+
+/// Checks a store [`defragment_while_writing`] ran on, after a reopen.
+fn check_after_defragment(
+    mut store: Store,
+    dir: &std::path::Path,
+    cfg: Config,
+    index: u64,
+    written: u32,
+) {
     store.commit().unwrap();
     store.sync().unwrap();
     drop(store);
-    let store = Store::open(dir.path(), 0, small_growth()).unwrap();
+    let store = Store::open(dir, 0, cfg).unwrap();
     assert_eq!(store.applied_index(), index);
     assert_eq!(store.key_count(), 1000 + written as usize);
     for i in [19_000u32, 19_500, 19_999] {
@@ -223,11 +246,53 @@ fn a_defragment_in_steps_never_waits_while_writes_and_commits_go_on_between_step
         .is_some());
 }
 
-/// The store's file, counting the syncs made on the applying thread; the
-/// background syncer's handle is the file's own.
+#[test]
+fn a_defragment_in_steps_never_waits_while_writes_and_commits_go_on_between_steps() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut store, index) = mostly_free_store(dir.path());
+    let (report, moved, index, written) = defragment_while_writing(&mut store, index);
+    assert!(moved > 2, "{moved} steps moved pages ({report:?})");
+    check_after_defragment(store, dir.path(), small_growth(), index, written);
+}
+
+#[test]
+fn a_defragment_in_steps_ends_on_a_slow_disk_while_the_owner_commits_between_steps() {
+    // Every sync takes 10 ms. The owner's commits used to take every turn
+    // the syncer gave (each sync's end let the next owner commit in before
+    // the step), so a step waiting for pages still syncing never ran.
+    let dir = tempfile::tempdir().unwrap();
+    let control = dir.path().join("faults");
+    std::fs::write(&control, "store-stall 10").unwrap();
+    let cfg = Config {
+        sync_faults: Some(control),
+        ..small_growth()
+    };
+    let mut store = Store::open(dir.path(), 0, cfg.clone()).unwrap();
+    let index = fill_mostly_free(&mut store);
+    let (report, moved, index, written) = defragment_while_writing(&mut store, index);
+    assert!(moved > 2, "{moved} steps moved pages ({report:?})");
+    check_after_defragment(store, dir.path(), cfg, index, written);
+}
+
+/// The store's file, counting the syncs and the grows made on the applying
+/// thread; the background syncer's handle is the file's own.
 struct CountedSyncs {
     inner: FileStorage,
     syncs: Arc<AtomicU64>,
+    grows: Arc<AtomicU64>,
+}
+
+impl CountedSyncs {
+    fn open(path: &std::path::Path) -> (CountedSyncs, Arc<AtomicU64>, Arc<AtomicU64>) {
+        let syncs = Arc::new(AtomicU64::new(0));
+        let grows = Arc::new(AtomicU64::new(0));
+        let storage = CountedSyncs {
+            inner: FileStorage::open(path).unwrap(),
+            syncs: syncs.clone(),
+            grows: grows.clone(),
+        };
+        (storage, syncs, grows)
+    }
 }
 
 impl Storage for CountedSyncs {
@@ -241,6 +306,9 @@ impl Storage for CountedSyncs {
         self.inner.write_at(buf, offset)
     }
     fn set_len(&mut self, len: u64) -> std::io::Result<()> {
+        if len > self.inner.len()? {
+            self.grows.fetch_add(1, Ordering::SeqCst);
+        }
         self.inner.set_len(len)
     }
     fn sync_data(&mut self) -> std::io::Result<()> {
@@ -261,11 +329,7 @@ fn a_defragment_in_steps_never_syncs_on_the_applying_thread() {
     // stop every shard of the core for as long as the disk takes.
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("shard-0.mvcc");
-    let syncs = Arc::new(AtomicU64::new(0));
-    let storage = CountedSyncs {
-        inner: FileStorage::open(&path).unwrap(),
-        syncs: syncs.clone(),
-    };
+    let (storage, syncs, _) = CountedSyncs::open(&path);
     let mut store = Store::open_with(Box::new(storage), "shard-0.mvcc", small_growth()).unwrap();
     let mut index = fill_mostly_free(&mut store);
     let before = store.size_bytes();
@@ -306,4 +370,58 @@ fn a_defragment_in_steps_never_syncs_on_the_applying_thread() {
     let store = Store::open(dir.path(), 0, small_growth()).unwrap();
     assert_eq!(store.applied_index(), index);
     assert_eq!(store.key_count(), 1000 + 50);
+}
+
+#[test]
+fn the_file_grows_on_the_syncer_ahead_of_need_never_on_the_applying_thread() {
+    // Reserving blocks can wait on the file system's journal as long as a
+    // sync; on a daemon core that would stop every shard of the core.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("shard-0.mvcc");
+    let (storage, _, grows) = CountedSyncs::open(&path);
+    let mut store = Store::open_with(Box::new(storage), "shard-0.mvcc", small_growth()).unwrap();
+    let grown_at_open = grows.load(Ordering::SeqCst);
+    let before = store.size_bytes();
+    let mut index = 0u64;
+    let mut committed = 0;
+    for i in 0..40_000u32 {
+        index += 1;
+        store
+            .apply(index, &put(format!("g{i:06}").as_bytes(), &[i as u8; 200]))
+            .unwrap();
+        if index % 200 == 0 && store.commit_unless_busy().unwrap() {
+            committed += 1;
+        }
+    }
+    let stats = store.commit_stats();
+    let after = store.size_bytes();
+    assert!(
+        after > before * 16,
+        "the file went from {before} to {after} bytes only"
+    );
+    // How many grows depends on how far the syncer lags (a commit waiting
+    // for room gathers more, and the grow covers it), not on the workload.
+    assert!(
+        stats.grown_ahead >= 1,
+        "{} grows on the syncer over {committed} commits: {stats:?}",
+        stats.grown_ahead
+    );
+    assert_eq!(
+        (
+            grows.load(Ordering::SeqCst) - grown_at_open,
+            stats.grown_inline
+        ),
+        (0, 0),
+        "the applying thread grew the file: {stats:?}"
+    );
+    store.commit().unwrap();
+    store.sync().unwrap();
+    drop(store);
+    let store = Store::open(dir.path(), 0, small_growth()).unwrap();
+    assert_eq!(store.applied_index(), index);
+    assert_eq!(store.key_count(), 40_000);
+    assert_eq!(
+        store.get(b"g039999").unwrap().map(|kv| kv.value),
+        Some(vec![39_999u32 as u8; 200])
+    );
 }

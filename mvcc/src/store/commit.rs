@@ -1,7 +1,7 @@
 //! The commit and sync path: writing the pending batch to the copy-on-write
 //! file, the background syncer's interplay (deferred commits, waits for
-//! durability and for pages freed by commits still syncing), growth, remap
-//! and shrink of the file.
+//! durability and for pages freed by commits still syncing), growth (ahead
+//! of need on the syncer, or inline), remap and shrink of the file.
 
 use std::rc::Rc;
 use std::time::Instant;
@@ -48,6 +48,7 @@ impl Store {
                 file: self.file.to_string(),
             });
         }
+        self.take_up_grown_file()?;
         if !self.has_changes() {
             return Ok(false);
         }
@@ -61,15 +62,29 @@ impl Store {
     /// pending and answers `Ok(false)`, so a slow disk does not stop the
     /// thread that applies. Reads see pending changes as before. Once the
     /// pending changes reach half of `max_batch_bytes` it commits, waiting
-    /// if it must, so memory stays bounded.
+    /// if it must, so memory stays bounded. While a defragment step waits
+    /// for the syncer (its queue full, or pages still syncing), it leaves
+    /// its changes pending until the step has gone ahead: its commits would
+    /// otherwise take every turn the syncer gives on a slow disk.
+    ///
+    /// The file grows the same way: when the room left runs short, the
+    /// syncer is asked to grow it, and a commit that needs the room before
+    /// the grow is done waits for a later turn rather than grow it here.
     pub fn commit_unless_busy(&mut self) -> Result<bool, CommitError> {
+        self.take_up_grown_file()?;
         if !self.poisoned
             && !self.meta_writer.has_failed()
             && self.pending_bytes < self.cfg.max_batch_bytes / 2
-            && self.commit_would_wait()
         {
-            self.stats.deferred += 1;
-            return Ok(false);
+            if self.commit_would_wait() || self.defrag_waiting {
+                self.stats.deferred += 1;
+                return Ok(false);
+            }
+            self.grow_ahead_if_short();
+            if self.meta_writer.growing() && self.pages_available() < self.pages_needed() {
+                self.stats.deferred += 1;
+                return Ok(false);
+            }
         }
         self.commit()
     }
@@ -85,19 +100,74 @@ impl Store {
     /// Whether this commit may need more pages than are free now while
     /// pages freed by commits still syncing would give them back.
     fn must_wait_for_free_pages(&self, durable: u64) -> bool {
-        let need_pages = (self.pending_bytes / (PAGE_SIZE_BYTES / 2)
-            + self.pending_deletes.len() / 4
-            + self.lease_dirty.len()
-            + self.txn_dirty.len()
-            + 16) as u64;
-        let available =
-            self.pager.free.len() as u64 + (self.pager.file_pages - self.pager.high_water);
-        available < need_pages
+        self.pages_available() < self.pages_needed()
             && self
                 .pager
                 .pending_free
                 .front()
                 .is_some_and(|(t, _)| *t > durable)
+    }
+
+    /// About how many pages committing what is pending takes.
+    fn pages_needed(&self) -> u64 {
+        (self.pending_bytes / (PAGE_SIZE_BYTES / 2)
+            + self.pending_deletes.len() / 4
+            + self.lease_dirty.len()
+            + self.txn_dirty.len()
+            + 16) as u64
+    }
+
+    /// Pages a commit may take without growing the file: the free ones and
+    /// the room past the highest page in use.
+    fn pages_available(&self) -> u64 {
+        self.pager.free.len() as u64 + (self.pager.file_pages - self.pager.high_water)
+    }
+
+    /// By how many pages the file grows from `cur`: a sixteenth, so remaps
+    /// are few and the overshoot small.
+    fn grow_step_pages(&self, cur: u64) -> u64 {
+        (cur * PAGE_SIZE_BYTES as u64 / 16).clamp(self.cfg.grow_min_bytes, self.cfg.grow_max_bytes)
+            / PAGE_SIZE_BYTES as u64
+    }
+
+    /// Asks the syncer to grow the file when the room left is under a
+    /// quarter of a step beyond what is pending, so the grow is usually done
+    /// before a commit needs it. Without a syncer, commits grow the file.
+    pub(super) fn grow_ahead_if_short(&mut self) {
+        if self.meta_writer.growing() || self.shrink_wanted {
+            return;
+        }
+        let cur = self.pager.file_pages;
+        let step = self.grow_step_pages(cur);
+        let needed = self.pages_needed();
+        if self.pages_available() >= needed + step / 4 {
+            return;
+        }
+        let pages = cur + step.max(needed);
+        if self.meta_writer.grow_ahead(pages * PAGE_SIZE_BYTES as u64) {
+            tracing::debug!(file = %self.file, from_pages = cur, to_pages = pages, "growing the store file ahead");
+        }
+    }
+
+    /// Takes up the file's new length once the syncer has grown it: the
+    /// pages past the old end become room, and the map covers them. A grow
+    /// that failed is left to the commit that needs the room, which grows
+    /// the file itself and fails with the disk's error if it must.
+    pub(super) fn take_up_grown_file(&mut self) -> Result<(), CommitError> {
+        match self.meta_writer.take_grown() {
+            Some(Ok(len)) => self.take_up_length(len),
+            Some(Err(_)) | None => Ok(()),
+        }
+    }
+
+    fn take_up_length(&mut self, len: u64) -> Result<(), CommitError> {
+        let pages = len / PAGE_SIZE_BYTES as u64;
+        if pages > self.pager.file_pages {
+            self.pager.file_pages = pages;
+            self.stats.grown_ahead += 1;
+            self.remap()?;
+        }
+        Ok(())
     }
 
     pub(crate) fn oldest_snapshot(&self) -> Option<u64> {
@@ -217,6 +287,7 @@ impl Store {
         if self.shrink_wanted {
             self.shrink()?;
         }
+        self.grow_ahead_if_short();
         Ok(sync_us)
     }
 
@@ -226,11 +297,14 @@ impl Store {
         let need = self.pager.high_water;
         let mut remap = false;
         if need > self.pager.file_pages {
+            // The room a grow in flight brings may be enough.
+            if let Some(Ok(len)) = self.meta_writer.wait_grown() {
+                self.take_up_length(len)?;
+            }
+        }
+        if need > self.pager.file_pages {
             let cur = self.pager.file_pages;
-            // Grow by a sixteenth: few remaps, little overshoot.
-            let step_bytes = (cur * PAGE_SIZE_BYTES as u64 / 16)
-                .clamp(self.cfg.grow_min_bytes, self.cfg.grow_max_bytes);
-            let new_pages = need.max(cur + step_bytes / PAGE_SIZE_BYTES as u64);
+            let new_pages = need.max(cur + self.grow_step_pages(cur));
             let len = new_pages * PAGE_SIZE_BYTES as u64;
             self.pager
                 .storage
@@ -238,6 +312,7 @@ impl Store {
                 .set_len(len)
                 .map_err(storage_err(&file, IoOp::Grow, len))?;
             self.pager.file_pages = new_pages;
+            self.stats.grown_inline += 1;
             remap = true;
         }
         let dirty = std::mem::take(&mut self.pager.dirty);
@@ -297,7 +372,13 @@ impl Store {
     /// must not wait for the disk. The next commit's data sync (on the
     /// syncer) makes the new length durable; a crash before it leaves the
     /// longer file, whose tail no meta reaches, so an open treats it as free.
+    ///
+    /// While the syncer grows the file, the cut waits for a later commit:
+    /// the two would race on the file's length.
     pub(super) fn shrink(&mut self) -> Result<(), CommitError> {
+        if self.meta_writer.growing() {
+            return Ok(());
+        }
         let mut hw = self.pager.high_water;
         while hw > META_PAGES && self.pager.free.contains(&(hw - 1)) {
             hw -= 1;

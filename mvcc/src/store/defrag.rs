@@ -5,7 +5,10 @@
 //! shards) runs it in steps: [`Store::defragment_start`], then
 //! [`Store::defragment_step`] now and then, applying and committing as usual
 //! in between. A step that would wait for the store's syncer (the previous
-//! step not yet durable) does nothing and says so; one that moves pages
+//! step not yet durable) does nothing and says so; while it waits for the
+//! syncer's queue or for pages still syncing, the owner's
+//! [`Store::commit_unless_busy`] holds back, so on a slow disk the owner's
+//! commits cannot take every turn the syncer gives. One that moves pages
 //! writes at most the pages it is given. [`Store::defragment`] runs the same
 //! steps, waiting for each to be durable.
 
@@ -84,11 +87,16 @@ impl Store {
             }));
         }
         // Commits made between steps (the caller's own) need not be durable:
-        // only the run's last step, whose freed pages the next one fills.
-        if run
-            .last_txn
-            .is_some_and(|t| self.meta_writer.durable_txn() < t)
-            || self.commit_would_wait()
+        // only the run's last step, whose freed pages the next one fills. A
+        // grow the syncer is making is taken up first: the file's end must
+        // hold still for the cut. (No grow starts while the run wants a cut.)
+        self.take_up_grown_file().map_err(DefragError::from)?;
+        let syncer_busy = self.commit_would_wait() || self.meta_writer.growing();
+        self.defrag_waiting = syncer_busy;
+        if syncer_busy
+            || run
+                .last_txn
+                .is_some_and(|t| self.meta_writer.durable_txn() < t)
         {
             return Ok(DefragProgress::Waiting);
         }
