@@ -223,7 +223,7 @@ impl Cluster for ClusterService {
         // The removed member may not learn of its removal from Raft (the
         // leader stops replicating to it once the change applies): tell it.
         if id == self.members.local_id() {
-            self.members.record_removal();
+            self.members.mark_removed();
         } else if let Some(url) = member.peer_urls.first() {
             if let Err(e) = self
                 .peers
@@ -410,7 +410,7 @@ pub async fn watch_for_removal(
             "the members that answered do not count this member in"
         );
         if strikes >= MEMBERSHIP_CHECK_STRIKES {
-            members.record_removal();
+            members.mark_removed();
             return;
         }
     }

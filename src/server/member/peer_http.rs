@@ -125,7 +125,7 @@ impl PeerHttp {
             if member != Some(self.members.local_id()) {
                 return text(StatusCode::BAD_REQUEST, "not this member".to_string());
             }
-            self.members.record_removal();
+            self.members.mark_removed();
             return text(StatusCode::OK, "stopping\n".to_string());
         }
         let shard_header = req

@@ -56,7 +56,7 @@ impl Shard {
     /// behind (a slow disk), the commit is left for a later turn rather than
     /// wait on this core, where every other shard of the core would wait too.
     pub(super) fn commit_store(&mut self) {
-        if self.auth_file_behind() {
+        if self.files_behind() {
             return;
         }
         let started = Instant::now();
@@ -79,15 +79,17 @@ impl Shard {
         }
     }
 
-    /// Whether shard 0's store must not commit yet: an auth change it applied
-    /// is still being written to `auth.state` (a commit past it would keep the
-    /// log from replaying it after a crash). A file that cannot be written
-    /// fails the shard, as a failed store commit does.
-    fn auth_file_behind(&mut self) -> bool {
-        let Some(auth) = self.auth.as_ref().filter(|_| self.id == 0) else {
+    /// Whether shard 0's store must not commit yet: an auth or membership
+    /// change it applied is still being written to `auth.state` or
+    /// `member.toml` (a commit past it would keep the log from replaying it
+    /// after a crash). A file that cannot be written fails the shard, as a
+    /// failed store commit does.
+    fn files_behind(&mut self) -> bool {
+        if self.id != 0 {
             return false;
-        };
-        match auth.unwritten() {
+        }
+        let auth = self.auth.as_ref().map_or(Ok(false), |a| a.unwritten());
+        match auth.and_then(|a| Ok(a || self.members.unwritten()?)) {
             Ok(behind) => behind,
             Err(reason) => {
                 self.fail(reason);
@@ -122,7 +124,7 @@ impl Shard {
     /// of [`DEFRAG_STEP_PAGES`], each written here and synced by the store's
     /// syncer; a step that would wait for a sync ends the turn.
     pub(super) fn defragment_steps(&mut self) {
-        if self.defrag.is_none() || self.auth_file_behind() {
+        if self.defrag.is_none() || self.files_behind() {
             return;
         }
         let Some(mut defrag) = self.defrag.take() else {

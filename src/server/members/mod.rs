@@ -13,12 +13,16 @@
 //! Every membership change is a Raft conf change in every shard; its context
 //! carries the member's record ([`MemberInfo`]). Whichever shard applies a change
 //! first updates the table here (updates are idempotent, so the others' applies
-//! change nothing), and the table is written to `member.toml` before the apply
-//! completes. A member that catches up by snapshot gets the leader's whole table
-//! with it.
+//! change nothing). The table is written to `member.toml` by a thread of its
+//! own ([`writer`]), and shard 0 commits its store past a change only once the
+//! file has it, so a crash before the write replays the change. A member that
+//! catches up by snapshot gets the leader's whole table with it, written
+//! before the install goes on.
 
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+mod writer;
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, RwLock};
 
 use cairn_proto::cairnpb::{MemberInfo, MemberTable};
@@ -166,7 +170,10 @@ impl Membership {
 /// port, kept in step with `member.toml`.
 #[derive(Debug)]
 pub struct MemberRegistry {
-    dir: PathBuf,
+    /// Writes `member.toml` off the caller's thread.
+    writer: writer::FileWriter,
+    /// The number of the newest change made to the file's contents.
+    changes_made: AtomicU64,
     /// Fixed for the member's life, so read without a lock on request paths.
     cluster_id: u64,
     local_id: u64,
@@ -185,6 +192,15 @@ pub struct MemberRegistry {
     changes: tokio::sync::Mutex<()>,
 }
 
+/// How a change reaches `member.toml`.
+#[derive(Clone, Copy)]
+enum Write {
+    /// By the writer thread, later: the caller may be a core.
+    Queued,
+    /// On the caller's thread, before it goes on (off the core).
+    Now,
+}
+
 impl MemberRegistry {
     pub fn new(dir: &Path, file: MemberFile) -> MemberRegistry {
         let members = file.members.clone();
@@ -193,7 +209,8 @@ impl MemberRegistry {
             .iter()
             .any(|m| m.id == file.member_id && m.is_learner);
         MemberRegistry {
-            dir: dir.to_path_buf(),
+            writer: writer::FileWriter::new(dir),
+            changes_made: AtomicU64::new(0),
             cluster_id: file.cluster_id,
             local_id: file.member_id,
             local_learner: AtomicBool::new(learner),
@@ -259,17 +276,27 @@ impl MemberRegistry {
         self.accepted.insert(id);
     }
 
-    /// Records a member's (new) record, and writes `member.toml` if that
-    /// changed the table.
-    pub fn upsert(&self, info: &MemberInfo) -> std::io::Result<()> {
+    /// Records a member's (new) record; `member.toml` is written after, off
+    /// this thread, if that changed the table (see [`Self::unwritten`]).
+    pub fn upsert(&self, info: &MemberInfo) {
         let m = Member::from_info(info);
         self.accepted.insert(m.id);
-        self.change(|state| state.upsert(m))
+        self.change(|state| state.upsert(m), Write::Queued)
+            .expect("a queued write answers at once");
     }
 
-    pub fn remove(&self, id: u64) -> std::io::Result<()> {
+    /// Drops a member from the table; written as [`Self::upsert`] is.
+    pub fn remove(&self, id: u64) {
         self.accepted.remove(id);
-        self.change(|state| state.remove(id))
+        self.change(|state| state.remove(id), Write::Queued)
+            .expect("a queued write answers at once");
+    }
+
+    /// Whether a change to the table is not yet in `member.toml`, so that
+    /// shard 0's store must not commit past it yet (a crash would lose it:
+    /// the log would not replay it), or why the file could not be written.
+    pub fn unwritten(&self) -> Result<bool, String> {
+        self.writer.unwritten()
     }
 
     /// Replaces the table with the one a snapshot of shard 0 carried: the
@@ -283,17 +310,21 @@ impl MemberRegistry {
         for m in old.iter().filter(|o| !members.iter().any(|n| n.id == o.id)) {
             self.accepted.remove(m.id);
         }
-        self.change(|state| {
-            let changed = state.members != members;
-            state.members = members;
-            changed
-        })
+        self.change(
+            |state| {
+                let changed = state.members != members;
+                state.members = members;
+                changed
+            },
+            Write::Now,
+        )
     }
 
-    /// Applies `f` to the table and writes the file if it says it changed.
-    /// The file's lock is held throughout, so writers never interleave an
-    /// older table over a newer one.
-    fn change(&self, f: impl FnOnce(&mut Membership) -> bool) -> std::io::Result<()> {
+    /// Applies `f` to the table and, if it says the table changed, writes
+    /// the file as `how` says. The file's lock is held while the change is
+    /// numbered, so the numbers follow the order of the changes, and the
+    /// writer never lays an older table over a newer one.
+    fn change(&self, f: impl FnOnce(&mut Membership) -> bool, how: Write) -> std::io::Result<()> {
         let mut file = self.file.lock().unwrap_or_else(|e| e.into_inner());
         let members = {
             let mut state = self.state.write().unwrap_or_else(|e| e.into_inner());
@@ -305,7 +336,20 @@ impl MemberRegistry {
             state.members.clone()
         };
         file.members = members;
-        file.write(&self.dir)
+        self.write_file(&file, how)
+    }
+
+    /// Numbers a change of the file's contents and writes it as `how` says.
+    /// The caller holds the file's lock.
+    fn write_file(&self, file: &MemberFile, how: Write) -> std::io::Result<()> {
+        let seq = self.changes_made.fetch_add(1, Ordering::AcqRel) + 1;
+        match how {
+            Write::Queued => {
+                self.writer.queue(seq, file.clone());
+                Ok(())
+            }
+            Write::Now => self.writer.write_now(seq, file),
+        }
     }
 
     pub fn table(&self) -> MemberTable {
@@ -335,29 +379,22 @@ impl MemberRegistry {
         file.bootstrap_voters.clone()
     }
 
-    /// Marks this member removed from the cluster (persisted: it refuses to
-    /// start again) and wakes whoever waits in [`Self::wait_removed`].
-    pub fn mark_removed(&self) -> std::io::Result<()> {
+    /// Marks this member removed from the cluster (persisted by the writer
+    /// thread: it refuses to start again) and wakes whoever waits in
+    /// [`Self::wait_removed`]. Should the write fail, the member starts
+    /// again if restarted and learns of its removal from the others.
+    pub fn mark_removed(&self) {
         if self.removed.swap(true, Ordering::SeqCst) {
-            return Ok(());
+            return;
         }
-        let written = {
+        {
             let mut file = self.file.lock().unwrap_or_else(|e| e.into_inner());
             file.removed = true;
-            file.write(&self.dir)
-        };
+            self.write_file(&file, Write::Queued)
+                .expect("a queued write answers at once");
+        }
         self.removed_notify.notify_waiters();
         self.removed_notify.notify_one();
-        written
-    }
-
-    /// [`Self::mark_removed`] for callers that stop either way: a failure to
-    /// persist the mark is logged (the member then starts again if restarted,
-    /// and learns of its removal from the others).
-    pub fn record_removal(&self) {
-        if let Err(e) = self.mark_removed() {
-            tracing::error!(error = %e, "recording the removal in member.toml failed");
-        }
     }
 
     pub fn is_removed(&self) -> bool {
