@@ -110,6 +110,12 @@ impl Config {
     }
 }
 
+/// How long a defragment step waiting for the syncer holds the owner's
+/// commits back after it last asked.
+pub(crate) const DEFRAG_PRIORITY: std::time::Duration = std::time::Duration::from_secs(1);
+/// How long after a failed grow ahead the store asks for none.
+pub(crate) const GROW_RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Commit timings and volumes, for metrics.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CommitStats {
@@ -227,11 +233,16 @@ pub struct Store {
     pub(crate) poisoned: bool,
     pub(crate) stats: CommitStats,
     pub(crate) shrink_wanted: bool,
-    /// A defragment step is waiting for room in the syncer's queue: the
-    /// owner's commits hold back until the queue drains, so that a steady
-    /// stream of them on a slow disk cannot keep the queue full ahead of
-    /// the step for ever.
-    pub(crate) defrag_waiting: bool,
+    /// When a defragment step last found the syncer busy (its queue full,
+    /// or pages still syncing): the owner's commits hold back until the
+    /// step goes ahead, so that on a slow disk they cannot take every turn
+    /// the syncer gives, for at most [`DEFRAG_PRIORITY`] after the step
+    /// last asked (a run dropped part-way holds nothing back for long).
+    pub(crate) defrag_waiting: Option<Instant>,
+    /// When a grow ahead of need last failed: none is asked for again for
+    /// [`GROW_RETRY_AFTER`], so a commit short of room grows the file
+    /// itself and reports the disk's error.
+    pub(crate) grow_failed: Option<Instant>,
     /// Pages the last commit moved below a defragment's limit.
     pub(crate) relocated_pages: usize,
     pub(crate) meta_writer: MetaWriter,
@@ -415,7 +426,8 @@ impl Store {
             poisoned: false,
             stats: CommitStats::default(),
             shrink_wanted: false,
-            defrag_waiting: false,
+            defrag_waiting: None,
+            grow_failed: None,
             relocated_pages: 0,
             meta_writer,
             captured: None,

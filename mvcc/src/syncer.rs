@@ -243,8 +243,9 @@ impl MetaWriter {
 /// Growing the file ahead of need, on the syncer.
 impl MetaWriter {
     /// Whether a grow is in flight: handed over, its end not yet taken up.
+    /// A syncer that failed grows nothing more: no grow is in flight then.
     pub(crate) fn growing(&self) -> bool {
-        matches!(self.mode, Mode::Thread { growing: true, .. })
+        matches!(self.mode, Mode::Thread { growing: true, .. }) && !self.has_failed()
     }
 
     /// Asks the syncer to grow the file to `len` bytes. False when there is

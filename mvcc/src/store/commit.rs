@@ -76,7 +76,10 @@ impl Store {
             && !self.meta_writer.has_failed()
             && self.pending_bytes < self.cfg.max_batch_bytes / 2
         {
-            if self.commit_would_wait() || self.defrag_waiting {
+            let defrag_asks = self
+                .defrag_waiting
+                .is_some_and(|t| t.elapsed() < super::DEFRAG_PRIORITY);
+            if self.commit_would_wait() || defrag_asks {
                 self.stats.deferred += 1;
                 return Ok(false);
             }
@@ -110,8 +113,13 @@ impl Store {
 
     /// About how many pages committing what is pending takes.
     fn pages_needed(&self) -> u64 {
+        // A delete may rewrite a leaf of its own (a compaction's deletes are
+        // spread over the tree), but no more leaves than there are.
         (self.pending_bytes / (PAGE_SIZE_BYTES / 2)
-            + self.pending_deletes.len() / 4
+            + self
+                .pending_deletes
+                .len()
+                .min(self.pager.used_pages() as usize)
             + self.lease_dirty.len()
             + self.txn_dirty.len()
             + 16) as u64
@@ -134,7 +142,11 @@ impl Store {
     /// quarter of a step beyond what is pending, so the grow is usually done
     /// before a commit needs it. Without a syncer, commits grow the file.
     pub(super) fn grow_ahead_if_short(&mut self) {
-        if self.meta_writer.growing() || self.shrink_wanted {
+        if self.meta_writer.growing()
+            || self
+                .grow_failed
+                .is_some_and(|t| t.elapsed() < super::GROW_RETRY_AFTER)
+        {
             return;
         }
         let cur = self.pager.file_pages;
@@ -156,16 +168,23 @@ impl Store {
     pub(super) fn take_up_grown_file(&mut self) -> Result<(), CommitError> {
         match self.meta_writer.take_grown() {
             Some(Ok(len)) => self.take_up_length(len),
-            Some(Err(_)) | None => Ok(()),
+            Some(Err(_)) => {
+                self.grow_failed = Some(Instant::now());
+                Ok(())
+            }
+            None => Ok(()),
         }
     }
 
-    fn take_up_length(&mut self, len: u64) -> Result<(), CommitError> {
+    pub(super) fn take_up_length(&mut self, len: u64) -> Result<(), CommitError> {
         let pages = len / PAGE_SIZE_BYTES as u64;
         if pages > self.pager.file_pages {
+            if let Err(e) = self.remap() {
+                self.poisoned = true;
+                return Err(e);
+            }
             self.pager.file_pages = pages;
             self.stats.grown_ahead += 1;
-            self.remap()?;
         }
         Ok(())
     }
@@ -385,14 +404,18 @@ impl Store {
             self.pager.free.remove(&hw);
         }
         self.pager.high_water = hw;
-        if hw < self.pager.file_pages {
-            let len = hw * PAGE_SIZE_BYTES as u64;
+        // Room for the next commits stays, so the cut does not make the
+        // syncer grow the file again at once (a quarter step, the room
+        // under which a grow ahead is asked for, and a commit's least need).
+        let keep = hw + self.grow_step_pages(hw) / 4 + 16;
+        if keep < self.pager.file_pages {
+            let len = keep * PAGE_SIZE_BYTES as u64;
             let file = self.file.clone();
             let mut st = self.pager.storage.borrow_mut();
             st.set_len(len)
                 .map_err(storage_err(&file, IoOp::Shrink, len))?;
             drop(st);
-            self.pager.file_pages = hw;
+            self.pager.file_pages = keep;
             self.remap()?;
         }
         if self.pager.pending_free.is_empty() {

@@ -53,6 +53,9 @@ impl Store {
         let mut run = self.defragment_start();
         loop {
             self.sync()?;
+            if let Some(Ok(len)) = self.meta_writer.wait_grown() {
+                self.take_up_length(len)?;
+            }
             let pages = self.cfg.defrag_step_pages;
             if let DefragProgress::Done(report) = self.defragment_step(&mut run, pages)? {
                 return Ok(report);
@@ -92,7 +95,7 @@ impl Store {
         // hold still for the cut. (No grow starts while the run wants a cut.)
         self.take_up_grown_file().map_err(DefragError::from)?;
         let syncer_busy = self.commit_would_wait() || self.meta_writer.growing();
-        self.defrag_waiting = syncer_busy;
+        self.defrag_waiting = syncer_busy.then(std::time::Instant::now);
         if syncer_busy
             || run
                 .last_txn
