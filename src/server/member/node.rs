@@ -204,7 +204,11 @@ impl Node {
         let (client_tls, peer_tls) = start_tls(&config)?;
         let file = prepare_data_dir(&mut config, peer_tls.clone())?;
         log_sharding(config.shards);
-        let members = Arc::new(MemberRegistry::new(&config.data_dir, file.clone()));
+        let members = Arc::new(MemberRegistry::new(
+            &config.data_dir,
+            file.clone(),
+            crate::server::members::FileWriterThread::Own,
+        ));
         let auth = crate::server::auth::AuthStore::open(&config.data_dir, config.auth.clone())?;
         let routing = RoutingTable::new(config.shards, config.cores);
         let keyspace = (config.shards > 1)

@@ -21,6 +21,8 @@
 
 mod writer;
 
+pub use writer::FileWriterThread;
+
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, RwLock};
@@ -202,14 +204,16 @@ enum Write {
 }
 
 impl MemberRegistry {
-    pub fn new(dir: &Path, file: MemberFile) -> MemberRegistry {
+    /// The table `file` holds, kept in `dir`'s `member.toml` by the thread
+    /// `writes_on` names.
+    pub fn new(dir: &Path, file: MemberFile, writes_on: FileWriterThread) -> MemberRegistry {
         let members = file.members.clone();
         let accepted = cairn_net::MemberSet::new(members.iter().map(|m| m.id));
         let learner = members
             .iter()
             .any(|m| m.id == file.member_id && m.is_learner);
         MemberRegistry {
-            writer: writer::FileWriter::new(dir),
+            writer: writer::FileWriter::new(dir, writes_on),
             changes_made: AtomicU64::new(0),
             cluster_id: file.cluster_id,
             local_id: file.member_id,

@@ -17,10 +17,23 @@ use std::thread::JoinHandle;
 
 use super::{MemberFile, MEMBER_FILE};
 
+/// Which thread writes `member.toml` after a change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileWriterThread {
+    /// A thread of its own: the daemon, whose callers are cores.
+    Own,
+    /// The caller's, before it goes on: the driver simulation, all on one
+    /// thread under a paused clock, where a thread it cannot see would make
+    /// a seed's store commits (held back until the file is written) fall
+    /// differently from one run to the next.
+    Caller,
+}
+
 /// The member's file and the thread that writes it.
 pub(super) struct FileWriter {
     shared: Arc<Shared>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    writes_on: FileWriterThread,
 }
 
 struct Shared {
@@ -45,7 +58,7 @@ struct Queue {
 
 impl FileWriter {
     /// The file in `dir`, which holds what it holds (change 0).
-    pub(super) fn new(dir: &Path) -> FileWriter {
+    pub(super) fn new(dir: &Path, writes_on: FileWriterThread) -> FileWriter {
         FileWriter {
             shared: Arc::new(Shared {
                 dir: dir.to_path_buf(),
@@ -56,6 +69,7 @@ impl FileWriter {
                 written: AtomicU64::new(0),
             }),
             thread: Mutex::new(None),
+            writes_on,
         }
     }
 
@@ -64,6 +78,12 @@ impl FileWriter {
     pub(super) fn queue(&self, seq: u64, file: MemberFile) {
         let s = &self.shared;
         s.wanted.fetch_max(seq, Ordering::AcqRel);
+        if self.writes_on == FileWriterThread::Caller {
+            if lock(&s.queue).failure.is_none() {
+                s.write_or_fail(seq, &file);
+            }
+            return;
+        }
         let mut q = lock(&s.queue);
         if q.next.as_ref().is_some_and(|(queued, _)| *queued > seq) {
             return;
@@ -141,11 +161,22 @@ impl Shared {
                     q = self.wake.wait(q).unwrap_or_else(PoisonError::into_inner);
                 }
             };
-            if let Err(e) = self.write(seq, &file) {
+            if !self.write_or_fail(seq, &file) {
+                return;
+            }
+        }
+    }
+
+    /// Writes change `seq`'s file; on failure records why (see
+    /// [`FileWriter::unwritten`]) and answers false.
+    fn write_or_fail(&self, seq: u64, file: &MemberFile) -> bool {
+        match self.write(seq, file) {
+            Ok(()) => true,
+            Err(e) => {
                 let reason = format!("writing {MEMBER_FILE}: {e}");
                 tracing::error!(error = %reason, "member table not kept");
                 lock(&self.queue).failure = Some(reason);
-                return;
+                false
             }
         }
     }
@@ -166,10 +197,10 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 #[cfg(test)]
-mod tests {
+mod tests_support {
     use super::*;
 
-    fn file(members: &[u64]) -> MemberFile {
+    pub(super) fn file(members: &[u64]) -> MemberFile {
         MemberFile {
             layout_version: super::super::LAYOUT_VERSION,
             name: "a".into(),
@@ -193,10 +224,16 @@ mod tests {
         }
     }
 
-    fn ids(dir: &Path) -> Vec<u64> {
+    pub(super) fn ids(dir: &Path) -> Vec<u64> {
         let f = MemberFile::load(dir).unwrap().unwrap();
         f.members.iter().map(|m| m.id).collect()
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tests_support::*;
+    use super::*;
 
     /// Waits, bounded by the writer's progress, until nothing is unwritten.
     fn until_written(w: &FileWriter) -> Result<(), String> {
@@ -211,7 +248,7 @@ mod tests {
     #[test]
     fn a_queued_change_is_unwritten_until_the_thread_writes_it() {
         let dir = tempfile::tempdir().unwrap();
-        let w = FileWriter::new(dir.path());
+        let w = FileWriter::new(dir.path(), FileWriterThread::Own);
         assert_eq!(w.unwritten(), Ok(false));
         w.queue(1, file(&[1]));
         w.queue(2, file(&[1, 2]));
@@ -222,7 +259,7 @@ mod tests {
     #[test]
     fn an_older_change_never_lays_itself_over_a_newer_one() {
         let dir = tempfile::tempdir().unwrap();
-        let w = FileWriter::new(dir.path());
+        let w = FileWriter::new(dir.path(), FileWriterThread::Own);
         w.write_now(5, &file(&[1, 2, 3])).unwrap();
         w.queue(4, file(&[1]));
         until_written(&w).unwrap();
@@ -236,7 +273,7 @@ mod tests {
     fn a_write_that_fails_is_reported_not_dropped_and_the_queuer_does_not_wait() {
         let dir = tempfile::tempdir().unwrap();
         let gone = dir.path().join("gone");
-        let w = FileWriter::new(&gone);
+        let w = FileWriter::new(&gone, FileWriterThread::Own);
         // The queuer (a core) returns at once; the failure comes later.
         w.queue(1, file(&[1]));
         let err = until_written(&w).expect_err("a write into a missing directory succeeded");
@@ -247,11 +284,30 @@ mod tests {
     #[test]
     fn dropping_the_writer_writes_what_is_queued() {
         let dir = tempfile::tempdir().unwrap();
-        let w = FileWriter::new(dir.path());
+        let w = FileWriter::new(dir.path(), FileWriterThread::Own);
         let mut f = file(&[1, 2]);
         f.removed = true;
         w.queue(1, f);
         drop(w);
         assert!(MemberFile::load(dir.path()).unwrap().unwrap().removed);
+    }
+}
+
+#[cfg(test)]
+mod caller_tests {
+    use super::tests_support::*;
+    use super::*;
+
+    #[test]
+    fn on_the_callers_thread_a_change_is_written_before_queue_returns() {
+        let dir = tempfile::tempdir().unwrap();
+        let w = FileWriter::new(dir.path(), FileWriterThread::Caller);
+        w.queue(1, file(&[1, 2]));
+        assert_eq!(w.unwritten(), Ok(false));
+        assert_eq!(ids(dir.path()), vec![1, 2]);
+        assert!(lock(&w.thread).is_none(), "a thread was started");
+        let gone = FileWriter::new(&dir.path().join("gone"), FileWriterThread::Caller);
+        gone.queue(1, file(&[1]));
+        assert!(gone.unwritten().unwrap_err().contains(MEMBER_FILE));
     }
 }

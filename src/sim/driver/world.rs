@@ -21,7 +21,7 @@ use crate::raft;
 use crate::routing::ShardId;
 use crate::server::command::{Reply, ShardCommand};
 use crate::server::errors::ApiError;
-use crate::server::members::MemberRegistry;
+use crate::server::members::{FileWriterThread, MemberRegistry};
 use crate::server::shard::{
     OffCoreJobs, PeerSender, Shard, ShardInbound, ShardSetup, SnapshotTransfer, SpoolWriterThread,
     StreamSpool,
@@ -476,7 +476,13 @@ impl World {
             .map_err(|e| format!("member {id}: the WAL does not open: {e}"))?;
         std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
         let founders = self.founders();
-        let registry = MemberRegistry::new(&dir, member_file(id, &founders, &self.ids()));
+        // member.toml is written on this thread, so that a seed replays
+        // exactly (shard 0's store commits wait for the file).
+        let registry = MemberRegistry::new(
+            &dir,
+            member_file(id, &founders, &self.ids()),
+            FileWriterThread::Caller,
+        );
         let (commands_tx, commands_rx) = mpsc::channel(COMMAND_QUEUE);
         let (inbound_tx, inbound_rx) = mpsc::channel(INBOUND_QUEUE);
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
