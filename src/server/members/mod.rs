@@ -11,13 +11,16 @@
 //!
 //! # How the table changes
 //! Every membership change is a Raft conf change in every shard; its context
-//! carries the member's record ([`MemberInfo`]). Whichever shard applies a change
-//! first updates the table here (updates are idempotent, so the others' applies
-//! change nothing). The table is written to `member.toml` by a thread of its
-//! own ([`writer`]), and shard 0 commits its store past a change only once the
-//! file has it, so a crash before the write replays the change. A member that
-//! catches up by snapshot gets the leader's whole table with it, written
-//! before the install goes on.
+//! carries the member's record ([`MemberInfo`]). The table follows shard 0's
+//! applies alone (updates are idempotent, so a replayed change changes
+//! nothing), so every member changes it in the same order. The table is
+//! written to `member.toml` by a thread of its own ([`writer`]), and no shard
+//! commits its store while a change is not in the file yet, so a crash before
+//! the write replays the change in shard 0 and, in every other shard, the
+//! changes applied meanwhile (a restart dials the peers the file names; each
+//! shard links to the members its own applies add). A member that catches up
+//! by snapshot gets the leader's whole table with it, written before the
+//! install goes on.
 
 mod writer;
 
@@ -329,31 +332,37 @@ impl MemberRegistry {
     /// numbered, so the numbers follow the order of the changes, and the
     /// writer never lays an older table over a newer one.
     fn change(&self, f: impl FnOnce(&mut Membership) -> bool, how: Write) -> std::io::Result<()> {
-        let mut file = self.file.lock().unwrap_or_else(|e| e.into_inner());
-        let members = {
-            let mut state = self.state.write().unwrap_or_else(|e| e.into_inner());
-            if !f(&mut state) {
-                return Ok(());
-            }
-            let learner = state.get(state.local_id).is_some_and(|m| m.is_learner);
-            self.local_learner.store(learner, Ordering::Release);
-            state.members.clone()
+        let (seq, snapshot) = {
+            let mut file = self.file.lock().unwrap_or_else(|e| e.into_inner());
+            let members = {
+                let mut state = self.state.write().unwrap_or_else(|e| e.into_inner());
+                if !f(&mut state) {
+                    return Ok(());
+                }
+                let learner = state.get(state.local_id).is_some_and(|m| m.is_learner);
+                self.local_learner.store(learner, Ordering::Release);
+                state.members.clone()
+            };
+            file.members = members;
+            self.number_change(&file)
         };
-        file.members = members;
-        self.write_file(&file, how)
-    }
-
-    /// Numbers a change of the file's contents and writes it as `how` says.
-    /// The caller holds the file's lock.
-    fn write_file(&self, file: &MemberFile, how: Write) -> std::io::Result<()> {
-        let seq = self.changes_made.fetch_add(1, Ordering::AcqRel) + 1;
         match how {
             Write::Queued => {
-                self.writer.queue(seq, file.clone());
+                self.writer.queue(seq, snapshot);
                 Ok(())
             }
-            Write::Now => self.writer.write_now(seq, file),
+            // Written with the file's lock released: cores read the file's
+            // fixed fields under it and must not wait for this sync.
+            Write::Now => self.writer.write_now(seq, &snapshot),
         }
+    }
+
+    /// Numbers a change of the file's contents and answers the file as of
+    /// it. The caller holds the file's lock, so the numbers follow the order
+    /// of the changes.
+    fn number_change(&self, file: &MemberFile) -> (u64, MemberFile) {
+        let seq = self.changes_made.fetch_add(1, Ordering::AcqRel) + 1;
+        (seq, file.clone())
     }
 
     pub fn table(&self) -> MemberTable {
@@ -385,8 +394,9 @@ impl MemberRegistry {
 
     /// Marks this member removed from the cluster (persisted by the writer
     /// thread: it refuses to start again) and wakes whoever waits in
-    /// [`Self::wait_removed`]. Should the write fail, the member starts
-    /// again if restarted and learns of its removal from the others.
+    /// [`Self::wait_removed`]. Should the write fail, the member's shards
+    /// fail as for any unwritten change (it is stopping anyway), and it
+    /// starts again if restarted and learns of its removal from the others.
     pub fn mark_removed(&self) {
         if self.removed.swap(true, Ordering::SeqCst) {
             return;
@@ -394,8 +404,8 @@ impl MemberRegistry {
         {
             let mut file = self.file.lock().unwrap_or_else(|e| e.into_inner());
             file.removed = true;
-            self.write_file(&file, Write::Queued)
-                .expect("a queued write answers at once");
+            let (seq, snapshot) = self.number_change(&file);
+            self.writer.queue(seq, snapshot);
         }
         self.removed_notify.notify_waiters();
         self.removed_notify.notify_one();

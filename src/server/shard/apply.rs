@@ -79,16 +79,18 @@ impl Shard {
         }
     }
 
-    /// Whether shard 0's store must not commit yet: an auth or membership
-    /// change it applied is still being written to `auth.state` or
-    /// `member.toml` (a commit past it would keep the log from replaying it
-    /// after a crash). A file that cannot be written fails the shard, as a
-    /// failed store commit does.
+    /// Whether the store must not commit yet: a membership change is still
+    /// being written to `member.toml`, or (shard 0) an auth change it
+    /// applied to `auth.state`. A commit past it would keep the log from
+    /// replaying it after a crash: shard 0's apply writes the table, and
+    /// every shard's apply of a change links the shard to a member added (a
+    /// restart dials only the members the file names). A file that cannot
+    /// be written fails the shard, as a failed store commit does.
     fn files_behind(&mut self) -> bool {
-        if self.id != 0 {
-            return false;
-        }
-        let auth = self.auth.as_ref().map_or(Ok(false), |a| a.unwritten());
+        let auth = match self.auth.as_ref().filter(|_| self.id == 0) {
+            Some(a) => a.unwritten(),
+            None => Ok(false),
+        };
         match auth.and_then(|a| Ok(a || self.members.unwritten()?)) {
             Ok(behind) => behind,
             Err(reason) => {

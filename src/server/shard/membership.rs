@@ -229,8 +229,8 @@ impl Shard {
             }
             _ => {}
         }
-        // The table's file is written by a thread of its own; shard 0's
-        // store commits past this entry only once the file has it
+        // The table's file is written by a thread of its own; no shard's
+        // store commits past this entry before the file has it
         // (`Shard::files_behind`).
         if ctx.proposer == self.member_id {
             if let Some(w) = self.waiters.remove(&ctx.request_id) {
