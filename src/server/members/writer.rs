@@ -11,7 +11,7 @@
 //! written meanwhile on another thread ([`FileWriter::write_now`]).
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
 
@@ -47,6 +47,9 @@ struct Shared {
     wanted: AtomicU64,
     /// The number of the change the file holds.
     written: AtomicU64,
+    /// A write failed (the queue's `failure` says why): read by every
+    /// shard's commits without taking a lock.
+    failed: AtomicBool,
 }
 
 #[derive(Default)]
@@ -67,6 +70,7 @@ impl FileWriter {
                 writing: Mutex::new(()),
                 wanted: AtomicU64::new(0),
                 written: AtomicU64::new(0),
+                failed: AtomicBool::new(false),
             }),
             thread: Mutex::new(None),
             writes_on,
@@ -97,7 +101,10 @@ impl FileWriter {
                 .spawn(move || shared.run())
             {
                 Ok(t) => *thread = Some(t),
-                Err(e) => q.failure = Some(format!("starting the {MEMBER_FILE} writer: {e}")),
+                Err(e) => {
+                    q.failure = Some(format!("starting the {MEMBER_FILE} writer: {e}"));
+                    s.failed.store(true, Ordering::Release);
+                }
             }
         }
         drop(q);
@@ -115,8 +122,10 @@ impl FileWriter {
     /// commit past it), or why the file could not be written.
     pub(super) fn unwritten(&self) -> Result<bool, String> {
         let s = &self.shared;
-        if let Some(f) = &lock(&s.queue).failure {
-            return Err(f.clone());
+        if s.failed.load(Ordering::Acquire) {
+            if let Some(f) = &lock(&s.queue).failure {
+                return Err(f.clone());
+            }
         }
         Ok(s.written.load(Ordering::Acquire) < s.wanted.load(Ordering::Acquire))
     }
@@ -176,6 +185,7 @@ impl Shared {
                 let reason = format!("writing {MEMBER_FILE}: {e}");
                 tracing::error!(error = %reason, "member table not kept");
                 lock(&self.queue).failure = Some(reason);
+                self.failed.store(true, Ordering::Release);
                 false
             }
         }
