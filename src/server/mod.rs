@@ -29,6 +29,7 @@ pub mod gateway;
 pub mod identity;
 pub mod key_ranges;
 pub mod keyspace;
+pub mod latest_file;
 pub mod member;
 pub mod members;
 pub mod peer_client;

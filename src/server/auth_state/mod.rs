@@ -2,7 +2,8 @@
 //! ([`state`]) and the simple tokens ([`simple_tokens`]), changed only
 //! through shard 0's Raft log. Every member applies the same changes in the
 //! same order (shard 0's driver calls [`AuthReplica::apply`]), keeps the
-//! state in `<data dir>/auth.state` (`file.rs`), and hands it to a member
+//! state in `<data dir>/auth.state` (written by a thread of its own:
+//! [`LatestFile`]), and hands it to a member
 //! that catches up by snapshot ([`AuthReplica::snapshot`],
 //! [`AuthReplica::install`]).
 //!
@@ -11,7 +12,6 @@
 //! through [`AuthReplica::with`], without a lock (the state is
 //! [`Published`]).
 
-mod file;
 pub mod perms;
 pub mod published;
 pub mod simple_tokens;
@@ -25,6 +25,7 @@ use cairn_proto::cairnpb::{auth_change::Change, AuthChange, AuthState};
 use prost::Message as _;
 
 use crate::server::errors::ApiError;
+use crate::server::latest_file::{LatestFile, WriterThread};
 use published::Published;
 use simple_tokens::SimpleTokens;
 use state::AuthData;
@@ -48,8 +49,23 @@ pub struct AuthReplica {
     /// Mirrors the state's flag, read without a lock on every request.
     enabled: AtomicBool,
     data: Published<AuthData>,
-    file: file::StateFile,
+    /// `auth.state`, numbered by the applied index of the state it holds.
+    file: LatestFile<AuthState>,
     simple: SimpleTokens,
+}
+
+/// `auth.state` in `dir`, holding the state of `applied_index`, written by
+/// a thread of its own.
+fn state_file(dir: &Path, applied_index: u64) -> LatestFile<AuthState> {
+    let dir = dir.to_path_buf();
+    LatestFile::new(
+        AUTH_FILE,
+        applied_index,
+        WriterThread::Own,
+        move |state: &AuthState| {
+            crate::durable_file::write_checked(&dir, AUTH_FILE, &state.encode_to_vec())
+        },
+    )
 }
 
 impl AuthReplica {
@@ -67,7 +83,7 @@ impl AuthReplica {
         };
         Ok(AuthReplica {
             enabled: AtomicBool::new(state.enabled),
-            file: file::StateFile::new(dir, state.applied_index),
+            file: state_file(dir, state.applied_index),
             data: Published::new(AuthData::new(state)),
             simple: SimpleTokens::new(simple_token_ttl),
         })
@@ -117,7 +133,8 @@ impl AuthReplica {
         // Only a change that altered the state is written: replaying a
         // no-op after a restart is a no-op again.
         if next.revision() != data.get().revision() {
-            self.file.queue(next.state().clone());
+            let state = next.state().clone();
+            self.file.queue(state.applied_index, state);
         }
         let enabled = next.enabled();
         data.set(next);
@@ -146,7 +163,7 @@ impl AuthReplica {
         if state.applied_index <= data.get().applied_index() {
             return Ok(());
         }
-        self.file.write_now(state)?;
+        self.file.write_now(state.applied_index, state)?;
         data.set(AuthData::new(state.clone()));
         self.enabled.store(state.enabled, Ordering::Release);
         self.simple.clear();

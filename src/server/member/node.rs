@@ -207,7 +207,7 @@ impl Node {
         let members = Arc::new(MemberRegistry::new(
             &config.data_dir,
             file.clone(),
-            crate::server::members::FileWriterThread::Own,
+            crate::server::members::WriterThread::Own,
         ));
         let auth = crate::server::auth::AuthStore::open(&config.data_dir, config.auth.clone())?;
         let routing = RoutingTable::new(config.shards, config.cores);

@@ -14,7 +14,7 @@
 //! carries the member's record ([`MemberInfo`]). The table follows shard 0's
 //! applies alone (updates are idempotent, so a replayed change changes
 //! nothing), so every member changes it in the same order. The table is
-//! written to `member.toml` by a thread of its own ([`writer`]), and no shard
+//! written to `member.toml` by a thread of its own ([`LatestFile`]), and no shard
 //! commits its store while a change is not in the file yet, so a crash before
 //! the write replays the change in shard 0 and, in every other shard, the
 //! changes applied meanwhile (a restart dials the peers the file names; each
@@ -22,9 +22,8 @@
 //! by snapshot gets the leader's whole table with it, written before the
 //! install goes on.
 
-mod writer;
-
-pub use writer::FileWriterThread;
+use crate::server::latest_file::LatestFile;
+pub use crate::server::latest_file::WriterThread;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -176,7 +175,7 @@ impl Membership {
 #[derive(Debug)]
 pub struct MemberRegistry {
     /// Writes `member.toml` off the caller's thread.
-    writer: writer::FileWriter,
+    writer: LatestFile<MemberFile>,
     /// The number of the newest change made to the file's contents.
     changes_made: AtomicU64,
     /// Fixed for the member's life, so read without a lock on request paths.
@@ -209,14 +208,19 @@ enum Write {
 impl MemberRegistry {
     /// The table `file` holds, kept in `dir`'s `member.toml` by the thread
     /// `writes_on` names.
-    pub fn new(dir: &Path, file: MemberFile, writes_on: FileWriterThread) -> MemberRegistry {
+    pub fn new(dir: &Path, file: MemberFile, writes_on: WriterThread) -> MemberRegistry {
         let members = file.members.clone();
         let accepted = cairn_net::MemberSet::new(members.iter().map(|m| m.id));
         let learner = members
             .iter()
             .any(|m| m.id == file.member_id && m.is_learner);
         MemberRegistry {
-            writer: writer::FileWriter::new(dir, writes_on),
+            writer: {
+                let dir = dir.to_path_buf();
+                LatestFile::new(MEMBER_FILE, 0, writes_on, move |f: &MemberFile| {
+                    f.write(&dir)
+                })
+            },
             changes_made: AtomicU64::new(0),
             cluster_id: file.cluster_id,
             local_id: file.member_id,

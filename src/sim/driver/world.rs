@@ -21,7 +21,7 @@ use crate::raft;
 use crate::routing::ShardId;
 use crate::server::command::{Reply, ShardCommand};
 use crate::server::errors::ApiError;
-use crate::server::members::{FileWriterThread, MemberRegistry};
+use crate::server::members::{MemberRegistry, WriterThread};
 use crate::server::shard::{
     OffCoreJobs, PeerSender, Shard, ShardInbound, ShardSetup, SnapshotTransfer, SpoolWriterThread,
     StreamSpool,
@@ -481,7 +481,7 @@ impl World {
         let registry = MemberRegistry::new(
             &dir,
             member_file(id, &founders, &self.ids()),
-            FileWriterThread::Caller,
+            WriterThread::Caller,
         );
         let (commands_tx, commands_rx) = mpsc::channel(COMMAND_QUEUE);
         let (inbound_tx, inbound_rx) = mpsc::channel(INBOUND_QUEUE);
