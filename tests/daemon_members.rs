@@ -505,3 +505,96 @@ async fn members_created_with_different_shard_counts_refuse_each_other() {
         "the odd member's write reached the cluster"
     );
 }
+
+/// A member killed as it is about to write `member.toml` after applying a
+/// membership change comes back with the change: the file is written off
+/// the core after the apply, and the store is not committed past the change
+/// until the file has it, so the WAL replays it at the restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_killed_before_its_table_is_written_replays_the_change() {
+    let flags = ["--shards", "2", "--cores", "1"];
+    let mut cluster = Cluster::start(3, &flags);
+    let ep0 = cluster.members[0].endpoint();
+    let mut c0 = client(&ep0).await;
+    wait_writable(&mut c0, "/table/ready").await;
+    // Published attributes are changes to the table too: done before the
+    // crash point is armed.
+    wait_published(&c0).await;
+    let m2 = &mut cluster.members[2];
+    m2.kill9();
+    // The writer thread waits 1.5 s at the point before the kill while the
+    // shards go on applying and committing: a store committed past the
+    // change would keep the restart from replaying it.
+    m2.set_env(&[
+        ("CAIRN_CRASH_AT", "member-file-write"),
+        ("CAIRN_CRASH_DELAY_MS", "1500"),
+    ]);
+    m2.restart();
+    let mut c2 = client(&m2.endpoint()).await;
+    wait_writable(&mut c2, "/table/m2-back").await;
+    let url = format!("http://127.0.0.1:{}", common::free_port());
+    c0.member_add(
+        vec![url.clone()],
+        Some(etcd_client::MemberAddOptions::new().with_is_learner()),
+    )
+    .await
+    .unwrap();
+    // Writes meanwhile, on both shards, applied by m2 before it dies.
+    for i in 0..50 {
+        c0.put(format!("/a/after-add{i:02}"), "v", None)
+            .await
+            .unwrap();
+        c0.put(format!("/b/after-add{i:02}"), "v", None)
+            .await
+            .unwrap();
+    }
+    let m2 = &mut cluster.members[2];
+    let code = m2.wait_exit(Duration::from_secs(120));
+    let log = m2.log_text();
+    assert!(
+        log.contains("crash point member-file-write reached"),
+        "exit {code:?}:\n{log}"
+    );
+    let before = std::fs::read_to_string(m2.data_dir.join("member.toml")).unwrap();
+    assert!(
+        !before.contains(&url),
+        "the file was written before the crash"
+    );
+    m2.set_env(&[]);
+    m2.restart();
+    let mut c2 = client(&m2.endpoint()).await;
+    wait_writable(&mut c2, "/table/m2-again").await;
+    let listed = eventually(
+        "the added member in the restarted member's table",
+        Duration::from_secs(60),
+        || {
+            let mut c2 = c2.clone();
+            let url = url.clone();
+            async move {
+                let list = c2.member_list().await.ok()?;
+                list.members()
+                    .iter()
+                    .any(|m| m.peer_urls().contains(&url))
+                    .then_some(())
+            }
+        },
+    )
+    .await;
+    let _: () = listed;
+    let data_dir = cluster.members[2].data_dir.clone();
+    eventually(
+        "the added member in member.toml",
+        Duration::from_secs(60),
+        || {
+            let path = data_dir.join("member.toml");
+            let url = url.clone();
+            async move {
+                std::fs::read_to_string(path)
+                    .ok()
+                    .filter(|t| t.contains(&url))
+                    .map(|_| ())
+            }
+        },
+    )
+    .await;
+}

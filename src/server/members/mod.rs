@@ -218,6 +218,7 @@ impl MemberRegistry {
             writer: {
                 let dir = dir.to_path_buf();
                 LatestFile::new(MEMBER_FILE, 0, writes_on, move |f: &MemberFile| {
+                    crate::server::crash_point::reached("member-file-write");
                     f.write(&dir)
                 })
             },
