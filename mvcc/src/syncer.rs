@@ -221,16 +221,12 @@ impl MetaWriter {
     /// Waits until every handed-over commit is durable.
     pub(crate) fn wait_durable(&self, txn: u64) -> Result<(), StorageError> {
         if let Mode::Thread { shared, .. } = &self.mode {
-            let mut g = shared.lock.lock().expect("sync wait lock");
-            while shared.durable_txn.load(Ordering::Acquire) < txn {
+            let durable = || shared.durable_txn.load(Ordering::Acquire) >= txn;
+            while !durable() {
                 if let Some(e) = self.failure() {
                     return Err(e);
                 }
-                g = shared
-                    .wake
-                    .wait_timeout(g, std::time::Duration::from_millis(50))
-                    .expect("sync wait")
-                    .0;
+                shared.wait_until(durable);
             }
         }
         match self.failure() {
@@ -286,29 +282,15 @@ impl MetaWriter {
     /// Waits for the end of the grow in flight; None when none is in flight
     /// or the syncer stopped first (its failure says why).
     pub(crate) fn wait_grown(&mut self) -> Option<Grown> {
-        loop {
-            if !self.growing() {
-                return None;
-            }
+        while self.growing() {
             if let Some(g) = self.take_grown() {
                 return Some(g);
             }
-            if self.has_failed() {
-                return None;
-            }
-            let Mode::Thread { shared, .. } = &self.mode else {
-                return None;
-            };
-            let g = shared.lock.lock().expect("sync wait lock");
-            if shared.grown.lock().expect("grow lock").is_none() {
-                drop(
-                    shared
-                        .wake
-                        .wait_timeout(g, std::time::Duration::from_millis(50))
-                        .expect("sync wait"),
-                );
+            if let Mode::Thread { shared, .. } = &self.mode {
+                shared.wait_until(|| shared.grown.lock().expect("grow lock").is_some());
             }
         }
+        None
     }
 }
 
@@ -335,18 +317,32 @@ impl Drop for MetaWriter {
     }
 }
 
+impl Shared {
+    /// Wakes the threads waiting for a commit to be durable or a grow to end.
+    fn wake_waiters(&self) {
+        let _g = self.lock.lock().expect("sync wait lock");
+        self.wake.notify_all();
+    }
+
+    /// Waits until `done` holds or the syncer wakes its waiters, at most
+    /// 50 ms, so that a failure recorded meanwhile is seen.
+    fn wait_until(&self, done: impl Fn() -> bool) {
+        let g = self.lock.lock().expect("sync wait lock");
+        if !done() {
+            drop(
+                self.wake
+                    .wait_timeout(g, std::time::Duration::from_millis(50))
+                    .expect("sync wait"),
+            );
+        }
+    }
+}
+
 fn run(mut h: Box<dyn SyncHandle>, rx: Receiver<Job>, shared: Arc<Shared>, mut slot: u64) {
-    while let Ok(job) = rx.recv() {
-        let mut grow = None;
-        let mut meta = match job {
-            Job::Commit(meta) => Some(meta),
-            Job::Grow(len) => {
-                grow = Some(len);
-                None
-            }
-        };
+    while let Ok(first) = rx.recv() {
+        let (mut meta, mut grow) = (None, None);
         // Group commit: one sync covers every commit written so far.
-        while let Ok(job) = rx.try_recv() {
+        for job in std::iter::once(first).chain(rx.try_iter()) {
             match job {
                 Job::Commit(newer) => meta = Some(newer),
                 Job::Grow(len) => grow = Some(len),
@@ -360,8 +356,7 @@ fn run(mut h: Box<dyn SyncHandle>, rx: Receiver<Job>, shared: Arc<Shared>, mut s
                 tracing::warn!(len, error = %e, "growing the store file ahead failed; a commit that needs the room grows it itself");
             }
             *shared.grown.lock().expect("grow lock") = Some(r);
-            let _g = shared.lock.lock().expect("sync wait lock");
-            shared.wake.notify_all();
+            shared.wake_waiters();
         }
         let Some(meta) = meta else {
             continue;
@@ -380,8 +375,7 @@ fn run(mut h: Box<dyn SyncHandle>, rx: Receiver<Job>, shared: Arc<Shared>, mut s
         if let Err(f) = r {
             tracing::error!(txn = meta.txn, error = %f.2, "mvcc commit sync failed; store poisoned");
             *shared.failure.lock().expect("sync failure lock") = Some(f);
-            let _g = shared.lock.lock().expect("sync wait lock");
-            shared.wake.notify_all();
+            shared.wake_waiters();
             return;
         }
         slot = next;
@@ -393,7 +387,6 @@ fn run(mut h: Box<dyn SyncHandle>, rx: Receiver<Job>, shared: Arc<Shared>, mut s
             .durable_index
             .store(meta.applied_index, Ordering::Release);
         shared.durable_txn.store(meta.txn, Ordering::Release);
-        let _g = shared.lock.lock().expect("sync wait lock");
-        shared.wake.notify_all();
+        shared.wake_waiters();
     }
 }

@@ -23,6 +23,18 @@ fn small_growth() -> Config {
     }
 }
 
+/// [`small_growth`] on a disk whose every sync takes `stall_ms` (a control
+/// file in `dir`, which the test may rewrite).
+fn slow_disk(dir: &std::path::Path, stall_ms: u64) -> (Config, std::path::PathBuf) {
+    let control = dir.join("faults");
+    std::fs::write(&control, format!("store-stall {stall_ms}")).unwrap();
+    let cfg = Config {
+        sync_faults: Some(control.clone()),
+        ..small_growth()
+    };
+    (cfg, control)
+}
+
 #[test]
 fn steady_overwrites_with_compaction_stop_growing_the_file() {
     let dir = tempfile::tempdir().unwrap();
@@ -223,13 +235,14 @@ fn check_after_defragment(
     cfg: Config,
     index: u64,
     written: u32,
+    other_keys: usize,
 ) {
     store.commit().unwrap();
     store.sync().unwrap();
     drop(store);
     let store = Store::open(dir, 0, cfg).unwrap();
     assert_eq!(store.applied_index(), index);
-    assert_eq!(store.key_count(), 1000 + written as usize);
+    assert_eq!(store.key_count(), 1000 + written as usize + other_keys);
     for i in [19_000u32, 19_500, 19_999] {
         assert_eq!(
             store
@@ -252,7 +265,7 @@ fn a_defragment_in_steps_never_waits_while_writes_and_commits_go_on_between_step
     let (mut store, index) = mostly_free_store(dir.path());
     let (report, moved, index, written) = defragment_while_writing(&mut store, index);
     assert!(moved > 2, "{moved} steps moved pages ({report:?})");
-    check_after_defragment(store, dir.path(), small_growth(), index, written);
+    check_after_defragment(store, dir.path(), small_growth(), index, written, 0);
 }
 
 #[test]
@@ -261,12 +274,7 @@ fn a_defragment_in_steps_ends_on_a_slow_disk_while_the_owner_commits_between_ste
     // the syncer gave (each sync's end let the next owner commit in before
     // the step), so a step waiting for pages still syncing never ran.
     let dir = tempfile::tempdir().unwrap();
-    let control = dir.path().join("faults");
-    std::fs::write(&control, "store-stall 10").unwrap();
-    let cfg = Config {
-        sync_faults: Some(control),
-        ..small_growth()
-    };
+    let (cfg, _) = slow_disk(dir.path(), 10);
     let mut store = Store::open(dir.path(), 0, cfg.clone()).unwrap();
     let index = fill_mostly_free(&mut store);
     let (report, moved, mut index, written) = defragment_while_writing(&mut store, index);
@@ -275,6 +283,7 @@ fn a_defragment_in_steps_ends_on_a_slow_disk_while_the_owner_commits_between_ste
     // applying thread: the cut leaves room, and a grow is asked for ahead.
     let inline_before = store.commit_stats().grown_inline;
     let size_before = store.size_bytes();
+    let mut grown_keys = 0usize;
     let mut tries = 0;
     while store.size_bytes() < size_before * 2 {
         tries += 1;
@@ -285,6 +294,7 @@ fn a_defragment_in_steps_ends_on_a_slow_disk_while_the_owner_commits_between_ste
         );
         for _ in 0..50 {
             index += 1;
+            grown_keys += 1;
             store
                 .apply(index, &put(format!("grow{index:07}").as_bytes(), &[7; 200]))
                 .unwrap();
@@ -298,41 +308,37 @@ fn a_defragment_in_steps_ends_on_a_slow_disk_while_the_owner_commits_between_ste
         "the applying thread grew the file after the defragment: {:?}",
         store.commit_stats()
     );
-    store.commit().unwrap();
-    store.sync().unwrap();
-    drop(store);
-    let store = Store::open(dir.path(), 0, cfg).unwrap();
-    assert_eq!(store.applied_index(), index);
-    assert!(written > 0);
+    check_after_defragment(store, dir.path(), cfg, index, written, grown_keys);
 }
 
 #[test]
 fn a_defragment_dropped_while_it_waits_holds_the_owners_commits_back_only_briefly() {
     let dir = tempfile::tempdir().unwrap();
-    let control = dir.path().join("faults");
-    std::fs::write(&control, "store-stall 20").unwrap();
-    let cfg = Config {
-        sync_faults: Some(control.clone()),
-        ..small_growth()
-    };
+    let (cfg, control) = slow_disk(dir.path(), 20);
     let mut store = Store::open(dir.path(), 0, cfg).unwrap();
     let mut index = fill_mostly_free(&mut store);
-    // Fill the syncer's queue so that a step waits, then drop the run.
-    let mut run = store.defragment_start();
-    let mut waited = false;
-    for _ in 0..10_000 {
+    // Fill the syncer's queue (until a commit is deferred), so that the
+    // first step waits for the syncer, then drop the run.
+    let deferred = store.commit_stats().deferred;
+    let mut tries = 0;
+    while store.commit_stats().deferred == deferred {
+        tries += 1;
+        assert!(tries < 10_000, "the syncer's queue never filled");
         index += 1;
         store.apply(index, &put(b"busy", b"v")).unwrap();
         store.commit_unless_busy().unwrap();
-        if store.defragment_step(&mut run, 16).unwrap() == DefragProgress::Waiting {
-            waited = true;
-            break;
-        }
     }
-    assert!(waited, "no step ever waited for the syncer: {run:?}");
-    // The run is abandoned here: no step is taken again.
+    let mut run = store.defragment_start();
+    assert_eq!(
+        store.defragment_step(&mut run, 16).unwrap(),
+        DefragProgress::Waiting,
+        "a step went ahead with the syncer's queue full: {run:?}"
+    );
+    // The run is abandoned here: no step is taken again. The owner writes
+    // on, and its commits go through again, bounded by progress.
     std::fs::write(&control, "none").unwrap();
-    // The owner's commits go through again, bounded by progress.
+    index += 1;
+    store.apply(index, &put(b"after-the-run", b"v")).unwrap();
     let mut tries = 0;
     while store.committed_index() < index {
         tries += 1;

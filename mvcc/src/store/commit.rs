@@ -12,6 +12,10 @@ use crate::error::{CommitError, IoOp, StorageError};
 use crate::page::{Meta, META_PAGES, PAGE_SIZE_BYTES};
 use crate::pager::PageSource;
 
+/// Pages any commit may take beyond its records: the roots and the paths
+/// down to the leaves it touches.
+const LEAST_COMMIT_PAGES: u64 = 16;
+
 impl Store {
     /// Waits until every commit so far is durable.
     pub fn sync(&mut self) -> Result<(), CommitError> {
@@ -121,8 +125,8 @@ impl Store {
                 .len()
                 .min(self.pager.used_pages() as usize)
             + self.lease_dirty.len()
-            + self.txn_dirty.len()
-            + 16) as u64
+            + self.txn_dirty.len()) as u64
+            + LEAST_COMMIT_PAGES
     }
 
     /// Pages a commit may take without growing the file: the free ones and
@@ -407,7 +411,7 @@ impl Store {
         // Room for the next commits stays, so the cut does not make the
         // syncer grow the file again at once (a quarter step, the room
         // under which a grow ahead is asked for, and a commit's least need).
-        let keep = hw + self.grow_step_pages(hw) / 4 + 16;
+        let keep = hw + self.grow_step_pages(hw) / 4 + LEAST_COMMIT_PAGES;
         if keep < self.pager.file_pages {
             let len = keep * PAGE_SIZE_BYTES as u64;
             let file = self.file.clone();

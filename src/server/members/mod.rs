@@ -196,15 +196,6 @@ pub struct MemberRegistry {
     changes: tokio::sync::Mutex<()>,
 }
 
-/// How a change reaches `member.toml`.
-#[derive(Clone, Copy)]
-enum Write {
-    /// By the writer thread, later: the caller may be a core.
-    Queued,
-    /// On the caller's thread, before it goes on (off the core).
-    Now,
-}
-
 impl MemberRegistry {
     /// The table `file` holds, kept in `dir`'s `member.toml` by the thread
     /// `writes_on` names.
@@ -293,15 +284,17 @@ impl MemberRegistry {
     pub fn upsert(&self, info: &MemberInfo) {
         let m = Member::from_info(info);
         self.accepted.insert(m.id);
-        self.change(|state| state.upsert(m), Write::Queued)
-            .expect("a queued write answers at once");
+        if let Some((seq, file)) = self.change(|state| state.upsert(m)) {
+            self.writer.queue(seq, file);
+        }
     }
 
     /// Drops a member from the table; written as [`Self::upsert`] is.
     pub fn remove(&self, id: u64) {
         self.accepted.remove(id);
-        self.change(|state| state.remove(id), Write::Queued)
-            .expect("a queued write answers at once");
+        if let Some((seq, file)) = self.change(|state| state.remove(id)) {
+            self.writer.queue(seq, file);
+        }
     }
 
     /// Whether a change to the table is not yet in `member.toml`, so that
@@ -322,52 +315,44 @@ impl MemberRegistry {
         for m in old.iter().filter(|o| !members.iter().any(|n| n.id == o.id)) {
             self.accepted.remove(m.id);
         }
-        self.change(
-            |state| {
-                let changed = state.members != members;
-                state.members = members;
-                changed
-            },
-            Write::Now,
-        )
-    }
-
-    /// Applies `f` to the table and, if it says the table changed, writes
-    /// the file as `how` says. The file's lock is held while the change is
-    /// numbered, so the numbers follow the order of the changes, and the
-    /// writer never lays an older table over a newer one.
-    fn change(&self, f: impl FnOnce(&mut Membership) -> bool, how: Write) -> std::io::Result<()> {
-        let (seq, snapshot) = {
-            let mut file = self.file.lock().unwrap_or_else(|e| e.into_inner());
-            let members = {
-                let mut state = self.state.write().unwrap_or_else(|e| e.into_inner());
-                if !f(&mut state) {
-                    return Ok(());
-                }
-                let learner = state.get(state.local_id).is_some_and(|m| m.is_learner);
-                self.local_learner.store(learner, Ordering::Release);
-                state.members.clone()
-            };
-            file.members = members;
-            self.number_change(&file)
-        };
-        match how {
-            Write::Queued => {
-                self.writer.queue(seq, snapshot);
-                Ok(())
-            }
+        match self.change(|state| {
+            let changed = state.members != members;
+            state.members = members;
+            changed
+        }) {
             // Written with the file's lock released: cores read the file's
             // fixed fields under it and must not wait for this sync.
-            Write::Now => self.writer.write_now(seq, &snapshot),
+            Some((seq, file)) => self.writer.write_now(seq, &file),
+            None => Ok(()),
         }
     }
 
-    /// Numbers a change of the file's contents and answers the file as of
-    /// it. The caller holds the file's lock, so the numbers follow the order
-    /// of the changes.
-    fn number_change(&self, file: &MemberFile) -> (u64, MemberFile) {
+    /// Applies `f` to the table; if it says the table changed, answers the
+    /// change's number and the file as of it, for the caller to write.
+    fn change(&self, f: impl FnOnce(&mut Membership) -> bool) -> Option<(u64, MemberFile)> {
+        self.change_file(|file| {
+            let mut state = self.state.write().unwrap_or_else(|e| e.into_inner());
+            if !f(&mut state) {
+                return false;
+            }
+            let learner = state.get(state.local_id).is_some_and(|m| m.is_learner);
+            self.local_learner.store(learner, Ordering::Release);
+            file.members = state.members.clone();
+            true
+        })
+    }
+
+    /// Applies `f` to the file's contents; if it says they changed, numbers
+    /// the change and answers the file as of it. The file's lock is held
+    /// throughout, so the numbers follow the order of the changes, and the
+    /// writer never lays an older file over a newer one.
+    fn change_file(&self, f: impl FnOnce(&mut MemberFile) -> bool) -> Option<(u64, MemberFile)> {
+        let mut file = self.file.lock().unwrap_or_else(|e| e.into_inner());
+        if !f(&mut file) {
+            return None;
+        }
         let seq = self.changes_made.fetch_add(1, Ordering::AcqRel) + 1;
-        (seq, file.clone())
+        Some((seq, file.clone()))
     }
 
     pub fn table(&self) -> MemberTable {
@@ -406,11 +391,11 @@ impl MemberRegistry {
         if self.removed.swap(true, Ordering::SeqCst) {
             return;
         }
-        {
-            let mut file = self.file.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((seq, file)) = self.change_file(|file| {
             file.removed = true;
-            let (seq, snapshot) = self.number_change(&file);
-            self.writer.queue(seq, snapshot);
+            true
+        }) {
+            self.writer.queue(seq, file);
         }
         self.removed_notify.notify_waiters();
         self.removed_notify.notify_one();

@@ -126,6 +126,7 @@ mod membership;
 #[cfg(test)]
 mod renewals;
 mod watchers;
+mod wire_trace;
 mod world;
 
 use std::cell::RefCell;

@@ -14,7 +14,6 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
-use tokio::time::Instant;
 
 use crate::member_file::{Member as FileMember, MemberFile, LAYOUT_VERSION};
 use crate::raft;
@@ -27,13 +26,13 @@ use crate::server::shard::{
     StreamSpool,
 };
 use crate::server::shard_inbox::CommandInbox;
-use crate::sim::member::fnv1a;
 
 use super::checks::{driver_stopped, DriverViolation};
 use super::disk::SlowDisk;
 use super::faults::{LeaderWatch, Plan};
 use super::figure8::Figure8;
 use super::log_watch::LogWatch;
+use super::wire_trace::WireTrace;
 use super::DriverSimConfig;
 
 /// The simulated shard's heartbeat tick.
@@ -125,82 +124,6 @@ pub struct World {
     _root: tempfile::TempDir,
 }
 
-/// The messages a seed's members sent, in the order they sent them.
-#[derive(Default)]
-pub struct WireTrace {
-    began: Option<Instant>,
-    digest: u64,
-    sent: u64,
-    /// One line per message, kept only for a traced seed.
-    lines: Option<Vec<String>>,
-}
-
-impl WireTrace {
-    fn record(&mut self, from: u64, msg: &raft::Message) {
-        let at = self.began.map_or(0, |b| b.elapsed().as_micros() as u64);
-        let fields = [
-            at,
-            from,
-            msg.to,
-            msg.msg_type as u64,
-            msg.term,
-            msg.index,
-            msg.log_term,
-            msg.commit,
-            msg.entries.len() as u64,
-            u64::from(msg.reject),
-        ];
-        let mut h = self.digest;
-        for f in fields {
-            h = fnv1a(h, &f.to_le_bytes());
-        }
-        self.digest = h;
-        self.sent += 1;
-        if let Some(lines) = &mut self.lines {
-            lines.push(format!(
-                "{at:>10}us {from}->{} {:?} term={} index={} log_term={} commit={} entries={} reject={}",
-                msg.to,
-                msg.msg_type(),
-                msg.term,
-                msg.index,
-                msg.log_term,
-                msg.commit,
-                msg.entries.len(),
-                msg.reject
-            ));
-        }
-    }
-
-    /// A draw from the seed's generator, in a traced seed: where the two
-    /// runs of a seed first draw apart shows what took another course.
-    fn draw(&mut self, at: &std::panic::Location<'_>) {
-        if let Some(lines) = &mut self.lines {
-            let when = self.began.map_or(0, |b| b.elapsed().as_micros() as u64);
-            lines.push(format!("{when:>10}us draw at {}:{}", at.file(), at.line()));
-        }
-    }
-
-    fn note(&mut self, what: impl FnOnce() -> String) {
-        if let Some(lines) = &mut self.lines {
-            let when = self.began.map_or(0, |b| b.elapsed().as_micros() as u64);
-            lines.push(format!("{when:>10}us {}", what()));
-        }
-    }
-
-    /// The digest of every message sent so far.
-    pub fn digest(&self) -> u64 {
-        self.digest
-    }
-
-    pub fn sent(&self) -> u64 {
-        self.sent
-    }
-
-    pub fn take_lines(&mut self) -> Vec<String> {
-        self.lines.take().unwrap_or_default()
-    }
-}
-
 impl World {
     pub fn new(cfg: &DriverSimConfig) -> Result<Rc<World>, String> {
         // Store syncs cost nothing on a memory filesystem.
@@ -255,11 +178,7 @@ impl World {
             logs: LogWatch::default(),
             failure: RefCell::new(None),
             over: Cell::new(false),
-            wire: RefCell::new(WireTrace {
-                began: Some(Instant::now()),
-                lines: cfg.trace.then(Vec::new),
-                ..WireTrace::default()
-            }),
+            wire: RefCell::new(WireTrace::new(cfg.trace)),
             _root: root,
         }))
     }
