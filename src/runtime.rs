@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use crate::idle_poll::{self, IdlePoll};
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 
 /// Work sent to a core: runs on the core's thread, inside its `LocalSet`, so it may
 /// `tokio::task::spawn_local`.
@@ -55,22 +55,14 @@ impl CoreHandle {
         self.mailbox.send(job).await.map_err(|e| CoreGone(e.0))
     }
 
-    /// Runs `f` on this core and returns its result. `f` builds a future there,
-    /// which may use the core's `!Send` state; only `T` crosses back.
-    pub async fn call<F, Fut, T>(&self, f: F) -> Option<T>
-    where
-        F: FnOnce() -> Fut + Send + 'static,
-        Fut: Future<Output = T> + 'static,
-        T: Send + 'static,
-    {
-        let (tx, rx) = oneshot::channel();
-        let job: CoreJob = Box::new(move || {
-            tokio::task::spawn_local(async move {
-                let _ = tx.send(f().await);
-            });
-        });
-        self.send(job).await.ok()?;
-        rx.await.ok()
+    /// Queues `job` to run on this core if its mailbox has room now; else
+    /// (full, or the core gone) the job comes back.
+    pub fn try_send(&self, job: CoreJob) -> Result<(), CoreGone> {
+        self.mailbox.try_send(job).map_err(|e| match e {
+            mpsc::error::TrySendError::Full(job) | mpsc::error::TrySendError::Closed(job) => {
+                CoreGone(job)
+            }
+        })
     }
 }
 
@@ -130,6 +122,9 @@ fn allowed_cpus() -> Vec<usize> {
 }
 
 thread_local! {
+    /// The id of the core this thread runs, and every core's handle; unset on
+    /// other threads.
+    static THIS_CORE: OnceCell<(usize, Vec<CoreHandle>)> = const { OnceCell::new() };
     /// This core thread's idle poller, set once after its runtime is built (the
     /// runtime's park hooks, given before the poller can exist, find it here).
     static IDLE_POLL: OnceCell<IdlePoll> = const { OnceCell::new() };
@@ -142,6 +137,21 @@ fn with_idle_poll(f: impl FnOnce(&IdlePoll)) {
             f(p);
         }
     });
+}
+
+/// The id of the core the calling thread runs, if it is a core thread.
+pub fn this_core() -> Option<usize> {
+    THIS_CORE.with(|c| c.get().map(|(id, _)| *id))
+}
+
+/// Queues `job` on core `to` without waiting, from a core thread (see
+/// [`CoreHandle::try_send`]); the job comes back when `to` is no core of
+/// this process, its mailbox is full or it has stopped.
+pub fn try_send_to_core(to: usize, job: CoreJob) -> Result<(), CoreGone> {
+    THIS_CORE.with(|c| match c.get().and_then(|(_, cores)| cores.get(to)) {
+        Some(core) => core.try_send(job),
+        None => Err(CoreGone(job)),
+    })
 }
 
 /// Calls `observer` after each idle poll of the calling core thread, with whether
@@ -192,6 +202,9 @@ impl Cores {
                 .name(format!("cairn-core-{id}"))
                 .spawn(move || {
                     ctx.cpu = cpu.filter(|&cpu| pin_to_cpu(cpu));
+                    THIS_CORE.with(|c| {
+                        let _ = c.set((id, ctx.cores.clone()));
+                    });
                     let rt = tokio::runtime::Builder::new_current_thread()
                         .enable_all()
                         .on_thread_park(|| with_idle_poll(IdlePoll::before_park))
@@ -238,6 +251,17 @@ mod tests {
     use super::*;
     use std::cell::Cell;
     use std::rc::Rc;
+    use tokio::sync::oneshot;
+
+    /// The name of the thread `core` runs on, asked through its mailbox.
+    async fn thread_name_of(core: &CoreHandle) -> Option<String> {
+        let (tx, rx) = oneshot::channel();
+        let job: CoreJob = Box::new(move || {
+            let _ = tx.send(std::thread::current().name().map(str::to_string));
+        });
+        core.send(job).await.ok()?;
+        rx.await.ok().flatten()
+    }
 
     #[test]
     fn each_core_runs_on_its_own_thread_and_answers_calls() {
@@ -251,10 +275,7 @@ mod tests {
                 let _ = counter;
                 if ctx.id == 0 {
                     // Ask core 1 for its thread name from core 0.
-                    let name = ctx.cores[1]
-                        .call(|| async { std::thread::current().name().map(str::to_string) })
-                        .await
-                        .flatten();
+                    let name = thread_name_of(&ctx.cores[1]).await;
                     assert_eq!(name.as_deref(), Some("cairn-core-1"));
                 }
                 // Park until the test says stop.
@@ -272,9 +293,8 @@ mod tests {
             .enable_all()
             .build()
             .unwrap();
-        let name =
-            rt.block_on(h.call(|| async { std::thread::current().name().map(str::to_string) }));
-        assert_eq!(name.flatten().as_deref(), Some("cairn-core-0"));
+        let name = rt.block_on(thread_name_of(&h));
+        assert_eq!(name.as_deref(), Some("cairn-core-0"));
         done_tx.send(()).unwrap();
         done_tx.send(()).unwrap();
         cores.join();

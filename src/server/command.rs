@@ -10,7 +10,7 @@ use cairn_proto::etcdserverpb::{
     CompactionResponse, DeleteRangeResponse, PutResponse, RangeRequest, RangeResponse, TxnResponse,
 };
 use cairn_proto::mvccpb;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 
 use crate::routing::ShardId;
 use crate::server::errors::ApiError;
@@ -108,7 +108,7 @@ pub struct ShardHash {
     pub compact_revision: i64,
 }
 
-pub type Reply<T> = oneshot::Sender<Result<T, ApiError>>;
+pub use crate::server::reply::Reply;
 
 /// Work for a shard driver.
 #[derive(Debug)]

@@ -33,6 +33,7 @@ pub mod latest_file;
 pub mod member;
 pub mod members;
 pub mod peer_client;
+pub mod reply;
 pub mod revisions;
 pub mod shard;
 pub mod shard_inbox;

@@ -216,7 +216,7 @@ impl Watch for WatchService {
                                     // (the cancel comes after it), and the
                                     // client told why.
                                     for &s in &shards {
-                                        let (reply, _) = tokio::sync::oneshot::channel();
+                                        let (reply, _) = crate::server::command::Reply::channel();
                                         svc.router.tell(s, ShardCommand::CancelWatch {
                                             key: (stream_id, id),
                                             reply,

@@ -453,7 +453,7 @@ async fn forget(router: &Router, records: impl IntoIterator<Item = (i64, Vec<Sha
         }
     }
     for (s, revisions) in per_shard {
-        let (reply, _) = tokio::sync::oneshot::channel();
+        let (reply, _) = crate::server::command::Reply::channel();
         router
             .tell(s, ShardCommand::CrossForget { revisions, reply })
             .await;

@@ -89,7 +89,7 @@ impl Router {
 
     /// Sends a command to `shard` and waits for its answer, at most
     /// [`REQUEST_TIMEOUT`].
-    pub async fn ask<T>(
+    pub async fn ask<T: Send + 'static>(
         &self,
         shard: ShardId,
         make: impl FnOnce(Reply<T>) -> ShardCommand,
@@ -98,7 +98,7 @@ impl Router {
     }
 
     /// [`Self::ask`] with another deadline, for long maintenance work.
-    pub async fn ask_within<T>(
+    pub async fn ask_within<T: Send + 'static>(
         &self,
         shard: ShardId,
         timeout: Duration,
@@ -110,12 +110,12 @@ impl Router {
     /// Queues a command for `shard` and returns at once; its answer is
     /// waited for apart ([`Answer::within`]), so that the caller can act
     /// between the two (commands to one shard from one core keep their order).
-    pub async fn queue<T>(
+    pub async fn queue<T: Send + 'static>(
         &self,
         shard: ShardId,
         make: impl FnOnce(Reply<T>) -> ShardCommand,
     ) -> Result<Answer<T>, ApiError> {
-        let (tx, rx) = oneshot::channel();
+        let (tx, rx) = crate::server::command::Reply::channel();
         let sender = &self.shards[shard as usize];
         sender.send(make(tx)).await.map_err(|_| ApiError::Stopped)?;
         Ok(Answer(rx))
@@ -320,7 +320,7 @@ mod tests {
 
     /// Queues a command from `core` that names its sender by `tag`.
     fn send(channels: &CommandChannels, core: usize, tag: i64) {
-        let (reply, _) = oneshot::channel();
+        let (reply, _) = crate::server::command::Reply::channel();
         channels.routers[core].shards[0]
             .try_send(ShardCommand::LeaseRenew {
                 ids: vec![tag],

@@ -494,7 +494,7 @@ impl Shard {
             revision: 0,
         }
         .encode_to_vec();
-        let (tx, rx) = tokio::sync::oneshot::channel();
+        let (tx, rx) = crate::server::command::Reply::channel();
         let data = Bytes::from(data);
         match self.node.propose(data.clone()) {
             Ok(()) => self.proposed(id, tx, data),

@@ -71,6 +71,7 @@ use crate::server::command::{
 use crate::server::convert;
 use crate::server::entry;
 use crate::server::errors::ApiError;
+use crate::server::reply as answers;
 use crate::server::revisions::RevisionCounter;
 
 mod apply;
@@ -434,7 +435,7 @@ impl Shard {
                 // cannot starve the queues below, and a flood of peer
                 // messages or commands cannot starve it (elections,
                 // heartbeats and lease expiry run on it).
-                _ = ticker.tick() => {
+                _ = ticker.tick() => answers::step(|| {
                     if self.failed.is_none() {
                         self.node.tick();
                         self.lease_round_wanted |= self.keyspace.is_some()
@@ -451,7 +452,7 @@ impl Shard {
                         }
                     }
                     self.expire();
-                }
+                }),
                 _ = close_ticker.tick(), if self.keyspace.is_some()
                     && (!closes_wait || self.cross.unproposed_waits())
                     && self.failed.is_none()
@@ -469,7 +470,7 @@ impl Shard {
                         self.fail(self.wal_failure());
                     }
                 }
-                Some(msg) = setup.inbound.recv() => {
+                Some(msg) = setup.inbound.recv() => answers::step(|| {
                     self.receive(msg);
                     for _ in 0..MAX_INPUTS_PER_TURN {
                         match setup.inbound.try_recv() {
@@ -477,7 +478,7 @@ impl Shard {
                             Err(_) => break,
                         }
                     }
-                }
+                }),
                 (md, written) = apply::compaction_written(&mut self.compaction), if self.compaction.is_some() => {
                     self.compacted(md, written);
                 }
@@ -485,7 +486,8 @@ impl Shard {
                     self.snapshots_in_flight.remove(&to);
                     self.node.report_snapshot(to, status);
                 }
-                Some(cmd) = setup.commands.recv() => {
+                Some(cmd) = setup.commands.recv() => answers::step(|| {
+                    // Serializable reads are answered here.
                     self.handle(cmd);
                     for _ in 0..MAX_INPUTS_PER_TURN {
                         match setup.commands.try_recv() {
@@ -493,34 +495,16 @@ impl Shard {
                             None => break,
                         }
                     }
-                }
+                }),
                 // The previous turn stopped at its apply budget: go on,
                 // after anything above that is ready (the tick first).
                 _ = tokio::task::yield_now(), if self.node.has_ready() && self.failed.is_none() => {}
             }
             if self.failed.is_some() {
-                // A failed shard takes no further part in Raft: it cannot make
-                // anything durable. Clients get the failure as their answer.
-                let err = self.storage_error(self.failed.clone().unwrap_or_default());
-                for r in self.reads_this_turn.drain(..) {
-                    let _ = r.reply.send(Err(err.clone()));
-                }
-                for r in self.renewals_this_turn.drain(..) {
-                    let _ = r.reply.send(Err(err.clone()));
-                }
-                for p in self.points_this_turn.drain(..) {
-                    let _ = p.reply.send(Err(err.clone()));
-                }
-                if let Some(defrag) = self.defrag.take() {
-                    for reply in defrag.into_replies() {
-                        let _ = reply.send(Err(err.clone()));
-                    }
-                }
+                answers::step(|| self.refuse_as_failed());
                 continue;
             }
-            self.complete_writes();
-            self.release_leaderless();
-            self.start_read_round();
+            answers::step(|| self.after_inputs());
             let mut applied_bytes = 0;
             while self.node.has_ready() && self.failed.is_none() {
                 let rd = self.node.ready();
@@ -530,10 +514,8 @@ impl Shard {
                     .map(|e| e.data.len())
                     .sum::<usize>();
                 self.handle_ready(rd).await;
-                self.complete_writes();
                 // A leader may have just become known.
-                self.release_leaderless();
-                self.start_read_round();
+                answers::step(|| self.after_inputs());
                 if applied_bytes >= APPLY_BYTES_PER_TURN {
                     if let Some(m) = &self.metrics {
                         m.apply_turn_capped();
@@ -546,6 +528,35 @@ impl Shard {
             self.commit_store();
         }
         tracing::info!(shard = self.id, "shard stopped");
+    }
+
+    /// A failed shard takes no further part in Raft: it cannot make
+    /// anything durable. Clients get the failure as their answer.
+    fn refuse_as_failed(&mut self) {
+        let err = self.storage_error(self.failed.clone().unwrap_or_default());
+        for r in self.reads_this_turn.drain(..) {
+            let _ = r.reply.send(Err(err.clone()));
+        }
+        for r in self.renewals_this_turn.drain(..) {
+            let _ = r.reply.send(Err(err.clone()));
+        }
+        for p in self.points_this_turn.drain(..) {
+            let _ = p.reply.send(Err(err.clone()));
+        }
+        if let Some(defrag) = self.defrag.take() {
+            for reply in defrag.into_replies() {
+                let _ = reply.send(Err(err.clone()));
+            }
+        }
+    }
+
+    /// After a turn's inputs or a Ready: appends made durable handed to
+    /// Raft, requests held for a leader released once one is known, and a
+    /// ReadIndex round started for the reads gathered.
+    fn after_inputs(&mut self) {
+        self.complete_writes();
+        self.release_leaderless();
+        self.start_read_round();
     }
 
     fn handle(&mut self, cmd: ShardCommand) {

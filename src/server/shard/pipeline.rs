@@ -69,7 +69,7 @@ impl Shard {
             self.send(m);
         }
         let committed = std::mem::take(&mut rd.committed_entries);
-        let mut read_states = std::mem::take(&mut rd.read_states);
+        let read_states = std::mem::take(&mut rd.read_states);
         if rd.snapshot.is_some() {
             // A snapshot replaces the store and the log: it is installed with
             // no other write in flight, and durable before anything else.
@@ -88,8 +88,17 @@ impl Shard {
             return;
         }
         // Raft hands out only entries already durable here (async_append).
+        // The rest waits for nothing: one step, whose answers to other cores
+        // go out together.
+        answers::step(|| self.apply_ready(&committed, read_states));
+    }
+
+    /// Applies a Ready's committed entries (durable here) and what follows
+    /// from them: confirmed reads served, conf changes proposed, progress
+    /// published.
+    fn apply_ready(&mut self, committed: &[raft::Entry], read_states: Vec<raft::ReadState>) {
         let apply_started = Instant::now();
-        self.apply(&committed);
+        self.apply(committed);
         if self.failed.is_some() {
             // Not everything committed was applied: Raft must not be told it
             // was, and no read may be served from this store.
@@ -101,13 +110,13 @@ impl Shard {
             }
         }
         self.maybe_keyspace_ready();
-        for rs in std::mem::take(&mut read_states) {
+        for rs in read_states {
             let ctx = read_context_counter(&rs.request_ctx, self.member_id, self.boot_nonce);
             if let Some(round) = self.read_rounds.remove(&ctx) {
                 self.round_confirmed(rs.index, round);
             }
         }
-        self.node.on_entries_applied(&committed);
+        self.node.on_entries_applied(committed);
         if !self.conf_change_queue.is_empty() {
             self.propose_queued_conf_changes();
         }

@@ -94,7 +94,7 @@ pub async fn call(world: &World, member: u64, op: Op) -> Option<Call> {
     let start = Instant::now();
     let answer = match &op {
         Op::Put { key, value } => {
-            let (reply, rx) = oneshot::channel();
+            let (reply, rx) = crate::server::command::Reply::channel();
             let request = shard_request::Request::Put(pb::PutRequest {
                 key: key.clone(),
                 value: value.clone(),
@@ -171,7 +171,7 @@ async fn range_request(
     commands: &tokio::sync::mpsc::Sender<ShardCommand>,
     request: pb::RangeRequest,
 ) -> Result<Vec<cairn_proto::mvccpb::KeyValue>, Unanswered> {
-    let (reply, rx) = oneshot::channel();
+    let (reply, rx) = crate::server::command::Reply::channel();
     commands
         .try_send(ShardCommand::Range {
             request,

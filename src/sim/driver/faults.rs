@@ -247,7 +247,7 @@ fn transfer(world: &Rc<World>, to: u64) {
     let Some(commands) = world.commands(leader) else {
         return;
     };
-    let (reply, answer) = tokio::sync::oneshot::channel();
+    let (reply, answer) = crate::server::command::Reply::channel();
     if commands
         .try_send(ShardCommand::TransferLeader { to, reply })
         .is_err()

@@ -11,7 +11,7 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use cairn_proto::cairnpb::MemberInfo;
-use tokio::sync::oneshot;
+
 use tokio::time::Instant;
 
 use crate::raft::ConfChangeType;
@@ -74,7 +74,7 @@ async fn change(world: &Rc<World>, change: ConfChangeType, id: u64) -> Result<()
             None => world.pick_up(),
         };
         if let Some(commands) = to.and_then(|to| world.commands(to)) {
-            let (reply, answer) = oneshot::channel();
+            let (reply, answer) = crate::server::command::Reply::channel();
             let member = MemberInfo {
                 id,
                 name: format!("m{id}"),

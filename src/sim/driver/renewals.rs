@@ -25,7 +25,7 @@ async fn renew(world: &World, id: u64, ids: &[i64]) -> Result<Vec<Option<i64>>, 
 }
 
 /// Asks a running member's driver, which answers or refuses.
-async fn ask<T>(
+async fn ask<T: Send + 'static>(
     world: &World,
     id: u64,
     make: impl FnOnce(Reply<T>) -> ShardCommand,

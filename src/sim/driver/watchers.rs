@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use cairn_proto::mvccpb;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::server::command::{ShardCommand, WatchBatch, WatchSpec};
@@ -95,7 +95,7 @@ async fn watch(world: Rc<World>, sessions: Sessions, n: usize, slow: bool) {
         // meets an earlier stream's key.
         let key = (((n as u64) << 32) | asked, 0);
         let (tx, mut rx) = mpsc::channel::<WatchBatch>(STREAM_QUEUE);
-        let (reply, answered) = oneshot::channel();
+        let (reply, answered) = crate::server::command::Reply::channel();
         let spec = WatchSpec {
             key: vec![0],
             range_end: vec![0],
@@ -127,7 +127,7 @@ async fn watch(world: Rc<World>, sessions: Sessions, n: usize, slow: bool) {
             }
             batches += 1;
             if moves_after.is_some_and(|m| batches >= m) {
-                let (reply, _) = oneshot::channel();
+                let (reply, _) = crate::server::command::Reply::channel();
                 let _ = commands.try_send(ShardCommand::CancelWatch { key, reply });
                 break;
             }

@@ -12,7 +12,7 @@ use std::time::Duration;
 use cairn_wal::crash::CrashStorage;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use crate::member_file::{Member as FileMember, MemberFile, LAYOUT_VERSION};
@@ -259,14 +259,14 @@ impl World {
 
     /// Sends member `id`'s driver a command and waits at most `wait` (room
     /// in its queue included) for the answer.
-    pub async fn ask<T>(
+    pub async fn ask<T: Send + 'static>(
         &self,
         id: u64,
         wait: Duration,
         make: impl FnOnce(Reply<T>) -> ShardCommand,
     ) -> Result<T, AskError> {
         let commands = self.commands(id).ok_or(AskError::NotRunning { id })?;
-        let (reply, answer) = oneshot::channel();
+        let (reply, answer) = crate::server::command::Reply::channel();
         let asked = async {
             commands
                 .send(make(reply))

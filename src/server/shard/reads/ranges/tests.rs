@@ -10,7 +10,6 @@ use std::rc::Rc;
 
 use bytes::Bytes;
 use cairn_proto::etcdserverpb::range_request::{SortOrder, SortTarget};
-use tokio::sync::oneshot;
 
 use super::*;
 
@@ -121,7 +120,7 @@ fn chunked(
         .unwrap();
     let local = tokio::task::LocalSet::new();
     let answer = local.block_on(&rt, async {
-        let (tx, rx) = oneshot::channel();
+        let (tx, rx) = Reply::channel();
         tokio::task::spawn_local(read_rest(range, tx));
         rx.await.expect("the range answers")
     });
@@ -398,7 +397,7 @@ fn a_long_range_lets_the_cores_other_tasks_run_between_its_chunks() {
         .unwrap();
     let local = tokio::task::LocalSet::new();
     let (answer, writes_meanwhile) = local.block_on(&rt, async {
-        let (tx, rx) = oneshot::channel();
+        let (tx, rx) = Reply::channel();
         let start = start_range(
             &f.borrow().store,
             &request,
@@ -480,7 +479,7 @@ fn a_read_error_mid_range_is_the_answer_not_a_partial_range() {
         .build()
         .unwrap();
     let answer = tokio::task::LocalSet::new().block_on(&rt, async {
-        let (tx, rx) = oneshot::channel();
+        let (tx, rx) = Reply::channel();
         tokio::task::spawn_local(read_rest(range, tx));
         rx.await.expect("the range answers")
     });
@@ -490,7 +489,7 @@ fn a_read_error_mid_range_is_the_answer_not_a_partial_range() {
 #[test]
 fn a_range_whose_client_is_gone_stops_reading() {
     let (_f, range) = long_range_started();
-    let (tx, rx) = oneshot::channel();
+    let (tx, rx) = Reply::channel();
     drop(rx);
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
@@ -543,7 +542,7 @@ fn range_figures() {
     let (answer, first_ms, longest_gap_ms, total_ms) =
         tokio::task::LocalSet::new().block_on(&rt, async {
             let started = Instant::now();
-            let (tx, rx) = oneshot::channel();
+            let (tx, rx) = Reply::channel();
             match start_range(&f.store, &request, header(), chunk_keys, SHARD) {
                 RangeStart::Answered(answer) => {
                     let _ = tx.send(answer);
