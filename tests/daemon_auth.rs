@@ -63,3 +63,79 @@ against_cairn_and_etcd!(
     transports::a_client_certificate_names_the_user,
     tokens::jwt_tokens_are_signed_and_accepted_by_every_member,
 );
+
+/// A member killed as it is about to write `auth.state` after applying a
+/// new user comes back with the user: the file is written off the core after
+/// the apply, and shard 0's store is not committed past the change until the
+/// file has it, so the WAL replays it at the restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_killed_before_its_auth_state_is_written_replays_the_change() {
+    use std::time::Duration;
+
+    use common::{client, eventually, wait_writable, Cluster};
+
+    let mut flags = vec!["--shards", "2", "--cores", "1"];
+    flags.extend(auth::FAST_BCRYPT);
+    let mut cluster = Cluster::start(1, &flags);
+    let m = &mut cluster.members[0];
+    let mut c = client(&m.endpoint()).await;
+    wait_writable(&mut c, "/auth-crash/ready").await;
+    m.kill9();
+    // The writer thread waits 1.5 s at the point before the kill while the
+    // shards go on applying and committing: a store committed past the
+    // change would keep the restart from replaying it.
+    m.set_env(&[
+        ("CAIRN_CRASH_AT", "auth-file-write"),
+        ("CAIRN_CRASH_DELAY_MS", "1500"),
+    ]);
+    m.restart();
+    let mut c = client(&m.endpoint()).await;
+    wait_writable(&mut c, "/auth-crash/back").await;
+    c.user_add("carol", "cpw", None).await.unwrap();
+    // Writes meanwhile, on both shards, applied before the member dies
+    // (the last of them may find it gone).
+    for i in 0..50 {
+        if c.put(format!("/a/after-user{i:02}"), "v", None)
+            .await
+            .is_err()
+            || c.put(format!("/b/after-user{i:02}"), "v", None)
+                .await
+                .is_err()
+        {
+            break;
+        }
+    }
+    let code = m.wait_exit(Duration::from_secs(120));
+    let log = m.log_text();
+    assert!(
+        log.contains("crash point auth-file-write reached"),
+        "exit {code:?}:\n{log}"
+    );
+    let file = m.data_dir.join("auth.state");
+    let holds_carol = |path: &std::path::Path| {
+        std::fs::read(path)
+            .map(|b| b.windows(5).any(|w| w == b"carol"))
+            .unwrap_or(false)
+    };
+    assert!(!holds_carol(&file), "the file was written before the crash");
+    m.set_env(&[]);
+    m.restart();
+    let mut c = client(&m.endpoint()).await;
+    wait_writable(&mut c, "/auth-crash/again").await;
+    let users = c.user_list().await.unwrap().users().to_vec();
+    assert!(
+        users.iter().any(|u| u == "carol"),
+        "the restarted member lost the user: {users:?}"
+    );
+    eventually("carol in auth.state", Duration::from_secs(60), || {
+        let file = file.clone();
+        async move {
+            if holds_carol(&file) {
+                Ok(())
+            } else {
+                Err("not yet".to_string())
+            }
+        }
+    })
+    .await;
+}

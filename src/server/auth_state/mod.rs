@@ -63,6 +63,7 @@ fn state_file(dir: &Path, applied_index: u64) -> LatestFile<AuthState> {
         applied_index,
         WriterThread::Own,
         move |state: &AuthState| {
+            crate::server::crash_point::reached("auth-file-write");
             crate::durable_file::write_checked(&dir, AUTH_FILE, &state.encode_to_vec())
         },
     )
