@@ -267,16 +267,19 @@ mod tests {
     fn each_core_runs_on_its_own_thread_and_answers_calls() {
         let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
         let done_rx = std::sync::Arc::new(std::sync::Mutex::new(done_rx));
+        let (asked_tx, asked_rx) = std::sync::mpsc::channel::<Option<String>>();
         let cores = Cores::start(2, None, Duration::ZERO, move |ctx| {
             let done_rx = done_rx.clone();
+            let asked_tx = asked_tx.clone();
             async move {
                 // Per-core state that is not Send lives here.
                 let counter = Rc::new(Cell::new(0u32));
                 let _ = counter;
                 if ctx.id == 0 {
-                    // Ask core 1 for its thread name from core 0.
+                    // Ask core 1 for its thread name from core 0 (core 1
+                    // runs until the test says stop, after this answer).
                     let name = thread_name_of(&ctx.cores[1]).await;
-                    assert_eq!(name.as_deref(), Some("cairn-core-1"));
+                    asked_tx.send(name).unwrap();
                 }
                 // Park until the test says stop.
                 let rx = done_rx.clone();
@@ -295,6 +298,8 @@ mod tests {
             .unwrap();
         let name = rt.block_on(thread_name_of(&h));
         assert_eq!(name.as_deref(), Some("cairn-core-0"));
+        let asked = asked_rx.recv().unwrap();
+        assert_eq!(asked.as_deref(), Some("cairn-core-1"));
         done_tx.send(()).unwrap();
         done_tx.send(()).unwrap();
         cores.join();
