@@ -6,6 +6,8 @@
 //! cargo run --release --example driver-sim -- --seed 17 --members 5          # one seed
 //! cargo run --release --example driver-sim -- --seeds 500 --mutation vote-without-log-check
 //! cargo run --release --example driver-sim -- --seeds 50 --replay-check      # each seed twice
+//! cargo run --release --example driver-sim -- --seeds 1000 --shards 3       # one keyspace over 3
+//! cargo run --release --example driver-sim -- --seeds 100 --shards 3 --keyspace-mutation open-before-applied
 //! ```
 //!
 //! A normal run ends with `seeds=N violations=0` and exits 0, or prints the
@@ -32,6 +34,9 @@ struct Args {
     /// Members of the group.
     #[arg(long, default_value_t = 3)]
     members: usize,
+    /// Shards each member runs, over one revision counter.
+    #[arg(long, default_value_t = 1)]
+    shards: usize,
     /// Run this one seed only.
     #[arg(long)]
     seed: Option<u64>,
@@ -39,6 +44,10 @@ struct Args {
     /// or vote-without-log-check.
     #[arg(long)]
     mutation: Option<String>,
+    /// Switch off a rule of the revision order (with --shards 2 or more):
+    /// open-before-applied.
+    #[arg(long)]
+    keyspace_mutation: Option<String>,
     /// Show the drivers' log lines at this level (e.g. `info`).
     #[arg(long)]
     log: Option<String>,
@@ -64,7 +73,20 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if mutation.is_some() {
+    let keyspace_mutation = match args
+        .keyspace_mutation
+        .as_deref()
+        .map(sim::parse_keyspace_mutation)
+    {
+        None => None,
+        Some(Ok(m)) => Some(m),
+        Some(Err(e)) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    let mutated = mutation.is_some() || keyspace_mutation.is_some();
+    if mutated {
         sim::install_quiet_panic_hook();
     }
     let (first, count) = match args.seed {
@@ -73,13 +95,17 @@ fn main() -> ExitCode {
     };
     let started = Instant::now();
     if args.replay_check {
-        if mutation.is_some() {
-            eprintln!("--replay-check runs the core as built: it takes no --mutation");
+        if mutated {
+            eprintln!("--replay-check runs the core as built: it takes no mutation");
             return ExitCode::from(2);
         }
-        return replay_check(args.members, first, count);
+        return replay_check(args.members, args.shards, first, count);
     }
-    let result = driver::run_seeds(args.members, first, count, mutation);
+    let mut base = driver::DriverSimConfig::new(args.members, first);
+    base.shards = args.shards;
+    base.mutation = mutation;
+    base.keyspace_mutation = keyspace_mutation;
+    let result = driver::run_seeds(&base, count);
     let (run, stats, found) = match result {
         Ok(r) => r,
         Err(e) => {
@@ -88,40 +114,43 @@ fn main() -> ExitCode {
         }
     };
     println!(
-        "seeds={run} members={} violations={} in {:.1} s",
+        "seeds={run} members={} shards={} violations={} in {:.1} s",
         args.members,
+        args.shards,
         u8::from(found.is_some()),
         started.elapsed().as_secs_f64()
     );
     println!("{stats:#?}");
-    match (found, mutation) {
-        (Some(out), None) => {
+    match (found, mutated) {
+        (Some(out), false) => {
             println!("{out}");
             println!(
-                "replay: cargo run --release --example driver-sim -- --seed {} --members {}",
-                out.seed, out.members
+                "replay: cargo run --release --example driver-sim -- --seed {} --members {} \
+                 --shards {}",
+                out.seed, out.members, args.shards
             );
             ExitCode::from(1)
         }
-        (Some(out), Some(_)) => {
+        (Some(out), true) => {
             println!("caught: {out}");
             ExitCode::SUCCESS
         }
-        (None, Some(_)) => {
+        (None, true) => {
             println!("the mutation was not caught in {run} seeds");
             ExitCode::from(1)
         }
-        (None, None) => ExitCode::SUCCESS,
+        (None, false) => ExitCode::SUCCESS,
     }
 }
 
 /// Runs each seed twice with a trace of the wire and reports the first seed
 /// whose runs differ.
-fn replay_check(members: usize, first: u64, count: u64) -> ExitCode {
+fn replay_check(members: usize, shards: usize, first: u64, count: u64) -> ExitCode {
     for seed in first..first + count {
         let mut runs = Vec::new();
         for _ in 0..2 {
             let mut cfg = driver::DriverSimConfig::new(members, seed);
+            cfg.shards = shards;
             cfg.trace = true;
             match driver::run_seed_alone(&cfg) {
                 Ok(out) => runs.push(out),
@@ -159,6 +188,6 @@ fn replay_check(members: usize, first: u64, count: u64) -> ExitCode {
         }
         return ExitCode::from(1);
     }
-    println!("seeds={count} members={members}: every seed ran the same twice");
+    println!("seeds={count} members={members} shards={shards}: every seed ran the same twice");
     ExitCode::SUCCESS
 }

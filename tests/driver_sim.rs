@@ -8,18 +8,27 @@
 //! TTL, keep every store the same, show one leader per term and no
 //! committed entry replaced on the wire, and recover once the faults stop;
 //! and each Raft safety rule switched off must be caught, with 3 members
-//! and with 5.
+//! and with 5. With several shards per member over one revision counter, the
+//! same checks hold across the shards (one revision order for every key),
+//! and a keyspace leader that opens its counter too early must be caught.
 //!
 //! The full runs are `cargo run --release --example driver-sim -- --seeds 2000
-//! --members 3` (and `--members 5`).
+//! --members 3` (and `--members 5`, and `--shards 3`).
 
 use cairn::raft::SafetyMutation;
+use cairn::server::revisions::KeyspaceMutation;
 use cairn::sim::driver::{self, DriverSimStats};
 use cairn::sim::{self};
 
 /// Seeds per member count in the normal suite.
 const SUITE_SEEDS_3: u64 = 300;
 const SUITE_SEEDS_5: u64 = 150;
+/// Seeds of three members with three shards each.
+const SUITE_SEEDS_SHARDS: u64 = 100;
+/// The seeds the keyspace mutation check scans: with three members and
+/// three shards the first caught was seed 14 (seed 11 with two shards, seed
+/// 32 with five members).
+const KEYSPACE_MUTATION_SEEDS: std::ops::Range<u64> = 0..100;
 /// The seeds the mutation check scans, stopping at the first caught: a broken
 /// core breaks safety only on some seeds (15 of seeds 0-199 in one run with 3
 /// members before the checks on the wire, the first at seed 3, in a build
@@ -43,18 +52,27 @@ fn run_seeds(
     count: u64,
     mutation: Option<SafetyMutation>,
 ) -> (u64, DriverSimStats, Option<driver::DriverSimOutcome>) {
-    driver::run_seeds(members, first, count, mutation).expect("the driver simulation runs")
+    let mut base = driver::DriverSimConfig::new(members, first);
+    base.mutation = mutation;
+    driver::run_seeds(&base, count).expect("the driver simulation runs")
 }
 
-fn suite(members: usize, seeds: u64) {
-    let (run, stats, found) = run_seeds(members, 0, seeds, None);
+/// Runs `seeds` seeds from 0 of `base`; fails at the first violation.
+fn no_violation(base: driver::DriverSimConfig, seeds: u64) -> DriverSimStats {
+    let (run, stats, found) = driver::run_seeds(&base, seeds).expect("the driver simulation runs");
     if let Some(out) = found {
         panic!(
-            "{out}\nreplay: cargo run --release --example driver-sim -- --seed {} --members {}",
-            out.seed, out.members
+            "{out}\nreplay: cargo run --release --example driver-sim -- --seed {} --members {} \
+             --shards {}",
+            out.seed, out.members, out.shards
         );
     }
     assert_eq!(run, seeds);
+    stats
+}
+
+fn suite(members: usize, seeds: u64) {
+    let stats = no_violation(driver::DriverSimConfig::new(members, 0), seeds);
     // The faults and the work happened, many times over.
     assert!(stats.crashes > seeds, "{stats:#?}");
     assert!(stats.partitions > seeds, "{stats:#?}");
@@ -82,6 +100,44 @@ fn three_member_seeds_keep_every_acknowledged_write() {
 #[test]
 fn five_member_seeds_keep_every_acknowledged_write() {
     suite(5, SUITE_SEEDS_5);
+}
+
+/// Three members, each running three shards over one revision counter:
+/// every put and read goes to its key's shard, a linearizable read at a
+/// read point the keyspace leader gives, and the history's checks (one
+/// revision per put, real-time order, no stale read) hold across the
+/// shards, as do the stores' and the wire's on every shard.
+#[test]
+fn three_members_over_three_shards_keep_one_revision_order() {
+    let mut base = driver::DriverSimConfig::new(3, 0);
+    base.shards = 3;
+    let seeds = SUITE_SEEDS_SHARDS;
+    let stats = no_violation(base, seeds);
+    assert!(stats.crashes > seeds, "{stats:#?}");
+    assert!(stats.partitions > seeds, "{stats:#?}");
+    assert!(stats.transfers > seeds / 10, "{stats:#?}");
+    assert!(stats.snapshots_delivered > seeds / 10, "{stats:#?}");
+    assert!(stats.puts_acknowledged > 100 * seeds, "{stats:#?}");
+    assert!(stats.reads_served > 100 * seeds, "{stats:#?}");
+    // Keyspace leadership moved: counters opened again and again.
+    assert!(stats.keyspace_openings > 3 * seeds, "{stats:#?}");
+}
+
+// docs/KEYSPACE.md, "Why revisions increase in real time", point 3: a
+// keyspace leader that opens its counter before its shards applied what
+// earlier leaders committed, and without its epoch, hands out revisions
+// that committed writes already have.
+#[test]
+fn a_keyspace_leader_opening_before_its_shards_applied_is_caught() {
+    sim::install_quiet_panic_hook();
+    let mut base = driver::DriverSimConfig::new(3, KEYSPACE_MUTATION_SEEDS.start);
+    base.shards = 3;
+    base.keyspace_mutation = Some(KeyspaceMutation::OpenBeforeApplied);
+    let count = KEYSPACE_MUTATION_SEEDS.end - KEYSPACE_MUTATION_SEEDS.start;
+    let (run, _, found) = driver::run_seeds(&base, count).expect("the driver simulation runs");
+    let out = found.unwrap_or_else(|| panic!("not caught in {run} seeds"));
+    let v = out.violation.expect("a violation");
+    assert!(v.kind.is_consensus_safety(), "{v}");
 }
 
 #[test]
@@ -132,12 +188,18 @@ fn a_raft_core_voting_without_the_log_check_is_caught_with_five() {
 /// counters agree. So a violating seed found once is there to study, and
 /// `--seed N` shows what the many-seed run saw. Seeds 0-9 between them crash
 /// members, change the membership and install snapshots (the driver's jobs
-/// off its core), so those paths are among what must repeat.
+/// off its core), so those paths are among what must repeat; seeds 0-4 with
+/// three shards per member too (a member's shards are woken in one order).
 #[test]
 fn a_seed_replays_exactly() {
     let mut seen = DriverSimStats::default();
-    for seed in 0..10 {
-        let cfg = driver::DriverSimConfig::new(3, seed);
+    let one_shard = (0..10).map(|seed| driver::DriverSimConfig::new(3, seed));
+    let three_shards = (0..5).map(|seed| driver::DriverSimConfig {
+        shards: 3,
+        ..driver::DriverSimConfig::new(3, seed)
+    });
+    for cfg in one_shard.chain(three_shards) {
+        let seed = cfg.seed;
         let first = driver::run_seed_alone(&cfg).expect("the driver simulation runs");
         let again = driver::run_seed_alone(&cfg).expect("the driver simulation runs");
         assert!(first.violation.is_none(), "{first}");
@@ -145,7 +207,9 @@ fn a_seed_replays_exactly() {
             (first.wire_digest, first.messages_sent),
             (again.wire_digest, again.messages_sent),
             "seed {seed}: the runs sent different messages; \
-             `cargo run --release --example driver-sim -- --seed {seed} --replay-check` shows where"
+             `cargo run --release --example driver-sim -- --seed {seed} --shards {} \
+             --replay-check` shows where",
+            cfg.shards
         );
         assert_eq!(first.stats, again.stats, "seed {seed}");
         seen.add(&first.stats);

@@ -5,6 +5,8 @@
 //!   checks watch the wire and the clients' history. It is where the Raft
 //!   core's safety is checked under the code that drives it in production:
 //!   each safety mutation of the core (`raft-mutations`) must be caught.
+//!   With several shards per member it runs the real revision counter and
+//!   router over them, and a keyspace mutation must be caught too.
 //! - [`keyspace`]: a model of one keyspace over several shards (revisions
 //!   handed out by the keyspace leader, txns over several shards, reads at
 //!   one read point, watches), each shard a real
@@ -23,6 +25,7 @@ mod network;
 use std::cell::RefCell;
 
 use crate::raft::SafetyMutation;
+use crate::server::revisions::KeyspaceMutation;
 
 /// Members that start outside the group and may be added by membership
 /// changes during the run.
@@ -44,10 +47,25 @@ const _: () = assert!(MAX_DELAY_TICKS < ELECTION_TIMEOUT_TICKS);
 pub enum SimConfigError {
     #[error("simulated group must have 1..={max_members} members, not {members}")]
     Members { members: usize, max_members: usize },
+    #[error("a simulated member runs 1..={max_shards} shards, not {shards}")]
+    Shards { shards: usize, max_shards: usize },
+    #[error("a keyspace mutation needs several shards (--shards)")]
+    KeyspaceMutationOneShard,
+    #[error("unknown keyspace mutation {0:?} (known: open-before-applied)")]
+    UnknownKeyspaceMutation(String),
     #[error("unknown safety mutation {0:?} (known: commit-previous-term-by-count, vote-without-log-check)")]
     UnknownMutation(String),
     #[error("safety mutations need a build with the `raft-mutations` feature (test and example builds have it)")]
     MutationsNotBuilt,
+}
+
+/// Parses a keyspace mutation name as the example's `--keyspace-mutation`
+/// flag spells it.
+pub fn parse_keyspace_mutation(name: &str) -> Result<KeyspaceMutation, SimConfigError> {
+    match name {
+        "open-before-applied" => Ok(KeyspaceMutation::OpenBeforeApplied),
+        other => Err(SimConfigError::UnknownKeyspaceMutation(other.to_string())),
+    }
 }
 
 /// Parses a mutation name as the example's `--mutation` flag spells it.

@@ -35,7 +35,7 @@ use crate::server::validate;
 /// Read points a linearizable range over several shards takes at most when a
 /// leader change replaced a point's entry before it was read (each a
 /// ReadIndex round per shard, so a few are cheap).
-const POINT_TRIES: u32 = 3;
+pub const POINT_TRIES: u32 = 3;
 
 pub use crate::server::identity::Identity;
 

@@ -17,6 +17,11 @@
 //! flag (sequentially consistent). Either
 //! the write sees the flag and wakes the shard, or the shard's second look
 //! sees the write.
+//!
+//! Each shard has a channel of its own, woken in shard order: shards
+//! sharing one channel would be woken in an order tokio draws at random
+//! (its watch spreads receivers over several wake lists), and a simulated
+//! member of several shards would then not replay its seed exactly.
 
 use std::sync::atomic::{fence, AtomicBool, Ordering};
 
@@ -26,23 +31,21 @@ use tokio::sync::watch;
 pub struct CounterMoved {
     /// Some shard waits for the next move.
     waiting: AtomicBool,
-    /// Counts the moves some shard waited for.
-    moves: watch::Sender<u64>,
-}
-
-impl Default for CounterMoved {
-    fn default() -> Self {
-        CounterMoved {
-            waiting: AtomicBool::new(false),
-            moves: watch::Sender::new(0),
-        }
-    }
+    /// Counts the moves some shard waited for, one channel per shard.
+    moves: Vec<watch::Sender<u64>>,
 }
 
 impl CounterMoved {
-    /// What a shard waits on.
-    pub fn subscribe(&self) -> watch::Receiver<u64> {
-        self.moves.subscribe()
+    pub fn new(shards: usize) -> Self {
+        CounterMoved {
+            waiting: AtomicBool::new(false),
+            moves: (0..shards).map(|_| watch::Sender::new(0)).collect(),
+        }
+    }
+
+    /// What `shard` waits on.
+    pub fn subscribe(&self, shard: u32) -> watch::Receiver<u64> {
+        self.moves[shard as usize].subscribe()
     }
 
     /// Before a shard stops its close ticks: the next [`moved`](Self::moved)
@@ -60,7 +63,9 @@ impl CounterMoved {
     /// path).
     pub fn moved(&self) {
         if self.waiting.load(Ordering::SeqCst) && self.waiting.swap(false, Ordering::SeqCst) {
-            self.moves.send_modify(|n| *n = n.wrapping_add(1));
+            for moves in &self.moves {
+                moves.send_modify(|n| *n = n.wrapping_add(1));
+            }
         }
     }
 }
@@ -72,9 +77,9 @@ mod tests {
 
     #[tokio::test]
     async fn a_waiting_shard_is_woken_by_the_next_move_only() {
-        let c = CounterMoved::default();
-        let mut a = c.subscribe();
-        let mut b = c.subscribe();
+        let c = CounterMoved::new(2);
+        let mut a = c.subscribe(0);
+        let mut b = c.subscribe(1);
         // Nobody waits: a move wakes nobody.
         c.moved();
         assert!(!a.has_changed().unwrap());
@@ -98,8 +103,8 @@ mod tests {
 
     #[test]
     fn a_move_between_wait_and_the_second_look_is_not_lost() {
-        let c = CounterMoved::default();
-        let mut a = c.subscribe();
+        let c = CounterMoved::new(1);
+        let mut a = c.subscribe(0);
         c.wait(&mut a);
         // The write lands before the shard's second look: the flag was up,
         // so the shard is woken even if its second look missed the write.

@@ -92,6 +92,19 @@ struct Slots {
     opening: Option<Opening>,
 }
 
+/// A rule of the revision order to switch off, so that tests can show the
+/// driver simulation catches what follows. Only a build with the
+/// `raft-mutations` feature (test builds) can set one on a counter.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyspaceMutation {
+    /// The counter opens once this member leads every shard, before each has
+    /// applied the entries of earlier terms, and starts above what they
+    /// applied rather than above its epoch (breaks point 3 of
+    /// docs/KEYSPACE.md, "Why revisions increase in real time").
+    OpenBeforeApplied,
+}
+
 /// The keyspace leader's revision counter: what it opens on (each shard's
 /// readiness and lease), shard 0's leader, the leases shard 0's leader found
 /// expired, and what each shard reached.
@@ -124,6 +137,9 @@ pub struct RevisionCounter {
     pub reached: reached::Reached,
     /// Wakes the shards waiting for the counter to move.
     pub counter_moved: counter_moved::CounterMoved,
+    /// A rule switched off (see [`KeyspaceMutation`]).
+    #[cfg(feature = "raft-mutations")]
+    pub mutation: Option<KeyspaceMutation>,
 }
 
 impl RevisionCounter {
@@ -145,7 +161,21 @@ impl RevisionCounter {
             expired_leases: Mutex::new(Vec::new()),
             expired_wanted: tokio::sync::Notify::new(),
             reached: reached::Reached::new(shards),
-            counter_moved: Default::default(),
+            counter_moved: counter_moved::CounterMoved::new(shards),
+            #[cfg(feature = "raft-mutations")]
+            mutation: None,
+        }
+    }
+
+    /// Whether `m` is switched off on this counter (never, in a build
+    /// without the `raft-mutations` feature).
+    pub fn mutated(&self, m: KeyspaceMutation) -> bool {
+        #[cfg(feature = "raft-mutations")]
+        return self.mutation == Some(m);
+        #[cfg(not(feature = "raft-mutations"))]
+        {
+            let _ = m;
+            false
         }
     }
 
@@ -268,7 +298,11 @@ impl RevisionCounter {
         st.opening = None;
         // Above every revision of an earlier epoch, and never below what
         // this member handed out before in this epoch.
-        let base = o.base.max(epoch_start(o.epoch));
+        let base = if self.mutated(KeyspaceMutation::OpenBeforeApplied) {
+            o.base
+        } else {
+            o.base.max(epoch_start(o.epoch))
+        };
         // Sequentially consistent, as `next_revision`'s increment.
         let previous = self.counter.fetch_max(base, Ordering::SeqCst);
         self.epoch_end

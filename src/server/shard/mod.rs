@@ -417,7 +417,10 @@ impl Shard {
         close_ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         // While there is nothing to close, the close ticks stop until the
         // counter moves (see `counter_moved`).
-        let mut counter_moved = self.keyspace.as_ref().map(|k| k.counter_moved.subscribe());
+        let mut counter_moved = self
+            .keyspace
+            .as_ref()
+            .map(|k| k.counter_moved.subscribe(self.id));
         let mut closes_wait = false;
         let mut last_commit = Instant::now();
         // A store over its quota raises NOSPACE again at restart, before any

@@ -135,7 +135,9 @@ impl Shard {
         let (Some(k), Some(at)) = (&self.keyspace, self.keyspace_ready_at) else {
             return;
         };
-        if self.store.applied_index() < at {
+        if self.store.applied_index() < at
+            && !k.mutated(crate::server::revisions::KeyspaceMutation::OpenBeforeApplied)
+        {
             return;
         }
         self.keyspace_ready_at = None;

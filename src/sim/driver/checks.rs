@@ -9,6 +9,7 @@ use std::fmt;
 
 use bytes::Bytes;
 
+use crate::routing::ShardId;
 use crate::server::command::{ShardCommand, ShardHash, ShardStatus, REQUEST_TIMEOUT};
 
 use super::client::{range, range_all, Answer, Call, Op, Unanswered};
@@ -190,10 +191,16 @@ pub fn check_history(calls: &[Call]) -> Result<(), DriverViolation> {
     Ok(())
 }
 
+/// Member `id`'s status of shard 0.
 pub async fn status(world: &World, id: u64) -> Result<ShardStatus, String> {
+    status_of(world, id, 0).await
+}
+
+/// Member `id`'s status of `shard`.
+pub async fn status_of(world: &World, id: u64, shard: ShardId) -> Result<ShardStatus, String> {
     world
-        .ask(id, REQUEST_TIMEOUT * 2, |reply| ShardCommand::Status {
-            reply,
+        .ask_shard(id, shard, REQUEST_TIMEOUT * 2, |reply| {
+            ShardCommand::Status { reply }
         })
         .await
         .map_err(|e| e.to_string())
@@ -209,14 +216,15 @@ pub type Log = BTreeMap<i64, Vec<Change>>;
 pub async fn check_stores(world: &World, calls: &[Call]) -> Result<Log, DriverViolation> {
     let by_revision = acknowledged(calls)?;
     let ids = world.ids();
+    let not_running = |id| {
+        violation(
+            DriverViolationKind::NoLiveness,
+            format!("member {id} is not running"),
+        )
+    };
     for &id in &ids {
-        let commands = world.commands(id).ok_or_else(|| {
-            violation(
-                DriverViolationKind::NoLiveness,
-                format!("member {id} is not running"),
-            )
-        })?;
         for (&revision, (key, value)) in &by_revision {
+            let commands = world.commands_for(id, key).ok_or_else(|| not_running(id))?;
             let found = stored(&commands, key, revision).await;
             if holds(&found) != Some((*value, revision)) {
                 return Err(violation(
@@ -229,7 +237,6 @@ pub async fn check_stores(world: &World, calls: &[Call]) -> Result<Log, DriverVi
             }
         }
     }
-    let first = world.commands(ids[0]).expect("checked running above");
     for read in calls {
         let (
             Op::Read { key },
@@ -244,6 +251,9 @@ pub async fn check_stores(world: &World, calls: &[Call]) -> Result<Log, DriverVi
         if *mod_revision == 0 {
             continue;
         }
+        let first = world
+            .commands_for(ids[0], key)
+            .ok_or_else(|| not_running(ids[0]))?;
         let found = stored(&first, key, *mod_revision).await;
         if holds(&found) != Some((value, *mod_revision)) {
             return Err(violation(
@@ -256,17 +266,44 @@ pub async fn check_stores(world: &World, calls: &[Call]) -> Result<Log, DriverVi
             ));
         }
     }
-    let log = read_log(world, ids[0]).await?;
+    let log = if world.shards() == 1 {
+        read_log(world, ids[0]).await?
+    } else {
+        read_key_histories(world, ids[0]).await?
+    };
     check_order(&log, calls)?;
+    for shard in world.routing.shard_ids() {
+        check_same_stores(world, &ids, shard).await?;
+    }
+    Ok(log)
+}
+
+/// Every member's store of `shard` hashes the same. With one shard, at each
+/// member's newest revision; with several, at the oldest of the members'
+/// newest revisions (the keyspace leader's closes of an idle shard move
+/// its revision with no change of a key, and may still be applying).
+async fn check_same_stores(
+    world: &World,
+    ids: &[u64],
+    shard: ShardId,
+) -> Result<(), DriverViolation> {
+    let unreadable = |e: String| violation(DriverViolationKind::NoLiveness, e);
+    let mut revision = 0;
+    if world.shards() > 1 {
+        revision = i64::MAX;
+        for &id in ids {
+            let s = status_of(world, id, shard).await.map_err(unreadable)?;
+            revision = revision.min(s.revision);
+        }
+    }
     let mut hashes: Vec<(u64, ShardHash)> = Vec::new();
-    for &id in &ids {
+    for &id in ids {
         let hash = world
-            .ask(id, REQUEST_TIMEOUT * 2, |reply| ShardCommand::HashKv {
-                revision: 0,
-                reply,
+            .ask_shard(id, shard, REQUEST_TIMEOUT * 2, |reply| {
+                ShardCommand::HashKv { revision, reply }
             })
             .await
-            .map_err(|e| violation(DriverViolationKind::NoLiveness, e.to_string()))?;
+            .map_err(|e| unreadable(e.to_string()))?;
         hashes.push((id, hash));
     }
     let (first_id, first_hash) = &hashes[0];
@@ -275,14 +312,14 @@ pub async fn check_stores(world: &World, calls: &[Call]) -> Result<Log, DriverVi
             return Err(violation(
                 DriverViolationKind::Diverged,
                 format!(
-                    "member {first_id}'s store hashes to {:#x} at revision {}, member {id}'s \
-                     to {:#x} at {}",
+                    "shard {shard}: member {first_id}'s store hashes to {:#x} at revision {}, \
+                     member {id}'s to {:#x} at {}",
                     first_hash.hash, first_hash.revision, hash.hash, hash.revision
                 ),
             ));
         }
     }
-    Ok(log)
+    Ok(())
 }
 
 /// The value and mod revision a member's store holds for `key` at
@@ -301,6 +338,46 @@ async fn stored(
 
 fn holds(found: &Result<Option<(Bytes, i64)>, String>) -> Option<(&Bytes, i64)> {
     found.as_ref().ok()?.as_ref().map(|(v, r)| (v, *r))
+}
+
+/// The log of several shards as member `id`'s stores hold it, from each
+/// key's history: its value now, then at the revision before each mod
+/// revision found, back to its first. Revisions of several shards are
+/// sparse (each keyspace leader's start above `epoch << 40`), so they are
+/// not read one by one; with several shards the clients only put (no
+/// leases, whose end deletes), so a key's history has no gap.
+async fn read_key_histories(world: &World, id: u64) -> Result<Log, DriverViolation> {
+    let unreadable = |e: String| violation(DriverViolationKind::NoLiveness, e);
+    let mut log = Log::new();
+    for shard in world.routing.shard_ids() {
+        let commands = world
+            .commands_of(id, shard)
+            .ok_or_else(|| unreadable(format!("member {id} is not running")))?;
+        let newest = status_of(world, id, shard)
+            .await
+            .map_err(unreadable)?
+            .revision;
+        let keys = range_all(&commands, newest)
+            .await
+            .map_err(|e| unreadable(format!("{e:?}")))?;
+        for kv in keys {
+            let mut at = newest;
+            while at > 0 {
+                let found = stored(&commands, &kv.key, at).await.map_err(unreadable)?;
+                let Some((value, mod_revision)) = found else {
+                    break;
+                };
+                log.entry(mod_revision)
+                    .or_default()
+                    .push((kv.key.clone(), Some(value)));
+                at = mod_revision - 1;
+            }
+        }
+    }
+    for changes in log.values_mut() {
+        changes.sort();
+    }
+    Ok(log)
 }
 
 /// The log as member `id`'s store holds it: the revisions that changed a

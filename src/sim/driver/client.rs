@@ -1,6 +1,6 @@
 //! The simulated clients: puts and linearizable reads of a few keys, sent
-//! to any running member's driver as the API layer sends them, and the
-//! history of what each was answered.
+//! to any running member's driver of the key's shard as the API layer sends
+//! them, and the history of what each was answered.
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -12,8 +12,12 @@ use cairn_proto::etcdserverpb as pb;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use crate::server::command::{ShardCommand, WriteResult, REQUEST_TIMEOUT};
+use crate::routing::ShardId;
+use crate::server::api::kv::POINT_TRIES;
+use crate::server::command::{ReadAt, ShardCommand, ShardPoint, WriteResult, REQUEST_TIMEOUT};
 use crate::server::errors::ApiError;
+use crate::server::keyspace::router::Router;
+use crate::server::shard::LEADERLESS_WAIT;
 
 use super::world::World;
 
@@ -89,7 +93,10 @@ pub async fn run_clients(world: Rc<World>, history: History, until: Instant) {
 /// Sends `op` to `member` and waits for its answer (None: the member was
 /// not running).
 pub async fn call(world: &World, member: u64, op: Op) -> Option<Call> {
-    let commands = world.commands(member)?;
+    let key = match &op {
+        Op::Put { key, .. } | Op::Read { key } => key,
+    };
+    let commands = world.commands_for(member, key)?;
     world.note(|| format!("call {member}: {op:?}"));
     let start = Instant::now();
     let answer = match &op {
@@ -115,7 +122,7 @@ pub async fn call(world: &World, member: u64, op: Op) -> Option<Call> {
                 Err(Unanswered::Error(e)) => Answer::Failed(e),
             }
         }
-        Op::Read { key } => match range(&commands, key, 0, false).await {
+        Op::Read { key } => match read(world, member, &commands, key).await {
             Ok(kv) => Answer::Read {
                 value: kv.as_ref().map(|kv| kv.value.clone()).unwrap_or_default(),
                 mod_revision: kv.map_or(0, |kv| kv.mod_revision),
@@ -132,6 +139,91 @@ pub async fn call(world: &World, member: u64, op: Op) -> Option<Call> {
         end: Instant::now(),
         answer,
     })
+}
+
+/// A linearizable read of `key` through `member`, as the API layer makes it:
+/// with one shard, the shard's own ReadIndex round; with several, at a read
+/// point the keyspace leader gives (this member, or the member it names,
+/// which the daemon asks over the peer port), which `member`'s shard waits
+/// for before it reads. A read point's answers come through the router,
+/// whose own timeout ends them: a lost one is a failure, not unanswered.
+async fn read(
+    world: &World,
+    member: u64,
+    commands: &tokio::sync::mpsc::Sender<ShardCommand>,
+    key: &Bytes,
+) -> Result<Option<cairn_proto::mvccpb::KeyValue>, Unanswered> {
+    if world.shards() == 1 {
+        return range(commands, key, 0, false).await;
+    }
+    let failed = |e: ApiError| Unanswered::Error(e.to_string());
+    let router = world
+        .router(member)
+        .ok_or_else(|| Unanswered::Error("the member stopped".into()))?;
+    let shard = world.routing.shard_for_key(key);
+    let request = pb::RangeRequest {
+        key: key.clone(),
+        ..Default::default()
+    };
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let (revision, points) = read_point(world, member, &router, shard)
+            .await
+            .map_err(failed)?;
+        let at = ReadAt {
+            revision,
+            index: points[0].index,
+            term: points[0].term,
+        };
+        match router.range_at(shard, request.clone(), at).await {
+            Ok(r) => return Ok(r.kvs.into_iter().next()),
+            Err(ApiError::LeaderChanged) if tries < POINT_TRIES => continue,
+            Err(e) => return Err(failed(e)),
+        }
+    }
+}
+
+/// The read point of `shard` from the keyspace leader, asked as the API
+/// layer asks it (`peer_client::at_shard_leader`): of `member`, else of the
+/// member it names, again every 20 ms for at most [`LEADERLESS_WAIT`]
+/// while no leader answers.
+async fn read_point(
+    world: &World,
+    member: u64,
+    router: &Router,
+    shard: ShardId,
+) -> Result<(i64, Vec<ShardPoint>), ApiError> {
+    let deadline = Instant::now() + LEADERLESS_WAIT;
+    let mut last = ApiError::NoLeader;
+    loop {
+        let leader = match router.read_point(&[shard]).await {
+            Ok(point) => return Ok(point),
+            Err(ApiError::NotLeader { leader }) => leader,
+            Err(e @ (ApiError::NoLeader | ApiError::LeaderChanged | ApiError::Timeout)) => {
+                last = e;
+                crate::raft::NONE
+            }
+            Err(e) => return Err(e),
+        };
+        let remote = (leader != member && leader != crate::raft::NONE)
+            .then(|| world.router(leader))
+            .flatten();
+        if let Some(remote) = remote {
+            match remote.read_point(&[shard]).await {
+                Ok(point) => return Ok(point),
+                Err(ApiError::NotLeader { .. }) => {}
+                Err(e @ (ApiError::NoLeader | ApiError::LeaderChanged | ApiError::Timeout)) => {
+                    last = e
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        if Instant::now() >= deadline {
+            return Err(last);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// Reads `key` at `revision` (0: the newest) from a member's driver.

@@ -87,9 +87,22 @@
 //! shows no other term at an index an earlier term's leader committed
 //! (leader completeness).
 //!
+//! # Several shards (`--shards`)
+//! Each member runs one driver per shard, each on a WAL of its own (a shard
+//! per core, as the daemon places them by default) and all over one real
+//! revision counter, with the keyspace's own tasks beside them; the clients'
+//! keys spread over the shards by the real routing table. A put goes to its
+//! key's shard; a linearizable read takes a read point from the keyspace
+//! leader (the member reached, or the member it names, as the peer port
+//! would) and reads the shard there. The checks above then hold across the
+//! shards (one revision order for every key), the wire's per shard, the
+//! stores' shard by shard, and the faults aim at shard 0's leaders (the
+//! keyspace leader). `KeyspaceMutation::OpenBeforeApplied` must be caught.
+//!
 //! # Not simulated
-//! - Several shards and the keyspace over them (`super::keyspace` models
-//!   those).
+//! - With several shards: txns over several shards, watches, leases and
+//!   membership changes (`super::keyspace` models those), and the figure-8
+//!   adversaries.
 //! - The peer transport's framing: a snapshot stream's chunks go straight
 //!   from the sender's store to the receiver's spool.
 //! - The store's own power cuts (its syncs go to real files), and its
@@ -136,6 +149,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::raft::SafetyMutation;
+use crate::routing::ShardId;
+use crate::server::revisions::KeyspaceMutation;
 
 use checks::{violation, DriverViolationKind as Kind};
 pub use checks::{DriverViolation, DriverViolationKind};
@@ -146,6 +161,8 @@ use super::SimConfigError;
 
 /// Most members a driver simulation runs.
 pub const MAX_DRIVER_MEMBERS: usize = 7;
+/// Most shards a simulated member runs (the simulated WAL's lanes).
+pub const MAX_DRIVER_SHARDS: usize = 4;
 /// After the faults stop, a put must be acknowledged and applied on every
 /// member within this much simulated time: a few election rounds.
 pub const LIVENESS_BOUND: Duration = Duration::from_secs(20);
@@ -168,19 +185,33 @@ pub const CHAOS_MS: std::ops::Range<u64> = 1_500..4_000;
 #[derive(Debug, Clone)]
 pub struct DriverSimConfig {
     pub members: usize,
+    /// Shards per member: with more than one, every member runs one driver
+    /// per shard over one revision counter, as a daemon started with
+    /// `--shards` does, and the clients' keys spread over them.
+    pub shards: usize,
     pub seed: u64,
     /// A Raft safety rule switched off in every member's core.
     pub mutation: Option<SafetyMutation>,
+    /// A rule of the revision order switched off in every member's
+    /// revision counter (several shards only).
+    pub keyspace_mutation: Option<KeyspaceMutation>,
     /// Keep a line per message sent, to compare two runs of the seed.
     pub trace: bool,
 }
 
 impl DriverSimConfig {
+    /// Whether some safety rule is switched off.
+    pub fn is_mutated(&self) -> bool {
+        self.mutation.is_some() || self.keyspace_mutation.is_some()
+    }
+
     pub fn new(members: usize, seed: u64) -> DriverSimConfig {
         DriverSimConfig {
             members,
+            shards: 1,
             seed,
             mutation: None,
+            keyspace_mutation: None,
             trace: false,
         }
     }
@@ -192,7 +223,16 @@ impl DriverSimConfig {
                 max_members: MAX_DRIVER_MEMBERS,
             });
         }
-        if self.mutation.is_some() && cfg!(not(feature = "raft-mutations")) {
+        if self.shards == 0 || self.shards > MAX_DRIVER_SHARDS {
+            return Err(SimConfigError::Shards {
+                shards: self.shards,
+                max_shards: MAX_DRIVER_SHARDS,
+            });
+        }
+        if self.keyspace_mutation.is_some() && self.shards == 1 {
+            return Err(SimConfigError::KeyspaceMutationOneShard);
+        }
+        if self.is_mutated() && cfg!(not(feature = "raft-mutations")) {
             return Err(SimConfigError::MutationsNotBuilt);
         }
         Ok(())
@@ -220,6 +260,8 @@ pub struct DriverSimStats {
     pub partitions: u64,
     /// Leader transfers a leader started.
     pub transfers: u64,
+    /// Times a member's revision counter opened (several shards).
+    pub keyspace_openings: u64,
     /// Members added as learners, promoted and removed.
     pub membership_changes: u64,
     /// Snapshot streams started, and handed whole to their receiver.
@@ -250,6 +292,7 @@ impl DriverSimStats {
         self.crashes += o.crashes;
         self.partitions += o.partitions;
         self.transfers += o.transfers;
+        self.keyspace_openings += o.keyspace_openings;
         self.membership_changes += o.membership_changes;
         self.snapshots_started += o.snapshots_started;
         self.snapshots_delivered += o.snapshots_delivered;
@@ -268,6 +311,7 @@ impl DriverSimStats {
 pub struct DriverSimOutcome {
     pub seed: u64,
     pub members: usize,
+    pub shards: usize,
     pub stats: DriverSimStats,
     pub violation: Option<DriverViolation>,
     /// A digest of every message the members sent, in order, with when:
@@ -281,11 +325,15 @@ pub struct DriverSimOutcome {
 impl std::fmt::Display for DriverSimOutcome {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match &self.violation {
-            None => write!(f, "seed={} members={} ok", self.seed, self.members),
+            None => write!(
+                f,
+                "seed={} members={} shards={} ok",
+                self.seed, self.members, self.shards
+            ),
             Some(v) => write!(
                 f,
-                "seed={} members={} VIOLATION {v}",
-                self.seed, self.members
+                "seed={} members={} shards={} VIOLATION {v}",
+                self.seed, self.members, self.shards
             ),
         }
     }
@@ -314,7 +362,7 @@ pub async fn run_seed(cfg: &DriverSimConfig) -> Result<DriverSimOutcome, DriverS
     let world = World::new(cfg).map_err(DriverSimError::Setup)?;
     let mut stats = DriverSimStats::default();
     let began = Instant::now();
-    let budget = if cfg.mutation.is_some() {
+    let budget = if cfg.is_mutated() {
         MUTATION_REAL_TIME_BUDGET
     } else {
         REAL_TIME_BUDGET
@@ -348,12 +396,14 @@ pub async fn run_seed(cfg: &DriverSimConfig) -> Result<DriverSimOutcome, DriverS
     stats.crashes = world.crashes.get();
     stats.partitions = world.partitions.get();
     stats.transfers = world.transfers.get();
+    stats.keyspace_openings = world.keyspace_openings.get();
     stats.snapshots_started = world.snapshots_started.get();
     stats.snapshots_delivered = world.snapshots_delivered.get();
     let mut wire = world.wire();
     Ok(DriverSimOutcome {
         seed: cfg.seed,
         members: cfg.members,
+        shards: cfg.shards,
         stats,
         violation,
         wire_digest: wire.digest(),
@@ -378,13 +428,18 @@ async fn run_world(world: &Rc<World>, stats: &mut DriverSimStats) -> Result<(), 
         until,
     )));
     // The scripted adversary places every member itself: no membership
-    // changes under it.
+    // changes under it. With several shards the simulation has no
+    // membership changes, leases or watches yet (a change, a lease and a
+    // watch over several shards are the keyspace layer's, above the
+    // drivers): its clients put and read.
     let script = world.figure8_script.clone();
-    let changes_until = if script.is_some() {
+    let one_shard = world.shards() == 1;
+    let changes_until = if script.is_some() || !one_shard {
         Instant::now()
     } else {
         until
     };
+    let leases_until = if one_shard { until } else { Instant::now() };
     let mut changes = AbortOnDrop(tokio::task::spawn_local(membership::run(
         world.clone(),
         changes_until,
@@ -393,9 +448,13 @@ async fn run_world(world: &Rc<World>, stats: &mut DriverSimStats) -> Result<(), 
     let lease_clients = AbortOnDrop(tokio::task::spawn_local(leases::run(
         world.clone(),
         lease_log.clone(),
-        until,
+        leases_until,
     )));
-    let (sessions, watch_tasks) = watchers::start(world);
+    let (sessions, watch_tasks) = if one_shard {
+        watchers::start(world)
+    } else {
+        (Rc::default(), Vec::new())
+    };
     let watches: Vec<_> = watch_tasks.into_iter().map(AbortOnDrop).collect();
     let plan = faults::Plan::draw(world);
     world.start_chaos(plan.clone());
@@ -518,10 +577,41 @@ async fn real_time_budget(
     }
 }
 
-/// Puts through the members in turn until one is acknowledged, then waits
-/// for every member to apply it. Returns the group's term.
+/// On every shard: puts through the members in turn until one is
+/// acknowledged, then waits for every member to apply it. Returns shard
+/// 0's term.
 async fn liveness(world: &Rc<World>) -> Result<u64, DriverViolation> {
     let deadline = Instant::now() + LIVENESS_BOUND;
+    let mut term = 0;
+    for shard in world.routing.shard_ids() {
+        let key = liveness_key(world, shard);
+        let t = liveness_of(world, shard, key, deadline).await?;
+        if shard == 0 {
+            term = t;
+        }
+    }
+    Ok(term)
+}
+
+/// A key of `shard`: `liveness` with one shard.
+fn liveness_key(world: &World, shard: ShardId) -> bytes::Bytes {
+    if world.shards() == 1 {
+        return bytes::Bytes::from_static(b"liveness");
+    }
+    (0..)
+        .map(|n| bytes::Bytes::from(format!("liveness-{n}")))
+        .find(|k| world.routing.shard_for_key(k) == shard)
+        .expect("some key routes to every shard")
+}
+
+/// [`liveness`] of one shard, through a put of `key`, before `deadline`;
+/// answers the shard's term.
+async fn liveness_of(
+    world: &Rc<World>,
+    shard: ShardId,
+    key: bytes::Bytes,
+    deadline: Instant,
+) -> Result<u64, DriverViolation> {
     let ids = world.ids();
     let mut attempt = 0usize;
     let revision = loop {
@@ -534,8 +624,13 @@ async fn liveness(world: &Rc<World>) -> Result<u64, DriverViolation> {
         let id = ids[attempt % ids.len()];
         attempt += 1;
         let op = Op::Put {
-            key: bytes::Bytes::from_static(b"liveness"),
-            value: bytes::Bytes::from(format!("attempt {attempt}")),
+            key: key.clone(),
+            // Each value once in the log, whichever shard.
+            value: bytes::Bytes::from(if world.shards() == 1 {
+                format!("attempt {attempt}")
+            } else {
+                format!("shard {shard} attempt {attempt}")
+            }),
         };
         match client::call(world, id, op).await.map(|c| c.answer) {
             Some(Answer::Put { revision }) => break revision,
@@ -545,7 +640,7 @@ async fn liveness(world: &Rc<World>) -> Result<u64, DriverViolation> {
     let mut term = 0;
     for id in ids {
         loop {
-            let applied = checks::status(world, id).await.ok();
+            let applied = checks::status_of(world, id, shard).await.ok();
             if let Some(s) = applied.filter(|s| s.revision >= revision) {
                 term = term.max(s.term);
                 break;
@@ -555,7 +650,7 @@ async fn liveness(world: &Rc<World>) -> Result<u64, DriverViolation> {
                     Kind::NoLiveness,
                     format!(
                         "member {id} did not apply the put acknowledged at revision {revision} \
-                         within {LIVENESS_BOUND:?} after the faults"
+                         on shard {shard} within {LIVENESS_BOUND:?} after the faults"
                     ),
                 ));
             }
@@ -579,26 +674,27 @@ pub fn run_seed_alone(cfg: &DriverSimConfig) -> Result<DriverSimOutcome, DriverS
     runtime.block_on(tokio::task::LocalSet::new().run_until(run_seed(cfg)))
 }
 
-/// Runs seeds `first..first + count` of `members` members, each on a runtime
-/// of its own ([`run_seed_alone`]), stopping at the first violation (under
-/// a mutation, the first consensus-safety one).
+/// Runs `count` seeds from `base.seed` on, each as `base` says otherwise
+/// and on a runtime of its own ([`run_seed_alone`]), stopping at the first
+/// violation (under a mutation, the first consensus-safety one).
 #[cfg(feature = "paused-clock")]
 pub fn run_seeds(
-    members: usize,
-    first: u64,
+    base: &DriverSimConfig,
     count: u64,
-    mutation: Option<SafetyMutation>,
 ) -> Result<(u64, DriverSimStats, Option<DriverSimOutcome>), DriverSimError> {
     let mut stats = DriverSimStats::default();
+    let (first, mutated) = (base.seed, base.is_mutated());
     for seed in first..first + count {
-        let mut cfg = DriverSimConfig::new(members, seed);
-        cfg.mutation = mutation;
+        let cfg = DriverSimConfig {
+            seed,
+            ..base.clone()
+        };
         let out = run_seed_alone(&cfg)?;
         stats.add(&out.stats);
         let stop = out
             .violation
             .as_ref()
-            .is_some_and(|v| mutation.is_none() || v.kind.is_consensus_safety());
+            .is_some_and(|v| !mutated || v.kind.is_consensus_safety());
         if stop {
             return Ok((seed - first + 1, stats, Some(out)));
         }

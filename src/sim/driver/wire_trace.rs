@@ -28,11 +28,12 @@ impl WireTrace {
         }
     }
 
-    pub(super) fn record(&mut self, from: u64, msg: &raft::Message) {
+    pub(super) fn record(&mut self, from: u64, shard: u32, msg: &raft::Message) {
         let at = self.began.elapsed().as_micros() as u64;
         let fields = [
             at,
             from,
+            u64::from(shard),
             msg.to,
             msg.msg_type as u64,
             msg.term,
@@ -50,7 +51,7 @@ impl WireTrace {
         self.sent += 1;
         if let Some(lines) = &mut self.lines {
             lines.push(format!(
-                "{at:>10}us {from}->{} {:?} term={} index={} log_term={} commit={} entries={} reject={}",
+                "{at:>10}us {from}->{} shard={shard} {:?} term={} index={} log_term={} commit={} entries={} reject={}",
                 msg.to,
                 msg.msg_type(),
                 msg.term,

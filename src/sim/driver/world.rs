@@ -17,10 +17,13 @@ use tokio::task::JoinHandle;
 
 use crate::member_file::{Member as FileMember, MemberFile, LAYOUT_VERSION};
 use crate::raft;
-use crate::routing::ShardId;
+use crate::routing::{RoutingTable, ShardId};
 use crate::server::command::{Reply, ShardCommand};
 use crate::server::errors::ApiError;
+use crate::server::keyspace::router::Router;
+use crate::server::keyspace::Keyspace;
 use crate::server::members::{MemberRegistry, WriterThread};
+use crate::server::revisions::RevisionCounter;
 use crate::server::shard::{
     OffCoreJobs, PeerSender, Shard, ShardInbound, ShardSetup, SnapshotTransfer, SpoolWriterThread,
     StreamSpool,
@@ -57,8 +60,10 @@ pub struct Member {
     pub id: u64,
     /// The store's directory (a real one: the store is the real store).
     dir: PathBuf,
-    /// The WAL's disk as a power cut leaves it.
-    disk: CrashStorage,
+    /// Each shard's WAL disk as a power cut leaves it, by shard: every
+    /// shard runs on a core of its own, as the daemon places them by
+    /// default, and each core has its WAL.
+    disks: Vec<CrashStorage>,
     incarnation: u64,
     /// In the group, as far as the membership changes made so far go: a
     /// spare is not yet, a removed member no longer (it never starts again).
@@ -70,9 +75,17 @@ pub struct Member {
 }
 
 struct Running {
-    task: JoinHandle<()>,
-    inbound: mpsc::Sender<ShardInbound>,
-    commands: mpsc::Sender<ShardCommand>,
+    /// The member's tasks: each shard's driver, and with several shards the
+    /// keyspace's own (finishing earlier txns at an opening, revoking
+    /// expired leases), as the daemon's core 0 runs them.
+    tasks: Vec<JoinHandle<()>>,
+    /// Each shard's inbound queue, by shard.
+    inbound: Vec<mpsc::Sender<ShardInbound>>,
+    /// Each shard's command queue, by shard.
+    commands: Vec<mpsc::Sender<ShardCommand>>,
+    /// The member's router over those queues, with its keyspace when it
+    /// runs several shards: what the API layer asks.
+    router: Arc<Router>,
     /// The driver's jobs off its core, which outlive an aborted task.
     jobs: OffCoreJobs,
     _shutdown: watch::Sender<bool>,
@@ -94,6 +107,9 @@ pub struct World {
     pub partitions: Cell<u64>,
     /// Leader transfers a leader started.
     pub transfers: Cell<u64>,
+    /// Times a member's revision counter opened (several shards): the
+    /// keyspace leaderships of the seed.
+    pub keyspace_openings: Cell<u64>,
     /// Snapshot streams started, and handed whole to their receiver.
     pub snapshots_started: Cell<u64>,
     pub snapshots_delivered: Cell<u64>,
@@ -111,8 +127,13 @@ pub struct World {
     pub figure8_script: Option<Rc<Figure8>>,
     /// The faults of this seed, while they last.
     plan: RefCell<Option<Plan>>,
-    leaders: LeaderWatch,
-    logs: LogWatch,
+    /// Each shard's leaders and logs as the wire shows them, by shard; the
+    /// faults aim at shard 0's leaders (the keyspace leader, with several
+    /// shards).
+    leaders: Vec<LeaderWatch>,
+    logs: Vec<LogWatch>,
+    /// The keyspace's partition into the members' shards.
+    pub routing: RoutingTable,
     /// The first failure found away from the main task (a restart that
     /// failed, a driver that panicked).
     failure: RefCell<Option<DriverViolation>>,
@@ -140,7 +161,7 @@ impl World {
             .map(|id| Member {
                 id,
                 dir: root.path().join(format!("member-{id}")),
-                disk: CrashStorage::new(),
+                disks: (0..cfg.shards).map(|_| CrashStorage::new()).collect(),
                 incarnation: 0,
                 in_group: id as usize <= cfg.members,
                 running: None,
@@ -154,8 +175,12 @@ impl World {
         } else {
             rng.gen_range(4..100)
         };
+        // The figure-8 adversaries aim at one group's terms: they run only
+        // with one shard (the draws stay, so that a seed of one shard runs
+        // as it always did).
         let figure8 = rng.gen_range(0..4) == 0;
-        let figure8_script = (figure8 && rng.gen_bool(0.5)).then(Rc::default);
+        let figure8_script = (figure8 && rng.gen_bool(0.5) && cfg.shards == 1).then(Rc::default);
+        let figure8 = figure8 && cfg.shards == 1;
         Ok(Rc::new(World {
             cfg: cfg.clone(),
             rng: RefCell::new(rng),
@@ -167,6 +192,7 @@ impl World {
             crashes: Cell::new(0),
             partitions: Cell::new(0),
             transfers: Cell::new(0),
+            keyspace_openings: Cell::new(0),
             snapshots_started: Cell::new(0),
             snapshots_delivered: Cell::new(0),
             next_stream: Cell::new(1),
@@ -174,8 +200,9 @@ impl World {
             figure8,
             figure8_script,
             plan: RefCell::new(None),
-            leaders: LeaderWatch::default(),
-            logs: LogWatch::default(),
+            leaders: (0..cfg.shards).map(|_| LeaderWatch::default()).collect(),
+            logs: (0..cfg.shards).map(|_| LogWatch::default()).collect(),
+            routing: RoutingTable::new(cfg.shards, 1),
             failure: RefCell::new(None),
             over: Cell::new(false),
             wire: RefCell::new(WireTrace::new(cfg.trace)),
@@ -257,15 +284,33 @@ impl World {
         self.gen_range(0..1000) < per_mille
     }
 
-    /// Sends member `id`'s driver a command and waits at most `wait` (room
-    /// in its queue included) for the answer.
+    /// The shards each member runs.
+    pub fn shards(&self) -> usize {
+        self.cfg.shards
+    }
+
+    /// Sends member `id`'s driver of shard 0 a command and waits at most
+    /// `wait` (room in its queue included) for the answer.
     pub async fn ask<T: Send + 'static>(
         &self,
         id: u64,
         wait: Duration,
         make: impl FnOnce(Reply<T>) -> ShardCommand,
     ) -> Result<T, AskError> {
-        let commands = self.commands(id).ok_or(AskError::NotRunning { id })?;
+        self.ask_shard(id, 0, wait, make).await
+    }
+
+    /// [`Self::ask`] of member `id`'s driver of `shard`.
+    pub async fn ask_shard<T: Send + 'static>(
+        &self,
+        id: u64,
+        shard: ShardId,
+        wait: Duration,
+        make: impl FnOnce(Reply<T>) -> ShardCommand,
+    ) -> Result<T, AskError> {
+        let commands = self
+            .commands_of(id, shard)
+            .ok_or(AskError::NotRunning { id })?;
         let (reply, answer) = crate::server::command::Reply::channel();
         let asked = async {
             commands
@@ -283,12 +328,30 @@ impl World {
             .unwrap_or(Err(AskError::TimedOut { id, wait }))
     }
 
-    /// The queue of `id`'s commands, while it runs.
+    /// The queue of commands of `id`'s shard 0, while it runs.
     pub fn commands(&self, id: u64) -> Option<mpsc::Sender<ShardCommand>> {
+        self.commands_of(id, 0)
+    }
+
+    /// The queue of commands of `id`'s `shard`, while it runs.
+    pub fn commands_of(&self, id: u64, shard: ShardId) -> Option<mpsc::Sender<ShardCommand>> {
         self.members.borrow()[index(id)]
             .running
             .as_ref()
-            .map(|r| r.commands.clone())
+            .map(|r| r.commands[shard as usize].clone())
+    }
+
+    /// The queue of commands of the shard of `key` on `id`, while it runs.
+    pub fn commands_for(&self, id: u64, key: &[u8]) -> Option<mpsc::Sender<ShardCommand>> {
+        self.commands_of(id, self.routing.shard_for_key(key))
+    }
+
+    /// Member `id`'s router, while it runs.
+    pub fn router(&self, id: u64) -> Option<Arc<Router>> {
+        self.members.borrow()[index(id)]
+            .running
+            .as_ref()
+            .map(|r| r.router.clone())
     }
 
     /// Faults follow `plan` until [`World::end_chaos`].
@@ -329,14 +392,14 @@ impl World {
         self.failure.borrow_mut().take()
     }
 
-    /// The member seen leading last, on the wire.
+    /// The member seen leading shard 0 last, on the wire.
     pub fn leader_seen(&self) -> Option<u64> {
-        self.leaders.leader()
+        self.leaders[0].leader()
     }
 
-    /// The newest term seen on the wire, and its leader.
+    /// Shard 0's newest term seen on the wire, and its leader.
     pub fn newest_leader(&self) -> Option<(u64, u64)> {
-        self.leaders.newest()
+        self.leaders[0].newest()
     }
 
     /// Restores the links between `a` and `b`, both ways.
@@ -380,83 +443,133 @@ impl World {
     }
 
     async fn start_turn(self: &Rc<Self>, id: u64) -> Result<(), String> {
-        let (dir, disk, incarnation) = {
+        let (dir, disks, incarnation) = {
             let mut members = self.members.borrow_mut();
             let m = &mut members[index(id)];
             if m.running.is_some() || !m.in_group || self.over.get() {
                 return Ok(());
             }
             m.incarnation += 1;
-            (m.dir.clone(), m.disk.clone(), m.incarnation)
+            (m.dir.clone(), m.disks.clone(), m.incarnation)
         };
-        let storage = Rc::new(SlowDisk::new(disk, Rc::downgrade(self), id));
-        let (wal, mut recovered) = cairn_wal::Wal::open_with_storage(wal_config(&dir), storage)
-            .await
-            .map_err(|e| format!("member {id}: the WAL does not open: {e}"))?;
+        let mut wals = Vec::with_capacity(disks.len());
+        for (shard, disk) in disks.into_iter().enumerate() {
+            let storage = Rc::new(SlowDisk::new(disk, Rc::downgrade(self), id));
+            let wal_dir = match shard {
+                0 => dir.join("wal"),
+                _ => dir.join(format!("wal-{shard}")),
+            };
+            let (wal, recovered) = cairn_wal::Wal::open_with_storage(wal_config(wal_dir), storage)
+                .await
+                .map_err(|e| format!("member {id}: the WAL of shard {shard} does not open: {e}"))?;
+            wals.push((Rc::new(wal), recovered));
+        }
         std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
         let founders = self.founders();
         // member.toml is written on this thread, so that a seed replays
         // exactly (shard 0's store commits wait for the file).
         let registry = MemberRegistry::new(
             &dir,
-            member_file(id, &founders, &self.ids()),
+            member_file(id, &founders, &self.ids(), self.cfg.shards),
             WriterThread::Caller,
         );
-        let (commands_tx, commands_rx) = mpsc::channel(COMMAND_QUEUE);
-        let (inbound_tx, inbound_rx) = mpsc::channel(INBOUND_QUEUE);
-        let (shutdown_tx, shutdown_rx) = watch::channel(false);
         // Jobs run on this thread after a seeded wait, so that a seed
         // replays exactly.
         let jobs = OffCoreJobs::simulated(
             self.cfg.seed ^ (id << 48) ^ (incarnation << 40) ^ 0x6a6f_6273,
             OFF_CORE_JOB_LONGEST,
         );
-        let mut setup = ShardSetup {
-            shard: 0,
-            member_id: id,
-            // A member that joins later starts from the same bootstrap
-            // voters and learns the changes since from the log or a
-            // snapshot, as a joining daemon does.
-            initial_voters: founders,
-            dir: dir.join("shard-0"),
-            wal: Rc::new(wal),
-            recovered: recovered.shards.remove(&0).unwrap_or_default(),
-            peers: Rc::new(SimPeers {
-                from: id,
-                world: Rc::downgrade(self),
-            }),
-            commands: CommandInbox::new(vec![commands_rx]),
-            inbound: inbound_rx,
-            tick: TICK,
-            election_ticks: ELECTION_TICKS,
-            quota_backend_bytes: 1 << 30,
-            snapshot_count: self.snapshot_count,
-            shutdown: shutdown_rx,
-            metrics: None,
-            readiness: None,
-            members: Arc::new(registry),
-            auth: None,
-            disk_faults: None,
-            store_sync_thread: false,
-            term_out: None,
-            keyspace: None,
-            seed: Some(self.cfg.seed ^ (id << 48) ^ (incarnation << 40)),
-            // The scripted adversary leaves followers hundreds of entries
-            // behind; sent one by one and reordered, they would cost a storm
-            // of refusals to catch up.
-            max_append_bytes: (self.figure8 && self.figure8_script.is_none()).then_some(1),
-            off_core: jobs.clone(),
+        let shards = self.cfg.shards;
+        // With several shards, one revision counter for the member's
+        // shards, as the daemon makes one for its cores.
+        let keyspace = (shards > 1).then(|| {
+            #[allow(unused_mut)]
+            let mut counter = RevisionCounter::new(shards);
             #[cfg(feature = "raft-mutations")]
-            mutation: self.cfg.mutation,
-        };
+            {
+                counter.mutation = self.cfg.keyspace_mutation;
+            }
+            Arc::new(Keyspace::new(Arc::new(counter)))
+        });
+        let (shutdown_tx, shutdown_rx) = watch::channel(false);
+        let members = Arc::new(registry);
+        let peers: Rc<SimPeers> = Rc::new(SimPeers {
+            from: id,
+            world: Rc::downgrade(self),
+        });
+        let mut commands = Vec::with_capacity(shards);
+        let mut inbound = Vec::with_capacity(shards);
+        let mut drivers = Vec::with_capacity(shards);
+        for (shard, (wal, mut recovered)) in (0..shards as ShardId).zip(wals) {
+            let (commands_tx, commands_rx) = mpsc::channel(COMMAND_QUEUE);
+            let (inbound_tx, inbound_rx) = mpsc::channel(INBOUND_QUEUE);
+            commands.push(commands_tx);
+            inbound.push(inbound_tx);
+            let mut setup = ShardSetup {
+                shard,
+                member_id: id,
+                // A member that joins later starts from the same bootstrap
+                // voters and learns the changes since from the log or a
+                // snapshot, as a joining daemon does.
+                initial_voters: founders.clone(),
+                dir: dir.join(format!("shard-{shard}")),
+                wal,
+                recovered: recovered
+                    .shards
+                    .remove(&u64::from(shard))
+                    .unwrap_or_default(),
+                peers: peers.clone(),
+                commands: CommandInbox::new(vec![commands_rx]),
+                inbound: inbound_rx,
+                tick: TICK,
+                election_ticks: ELECTION_TICKS,
+                quota_backend_bytes: 1 << 30,
+                snapshot_count: self.snapshot_count,
+                shutdown: shutdown_rx.clone(),
+                metrics: None,
+                readiness: None,
+                members: members.clone(),
+                auth: None,
+                disk_faults: None,
+                store_sync_thread: false,
+                term_out: None,
+                keyspace: keyspace.as_ref().map(|k| k.counter.clone()),
+                seed: Some(
+                    self.cfg.seed ^ (id << 48) ^ (incarnation << 40) ^ (u64::from(shard) << 32),
+                ),
+                // The scripted adversary leaves followers hundreds of entries
+                // behind; sent one by one and reordered, they would cost a
+                // storm of refusals to catch up.
+                max_append_bytes: (self.figure8 && self.figure8_script.is_none()).then_some(1),
+                off_core: jobs.clone(),
+                #[cfg(feature = "raft-mutations")]
+                mutation: self.cfg.mutation,
+            };
+            let driver = Shard::open(&mut setup)
+                .map_err(|e| format!("member {id} does not restart: shard {shard}: {e}"))?;
+            drivers.push((driver, setup));
+        }
         self.note(|| format!("member {id} starts (incarnation {incarnation})"));
-        let shard =
-            Shard::open(&mut setup).map_err(|e| format!("member {id} does not restart: {e}"))?;
-        let task = tokio::task::spawn_local(shard.run(setup));
+        let mut tasks: Vec<JoinHandle<()>> = drivers
+            .into_iter()
+            .map(|(driver, setup)| tokio::task::spawn_local(driver.run(setup)))
+            .collect();
+        let router = Router::new(self.routing.clone(), commands.clone(), keyspace.clone());
+        if keyspace.is_some() {
+            // What the daemon's core 0 runs beside its shards.
+            use crate::server::keyspace::cross_txn;
+            tasks.push(tokio::task::spawn_local(
+                cross_txn::finish_at_every_opening(router.clone()),
+            ));
+            tasks.push(tokio::task::spawn_local(cross_txn::revoke_expired_leases(
+                router.clone(),
+            )));
+        }
         self.members.borrow_mut()[index(id)].running = Some(Running {
-            task,
-            inbound: inbound_tx,
-            commands: commands_tx,
+            tasks,
+            inbound,
+            commands,
+            router,
             jobs,
             _shutdown: shutdown_tx,
         });
@@ -484,23 +597,40 @@ impl World {
     }
 
     async fn crash_turn(&self, id: u64) -> Result<(), String> {
-        let torn = self.chance(700).then(|| self.gen_range(0..u64::MAX));
+        let torn: Vec<Option<u64>> = (0..self.cfg.shards)
+            .map(|_| self.chance(700).then(|| self.gen_range(0..u64::MAX)))
+            .collect();
         let running = {
             let mut members = self.members.borrow_mut();
             let m = &mut members[index(id)];
             let Some(running) = m.running.take() else {
                 return Ok(());
             };
-            let after = m.disk.after_crash(torn);
-            // Whatever the old WAL still tries to sync fails.
-            m.disk.crash_at_sync(m.disk.syncs() + 1);
-            m.disk = after;
+            for (disk, torn) in m.disks.iter_mut().zip(torn) {
+                let after = disk.after_crash(torn);
+                // Whatever the old WAL still tries to sync fails.
+                disk.crash_at_sync(disk.syncs() + 1);
+                *disk = after;
+            }
             running
         };
         self.note(|| format!("member {id} crashes"));
-        running.task.abort();
-        // The driver (and its store) is gone before anything restarts.
-        let ended = running.task.await;
+        if let Some(k) = &running.router.keyspace {
+            self.keyspace_openings
+                .set(self.keyspace_openings.get() + k.counter.times_opened());
+        }
+        for task in &running.tasks {
+            task.abort();
+        }
+        // The drivers (and their stores) are gone before anything restarts.
+        let mut panicked = None;
+        for task in running.tasks {
+            if let Err(e) = task.await {
+                if e.is_panic() && panicked.is_none() {
+                    panicked = Some(e.into_panic());
+                }
+            }
+        }
         // So are its jobs off the core, which a dead process would
         // have taken with it: the crash is then just after the last of them.
         // The tasks it aborted on its way out (snapshot sends reading its
@@ -512,12 +642,12 @@ impl World {
             }
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
-        match ended {
-            Err(e) if e.is_panic() => Err(format!(
+        match panicked {
+            Some(payload) => Err(format!(
                 "member {id}'s driver panicked: {}",
-                super::panic_text(e.into_panic())
+                super::panic_text(payload)
             )),
-            _ => Ok(()),
+            None => Ok(()),
         }
     }
 
@@ -539,7 +669,11 @@ impl World {
             .members
             .borrow()
             .iter()
-            .find(|m| m.running.as_ref().is_some_and(|r| r.task.is_finished()))
+            .find(|m| {
+                m.running
+                    .as_ref()
+                    .is_some_and(|r| r.tasks.iter().any(|t| t.is_finished()))
+            })
             .map(|m| m.id);
         match finished {
             Some(id) => {
@@ -550,15 +684,25 @@ impl World {
         }
     }
 
-    /// Carries `msg` from `from` to its member, or loses it.
-    fn send(self: &Rc<Self>, from: u64, mut msg: raft::Message) -> bool {
+    /// Carries `msg` of `shard` from `from` to its member, or loses it.
+    fn send(self: &Rc<Self>, from: u64, shard: ShardId, mut msg: raft::Message) -> bool {
         let to = msg.to;
-        self.wire.borrow_mut().record(from, &msg);
-        if let Err(v) = self.leaders.check(&msg) {
-            self.note_failure(v);
+        self.wire.borrow_mut().record(from, shard, &msg);
+        let on_shard = |v: DriverViolation| {
+            if self.cfg.shards > 1 {
+                DriverViolation {
+                    detail: format!("shard {shard}: {}", v.detail),
+                    ..v
+                }
+            } else {
+                v
+            }
+        };
+        if let Err(v) = self.leaders[shard as usize].check(&msg) {
+            self.note_failure(on_shard(v));
         }
-        if let Err(v) = self.logs.check(&msg) {
-            self.note_failure(v);
+        if let Err(v) = self.logs[shard as usize].check(&msg) {
+            self.note_failure(on_shard(v));
         }
         let carried = self
             .figure8_script
@@ -568,9 +712,9 @@ impl World {
             self.dropped.set(self.dropped.get() + 1);
             return true;
         }
-        let plan = self.plan.borrow().clone();
+        let plan = self.plan.borrow().clone().filter(|_| shard == 0);
         if let Some(plan) = plan {
-            if let Some(doomed) = self.leaders.observe(self, &plan, &msg) {
+            if let Some(doomed) = self.leaders[0].observe(self, &plan, &msg) {
                 super::faults::doom(self, &plan, doomed);
             }
         }
@@ -593,20 +737,19 @@ impl World {
             tokio::task::spawn_local(async move {
                 tokio::time::sleep(delay).await;
                 if let Some(world) = world.upgrade() {
-                    world.deliver(from, msg);
+                    world.deliver(from, shard, msg);
                 }
             });
         }
         true
     }
 
-    /// The running incarnation of member `id`, and where its shard's
-    /// directory is.
+    /// The running incarnation of member `id`, and its directory.
     fn incarnation(&self, id: u64) -> Option<(u64, PathBuf)> {
         let members = self.members.borrow();
         let m = members.get(index(id))?;
         m.running.as_ref()?;
-        Some((m.incarnation, m.dir.join("shard-0")))
+        Some((m.incarnation, m.dir.clone()))
     }
 
     /// Carries a snapshot stream from `from` to `to` as the peer transport
@@ -631,6 +774,7 @@ impl World {
             source,
         };
         let (incarnation, dir) = self.incarnation(to).ok_or_else(closed)?;
+        let dir = dir.join(format!("shard-{shard}"));
         source.rewind().map_err(source_failed)?;
         self.snapshots_started.set(self.snapshots_started.get() + 1);
         let stream_id = self.next_stream.get();
@@ -664,7 +808,9 @@ impl World {
             spool.append(chunk).await.map_err(|_| closed())?;
         }
         let spooled = spool.finish().await.map_err(|_| closed())?;
-        let inbound = same_receiver(&self).then(|| self.inbound(to)).flatten();
+        let inbound = same_receiver(&self)
+            .then(|| self.inbound(to, shard))
+            .flatten();
         let Some(inbound) = inbound else {
             return Err(closed());
         };
@@ -676,19 +822,19 @@ impl World {
         Ok(())
     }
 
-    /// The inbound queue of member `id`, while it runs.
-    fn inbound(&self, id: u64) -> Option<mpsc::Sender<ShardInbound>> {
+    /// The inbound queue of member `id`'s `shard`, while it runs.
+    fn inbound(&self, id: u64, shard: ShardId) -> Option<mpsc::Sender<ShardInbound>> {
         let members = self.members.borrow();
         members
             .get(index(id))?
             .running
             .as_ref()
-            .map(|r| r.inbound.clone())
+            .map(|r| r.inbound[shard as usize].clone())
     }
 
-    fn deliver(&self, from: u64, msg: raft::Message) {
+    fn deliver(&self, from: u64, shard: ShardId, msg: raft::Message) {
         let to = msg.to;
-        let inbound = self.inbound(to);
+        let inbound = self.inbound(to, shard);
         let lost = self.cut.borrow().contains(&(from, to))
             || inbound.is_none_or(|tx| tx.try_send(ShardInbound::Raft(msg)).is_err());
         if lost {
@@ -729,8 +875,8 @@ fn index(id: u64) -> usize {
 }
 
 /// A small-segment WAL, so runs roll over segments.
-fn wal_config(dir: &std::path::Path) -> cairn_wal::Config {
-    let mut c = cairn_wal::Config::new(dir.join("wal"));
+fn wal_config(dir: PathBuf) -> cairn_wal::Config {
+    let mut c = cairn_wal::Config::new(dir);
     c.segment_size_bytes = 256 << 10;
     c.max_record_payload_bytes = 16 << 10;
     c.max_batch_bytes = 64 << 10;
@@ -742,13 +888,13 @@ fn wal_config(dir: &std::path::Path) -> cairn_wal::Config {
     c
 }
 
-fn member_file(id: u64, founders: &[u64], ids: &[u64]) -> MemberFile {
+fn member_file(id: u64, founders: &[u64], ids: &[u64], shards: usize) -> MemberFile {
     MemberFile {
         layout_version: LAYOUT_VERSION,
         name: format!("m{id}"),
         member_id: id,
         cluster_id: 1,
-        shards: 1,
+        shards: shards as u32,
         routing_version: crate::routing::ROUTING_VERSION,
         wal_lanes: 1,
         removed: false,
@@ -773,8 +919,10 @@ struct SimPeers {
 }
 
 impl PeerSender for SimPeers {
-    fn send(&self, _shard: ShardId, msg: raft::Message) -> bool {
-        self.world.upgrade().is_some_and(|w| w.send(self.from, msg))
+    fn send(&self, shard: ShardId, msg: raft::Message) -> bool {
+        self.world
+            .upgrade()
+            .is_some_and(|w| w.send(self.from, shard, msg))
     }
 
     fn has_link(&self, _shard: ShardId, _to: u64) -> bool {
