@@ -13,6 +13,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::raft::{self, MessageType};
+use crate::routing::ShardId;
 use crate::server::command::ShardCommand;
 
 use super::checks::{driver_stopped, violation, DriverViolationKind as Kind};
@@ -177,6 +178,22 @@ pub fn isolate(world: &World, id: u64) {
     }
 }
 
+/// With several shards, half the time: one shard whose links alone a cut
+/// takes (a lane's connection lost), so that a member may reach a peer on
+/// one shard and not on another. None: every shard's.
+fn one_shard(world: &World) -> Option<ShardId> {
+    let shards = world.shards() as ShardId;
+    (shards > 1 && world.chance(500)).then(|| world.gen_range(0..shards))
+}
+
+/// Cuts the link from `from` to `to`, of `shard` alone or of every shard.
+fn cut(world: &World, from: u64, to: u64, shard: Option<ShardId>) {
+    match shard {
+        Some(s) => world.cut_shard(from, to, s),
+        None => world.cut(from, to),
+    }
+}
+
 /// Crashes `id` and restarts it a while later, while the faults last.
 async fn crash_and_restart(world: &Rc<World>, plan: &Plan, id: u64) {
     match world.crash_in_chaos(id).await {
@@ -220,12 +237,22 @@ pub async fn run(world: &Rc<World>, plan: &Plan, until: Instant) {
         }
         match kind {
             0 => crash_and_restart(world, plan, pick).await,
-            1 => isolate(world, pick),
+            1 => match one_shard(world) {
+                None => isolate(world, pick),
+                Some(shard) => {
+                    world.partitions.set(world.partitions.get() + 1);
+                    for other in ids.iter().copied().filter(|&o| o != pick) {
+                        world.cut_shard(pick, other, shard);
+                        world.cut_shard(other, pick, shard);
+                    }
+                }
+            },
             2 => {
                 let other = ids[world.gen_range(0..ids.len())];
+                let shard = one_shard(world);
                 if other != pick {
                     world.partitions.set(world.partitions.get() + 1);
-                    world.cut(pick, other);
+                    cut(world, pick, other, shard);
                 }
             }
             3 => world.heal(),

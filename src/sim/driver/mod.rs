@@ -97,7 +97,10 @@
 //! would) and reads the shard there. The checks above then hold across the
 //! shards (one revision order for every key), the wire's per shard, the
 //! stores' shard by shard, and the faults aim at shard 0's leaders (the
-//! keyspace leader). `KeyspaceMutation::OpenBeforeApplied` must be caught.
+//! keyspace leader). Half the partitions and one-way cuts take one shard's
+//! links only (each core's shards have connections of their own), so a
+//! member may reach a peer on one shard and not on another.
+//! `KeyspaceMutation::OpenBeforeApplied` must be caught.
 //!
 //! # Not simulated
 //! - With several shards: txns over several shards, watches, leases and

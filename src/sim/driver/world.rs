@@ -99,6 +99,9 @@ pub struct World {
     pub members: RefCell<Vec<Member>>,
     /// Directed links that drop everything sent over them.
     cut: RefCell<BTreeSet<(u64, u64)>>,
+    /// Directed links that drop what one shard sends over them (with
+    /// several shards: each core's shards have connections of their own).
+    shard_cut: RefCell<BTreeSet<(u64, u64, ShardId)>>,
     /// Chance in a thousand that a message is lost.
     pub drop_per_mille: Cell<u32>,
     pub delivered: Cell<u64>,
@@ -186,6 +189,7 @@ impl World {
             rng: RefCell::new(rng),
             members: RefCell::new(members),
             cut: RefCell::new(BTreeSet::new()),
+            shard_cut: RefCell::new(BTreeSet::new()),
             drop_per_mille: Cell::new(0),
             delivered: Cell::new(0),
             dropped: Cell::new(0),
@@ -407,6 +411,9 @@ impl World {
         let mut cut = self.cut.borrow_mut();
         cut.remove(&(a, b));
         cut.remove(&(b, a));
+        self.shard_cut
+            .borrow_mut()
+            .retain(|&(from, to, _)| (from, to) != (a, b) && (from, to) != (b, a));
     }
 
     /// Cuts the links from `from` to `to`.
@@ -414,8 +421,20 @@ impl World {
         self.cut.borrow_mut().insert((from, to));
     }
 
+    /// Cuts the link of `shard` from `from` to `to`.
+    pub fn cut_shard(&self, from: u64, to: u64, shard: ShardId) {
+        self.shard_cut.borrow_mut().insert((from, to, shard));
+    }
+
+    /// Whether what `shard` sends from `from` to `to` is lost.
+    fn is_cut(&self, from: u64, to: u64, shard: ShardId) -> bool {
+        self.cut.borrow().contains(&(from, to))
+            || self.shard_cut.borrow().contains(&(from, to, shard))
+    }
+
     pub fn heal(&self) {
         self.cut.borrow_mut().clear();
+        self.shard_cut.borrow_mut().clear();
         self.drop_per_mille.set(0);
     }
 
@@ -718,7 +737,7 @@ impl World {
                 super::faults::doom(self, &plan, doomed);
             }
         }
-        if self.cut.borrow().contains(&(from, to)) || self.chance(self.drop_per_mille.get()) {
+        if self.is_cut(from, to, shard) || self.chance(self.drop_per_mille.get()) {
             self.dropped.set(self.dropped.get() + 1);
             return true;
         }
@@ -790,7 +809,7 @@ impl World {
         )
         .map_err(|_| closed())?;
         let same_receiver = |world: &World| {
-            !world.cut.borrow().contains(&(from, to))
+            !world.is_cut(from, to, shard)
                 && world.incarnation(to).is_some_and(|(i, _)| i == incarnation)
         };
         loop {
@@ -835,7 +854,7 @@ impl World {
     fn deliver(&self, from: u64, shard: ShardId, msg: raft::Message) {
         let to = msg.to;
         let inbound = self.inbound(to, shard);
-        let lost = self.cut.borrow().contains(&(from, to))
+        let lost = self.is_cut(from, to, shard)
             || inbound.is_none_or(|tx| tx.try_send(ShardInbound::Raft(msg)).is_err());
         if lost {
             self.dropped.set(self.dropped.get() + 1);
