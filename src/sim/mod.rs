@@ -51,7 +51,7 @@ pub enum SimConfigError {
     Shards { shards: usize, max_shards: usize },
     #[error("a keyspace mutation needs several shards (--shards)")]
     KeyspaceMutationOneShard,
-    #[error("unknown keyspace mutation {0:?} (known: open-before-applied)")]
+    #[error("unknown keyspace mutation {0:?} (known: open-before-applied, no-finishing)")]
     UnknownKeyspaceMutation(String),
     #[error("unknown safety mutation {0:?} (known: commit-previous-term-by-count, vote-without-log-check)")]
     UnknownMutation(String),
@@ -64,6 +64,7 @@ pub enum SimConfigError {
 pub fn parse_keyspace_mutation(name: &str) -> Result<KeyspaceMutation, SimConfigError> {
     match name {
         "open-before-applied" => Ok(KeyspaceMutation::OpenBeforeApplied),
+        "no-finishing" => Ok(KeyspaceMutation::NoFinishing),
         other => Err(SimConfigError::UnknownKeyspaceMutation(other.to_string())),
     }
 }

@@ -49,6 +49,7 @@ use crate::server::keyspace::hold_table::Taken;
 use crate::server::keyspace::router::{Answer, Router};
 use crate::server::keyspace::txn_batch::{Batch, Entry};
 use crate::server::keyspace::Keyspace;
+use crate::server::revisions::KeyspaceMutation;
 use crate::server::validate;
 
 /// Numbers the txns over several shards this member runs, for the holds.
@@ -604,7 +605,11 @@ pub async fn finish_earlier(router: &Router) -> Result<usize, ApiError> {
         }
     }
     let mut proposed = 0;
-    for (revision, (bytes, mut holders)) in plans {
+    let finishing = router
+        .keyspace
+        .as_ref()
+        .is_none_or(|k| !k.counter.mutated(KeyspaceMutation::NoFinishing));
+    for (revision, (bytes, mut holders)) in plans.into_iter().filter(|_| finishing) {
         let plan = CrossTxnPlan::decode(bytes.as_slice()).map_err(|e| ApiError::Storage {
             shard: holders.first().copied().unwrap_or(0),
             reason: format!("the record of the txn at revision {revision} does not decode: {e}"),

@@ -103,6 +103,10 @@ pub enum KeyspaceMutation {
     /// applied rather than above its epoch (breaks point 3 of
     /// docs/KEYSPACE.md, "Why revisions increase in real time").
     OpenBeforeApplied,
+    /// An opening counter does not finish the txns over several shards an
+    /// earlier keyspace leader left half-proposed (breaks their atomicity:
+    /// docs/KEYSPACE.md, "Transactions over several shards").
+    NoFinishing,
 }
 
 /// The keyspace leader's revision counter: what it opens on (each shard's

@@ -28,6 +28,9 @@ pub enum DriverViolationKind {
     LostWrite,
     /// Two acknowledged puts were given one revision.
     DuplicateRevision,
+    /// A txn's puts are in the log at different revisions, or some are and
+    /// some are not.
+    TxnTorn,
     /// One put's value is in the log at two revisions.
     AppliedTwice,
     /// Puts that did not overlap in time took revisions in the other order.
@@ -91,6 +94,7 @@ impl DriverViolationKind {
             self,
             DriverViolationKind::LostWrite
                 | DriverViolationKind::DuplicateRevision
+                | DriverViolationKind::TxnTorn
                 | DriverViolationKind::AppliedTwice
                 | DriverViolationKind::WriteOrder
                 | DriverViolationKind::StaleRead
@@ -133,17 +137,17 @@ pub fn violation(kind: DriverViolationKind, detail: impl Into<String>) -> Driver
     }
 }
 
-/// The acknowledged puts, by revision.
-fn acknowledged(calls: &[Call]) -> Result<BTreeMap<i64, (&Bytes, &Bytes)>, DriverViolation> {
+/// The acknowledged puts and txns, by revision.
+fn acknowledged(calls: &[Call]) -> Result<BTreeMap<i64, &Call>, DriverViolation> {
     let mut by_revision = BTreeMap::new();
     for c in calls {
-        if let (Op::Put { key, value }, Answer::Put { revision }) = (&c.op, &c.answer) {
-            if let Some((k, v)) = by_revision.insert(*revision, (key, value)) {
+        if let Answer::Put { revision } = &c.answer {
+            if let Some(other) = by_revision.insert(*revision, c) {
                 return Err(violation(
                     DriverViolationKind::DuplicateRevision,
                     format!(
-                        "puts {k:?}={v:?} and {key:?}={value:?} were both acknowledged at \
-                         revision {revision}"
+                        "{:?} and {:?} were both acknowledged at revision {revision}",
+                        other.op, c.op
                     ),
                 ));
             }
@@ -171,8 +175,10 @@ pub fn check_history(calls: &[Call]) -> Result<(), DriverViolation> {
         let newest_before = calls
             .iter()
             .filter(|w| w.end < read.start)
-            .filter_map(|w| match (&w.op, &w.answer) {
-                (Op::Put { key: k, .. }, Answer::Put { revision }) if k == key => Some(*revision),
+            .filter_map(|w| match &w.answer {
+                Answer::Put { revision } if w.op.puts().iter().any(|(k, _)| *k == key) => {
+                    Some(*revision)
+                }
                 _ => None,
             })
             .max();
@@ -223,17 +229,19 @@ pub async fn check_stores(world: &World, calls: &[Call]) -> Result<Log, DriverVi
         )
     };
     for &id in &ids {
-        for (&revision, (key, value)) in &by_revision {
-            let commands = world.commands_for(id, key).ok_or_else(|| not_running(id))?;
-            let found = stored(&commands, key, revision).await;
-            if holds(&found) != Some((*value, revision)) {
-                return Err(violation(
-                    DriverViolationKind::LostWrite,
-                    format!(
-                        "put {key:?}={value:?} was acknowledged at revision {revision}; member \
-                         {id} holds {found:?} there"
-                    ),
-                ));
+        for (&revision, call) in &by_revision {
+            for (key, value) in call.op.puts() {
+                let commands = world.commands_for(id, key).ok_or_else(|| not_running(id))?;
+                let found = stored(&commands, key, revision).await;
+                if holds(&found) != Some((value, revision)) {
+                    return Err(violation(
+                        DriverViolationKind::LostWrite,
+                        format!(
+                            "put {key:?}={value:?} was acknowledged at revision {revision}; \
+                             member {id} holds {found:?} there"
+                        ),
+                    ));
+                }
             }
         }
     }
@@ -418,6 +426,34 @@ async fn read_log(world: &World, id: u64) -> Result<Log, DriverViolation> {
     Ok(log)
 }
 
+/// Every txn, answered or not, is in the log whole at one revision or not
+/// at all (`revision_of`: each value's revision in the log).
+fn check_txns_whole(
+    revision_of: &BTreeMap<&Bytes, i64>,
+    calls: &[Call],
+) -> Result<(), DriverViolation> {
+    for c in calls {
+        let Op::Txn { puts } = &c.op else {
+            continue;
+        };
+        let at: Vec<Option<i64>> = puts
+            .iter()
+            .map(|(_, v)| revision_of.get(v).copied())
+            .collect();
+        if at.iter().any(|r| *r != at[0]) {
+            return Err(violation(
+                DriverViolationKind::TxnTorn,
+                format!(
+                    "a txn through member {} answered {:?} has its puts at revisions {at:?} \
+                     (None: not in the log): {puts:?}",
+                    c.member, c.answer
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// The log's writes, revision by revision, against the clients' history:
 /// each value written once; puts that did not overlap in time ordered as
 /// they happened; each read's value written by a put that began before the
@@ -436,10 +472,11 @@ fn check_order(log: &Log, calls: &[Call]) -> Result<(), DriverViolation> {
             ));
         }
     }
+    check_txns_whole(&revision_of, calls)?;
     let put_of = |value: &Bytes| {
         calls
             .iter()
-            .find(|c| matches!(&c.op, Op::Put { value: v, .. } if v == value))
+            .find(|c| c.op.puts().iter().any(|(_, v)| *v == value))
     };
     let acked: Vec<(&Call, i64)> = calls
         .iter()

@@ -16,6 +16,7 @@ use crate::routing::ShardId;
 use crate::server::api::kv::POINT_TRIES;
 use crate::server::command::{ReadAt, ShardCommand, ShardPoint, WriteResult, REQUEST_TIMEOUT};
 use crate::server::errors::ApiError;
+use crate::server::keyspace::cross_txn;
 use crate::server::keyspace::router::Router;
 use crate::server::shard::LEADERLESS_WAIT;
 
@@ -27,14 +28,38 @@ pub const KEYS: u32 = 8;
 /// What a client asked.
 #[derive(Debug, Clone)]
 pub enum Op {
-    Put { key: Bytes, value: Bytes },
-    Read { key: Bytes },
+    Put {
+        key: Bytes,
+        value: Bytes,
+    },
+    Read {
+        key: Bytes,
+    },
+    /// A txn of puts of distinct keys, with no compares (several shards
+    /// only): over several shards when its keys' shards differ.
+    Txn {
+        puts: Vec<(Bytes, Bytes)>,
+    },
 }
+
+impl Op {
+    /// The keys and values it writes.
+    pub fn puts(&self) -> Vec<(&Bytes, &Bytes)> {
+        match self {
+            Op::Put { key, value } => vec![(key, value)],
+            Op::Read { .. } => Vec::new(),
+            Op::Txn { puts } => puts.iter().map(|(k, v)| (k, v)).collect(),
+        }
+    }
+}
+
+/// Most keys a txn puts.
+const MAX_TXN_KEYS: u32 = 3;
 
 /// What it was answered.
 #[derive(Debug, Clone)]
 pub enum Answer {
-    /// The put was applied at this revision.
+    /// The put or txn was applied at this revision.
     Put { revision: i64 },
     /// The key's value and mod revision (0: no such key).
     Read { value: Bytes, mod_revision: i64 },
@@ -69,7 +94,27 @@ pub async fn run_clients(world: Rc<World>, history: History, until: Instant) {
         let Some(member) = world.pick_up() else {
             continue;
         };
-        let op = if world.chance(500) {
+        // Txns only with several shards, where most span some; the draw
+        // is not made with one shard, whose seeds run as they always did.
+        let txn = world.shards() > 1 && world.chance(200);
+        let op = if txn {
+            let want = world.gen_range(2..=MAX_TXN_KEYS);
+            let mut keys: Vec<u32> = Vec::new();
+            while keys.len() < want as usize {
+                let k = world.gen_range(0..KEYS);
+                if !keys.contains(&k) {
+                    keys.push(k);
+                }
+            }
+            let puts = keys
+                .into_iter()
+                .map(|k| {
+                    next_value += 1;
+                    (key(k), Bytes::from(format!("v{next_value}")))
+                })
+                .collect();
+            Op::Txn { puts }
+        } else if world.chance(500) {
             next_value += 1;
             Op::Put {
                 key: key(world.gen_range(0..KEYS)),
@@ -95,6 +140,7 @@ pub async fn run_clients(world: Rc<World>, history: History, until: Instant) {
 pub async fn call(world: &World, member: u64, op: Op) -> Option<Call> {
     let key = match &op {
         Op::Put { key, .. } | Op::Read { key } => key,
+        Op::Txn { puts } => &puts[0].0,
     };
     let commands = world.commands_for(member, key)?;
     world.note(|| format!("call {member}: {op:?}"));
@@ -122,6 +168,7 @@ pub async fn call(world: &World, member: u64, op: Op) -> Option<Call> {
                 Err(Unanswered::Error(e)) => Answer::Failed(e),
             }
         }
+        Op::Txn { puts } => txn(world, member, &commands, puts).await,
         Op::Read { key } => match read(world, member, &commands, key).await {
             Ok(kv) => Answer::Read {
                 value: kv.as_ref().map(|kv| kv.value.clone()).unwrap_or_default(),
@@ -139,6 +186,106 @@ pub async fn call(world: &World, member: u64, op: Op) -> Option<Call> {
         end: Instant::now(),
         answer,
     })
+}
+
+/// A txn of `puts` through `member`, as the API layer runs it: on the
+/// shard of its keys when they share one (`commands` is its queue), else
+/// as a txn over several shards by the keyspace leader, this member or the
+/// member it names (which the daemon asks over the peer port, and does not
+/// ask again once it answered: the txn may have been proposed).
+async fn txn(
+    world: &World,
+    member: u64,
+    commands: &tokio::sync::mpsc::Sender<ShardCommand>,
+    puts: &[(Bytes, Bytes)],
+) -> Answer {
+    let req = pb::TxnRequest {
+        success: puts
+            .iter()
+            .map(|(key, value)| pb::RequestOp {
+                request: Some(pb::request_op::Request::RequestPut(pb::PutRequest {
+                    key: key.clone(),
+                    value: value.clone(),
+                    ..Default::default()
+                })),
+            })
+            .collect(),
+        ..Default::default()
+    };
+    let shards = crate::server::validate::txn_shards(&req, &world.routing);
+    let answered_at = |r: pb::TxnResponse| Answer::Put {
+        revision: r.header.map_or(0, |h| h.revision),
+    };
+    if shards.len() == 1 {
+        let (reply, rx) = crate::server::command::Reply::channel();
+        let request = shard_request::Request::Txn(req);
+        if commands
+            .try_send(ShardCommand::Write { request, reply })
+            .is_err()
+        {
+            return Answer::Failed("the member's queue refused the txn".into());
+        }
+        return match answered(rx).await {
+            Ok(WriteResult::Txn(r)) => answered_at(r),
+            Ok(other) => Answer::Failed(format!("a txn answered {other:?}")),
+            Err(Unanswered::No) => Answer::Unanswered,
+            Err(Unanswered::Error(e)) => Answer::Failed(e),
+        };
+    }
+    match tokio::time::timeout(CROSS_TXN_BOUND, txn_across(world, member, req)).await {
+        Ok(Ok(r)) => answered_at(r),
+        Ok(Err(e)) => Answer::Failed(e.to_string()),
+        Err(_) => Answer::Unanswered,
+    }
+}
+
+/// Longest a txn over several shards may take to be answered: its holds,
+/// compares, parts and their forgetting each within the request timeout,
+/// after a wait for a keyspace leader.
+const CROSS_TXN_BOUND: Duration = REQUEST_TIMEOUT
+    .saturating_mul(8)
+    .saturating_add(LEADERLESS_WAIT);
+
+/// A txn over several shards, run where `KvService::txn_across` runs it.
+async fn txn_across(
+    world: &World,
+    member: u64,
+    req: pb::TxnRequest,
+) -> Result<pb::TxnResponse, ApiError> {
+    let deadline = Instant::now() + LEADERLESS_WAIT;
+    let mut last = ApiError::NoLeader;
+    loop {
+        let router = world.router(member).ok_or(ApiError::Stopped)?;
+        // Apart from this call, as the daemon runs it: a txn is not
+        // stopped half way through its holds.
+        let run = tokio::task::spawn_local(cross_txn::run(router, req.clone()));
+        let leader = match run.await {
+            Ok(Ok(r)) => return Ok(r),
+            Ok(Err(ApiError::NotLeader { leader })) => leader,
+            Ok(Err(e @ (ApiError::NoLeader | ApiError::LeaderChanged))) => {
+                last = e;
+                crate::raft::NONE
+            }
+            Ok(Err(e)) => return Err(e),
+            Err(_) => return Err(ApiError::Stopped),
+        };
+        let remote = (leader != member && leader != crate::raft::NONE)
+            .then(|| world.router(leader))
+            .flatten();
+        if let Some(remote) = remote {
+            let run = tokio::task::spawn_local(cross_txn::run(remote, req.clone()));
+            match run.await {
+                Ok(Ok(r)) => return Ok(r),
+                Ok(Err(ApiError::NotLeader { .. })) => {}
+                Ok(Err(e)) => return Err(e),
+                Err(_) => return Err(ApiError::Stopped),
+            }
+        }
+        if Instant::now() >= deadline {
+            return Err(last);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// A linearizable read of `key` through `member`, as the API layer makes it:

@@ -94,18 +94,23 @@
 //! keys spread over the shards by the real routing table. A put goes to its
 //! key's shard; a linearizable read takes a read point from the keyspace
 //! leader (the member reached, or the member it names, as the peer port
-//! would) and reads the shard there. The checks above then hold across the
-//! shards (one revision order for every key), the wire's per shard, the
+//! would) and reads the shard there; a txn puts two or three keys, on their
+//! shard when they share one, else run over several shards by the real
+//! `keyspace::cross_txn` on the keyspace leader (holds, parts with their
+//! records, and the finishing of a leader's half-proposed txns at the next
+//! opening). The checks above then hold across the shards (one revision
+//! order for every key), every txn is in the log whole at one revision or
+//! not at all, answered or not, the wire's checks hold per shard, the
 //! stores' shard by shard, and the faults aim at shard 0's leaders (the
 //! keyspace leader). Half the partitions and one-way cuts take one shard's
 //! links only (each core's shards have connections of their own), so a
 //! member may reach a peer on one shard and not on another.
-//! `KeyspaceMutation::OpenBeforeApplied` must be caught.
+//! Each `KeyspaceMutation` must be caught.
 //!
 //! # Not simulated
-//! - With several shards: txns over several shards, watches, leases and
-//!   membership changes (`super::keyspace` models those), and the figure-8
-//!   adversaries.
+//! - With several shards: txns with compares, reads over several shards,
+//!   watches, leases and membership changes (`super::keyspace` models
+//!   those), and the figure-8 adversaries.
 //! - The peer transport's framing: a snapshot stream's chunks go straight
 //!   from the sender's store to the receiver's spool.
 //! - The store's own power cuts (its syncs go to real files), and its
@@ -249,6 +254,9 @@ pub struct DriverSimStats {
     pub puts_failed: u64,
     pub reads_served: u64,
     pub reads_failed: u64,
+    /// Txns of puts (several shards), and those over several shards.
+    pub txns_acknowledged: u64,
+    pub txns_failed: u64,
     /// Watches the watch sessions started, and the events they were sent.
     pub watches: u64,
     pub watch_events: u64,
@@ -286,6 +294,8 @@ impl DriverSimStats {
         self.puts_failed += o.puts_failed;
         self.reads_served += o.reads_served;
         self.reads_failed += o.reads_failed;
+        self.txns_acknowledged += o.txns_acknowledged;
+        self.txns_failed += o.txns_failed;
         self.watches += o.watches;
         self.watch_events += o.watch_events;
         self.leases += o.leases;
@@ -507,6 +517,8 @@ async fn run_world(world: &Rc<World>, stats: &mut DriverSimStats) -> Result<(), 
             (Op::Put { .. }, _) => stats.puts_failed += 1,
             (Op::Read { .. }, Answer::Read { .. }) => stats.reads_served += 1,
             (Op::Read { .. }, _) => stats.reads_failed += 1,
+            (Op::Txn { .. }, Answer::Put { .. }) => stats.txns_acknowledged += 1,
+            (Op::Txn { .. }, _) => stats.txns_failed += 1,
         }
         if let Answer::Failed(e) = &c.answer {
             let kind: String = e.chars().take_while(|c| !c.is_ascii_digit()).collect();
