@@ -25,11 +25,11 @@ const SUITE_SEEDS_3: u64 = 300;
 const SUITE_SEEDS_5: u64 = 150;
 /// Seeds of three members with three shards each.
 const SUITE_SEEDS_SHARDS: u64 = 100;
-/// The seeds the keyspace mutation checks scan, with three members and
-/// three shards: 6 of seeds 0-99 catch a counter opened too early (the
-/// first seed 50), so a miss of all 100 has odds near 0.94^100, 2 in
-/// 1,000; 25 of them catch a leader that does not finish earlier txns (the
-/// first seed 0).
+/// The seeds the keyspace mutation checks scan, with three shards: with
+/// five members 10 of seeds 0-99 catch a counter opened too early (the first
+/// seed 12; with three members only 2), so a miss of all 100 has odds near
+/// 0.9^100, 3 in 100,000; with three members 27 of them catch a leader that
+/// does not finish earlier txns (the first seed 6).
 const KEYSPACE_MUTATION_SEEDS: std::ops::Range<u64> = 0..100;
 /// The seeds the mutation check scans, stopping at the first caught: a broken
 /// core breaks safety only on some seeds (15 of seeds 0-199 in one run with 3
@@ -122,15 +122,19 @@ fn three_members_over_three_shards_keep_one_revision_order() {
     assert!(stats.puts_acknowledged > 100 * seeds, "{stats:#?}");
     assert!(stats.reads_served > 100 * seeds, "{stats:#?}");
     assert!(stats.txns_acknowledged > 20 * seeds, "{stats:#?}");
+    assert!(stats.txns_compare_failed > seeds, "{stats:#?}");
     // Keyspace leadership moved: counters opened again and again.
     assert!(stats.keyspace_openings > 3 * seeds, "{stats:#?}");
 }
 
-/// Scans [`KEYSPACE_MUTATION_SEEDS`] of three members with three shards
-/// under `mutation` until a consensus-safety violation.
-fn keyspace_mutation_is_caught(mutation: KeyspaceMutation) -> driver::DriverViolation {
+/// Scans [`KEYSPACE_MUTATION_SEEDS`] of `members` members with three
+/// shards under `mutation` until a consensus-safety violation.
+fn keyspace_mutation_is_caught(
+    members: usize,
+    mutation: KeyspaceMutation,
+) -> driver::DriverViolation {
     sim::install_quiet_panic_hook();
-    let mut base = driver::DriverSimConfig::new(3, KEYSPACE_MUTATION_SEEDS.start);
+    let mut base = driver::DriverSimConfig::new(members, KEYSPACE_MUTATION_SEEDS.start);
     base.shards = 3;
     base.keyspace_mutation = Some(mutation);
     let count = KEYSPACE_MUTATION_SEEDS.end - KEYSPACE_MUTATION_SEEDS.start;
@@ -147,7 +151,7 @@ fn keyspace_mutation_is_caught(mutation: KeyspaceMutation) -> driver::DriverViol
 // that committed writes already have.
 #[test]
 fn a_keyspace_leader_opening_before_its_shards_applied_is_caught() {
-    keyspace_mutation_is_caught(KeyspaceMutation::OpenBeforeApplied);
+    keyspace_mutation_is_caught(5, KeyspaceMutation::OpenBeforeApplied);
 }
 
 // docs/KEYSPACE.md, "Transactions over several shards": a txn whose
@@ -155,7 +159,7 @@ fn a_keyspace_leader_opening_before_its_shards_applied_is_caught() {
 // leader that does not leaves it torn.
 #[test]
 fn a_keyspace_leader_not_finishing_earlier_txns_is_caught() {
-    let v = keyspace_mutation_is_caught(KeyspaceMutation::NoFinishing);
+    let v = keyspace_mutation_is_caught(3, KeyspaceMutation::NoFinishing);
     assert_eq!(v.kind, driver::DriverViolationKind::TxnTorn, "{v}");
 }
 

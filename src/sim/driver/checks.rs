@@ -29,7 +29,8 @@ pub enum DriverViolationKind {
     /// Two acknowledged puts were given one revision.
     DuplicateRevision,
     /// A txn's puts are in the log at different revisions, or some are and
-    /// some are not.
+    /// some are not, or its branch there is not the one its compare chose
+    /// or the one it was answered with.
     TxnTorn,
     /// One put's value is in the log at two revisions.
     AppliedTwice,
@@ -141,8 +142,8 @@ pub fn violation(kind: DriverViolationKind, detail: impl Into<String>) -> Driver
 fn acknowledged(calls: &[Call]) -> Result<BTreeMap<i64, &Call>, DriverViolation> {
     let mut by_revision = BTreeMap::new();
     for c in calls {
-        if let Answer::Put { revision } = &c.answer {
-            if let Some(other) = by_revision.insert(*revision, c) {
+        if let Some((revision, _)) = c.acknowledged() {
+            if let Some(other) = by_revision.insert(revision, c) {
                 return Err(violation(
                     DriverViolationKind::DuplicateRevision,
                     format!(
@@ -175,11 +176,9 @@ pub fn check_history(calls: &[Call]) -> Result<(), DriverViolation> {
         let newest_before = calls
             .iter()
             .filter(|w| w.end < read.start)
-            .filter_map(|w| match &w.answer {
-                Answer::Put { revision } if w.op.puts().iter().any(|(k, _)| *k == key) => {
-                    Some(*revision)
-                }
-                _ => None,
+            .filter_map(|w| {
+                let (revision, writes) = w.acknowledged()?;
+                writes.iter().any(|(k, _)| *k == key).then_some(revision)
             })
             .max();
         if let Some(newest) = newest_before.filter(|n| n > mod_revision) {
@@ -230,7 +229,8 @@ pub async fn check_stores(world: &World, calls: &[Call]) -> Result<Log, DriverVi
     };
     for &id in &ids {
         for (&revision, call) in &by_revision {
-            for (key, value) in call.op.puts() {
+            let (_, writes) = call.acknowledged().expect("acknowledged");
+            for (key, value) in writes {
                 let commands = world.commands_for(id, key).ok_or_else(|| not_running(id))?;
                 let found = stored(&commands, key, revision).await;
                 if holds(&found) != Some((value, revision)) {
@@ -426,29 +426,84 @@ async fn read_log(world: &World, id: u64) -> Result<Log, DriverViolation> {
     Ok(log)
 }
 
-/// Every txn, answered or not, is in the log whole at one revision or not
-/// at all (`revision_of`: each value's revision in the log).
+/// Every txn, answered or not, is in the log whole at one revision with
+/// one branch, or not at all; the branch is the one its compare chose on
+/// the log just before that revision, and the one it was answered with
+/// (`revision_of`: each value's revision in the log).
 fn check_txns_whole(
+    log: &Log,
     revision_of: &BTreeMap<&Bytes, i64>,
     calls: &[Call],
 ) -> Result<(), DriverViolation> {
+    let torn = |c: &Call, why: String| {
+        violation(
+            DriverViolationKind::TxnTorn,
+            format!(
+                "a txn through member {} answered {:?}: {why}: {:?}",
+                c.member, c.answer, c.op
+            ),
+        )
+    };
     for c in calls {
-        let Op::Txn { puts } = &c.op else {
+        let Op::Txn {
+            compare,
+            success,
+            failure,
+        } = &c.op
+        else {
             continue;
         };
-        let at: Vec<Option<i64>> = puts
-            .iter()
-            .map(|(_, v)| revision_of.get(v).copied())
-            .collect();
-        if at.iter().any(|r| *r != at[0]) {
-            return Err(violation(
-                DriverViolationKind::TxnTorn,
-                format!(
-                    "a txn through member {} answered {:?} has its puts at revisions {at:?} \
-                     (None: not in the log): {puts:?}",
-                    c.member, c.answer
-                ),
+        let at = |puts: &[(Bytes, Bytes)]| -> Vec<Option<i64>> {
+            puts.iter()
+                .map(|(_, v)| revision_of.get(v).copied())
+                .collect()
+        };
+        let (s, f) = (at(success), at(failure));
+        let whole = |r: &[Option<i64>]| r.iter().all(|x| *x == r[0]) && r[0].is_some();
+        let absent = |r: &[Option<i64>]| r.iter().all(|x| x.is_none());
+        let taken = if whole(&s) && absent(&f) {
+            Some((true, s[0].expect("whole")))
+        } else if !f.is_empty() && whole(&f) && absent(&s) {
+            Some((false, f[0].expect("whole")))
+        } else if absent(&s) && absent(&f) {
+            None
+        } else {
+            return Err(torn(
+                c,
+                format!("its puts are at revisions {s:?} and {f:?} (None: not in the log)"),
             ));
+        };
+        let Some((succeeded, revision)) = taken else {
+            continue;
+        };
+        if let Answer::Txn {
+            succeeded: answered,
+            ..
+        } = c.answer
+        {
+            if answered != succeeded {
+                return Err(torn(
+                    c,
+                    format!("the log has the other branch at revision {revision}"),
+                ));
+            }
+        }
+        if let Some((key, value)) = compare {
+            let before = log
+                .range(..revision)
+                .rev()
+                .find_map(|(_, changes)| changes.iter().find(|(k, _)| k == key))
+                .and_then(|(_, v)| v.as_ref());
+            if (before == Some(value)) != succeeded {
+                return Err(torn(
+                    c,
+                    format!(
+                        "its compare saw {before:?} before revision {revision}, and the log has \
+                         the {} branch",
+                        if succeeded { "success" } else { "failure" }
+                    ),
+                ));
+            }
         }
     }
     Ok(())
@@ -472,7 +527,7 @@ fn check_order(log: &Log, calls: &[Call]) -> Result<(), DriverViolation> {
             ));
         }
     }
-    check_txns_whole(&revision_of, calls)?;
+    check_txns_whole(log, &revision_of, calls)?;
     let put_of = |value: &Bytes| {
         calls
             .iter()
@@ -480,10 +535,7 @@ fn check_order(log: &Log, calls: &[Call]) -> Result<(), DriverViolation> {
     };
     let acked: Vec<(&Call, i64)> = calls
         .iter()
-        .filter_map(|c| match c.answer {
-            Answer::Put { revision } => Some((c, revision)),
-            _ => None,
-        })
+        .filter_map(|c| Some((c, c.acknowledged()?.0)))
         .collect();
     for (a, ra) in &acked {
         if let Some((b, rb)) = acked.iter().find(|(b, rb)| a.end < b.start && rb <= ra) {

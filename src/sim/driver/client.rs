@@ -35,20 +35,50 @@ pub enum Op {
     Read {
         key: Bytes,
     },
-    /// A txn of puts of distinct keys, with no compares (several shards
-    /// only): over several shards when its keys' shards differ.
+    /// A txn (several shards only): if `compare`'s key holds its value
+    /// (or with no compare), the puts of `success`, else those of
+    /// `failure`; each branch puts distinct keys, and the txn runs over
+    /// several shards when its keys' shards differ.
     Txn {
-        puts: Vec<(Bytes, Bytes)>,
+        compare: Option<(Bytes, Bytes)>,
+        success: Vec<(Bytes, Bytes)>,
+        failure: Vec<(Bytes, Bytes)>,
     },
 }
 
 impl Op {
-    /// The keys and values it writes.
+    /// Every key and value it may write.
     pub fn puts(&self) -> Vec<(&Bytes, &Bytes)> {
         match self {
             Op::Put { key, value } => vec![(key, value)],
             Op::Read { .. } => Vec::new(),
-            Op::Txn { puts } => puts.iter().map(|(k, v)| (k, v)).collect(),
+            Op::Txn {
+                success, failure, ..
+            } => success.iter().chain(failure).map(|(k, v)| (k, v)).collect(),
+        }
+    }
+}
+
+impl Call {
+    /// What it was acknowledged to have written, and at which revision.
+    pub fn acknowledged(&self) -> Option<(i64, Vec<(&Bytes, &Bytes)>)> {
+        match (&self.op, &self.answer) {
+            (Op::Put { key, value }, Answer::Put { revision }) => {
+                Some((*revision, vec![(key, value)]))
+            }
+            (
+                Op::Txn {
+                    success, failure, ..
+                },
+                Answer::Txn {
+                    revision,
+                    succeeded,
+                },
+            ) => {
+                let branch = if *succeeded { success } else { failure };
+                Some((*revision, branch.iter().map(|(k, v)| (k, v)).collect()))
+            }
+            _ => None,
         }
     }
 }
@@ -59,8 +89,11 @@ const MAX_TXN_KEYS: u32 = 3;
 /// What it was answered.
 #[derive(Debug, Clone)]
 pub enum Answer {
-    /// The put or txn was applied at this revision.
+    /// The put was applied at this revision.
     Put { revision: i64 },
+    /// The txn was applied at this revision, with the branch its compare
+    /// chose.
+    Txn { revision: i64, succeeded: bool },
     /// The key's value and mod revision (0: no such key).
     Read { value: Bytes, mod_revision: i64 },
     /// An error: the write may or may not have taken effect.
@@ -89,6 +122,8 @@ fn key(n: u32) -> Bytes {
 /// a running member picked at random; answers land in `history`.
 pub async fn run_clients(world: Rc<World>, history: History, until: Instant) {
     let mut next_value = 0u64;
+    // The last value each key was sent, for the txns' compares.
+    let mut last_sent: std::collections::BTreeMap<Bytes, Bytes> = Default::default();
     while Instant::now() < until {
         tokio::time::sleep(Duration::from_micros(world.gen_range(200..4_000))).await;
         let Some(member) = world.pick_up() else {
@@ -98,28 +133,50 @@ pub async fn run_clients(world: Rc<World>, history: History, until: Instant) {
         // is not made with one shard, whose seeds run as they always did.
         let txn = world.shards() > 1 && world.chance(200);
         let op = if txn {
-            let want = world.gen_range(2..=MAX_TXN_KEYS);
-            let mut keys: Vec<u32> = Vec::new();
-            while keys.len() < want as usize {
-                let k = world.gen_range(0..KEYS);
-                if !keys.contains(&k) {
-                    keys.push(k);
+            // Half compare a key with the last value it was sent: true
+            // when no write of it since was applied.
+            let compare = world
+                .chance(500)
+                .then(|| key(world.gen_range(0..KEYS)))
+                .and_then(|k| Some((k.clone(), last_sent.get(&k)?.clone())));
+            let mut branch = || {
+                let want = world.gen_range(1..=MAX_TXN_KEYS);
+                let mut keys: Vec<u32> = Vec::new();
+                while keys.len() < want as usize {
+                    let k = world.gen_range(0..KEYS);
+                    if !keys.contains(&k) {
+                        keys.push(k);
+                    }
                 }
+                keys.into_iter()
+                    .map(|k| {
+                        next_value += 1;
+                        (key(k), Bytes::from(format!("v{next_value}")))
+                    })
+                    .collect::<Vec<_>>()
+            };
+            let success = branch();
+            let failure = if compare.is_some() {
+                branch()
+            } else {
+                Vec::new()
+            };
+            for (k, v) in success.iter().chain(&failure) {
+                last_sent.insert(k.clone(), v.clone());
             }
-            let puts = keys
-                .into_iter()
-                .map(|k| {
-                    next_value += 1;
-                    (key(k), Bytes::from(format!("v{next_value}")))
-                })
-                .collect();
-            Op::Txn { puts }
+            Op::Txn {
+                compare,
+                success,
+                failure,
+            }
         } else if world.chance(500) {
             next_value += 1;
-            Op::Put {
-                key: key(world.gen_range(0..KEYS)),
-                value: Bytes::from(format!("v{next_value}")),
-            }
+            let (k, v) = (
+                key(world.gen_range(0..KEYS)),
+                Bytes::from(format!("v{next_value}")),
+            );
+            last_sent.insert(k.clone(), v.clone());
+            Op::Put { key: k, value: v }
         } else {
             Op::Read {
                 key: key(world.gen_range(0..KEYS)),
@@ -140,7 +197,7 @@ pub async fn run_clients(world: Rc<World>, history: History, until: Instant) {
 pub async fn call(world: &World, member: u64, op: Op) -> Option<Call> {
     let key = match &op {
         Op::Put { key, .. } | Op::Read { key } => key,
-        Op::Txn { puts } => &puts[0].0,
+        Op::Txn { success, .. } => &success[0].0,
     };
     let commands = world.commands_for(member, key)?;
     world.note(|| format!("call {member}: {op:?}"));
@@ -168,7 +225,11 @@ pub async fn call(world: &World, member: u64, op: Op) -> Option<Call> {
                 Err(Unanswered::Error(e)) => Answer::Failed(e),
             }
         }
-        Op::Txn { puts } => txn(world, member, &commands, puts).await,
+        Op::Txn {
+            compare,
+            success,
+            failure,
+        } => txn(world, member, &commands, compare, success, failure).await,
         Op::Read { key } => match read(world, member, &commands, key).await {
             Ok(kv) => Answer::Read {
                 value: kv.as_ref().map(|kv| kv.value.clone()).unwrap_or_default(),
@@ -197,11 +258,12 @@ async fn txn(
     world: &World,
     member: u64,
     commands: &tokio::sync::mpsc::Sender<ShardCommand>,
-    puts: &[(Bytes, Bytes)],
+    compare: &Option<(Bytes, Bytes)>,
+    success: &[(Bytes, Bytes)],
+    failure: &[(Bytes, Bytes)],
 ) -> Answer {
-    let req = pb::TxnRequest {
-        success: puts
-            .iter()
+    let ops = |puts: &[(Bytes, Bytes)]| -> Vec<pb::RequestOp> {
+        puts.iter()
             .map(|(key, value)| pb::RequestOp {
                 request: Some(pb::request_op::Request::RequestPut(pb::PutRequest {
                     key: key.clone(),
@@ -209,12 +271,26 @@ async fn txn(
                     ..Default::default()
                 })),
             })
+            .collect()
+    };
+    let req = pb::TxnRequest {
+        compare: compare
+            .iter()
+            .map(|(key, value)| pb::Compare {
+                result: pb::compare::CompareResult::Equal as i32,
+                target: pb::compare::CompareTarget::Value as i32,
+                key: key.clone(),
+                target_union: Some(pb::compare::TargetUnion::Value(value.clone())),
+                ..Default::default()
+            })
             .collect(),
-        ..Default::default()
+        success: ops(success),
+        failure: ops(failure),
     };
     let shards = crate::server::validate::txn_shards(&req, &world.routing);
-    let answered_at = |r: pb::TxnResponse| Answer::Put {
+    let answered_at = |r: pb::TxnResponse| Answer::Txn {
         revision: r.header.map_or(0, |h| h.revision),
+        succeeded: r.succeeded,
     };
     if shards.len() == 1 {
         let (reply, rx) = crate::server::command::Reply::channel();

@@ -94,23 +94,26 @@
 //! keys spread over the shards by the real routing table. A put goes to its
 //! key's shard; a linearizable read takes a read point from the keyspace
 //! leader (the member reached, or the member it names, as the peer port
-//! would) and reads the shard there; a txn puts two or three keys, on their
-//! shard when they share one, else run over several shards by the real
-//! `keyspace::cross_txn` on the keyspace leader (holds, parts with their
-//! records, and the finishing of a leader's half-proposed txns at the next
-//! opening). The checks above then hold across the shards (one revision
-//! order for every key), every txn is in the log whole at one revision or
-//! not at all, answered or not, the wire's checks hold per shard, the
-//! stores' shard by shard, and the faults aim at shard 0's leaders (the
-//! keyspace leader). Half the partitions and one-way cuts take one shard's
-//! links only (each core's shards have connections of their own), so a
-//! member may reach a peer on one shard and not on another.
-//! Each `KeyspaceMutation` must be caught.
+//! would) and reads the shard there; a txn puts one to three keys, half of
+//! them only if another key still holds the value last sent to it (else
+//! other puts), on their shard when they share one, else run over several
+//! shards by the real `keyspace::cross_txn` on the keyspace leader (holds
+//! answering the compares, parts with their records, and the finishing of
+//! a leader's half-proposed txns at the next opening). The checks above
+//! then hold across the shards (one revision order for every key), every
+//! txn is in the log whole at one revision with one branch or not at all,
+//! answered or not, the branch its compare chose on the log just before
+//! that revision and the one it was answered with; the wire's checks hold
+//! per shard, the stores' shard by shard, and the faults aim at shard 0's
+//! leaders (the keyspace leader). Half the partitions and one-way cuts
+//! take one shard's links only (each core's shards have connections of
+//! their own), so a member may reach a peer on one shard and not on
+//! another. Each `KeyspaceMutation` must be caught.
 //!
 //! # Not simulated
-//! - With several shards: txns with compares, reads over several shards,
-//!   watches, leases and membership changes (`super::keyspace` models
-//!   those), and the figure-8 adversaries.
+//! - With several shards: compares other than a value's, reads over
+//!   several shards, watches, leases and membership changes
+//!   (`super::keyspace` models those), and the figure-8 adversaries.
 //! - The peer transport's framing: a snapshot stream's chunks go straight
 //!   from the sender's store to the receiver's spool.
 //! - The store's own power cuts (its syncs go to real files), and its
@@ -257,6 +260,8 @@ pub struct DriverSimStats {
     /// Txns of puts (several shards), and those over several shards.
     pub txns_acknowledged: u64,
     pub txns_failed: u64,
+    /// Acknowledged txns whose compare chose the failure branch.
+    pub txns_compare_failed: u64,
     /// Watches the watch sessions started, and the events they were sent.
     pub watches: u64,
     pub watch_events: u64,
@@ -296,6 +301,7 @@ impl DriverSimStats {
         self.reads_failed += o.reads_failed;
         self.txns_acknowledged += o.txns_acknowledged;
         self.txns_failed += o.txns_failed;
+        self.txns_compare_failed += o.txns_compare_failed;
         self.watches += o.watches;
         self.watch_events += o.watch_events;
         self.leases += o.leases;
@@ -517,7 +523,10 @@ async fn run_world(world: &Rc<World>, stats: &mut DriverSimStats) -> Result<(), 
             (Op::Put { .. }, _) => stats.puts_failed += 1,
             (Op::Read { .. }, Answer::Read { .. }) => stats.reads_served += 1,
             (Op::Read { .. }, _) => stats.reads_failed += 1,
-            (Op::Txn { .. }, Answer::Put { .. }) => stats.txns_acknowledged += 1,
+            (Op::Txn { .. }, Answer::Txn { succeeded, .. }) => {
+                stats.txns_acknowledged += 1;
+                stats.txns_compare_failed += u64::from(!succeeded);
+            }
             (Op::Txn { .. }, _) => stats.txns_failed += 1,
         }
         if let Answer::Failed(e) = &c.answer {
