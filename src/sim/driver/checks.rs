@@ -40,6 +40,9 @@ pub enum DriverViolationKind {
     StaleRead,
     /// A read returned a value the log does not hold at its revision.
     PhantomRead,
+    /// A read over several shards at one point is not the log's state at
+    /// that revision.
+    CutMismatch,
     /// Two members' stores differ once they applied the same log.
     Diverged,
     /// Two members sent appends or heartbeats as leaders of one term
@@ -100,6 +103,7 @@ impl DriverViolationKind {
                 | DriverViolationKind::WriteOrder
                 | DriverViolationKind::StaleRead
                 | DriverViolationKind::PhantomRead
+                | DriverViolationKind::CutMismatch
                 | DriverViolationKind::Diverged
                 | DriverViolationKind::TwoLeaders
                 | DriverViolationKind::CommittedOverwritten
@@ -426,6 +430,60 @@ async fn read_log(world: &World, id: u64) -> Result<Log, DriverViolation> {
     Ok(log)
 }
 
+/// Every read over several shards is the log's state of the client keys at
+/// its read point, and that point is at or above every write acknowledged
+/// before the read began and below every one that began after it ended.
+fn check_cuts(log: &Log, calls: &[Call]) -> Result<(), DriverViolation> {
+    for read in calls {
+        let Answer::ReadAll { revision, kvs } = &read.answer else {
+            continue;
+        };
+        let mut state: BTreeMap<&Bytes, &Bytes> = BTreeMap::new();
+        for changes in log.range(..=revision).map(|(_, c)| c) {
+            for (key, value) in changes {
+                match value {
+                    Some(v) => state.insert(key, v),
+                    None => state.remove(key),
+                };
+            }
+        }
+        state.retain(|k, _| k.starts_with(b"k"));
+        let seen: BTreeMap<&Bytes, &Bytes> = kvs.iter().map(|(k, v)| (k, v)).collect();
+        if seen != state {
+            return Err(violation(
+                DriverViolationKind::CutMismatch,
+                format!(
+                    "a read over every shard through member {} at revision {revision} saw \
+                     {seen:?}; the log holds {state:?} there",
+                    read.member
+                ),
+            ));
+        }
+        for w in calls {
+            let Some((r, _)) = w.acknowledged() else {
+                continue;
+            };
+            if (w.end < read.start && r > *revision) || (w.start > read.end && r <= *revision) {
+                return Err(violation(
+                    DriverViolationKind::StaleRead,
+                    format!(
+                        "a read over every shard through member {} at revision {revision} and \
+                         {:?} acknowledged at {r} ({}) overlap no instant",
+                        read.member,
+                        w.op,
+                        if r > *revision {
+                            "before the read began"
+                        } else {
+                            "begun after the read ended"
+                        }
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Every txn, answered or not, is in the log whole at one revision with
 /// one branch, or not at all; the branch is the one its compare chose on
 /// the log just before that revision, and the one it was answered with
@@ -528,6 +586,7 @@ fn check_order(log: &Log, calls: &[Call]) -> Result<(), DriverViolation> {
         }
     }
     check_txns_whole(log, &revision_of, calls)?;
+    check_cuts(log, calls)?;
     let put_of = |value: &Bytes| {
         calls
             .iter()

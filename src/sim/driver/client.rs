@@ -35,6 +35,9 @@ pub enum Op {
     Read {
         key: Bytes,
     },
+    /// A linearizable read of every client key, over every shard at one
+    /// read point (several shards only).
+    ReadAll,
     /// A txn (several shards only): if `compare`'s key holds its value
     /// (or with no compare), the puts of `success`, else those of
     /// `failure`; each branch puts distinct keys, and the txn runs over
@@ -51,7 +54,7 @@ impl Op {
     pub fn puts(&self) -> Vec<(&Bytes, &Bytes)> {
         match self {
             Op::Put { key, value } => vec![(key, value)],
-            Op::Read { .. } => Vec::new(),
+            Op::Read { .. } | Op::ReadAll => Vec::new(),
             Op::Txn {
                 success, failure, ..
             } => success.iter().chain(failure).map(|(k, v)| (k, v)).collect(),
@@ -96,6 +99,11 @@ pub enum Answer {
     Txn { revision: i64, succeeded: bool },
     /// The key's value and mod revision (0: no such key).
     Read { value: Bytes, mod_revision: i64 },
+    /// The read point's revision, and every key's value there.
+    ReadAll {
+        revision: i64,
+        kvs: Vec<(Bytes, Bytes)>,
+    },
     /// An error: the write may or may not have taken effect.
     Failed(String),
     /// No answer at all from a driver that kept running: a lost request.
@@ -177,6 +185,8 @@ pub async fn run_clients(world: Rc<World>, history: History, until: Instant) {
             );
             last_sent.insert(k.clone(), v.clone());
             Op::Put { key: k, value: v }
+        } else if world.shards() > 1 && world.chance(200) {
+            Op::ReadAll
         } else {
             Op::Read {
                 key: key(world.gen_range(0..KEYS)),
@@ -197,6 +207,7 @@ pub async fn run_clients(world: Rc<World>, history: History, until: Instant) {
 pub async fn call(world: &World, member: u64, op: Op) -> Option<Call> {
     let key = match &op {
         Op::Put { key, .. } | Op::Read { key } => key,
+        Op::ReadAll => &CLIENT_KEYS.0,
         Op::Txn { success, .. } => &success[0].0,
     };
     let commands = world.commands_for(member, key)?;
@@ -230,6 +241,10 @@ pub async fn call(world: &World, member: u64, op: Op) -> Option<Call> {
             success,
             failure,
         } => txn(world, member, &commands, compare, success, failure).await,
+        Op::ReadAll => match read_all(world, member).await {
+            Ok((revision, kvs)) => Answer::ReadAll { revision, kvs },
+            Err(e) => Answer::Failed(e.to_string()),
+        },
         Op::Read { key } => match read(world, member, &commands, key).await {
             Ok(kv) => Answer::Read {
                 value: kv.as_ref().map(|kv| kv.value.clone()).unwrap_or_default(),
@@ -391,7 +406,7 @@ async fn read(
     let mut tries = 0;
     loop {
         tries += 1;
-        let (revision, points) = read_point(world, member, &router, shard)
+        let (revision, points) = read_point(world, member, &router, &[shard])
             .await
             .map_err(failed)?;
         let at = ReadAt {
@@ -407,7 +422,53 @@ async fn read(
     }
 }
 
-/// The read point of `shard` from the keyspace leader, asked as the API
+/// Where every client key lies: `[k, l)`.
+const CLIENT_KEYS: (Bytes, Bytes) = (Bytes::from_static(b"k"), Bytes::from_static(b"l"));
+
+/// A linearizable range of every client key through `member`, as
+/// `KvService::range_at_point` reads it: one read point for the shards,
+/// each shard read there, the answers merged. A point whose entry a later
+/// leader replaced on some shard is taken again.
+async fn read_all(world: &World, member: u64) -> Result<(i64, Vec<(Bytes, Bytes)>), ApiError> {
+    let router = world.router(member).ok_or(ApiError::Stopped)?;
+    let request = pb::RangeRequest {
+        key: CLIENT_KEYS.0.clone(),
+        range_end: CLIENT_KEYS.1.clone(),
+        ..Default::default()
+    };
+    let shards = world
+        .routing
+        .shards_for_range(&request.key, &request.range_end);
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let (revision, points) = read_point(world, member, &router, &shards).await?;
+        let parts = futures::future::join_all(shards.iter().zip(points).map(|(&s, p)| {
+            let at = ReadAt {
+                revision,
+                index: p.index,
+                term: p.term,
+            };
+            router.range_at(s, request.clone(), at)
+        }))
+        .await;
+        match parts.into_iter().collect::<Result<Vec<_>, _>>() {
+            Ok(parts) => {
+                let merged = crate::server::keyspace::merge::merge_ranges(&request, parts);
+                let kvs = merged
+                    .kvs
+                    .into_iter()
+                    .map(|kv| (kv.key, kv.value))
+                    .collect();
+                return Ok((revision, kvs));
+            }
+            Err(ApiError::LeaderChanged) if tries < POINT_TRIES => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// The read point of `shards` from the keyspace leader, asked as the API
 /// layer asks it (`peer_client::at_shard_leader`): of `member`, else of the
 /// member it names, again every 20 ms for at most [`LEADERLESS_WAIT`]
 /// while no leader answers.
@@ -415,12 +476,12 @@ async fn read_point(
     world: &World,
     member: u64,
     router: &Router,
-    shard: ShardId,
+    shards: &[ShardId],
 ) -> Result<(i64, Vec<ShardPoint>), ApiError> {
     let deadline = Instant::now() + LEADERLESS_WAIT;
     let mut last = ApiError::NoLeader;
     loop {
-        let leader = match router.read_point(&[shard]).await {
+        let leader = match router.read_point(shards).await {
             Ok(point) => return Ok(point),
             Err(ApiError::NotLeader { leader }) => leader,
             Err(e @ (ApiError::NoLeader | ApiError::LeaderChanged | ApiError::Timeout)) => {
@@ -433,7 +494,7 @@ async fn read_point(
             .then(|| world.router(leader))
             .flatten();
         if let Some(remote) = remote {
-            match remote.read_point(&[shard]).await {
+            match remote.read_point(shards).await {
                 Ok(point) => return Ok(point),
                 Err(ApiError::NotLeader { .. }) => {}
                 Err(e @ (ApiError::NoLeader | ApiError::LeaderChanged | ApiError::Timeout)) => {

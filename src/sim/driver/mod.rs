@@ -91,29 +91,36 @@
 //! Each member runs one driver per shard, each on a WAL of its own (a shard
 //! per core, as the daemon places them by default) and all over one real
 //! revision counter, with the keyspace's own tasks beside them; the clients'
-//! keys spread over the shards by the real routing table. A put goes to its
-//! key's shard; a linearizable read takes a read point from the keyspace
-//! leader (the member reached, or the member it names, as the peer port
-//! would) and reads the shard there; a txn puts one to three keys, half of
-//! them only if another key still holds the value last sent to it (else
-//! other puts), on their shard when they share one, else run over several
-//! shards by the real `keyspace::cross_txn` on the keyspace leader (holds
-//! answering the compares, parts with their records, and the finishing of
-//! a leader's half-proposed txns at the next opening). The checks above
-//! then hold across the shards (one revision order for every key), every
-//! txn is in the log whole at one revision with one branch or not at all,
-//! answered or not, the branch its compare chose on the log just before
-//! that revision and the one it was answered with; the wire's checks hold
-//! per shard, the stores' shard by shard, and the faults aim at shard 0's
-//! leaders (the keyspace leader). Half the partitions and one-way cuts
-//! take one shard's links only (each core's shards have connections of
-//! their own), so a member may reach a peer on one shard and not on
-//! another. Each `KeyspaceMutation` must be caught.
+//! keys spread over the shards by the real routing table.
+//! - A put goes to its key's shard.
+//! - A linearizable read takes a read point from the keyspace leader (the
+//!   member reached, or the member it names, as the peer port would) and
+//!   reads the key's shard there; some read every client key over all
+//!   shards at one point and merge the answers.
+//! - A txn puts one to three keys, half of them only if another key still
+//!   holds the value last sent to it (else other puts): on their shard when
+//!   they share one, else over several shards by the real
+//!   `keyspace::cross_txn` on the keyspace leader (holds answering the
+//!   compares, parts with their records, and the finishing of a leader's
+//!   half-proposed txns at the next opening).
+//!
+//! The checks above then hold across the shards (one revision order for
+//! every key). Besides: every read over all shards is the log's state at
+//! its point, which lies at or above every write acknowledged before the
+//! read began and below every write begun after it ended; every txn is in
+//! the log whole at one revision with one branch or not at all, answered or
+//! not, the branch its compare chose on the log just before that revision
+//! and the one it was answered with. The wire's checks hold per shard, the
+//! stores' shard by shard, and the faults aim at shard 0's leaders (the
+//! keyspace leader). Half the partitions and one-way cuts take one shard's
+//! links only (each core's shards have connections of their own), so a
+//! member may reach a peer on one shard and not on another. Each
+//! `KeyspaceMutation` must be caught.
 //!
 //! # Not simulated
-//! - With several shards: compares other than a value's, reads over
-//!   several shards, watches, leases and membership changes
-//!   (`super::keyspace` models those), and the figure-8 adversaries.
+//! - With several shards: compares other than a value's, watches, leases
+//!   and membership changes (`super::keyspace` models those), and the
+//!   figure-8 adversaries.
 //! - The peer transport's framing: a snapshot stream's chunks go straight
 //!   from the sender's store to the receiver's spool.
 //! - The store's own power cuts (its syncs go to real files), and its
@@ -257,6 +264,8 @@ pub struct DriverSimStats {
     pub puts_failed: u64,
     pub reads_served: u64,
     pub reads_failed: u64,
+    /// Reads of every client key at one read point (several shards).
+    pub reads_over_shards: u64,
     /// Txns of puts (several shards), and those over several shards.
     pub txns_acknowledged: u64,
     pub txns_failed: u64,
@@ -301,6 +310,7 @@ impl DriverSimStats {
         self.reads_failed += o.reads_failed;
         self.txns_acknowledged += o.txns_acknowledged;
         self.txns_failed += o.txns_failed;
+        self.reads_over_shards += o.reads_over_shards;
         self.txns_compare_failed += o.txns_compare_failed;
         self.watches += o.watches;
         self.watch_events += o.watch_events;
@@ -523,6 +533,8 @@ async fn run_world(world: &Rc<World>, stats: &mut DriverSimStats) -> Result<(), 
             (Op::Put { .. }, _) => stats.puts_failed += 1,
             (Op::Read { .. }, Answer::Read { .. }) => stats.reads_served += 1,
             (Op::Read { .. }, _) => stats.reads_failed += 1,
+            (Op::ReadAll, Answer::ReadAll { .. }) => stats.reads_over_shards += 1,
+            (Op::ReadAll, _) => stats.reads_failed += 1,
             (Op::Txn { .. }, Answer::Txn { succeeded, .. }) => {
                 stats.txns_acknowledged += 1;
                 stats.txns_compare_failed += u64::from(!succeeded);
