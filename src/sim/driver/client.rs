@@ -1,6 +1,8 @@
 //! The simulated clients: puts and linearizable reads of a few keys, sent
 //! to any running member's driver of the key's shard as the API layer sends
-//! them, and the history of what each was answered.
+//! them (with several shards also reads of every key at one read point and
+//! txns, over several shards through the keyspace layer), and the history
+//! of what each was answered.
 
 use std::cell::RefCell;
 use std::rc::Rc;
