@@ -65,46 +65,39 @@ fn main() -> ExitCode {
             .with_writer(std::io::stderr)
             .init();
     }
-    let mutation = match args.mutation.as_deref().map(sim::parse_mutation) {
-        None => None,
-        Some(Ok(m)) => Some(m),
-        Some(Err(e)) => {
-            eprintln!("{e}");
-            return ExitCode::from(2);
-        }
-    };
-    let keyspace_mutation = match args
-        .keyspace_mutation
-        .as_deref()
-        .map(sim::parse_keyspace_mutation)
-    {
-        None => None,
-        Some(Ok(m)) => Some(m),
-        Some(Err(e)) => {
-            eprintln!("{e}");
-            return ExitCode::from(2);
-        }
-    };
-    let mutated = mutation.is_some() || keyspace_mutation.is_some();
-    if mutated {
-        sim::install_quiet_panic_hook();
-    }
     let (first, count) = match args.seed {
         Some(seed) => (seed, 1),
         None => (args.first_seed, args.seeds),
     };
+    let mut base = driver::DriverSimConfig::new(args.members, first);
+    base.shards = args.shards;
+    let parsed = (|| {
+        base.mutation = args
+            .mutation
+            .as_deref()
+            .map(sim::parse_mutation)
+            .transpose()?;
+        base.keyspace_mutation = (args.keyspace_mutation.as_deref())
+            .map(sim::parse_keyspace_mutation)
+            .transpose()?;
+        Ok::<_, sim::SimConfigError>(())
+    })();
+    if let Err(e) = parsed {
+        eprintln!("{e}");
+        return ExitCode::from(2);
+    }
+    let mutated = base.is_mutated();
+    if mutated {
+        sim::install_quiet_panic_hook();
+    }
     let started = Instant::now();
     if args.replay_check {
         if mutated {
             eprintln!("--replay-check runs the core as built: it takes no mutation");
             return ExitCode::from(2);
         }
-        return replay_check(args.members, args.shards, first, count);
+        return replay_check(&base, count);
     }
-    let mut base = driver::DriverSimConfig::new(args.members, first);
-    base.shards = args.shards;
-    base.mutation = mutation;
-    base.keyspace_mutation = keyspace_mutation;
     let result = driver::run_seeds(&base, count);
     let (run, stats, found) = match result {
         Ok(r) => r,
@@ -145,13 +138,15 @@ fn main() -> ExitCode {
 
 /// Runs each seed twice with a trace of the wire and reports the first seed
 /// whose runs differ.
-fn replay_check(members: usize, shards: usize, first: u64, count: u64) -> ExitCode {
-    for seed in first..first + count {
+fn replay_check(base: &driver::DriverSimConfig, count: u64) -> ExitCode {
+    for seed in base.seed..base.seed + count {
         let mut runs = Vec::new();
         for _ in 0..2 {
-            let mut cfg = driver::DriverSimConfig::new(members, seed);
-            cfg.shards = shards;
-            cfg.trace = true;
+            let cfg = driver::DriverSimConfig {
+                seed,
+                trace: true,
+                ..base.clone()
+            };
             match driver::run_seed_alone(&cfg) {
                 Ok(out) => runs.push(out),
                 Err(e) => {
@@ -188,6 +183,9 @@ fn replay_check(members: usize, shards: usize, first: u64, count: u64) -> ExitCo
         }
         return ExitCode::from(1);
     }
-    println!("seeds={count} members={members} shards={shards}: every seed ran the same twice");
+    println!(
+        "seeds={count} members={} shards={}: every seed ran the same twice",
+        base.members, base.shards
+    );
     ExitCode::SUCCESS
 }

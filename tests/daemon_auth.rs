@@ -80,15 +80,10 @@ async fn a_member_killed_before_its_auth_state_is_written_replays_the_change() {
     let m = &mut cluster.members[0];
     let mut c = client(&m.endpoint()).await;
     wait_writable(&mut c, "/auth-crash/ready").await;
-    m.kill9();
     // The writer thread waits 1.5 s at the point before the kill while the
     // shards go on applying and committing: a store committed past the
     // change would keep the restart from replaying it.
-    m.set_env(&[
-        ("CAIRN_CRASH_AT", "auth-file-write"),
-        ("CAIRN_CRASH_DELAY_MS", "1500"),
-    ]);
-    m.restart();
+    m.restart_armed("auth-file-write", 1500);
     let mut c = client(&m.endpoint()).await;
     wait_writable(&mut c, "/auth-crash/back").await;
     c.user_add("carol", "cpw", None).await.unwrap();

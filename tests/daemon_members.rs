@@ -521,15 +521,10 @@ async fn a_member_killed_before_its_table_is_written_replays_the_change() {
     // crash point is armed.
     wait_published(&c0).await;
     let m2 = &mut cluster.members[2];
-    m2.kill9();
     // The writer thread waits 1.5 s at the point before the kill while the
     // shards go on applying and committing: a store committed past the
     // change would keep the restart from replaying it.
-    m2.set_env(&[
-        ("CAIRN_CRASH_AT", "member-file-write"),
-        ("CAIRN_CRASH_DELAY_MS", "1500"),
-    ]);
-    m2.restart();
+    m2.restart_armed("member-file-write", 1500);
     let mut c2 = client(&m2.endpoint()).await;
     wait_writable(&mut c2, "/table/m2-back").await;
     let url = format!("http://127.0.0.1:{}", common::free_port());

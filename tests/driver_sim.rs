@@ -49,17 +49,6 @@ const MUTATION_SEEDS: std::ops::Range<u64> = 0..100;
 /// hold some 7 scripted ones: a miss needs all of them to fail.
 const FIGURE8_MUTATION_SEEDS: std::ops::Range<u64> = 0..60;
 
-fn run_seeds(
-    members: usize,
-    first: u64,
-    count: u64,
-    mutation: Option<SafetyMutation>,
-) -> (u64, DriverSimStats, Option<driver::DriverSimOutcome>) {
-    let mut base = driver::DriverSimConfig::new(members, first);
-    base.mutation = mutation;
-    driver::run_seeds(&base, count).expect("the driver simulation runs")
-}
-
 /// Runs `seeds` seeds from 0 of `base`; fails at the first violation.
 fn no_violation(base: driver::DriverSimConfig, seeds: u64) -> DriverSimStats {
     let (run, stats, found) = driver::run_seeds(&base, seeds).expect("the driver simulation runs");
@@ -129,22 +118,38 @@ fn three_members_over_three_shards_keep_one_revision_order() {
     assert!(stats.keyspace_openings > 3 * seeds, "{stats:#?}");
 }
 
-/// Scans [`KEYSPACE_MUTATION_SEEDS`] of `members` members with three
-/// shards under `mutation` until a consensus-safety violation.
+/// Scans `seeds` of `base` (a config with a mutation) until a
+/// consensus-safety violation, and answers it.
+fn caught(base: driver::DriverSimConfig, seeds: std::ops::Range<u64>) -> driver::DriverViolation {
+    sim::install_quiet_panic_hook();
+    let base = driver::DriverSimConfig {
+        seed: seeds.start,
+        ..base
+    };
+    let (run, _, found) =
+        driver::run_seeds(&base, seeds.end - seeds.start).expect("the driver simulation runs");
+    let out = found.unwrap_or_else(|| {
+        panic!(
+            "{:?} {:?} with {} members and {} shards not caught in {run} seeds",
+            base.mutation, base.keyspace_mutation, base.members, base.shards
+        )
+    });
+    let v = out.violation.expect("a violation");
+    assert!(v.kind.is_consensus_safety(), "{v}");
+    v
+}
+
+/// [`caught`] for `mutation` of the revision order, with three shards.
 fn keyspace_mutation_is_caught(
     members: usize,
     mutation: KeyspaceMutation,
 ) -> driver::DriverViolation {
-    sim::install_quiet_panic_hook();
-    let mut base = driver::DriverSimConfig::new(members, KEYSPACE_MUTATION_SEEDS.start);
-    base.shards = 3;
-    base.keyspace_mutation = Some(mutation);
-    let count = KEYSPACE_MUTATION_SEEDS.end - KEYSPACE_MUTATION_SEEDS.start;
-    let (run, _, found) = driver::run_seeds(&base, count).expect("the driver simulation runs");
-    let out = found.unwrap_or_else(|| panic!("{mutation:?} not caught in {run} seeds"));
-    let v = out.violation.expect("a violation");
-    assert!(v.kind.is_consensus_safety(), "{v}");
-    v
+    let base = driver::DriverSimConfig {
+        shards: 3,
+        keyspace_mutation: Some(mutation),
+        ..driver::DriverSimConfig::new(members, 0)
+    };
+    caught(base, KEYSPACE_MUTATION_SEEDS)
 }
 
 // docs/KEYSPACE.md, "Why revisions increase in real time", point 3: a
@@ -170,19 +175,13 @@ fn a_raft_core_voting_without_the_log_check_is_caught() {
     mutation_is_caught(3, MUTATION_SEEDS, SafetyMutation::VoteWithoutLogCheck);
 }
 
-/// Scans `seeds` under `mutation` until a consensus-safety violation.
+/// [`caught`] for `mutation` of the Raft core.
 fn mutation_is_caught(members: usize, seeds: std::ops::Range<u64>, mutation: SafetyMutation) {
-    sim::install_quiet_panic_hook();
-    let (run, _, found) = run_seeds(
-        members,
-        seeds.start,
-        seeds.end - seeds.start,
-        Some(mutation),
-    );
-    let out = found
-        .unwrap_or_else(|| panic!("{mutation:?} with {members} members not caught in {run} seeds"));
-    let v = out.violation.expect("a violation");
-    assert!(v.kind.is_consensus_safety(), "{v}");
+    let base = driver::DriverSimConfig {
+        mutation: Some(mutation),
+        ..driver::DriverSimConfig::new(members, 0)
+    };
+    caught(base, seeds);
 }
 
 // Raft paper 5.4.2 and figure 8: a leader that commits an entry of an

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use cairn_proto::cairnpb::{KeyspaceReadPoint, MemberTable, ShardConfChange};
@@ -15,6 +15,7 @@ use hyper::{Method, Request};
 use hyper_util::rt::TokioIo;
 use prost::Message as _;
 use tokio::net::TcpStream;
+use tokio::time::Instant;
 use tonic::Code;
 
 use crate::routing::ShardId;

@@ -51,19 +51,18 @@ impl<T: Send + 'static> Reply<T> {
     /// asker's, with the batch; else now. A gathered answer whose asker is
     /// gone by the time it arrives is dropped there.
     pub fn send(self, answer: Result<T, ApiError>) -> Result<(), AskerGone> {
-        let Some(to) = self.asker_core.filter(|&c| Some(c) != runtime::this_core()) else {
-            return self.tx.send(answer).map_err(|_| AskerGone);
-        };
-        let tx = self.tx;
-        let job: CoreJob = Box::new(move || {
-            let _ = tx.send(answer);
-        });
-        match gather(to, job) {
-            Ok(()) => Ok(()),
-            Err(job) => {
-                job();
+        match self.asker_core.filter(|&c| Some(c) != runtime::this_core()) {
+            Some(to) if in_step() => {
+                let tx = self.tx;
+                gather(
+                    to,
+                    Box::new(move || {
+                        let _ = tx.send(answer);
+                    }),
+                );
                 Ok(())
             }
+            _ => self.tx.send(answer).map_err(|_| AskerGone),
         }
     }
 
@@ -90,23 +89,26 @@ thread_local! {
     static HANDED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
-/// Adds `job` to the step's answers for core `to`, handing them on once
-/// there are [`ANSWERS_PER_JOB`]; outside a step, gives it back.
-fn gather(to: usize, job: CoreJob) -> Result<(), CoreJob> {
-    let full = GATHERED.with(|g| match g.borrow_mut().as_mut() {
-        Some(per_core) => {
-            if per_core.len() <= to {
-                per_core.resize_with(to + 1, Vec::new);
-            }
-            per_core[to].push(job);
-            Ok((per_core[to].len() >= ANSWERS_PER_JOB).then(|| std::mem::take(&mut per_core[to])))
+/// Whether the calling thread runs a [`step`].
+fn in_step() -> bool {
+    GATHERED.with(|g| g.borrow().is_some())
+}
+
+/// Adds `job` to the step's answers for core `to` (within a [`step`]),
+/// handing them on once there are [`ANSWERS_PER_JOB`].
+fn gather(to: usize, job: CoreJob) {
+    let full = GATHERED.with(|g| {
+        let mut g = g.borrow_mut();
+        let per_core = g.as_mut().expect("answers are gathered within a step");
+        if per_core.len() <= to {
+            per_core.resize_with(to + 1, Vec::new);
         }
-        None => Err(job),
-    })?;
+        per_core[to].push(job);
+        (per_core[to].len() >= ANSWERS_PER_JOB).then(|| std::mem::take(&mut per_core[to]))
+    });
     if let Some(answers) = full {
         hand_on(to, answers);
     }
-    Ok(())
 }
 
 /// Runs `answers` on core `to`, as one job of its mailbox; where that
@@ -264,6 +266,35 @@ mod tests {
         assert_eq!(results[0], Ok(0));
         assert!(results[1].is_err());
         assert_eq!(jobs, 0);
+    }
+
+    #[test]
+    fn an_asker_on_another_core_that_is_gone_is_told_outside_a_step() {
+        let (to_core1, from_core0) = std::sync::mpsc::channel::<Reply<u32>>();
+        let from_core0 = Arc::new(Mutex::new(Some(from_core0)));
+        let told = Arc::new(Mutex::new(None));
+        let seen = told.clone();
+        let cores = Cores::start(2, None, Duration::ZERO, move |ctx| {
+            let to_core1 = to_core1.clone();
+            let from_core0 = from_core0.clone();
+            let seen = seen.clone();
+            async move {
+                if ctx.id == 0 {
+                    let (reply, rx) = Reply::<u32>::channel();
+                    drop(rx);
+                    to_core1.send(reply).unwrap();
+                    return;
+                }
+                let rx = from_core0.lock().unwrap().take().unwrap();
+                let reply = tokio::task::spawn_blocking(move || rx.recv().unwrap())
+                    .await
+                    .unwrap();
+                *seen.lock().unwrap() = Some(reply.send(Ok(1)));
+            }
+        })
+        .unwrap();
+        cores.join();
+        assert_eq!(*told.lock().unwrap(), Some(Err(AskerGone)));
     }
 
     #[test]

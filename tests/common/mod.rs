@@ -350,6 +350,18 @@ impl Member {
         (code, log.get(earlier..).unwrap_or(&log).to_string())
     }
 
+    /// kill -9, then starts the member again with crash point `point` armed:
+    /// it kills itself `delay_ms` after reaching it (`CAIRN_CRASH_AT`,
+    /// `CAIRN_CRASH_DELAY_MS`), its other threads going on meanwhile.
+    pub fn restart_armed(&mut self, point: &str, delay_ms: u64) {
+        self.kill9();
+        self.set_env(&[
+            ("CAIRN_CRASH_AT", point),
+            ("CAIRN_CRASH_DELAY_MS", &delay_ms.to_string()),
+        ]);
+        self.restart();
+    }
+
     /// Replaces the extra environment the member is started with.
     pub fn set_env(&mut self, env: &[(&str, &str)]) {
         self.extra_env = env

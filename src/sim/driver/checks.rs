@@ -12,7 +12,7 @@ use bytes::Bytes;
 use crate::routing::ShardId;
 use crate::server::command::{ShardCommand, ShardHash, ShardStatus, REQUEST_TIMEOUT};
 
-use super::client::{range, range_all, Answer, Call, Op, Unanswered};
+use super::client::{range, range_all, Answer, Call, Op, Unanswered, CLIENT_KEYS};
 use super::world::World;
 
 /// A property the real driver broke.
@@ -430,6 +430,18 @@ async fn read_log(world: &World, id: u64) -> Result<Log, DriverViolation> {
     Ok(log)
 }
 
+/// Every key's value as of `revision`, from the log.
+fn state_at(log: &Log, revision: i64) -> BTreeMap<&Bytes, &Bytes> {
+    let mut state = BTreeMap::new();
+    for (key, value) in log.range(..=revision).flat_map(|(_, changes)| changes) {
+        match value {
+            Some(v) => state.insert(key, v),
+            None => state.remove(key),
+        };
+    }
+    state
+}
+
 /// Every read over several shards is the log's state of the client keys at
 /// its read point, and that point is at or above every write acknowledged
 /// before the read began and below every one that began after it ended.
@@ -438,16 +450,8 @@ fn check_cuts(log: &Log, calls: &[Call]) -> Result<(), DriverViolation> {
         let Answer::ReadAll { revision, kvs } = &read.answer else {
             continue;
         };
-        let mut state: BTreeMap<&Bytes, &Bytes> = BTreeMap::new();
-        for changes in log.range(..=revision).map(|(_, c)| c) {
-            for (key, value) in changes {
-                match value {
-                    Some(v) => state.insert(key, v),
-                    None => state.remove(key),
-                };
-            }
-        }
-        state.retain(|k, _| k.starts_with(b"k"));
+        let mut state = state_at(log, *revision);
+        state.retain(|k, _| (&CLIENT_KEYS.0..&CLIENT_KEYS.1).contains(k));
         let seen: BTreeMap<&Bytes, &Bytes> = kvs.iter().map(|(k, v)| (k, v)).collect();
         if seen != state {
             return Err(violation(
@@ -547,11 +551,7 @@ fn check_txns_whole(
             }
         }
         if let Some((key, value)) = compare {
-            let before = log
-                .range(..revision)
-                .rev()
-                .find_map(|(_, changes)| changes.iter().find(|(k, _)| k == key))
-                .and_then(|(_, v)| v.as_ref());
+            let before = state_at(log, revision - 1).get(key).copied();
             if (before == Some(value)) != succeeded {
                 return Err(torn(
                     c,

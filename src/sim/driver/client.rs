@@ -19,10 +19,12 @@ use crate::server::api::kv::POINT_TRIES;
 use crate::server::command::{ReadAt, ShardCommand, ShardPoint, WriteResult, REQUEST_TIMEOUT};
 use crate::server::errors::ApiError;
 use crate::server::keyspace::cross_txn;
+use crate::server::keyspace::merge::merge_ranges;
 use crate::server::keyspace::router::Router;
+use crate::server::peer_client::{self, Forwarded};
 use crate::server::shard::LEADERLESS_WAIT;
 
-use super::world::World;
+use super::world::{self, World};
 
 /// Keys the clients write and read: few, so that reads and writes meet.
 pub const KEYS: u32 = 8;
@@ -217,25 +219,17 @@ pub async fn call(world: &World, member: u64, op: Op) -> Option<Call> {
     let start = Instant::now();
     let answer = match &op {
         Op::Put { key, value } => {
-            let (reply, rx) = crate::server::command::Reply::channel();
             let request = shard_request::Request::Put(pb::PutRequest {
                 key: key.clone(),
                 value: value.clone(),
                 ..Default::default()
             });
-            if commands
-                .try_send(ShardCommand::Write { request, reply })
-                .is_err()
-            {
-                return None;
-            }
-            match answered(rx).await {
+            match write(&commands, request)?.await {
                 Ok(WriteResult::Put(r)) => Answer::Put {
                     revision: r.header.map_or(0, |h| h.revision),
                 },
                 Ok(other) => Answer::Failed(format!("a put answered {other:?}")),
-                Err(Unanswered::No) => Answer::Unanswered,
-                Err(Unanswered::Error(e)) => Answer::Failed(e),
+                Err(e) => e.into(),
             }
         }
         Op::Txn {
@@ -245,15 +239,14 @@ pub async fn call(world: &World, member: u64, op: Op) -> Option<Call> {
         } => txn(world, member, &commands, compare, success, failure).await,
         Op::ReadAll => match read_all(world, member).await {
             Ok((revision, kvs)) => Answer::ReadAll { revision, kvs },
-            Err(e) => Answer::Failed(e.to_string()),
+            Err(e) => Answer::Failed(e),
         },
         Op::Read { key } => match read(world, member, &commands, key).await {
             Ok(kv) => Answer::Read {
                 value: kv.as_ref().map(|kv| kv.value.clone()).unwrap_or_default(),
                 mod_revision: kv.map_or(0, |kv| kv.mod_revision),
             },
-            Err(Unanswered::No) => Answer::Unanswered,
-            Err(Unanswered::Error(e)) => Answer::Failed(e),
+            Err(e) => e.into(),
         },
     };
     world.note(|| format!("call {member}: {op:?} answered {answer:?}"));
@@ -310,19 +303,13 @@ async fn txn(
         succeeded: r.succeeded,
     };
     if shards.len() == 1 {
-        let (reply, rx) = crate::server::command::Reply::channel();
-        let request = shard_request::Request::Txn(req);
-        if commands
-            .try_send(ShardCommand::Write { request, reply })
-            .is_err()
-        {
+        let Some(answer) = write(commands, shard_request::Request::Txn(req)) else {
             return Answer::Failed("the member's queue refused the txn".into());
-        }
-        return match answered(rx).await {
+        };
+        return match answer.await {
             Ok(WriteResult::Txn(r)) => answered_at(r),
             Ok(other) => Answer::Failed(format!("a txn answered {other:?}")),
-            Err(Unanswered::No) => Answer::Unanswered,
-            Err(Unanswered::Error(e)) => Answer::Failed(e),
+            Err(e) => e.into(),
         };
     }
     match tokio::time::timeout(CROSS_TXN_BOUND, txn_across(world, member, req)).await {
@@ -383,10 +370,9 @@ async fn txn_across(
 
 /// A linearizable read of `key` through `member`, as the API layer makes it:
 /// with one shard, the shard's own ReadIndex round; with several, at a read
-/// point the keyspace leader gives (this member, or the member it names,
-/// which the daemon asks over the peer port), which `member`'s shard waits
-/// for before it reads. A read point's answers come through the router,
-/// whose own timeout ends them: a lost one is a failure, not unanswered.
+/// point the keyspace leader gives ([`range_at_point`]). A read point's
+/// answers come through the router, whose own timeout ends them: a lost one
+/// is a failure, not unanswered.
 async fn read(
     world: &World,
     member: u64,
@@ -396,48 +382,45 @@ async fn read(
     if world.shards() == 1 {
         return range(commands, key, 0, false).await;
     }
-    let failed = |e: ApiError| Unanswered::Error(e.to_string());
-    let router = world
-        .router(member)
-        .ok_or_else(|| Unanswered::Error("the member stopped".into()))?;
-    let shard = world.routing.shard_for_key(key);
     let request = pb::RangeRequest {
         key: key.clone(),
         ..Default::default()
     };
-    let mut tries = 0;
-    loop {
-        tries += 1;
-        let (revision, points) = read_point(world, member, &router, &[shard])
-            .await
-            .map_err(failed)?;
-        let at = ReadAt {
-            revision,
-            index: points[0].index,
-            term: points[0].term,
-        };
-        match router.range_at(shard, request.clone(), at).await {
-            Ok(r) => return Ok(r.kvs.into_iter().next()),
-            Err(ApiError::LeaderChanged) if tries < POINT_TRIES => continue,
-            Err(e) => return Err(failed(e)),
-        }
-    }
+    let (_, r) = range_at_point(world, member, request)
+        .await
+        .map_err(Unanswered::Error)?;
+    Ok(r.kvs.into_iter().next())
 }
 
 /// Where every client key lies: `[k, l)`.
-const CLIENT_KEYS: (Bytes, Bytes) = (Bytes::from_static(b"k"), Bytes::from_static(b"l"));
+pub(super) const CLIENT_KEYS: (Bytes, Bytes) = (Bytes::from_static(b"k"), Bytes::from_static(b"l"));
 
-/// A linearizable range of every client key through `member`, as
-/// `KvService::range_at_point` reads it: one read point for the shards,
-/// each shard read there, the answers merged. A point whose entry a later
-/// leader replaced on some shard is taken again.
-async fn read_all(world: &World, member: u64) -> Result<(i64, Vec<(Bytes, Bytes)>), ApiError> {
-    let router = world.router(member).ok_or(ApiError::Stopped)?;
+/// A linearizable range of every client key through `member`, over every
+/// shard at one read point.
+async fn read_all(world: &World, member: u64) -> Result<(i64, Vec<(Bytes, Bytes)>), String> {
     let request = pb::RangeRequest {
         key: CLIENT_KEYS.0.clone(),
         range_end: CLIENT_KEYS.1.clone(),
         ..Default::default()
     };
+    let (revision, r) = range_at_point(world, member, request).await?;
+    Ok((
+        revision,
+        r.kvs.into_iter().map(|kv| (kv.key, kv.value)).collect(),
+    ))
+}
+
+/// A linearizable range through `member` over the shards it covers, as
+/// `KvService::range_at_point` reads it: one read point for those shards,
+/// each shard read there, the answers merged; a point whose entry a later
+/// leader replaced on some shard is taken again. Answers the point's
+/// revision and the merged range, or the error's text.
+async fn range_at_point(
+    world: &World,
+    member: u64,
+    request: pb::RangeRequest,
+) -> Result<(i64, pb::RangeResponse), String> {
+    let router = world.router(member).ok_or("the member stopped")?;
     let shards = world
         .routing
         .shards_for_range(&request.key, &request.range_end);
@@ -455,61 +438,44 @@ async fn read_all(world: &World, member: u64) -> Result<(i64, Vec<(Bytes, Bytes)
         }))
         .await;
         match parts.into_iter().collect::<Result<Vec<_>, _>>() {
-            Ok(parts) => {
-                let merged = crate::server::keyspace::merge::merge_ranges(&request, parts);
-                let kvs = merged
-                    .kvs
-                    .into_iter()
-                    .map(|kv| (kv.key, kv.value))
-                    .collect();
-                return Ok((revision, kvs));
-            }
+            Ok(parts) => return Ok((revision, merge_ranges(&request, parts))),
             Err(ApiError::LeaderChanged) if tries < POINT_TRIES => continue,
-            Err(e) => return Err(e),
+            Err(e) => return Err(e.to_string()),
         }
     }
 }
 
-/// The read point of `shards` from the keyspace leader, asked as the API
-/// layer asks it (`peer_client::at_shard_leader`): of `member`, else of the
-/// member it names, again every 20 ms for at most [`LEADERLESS_WAIT`]
-/// while no leader answers.
+/// The read point of `shards` from the keyspace leader, through the API
+/// layer's own [`peer_client::at_shard_leader`]: asked of `member`, else of
+/// the member it names, whose peer port here is that member's router
+/// answering as its `/cairn/read-point` route does.
 async fn read_point(
     world: &World,
     member: u64,
     router: &Router,
     shards: &[ShardId],
-) -> Result<(i64, Vec<ShardPoint>), ApiError> {
-    let deadline = Instant::now() + LEADERLESS_WAIT;
-    let mut last = ApiError::NoLeader;
-    loop {
-        let leader = match router.read_point(shards).await {
-            Ok(point) => return Ok(point),
-            Err(ApiError::NotLeader { leader }) => leader,
-            Err(e @ (ApiError::NoLeader | ApiError::LeaderChanged | ApiError::Timeout)) => {
-                last = e;
-                crate::raft::NONE
+) -> Result<(i64, Vec<ShardPoint>), String> {
+    let registry = world.registry(member).ok_or("the member stopped")?;
+    peer_client::at_shard_leader(
+        &registry,
+        LEADERLESS_WAIT,
+        || router.read_point(shards),
+        |url| async move {
+            let leader = world::member_of_url(&url).and_then(|id| world.router(id));
+            let Some(leader) = leader else {
+                return Forwarded::Failed(tonic::Status::unavailable(format!(
+                    "the member at {url} is not running"
+                )));
+            };
+            match leader.read_point(shards).await {
+                Ok(point) => Forwarded::Ok(point),
+                Err(ApiError::NotLeader { leader }) => Forwarded::NotLeader(leader),
+                Err(e) => Forwarded::Failed(e.into()),
             }
-            Err(e) => return Err(e),
-        };
-        let remote = (leader != member && leader != crate::raft::NONE)
-            .then(|| world.router(leader))
-            .flatten();
-        if let Some(remote) = remote {
-            match remote.read_point(shards).await {
-                Ok(point) => return Ok(point),
-                Err(ApiError::NotLeader { .. }) => {}
-                Err(e @ (ApiError::NoLeader | ApiError::LeaderChanged | ApiError::Timeout)) => {
-                    last = e
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        if Instant::now() >= deadline {
-            return Err(last);
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        },
+    )
+    .await
+    .map_err(|status| status.message().to_string())
 }
 
 /// Reads `key` at `revision` (0: the newest) from a member's driver.
@@ -560,6 +526,20 @@ async fn range_request(
     answered(rx).await.map(|r| r.kvs)
 }
 
+/// Queues a write for a member's driver of one shard, as the router does;
+/// None when its queue has no room (the write was never sent). The future
+/// waits for the answer.
+fn write(
+    commands: &tokio::sync::mpsc::Sender<ShardCommand>,
+    request: shard_request::Request,
+) -> Option<impl std::future::Future<Output = Result<WriteResult, Unanswered>>> {
+    let (reply, rx) = crate::server::command::Reply::channel();
+    commands
+        .try_send(ShardCommand::Write { request, reply })
+        .ok()?;
+    Some(answered(rx))
+}
+
 /// Why a request has no result.
 #[derive(Debug)]
 pub enum Unanswered {
@@ -567,6 +547,15 @@ pub enum Unanswered {
     Error(String),
     /// No answer within twice the request timeout from a driver still running.
     No,
+}
+
+impl From<Unanswered> for Answer {
+    fn from(u: Unanswered) -> Answer {
+        match u {
+            Unanswered::Error(e) => Answer::Failed(e),
+            Unanswered::No => Answer::Unanswered,
+        }
+    }
 }
 
 /// The driver's answer. Its own timeout ends every request, so a wait much

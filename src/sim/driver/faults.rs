@@ -164,17 +164,18 @@ pub fn doom(world: &Rc<World>, plan: &Plan, id: u64) {
         if crash {
             crash_and_restart(&world, &plan, id).await;
         } else {
-            isolate(&world, id);
+            isolate(&world, id, None);
         }
     });
 }
 
-/// Cuts `id` off from every other member, both ways.
-pub fn isolate(world: &World, id: u64) {
+/// Cuts `id` off from every other member, both ways: on `shard` alone, or
+/// on every shard.
+pub fn isolate(world: &World, id: u64, shard: Option<ShardId>) {
     world.partitions.set(world.partitions.get() + 1);
     for other in world.ids().into_iter().filter(|&o| o != id) {
-        world.cut(id, other);
-        world.cut(other, id);
+        cut(world, id, other, shard);
+        cut(world, other, id, shard);
     }
 }
 
@@ -237,16 +238,7 @@ pub async fn run(world: &Rc<World>, plan: &Plan, until: Instant) {
         }
         match kind {
             0 => crash_and_restart(world, plan, pick).await,
-            1 => match one_shard(world) {
-                None => isolate(world, pick),
-                Some(shard) => {
-                    world.partitions.set(world.partitions.get() + 1);
-                    for other in ids.iter().copied().filter(|&o| o != pick) {
-                        world.cut_shard(pick, other, shard);
-                        world.cut_shard(other, pick, shard);
-                    }
-                }
-            },
+            1 => isolate(world, pick, one_shard(world)),
             2 => {
                 let other = ids[world.gen_range(0..ids.len())];
                 let shard = one_shard(world);

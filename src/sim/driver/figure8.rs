@@ -92,7 +92,7 @@ impl Figure8 {
                     .iter()
                     .find(|e| e.term == msg.term)
                     .map_or(0, |e| e.index);
-                isolate(world, from);
+                isolate(world, from, None);
                 self.step.set(Step::NewCut {
                     old,
                     new: from,
@@ -134,7 +134,7 @@ impl Figure8 {
             return true;
         }
         if msg.commit >= conflict {
-            isolate(world, old);
+            isolate(world, old, None);
             self.step.set(Step::Committed { old, new });
             return true;
         }
@@ -200,7 +200,7 @@ pub async fn run(world: &Rc<World>, script: &Figure8, until: Instant) {
             continue;
         }
         script.step.set(Step::OldCut { old, term });
-        isolate(world, old);
+        isolate(world, old, None);
         if !script
             .wait_for(until, |s| matches!(s, Step::NewCut { .. }))
             .await

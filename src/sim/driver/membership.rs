@@ -11,7 +11,6 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use cairn_proto::cairnpb::MemberInfo;
-
 use tokio::time::Instant;
 
 use crate::raft::ConfChangeType;

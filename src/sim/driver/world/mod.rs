@@ -86,6 +86,8 @@ struct Running {
     /// The member's router over those queues, with its keyspace when it
     /// runs several shards: what the API layer asks.
     router: Arc<Router>,
+    /// The member table its drivers keep, which the API layer reads.
+    registry: Arc<MemberRegistry>,
     /// The driver's jobs off its core, which outlive an aborted task.
     jobs: OffCoreJobs,
     _shutdown: watch::Sender<bool>,
@@ -350,6 +352,14 @@ impl World {
         self.commands_of(id, self.routing.shard_for_key(key))
     }
 
+    /// Member `id`'s member table, while it runs.
+    pub fn registry(&self, id: u64) -> Option<Arc<MemberRegistry>> {
+        self.members.borrow()[index(id)]
+            .running
+            .as_ref()
+            .map(|r| r.registry.clone())
+    }
+
     /// Member `id`'s router, while it runs.
     pub fn router(&self, id: u64) -> Option<Arc<Router>> {
         self.members.borrow()[index(id)]
@@ -479,7 +489,7 @@ impl World {
             Arc::new(Keyspace::new(Arc::new(counter)))
         });
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
-        let members = Arc::new(registry);
+        let registry = Arc::new(registry);
         let peers: Rc<SimPeers> = Rc::new(SimPeers {
             from: id,
             world: Rc::downgrade(self),
@@ -515,7 +525,7 @@ impl World {
                 shutdown: shutdown_rx.clone(),
                 metrics: None,
                 readiness: None,
-                members: members.clone(),
+                members: registry.clone(),
                 auth: None,
                 disk_faults: None,
                 store_sync_thread: false,
@@ -557,6 +567,7 @@ impl World {
             inbound,
             commands,
             router,
+            registry,
             jobs,
             _shutdown: shutdown_tx,
         });
@@ -715,6 +726,16 @@ fn wal_config(dir: PathBuf) -> cairn_wal::Config {
     c
 }
 
+/// The peer URL of simulated member `id` in the member table.
+fn peer_url(id: u64) -> String {
+    format!("sim://m{id}")
+}
+
+/// The simulated member a peer URL names (see [`peer_url`]).
+pub fn member_of_url(url: &str) -> Option<u64> {
+    url.strip_prefix("sim://m")?.parse().ok()
+}
+
 fn member_file(id: u64, founders: &[u64], ids: &[u64], shards: usize) -> MemberFile {
     MemberFile {
         layout_version: LAYOUT_VERSION,
@@ -731,7 +752,7 @@ fn member_file(id: u64, founders: &[u64], ids: &[u64], shards: usize) -> MemberF
             .map(|&m| FileMember {
                 id: m,
                 name: format!("m{m}"),
-                peer_urls: vec![format!("sim://m{m}")],
+                peer_urls: vec![peer_url(m)],
                 client_urls: Vec::new(),
                 is_learner: false,
             })
