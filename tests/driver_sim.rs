@@ -26,10 +26,10 @@ const SUITE_SEEDS_5: u64 = 150;
 /// Seeds of three members with three shards each.
 const SUITE_SEEDS_SHARDS: u64 = 100;
 /// The seeds the keyspace mutation checks scan, with three shards: with
-/// five members 10 of seeds 0-99 catch a counter opened too early (the first
+/// five members 7 of seeds 0-99 catch a counter opened too early (the first
 /// seed 0; with three members only 2 of 100 in an earlier form of the
-/// clients), so a miss of all 100 has odds near 0.9^100, 3 in 100,000;
-/// with three members 19 of them catch a leader that does not finish
+/// clients), so a miss of all 100 has odds near 0.93^100, 7 in 10,000;
+/// with three members 17 of them catch a leader that does not finish
 /// earlier txns (the first seed 4).
 const KEYSPACE_MUTATION_SEEDS: std::ops::Range<u64> = 0..100;
 /// The seeds the mutation check scans, stopping at the first caught: a broken
