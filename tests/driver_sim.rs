@@ -9,8 +9,11 @@
 //! committed entry replaced on the wire, and recover once the faults stop;
 //! and each Raft safety rule switched off must be caught, with 3 members
 //! and with 5. With several shards per member over one revision counter, the
-//! same checks hold across the shards (one revision order for every key),
-//! and a keyspace leader that opens its counter too early must be caught.
+//! same checks hold across the shards (one revision order for every key,
+//! and watches over every shard merged into it by the Watch service's own
+//! code), and a keyspace leader that opens its counter too early, one that
+//! does not finish earlier txns, and a watch that does not merge its shards
+//! must be caught.
 //!
 //! The full runs are `cargo run --release --example driver-sim -- --seeds 2000
 //! --members 3` (and `--members 5`, and `--shards 3`).
@@ -32,6 +35,11 @@ const SUITE_SEEDS_SHARDS: u64 = 100;
 /// with three members 17 of them catch a leader that does not finish
 /// earlier txns (the first seed 4).
 const KEYSPACE_MUTATION_SEEDS: std::ops::Range<u64> = 0..100;
+/// A watch over several shards that sends each shard's events as they
+/// arrive is caught by every one of seeds 0-99 with three members (a
+/// revision that goes back, as soon as two shards' events cross): a few
+/// seeds are plenty.
+const WATCH_MUTATION_SEEDS: std::ops::Range<u64> = 0..5;
 /// The seeds the mutation check scans, stopping at the first caught: a broken
 /// core breaks safety only on some seeds (15 of seeds 0-199 in one run with 3
 /// members before the checks on the wire, the first at seed 3, in a build
@@ -98,7 +106,9 @@ fn five_member_seeds_keep_every_acknowledged_write() {
 /// every put and read goes to its key's shard, a linearizable read at a
 /// read point the keyspace leader gives, and the history's checks (one
 /// revision per put, real-time order, no stale read) hold across the
-/// shards, as do the stores' and the wire's on every shard.
+/// shards, as do the stores' and the wire's on every shard; watches of
+/// every key, each registered on every shard and merged, are sent the log
+/// in that one order.
 #[test]
 fn three_members_over_three_shards_keep_one_revision_order() {
     let mut base = driver::DriverSimConfig::new(3, 0);
@@ -116,6 +126,9 @@ fn three_members_over_three_shards_keep_one_revision_order() {
     assert!(stats.reads_over_shards > 10 * seeds, "{stats:#?}");
     // Keyspace leadership moved: counters opened again and again.
     assert!(stats.keyspace_openings > 3 * seeds, "{stats:#?}");
+    // Watch sessions moved between members and were sent the log.
+    assert!(stats.watches > 5 * seeds, "{stats:#?}");
+    assert!(stats.watch_events > 300 * seeds, "{stats:#?}");
 }
 
 /// Scans `seeds` of `base` (a config with a mutation) until a
@@ -139,17 +152,19 @@ fn caught(base: driver::DriverSimConfig, seeds: std::ops::Range<u64>) -> driver:
     v
 }
 
-/// [`caught`] for `mutation` of the revision order, with three shards.
+/// [`caught`] for `mutation` of the revision order, with three shards,
+/// over `seeds`.
 fn keyspace_mutation_is_caught(
     members: usize,
     mutation: KeyspaceMutation,
+    seeds: std::ops::Range<u64>,
 ) -> driver::DriverViolation {
     let base = driver::DriverSimConfig {
         shards: 3,
         keyspace_mutation: Some(mutation),
         ..driver::DriverSimConfig::new(members, 0)
     };
-    caught(base, KEYSPACE_MUTATION_SEEDS)
+    caught(base, seeds)
 }
 
 // docs/KEYSPACE.md, "Why revisions increase in real time", point 3: a
@@ -158,7 +173,11 @@ fn keyspace_mutation_is_caught(
 // that committed writes already have.
 #[test]
 fn a_keyspace_leader_opening_before_its_shards_applied_is_caught() {
-    keyspace_mutation_is_caught(5, KeyspaceMutation::OpenBeforeApplied);
+    keyspace_mutation_is_caught(
+        5,
+        KeyspaceMutation::OpenBeforeApplied,
+        KEYSPACE_MUTATION_SEEDS,
+    );
 }
 
 // docs/KEYSPACE.md, "Transactions over several shards": a txn whose
@@ -166,8 +185,17 @@ fn a_keyspace_leader_opening_before_its_shards_applied_is_caught() {
 // leader that does not leaves it torn.
 #[test]
 fn a_keyspace_leader_not_finishing_earlier_txns_is_caught() {
-    let v = keyspace_mutation_is_caught(3, KeyspaceMutation::NoFinishing);
+    let v = keyspace_mutation_is_caught(3, KeyspaceMutation::NoFinishing, KEYSPACE_MUTATION_SEEDS);
     assert_eq!(v.kind, driver::DriverViolationKind::TxnTorn, "{v}");
+}
+
+// docs/KEYSPACE.md, "Watches": a watch over several shards releases an
+// event only once every shard has sent through its revision; one that sends
+// each shard's events as they arrive sends revisions out of order.
+#[test]
+fn a_watch_over_several_shards_not_merged_is_caught() {
+    let v = keyspace_mutation_is_caught(3, KeyspaceMutation::WatchNoMerge, WATCH_MUTATION_SEEDS);
+    assert_eq!(v.kind, driver::DriverViolationKind::WatchOrder, "{v}");
 }
 
 #[test]

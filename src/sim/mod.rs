@@ -51,7 +51,7 @@ pub enum SimConfigError {
     Shards { shards: usize, max_shards: usize },
     #[error("a keyspace mutation needs several shards (--shards)")]
     KeyspaceMutationOneShard,
-    #[error("unknown keyspace mutation {0:?} (known: open-before-applied, no-finishing)")]
+    #[error("unknown keyspace mutation {0:?} (known: open-before-applied, no-finishing, watch-no-merge)")]
     UnknownKeyspaceMutation(String),
     #[error("unknown safety mutation {0:?} (known: commit-previous-term-by-count, vote-without-log-check)")]
     UnknownMutation(String),
@@ -65,6 +65,7 @@ pub fn parse_keyspace_mutation(name: &str) -> Result<KeyspaceMutation, SimConfig
     match name {
         "open-before-applied" => Ok(KeyspaceMutation::OpenBeforeApplied),
         "no-finishing" => Ok(KeyspaceMutation::NoFinishing),
+        "watch-no-merge" => Ok(KeyspaceMutation::WatchNoMerge),
         other => Err(SimConfigError::UnknownKeyspaceMutation(other.to_string())),
     }
 }

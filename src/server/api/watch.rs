@@ -9,7 +9,7 @@
 //! A watch over keys of several shards is registered on each of them; each
 //! shard delivers its events in revision order, and the stream releases them
 //! in one revision order as the shards say how far they have sent
-//! (`watch_merge`). With `--shards 1` ordering is exactly etcd's.
+//! (`keyspace::watch_shards`). With `--shards 1` ordering is exactly etcd's.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -27,7 +27,7 @@ use crate::routing::ShardId;
 use crate::server::api::kv::Identity;
 use crate::server::command::{ShardCommand, WatchBatch, WatchSpec};
 use crate::server::keyspace::router::Router;
-use crate::server::keyspace::watch_merge::Merge;
+use crate::server::keyspace::watch_shards::{Delivery, ShardsWatch};
 
 /// Event batches queued per watch stream before its watchers fall back to
 /// catching up from the store.
@@ -109,11 +109,9 @@ impl Watch for WatchService {
         let svc = self.clone();
         tokio::spawn(async move {
             let mut next_watch_id: i64 = 0;
-            // watch id -> shards it is registered on
-            let mut active: HashMap<i64, Vec<ShardId>> = HashMap::new();
-            // watch id -> the events of a watch over several shards, being
-            // put in one order
-            let mut merges: HashMap<i64, Merge> = HashMap::new();
+            // watch id -> the watch on its shards (with the merge of a watch
+            // over several shards)
+            let mut active: HashMap<i64, ShardsWatch> = HashMap::new();
             // As etcd, a client that closes its side of the stream keeps its
             // watchers: events flow until it goes away (an HTTP/JSON gateway
             // client always sends its whole body first).
@@ -171,74 +169,42 @@ impl Watch for WatchService {
                                     })).await;
                                     continue;
                                 }
-                                let shards = svc.router.routing.shards_for_range(&c.key, &c.range_end);
-                                let merged = shards.len() > 1 && svc.router.keyspace.is_some();
                                 let spec = WatchSpec {
                                     key: c.key.to_vec(),
                                     range_end: c.range_end.to_vec(),
                                     prev_kv: c.prev_kv,
                                     no_put: c.filters.contains(&(watch_create_request::FilterType::Noput as i32)),
                                     no_delete: c.filters.contains(&(watch_create_request::FilterType::Nodelete as i32)),
-                                    progress: merged,
+                                    // Set for a watch over several shards.
+                                    progress: false,
                                 };
-                                let mut merge = merged.then(|| Merge::new(&shards, c.start_revision - 1));
-                                let mut revision = 0;
-                                let mut refused = None;
-                                for &s in &shards {
-                                    let spec = spec.clone();
-                                    let tx = batch_tx.clone();
-                                    let r = svc.router.ask(s, |reply| ShardCommand::Watch {
-                                        key: (stream_id, id),
-                                        spec,
-                                        start_revision: c.start_revision,
-                                        tx,
-                                        reply,
-                                    }).await;
-                                    match r {
-                                        Ok(rev) => {
-                                            revision = revision.max(rev);
-                                            if let (Some(m), 0) = (&mut merge, c.start_revision) {
-                                                // From now: this shard starts past its revision.
-                                                let _ = m.push(s, rev, Vec::new(), &[]);
-                                            }
-                                        }
-                                        Err(e) => {
-                                            refused = Some(e);
+                                let created = ShardsWatch::create(
+                                    &svc.router,
+                                    (stream_id, id),
+                                    spec,
+                                    c.start_revision,
+                                    batch_tx.clone(),
+                                ).await;
+                                let (watch, revision) = match created {
+                                    Ok(created) => created,
+                                    Err(e) => {
+                                        // Cancelled on every shard: the
+                                        // client is told why.
+                                        tracing::warn!(watch = id, error = %e, "a watch could not be created");
+                                        if out_tx.send(Ok(WatchResponse {
+                                            header: svc.header(0),
+                                            watch_id: id,
+                                            created: true,
+                                            canceled: true,
+                                            cancel_reason: cancel_reason(e),
+                                            ..Default::default()
+                                        })).await.is_err() {
                                             break;
                                         }
+                                        continue;
                                     }
-                                }
-                                if let Some(e) = refused {
-                                    // A watch missing a shard would miss its
-                                    // events (and a merge would wait for them
-                                    // for ever): it is cancelled everywhere,
-                                    // also where the create is still queued
-                                    // (the cancel comes after it), and the
-                                    // client told why.
-                                    for &s in &shards {
-                                        let (reply, _) = crate::server::command::Reply::channel();
-                                        svc.router.tell(s, ShardCommand::CancelWatch {
-                                            key: (stream_id, id),
-                                            reply,
-                                        }).await;
-                                    }
-                                    tracing::warn!(watch = id, error = %e, "a watch could not be created");
-                                    if out_tx.send(Ok(WatchResponse {
-                                        header: svc.header(0),
-                                        watch_id: id,
-                                        created: true,
-                                        canceled: true,
-                                        cancel_reason: cancel_reason(e),
-                                        ..Default::default()
-                                    })).await.is_err() {
-                                        break;
-                                    }
-                                    continue;
-                                }
-                                if let Some(m) = merge {
-                                    merges.insert(id, m);
-                                }
-                                active.insert(id, shards);
+                                };
+                                active.insert(id, watch);
                                 if out_tx.send(Ok(WatchResponse {
                                     header: svc.header(revision),
                                     watch_id: id,
@@ -249,9 +215,8 @@ impl Watch for WatchService {
                                 }
                             }
                             Some(watch_request::RequestUnion::CancelRequest(c)) => {
-                                merges.remove(&c.watch_id);
-                                if let Some(shards) = active.remove(&c.watch_id) {
-                                    for s in shards {
+                                if let Some(watch) = active.remove(&c.watch_id) {
+                                    for &s in watch.shards() {
                                         let _ = svc.router.ask(s, |reply| ShardCommand::CancelWatch {
                                             key: (stream_id, c.watch_id),
                                             reply,
@@ -271,7 +236,7 @@ impl Watch for WatchService {
                                 // shard says how far its watchers of this stream
                                 // got; batches it sent before answering are
                                 // already queued here and go out first.
-                                let mut shards: Vec<ShardId> = active.values().flatten().copied().collect();
+                                let mut shards: Vec<ShardId> = active.values().flat_map(|w| w.shards().iter().copied()).collect();
                                 if shards.is_empty() {
                                     shards = svc.router.routing.shard_ids().collect();
                                 }
@@ -294,12 +259,12 @@ impl Watch for WatchService {
                                 }
                                 let mut closed = false;
                                 while let Ok(batch) = batch_rx.try_recv() {
-                                    if let Some(resp) = batch_response(&svc, &mut active, &mut merges, batch) {
+                                    if let Some(resp) = batch_response(&svc, &mut active, batch) {
                                         closed |= out_tx.send(Ok(resp)).await.is_err();
                                     }
                                 }
                                 // Events a merge holds back are not sent yet.
-                                if let (Some(held), false) = (merges.values().map(Merge::released).min(), revision == i64::MAX) {
+                                if let (Some(held), false) = (active.values().filter_map(ShardsWatch::released).min(), revision == i64::MAX) {
                                     revision = revision.min(held);
                                 }
                                 if revision == i64::MAX || closed {
@@ -317,7 +282,7 @@ impl Watch for WatchService {
                         }
                     }
                     Some(batch) = batch_rx.recv() => {
-                        let Some(resp) = batch_response(&svc, &mut active, &mut merges, batch) else {
+                        let Some(resp) = batch_response(&svc, &mut active, batch) else {
                             continue;
                         };
                         if out_tx.send(Ok(resp)).await.is_err() {
@@ -339,40 +304,30 @@ impl Watch for WatchService {
 /// for a watch over several shards, the events its merge releases, if any.
 fn batch_response(
     svc: &WatchService,
-    active: &mut HashMap<i64, Vec<ShardId>>,
-    merges: &mut HashMap<i64, Merge>,
+    active: &mut HashMap<i64, ShardsWatch>,
     batch: WatchBatch,
 ) -> Option<WatchResponse> {
-    if !active.contains_key(&batch.watch_id) {
-        return None;
-    }
-    if let (Some(m), None) = (merges.get_mut(&batch.watch_id), batch.compact_revision) {
-        let (revision, events) = m.push(batch.shard, batch.through, batch.events, &batch.subs)?;
-        return Some(WatchResponse {
+    let watch_id = batch.watch_id;
+    Some(match active.get_mut(&watch_id)?.take(batch)? {
+        Delivery::Events { revision, events } => WatchResponse {
             header: svc.header(revision),
-            watch_id: batch.watch_id,
+            watch_id,
             events,
             ..Default::default()
-        });
-    }
-    Some(match batch.compact_revision {
-        Some(compact) => {
-            active.remove(&batch.watch_id);
-            merges.remove(&batch.watch_id);
+        },
+        Delivery::Compacted {
+            revision,
+            compact_revision,
+        } => {
+            active.remove(&watch_id);
             WatchResponse {
-                header: svc.header(batch.revision),
-                watch_id: batch.watch_id,
+                header: svc.header(revision),
+                watch_id,
                 canceled: true,
-                compact_revision: compact,
+                compact_revision,
                 cancel_reason: "etcdserver: mvcc: required revision has been compacted".into(),
                 ..Default::default()
             }
         }
-        None => WatchResponse {
-            header: svc.header(batch.revision),
-            watch_id: batch.watch_id,
-            events: batch.events,
-            ..Default::default()
-        },
     })
 }

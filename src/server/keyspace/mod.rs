@@ -1,7 +1,8 @@
 //! The keyspace layer: requests routed to shards and answers merged
-//! (`router`, `merge`, `watch_merge`), and txns over several shards
-//! (`cross_plan`, `cross_txn`, `txn_batch`, `hold_table`), on the revision
-//! counter below the shards ([`crate::server::revisions`]).
+//! (`router`, `merge`, watches over several shards in `watch_shards` and
+//! `watch_merge`), and txns over several shards (`cross_plan`, `cross_txn`,
+//! `txn_batch`, `hold_table`), on the revision counter below the shards
+//! ([`crate::server::revisions`]).
 //!
 //! One [`Keyspace`] per member, shared by its cores, when it runs several
 //! shards.
@@ -13,6 +14,7 @@ pub mod merge;
 pub mod router;
 pub mod txn_batch;
 pub mod watch_merge;
+pub mod watch_shards;
 
 use std::sync::Arc;
 

@@ -107,6 +107,11 @@ pub enum KeyspaceMutation {
     /// earlier keyspace leader left half-proposed (breaks their atomicity:
     /// docs/KEYSPACE.md, "Transactions over several shards").
     NoFinishing,
+    /// A watch over several shards sends each shard's events as they arrive
+    /// instead of merging them (`keyspace::watch_shards`): an event goes out
+    /// before the other shards have sent through its revision (breaks the
+    /// one revision order of docs/KEYSPACE.md, "Watches").
+    WatchNoMerge,
 }
 
 /// The keyspace leader's revision counter: what it opens on (each shard's

@@ -215,6 +215,29 @@ pub async fn status_of(world: &World, id: u64, shard: ShardId) -> Result<ShardSt
         .map_err(|e| e.to_string())
 }
 
+/// The last revision that changed a key, as member `id`'s stores hold it.
+/// With one shard, its revision (every entry that moves it changes a key).
+/// With several, the highest mod revision of any key of any shard: a
+/// shard's revision also moves on the keyspace leader's closes, which
+/// change no key, and the clients only put (no key is deleted).
+pub async fn last_change(world: &World, id: u64) -> Result<i64, String> {
+    if world.shards() == 1 {
+        return Ok(status(world, id).await?.revision);
+    }
+    let mut last = 0;
+    for shard in world.routing.shard_ids() {
+        let commands = world
+            .commands_of(id, shard)
+            .ok_or_else(|| format!("member {id} is not running"))?;
+        let newest = status_of(world, id, shard).await?.revision;
+        let keys = range_all(&commands, newest)
+            .await
+            .map_err(|e| format!("member {id}, shard {shard}: {e:?}"))?;
+        last = keys.iter().map(|kv| kv.mod_revision).fold(last, i64::max);
+    }
+    Ok(last)
+}
+
 /// One change of a key: put to a value, or deleted (None).
 pub type Change = (Bytes, Option<Bytes>);
 /// Each revision that changed keys, with its changes in key order.

@@ -26,9 +26,10 @@
 //!   partitions, one-way cuts, loss, leader transfers asked of the leader;
 //!   meanwhile clients put and read a few keys through any running member.
 //! - Watches (see [`watchers`]): three sessions watch every key from
-//!   revision 1 through a running member each, and watch again through
+//!   revision 1 through a running member's router each, as the Watch
+//!   service does (`keyspace::watch_shards`), and watch again through
 //!   another from where they stopped when it crashes or is removed, or now
-//!   and then by themselves; one reads slowly, so its driver moves it to
+//!   and then by themselves; one reads slowly, so its shards move it to
 //!   catch-up from the store.
 //! - Leases (see [`leases`]): four clients grant one to three leases of 1-2
 //!   s with a key each and keep them alive together, one renewal naming
@@ -75,9 +76,10 @@
 //! put is in every member's store at its revision; every value read is the
 //! log's at its revision; every member's store hashes the same; no driver
 //! panics; every crashed member reopens; every watch session is sent the
-//! newest revision within [`LIVENESS_BOUND`] after the faults, and was sent
-//! each revision of the log once, in order, with the log's key and value,
-//! none missing; no lease is gone (its key deleted, or a keep-alive told it
+//! last revision that changed a key within [`LIVENESS_BOUND`] after the
+//! faults, and was sent each revision of the log once, in order (checked
+//! as it arrives too), with the log's keys and values, none missing; no
+//! lease is gone (its key deleted, or a keep-alive told it
 //! is unknown) before the TTL of an answered grant or keep-alive has run
 //! from when that was sent; after the faults, every lease ends on every
 //! member within [`LEASE_BOUND`]. On the wire, at every append and
@@ -103,6 +105,12 @@
 //!   `keyspace::cross_txn` on the keyspace leader (holds answering the
 //!   compares, parts with their records, and the finishing of a leader's
 //!   half-proposed txns at the next opening).
+//! - A watch session's watch is registered on every shard, each also
+//!   saying how far it has sent, and their batches are merged into one
+//!   revision order by the real `keyspace::watch_merge` (an event goes out
+//!   once every shard has sent through its revision; idle shards move on
+//!   the keyspace leader's closes). A shard that finds the slow session's
+//!   queue full moves it to catch-up there, while the others feed it.
 //!
 //! The checks above then hold across the shards (one revision order for
 //! every key). Besides: every read over all shards is the log's state at
@@ -110,17 +118,21 @@
 //! read began and below every write begun after it ended; every txn is in
 //! the log whole at one revision with one branch or not at all, answered or
 //! not, the branch its compare chose on the log just before that revision
-//! and the one it was answered with. The wire's checks hold per shard, the
-//! stores' shard by shard, and the faults aim at shard 0's leaders (the
-//! keyspace leader). Half the partitions and one-way cuts take one shard's
+//! and the one it was answered with; every watch session is sent each
+//! revision's changes of every shard (a txn over several shards) in one
+//! response, and the last change of any shard once the faults are over
+//! (every shard, idle or not, must have sent through it). The wire's
+//! checks hold per shard, the stores' shard by shard, and the faults aim at
+//! shard 0's leaders (the keyspace leader). Half the partitions and one-way cuts take one shard's
 //! links only (each core's shards have connections of their own), so a
 //! member may reach a peer on one shard and not on another. Each
 //! `KeyspaceMutation` must be caught.
 //!
 //! # Not simulated
-//! - With several shards: compares other than a value's, watches, leases
-//!   and membership changes (`super::keyspace` models those), and the
-//!   figure-8 adversaries.
+//! - With several shards: compares other than a value's, leases and
+//!   membership changes (`super::keyspace` models those), and the figure-8
+//!   adversaries; watches from now (start revision 0: every session
+//!   watches from revision 1 on).
 //! - The peer transport's framing: a snapshot stream's chunks go straight
 //!   from the sender's store to the receiver's spool.
 //! - The store's own power cuts (its syncs go to real files), and its
@@ -458,9 +470,9 @@ async fn run_world(world: &Rc<World>, stats: &mut DriverSimStats) -> Result<(), 
     )));
     // The scripted adversary places every member itself: no membership
     // changes under it. With several shards the simulation has no
-    // membership changes, leases or watches yet (a change, a lease and a
-    // watch over several shards are the keyspace layer's, above the
-    // drivers): its clients put and read.
+    // membership changes or leases yet (a change and a lease over several
+    // shards are the keyspace layer's, above the drivers): its clients put,
+    // read and watch.
     let script = world.figure8_script.clone();
     let one_shard = world.shards() == 1;
     let changes_until = if script.is_some() || !one_shard {
@@ -479,11 +491,7 @@ async fn run_world(world: &Rc<World>, stats: &mut DriverSimStats) -> Result<(), 
         lease_log.clone(),
         leases_until,
     )));
-    let (sessions, watch_tasks) = if one_shard {
-        watchers::start(world)
-    } else {
-        (Rc::default(), Vec::new())
-    };
+    let (sessions, watch_tasks) = watchers::start(world);
     let watches: Vec<_> = watch_tasks.into_iter().map(AbortOnDrop).collect();
     let plan = faults::Plan::draw(world);
     world.start_chaos(plan.clone());
@@ -511,12 +519,11 @@ async fn run_world(world: &Rc<World>, stats: &mut DriverSimStats) -> Result<(), 
     stats.recovery_ms = healed.elapsed().as_millis() as u64;
     stats.final_term = final_term;
     // Leases no one keeps alive any more end everywhere; then every watch
-    // is sent the last revision.
+    // is sent the last revision that changed a key.
     leases::all_revoked(world, LEASE_BOUND).await?;
-    let revision = checks::status(world, world.ids()[0])
+    let revision = checks::last_change(world, world.ids()[0])
         .await
-        .map_err(|e| violation(Kind::NoLiveness, e))?
-        .revision;
+        .map_err(|e| violation(Kind::NoLiveness, e))?;
     watchers::caught_up(&sessions, revision, LIVENESS_BOUND).await?;
     // Nothing newer than the log read below reaches a session.
     drop(watches);

@@ -1,13 +1,20 @@
 //! Simulated watch streams: a few sessions each watch every key through one
-//! running member's driver, from the first revision they have not seen.
-//! When the member crashes, is removed, or a session moves on by itself, it
-//! watches again through another member from where it stopped, as an etcd
-//! client resumes a watch. Some sessions read slowly, so their driver's
-//! queue fills and moves them to catch-up from the store.
+//! running member's router, from the first revision they have not seen, as
+//! the Watch service does (`keyspace::watch_shards`): registered on every
+//! shard, and with several shards the shards' batches merged into one
+//! revision order by the real merge, which releases an event once every
+//! shard has sent through its revision. When the member crashes, is
+//! removed, or a session moves on by itself, it watches again through
+//! another member from where it stopped, as an etcd client resumes a watch.
+//! One session reads slowly, so its shards' queue fills and they move it to
+//! catch-up from the store.
 //!
-//! What each session was sent is checked against the log ([`check`]): every
-//! revision once, in order, with the log's key and value, and nothing
-//! missing between the first and the last.
+//! What each session is sent is checked as it arrives ([`take`]: revisions
+//! never go back, none sent twice, none above its response's revision) and
+//! against the log at the end ([`check`]): every revision once, in order,
+//! with the log's keys and values (with several shards, every shard's
+//! changes at that revision, e.g. of a txn over several shards), and
+//! nothing missing between the first and the last.
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -20,13 +27,14 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::server::command::{ShardCommand, WatchBatch, WatchSpec};
+use crate::server::keyspace::watch_shards::{Delivery, ShardsWatch};
 
 use super::checks::{violation, Change, DriverViolation, DriverViolationKind as Kind, Log};
 use super::world::World;
 
 /// Sessions watching at once.
 const SESSIONS: usize = 3;
-/// Batches a session's stream holds before its driver moves it to catch-up.
+/// Batches a session's stream holds before its shards move it to catch-up.
 const STREAM_QUEUE: usize = 4;
 
 /// One event a session was sent.
@@ -83,9 +91,14 @@ async fn watch(world: Rc<World>, sessions: Sessions, n: usize, slow: bool) {
         let Some(member) = world.pick_up() else {
             continue;
         };
-        let Some(commands) = world.commands(member) else {
+        let Some(router) = world.router(member) else {
             continue;
         };
+        // This incarnation's queues, for a cancel that does not wait for the
+        // shards' answers.
+        let queues: Vec<_> = (world.routing.shard_ids())
+            .map(|s| world.commands_of(member, s))
+            .collect();
         let (start_revision, asked) = {
             let mut all = sessions.borrow_mut();
             all[n].asked += 1;
@@ -95,7 +108,6 @@ async fn watch(world: Rc<World>, sessions: Sessions, n: usize, slow: bool) {
         // meets an earlier stream's key.
         let key = (((n as u64) << 32) | asked, 0);
         let (tx, mut rx) = mpsc::channel::<WatchBatch>(STREAM_QUEUE);
-        let (reply, answered) = crate::server::command::Reply::channel();
         let spec = WatchSpec {
             key: vec![0],
             range_end: vec![0],
@@ -104,32 +116,32 @@ async fn watch(world: Rc<World>, sessions: Sessions, n: usize, slow: bool) {
             no_delete: false,
             progress: false,
         };
-        let command = ShardCommand::Watch {
-            key,
-            spec,
-            start_revision,
-            tx,
-            reply,
-        };
-        if commands.send(command).await.is_err() || !matches!(answered.await, Ok(Ok(_))) {
+        let created = ShardsWatch::create(&router, key, spec, start_revision, tx).await;
+        let Ok((mut shards_watch, _)) = created else {
             // Refused or stopped: another member, later.
             continue;
-        }
+        };
         sessions.borrow_mut()[n].watches += 1;
-        // Now and then a session moves on by itself after some batches.
+        // Now and then a session moves on by itself after some responses.
         let moves_after = world.chance(200).then(|| world.gen_range(1..20u32));
-        let mut batches = 0u32;
+        let mut responses = 0u32;
         while let Some(batch) = rx.recv().await {
-            let broken = take(&mut sessions.borrow_mut()[n], member, batch);
-            if broken.is_some() {
-                sessions.borrow_mut()[n].failure = broken;
-                return;
-            }
-            batches += 1;
-            if moves_after.is_some_and(|m| batches >= m) {
-                let (reply, _) = crate::server::command::Reply::channel();
-                let _ = commands.try_send(ShardCommand::CancelWatch { key, reply });
-                break;
+            if let Some(delivery) = shards_watch.take(batch) {
+                let broken = take(&mut sessions.borrow_mut()[n], member, delivery);
+                if broken.is_some() {
+                    sessions.borrow_mut()[n].failure = broken;
+                    return;
+                }
+                responses += 1;
+                if moves_after.is_some_and(|m| responses >= m) {
+                    for &s in shards_watch.shards() {
+                        if let Some(queue) = &queues[s as usize] {
+                            let (reply, _) = crate::server::command::Reply::channel();
+                            let _ = queue.try_send(ShardCommand::CancelWatch { key, reply });
+                        }
+                    }
+                    break;
+                }
             }
             if slow {
                 tokio::time::sleep(Duration::from_millis(world.gen_range(2..40))).await;
@@ -138,23 +150,30 @@ async fn watch(world: Rc<World>, sessions: Sessions, n: usize, slow: bool) {
     }
 }
 
-/// Records `batch`, or says how it breaks the stream's promise: events in
-/// revision order, from the revision the session asked for, no revision
-/// sent in two batches.
-fn take(session: &mut Session, member: u64, batch: WatchBatch) -> Option<DriverViolation> {
-    if let Some(compacted) = batch.compact_revision {
-        // Nothing compacts the stores here.
-        return Some(violation(
-            Kind::WatchGap,
-            format!(
-                "member {member} cancelled a watch from revision {} as compacted at {compacted}",
-                session.next
-            ),
-        ));
-    }
+/// Records `delivery`, or says how it breaks the stream's promise: events
+/// in revision order, from the revision the session asked for, none above
+/// the response's revision, no revision sent in two responses (one
+/// revision's events, of every shard, come together).
+fn take(session: &mut Session, member: u64, delivery: Delivery) -> Option<DriverViolation> {
+    let (header, events) = match delivery {
+        Delivery::Events { revision, events } => (revision, events),
+        Delivery::Compacted {
+            compact_revision, ..
+        } => {
+            // Nothing compacts the stores here.
+            return Some(violation(
+                Kind::WatchGap,
+                format!(
+                    "member {member} cancelled a watch from revision {} as compacted at \
+                     {compact_revision}",
+                    session.next
+                ),
+            ));
+        }
+    };
     let from = session.next;
     let mut last = from;
-    for e in batch.events {
+    for e in events {
         let deleted = e.r#type == mvccpb::event::EventType::Delete as i32;
         let kv = e.kv.unwrap_or_default();
         let revision = kv.mod_revision;
@@ -164,6 +183,15 @@ fn take(session: &mut Session, member: u64, batch: WatchBatch) -> Option<DriverV
                 format!(
                     "member {member} sent revision {revision} to a watch that had been sent \
                      revision {last} already, or every revision before {from}"
+                ),
+            ));
+        }
+        if revision > header {
+            return Some(violation(
+                Kind::WatchOrder,
+                format!(
+                    "member {member} sent revision {revision} in a response at revision \
+                     {header}"
                 ),
             ));
         }
@@ -317,12 +345,9 @@ mod tests {
     }
 
     #[test]
-    fn a_batch_that_goes_back_or_says_compacted_breaks_the_stream() {
-        let batch = |revisions: &[i64], compact_revision| WatchBatch {
-            watch_id: 0,
-            shard: 0,
-            revision: 9,
-            through: 9,
+    fn a_response_that_goes_back_or_says_compacted_breaks_the_stream() {
+        let events = |revisions: &[i64], header| Delivery::Events {
+            revision: header,
             events: revisions
                 .iter()
                 .map(|&r| cairn_proto::mvccpb::Event {
@@ -334,15 +359,23 @@ mod tests {
                     ..Default::default()
                 })
                 .collect(),
-            subs: Vec::new(),
-            compact_revision,
         };
         let mut s = session(&[], |_| String::new());
-        assert!(take(&mut s, 1, batch(&[2, 3], None)).is_none());
+        // One revision's events together (a txn), then a later one.
+        assert!(take(&mut s, 1, events(&[2, 2, 3], 9)).is_none());
         assert_eq!(s.next, 4);
-        let again = take(&mut s, 2, batch(&[3], None)).map(|v| v.kind);
+        let again = take(&mut s, 2, events(&[3], 9)).map(|v| v.kind);
         assert_eq!(again, Some(Kind::WatchOrder));
-        let compacted = take(&mut s, 2, batch(&[], Some(4))).map(|v| v.kind);
-        assert_eq!(compacted, Some(Kind::WatchGap));
+        // An event above its response's revision: not yet released.
+        let ahead = take(&mut s, 2, events(&[10], 9)).map(|v| v.kind);
+        assert_eq!(ahead, Some(Kind::WatchOrder));
+        let compacted = Delivery::Compacted {
+            revision: 9,
+            compact_revision: 4,
+        };
+        assert_eq!(
+            take(&mut s, 2, compacted).map(|v| v.kind),
+            Some(Kind::WatchGap)
+        );
     }
 }

@@ -1,0 +1,310 @@
+//! One watch over the shards its key range covers, as a watch stream holds
+//! it (docs/KEYSPACE.md, "Watches"): registered on each of those shards
+//! through the router, and with several shards their batches put in one
+//! revision order by a [`Merge`]. The Watch service (`api::watch`) runs one
+//! per watch of a stream; the driver simulation (`sim::driver::watchers`)
+//! runs its watch sessions through the same code.
+
+use cairn_proto::mvccpb::Event;
+use tokio::sync::mpsc;
+
+use crate::routing::ShardId;
+use crate::server::command::{Reply, ShardCommand, WatchBatch, WatchSpec, WatcherKey};
+use crate::server::errors::ApiError;
+use crate::server::keyspace::router::Router;
+use crate::server::keyspace::watch_merge::Merge;
+use crate::server::revisions::KeyspaceMutation;
+
+/// A watch registered on every shard of its range.
+#[derive(Debug)]
+pub struct ShardsWatch {
+    shards: Vec<ShardId>,
+    /// With several shards (and a keyspace): their events waiting to be
+    /// released in one revision order.
+    merge: Option<Merge>,
+}
+
+/// What a shard's batch becomes on the watch's stream.
+#[derive(Debug, PartialEq)]
+pub enum Delivery {
+    /// Events to send, in this order, under the header revision `revision`.
+    Events { revision: i64, events: Vec<Event> },
+    /// A shard found the watch's next revision compacted away: the watch
+    /// ends.
+    Compacted {
+        revision: i64,
+        compact_revision: i64,
+    },
+}
+
+impl ShardsWatch {
+    /// Registers the watch `key` of `spec` from `start_revision` (0: from
+    /// now) on every shard its range covers, each sending its batches to
+    /// `tx`. With several shards each shard also says how far it has sent
+    /// when nothing of the range changed (`spec.progress` is set here), and
+    /// a watch from now starts on each shard past the revision it answered.
+    ///
+    /// Answers the watch and the highest revision a shard answered with.
+    /// When a shard refuses, the watch is cancelled on every shard (also
+    /// where the create is still queued: the cancel comes after it), since
+    /// a watch missing a shard would miss its events and a merge would wait
+    /// for them for ever, and the refusal is answered.
+    pub async fn create(
+        router: &Router,
+        key: WatcherKey,
+        spec: WatchSpec,
+        start_revision: i64,
+        tx: mpsc::Sender<WatchBatch>,
+    ) -> Result<(ShardsWatch, i64), ApiError> {
+        let shards = router.routing.shards_for_range(&spec.key, &spec.range_end);
+        let merged = shards.len() > 1 && router.keyspace.is_some();
+        let spec = WatchSpec {
+            progress: merged,
+            ..spec
+        };
+        let unmerged = router
+            .keyspace
+            .as_ref()
+            .is_some_and(|k| k.counter.mutated(KeyspaceMutation::WatchNoMerge));
+        let mut merge = (merged && !unmerged).then(|| Merge::new(&shards, start_revision - 1));
+        let mut revision = 0;
+        for &s in &shards {
+            let answered = router
+                .ask(s, |reply| ShardCommand::Watch {
+                    key,
+                    spec: spec.clone(),
+                    start_revision,
+                    tx: tx.clone(),
+                    reply,
+                })
+                .await;
+            match answered {
+                Ok(rev) => {
+                    revision = revision.max(rev);
+                    if let (Some(m), 0) = (&mut merge, start_revision) {
+                        // From now: this shard starts past its revision.
+                        let _ = m.push(s, rev, Vec::new(), &[]);
+                    }
+                }
+                Err(e) => {
+                    for &s in &shards {
+                        let (reply, _) = Reply::channel();
+                        router
+                            .tell(s, ShardCommand::CancelWatch { key, reply })
+                            .await;
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok((ShardsWatch { shards, merge }, revision))
+    }
+
+    /// The shards the watch is registered on.
+    pub fn shards(&self) -> &[ShardId] {
+        &self.shards
+    }
+
+    /// With several shards, the revision up to which every event has been
+    /// released; None for a watch of one shard.
+    pub fn released(&self) -> Option<i64> {
+        self.merge.as_ref().map(Merge::released)
+    }
+
+    /// What `batch`, from one of the watch's shards, becomes on the stream:
+    /// a cancellation when its shard compacted the watch's position; for a
+    /// watch over several shards, the events its merge releases (None while
+    /// it holds them back); else the shard's events as they are.
+    pub fn take(&mut self, batch: WatchBatch) -> Option<Delivery> {
+        if let Some(compact_revision) = batch.compact_revision {
+            return Some(Delivery::Compacted {
+                revision: batch.revision,
+                compact_revision,
+            });
+        }
+        let Some(merge) = &mut self.merge else {
+            return Some(Delivery::Events {
+                revision: batch.revision,
+                events: batch.events,
+            });
+        };
+        let (revision, events) =
+            merge.push(batch.shard, batch.through, batch.events, &batch.subs)?;
+        Some(Delivery::Events { revision, events })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use cairn_proto::mvccpb::KeyValue;
+
+    use super::*;
+    use crate::routing::RoutingTable;
+    use crate::server::keyspace::router::command_channels;
+    use crate::server::keyspace::Keyspace;
+    use crate::server::revisions::RevisionCounter;
+    use crate::server::shard_inbox::CommandInbox;
+
+    fn spec(key: &[u8], range_end: &[u8]) -> WatchSpec {
+        WatchSpec {
+            key: key.to_vec(),
+            range_end: range_end.to_vec(),
+            prev_kv: false,
+            no_put: false,
+            no_delete: false,
+            progress: false,
+        }
+    }
+
+    /// Channels to `shards` shards, with a keyspace or not.
+    fn router(shards: usize, keyspace: bool) -> (Arc<Router>, Vec<CommandInbox>) {
+        let keyspace =
+            keyspace.then(|| Arc::new(Keyspace::new(Arc::new(RevisionCounter::new(shards)))));
+        let mut channels = command_channels(&RoutingTable::new(shards, 1), 1, keyspace);
+        (channels.routers.remove(0), channels.inboxes)
+    }
+
+    /// Takes the next command of each of `inboxes` in turn and answers a
+    /// watch with its answer in `answers`; answers what each was sent:
+    /// `(shard, "watch" or "cancel", progress asked)`.
+    async fn shards_answer(
+        inboxes: &mut [CommandInbox],
+        answers: &[(ShardId, Result<i64, ApiError>)],
+    ) -> Vec<(ShardId, &'static str, bool)> {
+        let mut seen = Vec::new();
+        for (shard, answer) in answers {
+            match inboxes[*shard as usize].recv().await.expect("a command") {
+                ShardCommand::Watch { spec, reply, .. } => {
+                    seen.push((*shard, "watch", spec.progress));
+                    let _ = reply.send(answer.clone());
+                }
+                ShardCommand::CancelWatch { reply, .. } => {
+                    seen.push((*shard, "cancel", false));
+                    let _ = reply.send(Ok(()));
+                }
+                _ => panic!("only watches and cancels are sent"),
+            }
+        }
+        seen
+    }
+
+    fn batch(shard: ShardId, through: i64, revisions: &[i64]) -> WatchBatch {
+        WatchBatch {
+            watch_id: 0,
+            shard,
+            revision: through,
+            through,
+            events: revisions
+                .iter()
+                .map(|&r| Event {
+                    kv: Some(KeyValue {
+                        key: format!("k{r}").into_bytes().into(),
+                        mod_revision: r,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                })
+                .collect(),
+            subs: Vec::new(),
+            compact_revision: None,
+        }
+    }
+
+    fn revisions(delivery: Option<Delivery>) -> Option<(i64, Vec<i64>)> {
+        match delivery? {
+            Delivery::Events { revision, events } => Some((
+                revision,
+                events
+                    .iter()
+                    .map(|e| e.kv.as_ref().unwrap().mod_revision)
+                    .collect(),
+            )),
+            Delivery::Compacted { .. } => panic!("nothing was compacted"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_watch_over_several_shards_is_asked_of_each_and_merged_from_now() {
+        let (router, mut inboxes) = router(2, true);
+        let (tx, _rx) = mpsc::channel(4);
+        let create = ShardsWatch::create(&router, (1, 0), spec(b"\0", b"\0"), 0, tx);
+        let (created, seen) = tokio::join!(
+            create,
+            shards_answer(&mut inboxes, &[(0, Ok(10)), (1, Ok(12))])
+        );
+        // Each shard asked to say how far it sent.
+        assert_eq!(seen, [(0, "watch", true), (1, "watch", true)]);
+        let (mut watch, revision) = created.expect("created");
+        assert_eq!((revision, watch.shards()), (12, &[0, 1][..]));
+        // From now: each shard starts past the revision it answered, so
+        // shard 1's events wait for shard 0 only.
+        assert_eq!(watch.released(), Some(10));
+        assert_eq!(revisions(watch.take(batch(1, 14, &[13, 14]))), None);
+        let released = revisions(watch.take(batch(0, 13, &[11])));
+        assert_eq!(released, Some((13, vec![11, 13])));
+        assert_eq!(watch.released(), Some(13));
+    }
+
+    #[tokio::test]
+    async fn a_watch_refused_by_one_shard_is_cancelled_on_every_shard() {
+        let (router, mut inboxes) = router(3, true);
+        let (tx, _rx) = mpsc::channel(4);
+        let create = ShardsWatch::create(&router, (1, 0), spec(b"\0", b"\0"), 5, tx);
+        let answers = [
+            (0, Ok(10)),
+            (1, Err(ApiError::NoLeader)),
+            (0, Ok(0)),
+            (1, Ok(0)),
+            (2, Ok(0)),
+        ];
+        let (created, seen) = tokio::join!(create, shards_answer(&mut inboxes, &answers));
+        assert!(matches!(created, Err(ApiError::NoLeader)), "{created:?}");
+        // Shard 2 was never asked to watch, and is told to cancel all the
+        // same.
+        let asked: Vec<_> = seen.iter().map(|(s, what, _)| (*s, *what)).collect();
+        assert_eq!(
+            asked,
+            [
+                (0, "watch"),
+                (1, "watch"),
+                (0, "cancel"),
+                (1, "cancel"),
+                (2, "cancel")
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_watch_of_one_shard_passes_its_batches_on_as_they_come() {
+        // One key's watch with several shards, and a whole-keyspace watch
+        // of a member with one shard: no merge.
+        for (shards, keyspace, range_end) in [(2, true, &b""[..]), (1, false, &b"\0"[..])] {
+            let (router, mut inboxes) = router(shards, keyspace);
+            let (tx, _rx) = mpsc::channel(4);
+            let create = ShardsWatch::create(&router, (1, 0), spec(b"k", range_end), 3, tx);
+            let shard = router.routing.shard_for_key(b"k");
+            let answers = [(shard, Ok(7))];
+            let (created, seen) = tokio::join!(create, shards_answer(&mut inboxes, &answers));
+            assert_eq!(seen, [(shard, "watch", false)]);
+            let (mut watch, revision) = created.expect("created");
+            assert_eq!((revision, watch.released()), (7, None));
+            assert_eq!(
+                revisions(watch.take(batch(shard, 9, &[8, 9]))),
+                Some((9, vec![8, 9]))
+            );
+            let compacted = WatchBatch {
+                compact_revision: Some(20),
+                ..batch(shard, 9, &[])
+            };
+            assert_eq!(
+                watch.take(compacted),
+                Some(Delivery::Compacted {
+                    revision: 9,
+                    compact_revision: 20
+                })
+            );
+        }
+    }
+}
