@@ -30,6 +30,8 @@ pub struct Merge {
     arrivals: u64,
     /// Every event up to here has been released.
     released: i64,
+    /// The revision before the watch's first.
+    start: i64,
 }
 
 impl Merge {
@@ -41,6 +43,7 @@ impl Merge {
             pending: BTreeMap::new(),
             arrivals: 0,
             released: start,
+            start,
         }
     }
 
@@ -52,7 +55,10 @@ impl Merge {
     /// Takes `shard`'s batch: `events` in its order, and every event of the
     /// shard up to `through` sent. Answers the events now released, in
     /// revision order, with the revision through which every event has been
-    /// released; None when none is.
+    /// released; None when none is. Events at or below the merge's start are
+    /// not the watch's and are dropped: a watch from now starts above the
+    /// highest revision its shards had, and a shard that was behind the
+    /// others then sends the events above its own.
     pub fn push(
         &mut self,
         shard: ShardId,
@@ -62,6 +68,9 @@ impl Merge {
     ) -> Option<(i64, Vec<Event>)> {
         for (i, e) in events.into_iter().enumerate() {
             let revision = e.kv.as_ref().map_or(0, |kv| kv.mod_revision);
+            if revision <= self.start {
+                continue;
+            }
             let op = subs.get(i).map_or(0, |s| s >> OP_SUB_SHIFT);
             self.arrivals += 1;
             self.pending.insert((revision, op, shard, self.arrivals), e);
@@ -159,6 +168,17 @@ mod tests {
         assert_eq!((through, revisions(&out)), (15, vec![15]));
         let (through, out) = m.push(0, 40, vec![], &[]).unwrap();
         assert_eq!((through, revisions(&out)), (20, vec![16, 18]));
+    }
+
+    #[test]
+    fn events_at_or_below_the_start_are_not_the_watchs() {
+        // A watch from now above 12: shard 0 was at 10 when asked.
+        let mut m = Merge::new(&[0, 1], 12);
+        assert_eq!(m.push(1, 14, vec![event("b", 13)], &[]), None);
+        let (through, out) = m
+            .push(0, 13, vec![event("a", 11), event("a", 12)], &[])
+            .unwrap();
+        assert_eq!((through, revisions(&out)), (13, vec![13]));
     }
 
     #[test]

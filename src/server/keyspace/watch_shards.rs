@@ -41,10 +41,15 @@ impl ShardsWatch {
     /// Registers the watch `key` of `spec` from `start_revision` (0: from
     /// now) on every shard its range covers, each sending its batches to
     /// `tx`. With several shards each shard also says how far it has sent
-    /// when nothing of the range changed (`spec.progress` is set here), and
-    /// a watch from now starts on each shard past the revision it answered.
+    /// when nothing of the range changed (`spec.progress` is set here).
     ///
-    /// Answers the watch and the highest revision a shard answered with.
+    /// Answers the watch and the highest revision a shard answered with: the
+    /// created response's header revision. A watch from now is sent the
+    /// events above that revision only, as etcd's is: a shard that was
+    /// behind the others when asked (a follower's shards apply at their own
+    /// pace) goes on from its own next revision, and the merge drops its
+    /// events at or below the header's.
+    ///
     /// When a shard refuses, the watch is cancelled on every shard (also
     /// where the create is still queued: the cancel comes after it), since
     /// a watch missing a shard would miss its events and a merge would wait
@@ -66,7 +71,6 @@ impl ShardsWatch {
             .keyspace
             .as_ref()
             .is_some_and(|k| k.counter.mutated(KeyspaceMutation::WatchNoMerge));
-        let mut merge = (merged && !unmerged).then(|| Merge::new(&shards, start_revision - 1));
         let mut revision = 0;
         for &s in &shards {
             let answered = router
@@ -79,13 +83,7 @@ impl ShardsWatch {
                 })
                 .await;
             match answered {
-                Ok(rev) => {
-                    revision = revision.max(rev);
-                    if let (Some(m), 0) = (&mut merge, start_revision) {
-                        // From now: this shard starts past its revision.
-                        let _ = m.push(s, rev, Vec::new(), &[]);
-                    }
-                }
+                Ok(rev) => revision = revision.max(rev),
                 Err(e) => {
                     for &s in &shards {
                         let (reply, _) = Reply::channel();
@@ -97,6 +95,13 @@ impl ShardsWatch {
                 }
             }
         }
+        // The merge counts every event up to the revision before the watch's
+        // first as sent, on every shard: from now, the header's revision.
+        let sent_through = match start_revision {
+            0 => revision,
+            from => from - 1,
+        };
+        let merge = (merged && !unmerged).then(|| Merge::new(&shards, sent_through));
         Ok((ShardsWatch { shards, merge }, revision))
     }
 
@@ -226,7 +231,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_watch_over_several_shards_is_asked_of_each_and_merged_from_now() {
+    async fn a_watch_from_now_over_several_shards_sends_only_what_follows_its_created_revision() {
         let (router, mut inboxes) = router(2, true);
         let (tx, _rx) = mpsc::channel(4);
         let create = ShardsWatch::create(&router, (1, 0), spec(b"\0", b"\0"), 0, tx);
@@ -238,12 +243,13 @@ mod tests {
         assert_eq!(seen, [(0, "watch", true), (1, "watch", true)]);
         let (mut watch, revision) = created.expect("created");
         assert_eq!((revision, watch.shards()), (12, &[0, 1][..]));
-        // From now: each shard starts past the revision it answered, so
-        // shard 1's events wait for shard 0 only.
-        assert_eq!(watch.released(), Some(10));
+        // From now: every event above the created response's revision, 12,
+        // and none at or below it, though shard 0 was behind at 10 and goes
+        // on from 11.
+        assert_eq!(watch.released(), Some(12));
         assert_eq!(revisions(watch.take(batch(1, 14, &[13, 14]))), None);
-        let released = revisions(watch.take(batch(0, 13, &[11])));
-        assert_eq!(released, Some((13, vec![11, 13])));
+        let released = revisions(watch.take(batch(0, 13, &[11, 12])));
+        assert_eq!(released, Some((13, vec![13])));
         assert_eq!(watch.released(), Some(13));
     }
 
