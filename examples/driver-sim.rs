@@ -45,7 +45,8 @@ struct Args {
     #[arg(long)]
     mutation: Option<String>,
     /// Switch off a rule of the revision order (with --shards 2 or more):
-    /// open-before-applied, no-finishing or watch-no-merge.
+    /// open-before-applied, no-finishing, no-leases, no-restart-vote-hold,
+    /// join-ignores-overlap or watch-no-merge.
     #[arg(long)]
     keyspace_mutation: Option<String>,
     /// Show the drivers' log lines at this level (e.g. `info`).

@@ -11,9 +11,12 @@
 //! and with 5. With several shards per member over one revision counter, the
 //! same checks hold across the shards (one revision order for every key,
 //! and watches over every shard merged into it by the Watch service's own
-//! code), and a keyspace leader that opens its counter too early, one that
-//! does not finish earlier txns, and a watch that does not merge its shards
-//! must be caught.
+//! code), also through stale-view episodes in which two members each
+//! believe they lead every shard; and a keyspace leader that opens its
+//! counter too early, one that does not finish earlier txns, a counter
+//! without its leases, a restarted member that votes at once, a txn batch
+//! that takes in a txn naming its keys, and a watch that does not merge
+//! its shards must be caught.
 //!
 //! The full runs are `cargo run --release --example driver-sim -- --seeds 2000
 //! --members 3` (and `--members 5`, and `--shards 3`).
@@ -29,12 +32,19 @@ const SUITE_SEEDS_5: u64 = 150;
 /// Seeds of three members with three shards each.
 const SUITE_SEEDS_SHARDS: u64 = 100;
 /// The seeds the keyspace mutation checks scan, with three shards: with
-/// five members 7 of seeds 0-99 catch a counter opened too early (the first
-/// seed 0; with three members only 2 of 100 in an earlier form of the
-/// clients), so a miss of all 100 has odds near 0.93^100, 7 in 10,000;
-/// with three members 17 of them catch a leader that does not finish
-/// earlier txns (the first seed 4).
+/// five members 14 of seeds 0-99 catch a counter opened too early (the
+/// first seed 5; with three members only 2 of 100 in an earlier form of
+/// the clients); with three members 52 of them catch a leader that does
+/// not finish earlier txns (the first seed 3), 6 a counter without its
+/// leases (the first seed 4, through the stale-view episodes: a miss of all
+/// 100 has odds near 0.94^100, 2 in 1,000), and every one a batch that
+/// takes in a txn naming its keys.
 const KEYSPACE_MUTATION_SEEDS: std::ops::Range<u64> = 0..100;
+/// The seeds that scan for a restarted member voting at once, which only
+/// the episodes whose other members restart at the swap reach: 7 of seeds
+/// 0-599 with 3 members and 3 shards (the first seed 9, then 139 and 198),
+/// so a miss of all 200 has odds near 0.988^200, 9 in 100.
+const NO_VOTE_HOLD_SEEDS: std::ops::Range<u64> = 0..200;
 /// A watch over several shards that sends each shard's events as they
 /// arrive is caught by every one of seeds 0-99 with three members (a
 /// revision that goes back, as soon as two shards' events cross): a few
@@ -129,6 +139,10 @@ fn three_members_over_three_shards_keep_one_revision_order() {
     // Watch sessions moved between members and were sent the log.
     assert!(stats.watches > 5 * seeds, "{stats:#?}");
     assert!(stats.watch_events > 300 * seeds, "{stats:#?}");
+    // Txns over the same shards ran in batches of several.
+    assert!(stats.txns_batched > seeds, "{stats:#?}");
+    // Two members each believed they led every shard, now and then.
+    assert!(stats.stale_views > seeds / 20, "{stats:#?}");
 }
 
 /// Scans `seeds` of `base` (a config with a mutation) until a
@@ -186,6 +200,37 @@ fn a_keyspace_leader_opening_before_its_shards_applied_is_caught() {
 #[test]
 fn a_keyspace_leader_not_finishing_earlier_txns_is_caught() {
     let v = keyspace_mutation_is_caught(3, KeyspaceMutation::NoFinishing, KEYSPACE_MUTATION_SEEDS);
+    assert_eq!(v.kind, driver::DriverViolationKind::TxnTorn, "{v}");
+}
+
+// docs/KEYSPACE.md, "Leader leases: closing the stale view": with a
+// counter that hands out revisions without every shard's lease, the
+// stale-view episodes' two members both hand them out, and writes (or a
+// txn's parts) acknowledged by one are ordered before writes acknowledged
+// earlier by the other.
+#[test]
+fn a_keyspace_counter_without_leases_is_caught() {
+    keyspace_mutation_is_caught(3, KeyspaceMutation::NoLeases, KEYSPACE_MUTATION_SEEDS);
+}
+
+// The same section's restart rule: a member that restarts and votes at
+// once helps elect a leader while a lease it backed still runs. Only the
+// episodes whose pivots restart at the swap reach it, and then only when
+// the new leader opens its counter inside the old lease's last tick or so.
+#[test]
+fn a_restarted_member_voting_at_once_is_caught() {
+    keyspace_mutation_is_caught(3, KeyspaceMutation::NoRestartVoteHold, NO_VOTE_HOLD_SEEDS);
+}
+
+// txn_batch's rule: a txn joins a batch only when no txn of it names one
+// of its keys, since a batch's compares are read together.
+#[test]
+fn a_txn_joining_a_batch_that_names_its_keys_is_caught() {
+    let v = keyspace_mutation_is_caught(
+        3,
+        KeyspaceMutation::JoinIgnoresOverlap,
+        KEYSPACE_MUTATION_SEEDS,
+    );
     assert_eq!(v.kind, driver::DriverViolationKind::TxnTorn, "{v}");
 }
 

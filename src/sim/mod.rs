@@ -6,21 +6,17 @@
 //!   core's safety is checked under the code that drives it in production:
 //!   each safety mutation of the core (`raft-mutations`) must be caught.
 //!   With several shards per member it runs the real revision counter and
-//!   router over them, and a keyspace mutation must be caught too.
-//! - [`keyspace`]: a model of one keyspace over several shards (revisions
-//!   handed out by the keyspace leader, txns over several shards, reads at
-//!   one read point, watches), each shard a real
-//!   [`RawNode`](crate::raft::RawNode) driven by the model's own member
-//!   ([`member`]) over a seeded network ([`network`]).
+//!   router, the keyspace's tasks and the Watch service's merge over them,
+//!   and each keyspace mutation must be caught too.
 //!
-//! The one-group simulator that drove the Raft core through a driver of its
-//! own was retired once the driver simulation caught both safety mutations:
-//! it checked a driver the daemon does not run.
+//! Two simulators that checked models instead of the daemon's code were
+//! retired once the driver simulation caught what they caught: one that
+//! drove the Raft core through a driver of its own, and a model of one
+//! keyspace over several shards (revisions, txns, read points, watches and
+//! the stale view of leadership) built on bare Raft nodes.
 
+mod digest;
 pub mod driver;
-pub mod keyspace;
-mod member;
-mod network;
 
 use std::cell::RefCell;
 
@@ -30,17 +26,6 @@ use crate::server::revisions::KeyspaceMutation;
 /// Members that start outside the group and may be added by membership
 /// changes during the run.
 pub const SPARE_MEMBERS: usize = 2;
-/// Election timeout every member of the keyspace model uses; its liveness
-/// bound and fault schedule are counted against it.
-pub const ELECTION_TIMEOUT_TICKS: u64 = 10;
-/// Messages the simulated network holds in flight at most; more are dropped,
-/// as a full socket buffer would.
-pub const MAX_IN_FLIGHT_MESSAGES: usize = 4_096;
-/// Longest delay the network gives a message, in ticks.
-pub const MAX_DELAY_TICKS: u64 = 4;
-
-const _: () = assert!(MAX_DELAY_TICKS < ELECTION_TIMEOUT_TICKS);
-
 /// A simulation the simulator refuses to run.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -51,7 +36,7 @@ pub enum SimConfigError {
     Shards { shards: usize, max_shards: usize },
     #[error("a keyspace mutation needs several shards (--shards)")]
     KeyspaceMutationOneShard,
-    #[error("unknown keyspace mutation {0:?} (known: open-before-applied, no-finishing, watch-no-merge)")]
+    #[error("unknown keyspace mutation {0:?} (known: open-before-applied, no-finishing, no-leases, no-restart-vote-hold, join-ignores-overlap, watch-no-merge)")]
     UnknownKeyspaceMutation(String),
     #[error("unknown safety mutation {0:?} (known: commit-previous-term-by-count, vote-without-log-check)")]
     UnknownMutation(String),
@@ -65,6 +50,9 @@ pub fn parse_keyspace_mutation(name: &str) -> Result<KeyspaceMutation, SimConfig
     match name {
         "open-before-applied" => Ok(KeyspaceMutation::OpenBeforeApplied),
         "no-finishing" => Ok(KeyspaceMutation::NoFinishing),
+        "no-leases" => Ok(KeyspaceMutation::NoLeases),
+        "no-restart-vote-hold" => Ok(KeyspaceMutation::NoRestartVoteHold),
+        "join-ignores-overlap" => Ok(KeyspaceMutation::JoinIgnoresOverlap),
         "watch-no-merge" => Ok(KeyspaceMutation::WatchNoMerge),
         other => Err(SimConfigError::UnknownKeyspaceMutation(other.to_string())),
     }

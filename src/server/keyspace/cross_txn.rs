@@ -68,7 +68,14 @@ pub async fn run(router: Arc<Router>, req: TxnRequest) -> Result<TxnResponse, Ap
     let shards: Vec<ShardId> = validate::txn_shards(&req, &router.routing)
         .into_iter()
         .collect();
-    let keys = crate::server::shard::txn_ranges(&req);
+    let mut keys = crate::server::shard::txn_ranges(&req);
+    if keyspace
+        .counter
+        .mutated(KeyspaceMutation::JoinIgnoresOverlap)
+    {
+        // A batch that knows no key of this txn lets it join whatever it names.
+        keys.clear();
+    }
     let leading = match keyspace.batches.enter(&shards, keys, req) {
         Entry::Joined(answer) => {
             // The batch's leader answers; its task ending first means the

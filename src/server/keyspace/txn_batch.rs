@@ -43,6 +43,8 @@ pub type Answer = Result<TxnResponse, ApiError>;
 pub struct Batches {
     open: Mutex<HashMap<Vec<ShardId>, Vec<Open>>>,
     next: std::sync::atomic::AtomicU64,
+    /// Txns that joined a batch led by another.
+    joined: std::sync::atomic::AtomicU64,
 }
 
 #[derive(Debug)]
@@ -81,6 +83,11 @@ pub struct Leading {
 }
 
 impl Batches {
+    /// How many txns joined a batch led by another.
+    pub fn joined(&self) -> u64 {
+        self.joined.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Vec<ShardId>, Vec<Open>>> {
         self.open.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -113,6 +120,8 @@ impl Batches {
                 last.batch.keys.extend(keys);
                 last.batch.txns.push(txn);
                 last.batch.joined.push(reply);
+                self.joined
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 return Entry::Joined(rx);
             }
         }

@@ -471,6 +471,7 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
             seed: None,
             max_append_bytes: None,
             off_core: Default::default(),
+            timer_faults: None,
             #[cfg(feature = "raft-mutations")]
             mutation: None,
         };

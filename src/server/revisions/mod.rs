@@ -35,8 +35,10 @@
 //! stops revisions until the next round confirms it; the leader runs one
 //! round per tick. It assumes the members' monotonic clocks run at rates
 //! within the drift margin of each other; wall-clock jumps change nothing.
-//! `tests/keyspace_sim.rs` checks the scheme, and catches a stale view
-//! without it.
+//! The driver simulation's stale-view episodes (`src/sim/driver/stale_view.rs`,
+//! `tests/driver_sim.rs`) check the scheme on the real shard drivers, and
+//! catch a counter without the leases and a restarted member that votes at
+//! once.
 //!
 //! One [`RevisionCounter`] per member, shared by its cores. The request path reads a
 //! few atomics and the monotonic clock; the mutex is taken only when a
@@ -107,6 +109,18 @@ pub enum KeyspaceMutation {
     /// earlier keyspace leader left half-proposed (breaks their atomicity:
     /// docs/KEYSPACE.md, "Transactions over several shards").
     NoFinishing,
+    /// The counter assigns revisions without the leases of its shards
+    /// (breaks "Leader leases: closing the stale view" of docs/KEYSPACE.md).
+    NoLeases,
+    /// A restarted member votes at once instead of holding its vote for an
+    /// election timeout, so it can help elect a leader while a lease it
+    /// backed still runs (the same section's restart rule).
+    NoRestartVoteHold,
+    /// A txn over several shards joins a batch whose txns name its keys
+    /// (breaks the batches' rule in `keyspace::txn_batch`: the compares of
+    /// a batch are read together, so a txn must not depend on another's
+    /// writes in it).
+    JoinIgnoresOverlap,
     /// A watch over several shards sends each shard's events as they arrive
     /// instead of merging them (`keyspace::watch_shards`): an event goes out
     /// before the other shards have sent through its revision (breaks the
@@ -208,6 +222,9 @@ impl RevisionCounter {
 
     /// Whether every shard's lease runs past now.
     fn leases_held(&self) -> bool {
+        if self.mutated(KeyspaceMutation::NoLeases) {
+            return true;
+        }
         let now = self.nanos(Instant::now());
         self.leases.iter().all(|l| l.load(Ordering::Acquire) > now)
     }
@@ -379,6 +396,13 @@ impl RevisionCounter {
     /// How many times the counter opened on this member.
     pub fn times_opened(&self) -> u64 {
         self.opened.load(Ordering::Relaxed)
+    }
+
+    /// Whether `shard` is led here with every entry of earlier terms
+    /// applied (what the counter opens on).
+    pub fn is_shard_ready(&self, shard: u32) -> bool {
+        let st = self.slots.lock().expect("keyspace slots");
+        matches!(st.slots.get(shard as usize), Some(Slot::Ready { .. }))
     }
 }
 

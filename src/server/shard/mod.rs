@@ -93,6 +93,7 @@ mod store_swap;
 mod test_store;
 #[cfg(test)]
 mod tests;
+mod timer_faults;
 mod watchers;
 
 use held_snapshot::HeldSnapshot;
@@ -106,6 +107,7 @@ use reads::{read_context_counter, PendingPoint, PendingRead, PendingRenewal, Rea
 pub(crate) use snapshots::write_snapshot_meta;
 use snapshots::{apply_pending_table, read_snapshot_meta, IncomingSnapshot};
 pub use spool::{SpoolError, SpoolWriterThread, SpooledSnapshot, StreamSpool};
+pub use timer_faults::TimerFaults;
 
 /// Committed entry bytes applied per turn at most (and per Ready): a turn that
 /// reaches it yields, and the next turn goes on where it stopped. At the
@@ -254,6 +256,9 @@ pub struct ShardSetup {
     pub max_append_bytes: Option<u64>,
     /// Counts the shard's jobs on the blocking pool (see [`off_core`]).
     pub off_core: OffCoreJobs,
+    /// The simulation's starved timer of this shard (see [`TimerFaults`]);
+    /// `None` in the daemon.
+    pub timer_faults: Option<Rc<TimerFaults>>,
     /// A Raft safety rule switched off, for the simulator's mutation check.
     #[cfg(feature = "raft-mutations")]
     pub mutation: Option<raft::SafetyMutation>,
@@ -439,8 +444,10 @@ impl Shard {
                 // messages or commands cannot starve it (elections,
                 // heartbeats and lease expiry run on it).
                 _ = ticker.tick() => answers::step(|| {
+                    if !self.raft_ticks(setup.timer_faults.as_deref()) {
+                        return;
+                    }
                     if self.failed.is_none() {
-                        self.node.tick();
                         self.lease_round_wanted |= self.keyspace.is_some()
                             && self.node.leader_id() == self.member_id;
                         self.maybe_hand_over_leadership();

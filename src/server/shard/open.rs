@@ -179,7 +179,9 @@ impl Shard {
         cfg.async_append = true;
         // The keyspace leader's lease counts on followers ignoring
         // candidates, also right after they restart.
-        cfg.vote_hold_after_start = setup.keyspace.is_some();
+        cfg.vote_hold_after_start = setup.keyspace.as_ref().is_some_and(|k| {
+            !k.mutated(crate::server::revisions::KeyspaceMutation::NoRestartVoteHold)
+        });
         cfg.max_committed_size_per_ready_bytes = APPLY_BYTES_PER_TURN as u64;
         if let Some(bytes) = setup.max_append_bytes {
             cfg.max_size_per_msg_bytes = bytes;

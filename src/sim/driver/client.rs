@@ -143,7 +143,7 @@ pub async fn run_clients(world: Rc<World>, history: History, until: Instant) {
         };
         // Txns only with several shards, where most span some; the draw
         // is not made with one shard, whose seeds run as they always did.
-        let txn = world.shards() > 1 && world.chance(200);
+        let txn = world.shards() > 1 && !world.txns_paused.get() && world.chance(200);
         let op = if txn {
             // Half compare a key with the last value it was sent: true
             // when no write of it since was applied.

@@ -40,6 +40,9 @@ pub struct Plan {
     /// Share of strikes that crash rather than cut off (a crash lets the
     /// messages already sent arrive; a cut does not).
     doom_crash_per_mille: u32,
+    /// With several shards, half the seeds: how long after the faults
+    /// begin a stale-view episode runs (see [`super::stale_view`]).
+    stale_view_after: Option<Duration>,
 }
 
 impl Plan {
@@ -64,7 +67,12 @@ impl Plan {
             committed_doom_per_mille: world.gen_range(0..=50),
             max_doom_delay_ms: world.gen_range(0..=30),
             doom_crash_per_mille: world.gen_range(0..=1000),
+            stale_view_after: None,
         };
+        // No draw with one shard: its seeds run as they always did.
+        if world.shards() > 1 && world.chance(500) {
+            plan.stale_view_after = Some(Duration::from_millis(world.gen_range(0..=500)));
+        }
         if world.figure8_script.is_some() {
             // The script strikes leaders itself, at its own moments.
             plan.new_leader_doom_per_mille = 0;
@@ -221,7 +229,13 @@ async fn crash_and_restart(world: &Rc<World>, plan: &Plan, id: u64) {
 /// Random faults until `until`.
 pub async fn run(world: &Rc<World>, plan: &Plan, until: Instant) {
     let total: u32 = plan.weights.iter().sum::<u32>().max(1);
+    let mut stale_view_at = plan.stale_view_after.map(|after| Instant::now() + after);
     while Instant::now() < until {
+        if stale_view_at.is_some_and(|at| Instant::now() >= at) {
+            super::stale_view::run(world, until).await;
+            stale_view_at = plan.stale_view_after.map(|after| Instant::now() + after);
+            continue;
+        }
         let gap = world.gen_range(5..=plan.max_fault_gap_ms);
         tokio::time::sleep(Duration::from_millis(gap)).await;
         // Membership changes add and remove members meanwhile.

@@ -16,7 +16,7 @@ use std::cell::RefCell;
 use std::collections::BTreeMap;
 
 use crate::raft::{self, MessageType};
-use crate::sim::member::entry_digest;
+use crate::sim::digest::entry_digest;
 
 use super::checks::{violation, DriverViolation, DriverViolationKind as Kind};
 

@@ -128,10 +128,22 @@
 //! member may reach a peer on one shard and not on another. Each
 //! `KeyspaceMutation` must be caught.
 //!
+//! Half the seeds also play stale-view episodes (see [`stale_view`]): two
+//! members each believing they lead every shard and each truly leading
+//! some, built from per-shard cuts, a partition between the two, the
+//! timer of a shard stalled as on a starved core (the driver's
+//! `ShardSetup::timer_faults`), campaigns at chosen moments and, in half
+//! of them, restarts of the other members. Only the leases of every shard
+//! and a restarted member's vote hold keep both counters from handing out
+//! revisions at once; with either planted away, the episodes are caught.
+//! Txns over the same shards run in the real batches (`keyspace::txn_batch`),
+//! and a batch that lets a txn join past a key in common is caught.
+//!
 //! # Not simulated
 //! - With several shards: compares other than a value's, leases and
-//!   membership changes (`super::keyspace` models those), and the figure-8
-//!   adversaries; watches from now (start revision 0: every session
+//!   membership changes (the daemon's API layer carries them to every
+//!   shard; `tests/daemon_lease.rs` and `tests/daemon_members.rs` run them
+//!   on real processes), and the figure-8 adversaries; watches from now (start revision 0: every session
 //!   watches from revision 1 on).
 //! - The peer transport's framing: a snapshot stream's chunks go straight
 //!   from the sender's store to the receiver's spool.
@@ -168,6 +180,7 @@ mod log_watch;
 mod membership;
 #[cfg(test)]
 mod renewals;
+mod stale_view;
 mod watchers;
 mod wire_trace;
 mod world;
@@ -299,6 +312,12 @@ pub struct DriverSimStats {
     pub transfers: u64,
     /// Times a member's revision counter opened (several shards).
     pub keyspace_openings: u64,
+    /// Txns over several shards that joined a batch another led.
+    pub txns_batched: u64,
+    /// Stale-view episodes begun, and those that reached two members each
+    /// believing they lead every shard (several shards).
+    pub stale_view_episodes: u64,
+    pub stale_views: u64,
     /// Members added as learners, promoted and removed.
     pub membership_changes: u64,
     /// Snapshot streams started, and handed whole to their receiver.
@@ -334,6 +353,9 @@ impl DriverSimStats {
         self.partitions += o.partitions;
         self.transfers += o.transfers;
         self.keyspace_openings += o.keyspace_openings;
+        self.txns_batched += o.txns_batched;
+        self.stale_view_episodes += o.stale_view_episodes;
+        self.stale_views += o.stale_views;
         self.membership_changes += o.membership_changes;
         self.snapshots_started += o.snapshots_started;
         self.snapshots_delivered += o.snapshots_delivered;
@@ -438,6 +460,9 @@ pub async fn run_seed(cfg: &DriverSimConfig) -> Result<DriverSimOutcome, DriverS
     stats.partitions = world.partitions.get();
     stats.transfers = world.transfers.get();
     stats.keyspace_openings = world.keyspace_openings.get();
+    stats.txns_batched = world.txns_batched.get();
+    stats.stale_view_episodes = world.stale_view_episodes.get();
+    stats.stale_views = world.stale_views.get();
     stats.snapshots_started = world.snapshots_started.get();
     stats.snapshots_delivered = world.snapshots_delivered.get();
     let mut wire = world.wire();

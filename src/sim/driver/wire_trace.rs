@@ -6,7 +6,7 @@
 use tokio::time::Instant;
 
 use crate::raft;
-use crate::sim::member::fnv1a;
+use crate::sim::digest::fnv1a;
 
 /// The messages a seed's members sent, in the order they sent them.
 pub struct WireTrace {

@@ -45,10 +45,21 @@ impl World {
             || self.shard_cut.borrow().contains(&(from, to, shard))
     }
 
+    /// Restores the link of `shard` from `from` to `to` (not one cut whole).
+    pub fn uncut_shard(&self, from: u64, to: u64, shard: ShardId) {
+        self.shard_cut.borrow_mut().remove(&(from, to, shard));
+    }
+
+    /// Restores every link and every member's timers.
     pub fn heal(&self) {
         self.cut.borrow_mut().clear();
         self.shard_cut.borrow_mut().clear();
         self.drop_per_mille.set(0);
+        for m in self.members.borrow().iter() {
+            for t in &m.timers {
+                t.stall(false);
+            }
+        }
     }
 
     /// Carries `msg` of `shard` from `from` to its member, or loses it.

@@ -23,7 +23,7 @@ use crate::server::keyspace::router::Router;
 use crate::server::keyspace::Keyspace;
 use crate::server::members::{MemberRegistry, WriterThread};
 use crate::server::revisions::RevisionCounter;
-use crate::server::shard::{OffCoreJobs, Shard, ShardInbound, ShardSetup};
+use crate::server::shard::{OffCoreJobs, Shard, ShardInbound, ShardSetup, TimerFaults};
 use crate::server::shard_inbox::CommandInbox;
 
 use super::checks::{driver_stopped, DriverViolation};
@@ -64,6 +64,9 @@ pub struct Member {
     /// shard runs on a core of its own, as the daemon places them by
     /// default, and each core has its WAL.
     disks: Vec<CrashStorage>,
+    /// Each shard's timer, by shard: the simulation stalls it or makes it
+    /// campaign (see [`TimerFaults`]); it outlives a crash.
+    timers: Vec<Rc<TimerFaults>>,
     incarnation: u64,
     /// In the group, as far as the membership changes made so far go: a
     /// spare is not yet, a removed member no longer (it never starts again).
@@ -115,6 +118,14 @@ pub struct World {
     /// Times a member's revision counter opened (several shards): the
     /// keyspace leaderships of the seed.
     pub keyspace_openings: Cell<u64>,
+    /// Txns over several shards that joined a batch another led.
+    pub txns_batched: Cell<u64>,
+    /// Stale-view episodes begun, and those that reached two members each
+    /// believing they lead every shard (see [`super::stale_view`]).
+    pub stale_view_episodes: Cell<u64>,
+    pub stale_views: Cell<u64>,
+    /// The clients send no txns for now (see [`super::stale_view`]).
+    pub txns_paused: Cell<bool>,
     /// Snapshot streams started, and handed whole to their receiver.
     pub snapshots_started: Cell<u64>,
     pub snapshots_delivered: Cell<u64>,
@@ -167,6 +178,7 @@ impl World {
                 id,
                 dir: root.path().join(format!("member-{id}")),
                 disks: (0..cfg.shards).map(|_| CrashStorage::new()).collect(),
+                timers: (0..cfg.shards).map(|_| Rc::default()).collect(),
                 incarnation: 0,
                 in_group: id as usize <= cfg.members,
                 running: None,
@@ -199,6 +211,10 @@ impl World {
             partitions: Cell::new(0),
             transfers: Cell::new(0),
             keyspace_openings: Cell::new(0),
+            txns_batched: Cell::new(0),
+            stale_view_episodes: Cell::new(0),
+            stale_views: Cell::new(0),
+            txns_paused: Cell::new(false),
             snapshots_started: Cell::new(0),
             snapshots_delivered: Cell::new(0),
             next_stream: Cell::new(1),
@@ -334,6 +350,11 @@ impl World {
             .unwrap_or(Err(AskError::TimedOut { id, wait }))
     }
 
+    /// Member `id`'s timer of `shard`.
+    pub fn timer(&self, id: u64, shard: ShardId) -> Rc<TimerFaults> {
+        self.members.borrow()[index(id)].timers[shard as usize].clone()
+    }
+
     /// The queue of commands of `id`'s shard 0, while it runs.
     pub fn commands(&self, id: u64) -> Option<mpsc::Sender<ShardCommand>> {
         self.commands_of(id, 0)
@@ -440,14 +461,19 @@ impl World {
     }
 
     async fn start_turn(self: &Rc<Self>, id: u64) -> Result<(), String> {
-        let (dir, disks, incarnation) = {
+        let (dir, disks, timers, incarnation) = {
             let mut members = self.members.borrow_mut();
             let m = &mut members[index(id)];
             if m.running.is_some() || !m.in_group || self.over.get() {
                 return Ok(());
             }
             m.incarnation += 1;
-            (m.dir.clone(), m.disks.clone(), m.incarnation)
+            (
+                m.dir.clone(),
+                m.disks.clone(),
+                m.timers.clone(),
+                m.incarnation,
+            )
         };
         let mut wals = Vec::with_capacity(disks.len());
         for (shard, disk) in disks.into_iter().enumerate() {
@@ -539,6 +565,7 @@ impl World {
                 // storm of refusals to catch up.
                 max_append_bytes: (self.figure8 && self.figure8_script.is_none()).then_some(1),
                 off_core: jobs.clone(),
+                timer_faults: Some(timers[shard as usize].clone()),
                 #[cfg(feature = "raft-mutations")]
                 mutation: self.cfg.mutation,
             };
@@ -616,6 +643,8 @@ impl World {
         if let Some(k) = &running.router.keyspace {
             self.keyspace_openings
                 .set(self.keyspace_openings.get() + k.counter.times_opened());
+            self.txns_batched
+                .set(self.txns_batched.get() + k.batches.joined());
         }
         for task in &running.tasks {
             task.abort();
