@@ -3,16 +3,10 @@
 
 use crate::raft::Entry;
 
-/// FNV-1a over `bytes`, continuing from `h`.
-pub(crate) fn fnv1a(mut h: u64, bytes: &[u8]) -> u64 {
-    for b in bytes {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
-}
+/// FNV-1a over `bytes`, continuing from `h` (the routing table's hash).
+pub(crate) use crate::routing::fnv1a64_update as fnv1a;
 
-const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+use crate::routing::FNV1A64_OFFSET as FNV_OFFSET;
 
 /// What identifies an entry's content: its type and its payload.
 pub(crate) fn entry_digest(e: &Entry) -> u64 {

@@ -26,6 +26,7 @@ use crate::server::revisions::KeyspaceMutation;
 /// Members that start outside the group and may be added by membership
 /// changes during the run.
 pub const SPARE_MEMBERS: usize = 2;
+
 /// A simulation the simulator refuses to run.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]

@@ -5,6 +5,12 @@
 //! also makes a shard's election timer fire now (a campaign), to steer a
 //! scripted schedule. The daemon never sets either: its shards run with
 //! `ShardSetup::timer_faults` at `None`.
+//!
+//! The daemon's ticker delays a late tick rather than catch up, so there a
+//! shard that was starved counts fewer ticks than time passed, and its
+//! election and check-quorum timers run later than here, never sooner. The
+//! keyspace leases do not depend on either: they are measured on the
+//! monotonic clock.
 
 use std::cell::Cell;
 

@@ -233,7 +233,11 @@ pub async fn run(world: &Rc<World>, plan: &Plan, until: Instant) {
     while Instant::now() < until {
         if stale_view_at.is_some_and(|at| Instant::now() >= at) {
             super::stale_view::run(world, until).await;
-            stale_view_at = plan.stale_view_after.map(|after| Instant::now() + after);
+            // At least a millisecond on: an episode that could not begin
+            // may have taken no time at all.
+            stale_view_at = plan
+                .stale_view_after
+                .map(|after| Instant::now() + after.max(Duration::from_millis(1)));
             continue;
         }
         let gap = world.gen_range(5..=plan.max_fault_gap_ms);

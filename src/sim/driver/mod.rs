@@ -143,8 +143,8 @@
 //! - With several shards: compares other than a value's, leases and
 //!   membership changes (the daemon's API layer carries them to every
 //!   shard; `tests/daemon_lease.rs` and `tests/daemon_members.rs` run them
-//!   on real processes), and the figure-8 adversaries; watches from now (start revision 0: every session
-//!   watches from revision 1 on).
+//!   on real processes), and the figure-8 adversaries; watches from now
+//!   (start revision 0: every session watches from revision 1 on).
 //! - The peer transport's framing: a snapshot stream's chunks go straight
 //!   from the sender's store to the receiver's spool.
 //! - The store's own power cuts (its syncs go to real files), and its

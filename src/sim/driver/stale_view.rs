@@ -44,7 +44,7 @@ use tokio::time::Instant;
 use crate::raft;
 use crate::routing::ShardId;
 
-use super::checks::status_of;
+use super::checks::{driver_stopped, status_of, violation, DriverViolationKind as Kind};
 use super::world::{World, ELECTION_TICKS, TICK};
 
 /// Longest a phase waits for its leaders before the episode is given up.
@@ -97,7 +97,10 @@ pub async fn run(world: &Rc<World>, until: Instant) {
     if split(world, inc, ch, &others, &x, &y).await
         && swap(world, inc, ch, &pivots, &x, &y, via_restart).await
     {
-        world.stale_views.set(world.stale_views.get() + 1);
+        // Counted only while the clients still write through it.
+        if Instant::now() < until {
+            world.stale_views.set(world.stale_views.get() + 1);
+        }
         world.note(|| {
             format!(
                 "stale view: n{inc} leads {x:?} and believes it leads {y:?}; n{ch} the other way"
@@ -224,10 +227,15 @@ async fn swap(
     }
     if via_restart {
         for &p in pivots {
-            if world.crash(p).await.is_err() || world.start(p).await.is_err() {
+            if let Err(e) = world.crash(p).await {
+                world.note_failure(driver_stopped(e));
                 return false;
             }
             world.crashes.set(world.crashes.get() + 1);
+            if let Err(e) = world.start(p).await {
+                world.note_failure(violation(Kind::RestartFailed, e));
+                return false;
+            }
         }
     }
     let deadline = Instant::now() + PHASE_BOUND;
