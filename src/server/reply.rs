@@ -268,20 +268,24 @@ mod tests {
         assert_eq!(jobs, 0);
     }
 
-    #[test]
-    fn an_asker_on_another_core_that_is_gone_is_told_outside_a_step() {
+    /// Runs two cores: core 0 makes a reply, hands its receiving end to
+    /// `asker` and its sending end to core 1, and stops; core 1 answers it
+    /// with `answer`.
+    fn reply_from_core0<A, F, Fut>(asker: A, answer: F)
+    where
+        A: Fn(Answered<u32>) + Send + Sync + Clone + 'static,
+        F: Fn(Reply<u32>) -> Fut + Send + Sync + Clone + 'static,
+        Fut: std::future::Future<Output = ()> + 'static,
+    {
         let (to_core1, from_core0) = std::sync::mpsc::channel::<Reply<u32>>();
         let from_core0 = Arc::new(Mutex::new(Some(from_core0)));
-        let told = Arc::new(Mutex::new(None));
-        let seen = told.clone();
         let cores = Cores::start(2, None, Duration::ZERO, move |ctx| {
-            let to_core1 = to_core1.clone();
-            let from_core0 = from_core0.clone();
-            let seen = seen.clone();
+            let (to_core1, from_core0) = (to_core1.clone(), from_core0.clone());
+            let (asker, answer) = (asker.clone(), answer.clone());
             async move {
                 if ctx.id == 0 {
                     let (reply, rx) = Reply::<u32>::channel();
-                    drop(rx);
+                    asker(rx);
                     to_core1.send(reply).unwrap();
                     return;
                 }
@@ -289,11 +293,23 @@ mod tests {
                 let reply = tokio::task::spawn_blocking(move || rx.recv().unwrap())
                     .await
                     .unwrap();
-                *seen.lock().unwrap() = Some(reply.send(Ok(1)));
+                answer(reply).await;
             }
         })
         .unwrap();
         cores.join();
+    }
+
+    #[test]
+    fn an_asker_on_another_core_that_is_gone_is_told_outside_a_step() {
+        let told = Arc::new(Mutex::new(None));
+        let seen = told.clone();
+        reply_from_core0(drop, move |reply| {
+            let seen = seen.clone();
+            async move {
+                *seen.lock().unwrap() = Some(reply.send(Ok(1)));
+            }
+        });
         assert_eq!(*told.lock().unwrap(), Some(Err(AskerGone)));
     }
 
@@ -329,32 +345,17 @@ mod tests {
         // Core 0 makes a reply, hands its receiving end out and stops; core
         // 1 answers within a step once core 0's mailbox is closed.
         let (to_test, answered) = std::sync::mpsc::channel::<Answered<u32>>();
-        let (to_core1, from_core0) = std::sync::mpsc::channel::<Reply<u32>>();
-        let from_core0 = Arc::new(Mutex::new(Some(from_core0)));
-        let cores = Cores::start(2, None, Duration::ZERO, move |ctx| {
-            let (to_test, to_core1) = (to_test.clone(), to_core1.clone());
-            let from_core0 = from_core0.clone();
-            async move {
-                if ctx.id == 0 {
-                    let (reply, rx) = Reply::<u32>::channel();
-                    to_test.send(rx).unwrap();
-                    to_core1.send(reply).unwrap();
-                    return;
-                }
-                let rx = from_core0.lock().unwrap().take().unwrap();
-                let reply = tokio::task::spawn_blocking(move || rx.recv().unwrap())
-                    .await
-                    .unwrap();
+        reply_from_core0(
+            move |rx| to_test.send(rx).unwrap(),
+            |reply| async move {
                 // Core 0's mailbox closes when its thread ends.
                 while runtime::try_send_to_core(0, Box::new(|| {})).is_ok() {
                     tokio::time::sleep(Duration::from_millis(1)).await;
                 }
                 step(|| reply.send(Ok(3)).unwrap());
                 assert_eq!(handed(), 0, "nothing handed to a stopped core");
-            }
-        })
-        .unwrap();
-        cores.join();
+            },
+        );
         let mut rx = answered.recv().unwrap();
         assert_eq!(rx.try_recv().unwrap().unwrap(), 3);
     }

@@ -31,10 +31,6 @@ impl TimerFaults {
         self.stalled.set(stalled);
     }
 
-    pub fn is_stalled(&self) -> bool {
-        self.stalled.get()
-    }
-
     /// Makes the shard campaign at its next tick, unless it leads.
     pub fn campaign(&self) {
         self.campaign.set(true);

@@ -37,12 +37,14 @@
 //! random faults either way.
 
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use crate::raft;
 use crate::routing::ShardId;
+use crate::server::revisions::RevisionCounter;
 
 use super::checks::{driver_stopped, status_of, violation, DriverViolationKind as Kind};
 use super::world::{World, ELECTION_TICKS, TICK};
@@ -119,12 +121,10 @@ pub async fn run(world: &Rc<World>, until: Instant) {
 async fn keyspace_leader(world: &World) -> Option<u64> {
     let deadline = Instant::now() + PHASE_BOUND;
     while Instant::now() < deadline {
-        let open = world.up_ids().into_iter().find(|&m| {
-            world
-                .router(m)
-                .and_then(|r| r.keyspace.clone())
-                .is_some_and(|k| k.counter.is_open())
-        });
+        let open = world
+            .up_ids()
+            .into_iter()
+            .find(|&m| counter_of(world, m).is_some_and(|c| c.is_open()));
         if open.is_some() {
             return open;
         }
@@ -143,10 +143,12 @@ async fn leader_seen_by(world: &World, id: u64, shard: ShardId) -> u64 {
 /// Whether member `id` leads each of `shards` with every entry of earlier
 /// terms applied, as its revision counter sees it.
 fn ready_on(world: &World, id: u64, shards: &[ShardId]) -> bool {
-    world
-        .router(id)
-        .and_then(|r| r.keyspace.clone())
-        .is_some_and(|k| shards.iter().all(|&s| k.counter.is_shard_ready(s)))
+    counter_of(world, id).is_some_and(|c| shards.iter().all(|&s| c.is_shard_ready(s)))
+}
+
+/// Member `id`'s revision counter, while it runs.
+fn counter_of(world: &World, id: u64) -> Option<Arc<RevisionCounter>> {
+    Some(world.router(id)?.keyspace.as_ref()?.counter.clone())
 }
 
 /// Whether every one of `shards` is led by `leader` as each of `members`
