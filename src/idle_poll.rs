@@ -119,8 +119,10 @@ fn lists_target(fdinfo: &str, fd: RawFd, ino: u64) -> bool {
     })
 }
 
-/// Told after each poll whether it found an event ready.
-pub type PollObserver = Box<dyn Fn(bool)>;
+/// Told after each poll whether it found an event ready, and how long it
+/// polled (the time spent checking and yielding, not a yield that ran
+/// another thread).
+pub type PollObserver = Box<dyn Fn(bool, Duration)>;
 
 /// One core's idle poller; lives on the core's thread.
 pub struct IdlePoll {
@@ -130,8 +132,9 @@ pub struct IdlePoll {
     window: Cell<Duration>,
     /// When the core last started to idle.
     idle_since: Cell<Option<Instant>>,
-    /// Whether the last idle period was polled, and whether the poll caught work.
-    last_poll: Cell<Option<bool>>,
+    /// Whether the last idle period was polled: whether the poll caught work,
+    /// and how long it polled.
+    last_poll: Cell<Option<(bool, Duration)>>,
     /// Told of every poll (whether it caught work), e.g. to count them.
     observer: RefCell<Option<PollObserver>>,
     /// The core's load over the current [`LOAD_PERIOD`].
@@ -240,6 +243,8 @@ impl IdlePoll {
         let mut now = start;
         let caught = loop {
             if self.ready() {
+                // The check itself counts: measured again.
+                now = Instant::now();
                 break true;
             }
             if now - start >= window {
@@ -258,7 +263,7 @@ impl IdlePoll {
             }
             now = after;
         };
-        self.last_poll.set(Some(caught));
+        self.last_poll.set(Some((caught, now - start)));
     }
 
     /// Runs as the runtime wakes: adapts the window to how long the core idled.
@@ -274,13 +279,15 @@ impl IdlePoll {
                 self.loaded.set(loaded);
             }
         }
-        if let (Some(caught), Some(observer)) = (self.last_poll.take(), &*self.observer.borrow()) {
-            observer(caught);
+        if let (Some((caught, polled)), Some(observer)) =
+            (self.last_poll.take(), &*self.observer.borrow())
+        {
+            observer(caught, polled);
         }
     }
 
     /// Calls `observer` after every poll with whether it found an event ready
-    /// before its window ran out.
+    /// before its window ran out, and how long it polled.
     pub fn observe(&self, observer: PollObserver) {
         *self.observer.borrow_mut() = Some(observer);
     }
@@ -411,10 +418,16 @@ mod tests {
         let polled = started.elapsed();
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         spinner.join().expect("spinner");
-        assert_eq!(poll.last_poll.get(), Some(false), "nothing was ready");
+        let (caught, counted) = poll.last_poll.get().expect("the core polled");
+        assert!(!caught, "nothing was ready");
         assert!(
             polled < window / 2,
             "polled {polled:?} of a {window:?} window while another thread wanted the CPU"
+        );
+        // The time reported is the polling's own, within the call's.
+        assert!(
+            counted <= polled,
+            "reported {counted:?}, call took {polled:?}"
         );
     }
 

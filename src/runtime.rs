@@ -155,7 +155,7 @@ pub fn try_send_to_core(to: usize, job: CoreJob) -> Result<(), CoreGone> {
 }
 
 /// Calls `observer` after each idle poll of the calling core thread, with whether
-/// the poll caught work before its window ran out. Returns whether this core
+/// the poll caught work before its window ran out and how long it polled. Returns whether this core
 /// polls before it sleeps (see [`idle_poll`]); if not, `observer` is dropped.
 pub fn observe_idle_polls(observer: idle_poll::PollObserver) -> bool {
     IDLE_POLL.with(|p| p.get().map(|p| p.observe(observer)).is_some())
@@ -310,12 +310,14 @@ mod tests {
         use std::sync::atomic::{AtomicU64, Ordering};
         use std::sync::Arc;
         let (polls, hits) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-        let seen = (polls.clone(), hits.clone());
+        let polled_us = Arc::new(AtomicU64::new(0));
+        let seen = (polls.clone(), hits.clone(), polled_us.clone());
         let cores = Cores::start(1, None, Duration::from_millis(20), move |_ctx| {
-            let (polls, hits) = seen.clone();
+            let (polls, hits, polled_us) = seen.clone();
             async move {
-                let polling = observe_idle_polls(Box::new(move |hit| {
+                let polling = observe_idle_polls(Box::new(move |hit, polled| {
                     polls.fetch_add(1, Ordering::Relaxed);
+                    polled_us.fetch_add(polled.as_micros() as u64, Ordering::Relaxed);
                     if hit {
                         hits.fetch_add(1, Ordering::Relaxed);
                     }
@@ -353,13 +355,21 @@ mod tests {
         cores.join();
         let (polls, hits) = (polls.load(Ordering::Relaxed), hits.load(Ordering::Relaxed));
         assert!(hits > 0, "polls {polls}, hits {hits}");
+        // Each poll is timed, and none outlasts the 20 ms window by more than
+        // one check (a yield that ran another thread is not counted).
+        let polled_us = polled_us.load(Ordering::Relaxed);
+        assert!(polled_us > 0, "polls {polls} took no time");
+        assert!(
+            polled_us <= polls * 21_000,
+            "{polls} polls took {polled_us} µs, more than their windows"
+        );
     }
 
     #[test]
     fn a_core_without_idle_polling_sleeps_as_before() {
         let cores = Cores::start(1, None, Duration::ZERO, |_ctx| async {
             // Registering an observer on a core that does not poll is a no-op.
-            assert!(!observe_idle_polls(Box::new(|_| panic!(
+            assert!(!observe_idle_polls(Box::new(|_, _| panic!(
                 "no polls without a window"
             ))));
             tokio::time::sleep(Duration::from_millis(5)).await;

@@ -87,6 +87,21 @@ async fn metrics_move_with_writes_and_readyz_waits_for_a_leader() {
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum();
     assert!(idle_polls > 0.0, "no idle polls counted:\n{after}");
+    // Each poll is timed: as many observations as polls (give or take the
+    // polls a core counts while the scrape reads it), and time spent.
+    let poll_time = |suffix: &str| -> f64 {
+        after
+            .lines()
+            .filter(|l| l.starts_with(&format!("cairn_core_idle_poll_duration_seconds_{suffix}{{")))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    let timed = poll_time("count");
+    assert!(
+        (timed - idle_polls).abs() <= 4.0,
+        "{timed} timed of {idle_polls}:\n{after}"
+    );
+    assert!(poll_time("sum") > 0.0, "idle polls took no time:\n{after}");
 
     // Three members on one host divide its CPUs: each gets a third of them (at
     // least one) and pins them from its own offset, so members 0 and 1 share none.

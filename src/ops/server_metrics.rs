@@ -15,7 +15,7 @@ use std::time::Duration;
 use super::metrics::{
     Aggregate, CoreCounter, CoreHistogram, CoreInfo, CoreMetrics, MemberSeries, MetricSpec,
     MetricType, MetricsError, Registry, RegistryBuilder, ShardCounter, ShardGauge, ShardHistogram,
-    ShardMetrics, BATCH_SIZE, ETCD_DISK_SECONDS,
+    ShardMetrics, BATCH_SIZE, ETCD_DISK_SECONDS, IDLE_POLL_SECONDS,
 };
 
 /// Which WAL backend a core's log runs on (`cairn_wal_backend_info`).
@@ -64,6 +64,7 @@ struct Ids {
     forwarded_requests: CoreCounter,
     idle_polls: CoreCounter,
     idle_poll_hits: CoreCounter,
+    idle_poll_time: CoreHistogram,
     auth_failures_limited: CoreCounter,
     has_leader: ShardGauge,
     is_leader: ShardGauge,
@@ -139,6 +140,14 @@ impl Ids {
                 "cairn_core_idle_poll_hits_total",
                 "Idle polls of this core that found an event ready before their window ran out.",
             ))?,
+            idle_poll_time: b.core_histogram(
+                MetricSpec::new(
+                    "cairn_core_idle_poll_duration_seconds",
+                    "Time this core spent in each idle poll: CPU spent waiting for work (its sum \
+                     is the polling's share of the process's CPU time).",
+                ),
+                IDLE_POLL_SECONDS,
+            )?,
             has_leader: b.shard_gauge(
                 MetricSpec::new(
                     "cairn_shard_has_leader",
@@ -357,10 +366,13 @@ impl CoreRecorder {
         self.metrics.counter_add(self.ids.forwarded_requests, 1);
     }
 
-    /// One idle poll, which found work (`hit`) or ran out its window.
+    /// One idle poll, which found work (`hit`) or ran out its window, after
+    /// polling for `polled`.
     #[inline]
-    pub fn idle_poll(&self, hit: bool) {
+    pub fn idle_poll(&self, hit: bool, polled: Duration) {
         self.metrics.counter_add(self.ids.idle_polls, 1);
+        self.metrics
+            .observe_duration(self.ids.idle_poll_time, polled);
         if hit {
             self.metrics.counter_add(self.ids.idle_poll_hits, 1);
         }

@@ -207,7 +207,10 @@ impl PeerClient {
                 }
             }
             if answer.is_err() {
-                let mut s = self.connect(url).await?;
+                // Boxed: connecting (TCP, maybe TLS) is rare next to sending on
+                // a pooled connection, and its state is most of a call's size;
+                // unboxed, every future that may forward would carry it.
+                let mut s = Box::pin(self.connect(url)).await?;
                 answer = Self::send(&mut s, url, &method, path, headers, body).await;
                 if answer.is_ok() {
                     self.put_idle(url, s);

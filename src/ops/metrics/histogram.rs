@@ -26,6 +26,15 @@ pub const ETCD_DISK_SECONDS: BucketLayout = BucketLayout {
     base_units_per_unit: NANOS_PER_SECOND,
 };
 
+/// Idle polls (`--idle-poll-us`, at most a few milliseconds): 10 µs to 2 ms.
+/// Observed in nanoseconds.
+pub const IDLE_POLL_SECONDS: BucketLayout = BucketLayout {
+    bounds: &[
+        0.00001, 0.00002, 0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002,
+    ],
+    base_units_per_unit: NANOS_PER_SECOND,
+};
+
 /// Appends per group-commit flush: powers of two up to 1024, the largest batch a
 /// core's WAL is expected to form.
 pub const BATCH_SIZE: BucketLayout = BucketLayout {

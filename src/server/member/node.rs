@@ -369,7 +369,9 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
     let recorder = shared.recorders[core].clone();
     let idle_polling = {
         let recorder = recorder.clone();
-        crate::runtime::observe_idle_polls(Box::new(move |hit| recorder.idle_poll(hit)))
+        crate::runtime::observe_idle_polls(Box::new(move |hit, polled| {
+            recorder.idle_poll(hit, polled)
+        }))
     };
     tracing::info!(
         core,
