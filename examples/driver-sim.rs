@@ -46,7 +46,7 @@ struct Args {
     mutation: Option<String>,
     /// Switch off a rule of the revision order (with --shards 2 or more):
     /// open-before-applied, no-finishing, no-leases, no-restart-vote-hold,
-    /// join-ignores-overlap or watch-no-merge.
+    /// join-ignores-overlap, watch-no-merge or watch-from-now-early.
     #[arg(long)]
     keyspace_mutation: Option<String>,
     /// Show the drivers' log lines at this level (e.g. `info`).

@@ -10,13 +10,16 @@
 //! and each Raft safety rule switched off must be caught, with 3 members
 //! and with 5. With several shards per member over one revision counter, the
 //! same checks hold across the shards (one revision order for every key,
-//! and watches over every shard merged into it by the Watch service's own
-//! code), also through stale-view episodes in which two members each
-//! believe they lead every shard; and a keyspace leader that opens its
-//! counter too early, one that does not finish earlier txns, a counter
-//! without its leases, a restarted member that votes at once, a txn batch
-//! that takes in a txn naming its keys, and a watch that does not merge
-//! its shards must be caught.
+//! watches over every shard merged into it by the Watch service's own
+//! code, and watches from now sent all that follows their created revision
+//! and nothing before), also through stale-view episodes in which two
+//! members each believe they lead every shard; and a keyspace leader that
+//! opens its counter too early, one that does not finish earlier txns, a
+//! counter without its leases, a restarted member that votes at once, a
+//! txn batch that takes in a txn naming its keys, a watch that does not
+//! merge its shards, and a watch from now sent what its shards had at or
+//! below its created revision must be caught. A task of the simulation
+//! that panics (a client's call) fails its seed.
 //!
 //! The full runs are `cargo run --release --example driver-sim -- --seeds 2000
 //! --members 3` (and `--members 5`, and `--shards 3`).
@@ -31,25 +34,35 @@ const SUITE_SEEDS_3: u64 = 300;
 const SUITE_SEEDS_5: u64 = 150;
 /// Seeds of three members with three shards each.
 const SUITE_SEEDS_SHARDS: u64 = 100;
-/// The seeds the keyspace mutation checks scan, with three shards: with
-/// five members 14 of seeds 0-99 catch a counter opened too early (the
-/// first seed 5; with three members only 2 of 100 in an earlier form of
-/// the clients); with three members 52 of them catch a leader that does
-/// not finish earlier txns (the first seed 3), 6 a counter without its
-/// leases (the first seed 4, through the stale-view episodes: a miss of all
-/// 100 has odds near 0.94^100, 2 in 1,000), and every one a batch that
-/// takes in a txn naming its keys.
+/// The seeds the keyspace mutation checks scan, with three shards (with
+/// the watch sessions from now, whose draws moved every seed's course):
+/// with five members 11 of seeds 0-99 catch a counter opened too early
+/// (the first seed 0; 14 before those sessions; with three members only 2
+/// of 100 in an earlier form of the clients); with three members 46 of
+/// them catch a leader that does not finish earlier txns (the first seed
+/// 0), 5 a counter without its leases (the first seed 1, through the
+/// stale-view episodes: a miss of all 100 has odds near 0.95^100, 6 in
+/// 1,000), and 91 a batch that takes in a txn naming its keys (the first
+/// seed 0).
 const KEYSPACE_MUTATION_SEEDS: std::ops::Range<u64> = 0..100;
 /// The seeds that scan for a restarted member voting at once, which only
-/// the episodes whose other members restart at the swap reach: 7 of seeds
-/// 0-599 with 3 members and 3 shards (the first seed 9, then 139 and 198),
-/// so a miss of all 200 has odds near 0.988^200, 9 in 100.
+/// the episodes whose other members restart at the swap reach: 9 of seeds
+/// 0-599 with 3 members and 3 shards (the first seed 31, then 51, 139 and
+/// 189; 7 before the watch sessions from now), so a miss of all 200 has
+/// odds near 0.985^200, 5 in 100.
 const NO_VOTE_HOLD_SEEDS: std::ops::Range<u64> = 0..200;
 /// A watch over several shards that sends each shard's events as they
 /// arrive is caught by every one of seeds 0-99 with three members (a
 /// revision that goes back, as soon as two shards' events cross): a few
 /// seeds are plenty.
 const WATCH_MUTATION_SEEDS: std::ops::Range<u64> = 0..5;
+/// A watch from now over several shards whose shards start past their own
+/// revisions, not past its created header's, is caught by 84 of seeds 0-99
+/// with three members (every one of seeds 0-9, the first seed 0; a watch
+/// is sent an event at or below its header as soon as one begins while a
+/// shard of its member is behind another): a miss of all five has odds
+/// near 0.16^5, 1 in 10,000.
+const WATCH_FROM_NOW_SEEDS: std::ops::Range<u64> = 0..5;
 /// The seeds the mutation check scans, stopping at the first caught: a broken
 /// core breaks safety only on some seeds (15 of seeds 0-199 in one run with 3
 /// members before the checks on the wire, the first at seed 3, in a build
@@ -241,6 +254,36 @@ fn a_txn_joining_a_batch_that_names_its_keys_is_caught() {
 fn a_watch_over_several_shards_not_merged_is_caught() {
     let v = keyspace_mutation_is_caught(3, KeyspaceMutation::WatchNoMerge, WATCH_MUTATION_SEEDS);
     assert_eq!(v.kind, driver::DriverViolationKind::WatchOrder, "{v}");
+}
+
+// docs/KEYSPACE.md, "Watches": a watch from now over several shards starts
+// every shard's part of its merge at the created response's header
+// revision; one that starts each shard past the revision that shard
+// answered sends a shard's events at or below the header when that shard
+// was behind the others.
+#[test]
+fn a_watch_from_now_sent_what_precedes_its_header_is_caught() {
+    let v =
+        keyspace_mutation_is_caught(3, KeyspaceMutation::WatchFromNowEarly, WATCH_FROM_NOW_SEEDS);
+    assert_eq!(v.kind, driver::DriverViolationKind::WatchBeforeStart, "{v}");
+}
+
+// A task of the simulation itself that panics (here a client's call, once
+// answered) fails its seed, rather than leaving the call out of the history
+// and the seed passing.
+#[test]
+fn a_simulated_client_that_panics_fails_the_seed() {
+    sim::install_quiet_panic_hook();
+    let cfg = driver::DriverSimConfig {
+        planted_panic: Some(driver::PlantedPanic::ClientCall(40)),
+        ..driver::DriverSimConfig::new(3, 0)
+    };
+    let out = driver::run_seed_alone(&cfg).expect("the driver simulation runs");
+    let v = out.violation.expect("the panic fails the seed");
+    assert_eq!(v.kind, driver::DriverViolationKind::TaskPanic, "{v}");
+    assert!(v.detail.contains("seed 0 (3 members, 1 shards)"), "{v}");
+    assert!(v.detail.contains("the clients' call 40"), "{v}");
+    assert!(v.detail.contains("planted"), "{v}");
 }
 
 #[test]

@@ -37,7 +37,7 @@ pub enum SimConfigError {
     Shards { shards: usize, max_shards: usize },
     #[error("a keyspace mutation needs several shards (--shards)")]
     KeyspaceMutationOneShard,
-    #[error("unknown keyspace mutation {0:?} (known: open-before-applied, no-finishing, no-leases, no-restart-vote-hold, join-ignores-overlap, watch-no-merge)")]
+    #[error("unknown keyspace mutation {0:?} (known: open-before-applied, no-finishing, no-leases, no-restart-vote-hold, join-ignores-overlap, watch-no-merge, watch-from-now-early)")]
     UnknownKeyspaceMutation(String),
     #[error("unknown safety mutation {0:?} (known: commit-previous-term-by-count, vote-without-log-check)")]
     UnknownMutation(String),
@@ -55,6 +55,7 @@ pub fn parse_keyspace_mutation(name: &str) -> Result<KeyspaceMutation, SimConfig
         "no-restart-vote-hold" => Ok(KeyspaceMutation::NoRestartVoteHold),
         "join-ignores-overlap" => Ok(KeyspaceMutation::JoinIgnoresOverlap),
         "watch-no-merge" => Ok(KeyspaceMutation::WatchNoMerge),
+        "watch-from-now-early" => Ok(KeyspaceMutation::WatchFromNowEarly),
         other => Err(SimConfigError::UnknownKeyspaceMutation(other.to_string())),
     }
 }

@@ -67,11 +67,17 @@ impl ShardsWatch {
             progress: merged,
             ..spec
         };
-        let unmerged = router
-            .keyspace
-            .as_ref()
-            .is_some_and(|k| k.counter.mutated(KeyspaceMutation::WatchNoMerge));
+        let mutated = |m| {
+            router
+                .keyspace
+                .as_ref()
+                .is_some_and(|k| k.counter.mutated(m))
+        };
+        let unmerged = mutated(KeyspaceMutation::WatchNoMerge);
+        let early = start_revision == 0 && mutated(KeyspaceMutation::WatchFromNowEarly);
         let mut revision = 0;
+        // Each shard's answer, kept for the planted bug only.
+        let mut answered_by_shard = Vec::new();
         for &s in &shards {
             let answered = router
                 .ask(s, |reply| ShardCommand::Watch {
@@ -83,7 +89,12 @@ impl ShardsWatch {
                 })
                 .await;
             match answered {
-                Ok(rev) => revision = revision.max(rev),
+                Ok(rev) => {
+                    revision = revision.max(rev);
+                    if early {
+                        answered_by_shard.push((s, rev));
+                    }
+                }
                 Err(e) => {
                     for &s in &shards {
                         let (reply, _) = Reply::channel();
@@ -101,7 +112,18 @@ impl ShardsWatch {
             0 => revision,
             from => from - 1,
         };
-        let merge = (merged && !unmerged).then(|| Merge::new(&shards, sent_through));
+        let merge = (merged && !unmerged).then(|| {
+            if !early {
+                return Merge::new(&shards, sent_through);
+            }
+            // Planted: each shard starts past its own revision, so one that
+            // was behind sends what lies at or below the header's.
+            let mut m = Merge::new(&shards, start_revision - 1);
+            for &(s, rev) in &answered_by_shard {
+                let _ = m.push(s, rev, Vec::new(), &[]);
+            }
+            m
+        });
         Ok((ShardsWatch { shards, merge }, revision))
     }
 

@@ -126,6 +126,13 @@ pub enum KeyspaceMutation {
     /// before the other shards have sent through its revision (breaks the
     /// one revision order of docs/KEYSPACE.md, "Watches").
     WatchNoMerge,
+    /// A watch from now over several shards starts each shard's part of
+    /// its merge past the revision that shard answered, not past the
+    /// created response's header revision (the highest they answered): a
+    /// shard that was behind the others sends events at or below the
+    /// header, which a watch from now must never be sent (the bug fixed in
+    /// `keyspace::watch_shards`, docs/KEYSPACE.md, "Watches").
+    WatchFromNowEarly,
 }
 
 /// The keyspace leader's revision counter: what it opens on (each shard's

@@ -46,6 +46,15 @@ impl TimerFaults {
         (self.missed.replace(0) + 1).min(MAX_BUNCH)
     }
 
+    /// The shard's member crashed: the ticks it missed and a campaign asked
+    /// of it are gone with the process, so that the restarted shard does
+    /// not take the one in a bunch or campaign at its first tick. A stall
+    /// stays: it is the core's, not the process's.
+    pub fn crashed(&self) {
+        self.missed.set(0);
+        self.campaign.set(false);
+    }
+
     /// Whether a campaign was asked for since the last tick taken.
     pub(super) fn take_campaign(&self) -> bool {
         !self.stalled.get() && self.campaign.replace(false)
@@ -99,5 +108,24 @@ mod tests {
         }
         t.stall(false);
         assert_eq!(t.ticks_now(), MAX_BUNCH);
+    }
+
+    #[test]
+    fn a_crash_forgets_the_missed_ticks_and_the_campaign_but_not_the_stall() {
+        let t = TimerFaults::default();
+        t.stall(true);
+        for _ in 0..5 {
+            t.ticks_now();
+        }
+        t.campaign();
+        t.crashed();
+        assert_eq!(t.ticks_now(), 0, "still stalled");
+        t.stall(false);
+        assert_eq!(
+            t.ticks_now(),
+            2,
+            "the tick missed since the restart, and this one"
+        );
+        assert!(!t.take_campaign());
     }
 }

@@ -67,6 +67,9 @@ pub enum DriverViolationKind {
     NoLiveness,
     /// A watch was sent a revision again, or out of order.
     WatchOrder,
+    /// A watch was sent a revision at or below the one it started after:
+    /// for a watch from now, its created response's header revision.
+    WatchBeforeStart,
     /// A watch was never sent a revision of the log between the first and
     /// the last it was sent, or was cancelled as compacted.
     WatchGap,
@@ -83,6 +86,10 @@ pub enum DriverViolationKind {
     LeaseNotRevoked,
     /// A driver panicked or stopped by itself.
     DriverPanic,
+    /// A task of the simulation panicked: a client's call (with the API
+    /// layer's code it runs), a watch session, a lease client, a fault or a
+    /// message on its way. What it was doing never reached the checks.
+    TaskPanic,
     /// A member did not open again after a crash.
     RestartFailed,
     /// The drivers took far more real time than the simulated load needs.
@@ -111,6 +118,7 @@ impl DriverViolationKind {
                 | DriverViolationKind::CommittedChanged
                 | DriverViolationKind::LeaderIncomplete
                 | DriverViolationKind::WatchOrder
+                | DriverViolationKind::WatchBeforeStart
                 | DriverViolationKind::WatchGap
                 | DriverViolationKind::WatchPhantom
         )

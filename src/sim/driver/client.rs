@@ -134,6 +134,8 @@ fn key(n: u32) -> Bytes {
 /// a running member picked at random; answers land in `history`.
 pub async fn run_clients(world: Rc<World>, history: History, until: Instant) {
     let mut next_value = 0u64;
+    // Calls sent, to name one.
+    let mut calls = 0u64;
     // The last value each key was sent, for the txns' compares.
     let mut last_sent: std::collections::BTreeMap<Bytes, Bytes> = Default::default();
     while Instant::now() < until {
@@ -196,13 +198,27 @@ pub async fn run_clients(world: Rc<World>, history: History, until: Instant) {
                 key: key(world.gen_range(0..KEYS)),
             }
         };
-        let world = world.clone();
+        calls += 1;
+        let n = calls;
+        let what = {
+            let op = op.clone();
+            move || format!("the clients' call {n} through member {member}, {op:?},")
+        };
         let history = history.clone();
-        tokio::task::spawn_local(async move {
-            if let Some(call) = call(&world, member, op).await {
+        let task = {
+            let world = world.clone();
+            async move {
+                let Some(call) = call(&world, member, op).await else {
+                    return;
+                };
+                #[cfg(feature = "raft-mutations")]
+                if world.planted_panic() == Some(super::PlantedPanic::ClientCall(n)) {
+                    panic!("planted: call {n} was answered {:?}", call.answer);
+                }
                 history.borrow_mut().push(call);
             }
-        });
+        };
+        world.spawn_checked(what, task);
     }
 }
 
@@ -337,28 +353,31 @@ async fn txn_across(
     loop {
         let router = world.router(member).ok_or(ApiError::Stopped)?;
         // Apart from this call, as the daemon runs it: a txn is not
-        // stopped half way through its holds.
-        let run = tokio::task::spawn_local(cross_txn::run(router, req.clone()));
+        // stopped half way through its holds. A panic of it is the seed's
+        // violation; the call is then answered as by a member that stopped.
+        let what = move || format!("a txn over several shards run by member {member}");
+        let run = world.spawn_checked(what, cross_txn::run(router, req.clone()));
         let leader = match run.await {
-            Ok(Ok(r)) => return Ok(r),
-            Ok(Err(ApiError::NotLeader { leader })) => leader,
-            Ok(Err(e @ (ApiError::NoLeader | ApiError::LeaderChanged))) => {
+            Ok(Some(Ok(r))) => return Ok(r),
+            Ok(Some(Err(ApiError::NotLeader { leader }))) => leader,
+            Ok(Some(Err(e @ (ApiError::NoLeader | ApiError::LeaderChanged)))) => {
                 last = e;
                 crate::raft::NONE
             }
-            Ok(Err(e)) => return Err(e),
-            Err(_) => return Err(ApiError::Stopped),
+            Ok(Some(Err(e))) => return Err(e),
+            Ok(None) | Err(_) => return Err(ApiError::Stopped),
         };
         let remote = (leader != member && leader != crate::raft::NONE)
             .then(|| world.router(leader))
             .flatten();
         if let Some(remote) = remote {
-            let run = tokio::task::spawn_local(cross_txn::run(remote, req.clone()));
+            let what = move || format!("a txn over several shards run by member {leader}");
+            let run = world.spawn_checked(what, cross_txn::run(remote, req.clone()));
             match run.await {
-                Ok(Ok(r)) => return Ok(r),
-                Ok(Err(ApiError::NotLeader { .. })) => {}
-                Ok(Err(e)) => return Err(e),
-                Err(_) => return Err(ApiError::Stopped),
+                Ok(Some(Ok(r))) => return Ok(r),
+                Ok(Some(Err(ApiError::NotLeader { .. }))) => {}
+                Ok(Some(Err(e))) => return Err(e),
+                Ok(None) | Err(_) => return Err(ApiError::Stopped),
             }
         }
         if Instant::now() >= deadline {

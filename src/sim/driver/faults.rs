@@ -162,19 +162,23 @@ impl LeaderWatch {
 pub fn doom(world: &Rc<World>, plan: &Plan, id: u64) {
     let delay = Duration::from_millis(world.gen_range(0..=plan.max_doom_delay_ms));
     let crash = world.chance(plan.doom_crash_per_mille);
-    let world = world.clone();
     let plan = plan.clone();
-    tokio::task::spawn_local(async move {
-        tokio::time::sleep(delay).await;
-        if !world.in_chaos() {
-            return;
+    let what = move || format!("a fault striking member {id}");
+    let task = {
+        let world = world.clone();
+        async move {
+            tokio::time::sleep(delay).await;
+            if !world.in_chaos() {
+                return;
+            }
+            if crash {
+                crash_and_restart(&world, &plan, id).await;
+            } else {
+                isolate(&world, id, None);
+            }
         }
-        if crash {
-            crash_and_restart(&world, &plan, id).await;
-        } else {
-            isolate(&world, id, None);
-        }
-    });
+    };
+    world.spawn_checked(what, task);
 }
 
 /// Cuts `id` off from every other member, both ways: on `shard` alone, or
@@ -215,15 +219,19 @@ async fn crash_and_restart(world: &Rc<World>, plan: &Plan, id: u64) {
     }
     world.crashes.set(world.crashes.get() + 1);
     let after = Duration::from_millis(world.gen_range(20..=plan.max_down_ms));
-    let world = world.clone();
-    tokio::task::spawn_local(async move {
-        tokio::time::sleep(after).await;
-        if !world.is_up(id) {
-            if let Err(e) = world.start(id).await {
-                world.note_failure(violation(Kind::RestartFailed, e));
+    let what = move || format!("the restart of member {id}");
+    let task = {
+        let world = world.clone();
+        async move {
+            tokio::time::sleep(after).await;
+            if !world.is_up(id) {
+                if let Err(e) = world.start(id).await {
+                    world.note_failure(violation(Kind::RestartFailed, e));
+                }
             }
         }
-    });
+    };
+    world.spawn_checked(what, task);
 }
 
 /// Random faults until `until`.
@@ -291,10 +299,14 @@ fn transfer(world: &Rc<World>, to: u64) {
     {
         return;
     }
-    let world = world.clone();
-    tokio::task::spawn_local(async move {
-        if let Ok(Ok(())) = answer.await {
-            world.transfers.set(world.transfers.get() + 1);
+    let what = move || format!("the transfer of shard 0's leadership to member {to}");
+    let task = {
+        let world = world.clone();
+        async move {
+            if let Ok(Ok(())) = answer.await {
+                world.transfers.set(world.transfers.get() + 1);
+            }
         }
-    });
+    };
+    world.spawn_checked(what, task);
 }

@@ -75,7 +75,7 @@ pub async fn run(world: Rc<World>, leases: Leases, until: Instant) {
     let clients: Vec<_> = (0..CLIENTS)
         .map(|n| {
             let c = client(world.clone(), leases.clone(), n, until);
-            super::AbortOnDrop(tokio::task::spawn_local(c))
+            super::AbortOnDrop(world.spawn_checked(move || format!("lease client {n}"), c))
         })
         .collect();
     for mut c in clients {

@@ -30,7 +30,9 @@
 //!   service does (`keyspace::watch_shards`), and watch again through
 //!   another from where they stopped when it crashes or is removed, or now
 //!   and then by themselves; one reads slowly, so its shards move it to
-//!   catch-up from the store.
+//!   catch-up from the store. With several shards two more watch from now
+//!   (start revision 0) each time, moving on often, so that many watches
+//!   begin while a member's shards stand at different revisions.
 //! - Leases (see [`leases`]): four clients grant one to three leases of 1-2
 //!   s with a key each and keep them alive together, one renewal naming
 //!   them all, through any running member (sent on to the leader it names),
@@ -75,10 +77,16 @@
 //! read saw, and never a put that began after it ended; every acknowledged
 //! put is in every member's store at its revision; every value read is the
 //! log's at its revision; every member's store hashes the same; no driver
-//! panics; every crashed member reopens; every watch session is sent the
-//! last revision that changed a key within [`LIVENESS_BOUND`] after the
-//! faults, and was sent each revision of the log once, in order (checked
-//! as it arrives too), with the log's keys and values, none missing; no
+//! panics, nor any task of the simulation itself (a client's call and the
+//! API layer's code it runs, a watch session, a lease client, a fault, a
+//! message on its way: [`DriverViolationKind::TaskPanic`], where the call
+//! would otherwise only be missing from the history); every crashed member
+//! reopens; every watch session is sent the last revision that changed a
+//! key within [`LIVENESS_BOUND`] after the faults, and was sent each
+//! revision of the log once, in order (checked as it arrives too), with the
+//! log's keys and values, none missing (a watch from now: nothing at or
+//! below its created response's header revision, and from there none
+//! missing); no
 //! lease is gone (its key deleted, or a keep-alive told it
 //! is unknown) before the TTL of an answered grant or keep-alive has run
 //! from when that was sent; after the faults, every lease ends on every
@@ -110,7 +118,9 @@
 //!   revision order by the real `keyspace::watch_merge` (an event goes out
 //!   once every shard has sent through its revision; idle shards move on
 //!   the keyspace leader's closes). A shard that finds the slow session's
-//!   queue full moves it to catch-up there, while the others feed it.
+//!   queue full moves it to catch-up there, while the others feed it. A
+//!   watch from now starts on every shard at the highest revision they
+//!   answered, the created response's header.
 //!
 //! The checks above then hold across the shards (one revision order for
 //! every key). Besides: every read over all shards is the log's state at
@@ -133,7 +143,9 @@
 //! some, built from per-shard cuts, a partition between the two, the
 //! timer of a shard stalled as on a starved core (the driver's
 //! `ShardSetup::timer_faults`), campaigns at chosen moments and, in half
-//! of them, restarts of the other members. Only the leases of every shard
+//! of them, restarts of the other members (a crash forgets the ticks a
+//! member's timers missed and a campaign asked of them, as a new process
+//! has neither; a stall, the core's, stays). Only the leases of every shard
 //! and a restarted member's vote hold keep both counters from handing out
 //! revisions at once; with either planted away, the episodes are caught.
 //! Txns over the same shards run in the real batches (`keyspace::txn_batch`),
@@ -143,8 +155,9 @@
 //! - With several shards: compares other than a value's, leases and
 //!   membership changes (the daemon's API layer carries them to every
 //!   shard; `tests/daemon_lease.rs` and `tests/daemon_members.rs` run them
-//!   on real processes), and the figure-8 adversaries; watches from now
-//!   (start revision 0: every session watches from revision 1 on).
+//!   on real processes), and the figure-8 adversaries.
+//! - With one shard: watches from now (a shard's watch from now starts at
+//!   its own revision; the sessions watch from revision 1 on).
 //! - The peer transport's framing: a snapshot stream's chunks go straight
 //!   from the sender's store to the receiver's spool.
 //! - The store's own power cuts (its syncs go to real files), and its
@@ -240,6 +253,21 @@ pub struct DriverSimConfig {
     pub keyspace_mutation: Option<KeyspaceMutation>,
     /// Keep a line per message sent, to compare two runs of the seed.
     pub trace: bool,
+    /// A panic planted in a task of the simulation, to show it is caught.
+    #[cfg(feature = "raft-mutations")]
+    #[doc(hidden)]
+    pub planted_panic: Option<PlantedPanic>,
+}
+
+/// A panic planted in a task of the simulation itself (not a member's),
+/// which [`DriverViolationKind::TaskPanic`] must catch. Only a build with
+/// the `raft-mutations` feature (test builds) can plant one.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PlantedPanic {
+    /// The clients' call with this number (from 1) panics once answered,
+    /// before its answer enters the history.
+    ClientCall(u64),
 }
 
 impl DriverSimConfig {
@@ -256,6 +284,8 @@ impl DriverSimConfig {
             mutation: None,
             keyspace_mutation: None,
             trace: false,
+            #[cfg(feature = "raft-mutations")]
+            planted_panic: None,
         }
     }
 
@@ -488,11 +518,10 @@ async fn run_world(world: &Rc<World>, stats: &mut DriverSimStats) -> Result<(), 
     let history: History = Rc::new(RefCell::new(Vec::new()));
     let until = Instant::now() + Duration::from_millis(world.gen_range(CHAOS_MS));
     // Aborted if the seed ends early (its real-time budget ran out).
-    let mut clients = AbortOnDrop(tokio::task::spawn_local(client::run_clients(
-        world.clone(),
-        history.clone(),
-        until,
-    )));
+    let mut clients = AbortOnDrop(world.spawn_checked(
+        || "the clients' task".to_string(),
+        client::run_clients(world.clone(), history.clone(), until),
+    ));
     // The scripted adversary places every member itself: no membership
     // changes under it. With several shards the simulation has no
     // membership changes or leases yet (a change and a lease over several
@@ -506,16 +535,15 @@ async fn run_world(world: &Rc<World>, stats: &mut DriverSimStats) -> Result<(), 
         until
     };
     let leases_until = if one_shard { until } else { Instant::now() };
-    let mut changes = AbortOnDrop(tokio::task::spawn_local(membership::run(
-        world.clone(),
-        changes_until,
-    )));
+    let mut changes = AbortOnDrop(world.spawn_checked(
+        || "the membership changes' task".to_string(),
+        membership::run(world.clone(), changes_until),
+    ));
     let lease_log: leases::Leases = Rc::default();
-    let lease_clients = AbortOnDrop(tokio::task::spawn_local(leases::run(
-        world.clone(),
-        lease_log.clone(),
-        leases_until,
-    )));
+    let lease_clients = AbortOnDrop(world.spawn_checked(
+        || "the lease clients' task".to_string(),
+        leases::run(world.clone(), lease_log.clone(), leases_until),
+    ));
     let (sessions, watch_tasks) = watchers::start(world);
     let watches: Vec<_> = watch_tasks.into_iter().map(AbortOnDrop).collect();
     let plan = faults::Plan::draw(world);
@@ -534,9 +562,14 @@ async fn run_world(world: &Rc<World>, stats: &mut DriverSimStats) -> Result<(), 
     // The membership change under way takes effect (within its own bound)
     // before the group is checked; members it added are started.
     stats.membership_changes = match (&mut changes.0).await {
-        Ok(Ok(n)) => n,
-        Ok(Err(v)) => return Err(v),
-        Err(e) => return Err(violation(Kind::DriverPanic, e.to_string())),
+        Ok(Some(Ok(n))) => n,
+        Ok(Some(Err(v))) => return Err(v),
+        // It panicked, and said so.
+        Ok(None) | Err(_) => {
+            return Err(world.take_failure().unwrap_or_else(|| {
+                violation(Kind::TaskPanic, "the membership changes' task ended early")
+            }))
+        }
     };
     start_down_members(world).await?;
     let healed = Instant::now();
@@ -549,7 +582,13 @@ async fn run_world(world: &Rc<World>, stats: &mut DriverSimStats) -> Result<(), 
     let revision = checks::last_change(world, world.ids()[0])
         .await
         .map_err(|e| violation(Kind::NoLiveness, e))?;
-    watchers::caught_up(&sessions, revision, LIVENESS_BOUND).await?;
+    // With several shards there are no leases to wait for.
+    let after = if one_shard {
+        "the faults ended and every lease with them"
+    } else {
+        "the faults ended"
+    };
+    watchers::caught_up(&sessions, revision, LIVENESS_BOUND, after).await?;
     // Nothing newer than the log read below reaches a session.
     drop(watches);
     // Calls still in flight end within their timeout.

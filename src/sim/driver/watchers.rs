@@ -7,14 +7,20 @@
 //! removed, or a session moves on by itself, it watches again through
 //! another member from where it stopped, as an etcd client resumes a watch.
 //! One session reads slowly, so its shards' queue fills and they move it to
-//! catch-up from the store.
+//! catch-up from the store. With several shards, two more sessions watch
+//! from now (start revision 0) each time, through any member and often
+//! moving on, so that many watches begin while the member's shards stand at
+//! different revisions: each such watch must be sent only what follows its
+//! created response's header revision, and from there all of it.
 //!
 //! What each session is sent is checked as it arrives ([`take`]: revisions
-//! never go back, none sent twice, none above its response's revision) and
-//! against the log at the end ([`check`]): every revision once, in order,
-//! with the log's keys and values (with several shards, every shard's
-//! changes at that revision, e.g. of a txn over several shards), and
-//! nothing missing between the first and the last.
+//! never go back, none sent twice, none above its response's revision, none
+//! at or below the revision its watch started after) and against the log at
+//! the end ([`check`]): every revision once, in order, with the log's keys
+//! and values (with several shards, every shard's changes at that revision,
+//! e.g. of a txn over several shards), and nothing missing between the
+//! first and the last (for a watch from now, between its created header's
+//! revision and the last it was sent).
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -32,8 +38,12 @@ use crate::server::keyspace::watch_shards::{Delivery, ShardsWatch};
 use super::checks::{violation, Change, DriverViolation, DriverViolationKind as Kind, Log};
 use super::world::World;
 
-/// Sessions watching at once.
+/// Sessions watching at once, each resuming from where it stopped.
 const SESSIONS: usize = 3;
+/// Sessions, with several shards, that watch from now each time.
+const FROM_NOW_SESSIONS: usize = 2;
+/// Most responses a watch from now takes before its session moves on.
+const FROM_NOW_RESPONSES: u32 = 20;
 /// Batches a session's stream holds before its shards move it to catch-up.
 const STREAM_QUEUE: usize = 4;
 
@@ -45,14 +55,26 @@ pub struct Seen {
     pub key: Bytes,
     /// None: a delete.
     pub value: Option<Bytes>,
+    /// Which of its session's watches sent it (its count of watches then).
+    pub watch: u64,
+    /// The revision that watch started after.
+    pub after: i64,
 }
 
 /// What one session was sent, in order.
 #[derive(Debug)]
 pub struct Session {
     pub events: Vec<Seen>,
-    /// The first revision not seen yet.
+    /// The first revision not seen yet: for a watch from now, at first the
+    /// one after its created header's.
     pub next: i64,
+    /// Each watch starts from now (start revision 0) and is checked on its
+    /// own, from its created header's revision; else each resumes from
+    /// `next`, and the session is checked as one stream from revision 1.
+    pub from_now: bool,
+    /// The revision the current watch started after: its created header's
+    /// (from now), or the one before its start revision.
+    pub after: i64,
     /// Watches asked of a member, and those it took.
     pub asked: u64,
     pub watches: u64,
@@ -63,29 +85,40 @@ pub struct Session {
 pub type Sessions = Rc<RefCell<Vec<Session>>>;
 
 /// Starts the sessions; they watch until their tasks are aborted.
-pub fn start(world: &Rc<World>) -> (Sessions, Vec<tokio::task::JoinHandle<()>>) {
+pub fn start(world: &Rc<World>) -> (Sessions, Vec<tokio::task::JoinHandle<Option<()>>>) {
+    // Watches from now with several shards only: one shard's watch from
+    // now is that shard's own revision, and those seeds run as they did.
+    let from_now = if world.shards() > 1 {
+        FROM_NOW_SESSIONS
+    } else {
+        0
+    };
     let sessions: Sessions = Rc::new(RefCell::new(
-        (0..SESSIONS)
-            .map(|_| Session {
+        (0..SESSIONS + from_now)
+            .map(|n| Session {
                 events: Vec::new(),
                 next: 1,
+                from_now: n >= SESSIONS,
+                after: 0,
                 asked: 0,
                 watches: 0,
                 failure: None,
             })
             .collect(),
     ));
-    let tasks = (0..SESSIONS)
+    let tasks = (0..SESSIONS + from_now)
         .map(|n| {
-            // The last session reads slowly: its queue fills.
+            // The last resuming session reads slowly: its queue fills.
             let slow = n + 1 == SESSIONS;
-            tokio::task::spawn_local(watch(world.clone(), sessions.clone(), n, slow))
+            let task = watch(world.clone(), sessions.clone(), n, slow);
+            world.spawn_checked(move || format!("watch session {n}"), task)
         })
         .collect();
     (sessions, tasks)
 }
 
 async fn watch(world: Rc<World>, sessions: Sessions, n: usize, slow: bool) {
+    let from_now = sessions.borrow()[n].from_now;
     loop {
         tokio::time::sleep(Duration::from_millis(world.gen_range(5..200))).await;
         let Some(member) = world.pick_up() else {
@@ -102,7 +135,8 @@ async fn watch(world: Rc<World>, sessions: Sessions, n: usize, slow: bool) {
         let (start_revision, asked) = {
             let mut all = sessions.borrow_mut();
             all[n].asked += 1;
-            (all[n].next, all[n].asked)
+            let start = if from_now { 0 } else { all[n].next };
+            (start, all[n].asked)
         };
         // Distinct for every watch of the run, so a restarted driver never
         // meets an earlier stream's key.
@@ -117,13 +151,24 @@ async fn watch(world: Rc<World>, sessions: Sessions, n: usize, slow: bool) {
             progress: false,
         };
         let created = ShardsWatch::create(&router, key, spec, start_revision, tx).await;
-        let Ok((mut shards_watch, _)) = created else {
+        let Ok((mut shards_watch, header)) = created else {
             // Refused or stopped: another member, later.
             continue;
         };
-        sessions.borrow_mut()[n].watches += 1;
-        // Now and then a session moves on by itself after some responses.
-        let moves_after = world.chance(200).then(|| world.gen_range(1..20u32));
+        {
+            let session = &mut sessions.borrow_mut()[n];
+            session.watches += 1;
+            // From now: only what follows the created response's header.
+            session.after = if from_now { header } else { start_revision - 1 };
+            session.next = session.after + 1;
+        }
+        // Now and then a session moves on by itself after some responses;
+        // one watching from now always does, to watch from now again.
+        let moves_after = if from_now {
+            Some(world.gen_range(1..=FROM_NOW_RESPONSES))
+        } else {
+            world.chance(200).then(|| world.gen_range(1..20u32))
+        };
         let mut responses = 0u32;
         while let Some(batch) = rx.recv().await {
             if let Some(delivery) = shards_watch.take(batch) {
@@ -151,7 +196,8 @@ async fn watch(world: Rc<World>, sessions: Sessions, n: usize, slow: bool) {
 }
 
 /// Records `delivery`, or says how it breaks the stream's promise: events
-/// in revision order, from the revision the session asked for, none above
+/// in revision order, each above the revision its watch started after (for
+/// a watch from now, the created response's header revision), none above
 /// the response's revision, no revision sent in two responses (one
 /// revision's events, of every shard, come together).
 fn take(session: &mut Session, member: u64, delivery: Delivery) -> Option<DriverViolation> {
@@ -177,6 +223,20 @@ fn take(session: &mut Session, member: u64, delivery: Delivery) -> Option<Driver
         let deleted = e.r#type == mvccpb::event::EventType::Delete as i32;
         let kv = e.kv.unwrap_or_default();
         let revision = kv.mod_revision;
+        if revision <= session.after {
+            let start = if session.from_now {
+                format!(
+                    "a watch from now whose created response's header was revision {}",
+                    session.after
+                )
+            } else {
+                format!("a watch from revision {}", session.after + 1)
+            };
+            return Some(violation(
+                Kind::WatchBeforeStart,
+                format!("member {member} sent revision {revision} to {start}"),
+            ));
+        }
         if revision < last {
             return Some(violation(
                 Kind::WatchOrder,
@@ -202,17 +262,23 @@ fn take(session: &mut Session, member: u64, delivery: Delivery) -> Option<Driver
             revision,
             key: kv.key,
             value: (!deleted).then_some(kv.value),
+            watch: session.watches,
+            after: session.after,
         });
     }
     None
 }
 
-/// Waits until every session has been sent revision `revision`, or says
-/// which one was not within `bound` while every member runs.
+/// Waits until every session has been sent revision `revision` (a watch
+/// from now created above it has nothing to be sent), or says which one was
+/// not within `bound` while every member runs. `after` says what the bound
+/// runs from, for the message: the end of the faults, and with leases the
+/// end of every lease.
 pub async fn caught_up(
     sessions: &Sessions,
     revision: i64,
     bound: Duration,
+    after: &str,
 ) -> Result<(), DriverViolation> {
     let deadline = Instant::now() + bound;
     loop {
@@ -233,8 +299,7 @@ pub async fn caught_up(
                 Kind::WatchStalled,
                 format!(
                     "watch session {n} had been sent the revisions below {next} only, \
-                     {bound:?} after the faults ended and every lease with them; the last \
-                     revision is {revision}"
+                     {bound:?} after {after}; the last revision is {revision}"
                 ),
             ));
         }
@@ -243,50 +308,76 @@ pub async fn caught_up(
 }
 
 /// Checks what the sessions were sent against `log`: each revision a
-/// session was sent holds the log's changes there, and from the log's first
-/// revision to a session's last, none is missing (every session watched
-/// from revision 1, and nothing compacts).
+/// session was sent holds the log's changes there, and none is missing from
+/// the log's first revision to a resuming session's last (every such
+/// session watched from revision 1, and nothing compacts), nor from a watch
+/// from now's created header's revision to the last that watch was sent.
 pub fn check(sessions: &Sessions, log: &Log) -> Result<(), DriverViolation> {
     for (n, s) in sessions.borrow_mut().iter_mut().enumerate() {
         if let Some(v) = s.failure.take() {
             return Err(v);
         }
-        let mut sent: BTreeMap<i64, (u64, Vec<Change>)> = BTreeMap::new();
+        // One stream per watch from now; a resuming session's watches make
+        // one stream.
+        let mut streams: BTreeMap<u64, Vec<&Seen>> = BTreeMap::new();
         for e in &s.events {
-            let (_, changes) = sent.entry(e.revision).or_insert((e.member, Vec::new()));
-            changes.push((e.key.clone(), e.value.clone()));
+            let stream = if s.from_now { e.watch } else { 0 };
+            streams.entry(stream).or_default().push(e);
         }
-        for (revision, (member, changes)) in &mut sent {
-            changes.sort();
-            let logged = log.get(revision);
-            if logged != Some(changes) {
-                return Err(violation(
-                    Kind::WatchPhantom,
-                    format!(
-                        "member {member} sent watch session {n} {changes:?} at revision \
-                         {revision}; the log holds {logged:?} there"
-                    ),
-                ));
-            }
+        for events in streams.values() {
+            check_stream(n, s, events, log)?;
         }
-        let Some(&last) = sent.keys().next_back() else {
-            continue;
-        };
-        if let Some(missing) = log
-            .range(..=last)
-            .map(|(r, _)| *r)
-            .find(|r| !sent.contains_key(r))
-        {
-            let after = sent.range(missing..).next().map(|(r, (m, _))| (*r, *m));
+    }
+    Ok(())
+}
+
+/// [`check`] of one stream of session `n`: `events`, of one watch from now
+/// or of every watch of a resuming session.
+fn check_stream(n: usize, s: &Session, events: &[&Seen], log: &Log) -> Result<(), DriverViolation> {
+    let mut sent: BTreeMap<i64, (u64, Vec<Change>)> = BTreeMap::new();
+    for e in events {
+        let (_, changes) = sent.entry(e.revision).or_insert((e.member, Vec::new()));
+        changes.push((e.key.clone(), e.value.clone()));
+    }
+    for (revision, (member, changes)) in &mut sent {
+        changes.sort();
+        let logged = log.get(revision);
+        if logged != Some(changes) {
             return Err(violation(
-                Kind::WatchGap,
+                Kind::WatchPhantom,
                 format!(
-                    "watch session {n} was never sent revision {missing} of the log; the next \
-                     it was sent was {after:?} (revision, member), after {} watches",
-                    s.watches
+                    "member {member} sent watch session {n} {changes:?} at revision \
+                     {revision}; the log holds {logged:?} there"
                 ),
             ));
         }
+    }
+    let Some(&last) = sent.keys().next_back() else {
+        return Ok(());
+    };
+    // From the log's first revision, or above a watch from now's start.
+    let first = if s.from_now { events[0].after + 1 } else { 0 };
+    if let Some(missing) = log
+        .range(first..=last)
+        .map(|(r, _)| *r)
+        .find(|r| !sent.contains_key(r))
+    {
+        let after = sent.range(missing..).next().map(|(r, (m, _))| (*r, *m));
+        let stream = if s.from_now {
+            format!(
+                "its watch {} from now, created at revision {},",
+                events[0].watch, events[0].after
+            )
+        } else {
+            format!("after {} watches, it", s.watches)
+        };
+        return Err(violation(
+            Kind::WatchGap,
+            format!(
+                "watch session {n} was never sent revision {missing} of the log; {stream} \
+                 was sent {after:?} (revision, member) next"
+            ),
+        ));
     }
     Ok(())
 }
@@ -315,9 +406,13 @@ mod tests {
                     revision,
                     key: Bytes::from("k"),
                     value: Some(Bytes::from(value_of(revision))),
+                    watch: 1,
+                    after: 0,
                 })
                 .collect(),
             next: revisions.last().map_or(1, |r| r + 1),
+            from_now: false,
+            after: 0,
             asked: 1,
             watches: 1,
             failure: None,
@@ -342,6 +437,36 @@ mod tests {
             Err(Kind::WatchPhantom)
         );
         assert_eq!(checked(session(&[2, 3, 6], value)), Err(Kind::WatchPhantom));
+    }
+
+    /// A session watching from now: its watches' events by `(watch,
+    /// created header's revision, revisions)`.
+    fn from_now(watches: &[(u64, i64, &[i64])]) -> Session {
+        let mut s = session(&[], |_| String::new());
+        s.from_now = true;
+        for &(watch, after, revisions) in watches {
+            s.events.extend(revisions.iter().map(|&revision| Seen {
+                member: 1,
+                revision,
+                key: Bytes::from("k"),
+                value: Some(Bytes::from(format!("v{revision}"))),
+                watch,
+                after,
+            }));
+        }
+        s
+    }
+
+    #[test]
+    fn a_watch_from_now_must_see_the_log_from_its_created_revision_without_gaps() {
+        // Each watch on its own: the second began at 3, after the first
+        // had been sent 2 only.
+        assert_eq!(checked(from_now(&[(1, 1, &[2]), (2, 3, &[4, 5])])), Ok(()));
+        assert_eq!(checked(from_now(&[(1, 3, &[])])), Ok(()));
+        assert_eq!(
+            checked(from_now(&[(1, 1, &[2]), (2, 3, &[5])])),
+            Err(Kind::WatchGap)
+        );
     }
 
     #[test]
@@ -377,5 +502,12 @@ mod tests {
             take(&mut s, 2, compacted).map(|v| v.kind),
             Some(Kind::WatchGap)
         );
+        // A watch from now created at revision 12 is sent nothing at or
+        // below it, though a shard behind the others had 11 and 12 to send.
+        let mut s = from_now(&[]);
+        (s.after, s.next) = (12, 13);
+        let early = take(&mut s, 1, events(&[11, 12, 13], 13)).map(|v| v.kind);
+        assert_eq!(early, Some(Kind::WatchBeforeStart));
+        assert!(take(&mut s, 1, events(&[13], 13)).is_none());
     }
 }

@@ -112,7 +112,8 @@ impl World {
             let delay = Duration::from_micros(self.gen_range(0..=MAX_DELAY.as_micros() as u64));
             let world = Rc::downgrade(self);
             let msg = msg.clone();
-            tokio::task::spawn_local(async move {
+            let what = move || format!("a message from member {from} on shard {shard} on its way");
+            self.spawn_checked(what, async move {
                 tokio::time::sleep(delay).await;
                 if let Some(world) = world.upgrade() {
                     world.deliver(from, shard, msg);

@@ -65,7 +65,9 @@ pub struct Member {
     /// default, and each core has its WAL.
     disks: Vec<CrashStorage>,
     /// Each shard's timer, by shard: the simulation stalls it or makes it
-    /// campaign (see [`TimerFaults`]); it outlives a crash.
+    /// campaign (see [`TimerFaults`]). A stall outlives a crash (the core
+    /// stays starved until the episode restores it); the ticks missed and a
+    /// campaign asked for do not, as a new process has neither.
     timers: Vec<Rc<TimerFaults>>,
     incarnation: u64,
     /// In the group, as far as the membership changes made so far go: a
@@ -151,8 +153,9 @@ pub struct World {
     /// The keyspace's partition into the members' shards.
     pub routing: RoutingTable,
     /// The first failure found away from the main task (a restart that
-    /// failed, a driver that panicked).
-    failure: RefCell<Option<DriverViolation>>,
+    /// failed, a driver or a task of the simulation that panicked); shared
+    /// with the tasks [`World::spawn_checked`] starts.
+    failure: Rc<RefCell<Option<DriverViolation>>>,
     /// The seed is over: nothing starts any more.
     over: Cell<bool>,
     /// Every message the members sent, in order, as a digest (and as lines
@@ -225,7 +228,7 @@ impl World {
             leaders: (0..cfg.shards).map(|_| LeaderWatch::default()).collect(),
             logs: (0..cfg.shards).map(|_| LogWatch::default()).collect(),
             routing: RoutingTable::new(cfg.shards, 1),
-            failure: RefCell::new(None),
+            failure: Rc::default(),
             over: Cell::new(false),
             wire: RefCell::new(WireTrace::new(cfg.trace)),
             _root: root,
@@ -425,6 +428,51 @@ impl World {
 
     pub fn take_failure(&self) -> Option<DriverViolation> {
         self.failure.borrow_mut().take()
+    }
+
+    /// Spawns a task of the simulation itself (a client's call, a watch
+    /// session, a fault: not a member's) whose panic is a violation
+    /// ([`TaskPanic`](super::DriverViolationKind::TaskPanic)) instead of
+    /// vanishing with its handle, where a client's call would only be
+    /// missing from the history and the seed would pass. `what` names the
+    /// task for the message. The handle answers None when it panicked.
+    pub fn spawn_checked<F>(
+        &self,
+        what: impl FnOnce() -> String + 'static,
+        task: F,
+    ) -> JoinHandle<Option<F::Output>>
+    where
+        F: std::future::Future + 'static,
+        F::Output: 'static,
+    {
+        use futures::FutureExt;
+        let failure = self.failure.clone();
+        let (seed, members, shards) = (self.cfg.seed, self.cfg.members, self.cfg.shards);
+        tokio::task::spawn_local(async move {
+            // Unwind safe enough: the violation ends the seed, and nothing
+            // the task left half done is checked after it.
+            let panicked = match std::panic::AssertUnwindSafe(task).catch_unwind().await {
+                Ok(out) => return Some(out),
+                Err(payload) => payload,
+            };
+            let v = super::checks::violation(
+                super::DriverViolationKind::TaskPanic,
+                format!(
+                    "seed {seed} ({members} members, {shards} shards): {} panicked: {}; what \
+                     it was doing never reached the checks",
+                    what(),
+                    super::panic_text(panicked)
+                ),
+            );
+            failure.borrow_mut().get_or_insert(v);
+            None
+        })
+    }
+
+    /// The panic planted in the simulation's own tasks, if any.
+    #[cfg(feature = "raft-mutations")]
+    pub fn planted_panic(&self) -> Option<super::PlantedPanic> {
+        self.cfg.planted_panic
     }
 
     /// The member seen leading shard 0 last, on the wire.
@@ -636,6 +684,9 @@ impl World {
                 // Whatever the old WAL still tries to sync fails.
                 disk.crash_at_sync(disk.syncs() + 1);
                 *disk = after;
+            }
+            for timer in &m.timers {
+                timer.crashed();
             }
             running
         };
