@@ -2,6 +2,7 @@
 
 pub mod config;
 pub mod durable_file;
+pub mod grpc;
 pub mod idle_poll;
 pub mod member_file;
 pub mod ops;

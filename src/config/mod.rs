@@ -172,6 +172,11 @@ pub struct Flags {
     #[arg(long, value_name = "FORMAT")]
     pub log_format: Option<String>,
 
+    /// HTTP/2 server of the client port's gRPC: "cairn" (default, Cairn's
+    /// own, `src/grpc`) or "tonic" (the general one, kept for comparison).
+    #[arg(long, value_name = "SERVER")]
+    pub grpc_server: Option<String>,
+
     /// Client port TLS certificate (PEM; the chain, leaf first), served on https:// client URLs.
     #[arg(long, value_name = "FILE")]
     pub cert_file: Option<PathBuf>,
@@ -270,6 +275,15 @@ pub enum LogFormat {
     Json,
 }
 
+/// Which HTTP/2 server answers gRPC on the client port (`--grpc-server`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GrpcServer {
+    /// Cairn's own ([`crate::grpc`]).
+    Cairn,
+    /// tonic's, on hyper and h2.
+    Tonic,
+}
+
 /// One member of `--initial-cluster`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InitialMember {
@@ -308,6 +322,7 @@ pub struct Config {
     pub listen_metrics_addrs: Vec<SocketAddr>,
     pub log_level: String,
     pub log_format: LogFormat,
+    pub grpc_server: GrpcServer,
     pub wal: WalSettings,
     /// Whether each of `listen_client_addrs` is an https:// URL.
     pub listen_client_https: Vec<bool>,
@@ -400,6 +415,7 @@ impl Flags {
             listen_metrics_urls: self.listen_metrics_urls.or(other.listen_metrics_urls),
             log_level: self.log_level.or(other.log_level),
             log_format: self.log_format.or(other.log_format),
+            grpc_server: self.grpc_server.or(other.grpc_server),
             cert_file: self.cert_file.or(other.cert_file),
             key_file: self.key_file.or(other.key_file),
             trusted_ca_file: self.trusted_ca_file.or(other.trusted_ca_file),
@@ -491,6 +507,16 @@ impl Config {
             .shards
             .or(existing.as_ref().map(|e| e.shards as usize))
             .unwrap_or(cores);
+        let grpc_server = match f.grpc_server.as_deref().unwrap_or("cairn") {
+            "cairn" => GrpcServer::Cairn,
+            "tonic" => GrpcServer::Tonic,
+            other => {
+                return Err(invalid(
+                    "grpc-server",
+                    format!("{other:?}: expected \"cairn\" or \"tonic\""),
+                ))
+            }
+        };
         let log_format = match f.log_format.as_deref().unwrap_or("text") {
             "text" | "human" => LogFormat::Text,
             "json" => LogFormat::Json,
@@ -566,6 +592,7 @@ impl Config {
             restore_snapshot: f.restore_snapshot,
             log_level: f.log_level.unwrap_or_else(|| "info".to_string()),
             log_format,
+            grpc_server,
             wal,
             auth,
         };

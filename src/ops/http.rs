@@ -53,10 +53,22 @@ use super::readiness::Readiness;
 use super::watchdog::Watchdog;
 use crate::tls::{ClientConn, ClientPortTls};
 
+/// A client port connection that opened with the HTTP/2 preface: the sniffed
+/// stream, preface replayed, for the gRPC server ([`crate::grpc`], or tonic's
+/// behind [`GrpcConn`]).
+pub type SniffedConn = PrefixedIo<ClientConn>;
+
 /// A client port connection handed to tonic: the sniffed stream, behind the
 /// shim that lets etcdctl's `:authority: http://host:port` through
 /// ([`super::h2_authority`]).
-pub type GrpcConn = AuthorityFix<PrefixedIo<ClientConn>>;
+pub type GrpcConn = AuthorityFix<SniffedConn>;
+
+impl From<SniffedConn> for GrpcConn {
+    /// The shim starts reading at the replayed preface.
+    fn from(conn: SniffedConn) -> GrpcConn {
+        AuthorityFix::new(conn, HTTP2_PREFACE.len())
+    }
+}
 
 /// The HTTP/2 connection preface every gRPC client sends first (RFC 9113 §3.4).
 pub const HTTP2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -494,15 +506,14 @@ where
 
 /// Serves the client port's non-gRPC side: accepts, runs the TLS handshake
 /// when `tls` is given, sniffs each connection, serves HTTP/1 here and sends
-/// gRPC connections into `grpc`, the incoming stream of tonic's
-/// `Server::serve_with_incoming`
-/// (`tokio_stream::wrappers::ReceiverStream::new(rx)`). Ends when `shutdown`
-/// resolves or the gRPC side has gone.
+/// gRPC connections into `grpc`, for [`crate::grpc::serve_incoming`] (or
+/// tonic's `Server::serve_with_incoming`, each mapped into a [`GrpcConn`]).
+/// Ends when `shutdown` resolves or the gRPC side has gone.
 pub async fn serve_client_port(
     listener: TcpListener,
     endpoints: OpsEndpoints,
     tls: Option<ClientPortTls>,
-    grpc: mpsc::Sender<io::Result<GrpcConn>>,
+    grpc: mpsc::Sender<SniffedConn>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), HttpError> {
     let local = listener
@@ -545,10 +556,9 @@ pub async fn serve_client_port(
             match sniff(stream, &peer).await {
                 Ok((Protocol::Grpc, io)) => {
                     // The stream replays the preface, then the client's frames.
-                    let io = AuthorityFix::new(io, HTTP2_PREFACE.len());
                     // A closed channel means the gRPC server is shutting down;
                     // dropping the connection is the right answer then.
-                    let _ = grpc.send(Ok(io)).await;
+                    let _ = grpc.send(io).await;
                 }
                 Ok((Protocol::Http1, io)) => {
                     let Ok(_permit) = http1_slots.try_acquire_owned() else {

@@ -40,8 +40,9 @@
 //!    Some(Arc::clone(life.watchdog())));` then for each `--listen-metrics-urls`
 //!    address `http::serve_listener(http::bind(addr).await?, endpoints.clone(),
 //!    shutdown)`, and on each client listener `http::serve_client_port(listener,
-//!    endpoints.clone(), grpc_tx, shutdown)` with tonic's
-//!    `serve_with_incoming(ReceiverStream::new(grpc_rx))`.
+//!    endpoints.clone(), grpc_tx, shutdown)` with
+//!    `crate::grpc::serve_incoming(grpc_rx, handler, shutdown)` (or tonic's
+//!    `serve_with_incoming` over the connections mapped to `GrpcConn`).
 //! 6. `life.ready_when_ready(&readiness, "serving").await` (long recoveries call
 //!    `life.extend_start_timeout(..)`); on SIGTERM/SIGINT
 //!    `life.stopping("shutting down")` before draining.

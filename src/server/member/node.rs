@@ -652,6 +652,8 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
         // etcd serves /metrics and health on the client port beside gRPC: each
         // connection is sniffed; HTTP/2 goes to tonic, HTTP/1 to the ops endpoints.
         let (grpc_tx, grpc_rx) = mpsc::channel(1024);
+        // Cairn's own gRPC server calls the KV service directly.
+        let kv_direct = kv.clone();
         let services = tonic::service::Routes::new(
             KvServer::new(kv)
                 .max_decoding_message_size(max_message_bytes)
@@ -681,19 +683,35 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
                 tracing::error!(error = %e, "client port failed");
             }
         });
-        let server = tonic::transport::Server::builder()
-            .add_routes(services)
-            .serve_with_incoming_shutdown(
-                tokio_stream::wrappers::ReceiverStream::new(grpc_rx),
-                async move {
-                    let _ = stop.changed().await;
-                },
-            );
-        tokio::task::spawn_local(async move {
-            if let Err(e) = server.await {
-                tracing::error!(error = %e, "client API server failed");
+        match config.grpc_server {
+            crate::config::GrpcServer::Cairn => {
+                let handler = crate::grpc::Handler {
+                    kv: kv_direct,
+                    routes: services,
+                    max_kv_message: max_message_bytes,
+                };
+                tokio::task::spawn_local(crate::grpc::serve_incoming(
+                    grpc_rx,
+                    Rc::new(handler),
+                    stop,
+                ));
             }
-        });
+            crate::config::GrpcServer::Tonic => {
+                use tokio_stream::StreamExt;
+                let incoming = tokio_stream::wrappers::ReceiverStream::new(grpc_rx)
+                    .map(|conn| Ok::<_, std::io::Error>(crate::ops::http::GrpcConn::from(conn)));
+                let server = tonic::transport::Server::builder()
+                    .add_routes(services)
+                    .serve_with_incoming_shutdown(incoming, async move {
+                        let _ = stop.changed().await;
+                    });
+                tokio::task::spawn_local(async move {
+                    if let Err(e) = server.await {
+                        tracing::error!(error = %e, "client API server failed");
+                    }
+                });
+            }
+        }
     }
     if core == 0 {
         tokio::task::spawn_local(crate::server::api::cluster::watch_for_removal(

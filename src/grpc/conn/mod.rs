@@ -1,0 +1,419 @@
+//! One client connection: the HTTP/2 server side of RFC 9113 as gRPC uses it.
+//!
+//! A connection is one task on its core. Each time it runs it reads every
+//! frame that has arrived, starts the calls they complete, polls the unary KV
+//! calls it holds itself ([`super::dispatch::kv_call`]), moves the answers
+//! that the peer's windows allow into one output buffer and writes that
+//! buffer: requests that arrive together are answered with one write.
+//!
+//! Streaming calls run as tasks of their own ([`super::dispatch::spawn_generic`])
+//! and queue their answers in the shared [`Outbox`].
+//!
+//! Limits: frames of at most 16 KiB, [`MAX_CONCURRENT_STREAMS`] open streams,
+//! header blocks of at most [`MAX_HEADER_BLOCK_BYTES`], request windows of
+//! [`STREAM_WINDOW`] per stream and [`CONN_WINDOW`] per connection, and no more
+//! reading while [`OUT_HIGH_WATER`] bytes wait to be written (a peer that
+//! sends but does not read gets nothing more read from it). A breach of the
+//! protocol closes the connection with GOAWAY and the error code the RFC
+//! names; a malformed request resets its stream only.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{Context, Poll};
+
+use bytes::{Buf, Bytes, BytesMut};
+use futures::future::LocalBoxFuture;
+use futures::stream::FuturesUnordered;
+use futures::StreamExt;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::mpsc;
+
+use super::dispatch::{Handler, KvCall};
+use super::frame::{self, ErrorCode, Head};
+use super::request::RequestHead;
+use super::send::{Out, Outbox};
+use crate::ops::hpack;
+use crate::ops::http::HTTP2_PREFACE;
+use crate::tls::ClientConnInfo;
+
+mod control;
+mod requests;
+
+/// Most streams open at once on a connection; more are refused
+/// (REFUSED_STREAM), and clients queue their calls.
+pub const MAX_CONCURRENT_STREAMS: u32 = 4096;
+/// Each request stream's receive window.
+pub const STREAM_WINDOW: u32 = 1 << 20;
+/// The connection's receive window.
+pub const CONN_WINDOW: u32 = 16 << 20;
+/// Largest header block (HEADERS plus CONTINUATION octets) accepted.
+pub const MAX_HEADER_BLOCK_BYTES: usize = 64 * 1024;
+/// Reading stops while this many bytes wait to be written.
+pub const OUT_HIGH_WATER: usize = 1 << 20;
+/// Read buffer: a whole frame of the largest size we allow, several times.
+const READ_BUFFER_BYTES: usize = 64 * 1024;
+/// Rounds of reading and writing before the task yields to the core's others.
+const ROUNDS_PER_POLL: usize = 16;
+
+/// Why a connection ended.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnError {
+    #[error("client connection: {0}")]
+    Io(#[from] io::Error),
+    #[error("client broke HTTP/2 ({code:?}): {why}")]
+    Protocol { code: ErrorCode, why: String },
+}
+
+fn protocol(code: ErrorCode, why: impl Into<String>) -> ConnError {
+    ConnError::Protocol {
+        code,
+        why: why.into(),
+    }
+}
+
+/// The receiving side of a stream.
+enum Recv {
+    /// A unary KV call's body arriving.
+    Unary {
+        call: KvCall,
+        head: Box<RequestHead>,
+        body: BytesMut,
+        /// Octets received since the last window update of this stream.
+        unacked: u32,
+    },
+    /// A call served by tonic: its body goes to the call's task.
+    /// `in_flight`: octets sent to the task and not yet taken (at most the
+    /// stream's window, unless the client ignores it).
+    Body {
+        data: mpsc::UnboundedSender<Bytes>,
+        in_flight: usize,
+    },
+    /// The request has arrived whole; only the answer is pending.
+    Done,
+    /// The call was answered before its body ended: the rest is dropped.
+    Discard,
+}
+
+struct Stream {
+    recv: Recv,
+    /// The task of a call served by tonic.
+    task: Option<tokio::task::AbortHandle>,
+}
+
+/// A header block still waiting for CONTINUATION frames.
+struct PendingBlock {
+    stream: u32,
+    end_stream: bool,
+    block: Vec<u8>,
+}
+
+struct Conn<IO> {
+    io: IO,
+    handler: Rc<Handler>,
+    info: ClientConnInfo,
+    rbuf: Box<[u8]>,
+    rstart: usize,
+    rend: usize,
+    out: BytesMut,
+    outbox: Rc<RefCell<Outbox>>,
+    decoder: hpack::Decoder,
+    block: hpack::Block,
+    streams: HashMap<u32, Stream>,
+    last_stream: u32,
+    pending_block: Option<PendingBlock>,
+    unary: FuturesUnordered<LocalBoxFuture<'static, (u32, Vec<Out>)>>,
+    consumed_tx: mpsc::UnboundedSender<(u32, usize)>,
+    consumed_rx: mpsc::UnboundedReceiver<(u32, usize)>,
+    /// Connection-level octets received and not yet given back.
+    conn_unacked: u32,
+    preface_done: bool,
+    settings_seen: bool,
+    /// Our GOAWAY went out: no new streams.
+    going_away: bool,
+    peer_going_away: bool,
+    eof: bool,
+    shutdown: Option<Pin<Box<dyn Future<Output = ()>>>>,
+}
+
+/// Serves one connection until the client closes it, breaks the protocol,
+/// or `shutdown` resolves and its open calls have finished.
+pub async fn serve<IO>(
+    io: IO,
+    handler: Rc<Handler>,
+    info: ClientConnInfo,
+    shutdown: Pin<Box<dyn Future<Output = ()>>>,
+) -> Result<(), ConnError>
+where
+    IO: AsyncRead + AsyncWrite + Unpin,
+{
+    let (consumed_tx, consumed_rx) = mpsc::unbounded_channel();
+    let mut conn = Conn {
+        io,
+        handler,
+        info,
+        rbuf: vec![0u8; READ_BUFFER_BYTES].into_boxed_slice(),
+        rstart: 0,
+        rend: 0,
+        out: BytesMut::with_capacity(16 * 1024),
+        outbox: Rc::new(RefCell::new(Outbox::default())),
+        decoder: hpack::Decoder::default(),
+        block: hpack::Block::default(),
+        streams: HashMap::new(),
+        last_stream: 0,
+        pending_block: None,
+        unary: FuturesUnordered::new(),
+        consumed_tx,
+        consumed_rx,
+        conn_unacked: 0,
+        preface_done: false,
+        settings_seen: false,
+        going_away: false,
+        peer_going_away: false,
+        eof: false,
+        shutdown: Some(shutdown),
+    };
+    frame::put_settings(
+        &mut conn.out,
+        &[
+            (
+                frame::SETTINGS_MAX_CONCURRENT_STREAMS,
+                MAX_CONCURRENT_STREAMS,
+            ),
+            (frame::SETTINGS_INITIAL_WINDOW_SIZE, STREAM_WINDOW),
+            (frame::SETTINGS_ENABLE_PUSH, 0),
+            (
+                frame::SETTINGS_MAX_HEADER_LIST_SIZE,
+                hpack::MAX_DECODED_LIST_BYTES as u32,
+            ),
+        ],
+    );
+    frame::put_window_update(&mut conn.out, 0, CONN_WINDOW - frame::DEFAULT_WINDOW);
+    let result = std::future::poll_fn(|cx| conn.poll_run(cx)).await;
+    if let Err(ConnError::Protocol { code, why }) = &result {
+        // Best effort: tell the client why, then close.
+        conn.out.clear();
+        frame::put_goaway(&mut conn.out, conn.last_stream, *code, why);
+        let out = std::mem::take(&mut conn.out);
+        let _ = tokio::time::timeout(
+            std::time::Duration::from_secs(1),
+            tokio::io::AsyncWriteExt::write_all(&mut conn.io, &out),
+        )
+        .await;
+    }
+    let _ = tokio::io::AsyncWriteExt::shutdown(&mut conn.io).await;
+    result
+}
+
+impl<IO> Drop for Conn<IO> {
+    fn drop(&mut self) {
+        for stream in self.streams.values() {
+            if let Some(task) = &stream.task {
+                task.abort();
+            }
+        }
+    }
+}
+
+impl<IO: AsyncRead + AsyncWrite + Unpin> Conn<IO> {
+    fn poll_run(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ConnError>> {
+        for _ in 0..ROUNDS_PER_POLL {
+            let mut progress = false;
+            if !self.eof && self.out.len() < OUT_HIGH_WATER {
+                let mut buf = ReadBuf::new(&mut self.rbuf[self.rend..]);
+                match Pin::new(&mut self.io).poll_read(cx, &mut buf) {
+                    Poll::Ready(Ok(())) => {
+                        let n = buf.filled().len();
+                        if n == 0 {
+                            self.eof = true;
+                        } else {
+                            self.rend += n;
+                            self.read_frames()?;
+                        }
+                        progress = true;
+                    }
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e.into())),
+                    Poll::Pending => {}
+                }
+            }
+            while let Poll::Ready(Some((id, pieces))) = self.unary.poll_next_unpin(cx) {
+                let mut outbox = self.outbox.borrow_mut();
+                for piece in pieces {
+                    if !outbox.push(id, piece) {
+                        break;
+                    }
+                }
+                progress = true;
+            }
+            while let Poll::Ready(Some((id, n))) = self.consumed_rx.poll_recv(cx) {
+                self.body_consumed(id, n);
+            }
+            if let Some(shutdown) = &mut self.shutdown {
+                if shutdown.as_mut().poll(cx).is_ready() {
+                    self.shutdown = None;
+                    self.go_away();
+                }
+            }
+            let finished = {
+                let mut outbox = self.outbox.borrow_mut();
+                outbox.set_conn_waker(cx.waker());
+                outbox.fill(&mut self.out, OUT_HIGH_WATER)
+            };
+            for id in finished {
+                self.response_sent(id);
+            }
+            while !self.out.is_empty() {
+                match Pin::new(&mut self.io).poll_write(cx, &self.out) {
+                    Poll::Ready(Ok(0)) => {
+                        return Poll::Ready(Err(io::Error::from(io::ErrorKind::WriteZero).into()));
+                    }
+                    Poll::Ready(Ok(n)) => {
+                        self.out.advance(n);
+                        progress = true;
+                    }
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e.into())),
+                    Poll::Pending => break,
+                }
+            }
+            if self.out.is_empty() {
+                if let Poll::Ready(Err(e)) = Pin::new(&mut self.io).poll_flush(cx) {
+                    return Poll::Ready(Err(e.into()));
+                }
+            }
+            if self.eof {
+                // HTTP/2 clients never half-close: end of input is the end
+                // of the connection; its calls are dropped with it.
+                return Poll::Ready(Ok(()));
+            }
+            if (self.going_away || self.peer_going_away)
+                && self.streams.is_empty()
+                && self.out.is_empty()
+            {
+                return Poll::Ready(Ok(()));
+            }
+            if !progress {
+                return Poll::Pending;
+            }
+        }
+        // Busy: let the core's other tasks (its shards' ticks) run.
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
+
+    /// Handles every whole frame in the read buffer.
+    fn read_frames(&mut self) -> Result<(), ConnError> {
+        if !self.preface_done {
+            let have = self.rend - self.rstart;
+            let want = HTTP2_PREFACE.len();
+            let n = have.min(want);
+            if self.rbuf[self.rstart..self.rstart + n] != HTTP2_PREFACE[..n] {
+                return Err(protocol(ErrorCode::Protocol, "not the HTTP/2 preface"));
+            }
+            if have < want {
+                return Ok(());
+            }
+            self.rstart += want;
+            self.preface_done = true;
+        }
+        // The buffer is taken out while frames borrow it, so handlers get
+        // slices of it rather than copies.
+        let rbuf = std::mem::take(&mut self.rbuf);
+        let result = self.each_frame(&rbuf);
+        self.rbuf = rbuf;
+        result?;
+        if self.rstart == self.rend {
+            self.rstart = 0;
+            self.rend = 0;
+        } else if self.rstart > self.rbuf.len() / 2 || self.rend == self.rbuf.len() {
+            self.rbuf.copy_within(self.rstart..self.rend, 0);
+            self.rend -= self.rstart;
+            self.rstart = 0;
+        }
+        Ok(())
+    }
+
+    fn each_frame(&mut self, rbuf: &[u8]) -> Result<(), ConnError> {
+        loop {
+            let available = &rbuf[self.rstart..self.rend];
+            let Some(head) = Head::parse(available) else {
+                break;
+            };
+            if head.len > frame::DEFAULT_MAX_FRAME {
+                return Err(protocol(
+                    ErrorCode::FrameSize,
+                    format!("frame of {} octets", head.len),
+                ));
+            }
+            let total = frame::HEADER_LEN + head.len as usize;
+            if available.len() < total {
+                break;
+            }
+            let payload = &available[frame::HEADER_LEN..total];
+            self.rstart += total;
+            self.on_frame(head, payload)?;
+        }
+        Ok(())
+    }
+
+    fn on_frame(&mut self, head: Head, payload: &[u8]) -> Result<(), ConnError> {
+        if !self.settings_seen {
+            if head.kind != frame::SETTINGS || head.has(frame::FLAG_ACK) {
+                return Err(protocol(
+                    ErrorCode::Protocol,
+                    "the first frame is not SETTINGS",
+                ));
+            }
+            self.settings_seen = true;
+        }
+        if let Some(pending) = &self.pending_block {
+            if head.kind != frame::CONTINUATION || head.stream != pending.stream {
+                return Err(protocol(
+                    ErrorCode::Protocol,
+                    "a header block was interrupted",
+                ));
+            }
+        }
+        match head.kind {
+            frame::DATA => self.on_data(head, payload),
+            frame::HEADERS => self.on_headers(head, payload),
+            frame::CONTINUATION => self.on_continuation(head, payload),
+            frame::PRIORITY => {
+                if head.stream == 0 {
+                    return Err(protocol(ErrorCode::Protocol, "PRIORITY on stream 0"));
+                }
+                if payload.len() != 5 {
+                    frame::put_rst_stream(&mut self.out, head.stream, ErrorCode::FrameSize);
+                }
+                Ok(())
+            }
+            frame::RST_STREAM => self.on_rst_stream(head, payload),
+            frame::SETTINGS => self.on_settings(head, payload),
+            frame::PUSH_PROMISE => Err(protocol(ErrorCode::Protocol, "PUSH_PROMISE from a client")),
+            frame::PING => {
+                if head.stream != 0 {
+                    return Err(protocol(ErrorCode::Protocol, "PING on a stream"));
+                }
+                let Ok(data) = <&[u8; 8]>::try_from(payload) else {
+                    return Err(protocol(ErrorCode::FrameSize, "PING is not 8 octets"));
+                };
+                if !head.has(frame::FLAG_ACK) {
+                    frame::put_ping_ack(&mut self.out, data);
+                }
+                Ok(())
+            }
+            frame::GOAWAY => {
+                if head.stream != 0 {
+                    return Err(protocol(ErrorCode::Protocol, "GOAWAY on a stream"));
+                }
+                self.peer_going_away = true;
+                Ok(())
+            }
+            frame::WINDOW_UPDATE => self.on_window_update(head, payload),
+            // Unknown frame types are ignored (RFC 9113 §4.1).
+            _ => Ok(()),
+        }
+    }
+}

@@ -1,0 +1,195 @@
+//! A request's header fields as the server uses them (RFC 9113 §8.3, the gRPC
+//! HTTP/2 protocol): the pseudo-headers checked, `grpc-timeout` parsed, every
+//! other field kept as metadata for the services (the auth token among them).
+
+use std::time::Duration;
+
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+
+/// The head of one request.
+#[derive(Debug, Default)]
+pub struct RequestHead {
+    pub method: Option<Vec<u8>>,
+    pub path: Option<Vec<u8>>,
+    pub authority: Option<Vec<u8>>,
+    pub scheme: Option<Vec<u8>>,
+    /// `grpc-timeout`, when given and well formed.
+    pub timeout: Option<Duration>,
+    /// A `grpc-encoding` other than `identity` was named.
+    pub compressed: bool,
+    /// Regular fields, in order.
+    pub headers: HeaderMap,
+    /// Why the head is malformed (RFC 9113 §8.1.1): the stream is reset.
+    pub malformed: Option<&'static str>,
+    regular_seen: bool,
+}
+
+impl RequestHead {
+    /// Takes one decoded field.
+    pub fn field(&mut self, name: &[u8], value: &[u8]) {
+        if let Some(pseudo) = name.strip_prefix(b":") {
+            if self.regular_seen {
+                self.malformed = Some("pseudo-header after a regular field");
+                return;
+            }
+            let slot = match pseudo {
+                b"method" => &mut self.method,
+                b"path" => &mut self.path,
+                b"authority" => &mut self.authority,
+                b"scheme" => &mut self.scheme,
+                _ => {
+                    self.malformed = Some("unknown pseudo-header");
+                    return;
+                }
+            };
+            if slot.is_some() {
+                self.malformed = Some("repeated pseudo-header");
+            }
+            *slot = Some(value.to_vec());
+            return;
+        }
+        self.regular_seen = true;
+        match name {
+            b"grpc-timeout" => self.timeout = parse_timeout(value),
+            b"grpc-encoding" if value != b"identity" => self.compressed = true,
+            b"connection" | b"keep-alive" | b"proxy-connection" | b"transfer-encoding"
+            | b"upgrade" => {
+                self.malformed = Some("connection-specific header field");
+                return;
+            }
+            b"te" if value != b"trailers" => {
+                self.malformed = Some("te other than trailers");
+                return;
+            }
+            _ => {}
+        }
+        if name.iter().any(u8::is_ascii_uppercase) {
+            self.malformed = Some("uppercase header field name");
+            return;
+        }
+        let (Ok(name), Ok(value)) = (HeaderName::from_bytes(name), HeaderValue::from_bytes(value))
+        else {
+            self.malformed = Some("invalid header field");
+            return;
+        };
+        self.headers.append(name, value);
+    }
+
+    /// The path when the head is a well-formed gRPC request: POST with a
+    /// path. Otherwise the reason.
+    pub fn validate(&self) -> Result<&[u8], &'static str> {
+        if let Some(why) = self.malformed {
+            return Err(why);
+        }
+        match (&self.method, &self.path) {
+            (Some(m), Some(p)) if m == b"POST" && p.starts_with(b"/") => Ok(p),
+            (Some(m), Some(_)) if m != b"POST" => Err("method is not POST"),
+            _ => Err("missing :method or :path"),
+        }
+    }
+}
+
+/// `grpc-timeout`: at most 8 digits and a unit (H, M, S, m, u, n).
+pub fn parse_timeout(value: &[u8]) -> Option<Duration> {
+    let (unit, digits) = value.split_last()?;
+    if digits.is_empty() || digits.len() > 8 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let n: u64 = std::str::from_utf8(digits).ok()?.parse().ok()?;
+    Some(match unit {
+        b'H' => Duration::from_secs(n * 3600),
+        b'M' => Duration::from_secs(n * 60),
+        b'S' => Duration::from_secs(n),
+        b'm' => Duration::from_millis(n),
+        b'u' => Duration::from_micros(n),
+        b'n' => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(fields: &[(&str, &str)]) -> RequestHead {
+        let mut h = RequestHead::default();
+        for (n, v) in fields {
+            h.field(n.as_bytes(), v.as_bytes());
+        }
+        h
+    }
+
+    #[test]
+    fn a_grpc_request_head_keeps_its_path_and_metadata() {
+        let h = head(&[
+            (":method", "POST"),
+            (":scheme", "http"),
+            (":path", "/etcdserverpb.KV/Put"),
+            (":authority", "http://127.0.0.1:2379"),
+            ("content-type", "application/grpc"),
+            ("te", "trailers"),
+            ("token", "abc.1"),
+            ("grpc-timeout", "250m"),
+        ]);
+        assert_eq!(h.validate().unwrap(), b"/etcdserverpb.KV/Put");
+        assert_eq!(h.timeout, Some(Duration::from_millis(250)));
+        assert_eq!(h.headers.get("token").unwrap(), "abc.1");
+        assert!(!h.compressed);
+    }
+
+    #[test]
+    fn malformed_heads_are_named() {
+        for (fields, why) in [
+            (
+                vec![(":method", "GET"), (":path", "/x")],
+                "method is not POST",
+            ),
+            (vec![(":method", "POST")], "missing :method or :path"),
+            (
+                vec![(":method", "POST"), ("a", "b"), (":path", "/x")],
+                "pseudo-header after a regular field",
+            ),
+            (
+                vec![(":method", "POST"), (":path", "/x"), (":path", "/y")],
+                "repeated pseudo-header",
+            ),
+            (
+                vec![(":method", "POST"), (":path", "/x"), (":status", "200")],
+                "unknown pseudo-header",
+            ),
+            (
+                vec![
+                    (":method", "POST"),
+                    (":path", "/x"),
+                    ("connection", "close"),
+                ],
+                "connection-specific header field",
+            ),
+            (
+                vec![(":method", "POST"), (":path", "/x"), ("Token", "a")],
+                "uppercase header field name",
+            ),
+            (
+                vec![(":method", "POST"), (":path", "/x"), ("bad name", "a")],
+                "invalid header field",
+            ),
+        ] {
+            assert_eq!(head(&fields).validate().unwrap_err(), why);
+        }
+    }
+
+    #[test]
+    fn timeouts_follow_the_grpc_units() {
+        assert_eq!(parse_timeout(b"1H"), Some(Duration::from_secs(3600)));
+        assert_eq!(parse_timeout(b"2M"), Some(Duration::from_secs(120)));
+        assert_eq!(parse_timeout(b"3S"), Some(Duration::from_secs(3)));
+        assert_eq!(
+            parse_timeout(b"99999999u"),
+            Some(Duration::from_micros(99_999_999))
+        );
+        assert_eq!(parse_timeout(b"5n"), Some(Duration::from_nanos(5)));
+        for bad in [&b""[..], b"S", b"123456789S", b"1x", b"-1S", b"1.5S"] {
+            assert_eq!(parse_timeout(bad), None, "{bad:?}");
+        }
+    }
+}

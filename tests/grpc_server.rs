@@ -1,0 +1,496 @@
+//! Cairn's own HTTP/2 gRPC server (`src/grpc`), against real `cairn`
+//! processes:
+//! - the etcd client's calls (unary KV, Watch, LeaseKeepAlive) and answers
+//!   larger than the client's flow-control windows;
+//! - the same errors, code and message, as the tonic server it replaced
+//!   (`--grpc-server tonic`), member beside member;
+//! - raw frames that break the protocol: each closes its connection with the
+//!   GOAWAY code RFC 9113 names, or resets only its stream, and the member
+//!   goes on serving.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use cairn::grpc::frame;
+use cairn::ops::hpack::{self, Block, Field};
+use common::{client, status_of, wait_writable, Cluster};
+use etcd_client::{EventType, GetOptions, PutOptions, Txn, TxnOp, WatchOptions};
+use prost::Message;
+
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_clients_calls_and_large_answers_go_through() {
+    let cluster = Cluster::start(1, &[]);
+    let ep = &cluster.endpoints()[0];
+    let mut c = client(ep).await;
+    wait_writable(&mut c, "/ready").await;
+
+    // Unary KV calls, many at once on one connection.
+    let mut calls = Vec::new();
+    for i in 0..200 {
+        let mut c = c.clone();
+        calls.push(tokio::spawn(async move {
+            c.put(format!("/many/{i:03}"), format!("v{i}"), None)
+                .await
+                .unwrap()
+        }));
+    }
+    for call in calls {
+        call.await.unwrap();
+    }
+    let r = c
+        .get("/many/", Some(GetOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    assert_eq!(r.kvs().len(), 200);
+    assert_eq!(r.kvs()[7].value(), b"v7");
+    let t = c
+        .txn(Txn::new().and_then(vec![
+            TxnOp::put("/txn/a", "1", None),
+            TxnOp::get("/many/001", None),
+        ]))
+        .await
+        .unwrap();
+    assert!(t.succeeded());
+    let d = c
+        .delete(
+            "/many/",
+            Some(etcd_client::DeleteOptions::new().with_prefix()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(d.deleted(), 200);
+
+    // An answer of about 3 MB: far past the client's initial windows
+    // (64 KiB), so it only arrives if the server follows WINDOW_UPDATEs.
+    let big = vec![b'b'; 1_000_000];
+    for i in 0..3 {
+        c.put(format!("/big/{i}"), big.clone(), None).await.unwrap();
+    }
+    let r = c
+        .get("/big/", Some(GetOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    assert_eq!(r.kvs().len(), 3);
+    assert!(r.kvs().iter().all(|kv| kv.value() == &big[..]));
+
+    // A watch stream sees a put made after it started.
+    let mut events = c
+        .watch("/w/", Some(WatchOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    c.put("/w/k", "1", None).await.unwrap();
+    let (watch_id, got) = tokio::time::timeout(TIMEOUT, async {
+        loop {
+            let resp = events.message().await.unwrap().unwrap();
+            if let Some(e) = resp.events().first() {
+                return (
+                    resp.watch_id(),
+                    (e.event_type(), e.kv().unwrap().key().to_vec()),
+                );
+            }
+        }
+    })
+    .await
+    .expect("watch event");
+    assert_eq!(got, (EventType::Put, b"/w/k".to_vec()));
+    events.cancel(watch_id).await.unwrap();
+
+    // A lease kept alive over its bidirectional stream.
+    let lease = c.lease_grant(30, None).await.unwrap().id();
+    let (mut keeper, mut acks) = c.lease_keep_alive(lease).await.unwrap();
+    keeper.keep_alive().await.unwrap();
+    let ack = tokio::time::timeout(TIMEOUT, acks.message())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(ack.id(), lease);
+    assert!(ack.ttl() > 0);
+    c.put("/leased", "x", Some(PutOptions::new().with_lease(lease)))
+        .await
+        .unwrap();
+}
+
+/// The same refusals from both servers, member beside member.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_are_the_same_as_the_tonic_servers() {
+    let own = Cluster::start(1, &[]);
+    let tonic_server = Cluster::start(1, &["--grpc-server", "tonic"]);
+    let mut answers = Vec::new();
+    for cluster in [&own, &tonic_server] {
+        let mut c = client(&cluster.endpoints()[0]).await;
+        wait_writable(&mut c, "/ready").await;
+        let mut got = Vec::new();
+        // Past etcd's request limit, within gRPC's message limit.
+        let e = status_of(
+            c.put("/big", vec![b'x'; 1_600_000], None)
+                .await
+                .unwrap_err(),
+        );
+        got.push((e.code(), e.message().to_string()));
+        // Past the gRPC message limit (the request limit plus 512 KiB).
+        let e = status_of(
+            c.put("/huge", vec![b'x'; 2_200_000], None)
+                .await
+                .unwrap_err(),
+        );
+        got.push((e.code(), e.message().to_string()));
+        let e = status_of(c.put("", "v", None).await.unwrap_err());
+        got.push((e.code(), e.message().to_string()));
+        let e = status_of(
+            c.get("/k", Some(GetOptions::new().with_revision(1 << 50)))
+                .await
+                .unwrap_err(),
+        );
+        got.push((e.code(), e.message().to_string()));
+        answers.push(got);
+    }
+    assert_eq!(answers[0], answers[1]);
+    assert_eq!(answers[0][0].1, "etcdserver: request is too large");
+    assert!(
+        answers[0][1]
+            .1
+            .starts_with("Error, decoded message length too large"),
+        "{:?}",
+        answers[0][1]
+    );
+}
+
+/// What a raw connection sends to break the protocol.
+type Breach = Box<dyn Fn(&mut Raw)>;
+
+/// A raw HTTP/2 connection to the client port.
+struct Raw {
+    s: TcpStream,
+    buf: Vec<u8>,
+}
+
+#[derive(Debug)]
+struct Frame {
+    kind: u8,
+    flags: u8,
+    stream: u32,
+    payload: Vec<u8>,
+}
+
+impl Raw {
+    /// Connects, sends the preface and an empty SETTINGS.
+    fn open(port: u16) -> Raw {
+        let s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.set_read_timeout(Some(TIMEOUT)).unwrap();
+        let mut raw = Raw { s, buf: Vec::new() };
+        raw.send_bytes(cairn::ops::http::HTTP2_PREFACE);
+        raw.send(frame::SETTINGS, 0, 0, &[]);
+        raw
+    }
+
+    fn send_bytes(&mut self, b: &[u8]) {
+        // The server may have closed already; what it answered is still read.
+        let _ = self.s.write_all(b);
+    }
+
+    fn send(&mut self, kind: u8, flags: u8, stream: u32, payload: &[u8]) {
+        let mut b = BytesMut::new();
+        frame::put_head(&mut b, payload.len(), kind, flags, stream);
+        b.put_slice(payload);
+        self.send_bytes(&b);
+    }
+
+    /// The next frame, or `None` at the end of the connection.
+    fn next(&mut self) -> Option<Frame> {
+        loop {
+            if let Some(h) = frame::Head::parse(&self.buf) {
+                let total = frame::HEADER_LEN + h.len as usize;
+                if self.buf.len() >= total {
+                    let payload = self.buf[frame::HEADER_LEN..total].to_vec();
+                    self.buf.drain(..total);
+                    return Some(Frame {
+                        kind: h.kind,
+                        flags: h.flags,
+                        stream: h.stream,
+                        payload,
+                    });
+                }
+            }
+            let mut chunk = [0u8; 16384];
+            match self.s.read(&mut chunk) {
+                Ok(0) | Err(_) => return None,
+                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+    }
+
+    /// Skips frames until one of `kind` (on `stream`, when given).
+    fn until(&mut self, kind: u8, stream: Option<u32>) -> Option<Frame> {
+        while let Some(f) = self.next() {
+            if f.kind == kind && stream.is_none_or(|s| s == f.stream) {
+                return Some(f);
+            }
+        }
+        None
+    }
+
+    /// The GOAWAY error code the server closed with.
+    fn goaway_code(&mut self) -> u32 {
+        let f = self.until(frame::GOAWAY, None).expect("GOAWAY");
+        u32::from_be_bytes(f.payload[4..8].try_into().unwrap())
+    }
+
+    /// True when the server closes the connection (rather than leaving it
+    /// open) after what it has sent.
+    fn closed(&mut self) -> bool {
+        let mut chunk = [0u8; 16384];
+        loop {
+            match self.s.read(&mut chunk) {
+                Ok(0) => return true,
+                Ok(_) => continue,
+                Err(e) => return e.kind() == std::io::ErrorKind::ConnectionReset,
+            }
+        }
+    }
+
+    fn ping_answered(&mut self) -> bool {
+        self.send(frame::PING, 0, 0, b"pingpong");
+        matches!(self.until(frame::PING, None), Some(f) if f.flags == frame::FLAG_ACK && f.payload == b"pingpong")
+    }
+}
+
+fn header_block(fields: &[(&str, &str)]) -> BytesMut {
+    let block = Block {
+        table_size_updates: Vec::new(),
+        fields: fields
+            .iter()
+            .map(|(n, v)| Field {
+                name: Bytes::copy_from_slice(n.as_bytes()),
+                value: Bytes::copy_from_slice(v.as_bytes()),
+                never_indexed: false,
+            })
+            .collect(),
+    };
+    let mut out = BytesMut::new();
+    hpack::encode_literals(&block, &mut out);
+    out
+}
+
+fn request_head(path: &str) -> BytesMut {
+    header_block(&[
+        (":method", "POST"),
+        (":scheme", "http"),
+        (":path", path),
+        (":authority", "http://127.0.0.1"),
+        ("content-type", "application/grpc"),
+        ("te", "trailers"),
+    ])
+}
+
+fn grpc_message(m: &impl Message) -> Vec<u8> {
+    let body = m.encode_to_vec();
+    let mut v = vec![0u8];
+    v.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    v.extend_from_slice(&body);
+    v
+}
+
+fn decoded(decoder: &mut hpack::Decoder, payload: &[u8]) -> Vec<(String, String)> {
+    let mut block = Block::default();
+    decoder.decode(payload, &mut block).unwrap();
+    block
+        .fields
+        .iter()
+        .map(|f| {
+            (
+                String::from_utf8_lossy(&f.name).into_owned(),
+                String::from_utf8_lossy(&f.value).into_owned(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broken_frames_close_their_connection_and_nothing_else() {
+    use cairn_proto::etcdserverpb::{PutRequest, RangeRequest, RangeResponse};
+    let cluster = Cluster::start(1, &[]);
+    let mut c = client(&cluster.endpoints()[0]).await;
+    wait_writable(&mut c, "/ready").await;
+    c.put("/raw/k", "raw value", None).await.unwrap();
+    let port = cluster.members[0].client_port;
+    let codes = tokio::task::spawn_blocking(move || {
+        let mut codes = Vec::new();
+        // A unary call written by hand: headers, message, trailers.
+        let mut raw = Raw::open(port);
+        raw.send(
+            frame::HEADERS,
+            frame::FLAG_END_HEADERS,
+            1,
+            &request_head("/etcdserverpb.KV/Range"),
+        );
+        let req = RangeRequest {
+            key: Bytes::from_static(b"/raw/k"),
+            ..Default::default()
+        };
+        raw.send(frame::DATA, frame::FLAG_END_STREAM, 1, &grpc_message(&req));
+        let mut decoder = hpack::Decoder::default();
+        let head = raw.until(frame::HEADERS, Some(1)).unwrap();
+        let fields = decoded(&mut decoder, &head.payload);
+        assert!(
+            fields.contains(&(":status".into(), "200".into())),
+            "{fields:?}"
+        );
+        let data = raw.until(frame::DATA, Some(1)).unwrap();
+        let resp = RangeResponse::decode(&data.payload[5..]).unwrap();
+        assert_eq!(&resp.kvs[0].value[..], b"raw value");
+        let trailers = raw.until(frame::HEADERS, Some(1)).unwrap();
+        assert_ne!(trailers.flags & frame::FLAG_END_STREAM, 0);
+        let fields = decoded(&mut decoder, &trailers.payload);
+        assert!(
+            fields.contains(&("grpc-status".into(), "0".into())),
+            "{fields:?}"
+        );
+
+        // A malformed request resets its stream only.
+        let mut bad = request_head("/etcdserverpb.KV/Range");
+        bad.extend_from_slice(&header_block(&[("Upper-Case", "x")]));
+        raw.send(frame::HEADERS, frame::FLAG_END_HEADERS, 3, &bad);
+        let rst = raw.until(frame::RST_STREAM, Some(3)).unwrap();
+        assert_eq!(rst.payload, 1u32.to_be_bytes(), "PROTOCOL_ERROR");
+        // A call reset by the client mid-body is dropped; the connection goes on.
+        raw.send(
+            frame::HEADERS,
+            frame::FLAG_END_HEADERS,
+            5,
+            &request_head("/etcdserverpb.KV/Put"),
+        );
+        raw.send(frame::RST_STREAM, 0, 5, &8u32.to_be_bytes());
+        assert!(raw.ping_answered());
+        // A put split over DATA frames with padding arrives whole.
+        raw.send(
+            frame::HEADERS,
+            frame::FLAG_END_HEADERS,
+            7,
+            &request_head("/etcdserverpb.KV/Put"),
+        );
+        let put = grpc_message(&PutRequest {
+            key: Bytes::from_static(b"/raw/split"),
+            value: Bytes::from(vec![b's'; 40_000]),
+            ..Default::default()
+        });
+        let (a, b) = put.split_at(20_000);
+        for (part, flags) in [(a, 0), (b, frame::FLAG_END_STREAM)] {
+            for (i, chunk) in part.chunks(10_000).enumerate() {
+                let last = i == part.chunks(10_000).count() - 1;
+                let mut padded = vec![3u8];
+                padded.extend_from_slice(chunk);
+                padded.extend_from_slice(&[0, 0, 0]);
+                let f = if last { flags } else { 0 };
+                raw.send(frame::DATA, f | frame::FLAG_PADDED, 7, &padded);
+            }
+        }
+        let trailers = loop {
+            let f = raw.until(frame::HEADERS, Some(7)).unwrap();
+            if f.flags & frame::FLAG_END_STREAM != 0 {
+                break f;
+            }
+        };
+        let fields = decoded(&mut decoder, &trailers.payload);
+        assert!(
+            fields.contains(&("grpc-status".into(), "0".into())),
+            "{fields:?}"
+        );
+
+        // Connection errors, each on a connection of its own.
+        let cases: Vec<(&str, Breach)> = vec![
+            (
+                "frame over 16 KiB",
+                Box::new(|r: &mut Raw| r.send(frame::DATA, 0, 1, &vec![0u8; 20_000])),
+            ),
+            (
+                "HEADERS on stream 0",
+                Box::new(|r: &mut Raw| {
+                    r.send(
+                        frame::HEADERS,
+                        frame::FLAG_END_HEADERS,
+                        0,
+                        &request_head("/x"),
+                    )
+                }),
+            ),
+            (
+                "HPACK index 0",
+                Box::new(|r: &mut Raw| r.send(frame::HEADERS, frame::FLAG_END_HEADERS, 1, &[0x80])),
+            ),
+            (
+                "WINDOW_UPDATE of 0",
+                Box::new(|r: &mut Raw| r.send(frame::WINDOW_UPDATE, 0, 0, &[0, 0, 0, 0])),
+            ),
+            (
+                "PING of 7 octets",
+                Box::new(|r: &mut Raw| r.send(frame::PING, 0, 0, &[0; 7])),
+            ),
+            (
+                "even stream id",
+                Box::new(|r: &mut Raw| {
+                    r.send(
+                        frame::HEADERS,
+                        frame::FLAG_END_HEADERS,
+                        2,
+                        &request_head("/x"),
+                    )
+                }),
+            ),
+            (
+                "interrupted header block",
+                Box::new(|r: &mut Raw| {
+                    r.send(frame::HEADERS, 0, 1, &request_head("/x"));
+                    r.send(frame::PING, 0, 0, &[0; 8]);
+                }),
+            ),
+            (
+                "connection window over 2^31-1",
+                Box::new(|r: &mut Raw| {
+                    r.send(frame::WINDOW_UPDATE, 0, 0, &0x7fff_ffffu32.to_be_bytes())
+                }),
+            ),
+        ];
+        for (what, case) in cases {
+            let mut raw = Raw::open(port);
+            case(&mut raw);
+            codes.push((what, raw.goaway_code()));
+            assert!(raw.closed(), "{what}: the connection stays open");
+        }
+        // Not a SETTINGS frame first.
+        let mut raw = Raw {
+            s: TcpStream::connect(("127.0.0.1", port)).unwrap(),
+            buf: Vec::new(),
+        };
+        raw.s.set_read_timeout(Some(TIMEOUT)).unwrap();
+        raw.send_bytes(cairn::ops::http::HTTP2_PREFACE);
+        raw.send(frame::PING, 0, 0, &[0; 8]);
+        codes.push(("PING before SETTINGS", raw.goaway_code()));
+        codes
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        codes,
+        vec![
+            ("frame over 16 KiB", 0x6),
+            ("HEADERS on stream 0", 0x1),
+            ("HPACK index 0", 0x9),
+            ("WINDOW_UPDATE of 0", 0x1),
+            ("PING of 7 octets", 0x6),
+            ("even stream id", 0x1),
+            ("interrupted header block", 0x1),
+            ("connection window over 2^31-1", 0x3),
+            ("PING before SETTINGS", 0x1),
+        ]
+    );
+    // The member served on through all of it.
+    let r = c.get("/raw/split", None).await.unwrap();
+    assert_eq!(r.kvs()[0].value().len(), 40_000);
+}
