@@ -494,3 +494,94 @@ async fn broken_frames_close_their_connection_and_nothing_else() {
     let r = c.get("/raw/split", None).await.unwrap();
     assert_eq!(r.kvs()[0].value().len(), 40_000);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abusive_clients_are_stopped_and_cost_bounded_work() {
+    use cairn_proto::etcdserverpb::{PutRequest, RangeRequest};
+    let cluster = Cluster::start(1, &[]);
+    let mut c = client(&cluster.endpoints()[0]).await;
+    wait_writable(&mut c, "/ready").await;
+    let port = cluster.members[0].client_port;
+    tokio::task::spawn_blocking(move || {
+        // DATA after a stream's END_STREAM resets that stream only.
+        let mut raw = Raw::open(port);
+        let range = grpc_message(&RangeRequest {
+            key: Bytes::from_static(b"/x"),
+            ..Default::default()
+        });
+        raw.send(
+            frame::HEADERS,
+            frame::FLAG_END_HEADERS,
+            1,
+            &request_head("/etcdserverpb.Watch/Watch"),
+        );
+        raw.send(frame::DATA, frame::FLAG_END_STREAM, 1, &range);
+        raw.send(frame::DATA, 0, 1, &range);
+        let rst = raw.until(frame::RST_STREAM, Some(1)).unwrap();
+        assert_eq!(rst.payload, 5u32.to_be_bytes(), "STREAM_CLOSED");
+        assert!(raw.ping_answered());
+
+        // Calls reset as soon as they are sent: more than 10,000 within 10 s
+        // close the connection with ENHANCE_YOUR_CALM.
+        let mut raw = Raw::open(port);
+        let put = grpc_message(&PutRequest {
+            key: Bytes::from_static(b"/reset"),
+            value: Bytes::from_static(b"v"),
+            ..Default::default()
+        });
+        let head = request_head("/etcdserverpb.KV/Put");
+        for i in 0..10_100u32 {
+            let id = 2 * i + 1;
+            raw.send(frame::HEADERS, frame::FLAG_END_HEADERS, id, &head);
+            raw.send(frame::DATA, frame::FLAG_END_STREAM, id, &put);
+            raw.send(frame::RST_STREAM, 0, id, &8u32.to_be_bytes());
+        }
+        assert_eq!(raw.goaway_code(), 0xb);
+        assert!(raw.closed());
+
+        // A flood of SETTINGS changing the initial window: closed the same way.
+        let mut raw = Raw::open(port);
+        for i in 0..1100u32 {
+            let mut s = Vec::new();
+            s.extend_from_slice(&frame::SETTINGS_INITIAL_WINDOW_SIZE.to_be_bytes());
+            s.extend_from_slice(&(65_535 + i % 2).to_be_bytes());
+            raw.send(frame::SETTINGS, 0, 0, &s);
+        }
+        assert_eq!(raw.goaway_code(), 0xb);
+
+        // Request bodies held past 64 MiB on one connection: the stream that
+        // would pass it is reset, the others and the connection go on.
+        let mut raw = Raw::open(port);
+        let mut prefix = vec![0u8];
+        prefix.extend_from_slice(&1_500_000u32.to_be_bytes());
+        let chunk = vec![b'h'; 16_000];
+        let mut reset = None;
+        for i in 0..70u32 {
+            let id = 2 * i + 1;
+            raw.send(frame::HEADERS, frame::FLAG_END_HEADERS, id, &head);
+            raw.send(frame::DATA, 0, id, &prefix);
+            for _ in 0..62 {
+                raw.send(frame::DATA, 0, id, &chunk);
+            }
+            if i == 69 {
+                raw.send(frame::PING, 0, 0, b"heldheld");
+            }
+        }
+        while let Some(f) = raw.next() {
+            if f.kind == frame::RST_STREAM && reset.is_none() {
+                assert_eq!(f.payload, 0xbu32.to_be_bytes());
+                reset = Some(f.stream);
+            }
+            if f.kind == frame::PING && f.payload == b"heldheld" {
+                break;
+            }
+        }
+        let reset = reset.expect("a stream reset over the budget");
+        // 992,005 bytes a stream: the 68th (id 135) is the first past 64 MiB.
+        assert_eq!(reset, 135);
+    })
+    .await
+    .unwrap();
+    // The member served on.
+    c.put("/after", "abuse", None).await.unwrap();
+}

@@ -149,14 +149,20 @@ fn encode_fields(out: &mut BytesMut, headers: &HeaderMap) {
     hpack::encode_literals(&block, out);
 }
 
-/// A message framed for gRPC: uncompressed flag, length, octets.
-fn frame_message<M: Message>(message: &M) -> Bytes {
+/// A message framed for gRPC: uncompressed flag, length, octets. A message
+/// over 4 GiB cannot be framed (tonic answers ResourceExhausted too).
+fn frame_message<M: Message>(message: &M) -> Result<Bytes, Status> {
     let len = message.encoded_len();
+    let Ok(len32) = u32::try_from(len) else {
+        return Err(Status::resource_exhausted(format!(
+            "an answer of {len} bytes is over gRPC's 4 GiB"
+        )));
+    };
     let mut b = BytesMut::with_capacity(5 + len);
     b.put_u8(0);
-    b.put_u32(len as u32);
+    b.put_u32(len32);
     message.encode_raw(&mut b);
-    b.freeze()
+    Ok(b.freeze())
 }
 
 /// The one message of a unary body: exactly one uncompressed gRPC message,
@@ -189,7 +195,10 @@ pub fn kv_call(
                 match answer {
                     Ok(resp) => {
                         let (metadata, message, _) = resp.into_parts();
-                        unary_ok(frame_message(&message), &metadata)
+                        match frame_message(&message) {
+                            Ok(framed) => unary_ok(framed, &metadata),
+                            Err(status) => status_only(&status),
+                        }
                     }
                     Err(status) => status_only(&status),
                 }

@@ -36,6 +36,8 @@ struct SendStream {
     queued_bytes: usize,
     /// In [`Outbox::ready`] already.
     listed: bool,
+    /// In [`Outbox::blocked_on_conn`] already.
+    waits_for_conn: bool,
     /// A task waiting for room ([`Outbox::poll_room`]).
     waiter: Option<Waker>,
 }
@@ -154,6 +156,9 @@ impl Outbox {
                 return Err(WindowOverflow);
             }
             for id in std::mem::take(&mut self.blocked_on_conn) {
+                if let Some(s) = self.streams.get_mut(&id) {
+                    s.waits_for_conn = false;
+                }
                 self.relist(id);
             }
             return Ok(());
@@ -171,13 +176,17 @@ impl Outbox {
     }
 
     /// The peer's new SETTINGS_INITIAL_WINDOW_SIZE changes every open
-    /// stream's window by the difference (RFC 9113 §6.9.2).
-    pub fn set_initial_window(&mut self, value: u32) -> Result<(), WindowOverflow> {
+    /// stream's window by the difference (RFC 9113 §6.9.2). True when it
+    /// changed.
+    pub fn set_initial_window(&mut self, value: u32) -> Result<bool, WindowOverflow> {
         let value = i64::from(value);
         if value > frame::MAX_WINDOW {
             return Err(WindowOverflow);
         }
         let delta = value - self.initial_window;
+        if delta == 0 {
+            return Ok(false);
+        }
         self.initial_window = value;
         let mut relist = Vec::new();
         for (&id, s) in &mut self.streams {
@@ -192,7 +201,7 @@ impl Outbox {
         for id in relist {
             self.relist(id);
         }
-        Ok(())
+        Ok(true)
     }
 
     pub fn set_max_frame(&mut self, value: u32) {
@@ -209,8 +218,10 @@ impl Outbox {
     }
 
     /// Moves queued output into `out` as far as the windows allow, until
-    /// `out` holds `limit` bytes. Returns the streams whose response ended
-    /// (their sending side is closed here).
+    /// `out` holds `limit` bytes. Streams take turns: after each DATA frame
+    /// a stream goes to the back of the line, so one large answer does not
+    /// hold up the small ones behind it. Returns the streams whose response
+    /// ended (their sending side is closed here).
     pub fn fill(&mut self, out: &mut BytesMut, limit: usize) -> Finished {
         let mut finished = Vec::new();
         while out.len() < limit {
@@ -223,7 +234,8 @@ impl Outbox {
             s.listed = false;
             let mut ended = false;
             let mut blocked = false;
-            while out.len() < limit {
+            let mut sent_data = false;
+            while out.len() < limit && !sent_data {
                 let Some(piece) = s.queue.front_mut() else {
                     break;
                 };
@@ -238,11 +250,13 @@ impl Outbox {
                         let n = bytes.len().min(allowed).min(self.max_frame);
                         if n == 0 && !bytes.is_empty() {
                             blocked = true;
-                            if s.window > 0 {
+                            if s.window > 0 && !s.waits_for_conn {
+                                s.waits_for_conn = true;
                                 self.blocked_on_conn.push(id);
                             }
                             break;
                         }
+                        sent_data = true;
                         let last = n == bytes.len();
                         let flags = if last && *end {
                             frame::FLAG_END_STREAM
@@ -281,9 +295,9 @@ impl Outbox {
                 }
             }
             if !blocked && !s.queue.is_empty() {
-                // `out` is full: this stream goes on next time.
+                // Its turn is over (or `out` is full): it goes on later.
                 s.listed = true;
-                self.ready.push_front(id);
+                self.ready.push_back(id);
             }
         }
         finished
@@ -354,13 +368,15 @@ mod tests {
             o.push(id, data(40_000, true));
         }
         let mut out = BytesMut::new();
-        assert_eq!(o.fill(&mut out, 1 << 20), vec![1], "the first fits");
+        assert!(o.fill(&mut out, 1 << 20).is_empty(), "they share 65,535");
         assert_eq!(frames(&out).iter().map(|x| x.3).sum::<usize>(), 65_535);
         out.clear();
         assert!(o.fill(&mut out, 1 << 20).is_empty());
-        assert!(out.is_empty(), "the second waits for the connection");
+        assert!(out.is_empty(), "both wait for the connection");
         o.window_update(0, 1 << 20).unwrap();
-        assert_eq!(o.fill(&mut out, 1 << 20), vec![3]);
+        let mut done = o.fill(&mut out, 1 << 20);
+        done.sort();
+        assert_eq!(done, vec![1, 3]);
         assert_eq!(
             frames(&out).iter().map(|x| x.3).sum::<usize>(),
             80_000 - 65_535
@@ -392,6 +408,38 @@ mod tests {
         o.close(1);
         assert_eq!(o.poll_room(1, &mut cx), Poll::Ready(false));
         assert!(!o.push(1, data(1, true)));
+    }
+
+    #[test]
+    fn streams_take_turns_frame_by_frame() {
+        let mut o = Outbox::default();
+        o.set_initial_window(1 << 20).unwrap();
+        o.window_update(0, 1 << 20).unwrap();
+        o.open(1);
+        o.push(1, data(50_000, true));
+        o.open(3);
+        o.push(3, data(100, true));
+        let mut out = BytesMut::new();
+        assert_eq!(o.fill(&mut out, 1 << 20), vec![3, 1]);
+        let order: Vec<u32> = frames(&out).iter().map(|f| f.2).collect();
+        assert_eq!(order, vec![1, 3, 1, 1, 1], "the small answer goes second");
+    }
+
+    #[test]
+    fn a_stream_waits_for_the_connection_once() {
+        let mut o = Outbox::default();
+        o.set_initial_window(1 << 20).unwrap();
+        o.open(1);
+        o.push(1, data(70_000, true));
+        let mut out = BytesMut::new();
+        o.fill(&mut out, 1 << 20);
+        for _ in 0..1000 {
+            o.window_update(1, 1).unwrap();
+            o.fill(&mut out, 1 << 20);
+        }
+        assert_eq!(o.blocked_on_conn.len(), 1);
+        o.window_update(0, 10_000).unwrap();
+        assert_eq!(o.fill(&mut out, 1 << 20), vec![1]);
     }
 
     #[test]

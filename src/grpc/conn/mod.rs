@@ -11,11 +11,19 @@
 //!
 //! Limits: frames of at most 16 KiB, [`MAX_CONCURRENT_STREAMS`] open streams,
 //! header blocks of at most [`MAX_HEADER_BLOCK_BYTES`], request windows of
-//! [`STREAM_WINDOW`] per stream and [`CONN_WINDOW`] per connection, and no more
-//! reading while [`OUT_HIGH_WATER`] bytes wait to be written (a peer that
-//! sends but does not read gets nothing more read from it). A breach of the
-//! protocol closes the connection with GOAWAY and the error code the RFC
-//! names; a malformed request resets its stream only.
+//! [`STREAM_WINDOW`] per stream, at most [`MAX_HELD_BYTES`] of request bodies
+//! held per connection (a stream that would pass it is reset with
+//! ENHANCE_YOUR_CALM), no more reading while [`OUT_HIGH_WATER`] bytes wait to
+//! be written (a peer that sends but does not read gets nothing more read
+//! from it), at most [`MAX_RESETS`] calls reset by the client within
+//! [`RESET_PERIOD`], and at most [`MAX_WINDOW_SETTINGS`] changes of its
+//! initial window per connection. A
+//! breach of the protocol closes the connection with GOAWAY and the error
+//! code the RFC names; a malformed request resets its stream only.
+//!
+//! A call reset by the client is dropped at once (a unary KV call is
+//! aborted, a streaming call's task too); a unary call that panics answers
+//! with status Internal and leaves the connection's other calls alone.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -52,6 +60,18 @@ pub const STREAM_WINDOW: u32 = 1 << 20;
 pub const CONN_WINDOW: u32 = 16 << 20;
 /// Largest header block (HEADERS plus CONTINUATION octets) accepted.
 pub const MAX_HEADER_BLOCK_BYTES: usize = 64 * 1024;
+/// Most request body bytes a connection holds (KV bodies being gathered,
+/// streamed bodies not yet taken by their call).
+pub const MAX_HELD_BYTES: usize = 64 << 20;
+/// Most calls the client may reset on one connection within
+/// [`RESET_PERIOD`]; more close it (ENHANCE_YOUR_CALM), as each reset call
+/// may already have cost a proposal.
+pub const MAX_RESETS: u32 = 10_000;
+pub const RESET_PERIOD: std::time::Duration = std::time::Duration::from_secs(10);
+/// Most SETTINGS frames that change the initial window, per connection:
+/// each change touches every open stream, and clients change it a few times
+/// at most.
+pub const MAX_WINDOW_SETTINGS: u32 = 1000;
 /// Reading stops while this many bytes wait to be written.
 pub const OUT_HIGH_WATER: usize = 1 << 20;
 /// Read buffer: a whole frame of the largest size we allow, several times.
@@ -102,6 +122,36 @@ struct Stream {
     recv: Recv,
     /// The task of a call served by tonic.
     task: Option<tokio::task::AbortHandle>,
+    /// A unary KV call polled by the connection.
+    call: Option<futures::future::AbortHandle>,
+}
+
+impl Stream {
+    fn new(recv: Recv) -> Stream {
+        Stream {
+            recv,
+            task: None,
+            call: None,
+        }
+    }
+
+    /// Request body bytes this stream holds.
+    fn held(&self) -> usize {
+        match &self.recv {
+            Recv::Unary { body, .. } => body.len(),
+            Recv::Body { in_flight, .. } => *in_flight,
+            Recv::Done | Recv::Discard => 0,
+        }
+    }
+
+    fn abort(&self) {
+        if let Some(task) = &self.task {
+            task.abort();
+        }
+        if let Some(call) = &self.call {
+            call.abort();
+        }
+    }
 }
 
 /// A header block still waiting for CONTINUATION frames.
@@ -130,6 +180,13 @@ struct Conn<IO> {
     consumed_rx: mpsc::UnboundedReceiver<(u32, usize)>,
     /// Connection-level octets received and not yet given back.
     conn_unacked: u32,
+    /// Request body bytes held by all streams ([`MAX_HELD_BYTES`]).
+    held: usize,
+    /// Calls reset by the client since `resets_since`.
+    resets: u32,
+    resets_since: std::time::Instant,
+    /// SETTINGS frames that changed the initial window.
+    window_settings: u32,
     preface_done: bool,
     settings_seen: bool,
     /// Our GOAWAY went out: no new streams.
@@ -169,6 +226,10 @@ where
         consumed_tx,
         consumed_rx,
         conn_unacked: 0,
+        held: 0,
+        resets: 0,
+        resets_since: std::time::Instant::now(),
+        window_settings: 0,
         preface_done: false,
         settings_seen: false,
         going_away: false,
@@ -193,27 +254,33 @@ where
     );
     frame::put_window_update(&mut conn.out, 0, CONN_WINDOW - frame::DEFAULT_WINDOW);
     let result = std::future::poll_fn(|cx| conn.poll_run(cx)).await;
-    if let Err(ConnError::Protocol { code, why }) = &result {
-        // Best effort: tell the client why, then close.
-        conn.out.clear();
-        frame::put_goaway(&mut conn.out, conn.last_stream, *code, why);
-        let out = std::mem::take(&mut conn.out);
-        let _ = tokio::time::timeout(
-            std::time::Duration::from_secs(1),
-            tokio::io::AsyncWriteExt::write_all(&mut conn.io, &out),
-        )
-        .await;
+    // The calls end with the connection, before any wait below.
+    for (_, stream) in conn.streams.drain() {
+        stream.abort();
     }
-    let _ = tokio::io::AsyncWriteExt::shutdown(&mut conn.io).await;
+    conn.unary = FuturesUnordered::new();
+    if let Err(ConnError::Protocol { code, why }) = &result {
+        // Best effort: tell the client why, then close. `out` holds whole
+        // frames after the unwritten rest of one, so GOAWAY goes after them.
+        frame::put_goaway(&mut conn.out, conn.last_stream, *code, why);
+    }
+    let out = std::mem::take(&mut conn.out);
+    let _ = tokio::time::timeout(CLOSE_TIMEOUT, async {
+        let _ = tokio::io::AsyncWriteExt::write_all(&mut conn.io, &out).await;
+        let _ = tokio::io::AsyncWriteExt::shutdown(&mut conn.io).await;
+    })
+    .await;
     result
 }
+
+/// Longest a closing connection waits to write its last frames (a TLS
+/// close included) to a client that may not be reading.
+const CLOSE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl<IO> Drop for Conn<IO> {
     fn drop(&mut self) {
         for stream in self.streams.values() {
-            if let Some(task) = &stream.task {
-                task.abort();
-            }
+            stream.abort();
         }
     }
 }
@@ -283,9 +350,10 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Conn<IO> {
                     return Poll::Ready(Err(e.into()));
                 }
             }
-            if self.eof {
+            if self.eof && self.out.is_empty() {
                 // HTTP/2 clients never half-close: end of input is the end
-                // of the connection; its calls are dropped with it.
+                // of the connection (once what is ready has been written);
+                // its calls are dropped with it.
                 return Poll::Ready(Ok(()));
             }
             if (self.going_away || self.peer_going_away)
@@ -386,6 +454,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Conn<IO> {
                 }
                 if payload.len() != 5 {
                     frame::put_rst_stream(&mut self.out, head.stream, ErrorCode::FrameSize);
+                    self.drop_stream(head.stream);
                 }
                 Ok(())
             }
@@ -407,6 +476,9 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Conn<IO> {
             frame::GOAWAY => {
                 if head.stream != 0 {
                     return Err(protocol(ErrorCode::Protocol, "GOAWAY on a stream"));
+                }
+                if payload.len() < 8 {
+                    return Err(protocol(ErrorCode::FrameSize, "GOAWAY under 8 octets"));
                 }
                 self.peer_going_away = true;
                 Ok(())

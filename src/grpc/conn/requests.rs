@@ -1,14 +1,19 @@
 //! A connection's requests: HEADERS (and CONTINUATION) that open streams,
 //! DATA that carries their bodies, and the start of each call.
 
+use std::panic::AssertUnwindSafe;
 use std::rc::Rc;
 
 use bytes::{Bytes, BytesMut};
+use futures::future::{AbortHandle, Abortable};
+use futures::FutureExt;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
 
 use super::{protocol, Conn, ConnError, PendingBlock, Recv, Stream};
-use super::{CONN_WINDOW, MAX_CONCURRENT_STREAMS, MAX_HEADER_BLOCK_BYTES, STREAM_WINDOW};
+use super::{
+    CONN_WINDOW, MAX_CONCURRENT_STREAMS, MAX_HEADER_BLOCK_BYTES, MAX_HELD_BYTES, STREAM_WINDOW,
+};
 use crate::grpc::dispatch::{self, KvCall, RecvBody};
 use crate::grpc::frame::{self, ErrorCode, Head};
 use crate::grpc::request::RequestHead;
@@ -50,13 +55,32 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Conn<IO> {
             if head.stream > self.last_stream {
                 return Err(protocol(ErrorCode::Protocol, "DATA on an idle stream"));
             }
-            frame::put_rst_stream(&mut self.out, head.stream, ErrorCode::StreamClosed);
+            // A stream that ended or that we reset: what the client sent
+            // before it learned so is dropped (RFC 9113 §5.1).
             return Ok(());
         };
         let padding = head.len as usize - data.len();
+        let adds = match stream.recv {
+            Recv::Body { .. } => head.len as usize,
+            Recv::Unary { .. } => data.len(),
+            Recv::Done | Recv::Discard => 0,
+        };
+        if self.held + adds > MAX_HELD_BYTES {
+            tracing::debug!(
+                stream = head.stream,
+                held = self.held,
+                "request bodies over the connection's budget; stream reset"
+            );
+            frame::put_rst_stream(&mut self.out, head.stream, ErrorCode::EnhanceYourCalm);
+            self.drop_stream(head.stream);
+            return Ok(());
+        }
+        self.held += adds;
         match &mut stream.recv {
             Recv::Done => {
+                // DATA after END_STREAM.
                 frame::put_rst_stream(&mut self.out, head.stream, ErrorCode::StreamClosed);
+                self.drop_stream(head.stream);
             }
             Recv::Discard => {}
             Recv::Body {
@@ -66,7 +90,8 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Conn<IO> {
                 *in_flight += head.len as usize;
                 if *in_flight > STREAM_WINDOW as usize {
                     frame::put_rst_stream(&mut self.out, head.stream, ErrorCode::FlowControl);
-                    return self.reset_locally(head.stream);
+                    self.drop_stream(head.stream);
+                    return Ok(());
                 }
                 if !data.is_empty() {
                     let _ = tx.send(Bytes::copy_from_slice(data));
@@ -75,6 +100,8 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Conn<IO> {
                     let _ = self.consumed_tx.send((head.stream, padding));
                 }
                 if end {
+                    // What is still in flight is the call's now.
+                    self.held = self.held.saturating_sub(*in_flight);
                     stream.recv = Recv::Done;
                 }
             }
@@ -87,6 +114,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Conn<IO> {
                     .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize);
                 if let Some(len) = declared.filter(|&len| len > limit) {
                     // tonic's answer, as soon as the length prefix shows it.
+                    self.held = self.held.saturating_sub(body.len());
                     stream.recv = Recv::Discard;
                     let status = dispatch::too_large(len, limit);
                     let mut outbox = self.outbox.borrow_mut();
@@ -129,10 +157,27 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Conn<IO> {
         else {
             return Ok(());
         };
+        self.held = self.held.saturating_sub(body.len());
         if !overlong {
             if let Some(fut) = dispatch::kv_call(&self.handler, call, &mut head, &self.info, &body)
             {
-                self.unary.push(Box::pin(async move { (id, fut.await) }));
+                let (abort, registration) = AbortHandle::new_pair();
+                if let Some(stream) = self.streams.get_mut(&id) {
+                    stream.call = Some(abort);
+                }
+                self.unary.push(Box::pin(async move {
+                    let call = Abortable::new(AssertUnwindSafe(fut).catch_unwind(), registration);
+                    match call.await {
+                        Ok(Ok(pieces)) => (id, pieces),
+                        Ok(Err(_panic)) => {
+                            tracing::error!(stream = id, "a KV call panicked");
+                            let status = tonic::Status::internal("the call failed");
+                            (id, dispatch::status_only(&status))
+                        }
+                        // Reset by the client: nothing to answer.
+                        Err(_aborted) => (id, Vec::new()),
+                    }
+                }));
                 return Ok(());
             }
         }
@@ -178,7 +223,9 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Conn<IO> {
         else {
             return;
         };
-        *in_flight = in_flight.saturating_sub(n);
+        let n = n.min(*in_flight);
+        *in_flight -= n;
+        self.held = self.held.saturating_sub(n);
         if n > 0 {
             frame::put_window_update(&mut self.out, id, n as u32);
         }
@@ -244,13 +291,22 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Conn<IO> {
             // Trailers of a request: they end its body.
             if !end_stream {
                 frame::put_rst_stream(&mut self.out, id, ErrorCode::Protocol);
+                self.drop_stream(id);
                 return Ok(());
             }
-            match stream.recv {
+            match &stream.recv {
                 Recv::Unary { .. } => return self.start_unary(id, false),
-                Recv::Body { .. } => stream.recv = Recv::Done,
+                Recv::Body { in_flight, .. } => {
+                    self.held = self.held.saturating_sub(*in_flight);
+                    stream.recv = Recv::Done;
+                }
                 Recv::Done | Recv::Discard => {}
             }
+            return Ok(());
+        }
+        if !id.is_multiple_of(2) && id <= self.last_stream {
+            // A stream that ended or that we reset (trailers crossing our
+            // answer): ignored, its block decoded above.
             return Ok(());
         }
         if id.is_multiple_of(2) || id <= self.last_stream {
@@ -285,15 +341,12 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Conn<IO> {
             Some(call) => {
                 self.streams.insert(
                     id,
-                    Stream {
-                        recv: Recv::Unary {
-                            call,
-                            head: Box::new(head),
-                            body: BytesMut::new(),
-                            unacked: 0,
-                        },
-                        task: None,
-                    },
+                    Stream::new(Recv::Unary {
+                        call,
+                        head: Box::new(head),
+                        body: BytesMut::new(),
+                        unacked: 0,
+                    }),
                 );
                 if end_stream {
                     self.start_unary(id, false)?;
@@ -309,7 +362,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Conn<IO> {
                         in_flight: 0,
                     }
                 };
-                self.streams.insert(id, Stream { recv, task: None });
+                self.streams.insert(id, Stream::new(recv));
                 self.start_generic(id, head, rx);
             }
         }

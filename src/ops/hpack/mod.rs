@@ -2,8 +2,10 @@
 //! them again: a decoder that keeps the connection's dynamic table, and an
 //! encoder of literals that never touch the receiver's dynamic table.
 //!
-//! It serves [`super::h2_authority`], which must see each request's
-//! `:authority` however the client compressed it. Decoding follows every
+//! It serves Cairn's gRPC server ([`crate::grpc`]), which reads every
+//! request's header block with it, and [`super::h2_authority`] in front of
+//! tonic's server, which must see each request's `:authority` however the
+//! client compressed it. Decoding follows every
 //! representation of §6 (indexed, literal with/without/never indexing, table
 //! size updates) and Huffman strings; input is untrusted, so every length,
 //! index and integer is checked and an error is returned, never a panic.
@@ -20,13 +22,15 @@ use static_table::STATIC_TABLE;
 /// The dynamic table's size when a connection starts: the initial value of
 /// SETTINGS_HEADER_TABLE_SIZE (RFC 9113 §6.5.2).
 pub const DEFAULT_TABLE_SIZE_BYTES: usize = 4096;
-/// Largest table size a client may switch to: the server's (h2 advertises
-/// and enforces 4096, and refuses a larger update itself).
+/// Largest table size a client may switch to: the server's. Cairn's server
+/// announces no other SETTINGS_HEADER_TABLE_SIZE, so 4096 (tonic's, under
+/// h2, enforces the same).
 pub const MAX_TABLE_SIZE_BYTES: usize = DEFAULT_TABLE_SIZE_BYTES;
 /// Largest decoded header list (names, values and 32 octets per field, as
 /// §4.1 and SETTINGS_MAX_HEADER_LIST_SIZE count them) a block may expand
-/// to. hyper refuses lists over 16 KiB; the bound keeps a hostile block of
-/// references to one large entry from expanding without limit.
+/// to: Cairn's server announces it as SETTINGS_MAX_HEADER_LIST_SIZE. The
+/// bound keeps a hostile block of references to one large entry from
+/// expanding without limit.
 pub const MAX_DECODED_LIST_BYTES: usize = 64 * 1024;
 /// Per-entry overhead counted in the table size (§4.1).
 const ENTRY_OVERHEAD_BYTES: usize = 32;
