@@ -81,7 +81,7 @@ const RESPONSE_HEAD: &[u8] = b"\x88\x0f\x10\x10application/grpc";
 const OK_TRAILERS: &[u8] = b"\x00\x0bgrpc-status\x010";
 
 /// The status tonic answers when a call outlives its `grpc-timeout`.
-pub fn timeout_status() -> Status {
+fn timeout_status() -> Status {
     Status::cancelled("Timeout expired")
 }
 
@@ -186,12 +186,13 @@ pub fn kv_call(
 ) -> Option<LocalBoxFuture<'static, Vec<Out>>> {
     let message = one_message(body)?;
     let timeout = head.timeout;
-    let kv = handler.kv.clone();
+    // One count on the handler, not a copy of the service's handles.
+    let handler = Rc::clone(handler);
     macro_rules! call {
         ($req:ty, $method:ident) => {{
             let request = tonic_request(head, info, <$req>::decode(message).ok()?);
             Box::pin(async move {
-                let answer = with_timeout(timeout, kv.$method(request)).await;
+                let answer = with_timeout(timeout, handler.kv.$method(request)).await;
                 match answer {
                     Ok(resp) => {
                         let (metadata, message, _) = resp.into_parts();
@@ -268,7 +269,8 @@ impl http_body::Body for RecvBody {
 }
 
 /// Starts a call served by tonic: its response goes into `outbox` as it
-/// comes, each piece waiting for room.
+/// comes, each piece waiting for room. `None` when it is answered at once
+/// (no task to abort).
 pub fn spawn_generic(
     handler: &Rc<Handler>,
     stream: u32,
@@ -276,7 +278,7 @@ pub fn spawn_generic(
     info: &ClientConnInfo,
     body: RecvBody,
     outbox: Rc<RefCell<Outbox>>,
-) -> tokio::task::AbortHandle {
+) -> Option<tokio::task::AbortHandle> {
     let mut request = http::Request::new(body);
     *request.method_mut() = http::Method::POST;
     *request.version_mut() = http::Version::HTTP_2;
@@ -285,8 +287,11 @@ pub fn spawn_generic(
         Ok(uri) => *request.uri_mut() = uri,
         Err(_) => {
             // The path cannot be a URI: no service has such a name.
-            let pieces = status_only(&Status::new(Code::Unimplemented, ""));
-            return spawn_pieces(stream, pieces, outbox);
+            let mut outbox = outbox.borrow_mut();
+            for piece in status_only(&Status::new(Code::Unimplemented, "")) {
+                outbox.push(stream, piece);
+            }
+            return None;
         }
     }
     *request.headers_mut() = head.headers;
@@ -377,21 +382,7 @@ pub fn spawn_generic(
             }
         }
     };
-    tokio::task::spawn_local(task).abort_handle()
-}
-
-fn spawn_pieces(
-    stream: u32,
-    pieces: Vec<Out>,
-    outbox: Rc<RefCell<Outbox>>,
-) -> tokio::task::AbortHandle {
-    let mut guard = EndGuard {
-        stream,
-        outbox,
-        ended: false,
-    };
-    guard.push_all(pieces);
-    tokio::task::spawn_local(async {}).abort_handle()
+    Some(tokio::task::spawn_local(task).abort_handle())
 }
 
 /// A streaming call's hold on its stream: when the task ends without having

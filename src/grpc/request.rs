@@ -11,8 +11,10 @@ use http::header::{HeaderMap, HeaderName, HeaderValue};
 pub struct RequestHead {
     pub method: Option<Vec<u8>>,
     pub path: Option<Vec<u8>>,
-    pub authority: Option<Vec<u8>>,
-    pub scheme: Option<Vec<u8>>,
+    /// Pseudo-headers taken (one bit each: method, path, authority,
+    /// scheme), to refuse repeats. The authority and scheme are not kept:
+    /// no service reads them.
+    pseudo_seen: u8,
     /// `grpc-timeout`, when given and well formed.
     pub timeout: Option<Duration>,
     /// A `grpc-encoding` other than `identity` was named.
@@ -32,20 +34,25 @@ impl RequestHead {
                 self.malformed = Some("pseudo-header after a regular field");
                 return;
             }
-            let slot = match pseudo {
-                b"method" => &mut self.method,
-                b"path" => &mut self.path,
-                b"authority" => &mut self.authority,
-                b"scheme" => &mut self.scheme,
+            let bit = match pseudo {
+                b"method" => 1,
+                b"path" => 2,
+                b"authority" => 4,
+                b"scheme" => 8,
                 _ => {
                     self.malformed = Some("unknown pseudo-header");
                     return;
                 }
             };
-            if slot.is_some() {
+            if self.pseudo_seen & bit != 0 {
                 self.malformed = Some("repeated pseudo-header");
             }
-            *slot = Some(value.to_vec());
+            self.pseudo_seen |= bit;
+            match bit {
+                1 => self.method = Some(value.to_vec()),
+                2 => self.path = Some(value.to_vec()),
+                _ => {}
+            }
             return;
         }
         self.regular_seen = true;

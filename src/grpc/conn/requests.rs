@@ -209,7 +209,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Conn<IO> {
             Rc::clone(&self.outbox),
         );
         if let Some(stream) = self.streams.get_mut(&id) {
-            stream.task = Some(task);
+            stream.task = task;
         }
     }
 
