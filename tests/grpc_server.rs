@@ -15,8 +15,8 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
-use cairn::grpc::frame;
-use cairn::ops::hpack::{self, Block, Field};
+use cairn_proto::h2::frame;
+use cairn_proto::h2::hpack::{self, Block, Field};
 use common::{client, status_of, wait_writable, Cluster};
 use etcd_client::{EventType, GetOptions, PutOptions, Txn, TxnOp, WatchOptions};
 use prost::Message;

@@ -100,6 +100,31 @@ pub struct GlobalOpts {
     /// every request it carries sends the token.
     #[arg(long, global = true, value_name = "NAME:PASSWORD", value_parser = Credentials::parse)]
     pub user: Option<Credentials>,
+    /// The gRPC client of the unary KV calls (put, range, txn-put, txn-one,
+    /// txn-cross, mixed): `cairn`, the load generator's own, plaintext only,
+    /// which costs the host a fraction of tonic's CPU per call; `tonic`; or
+    /// `auto`, the own client without TLS and tonic with it. Streams
+    /// (lease-keepalive, watches) always use tonic.
+    #[arg(long, global = true, value_enum, default_value = "auto")]
+    pub grpc_client: GrpcClient,
+}
+
+/// `--grpc-client`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum GrpcClient {
+    Auto,
+    Cairn,
+    Tonic,
+}
+
+impl GrpcClient {
+    pub fn name(self) -> &'static str {
+        match self {
+            GrpcClient::Auto => "auto",
+            GrpcClient::Cairn => "cairn",
+            GrpcClient::Tonic => "tonic",
+        }
+    }
 }
 
 /// Default measured request count when neither --total nor --duration is given.
@@ -113,6 +138,15 @@ pub enum Stop {
 }
 
 impl GlobalOpts {
+    /// Whether the unary KV calls go through the load generator's own client.
+    pub fn own_grpc_client(&self) -> bool {
+        match self.grpc_client {
+            GrpcClient::Cairn => true,
+            GrpcClient::Tonic => false,
+            GrpcClient::Auto => !self.tls(),
+        }
+    }
+
     pub fn warmup(&self) -> Duration {
         self.warmup.unwrap_or(Duration::ZERO)
     }
@@ -170,6 +204,12 @@ impl GlobalOpts {
         }
         if self.timeout.is_zero() {
             return bad("--timeout", "must be positive".into());
+        }
+        if self.grpc_client == GrpcClient::Cairn && self.tls() {
+            return bad(
+                "--grpc-client",
+                "cairn speaks plaintext only: use tonic (or auto) with TLS".into(),
+            );
         }
         if let Some(r) = self.rate {
             if !(r > 0.0 && r <= MAX_RATE_PER_SEC) {
@@ -609,9 +649,22 @@ mod tests {
     }
 
     #[test]
+    fn the_own_grpc_client_carries_plaintext_unless_told_otherwise() {
+        let own = |args: &[&str]| {
+            let args = [&["cairn-bench"], args, &["put"]].concat();
+            Cli::parse_from(args).global.own_grpc_client()
+        };
+        assert!(own(&[]));
+        assert!(own(&["--user", "u:p"]));
+        assert!(!own(&["--cacert", "ca"]));
+        assert!(!own(&["--grpc-client", "tonic"]));
+        assert!(own(&["--grpc-client", "cairn"]));
+    }
+
+    #[test]
     fn tls_options_are_checked_together() {
         // (endpoint, options before the subcommand, the option blamed or None)
-        let cases: [(&str, &[&str], Option<&str>); 7] = [
+        let cases: [(&str, &[&str], Option<&str>); 10] = [
             ("127.0.0.1:1", &["--cert", "c"], Some("--cert")),
             ("127.0.0.1:1", &["--key", "k"], Some("--key")),
             // A client certificate without a CA.
@@ -632,6 +685,18 @@ mod tests {
                 None,
             ),
             ("127.0.0.1:1", &["--user", "u:p"], None),
+            // The own gRPC client speaks plaintext only.
+            (
+                "127.0.0.1:1",
+                &["--cacert", "ca", "--grpc-client", "cairn"],
+                Some("--grpc-client"),
+            ),
+            (
+                "127.0.0.1:1",
+                &["--cacert", "ca", "--grpc-client", "tonic"],
+                None,
+            ),
+            ("127.0.0.1:1", &["--grpc-client", "cairn"], None),
         ];
         for (endpoint, extra, expected) in cases {
             let args = [&["cairn-bench", "--endpoints", endpoint], extra, &["put"]].concat();

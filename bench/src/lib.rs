@@ -4,6 +4,7 @@
 //! `cairn-proto` (and, for `put --gateway`, etcd's HTTP/JSON gateway); it never
 //! links the server. The pieces:
 //! - [`config`]: the command line and its limits;
+//! - [`grpc`]: the client's own gRPC over HTTP/2 for the unary KV calls;
 //! - [`runner`]: connections, the closed-loop and fixed-rate drivers, warm-up;
 //! - [`workload`]: put, range, txn-put, txn-one, txn-cross, mixed and
 //!   lease-keepalive requests;
@@ -31,6 +32,7 @@ pub mod cluster;
 pub mod compare;
 pub mod config;
 pub mod gateway;
+pub mod grpc;
 pub mod memory;
 pub mod placement;
 pub mod preset;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use clap::ValueEnum;
 
-use crate::config::{GlobalOpts, Stop};
+use crate::config::{GlobalOpts, GrpcClient, Stop};
 use crate::security::{bench_user, ClusterCerts};
 
 /// Measured phase of each run when neither --duration nor --total is given.
@@ -195,6 +195,9 @@ pub fn preset_command(
     ]);
     if let Some(rate) = global.rate {
         args.extend(["--rate".into(), rate.to_string()]);
+    }
+    if global.grpc_client != GrpcClient::Auto {
+        args.extend(["--grpc-client".into(), global.grpc_client.name().into()]);
     }
     args.extend_from_slice(client_args);
     args.extend(sub);

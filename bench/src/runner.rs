@@ -19,12 +19,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use tonic::transport::{ClientTlsConfig, Endpoint};
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
 use crate::config::{GlobalOpts, Stop};
-use crate::security::{self, Conn};
+use crate::grpc;
+use crate::security::{self, Conn, Credentials};
 use crate::stats::{Recorder, Report};
-use crate::workload::{OpClient, Spec};
+use crate::workload::{OpClient, Spec, Transport};
 use crate::BenchError;
 
 /// How long establishing one connection may take before requests fail.
@@ -54,19 +55,12 @@ pub fn tls_config(global: &GlobalOpts) -> Result<Option<ClientTlsConfig>, BenchE
     security::client_tls_config(cacert, identity).map(Some)
 }
 
-/// Opens `global.conns` HTTP/2 connections, round-robin over the endpoints.
-/// Without `--user` they connect lazily: an unreachable endpoint shows up as
-/// counted `Unavailable` errors, not as a refusal to start. With `--user` each
-/// connection authenticates once, now (concurrently), and a refusal stops the
-/// run.
-pub async fn connect(global: &GlobalOpts) -> Result<Vec<Conn>, BenchError> {
+/// `global.conns` lazy tonic channels, round-robin over the endpoints, each
+/// with the endpoint it goes to.
+fn channels(global: &GlobalOpts) -> Result<Vec<(String, Channel)>, BenchError> {
     let tls = tls_config(global)?;
-    let endpoints: Vec<&String> = global
-        .endpoints
-        .iter()
-        .filter(|e| !e.trim().is_empty())
-        .collect();
-    let channels = (0..global.conns)
+    let endpoints = endpoints(global);
+    (0..global.conns)
         .map(|i| {
             let raw = endpoints[i % endpoints.len()];
             let bad = |e: tonic::transport::Error| BenchError::Endpoint {
@@ -85,36 +79,94 @@ pub async fn connect(global: &GlobalOpts) -> Result<Vec<Conn>, BenchError> {
                 .connect_lazy();
             Ok((raw.clone(), channel))
         })
-        .collect::<Result<Vec<_>, BenchError>>()?;
+        .collect()
+}
+
+fn endpoints(global: &GlobalOpts) -> Vec<&String> {
+    global
+        .endpoints
+        .iter()
+        .filter(|e| !e.trim().is_empty())
+        .collect()
+}
+
+/// Runs `auth` over every channel concurrently as `user`; the first refusal
+/// stops the run.
+async fn authenticate_all<T, F, Fut>(
+    channels: Vec<(String, Channel)>,
+    user: &Credentials,
+    auth: F,
+) -> Result<Vec<T>, BenchError>
+where
+    T: Send + 'static,
+    F: Fn(Channel, Credentials) -> Fut,
+    Fut: std::future::Future<Output = Result<T, tonic::Status>> + Send + 'static,
+{
+    let tasks: Vec<_> = channels
+        .into_iter()
+        .map(|(endpoint, channel)| {
+            let name = user.name.clone();
+            let call = auth(channel, user.clone());
+            tokio::spawn(async move {
+                call.await.map_err(|status| BenchError::Auth {
+                    user: name,
+                    endpoint,
+                    status: Box::new(status),
+                })
+            })
+        })
+        .collect();
+    let mut done = Vec::with_capacity(tasks.len());
+    for task in tasks {
+        done.push(task.await.map_err(|e| BenchError::Task {
+            workload: "authenticate",
+            reason: e.to_string(),
+        })??);
+    }
+    Ok(done)
+}
+
+/// Opens `global.conns` HTTP/2 connections through tonic, round-robin over
+/// the endpoints. Without `--user` they connect lazily: an unreachable
+/// endpoint shows up as counted `Unavailable` errors, not as a refusal to
+/// start. With `--user` each connection authenticates once, now
+/// (concurrently), and a refusal stops the run.
+pub async fn connect(global: &GlobalOpts) -> Result<Vec<Conn>, BenchError> {
+    let channels = channels(global)?;
     let Some(user) = &global.user else {
         return Ok(channels
             .into_iter()
             .map(|(_, c)| security::anonymous(c))
             .collect());
     };
-    let tasks: Vec<_> = channels
-        .into_iter()
-        .map(|(endpoint, channel)| {
-            let user = user.clone();
-            tokio::spawn(async move {
-                security::authenticate(channel, &user)
-                    .await
-                    .map_err(|status| BenchError::Auth {
-                        user: user.name.clone(),
-                        endpoint,
-                        status: Box::new(status),
-                    })
+    authenticate_all(channels, user, |channel, user| async move {
+        security::authenticate(channel, &user).await
+    })
+    .await
+}
+
+/// The connections of the load generator's own gRPC client, as [`connect`]
+/// opens tonic's: lazily, round-robin, each authenticated once with `--user`.
+pub async fn connect_own(global: &GlobalOpts) -> Result<Vec<grpc::Channel>, BenchError> {
+    let tokens: Vec<Option<String>> = match &global.user {
+        None => vec![None; global.conns],
+        Some(user) => {
+            authenticate_all(channels(global)?, user, |channel, user| async move {
+                security::token(channel, &user).await.map(Some)
             })
+            .await?
+        }
+    };
+    let endpoints = endpoints(global);
+    Ok(tokens
+        .into_iter()
+        .enumerate()
+        .map(|(i, token)| {
+            let raw = endpoints[i % endpoints.len()].trim();
+            let host_port = raw.strip_prefix("http://").unwrap_or(raw);
+            grpc::Channel::lazy(host_port, token, global.timeout)
         })
-        .collect();
-    let mut conns = Vec::with_capacity(tasks.len());
-    for task in tasks {
-        conns.push(task.await.map_err(|e| BenchError::Task {
-            workload: "authenticate",
-            reason: e.to_string(),
-        })??);
-    }
-    Ok(conns)
+        .collect())
 }
 
 /// A progress bar on stderr, shown only on a terminal and never with `--json`.
@@ -336,15 +388,27 @@ pub async fn warm_up_and_measure<C: Requester>(
 
 /// Runs a request/response workload: setup, warm-up, measured phase, teardown.
 pub async fn run(global: &GlobalOpts, spec: Spec, progress: bool) -> Result<Report, BenchError> {
-    let channels = connect(global).await?;
+    let transports: Vec<Transport> = if spec.unary_kv() && global.own_grpc_client() {
+        connect_own(global)
+            .await?
+            .into_iter()
+            .map(Transport::Cairn)
+            .collect()
+    } else {
+        connect(global)
+            .await?
+            .into_iter()
+            .map(Transport::Tonic)
+            .collect()
+    };
     let mut clients = Vec::with_capacity(global.clients);
     for i in 0..global.clients {
-        let channel = channels[i % channels.len()].clone();
-        let client = OpClient::setup(&spec, channel, i, global.clients, global.timeout)
+        let transport = transports[i % transports.len()].clone();
+        let client = OpClient::setup(&spec, transport, i, global.clients, global.timeout)
             .await
             .map_err(|status| BenchError::Setup {
                 workload: spec.name(),
-                endpoint: global.endpoints[i % channels.len() % global.endpoints.len()].clone(),
+                endpoint: global.endpoints[i % transports.len() % global.endpoints.len()].clone(),
                 status: Box::new(status),
             })?;
         clients.push(client);

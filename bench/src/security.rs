@@ -120,18 +120,23 @@ pub fn anonymous(channel: Channel) -> Conn {
     InterceptedService::new(channel, TokenInterceptor::default())
 }
 
-/// Authenticates `user` over `channel` (one Authenticate call) and returns the
-/// connection that sends the token it got.
-pub async fn authenticate(channel: Channel, user: &Credentials) -> Result<Conn, tonic::Status> {
-    let response = AuthClient::new(channel.clone())
+/// Authenticates `user` over `channel` (one Authenticate call): the token.
+pub async fn token(channel: Channel, user: &Credentials) -> Result<String, tonic::Status> {
+    Ok(AuthClient::new(channel)
         .authenticate(AuthenticateRequest {
             name: user.name.clone(),
             password: user.password.clone(),
         })
         .await?
-        .into_inner();
-    let token = response
-        .token
+        .into_inner()
+        .token)
+}
+
+/// Authenticates `user` over `channel` (one Authenticate call) and returns the
+/// connection that sends the token it got.
+pub async fn authenticate(channel: Channel, user: &Credentials) -> Result<Conn, tonic::Status> {
+    let token = token(channel.clone(), user)
+        .await?
         .parse::<MetadataValue<Ascii>>()
         .map_err(|e| {
             tonic::Status::internal(format!(

@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 
 use crate::binaries::DaemonOpts;
 use crate::cluster::{StartOptions, System};
-use crate::config::GlobalOpts;
+use crate::config::{GlobalOpts, GrpcClient};
 use crate::preset::{preset_command, Preset};
 use crate::security::{bench_user, ClusterCerts};
 use crate::session::{
@@ -105,6 +105,20 @@ pub async fn run(
                 .into(),
         });
     }
+    if global.grpc_client == GrpcClient::Cairn {
+        return Err(BenchError::Option {
+            option: "--grpc-client",
+            reason: "tls-cost measures every variant through tonic's client (the own client is \
+                     plaintext only)"
+                .into(),
+        });
+    }
+    // The plaintext cluster is measured through the same client as the TLS
+    // ones, so the difference is TLS's alone.
+    let global = &GlobalOpts {
+        grpc_client: GrpcClient::Tonic,
+        ..global.clone()
+    };
     let binary = opts.daemons.binary(opts.system);
     let scratch = scratch_dir(opts.daemons.work_dir.as_deref(), "cairn-bench-tls-cost-")?;
     let certs = ClusterCerts::generate(&scratch.path().join("certs"))?;

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use crate::grpc::{self, Method};
 use crate::security::Conn;
 use bytes::Bytes;
 use cairn_proto::etcdserverpb::compare::{CompareResult, CompareTarget, TargetUnion};
@@ -11,7 +12,7 @@ use cairn_proto::etcdserverpb::lease_client::LeaseClient;
 use cairn_proto::etcdserverpb::request_op::Request;
 use cairn_proto::etcdserverpb::{
     Compare, LeaseGrantRequest, LeaseKeepAliveRequest, LeaseKeepAliveResponse, LeaseRevokeRequest,
-    PutRequest, RangeRequest, RequestOp, TxnRequest,
+    PutRequest, PutResponse, RangeRequest, RangeResponse, RequestOp, TxnRequest, TxnResponse,
 };
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -68,6 +69,12 @@ impl Spread {
 }
 
 impl Spec {
+    /// Whether the workload makes only unary KV calls (Range, Put, Txn),
+    /// which the load generator's own client can carry.
+    pub fn unary_kv(&self) -> bool {
+        !matches!(self, Spec::LeaseKeepalive(_))
+    }
+
     pub fn name(&self) -> &'static str {
         match self {
             Spec::Put(_) => "put",
@@ -166,6 +173,50 @@ pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
     vec![0]
 }
 
+/// The connection a requester sends over: tonic's, or the load generator's
+/// own client's (unary KV calls only).
+#[derive(Clone)]
+pub enum Transport {
+    Tonic(Conn),
+    Cairn(grpc::Channel),
+}
+
+/// A requester's KV calls, through either client.
+pub enum Kv {
+    Tonic(KvClient<Conn>),
+    Cairn(grpc::Channel),
+}
+
+impl Kv {
+    fn new(transport: Transport) -> Kv {
+        match transport {
+            Transport::Tonic(conn) => Kv::Tonic(KvClient::new(conn)),
+            Transport::Cairn(channel) => Kv::Cairn(channel),
+        }
+    }
+
+    pub async fn range(&mut self, request: RangeRequest) -> Result<RangeResponse, tonic::Status> {
+        match self {
+            Kv::Tonic(kv) => Ok(kv.range(request).await?.into_inner()),
+            Kv::Cairn(channel) => channel.call(Method::Range, &request).await,
+        }
+    }
+
+    pub async fn put(&mut self, request: PutRequest) -> Result<PutResponse, tonic::Status> {
+        match self {
+            Kv::Tonic(kv) => Ok(kv.put(request).await?.into_inner()),
+            Kv::Cairn(channel) => channel.call(Method::Put, &request).await,
+        }
+    }
+
+    pub async fn txn(&mut self, request: TxnRequest) -> Result<TxnResponse, tonic::Status> {
+        match self {
+            Kv::Tonic(kv) => Ok(kv.txn(request).await?.into_inner()),
+            Kv::Cairn(channel) => channel.call(Method::Txn, &request).await,
+        }
+    }
+}
+
 /// An open LeaseKeepAlive stream of one requester.
 pub struct LeaseStream {
     tx: mpsc::Sender<LeaseKeepAliveRequest>,
@@ -174,18 +225,13 @@ pub struct LeaseStream {
 
 /// A requester's first view of the store (not measured): the revision of a
 /// count-only range's header.
-async fn first_view(kv: &mut KvClient<Conn>) -> Result<i64, tonic::Status> {
+async fn first_view(kv: &mut Kv) -> Result<i64, tonic::Status> {
     let probe = RangeRequest {
         key: Bytes::from_static(b"\0"),
         count_only: true,
         ..Default::default()
     };
-    Ok(kv
-        .range(probe)
-        .await?
-        .into_inner()
-        .header
-        .map_or(0, |h| h.revision))
+    Ok(kv.range(probe).await?.header.map_or(0, |h| h.revision))
 }
 
 /// Optimistic concurrency over `keys`: put `value` to every one if nobody
@@ -229,12 +275,12 @@ pub fn cas_txn(keys: Vec<Bytes>, value: &Bytes, revision_seen: i64) -> TxnReques
 /// view forward to the response's revision either way, so a conflict is
 /// retried against fresh state.
 async fn swap(
-    kv: &mut KvClient<Conn>,
+    kv: &mut Kv,
     txn: TxnRequest,
     revision_seen: &mut i64,
     rec: &mut Recorder,
 ) -> Result<(), tonic::Status> {
-    let resp = kv.txn(txn).await?.into_inner();
+    let resp = kv.txn(txn).await?;
     if resp.succeeded {
         rec.count("txn_cas_won");
     } else {
@@ -249,16 +295,16 @@ async fn swap(
 /// What one requester needs between requests.
 pub enum OpClient {
     Put {
-        kv: KvClient<Conn>,
+        kv: Kv,
         keys: KeyGen,
         value: Bytes,
     },
     Range {
-        kv: KvClient<Conn>,
+        kv: Kv,
         request: RangeRequest,
     },
     TxnPut {
-        kv: KvClient<Conn>,
+        kv: Kv,
         keys: KeyGen,
         value: Bytes,
         /// Newest store revision this requester has seen in a response: its view
@@ -266,7 +312,7 @@ pub enum OpClient {
         revision_seen: i64,
     },
     TxnMulti {
-        kv: KvClient<Conn>,
+        kv: Kv,
         keys: KeyGen,
         /// The prefix of each key of a txn; the key generator gives the rest.
         prefixes: Vec<Bytes>,
@@ -275,7 +321,7 @@ pub enum OpClient {
         revision_seen: i64,
     },
     Mixed {
-        kv: KvClient<Conn>,
+        kv: Kv,
         keys: KeyGen,
         value: Bytes,
         read_ratio: f64,
@@ -294,14 +340,14 @@ impl OpClient {
     /// (not measured).
     pub async fn setup(
         spec: &Spec,
-        channel: Conn,
+        transport: Transport,
         client: usize,
         clients: usize,
         timeout: Duration,
     ) -> Result<Self, tonic::Status> {
         Ok(match spec {
             Spec::Put(o) => OpClient::Put {
-                kv: KvClient::new(channel),
+                kv: Kv::new(transport),
                 keys: KeyGen::new(o, client, clients),
                 value: value_of_size(o.val_size),
             },
@@ -313,7 +359,7 @@ impl OpClient {
                     (None, false) => Vec::new(),
                 };
                 OpClient::Range {
-                    kv: KvClient::new(channel),
+                    kv: Kv::new(transport),
                     request: RangeRequest {
                         key: key.into(),
                         range_end: range_end.into(),
@@ -324,7 +370,7 @@ impl OpClient {
                 }
             }
             Spec::TxnPut(o) => {
-                let mut kv = KvClient::new(channel);
+                let mut kv = Kv::new(transport);
                 let revision_seen = first_view(&mut kv).await?;
                 OpClient::TxnPut {
                     kv,
@@ -334,7 +380,7 @@ impl OpClient {
                 }
             }
             Spec::TxnMulti(o, spread) => {
-                let mut kv = KvClient::new(channel);
+                let mut kv = Kv::new(transport);
                 let revision_seen = first_view(&mut kv).await?;
                 OpClient::TxnMulti {
                     kv,
@@ -345,13 +391,18 @@ impl OpClient {
                 }
             }
             Spec::Mixed(o) => OpClient::Mixed {
-                kv: KvClient::new(channel),
+                kv: Kv::new(transport),
                 keys: KeyGen::new(&o.keys, client, clients),
                 value: value_of_size(o.keys.val_size),
                 read_ratio: o.read_ratio,
                 serializable: o.consistency == Consistency::S,
             },
             Spec::LeaseKeepalive(o) => {
+                let Transport::Tonic(channel) = transport else {
+                    return Err(tonic::Status::failed_precondition(
+                        "lease-keepalive streams go through tonic's client",
+                    ));
+                };
                 let mut lease = LeaseClient::new(channel);
                 let granted = lease
                     .lease_grant(LeaseGrantRequest {

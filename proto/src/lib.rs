@@ -28,6 +28,8 @@ pub mod cairnpb {
     include!(concat!(env!("OUT_DIR"), "/cairnpb.rs"));
 }
 
+pub mod h2;
+
 /// The encoded `google.protobuf.FileDescriptorSet` of every `.proto` file here:
 /// message, field and service names and numbers, as the code above was generated from.
 pub const FILE_DESCRIPTOR_SET: &[u8] =

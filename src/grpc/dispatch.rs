@@ -35,9 +35,9 @@ use tower_service::Service;
 
 use super::request::RequestHead;
 use super::send::{Out, Outbox};
-use crate::ops::hpack::{self, Block, Field};
 use crate::server::api::kv::KvService;
 use crate::tls::ClientConnInfo;
+use cairn_proto::h2::hpack::{self, Block, Field};
 
 /// What one core's connections serve.
 pub struct Handler {

@@ -6,7 +6,7 @@
 //! ready together ([`conn`]); every other call reaches the same tonic
 //! services as before through an `http::Request` ([`dispatch`]).
 //!
-//! - [`frame`]: frame layouts and writers.
+//! - `cairn_proto::h2`: frame layouts and writers, HPACK.
 //! - [`request`]: a request's header fields.
 //! - [`send`]: queued answers and the peer's flow-control windows.
 //! - [`dispatch`]: the KV fast path and the tonic path.
@@ -14,7 +14,6 @@
 
 pub mod conn;
 pub mod dispatch;
-pub mod frame;
 pub mod request;
 pub mod send;
 

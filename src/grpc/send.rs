@@ -14,7 +14,7 @@ use std::task::{Context, Poll, Waker};
 
 use bytes::{Bytes, BytesMut};
 
-use super::frame;
+use cairn_proto::h2::frame;
 
 /// Most response bytes a streaming call queues before it waits for the peer.
 pub const STREAM_HIGH_WATER: usize = 256 * 1024;

@@ -92,7 +92,6 @@ pub(crate) use write_through_to_inner;
 
 pub mod h2_authority;
 pub mod host;
-pub mod hpack;
 pub mod http;
 pub mod lifecycle;
 pub mod logging;

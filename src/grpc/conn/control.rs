@@ -5,7 +5,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::{protocol, Conn, ConnError, Recv};
 use super::{MAX_RESETS, MAX_WINDOW_SETTINGS, RESET_PERIOD};
-use crate::grpc::frame::{self, ErrorCode, Head};
+use cairn_proto::h2::frame::{self, ErrorCode, Head};
 
 impl<IO: AsyncRead + AsyncWrite + Unpin> Conn<IO> {
     pub(super) fn on_rst_stream(&mut self, head: Head, payload: &[u8]) -> Result<(), ConnError> {

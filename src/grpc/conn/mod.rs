@@ -41,12 +41,12 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::mpsc;
 
 use super::dispatch::{Handler, KvCall};
-use super::frame::{self, ErrorCode, Head};
 use super::request::RequestHead;
 use super::send::{Out, Outbox};
-use crate::ops::hpack;
 use crate::ops::http::HTTP2_PREFACE;
 use crate::tls::ClientConnInfo;
+use cairn_proto::h2::frame::{self, ErrorCode, Head};
+use cairn_proto::h2::hpack;
 
 mod control;
 mod requests;

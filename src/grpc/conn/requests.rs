@@ -15,8 +15,8 @@ use super::{
     CONN_WINDOW, MAX_CONCURRENT_STREAMS, MAX_HEADER_BLOCK_BYTES, MAX_HELD_BYTES, STREAM_WINDOW,
 };
 use crate::grpc::dispatch::{self, KvCall, RecvBody};
-use crate::grpc::frame::{self, ErrorCode, Head};
 use crate::grpc::request::RequestHead;
+use cairn_proto::h2::frame::{self, ErrorCode, Head};
 
 impl<IO: AsyncRead + AsyncWrite + Unpin> Conn<IO> {
     /// Strips the padding of a PADDED frame.

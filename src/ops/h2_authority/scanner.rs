@@ -8,7 +8,7 @@
 
 use bytes::{BufMut, BytesMut};
 
-use crate::ops::hpack::{self, Block, DecodeError, Decoder};
+use cairn_proto::h2::hpack::{self, Block, DecodeError, Decoder};
 
 /// Every frame opens with 9 octets: length (24 bits), type, flags, stream.
 pub const FRAME_HEADER_BYTES: usize = 9;

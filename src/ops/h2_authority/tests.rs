@@ -15,13 +15,35 @@ use super::scanner::{
     PADDED, PRIORITY,
 };
 use super::*;
-use crate::ops::hpack::huffman::tests::encode as huffman;
-use crate::ops::hpack::tests::{hex, pairs};
-use crate::ops::hpack::{encode_integer, Block, Decoder};
+use cairn_proto::h2::hpack::huffman::encode as huffman;
+use cairn_proto::h2::hpack::{encode_integer, Block, Decoder};
 
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 const DATA: u8 = 0x0;
 const SETTINGS: u8 = 0x4;
+
+/// Octets from hex digits (whitespace ignored).
+fn hex(s: &str) -> Vec<u8> {
+    let digits: Vec<u8> = s.bytes().filter(|b| !b.is_ascii_whitespace()).collect();
+    digits
+        .chunks(2)
+        .map(|p| u8::from_str_radix(std::str::from_utf8(p).unwrap(), 16).unwrap())
+        .collect()
+}
+
+/// A block's fields as (name, value) strings.
+fn pairs(block: &Block) -> Vec<(String, String)> {
+    block
+        .fields
+        .iter()
+        .map(|f| {
+            (
+                String::from_utf8_lossy(&f.name).into_owned(),
+                String::from_utf8_lossy(&f.value).into_owned(),
+            )
+        })
+        .collect()
+}
 
 /// A reader that hands out its chunks one per read (split further when the
 /// reader's buffer is smaller).

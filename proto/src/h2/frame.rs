@@ -1,6 +1,6 @@
 //! HTTP/2 frames (RFC 9113 §4 and §6): the 9-byte header, the frame types and
-//! flags the server reads and writes, and writers that append whole frames to
-//! an output buffer.
+//! flags gRPC's servers and clients read and write, and writers that append
+//! whole frames to an output buffer.
 
 use bytes::{BufMut, BytesMut};
 
@@ -40,7 +40,7 @@ pub const SETTINGS_INITIAL_WINDOW_SIZE: u16 = 0x4;
 pub const SETTINGS_MAX_FRAME_SIZE: u16 = 0x5;
 pub const SETTINGS_MAX_HEADER_LIST_SIZE: u16 = 0x6;
 
-/// HTTP/2 error codes (RFC 9113 §7) the server sends.
+/// HTTP/2 error codes (RFC 9113 §7) Cairn sends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u32)]
 pub enum ErrorCode {

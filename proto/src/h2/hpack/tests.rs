@@ -4,7 +4,7 @@
 use super::*;
 
 /// Octets from hex digits (whitespace ignored).
-pub(crate) fn hex(s: &str) -> Vec<u8> {
+fn hex(s: &str) -> Vec<u8> {
     let digits: Vec<u8> = s.bytes().filter(|b| !b.is_ascii_whitespace()).collect();
     digits
         .chunks(2)
@@ -13,7 +13,7 @@ pub(crate) fn hex(s: &str) -> Vec<u8> {
 }
 
 /// A block's fields as (name, value) strings.
-pub(crate) fn pairs(block: &Block) -> Vec<(String, String)> {
+fn pairs(block: &Block) -> Vec<(String, String)> {
     block
         .fields
         .iter()

@@ -185,45 +185,45 @@ pub fn decode(input: &[u8], out: &mut Vec<u8>) -> Result<(), HuffmanError> {
     Ok(())
 }
 
+/// The code of `symbol` as (value, length): the canonical assignment,
+/// for encoding test vectors.
+fn code_of(symbol: u16) -> (u32, usize) {
+    for bits in 1..=MAX_CODE_BITS {
+        let start = usize::from(CODE.offset[bits]);
+        let n = CODE.count[bits] as usize;
+        if let Some(i) = CODE.symbols[start..start + n]
+            .iter()
+            .position(|&s| s == symbol)
+        {
+            return (CODE.first_code[bits] + i as u32, bits);
+        }
+    }
+    unreachable!("every symbol has a code")
+}
+
+/// Encodes `text` with the canonical code and EOS padding (§5.2).
+pub fn encode(text: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut acc: u64 = 0;
+    let mut bits = 0;
+    for &b in text {
+        let (code, len) = code_of(u16::from(b));
+        acc = (acc << len) | u64::from(code);
+        bits += len;
+        while bits >= 8 {
+            out.push((acc >> (bits - 8)) as u8);
+            bits -= 8;
+        }
+    }
+    if bits > 0 {
+        out.push(((acc << (8 - bits)) as u8) | (0xff >> bits));
+    }
+    out
+}
+
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
-
-    /// The code of `symbol` as (value, length): the canonical assignment,
-    /// for encoding test vectors.
-    pub(crate) fn code_of(symbol: u16) -> (u32, usize) {
-        for bits in 1..=MAX_CODE_BITS {
-            let start = usize::from(CODE.offset[bits]);
-            let n = CODE.count[bits] as usize;
-            if let Some(i) = CODE.symbols[start..start + n]
-                .iter()
-                .position(|&s| s == symbol)
-            {
-                return (CODE.first_code[bits] + i as u32, bits);
-            }
-        }
-        unreachable!("every symbol has a code")
-    }
-
-    /// Encodes `text` with the canonical code and EOS padding.
-    pub(crate) fn encode(text: &[u8]) -> Vec<u8> {
-        let mut out = Vec::new();
-        let mut acc: u64 = 0;
-        let mut bits = 0;
-        for &b in text {
-            let (code, len) = code_of(u16::from(b));
-            acc = (acc << len) | u64::from(code);
-            bits += len;
-            while bits >= 8 {
-                out.push((acc >> (bits - 8)) as u8);
-                bits -= 8;
-            }
-        }
-        if bits > 0 {
-            out.push(((acc << (8 - bits)) as u8) | (0xff >> bits));
-        }
-        out
-    }
 
     fn decoded(input: &[u8]) -> Result<Vec<u8>, HuffmanError> {
         let mut out = Vec::new();

@@ -2,10 +2,11 @@
 //! them again: a decoder that keeps the connection's dynamic table, and an
 //! encoder of literals that never touch the receiver's dynamic table.
 //!
-//! It serves Cairn's gRPC server ([`crate::grpc`]), which reads every
-//! request's header block with it, and [`super::h2_authority`] in front of
-//! tonic's server, which must see each request's `:authority` however the
-//! client compressed it. Decoding follows every
+//! It serves Cairn's gRPC server, which reads every request's header block
+//! with it, the authority shim in front of tonic's server, which must see each
+//! request's `:authority` however the client compressed it, and
+//! `cairn-bench`'s gRPC client, which reads the answers' header blocks.
+//! Decoding follows every
 //! representation of §6 (indexed, literal with/without/never indexing, table
 //! size updates) and Huffman strings; input is untrusted, so every length,
 //! index and integer is checked and an error is returned, never a panic.
@@ -153,7 +154,6 @@ impl Decoder {
     }
 
     /// Entries in the dynamic table.
-    #[cfg(test)]
     pub fn dynamic_entries(&self) -> usize {
         self.entries.len()
     }
@@ -306,4 +306,4 @@ pub fn encode_literals(block: &Block, out: &mut BytesMut) {
 }
 
 #[cfg(test)]
-pub(crate) mod tests;
+mod tests;

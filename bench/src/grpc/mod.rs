@@ -1,0 +1,232 @@
+//! The load generator's own gRPC client for the unary KV calls (Range, Put,
+//! Txn) over plaintext HTTP/2: what a request costs the machine should be
+//! the server's, not the client's, when both share a small host.
+//!
+//! tonic's client spends about 33-41 µs of CPU per call on this 2-core VM
+//! (a buffer task, hyper's dispatch, h2's stream locks, a wake-up per hop):
+//! more than a Cairn member spends serving it. Here one task per connection
+//! ([`serve`]) owns the socket and a [`conn::Connection`]; a requester hands
+//! it the encoded request and waits for the answer, and the task writes every
+//! request that is ready with one write and reads every answer that has
+//! arrived with one read.
+//!
+//! Calls fail as tonic's would: Unavailable when the connection cannot be
+//! opened or breaks (the next call opens a new one), DeadlineExceeded past
+//! `--timeout`, the server's status otherwise. TLS and streaming calls stay
+//! with tonic (`--grpc-client`).
+
+pub mod conn;
+
+use std::time::Duration;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, oneshot};
+use tonic::Status;
+
+use conn::{Broken, Call, Connection};
+
+/// How long opening a connection may take before its calls fail.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often calls given up (timed out) are looked for and reset.
+const SWEEP_INTERVAL: Duration = Duration::from_millis(100);
+/// Octets read from the socket at most per read.
+const READ_CHUNK: usize = 64 * 1024;
+
+/// The unary calls this client makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Method {
+    Range,
+    Put,
+    Txn,
+}
+
+impl Method {
+    pub const ALL: [Method; 3] = [Method::Range, Method::Put, Method::Txn];
+
+    pub fn path(self) -> &'static str {
+        match self {
+            Method::Range => "/etcdserverpb.KV/Range",
+            Method::Put => "/etcdserverpb.KV/Put",
+            Method::Txn => "/etcdserverpb.KV/Txn",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// A handle on one connection's task; clones share the connection.
+#[derive(Debug, Clone)]
+pub struct Channel {
+    calls: mpsc::UnboundedSender<Call>,
+    timeout: Duration,
+}
+
+impl Channel {
+    /// A connection to `endpoint` (`host:port`), opened by the first call
+    /// and again by the first call after it breaks. Each call may take
+    /// `timeout`; `token` goes with every call.
+    pub fn lazy(endpoint: &str, token: Option<String>, timeout: Duration) -> Channel {
+        let (calls, rx) = mpsc::unbounded_channel();
+        tokio::spawn(serve(endpoint.to_owned(), token, rx));
+        Channel { calls, timeout }
+    }
+
+    /// Calls `method` with `request` and decodes the answer.
+    pub async fn call<Req, Resp>(&self, method: Method, request: &Req) -> Result<Resp, Status>
+    where
+        Req: prost::Message,
+        Resp: prost::Message + Default,
+    {
+        let len = request.encoded_len();
+        let prefix = u32::try_from(len)
+            .map_err(|_| Status::resource_exhausted(format!("a request of {len} bytes")))?;
+        let mut body = BytesMut::with_capacity(5 + len);
+        body.put_u8(0);
+        body.put_u32(prefix);
+        request
+            .encode(&mut body)
+            .expect("the buffer holds the encoded length");
+        let (reply, answer) = oneshot::channel();
+        let call = Call {
+            method,
+            body: body.freeze(),
+            reply,
+        };
+        let gone = || Status::unavailable("the connection's task has stopped");
+        self.calls.send(call).map_err(|_| gone())?;
+        let message: Bytes = match tokio::time::timeout(self.timeout, answer).await {
+            Ok(Ok(result)) => result?,
+            Ok(Err(_)) => return Err(gone()),
+            Err(_) => {
+                return Err(Status::deadline_exceeded(format!(
+                    "no answer within {:?}",
+                    self.timeout
+                )))
+            }
+        };
+        Resp::decode(message)
+            .map_err(|e| Status::internal(format!("the answer does not decode: {e}")))
+    }
+}
+
+/// How a connection's service ended.
+enum End {
+    /// Every handle is gone.
+    Handles,
+    /// GOAWAY or stream ids ran out, and every call on it is answered.
+    Drained,
+    Broken(Broken),
+}
+
+/// The connection task: opens a connection when a call comes, serves it
+/// until it drains or breaks, and opens the next one for the next call.
+async fn serve(endpoint: String, token: Option<String>, mut calls: mpsc::UnboundedReceiver<Call>) {
+    while let Some(first) = calls.recv().await {
+        let stream = match connect(&endpoint).await {
+            Ok(s) => s,
+            Err(reason) => {
+                // Every call already waiting fails with this attempt.
+                let status = Status::unavailable(reason);
+                let _ = first.reply.send(Err(status.clone()));
+                while let Ok(call) = calls.try_recv() {
+                    let _ = call.reply.send(Err(status.clone()));
+                }
+                continue;
+            }
+        };
+        let mut conn = Connection::new(&endpoint, token.as_deref());
+        conn.start(first);
+        match drive(&stream, &mut conn, &mut calls).await {
+            End::Handles => return,
+            End::Drained => {}
+            End::Broken(Broken(reason)) => {
+                conn.fail_all(&Status::unavailable(format!(
+                    "connection to {endpoint} broken: {reason}"
+                )));
+            }
+        }
+    }
+}
+
+async fn connect(endpoint: &str) -> Result<TcpStream, String> {
+    let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(endpoint))
+        .await
+        .map_err(|_| format!("connecting to {endpoint} took over {CONNECT_TIMEOUT:?}"))?
+        .map_err(|e| format!("connecting to {endpoint}: {e}"))?;
+    stream
+        .set_nodelay(true)
+        .map_err(|e| format!("TCP_NODELAY on {endpoint}: {e}"))?;
+    Ok(stream)
+}
+
+/// Serves one connection: writes what the state machine has to send as soon
+/// as the socket takes it, reads what the server sends, takes new calls.
+async fn drive(
+    stream: &TcpStream,
+    conn: &mut Connection,
+    calls: &mut mpsc::UnboundedReceiver<Call>,
+) -> End {
+    let mut input = BytesMut::with_capacity(READ_CHUNK);
+    let mut written = 0;
+    let mut sweep = tokio::time::interval(SWEEP_INTERVAL);
+    sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let io = |e: std::io::Error| End::Broken(Broken(e.to_string()));
+    loop {
+        while written < conn.out.len() {
+            match stream.try_write(&conn.out[written..]) {
+                Ok(n) => written += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) => return io(e),
+            }
+        }
+        if written == conn.out.len() {
+            conn.out.clear();
+            written = 0;
+        }
+        if conn.drained() && conn.out.is_empty() {
+            return End::Drained;
+        }
+        let unwritten = !conn.out.is_empty();
+        tokio::select! {
+            ready = stream.readable() => {
+                if let Err(e) = ready {
+                    return io(e);
+                }
+                input.reserve(READ_CHUNK);
+                match stream.try_read_buf(&mut input) {
+                    Ok(0) => return End::Broken(Broken("closed by the server".into())),
+                    Ok(_) => {
+                        if let Err(b) = conn.receive(&mut input) {
+                            return End::Broken(b);
+                        }
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    Err(e) => return io(e),
+                }
+            }
+            call = calls.recv(), if conn.accepting() => match call {
+                Some(call) => {
+                    conn.start(call);
+                    while conn.accepting() {
+                        let Ok(call) = calls.try_recv() else { break };
+                        conn.start(call);
+                    }
+                }
+                // Calls still open have nobody waiting for them.
+                None => return End::Handles,
+            },
+            ready = stream.writable(), if unwritten => {
+                if let Err(e) = ready {
+                    return io(e);
+                }
+            }
+            _ = sweep.tick() => conn.cancel_abandoned(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
