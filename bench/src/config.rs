@@ -79,7 +79,8 @@ pub struct GlobalOpts {
     /// (default: none for a single workload, 2s per run for `compare`).
     #[arg(long, global = true, value_parser = parse_duration)]
     pub warmup: Option<Duration>,
-    /// Per-request deadline; a request that misses it counts as a DeadlineExceeded error.
+    /// Per-request deadline; a request that misses it counts as a DeadlineExceeded error
+    /// (through tonic's client: Cancelled, "Timeout expired").
     #[arg(long, global = true, value_parser = parse_duration, default_value = "10s")]
     pub timeout: Duration,
     /// Print one JSON object per run on stdout and nothing else (no table, no progress bar).

@@ -131,9 +131,15 @@ impl Connection {
         !self.draining
     }
 
-    /// Draining, and nothing left on it: time for a new connection.
+    /// Draining, and no stream left open on it: time for a new connection
+    /// (for the calls still waiting too, [`Connection::take_waiting`]).
     pub fn drained(&self) -> bool {
-        self.draining && self.streams.is_empty() && self.waiting.is_empty()
+        self.draining && self.streams.is_empty()
+    }
+
+    /// The calls that waited for a stream and never got one here.
+    pub fn take_waiting(&mut self) -> Vec<Call> {
+        self.waiting.drain(..).collect()
     }
 
     /// Starts `call`, or queues it under the server's stream limit.
@@ -419,7 +425,7 @@ impl Connection {
             put_rst_stream(&mut self.out, head.stream, ErrorCode::Cancel);
             self.finish(head.stream, Err(status), true);
         } else if head.has(frame::FLAG_END_STREAM) {
-            let status = Status::internal("the server ended the answer without trailers");
+            let status = Status::unknown("the server ended the answer without trailers");
             self.finish(head.stream, Err(status), false);
         }
         Ok(())
@@ -441,7 +447,8 @@ impl Connection {
                 if !end_stream {
                     put_rst_stream(&mut self.out, stream, ErrorCode::Cancel);
                 }
-                self.finish(stream, Err(status), true);
+                // Ended by the server with the request unsent: finish resets it.
+                self.finish(stream, Err(status), !end_stream);
                 return Ok(());
             }
             s.headers_seen = true;
@@ -485,6 +492,9 @@ impl Connection {
                     self.peer_initial_window = i64::from(value);
                     for s in self.streams.values_mut() {
                         s.window += delta;
+                        if s.window > frame::MAX_WINDOW {
+                            return Err(broken("a stream window past 2^31-1"));
+                        }
                     }
                 }
                 frame::SETTINGS_MAX_FRAME_SIZE => {
@@ -640,7 +650,8 @@ fn reset_status(code: u32) -> Status {
         0x8 => Code::Cancelled,
         0xb => Code::ResourceExhausted,
         0xc => Code::PermissionDenied,
-        _ => Code::Internal,
+        0x0..=0x4 | 0x9 | 0xa => Code::Internal,
+        _ => Code::Unknown,
     };
     Status::new(
         grpc,

@@ -10,16 +10,19 @@
 //! request that is ready with one write and reads every answer that has
 //! arrived with one read.
 //!
-//! Calls fail as tonic's would: Unavailable when the connection cannot be
-//! opened or breaks (the next call opens a new one), DeadlineExceeded past
-//! `--timeout`, the server's status otherwise. TLS and streaming calls stay
-//! with tonic (`--grpc-client`).
+//! Calls fail with the server's status, or Unavailable when the connection
+//! cannot be opened or breaks (the next call opens a new one), or
+//! DeadlineExceeded past `--timeout` (tonic's client reports that one as
+//! Cancelled, "Timeout expired"). A connection that drains (GOAWAY, or its
+//! stream ids spent) takes no new calls; they wait for its last answers and
+//! then go over a new connection. TLS and streaming calls stay with tonic
+//! (`--grpc-client`).
 
 pub mod conn;
 
 use std::time::Duration;
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 use tonic::Status;
@@ -124,13 +127,25 @@ enum End {
 /// The connection task: opens a connection when a call comes, serves it
 /// until it drains or breaks, and opens the next one for the next call.
 async fn serve(endpoint: String, token: Option<String>, mut calls: mpsc::UnboundedReceiver<Call>) {
-    while let Some(first) = calls.recv().await {
+    // Calls a drained connection never opened: they go first on the next.
+    let mut carried: Vec<Call> = Vec::new();
+    loop {
+        let first = match carried.pop() {
+            Some(call) => call,
+            None => match calls.recv().await {
+                Some(call) => call,
+                None => return,
+            },
+        };
         let stream = match connect(&endpoint).await {
             Ok(s) => s,
             Err(reason) => {
                 // Every call already waiting fails with this attempt.
                 let status = Status::unavailable(reason);
                 let _ = first.reply.send(Err(status.clone()));
+                for call in carried.drain(..) {
+                    let _ = call.reply.send(Err(status.clone()));
+                }
                 while let Ok(call) = calls.try_recv() {
                     let _ = call.reply.send(Err(status.clone()));
                 }
@@ -139,9 +154,15 @@ async fn serve(endpoint: String, token: Option<String>, mut calls: mpsc::Unbound
         };
         let mut conn = Connection::new(&endpoint, token.as_deref());
         conn.start(first);
+        for call in carried.drain(..).rev() {
+            conn.start(call);
+        }
         match drive(&stream, &mut conn, &mut calls).await {
             End::Handles => return,
-            End::Drained => {}
+            End::Drained => {
+                carried = conn.take_waiting();
+                carried.reverse();
+            }
             End::Broken(Broken(reason)) => {
                 conn.fail_all(&Status::unavailable(format!(
                     "connection to {endpoint} broken: {reason}"
@@ -170,21 +191,18 @@ async fn drive(
     calls: &mut mpsc::UnboundedReceiver<Call>,
 ) -> End {
     let mut input = BytesMut::with_capacity(READ_CHUNK);
-    let mut written = 0;
     let mut sweep = tokio::time::interval(SWEEP_INTERVAL);
     sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let io = |e: std::io::Error| End::Broken(Broken(e.to_string()));
     loop {
-        while written < conn.out.len() {
-            match stream.try_write(&conn.out[written..]) {
-                Ok(n) => written += n,
+        while !conn.out.is_empty() {
+            match stream.try_write(&conn.out) {
+                Ok(0) => return End::Broken(Broken("the socket took no octets".into())),
+                // What is written leaves the buffer, whose space is reused.
+                Ok(n) => conn.out.advance(n),
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
                 Err(e) => return io(e),
             }
-        }
-        if written == conn.out.len() {
-            conn.out.clear();
-            written = 0;
         }
         if conn.drained() && conn.out.is_empty() {
             return End::Drained;

@@ -12,7 +12,7 @@
 //! [`AuthorityFix`] sits between the connection and hyper's HTTP/2 server and
 //! rewrites such an authority to its `host:port` before h2 reads it. It reads
 //! the client's frames as they go by; DATA and control frames pass untouched
-//! and uncopied. Header blocks are HPACK-decoded ([`crate::ops::hpack`]),
+//! and uncopied. Header blocks are HPACK-decoded ([`cairn_proto::h2::hpack`]),
 //! because the client compresses them against a dynamic table only a decoder
 //! of every block can follow. A block whose authority carries a scheme is
 //! re-encoded as literals that never touch the server's dynamic table; from

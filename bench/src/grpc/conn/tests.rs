@@ -574,3 +574,45 @@ fn pings_are_answered_and_data_refills_the_connection_window() {
     assert_eq!(updates[0].head.stream, 0);
     assert_eq!(&updates[0].payload[..], &WINDOW_REFILL.to_be_bytes());
 }
+
+#[test]
+fn spent_stream_ids_drain_the_connection_and_hand_back_waiting_calls() {
+    let mut conn = Connection::new("h:1", None);
+    conn.next_stream = MAX_STREAM_ID;
+    Server::default()
+        .settings(&[(frame::SETTINGS_MAX_CONCURRENT_STREAMS, 1)])
+        .into_conn(&mut conn)
+        .unwrap();
+    let (a, mut ra) = call(Method::Put, b"\0\0\0\0\0");
+    let (b, mut rb) = call(Method::Put, b"\0\0\0\0\0");
+    conn.start(a);
+    conn.start(b);
+    assert!(!conn.accepting(), "the last stream id is taken");
+    let opened = written(&mut conn);
+    let opened = of_kind(&opened, frame::HEADERS);
+    assert_eq!(opened.len(), 1);
+    assert_eq!(opened[0].head.stream, MAX_STREAM_ID);
+    Server::default()
+        .headers(
+            MAX_STREAM_ID,
+            false,
+            &Block::default().indexed(STATUS_200).0,
+        )
+        .message(MAX_STREAM_ID, b"z")
+        .headers(
+            MAX_STREAM_ID,
+            true,
+            &Block::default().literal("grpc-status", "0").0,
+        )
+        .into_conn(&mut conn)
+        .unwrap();
+    assert_eq!(&answer(&mut ra).unwrap()[..], b"z");
+    assert!(conn.drained());
+    let carried = conn.take_waiting();
+    assert_eq!(
+        carried.len(),
+        1,
+        "the waiting call goes to the next connection"
+    );
+    assert!(rb.try_recv().is_err(), "and is not answered here");
+}
