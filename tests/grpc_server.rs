@@ -300,16 +300,7 @@ fn grpc_message(m: &impl Message) -> Vec<u8> {
 fn decoded(decoder: &mut hpack::Decoder, payload: &[u8]) -> Vec<(String, String)> {
     let mut block = Block::default();
     decoder.decode(payload, &mut block).unwrap();
-    block
-        .fields
-        .iter()
-        .map(|f| {
-            (
-                String::from_utf8_lossy(&f.name).into_owned(),
-                String::from_utf8_lossy(&f.value).into_owned(),
-            )
-        })
-        .collect()
+    block.pairs()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -22,27 +22,10 @@ const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 const DATA: u8 = 0x0;
 const SETTINGS: u8 = 0x4;
 
-/// Octets from hex digits (whitespace ignored).
+/// Octets from hex digits.
 fn hex(s: &str) -> Vec<u8> {
-    let digits: Vec<u8> = s.bytes().filter(|b| !b.is_ascii_whitespace()).collect();
-    digits
-        .chunks(2)
-        .map(|p| u8::from_str_radix(std::str::from_utf8(p).unwrap(), 16).unwrap())
-        .collect()
-}
-
-/// A block's fields as (name, value) strings.
-fn pairs(block: &Block) -> Vec<(String, String)> {
-    block
-        .fields
-        .iter()
-        .map(|f| {
-            (
-                String::from_utf8_lossy(&f.name).into_owned(),
-                String::from_utf8_lossy(&f.value).into_owned(),
-            )
-        })
-        .collect()
+    let digit = |i: usize| u8::from_str_radix(&s[i..i + 2], 16).unwrap();
+    (0..s.len()).step_by(2).map(digit).collect()
 }
 
 /// A reader that hands out its chunks one per read (split further when the
@@ -177,7 +160,7 @@ fn server_view(stream: &[u8]) -> Seen {
             if flags & END_HEADERS != 0 {
                 let mut block = Block::default();
                 decoder.decode(&fragment, &mut block).unwrap();
-                seen.blocks.push(pairs(&block));
+                seen.blocks.push(block.pairs());
                 fragment.clear();
             }
         }

@@ -76,6 +76,17 @@ impl Server {
         self.frame(frame::DATA, 0, stream, &data)
     }
 
+    /// A whole successful answer: `:status 200`, `message`, grpc-status 0.
+    fn ok(self, stream: u32, message: &[u8]) -> Self {
+        self.headers(stream, false, &Block::default().indexed(STATUS_200).0)
+            .message(stream, message)
+            .headers(
+                stream,
+                true,
+                &Block::default().literal("grpc-status", "0").0,
+            )
+    }
+
     fn window_update(self, stream: u32, increment: u32) -> Self {
         self.frame(frame::WINDOW_UPDATE, 0, stream, &increment.to_be_bytes())
     }
@@ -399,12 +410,7 @@ fn goaway_fails_the_calls_it_did_not_take_and_drains_the_rest() {
     assert_eq!(answer(&mut rb).unwrap_err().code(), Code::Unavailable);
     assert!(!conn.accepting());
     assert!(!conn.drained(), "stream 1 is still answered");
-    Server::default()
-        .headers(1, false, &Block::default().indexed(STATUS_200).0)
-        .message(1, b"x")
-        .headers(1, true, &Block::default().literal("grpc-status", "0").0)
-        .into_conn(&mut conn)
-        .unwrap();
+    Server::default().ok(1, b"x").into_conn(&mut conn).unwrap();
     assert_eq!(&answer(&mut ra).unwrap()[..], b"x");
     assert!(conn.drained());
 }
@@ -593,17 +599,7 @@ fn spent_stream_ids_drain_the_connection_and_hand_back_waiting_calls() {
     assert_eq!(opened.len(), 1);
     assert_eq!(opened[0].head.stream, MAX_STREAM_ID);
     Server::default()
-        .headers(
-            MAX_STREAM_ID,
-            false,
-            &Block::default().indexed(STATUS_200).0,
-        )
-        .message(MAX_STREAM_ID, b"z")
-        .headers(
-            MAX_STREAM_ID,
-            true,
-            &Block::default().literal("grpc-status", "0").0,
-        )
+        .ok(MAX_STREAM_ID, b"z")
         .into_conn(&mut conn)
         .unwrap();
     assert_eq!(&answer(&mut ra).unwrap()[..], b"z");

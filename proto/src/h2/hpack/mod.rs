@@ -80,6 +80,20 @@ pub struct Block {
 }
 
 impl Block {
+    /// The fields as (name, value) text, octets that are not UTF-8 replaced:
+    /// for logs and tests.
+    pub fn pairs(&self) -> Vec<(String, String)> {
+        self.fields
+            .iter()
+            .map(|f| {
+                (
+                    String::from_utf8_lossy(&f.name).into_owned(),
+                    String::from_utf8_lossy(&f.value).into_owned(),
+                )
+            })
+            .collect()
+    }
+
     fn clear(&mut self) {
         self.table_size_updates.clear();
         self.fields.clear();

@@ -12,20 +12,6 @@ fn hex(s: &str) -> Vec<u8> {
         .collect()
 }
 
-/// A block's fields as (name, value) strings.
-fn pairs(block: &Block) -> Vec<(String, String)> {
-    block
-        .fields
-        .iter()
-        .map(|f| {
-            (
-                String::from_utf8(f.name.to_vec()).unwrap(),
-                String::from_utf8(f.value.to_vec()).unwrap(),
-            )
-        })
-        .collect()
-}
-
 fn owned(list: &[(&str, &str)]) -> Vec<(String, String)> {
     list.iter()
         .map(|(n, v)| (n.to_string(), v.to_string()))
@@ -62,7 +48,7 @@ fn three_requests(blocks: [&str; 3]) {
     let table_sizes = [57, 110, 164];
     for ((src, want), size) in blocks.iter().zip(&expected).zip(table_sizes) {
         decoder.decode(&hex(src), &mut block).unwrap();
-        assert_eq!(&pairs(&block), want);
+        assert_eq!(&block.pairs(), want);
         assert_eq!(decoder.size_bytes, size);
     }
     assert_eq!(decoder.dynamic_entries(), 3);
@@ -99,7 +85,7 @@ fn eviction_keeps_the_table_within_its_size() {
     decoder.decode(&hex("4001 6201 32"), &mut block).unwrap();
     assert_eq!(decoder.dynamic_entries(), 1);
     decoder.decode(&hex("be"), &mut block).unwrap();
-    assert_eq!(pairs(&block), owned(&[("b", "2")]));
+    assert_eq!(block.pairs(), owned(&[("b", "2")]));
     assert_eq!(
         decoder.decode(&hex("bf"), &mut block),
         Err(DecodeError::IndexOutOfRange {
