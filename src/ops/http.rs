@@ -71,7 +71,7 @@ impl From<SniffedConn> for GrpcConn {
 }
 
 /// The HTTP/2 connection preface every gRPC client sends first (RFC 9113 §3.4).
-pub const HTTP2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+pub const HTTP2_PREFACE: &[u8; 24] = cairn_proto::h2::frame::PREFACE;
 /// Longest wait for a new connection's first bytes before it is dropped.
 pub const SNIFF_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest wait for an HTTP/1 request's headers.

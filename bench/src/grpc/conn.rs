@@ -13,15 +13,13 @@
 use std::collections::{HashMap, VecDeque};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use cairn_proto::h2::frame::{self, ErrorCode, Head};
+use cairn_proto::h2::frame::{self, put_rst_stream, put_window_update, ErrorCode, Head, PREFACE};
 use cairn_proto::h2::hpack;
 use tokio::sync::oneshot;
 use tonic::{Code, Status};
 
 use super::Method;
 
-/// The client connection preface (RFC 9113 §3.4).
-const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// Every stream's receive window, announced once: an answer is a few
 /// messages at most ([`MAX_MESSAGE_BYTES`]), so a stream's window is never
 /// refilled.
@@ -548,16 +546,6 @@ fn request_block(path: &str, authority: &str, token: Option<&str>) -> Bytes {
     out.freeze()
 }
 
-fn put_window_update(out: &mut BytesMut, stream: u32, increment: u32) {
-    frame::put_head(out, 4, frame::WINDOW_UPDATE, 0, stream);
-    out.put_u32(increment);
-}
-
-fn put_rst_stream(out: &mut BytesMut, stream: u32, code: ErrorCode) {
-    frame::put_head(out, 4, frame::RST_STREAM, 0, stream);
-    out.put_u32(code as u32);
-}
-
 fn u32_of(payload: &[u8], kind: &str) -> Result<u32, Broken> {
     let b: [u8; 4] = payload
         .try_into()
@@ -566,20 +554,14 @@ fn u32_of(payload: &[u8], kind: &str) -> Result<u32, Broken> {
 }
 
 /// A DATA or HEADERS payload without its padding.
-fn unpad(head: &Head, mut payload: Bytes) -> Result<Bytes, Broken> {
-    if !head.has(frame::FLAG_PADDED) {
-        return Ok(payload);
+fn unpad(head: &Head, payload: Bytes) -> Result<Bytes, Broken> {
+    match frame::unpadded(head, &payload) {
+        Ok(data) => Ok(payload.slice(data)),
+        Err(frame::PaddingError::NoPadLength) => {
+            Err(broken("a padded frame without its pad length"))
+        }
+        Err(frame::PaddingError::TooLong) => Err(broken("padding longer than its frame")),
     }
-    let Some(&pad) = payload.first() else {
-        return Err(broken("a padded frame without its pad length"));
-    };
-    let pad = usize::from(pad);
-    if pad + 1 > payload.len() {
-        return Err(broken("padding longer than its frame"));
-    }
-    payload.advance(1);
-    payload.truncate(payload.len() - pad);
-    Ok(payload)
 }
 
 fn field<'a>(block: &'a hpack::Block, name: &str) -> Option<&'a [u8]> {

@@ -4,6 +4,9 @@
 
 use bytes::{BufMut, BytesMut};
 
+/// The client connection preface (RFC 9113 §3.4).
+pub const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
 /// Length of every frame header.
 pub const HEADER_LEN: usize = 9;
 /// The largest frame payload a peer may send before it learns our settings,
@@ -81,6 +84,30 @@ impl Head {
     pub fn has(&self, flag: u8) -> bool {
         self.flags & flag != 0
     }
+}
+
+/// Why a PADDED frame's padding cannot be removed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PaddingError {
+    /// The payload is empty: no pad length octet.
+    NoPadLength,
+    /// The pad length is past the payload.
+    TooLong,
+}
+
+/// Where the data of a DATA or HEADERS `payload` lies once its
+/// padding is removed (the whole payload when the frame is not PADDED).
+pub fn unpadded(head: &Head, payload: &[u8]) -> Result<std::ops::Range<usize>, PaddingError> {
+    if !head.has(FLAG_PADDED) {
+        return Ok(0..payload.len());
+    }
+    let Some(&pad) = payload.first() else {
+        return Err(PaddingError::NoPadLength);
+    };
+    let end = (payload.len() - 1)
+        .checked_sub(usize::from(pad))
+        .ok_or(PaddingError::TooLong)?;
+    Ok(1..end + 1)
 }
 
 /// Appends a frame header.

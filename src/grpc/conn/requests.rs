@@ -21,20 +21,17 @@ use cairn_proto::h2::frame::{self, ErrorCode, Head};
 impl<IO: AsyncRead + AsyncWrite + Unpin> Conn<IO> {
     /// Strips the padding of a PADDED frame.
     pub(super) fn unpad(head: Head, payload: &[u8]) -> Result<&[u8], ConnError> {
-        if !head.has(frame::FLAG_PADDED) {
-            return Ok(payload);
-        }
-        let Some((&pad, rest)) = payload.split_first() else {
-            return Err(protocol(
+        match frame::unpadded(&head, payload) {
+            Ok(data) => Ok(&payload[data]),
+            Err(frame::PaddingError::NoPadLength) => Err(protocol(
                 ErrorCode::FrameSize,
                 "PADDED frame without a pad length",
-            ));
-        };
-        let keep = rest
-            .len()
-            .checked_sub(pad as usize)
-            .ok_or_else(|| protocol(ErrorCode::Protocol, "padding longer than the frame"))?;
-        Ok(&rest[..keep])
+            )),
+            Err(frame::PaddingError::TooLong) => Err(protocol(
+                ErrorCode::Protocol,
+                "padding longer than the frame",
+            )),
+        }
     }
 
     pub(super) fn on_data(&mut self, head: Head, payload: &[u8]) -> Result<(), ConnError> {
