@@ -128,6 +128,70 @@ async fn metrics_move_with_writes_and_readyz_waits_for_a_leader() {
     }
 }
 
+/// The sum of every sample of `name` (all label sets); 0 when none.
+fn family_sum(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_stages_and_cross_core_commands_are_counted() {
+    // Two cores, a shard each: one connection lands on one core, and the
+    // keys of the other core's shard cross to it.
+    let cluster = Cluster::start(1, &["--cores", "2", "--shards", "2"]);
+    let port = cluster.members[0].client_port;
+    let mut c = client(&cluster.members[0].endpoint()).await;
+    wait_writable(&mut c, "/warm").await;
+    let (_, before) = http_get(port, "/metrics");
+    const PUTS: f64 = 64.0;
+    for i in 0..PUTS as usize {
+        c.put(format!("/stages/{i}"), "v", None).await.unwrap();
+    }
+    c.get("/stages/0", None).await.unwrap();
+    let (_, after) = http_get(port, "/metrics");
+    let moved = |name: &str| family_sum(&after, name) - family_sum(&before, name);
+
+    // Every unary KV call is timed once, on the core that took it.
+    assert_eq!(
+        moved("cairn_core_kv_request_duration_seconds_count"),
+        PUTS + 1.0,
+        "{after}"
+    );
+    assert!(moved("cairn_core_kv_request_duration_seconds_sum") > 0.0);
+    // Every put was proposed here and timed to its apply; the read was not.
+    assert_eq!(
+        moved("cairn_shard_proposal_duration_seconds_count"),
+        PUTS,
+        "{after}"
+    );
+    let proposal_secs = moved("cairn_shard_proposal_duration_seconds_sum");
+    let request_secs = moved("cairn_core_kv_request_duration_seconds_sum");
+    assert!(
+        proposal_secs > 0.0 && proposal_secs < request_secs,
+        "a proposal's time is part of its request's: {proposal_secs} of {request_secs}"
+    );
+    // A WAL flush is timed in both histograms.
+    assert_eq!(
+        moved("cairn_core_wal_flush_duration_seconds_count"),
+        moved("cairn_core_wal_fsync_duration_seconds_count")
+    );
+    assert!(moved("cairn_core_wal_flush_duration_seconds_count") > 0.0);
+    // One command per request (the read and the puts), at least; the keys
+    // of the shard the connection's core does not own crossed.
+    let commands = moved("cairn_core_shard_commands_total");
+    let forwarded = moved("cairn_core_forwarded_commands_total");
+    assert!(commands >= PUTS + 1.0, "{commands} commands:\n{after}");
+    assert!(
+        forwarded >= 1.0 && forwarded < commands,
+        "{forwarded} of {commands} forwarded:\n{after}"
+    );
+}
+
 #[test]
 fn systemd_notifications_arrive_in_order() {
     let dir = tempfile::tempdir().unwrap();

@@ -28,7 +28,7 @@ fn renderer_output_parses_as_prometheus_text() {
         core.set_wal_backend(WalBackendKind::IoUring);
         core.wal_fsync(Duration::from_micros(150));
         core.wal_group_commit(12, 12 * 4096);
-        core.client_request();
+        core.shard_command(true);
         for &(shard, on) in &placement {
             if on != core.core() {
                 continue;
@@ -230,7 +230,7 @@ fn bench_hot_path_and_scrape_cost() {
     };
     let core = &cores[0];
     let shard = core.shard(0).unwrap();
-    let counter_ns = per_op_ns(&|_| core.client_request());
+    let counter_ns = per_op_ns(&|_| core.shard_command(false));
     let observe_ns = per_op_ns(&|i| core.wal_fsync(Duration::from_nanos(50_000 + (i & 0xffff))));
     let shard_observe_ns = per_op_ns(&|i| shard.backend_commit(Duration::from_nanos(i & 0xfffff)));
     // Two cores writing their own cells at once: no shared cache line, so the

@@ -19,7 +19,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::{BufMut, Bytes, BytesMut};
 use cairn_proto::etcdserverpb::kv_server::Kv;
@@ -35,6 +35,7 @@ use tower_service::Service;
 
 use super::request::RequestHead;
 use super::send::{Out, Outbox};
+use crate::ops::server_metrics::CoreRecorder;
 use crate::server::api::kv::KvService;
 use crate::tls::ClientConnInfo;
 use cairn_proto::h2::hpack::{self, Block, Field};
@@ -46,6 +47,8 @@ pub struct Handler {
     pub routes: tonic::service::Routes,
     /// Largest KV request message (the KV service's decoding limit).
     pub max_kv_message: usize,
+    /// The core's metrics: how long each KV call took.
+    pub recorder: Option<CoreRecorder>,
 }
 
 /// The KV calls decoded here.
@@ -192,7 +195,11 @@ pub fn kv_call(
         ($req:ty, $method:ident) => {{
             let request = tonic_request(head, info, <$req>::decode(message).ok()?);
             Box::pin(async move {
+                let started = Instant::now();
                 let answer = with_timeout(timeout, handler.kv.$method(request)).await;
+                if let Some(r) = &handler.recorder {
+                    r.kv_request(started.elapsed());
+                }
                 match answer {
                     Ok(resp) => {
                         let (metadata, message, _) = resp.into_parts();

@@ -30,7 +30,9 @@
 //!    chosen; each shard keeps `recorders[core].shard(shard)` and calls
 //!    `set_leader`, `set_term`, `set_committed_index`, `set_applied_index`,
 //!    `proposals_pending_add`, `proposal_failed`, `slow_apply`,
-//!    `backend_commit(elapsed)`, `set_db_size`.
+//!    `backend_commit(elapsed)`, `proposal_applied(elapsed)`, `set_db_size`;
+//!    each core's router calls `shard_command(forwarded)` for every command it
+//!    sends and its gRPC server `kv_request(elapsed)` for every KV call.
 //! 3. `let readiness = Readiness::new(&shard_ids);` the shards report
 //!    `set_shard_has_leader` and `set_shard_caught_up`, the node `set_recovered`, the
 //!    quota check `set_alarm`.

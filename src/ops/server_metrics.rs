@@ -15,7 +15,7 @@ use std::time::Duration;
 use super::metrics::{
     Aggregate, CoreCounter, CoreHistogram, CoreInfo, CoreMetrics, MemberSeries, MetricSpec,
     MetricType, MetricsError, Registry, RegistryBuilder, ShardCounter, ShardGauge, ShardHistogram,
-    ShardMetrics, BATCH_SIZE, ETCD_DISK_SECONDS, IDLE_POLL_SECONDS,
+    ShardMetrics, BATCH_SIZE, ETCD_DISK_SECONDS, IDLE_POLL_SECONDS, REQUEST_SECONDS,
 };
 
 /// Which WAL backend a core's log runs on (`cairn_wal_backend_info`).
@@ -57,11 +57,13 @@ const fn member(
 #[derive(Debug)]
 struct Ids {
     wal_fsync: CoreHistogram,
+    wal_flush: CoreHistogram,
+    kv_request: CoreHistogram,
     wal_batch_size: CoreHistogram,
     wal_backend: CoreInfo,
     wal_written_bytes: CoreCounter,
-    client_requests: CoreCounter,
-    forwarded_requests: CoreCounter,
+    shard_commands: CoreCounter,
+    forwarded_commands: CoreCounter,
     idle_polls: CoreCounter,
     idle_poll_hits: CoreCounter,
     idle_poll_time: CoreHistogram,
@@ -79,6 +81,7 @@ struct Ids {
     cross_holds: ShardCounter,
     cross_held_txns: ShardCounter,
     backend_commit: ShardHistogram,
+    proposal: ShardHistogram,
     db_size_bytes: ShardGauge,
     db_size_in_use_bytes: ShardGauge,
 }
@@ -101,6 +104,22 @@ impl Ids {
                 )),
                 ETCD_DISK_SECONDS,
             )?,
+            wal_flush: b.core_histogram(
+                MetricSpec::new(
+                    "cairn_core_wal_flush_duration_seconds",
+                    "Latency of each group flush of this core's WAL, from submission to \
+                     durable (the fsync histogram's events, in buckets from 50 µs).",
+                ),
+                REQUEST_SECONDS,
+            )?,
+            kv_request: b.core_histogram(
+                MetricSpec::new(
+                    "cairn_core_kv_request_duration_seconds",
+                    "Time a unary KV call (Range, Put, DeleteRange, Txn) taken on this core \
+                     spent in the member, from its last request octet to its answer.",
+                ),
+                REQUEST_SECONDS,
+            )?,
             wal_batch_size: b.core_histogram(
                 MetricSpec::new(
                     "cairn_wal_group_commit_batch_size",
@@ -120,13 +139,14 @@ impl Ids {
                 "cairn_core_wal_written_bytes_total",
                 "Bytes appended to this core's WAL.",
             ))?,
-            client_requests: b.core_counter(MetricSpec::new(
-                "cairn_core_client_requests_total",
-                "Client requests received on this core's listeners.",
+            shard_commands: b.core_counter(MetricSpec::new(
+                "cairn_core_shard_commands_total",
+                "Commands this core sent to shard drivers: one per request a single shard \
+                 serves, one per shard for requests over several.",
             ))?,
-            forwarded_requests: b.core_counter(MetricSpec::new(
-                "cairn_core_forwarded_requests_total",
-                "Client requests this core forwarded to the core owning their shard.",
+            forwarded_commands: b.core_counter(MetricSpec::new(
+                "cairn_core_forwarded_commands_total",
+                "Of this core's shard commands, those sent to a shard another core owns.",
             ))?,
             auth_failures_limited: b.core_counter(MetricSpec::new(
                 "cairn_auth_failures_limited_total",
@@ -268,6 +288,14 @@ impl Ids {
                 )),
                 ETCD_DISK_SECONDS,
             )?,
+            proposal: b.shard_histogram(
+                MetricSpec::new(
+                    "cairn_shard_proposal_duration_seconds",
+                    "Time from a client write's proposal on this member to its apply here \
+                     (the Raft round: durable on a quorum, committed, applied).",
+                ),
+                REQUEST_SECONDS,
+            )?,
             db_size_bytes: b.shard_gauge(
                 MetricSpec::new(
                     "cairn_shard_db_total_size_in_bytes",
@@ -341,6 +369,7 @@ impl CoreRecorder {
     #[inline]
     pub fn wal_fsync(&self, elapsed: Duration) {
         self.metrics.observe_duration(self.ids.wal_fsync, elapsed);
+        self.metrics.observe_duration(self.ids.wal_flush, elapsed);
     }
 
     /// After each group-commit flush: how many appends and bytes it made durable.
@@ -356,14 +385,20 @@ impl CoreRecorder {
         self.metrics.info_set(self.ids.wal_backend, backend.index());
     }
 
+    /// A unary KV call answered after `elapsed` in the member.
     #[inline]
-    pub fn client_request(&self) {
-        self.metrics.counter_add(self.ids.client_requests, 1);
+    pub fn kv_request(&self, elapsed: Duration) {
+        self.metrics.observe_duration(self.ids.kv_request, elapsed);
     }
 
+    /// A command sent to a shard driver; `forwarded` when another core owns
+    /// the shard.
     #[inline]
-    pub fn request_forwarded(&self) {
-        self.metrics.counter_add(self.ids.forwarded_requests, 1);
+    pub fn shard_command(&self, forwarded: bool) {
+        self.metrics.counter_add(self.ids.shard_commands, 1);
+        if forwarded {
+            self.metrics.counter_add(self.ids.forwarded_commands, 1);
+        }
     }
 
     /// One idle poll, which found work (`hit`) or ran out its window, after
@@ -461,6 +496,13 @@ impl ShardRecorder {
     pub fn cross_hold(&self, txns: u64) {
         self.metrics.counter_add(self.ids.cross_holds, 1);
         self.metrics.counter_add(self.ids.cross_held_txns, txns);
+    }
+
+    /// A client write proposed on this member, applied `elapsed` after its
+    /// proposal.
+    #[inline]
+    pub fn proposal_applied(&self, elapsed: Duration) {
+        self.metrics.observe_duration(self.ids.proposal, elapsed);
     }
 
     /// After each commit of the shard's MVCC store (write pages, sync, flip meta).

@@ -16,6 +16,7 @@ use cairn_proto::cairnpb::shard_request;
 use cairn_proto::etcdserverpb::{RangeRequest, RangeResponse};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::ops::server_metrics::CoreRecorder;
 use crate::routing::{RoutingTable, ShardId};
 use crate::server::command::{
     LeaseInfo, ReadAt, Reply, ShardCommand, ShardHash, ShardPoint, ShardStatus, WriteResult,
@@ -35,17 +36,19 @@ pub struct CommandChannels {
     pub inboxes: Vec<CommandInbox>,
 }
 
-/// Makes one bounded channel per (core, shard) pair.
+/// Makes one bounded channel per (core, shard) pair. `recorders[core]`, when
+/// given, counts the commands each core's router sends.
 pub fn command_channels(
     routing: &RoutingTable,
     cores: usize,
     keyspace: Option<Arc<Keyspace>>,
+    recorders: &[CoreRecorder],
 ) -> CommandChannels {
     let shards = routing.shard_count();
     let mut receivers: Vec<Vec<mpsc::Receiver<ShardCommand>>> =
         (0..shards).map(|_| Vec::with_capacity(cores)).collect();
     let routers = (0..cores.max(1))
-        .map(|_| {
+        .map(|core| {
             let senders = receivers
                 .iter_mut()
                 .map(|from_cores| {
@@ -54,7 +57,14 @@ pub fn command_channels(
                     tx
                 })
                 .collect();
-            Router::new(routing.clone(), senders, keyspace.clone())
+            let router = Router {
+                routing: routing.clone(),
+                shards: senders,
+                keyspace: keyspace.clone(),
+                core,
+                recorder: recorders.get(core).cloned(),
+            };
+            Arc::new(router)
         })
         .collect();
     CommandChannels {
@@ -71,9 +81,13 @@ pub struct Router {
     /// The member's revision counter and what its txns over several shards
     /// share, with several shards.
     pub keyspace: Option<Arc<Keyspace>>,
+    /// The core this router sends from, and its metrics.
+    core: usize,
+    recorder: Option<CoreRecorder>,
 }
 
 impl Router {
+    /// A router that counts nothing (the simulator's).
     pub fn new(
         routing: RoutingTable,
         shards: Vec<mpsc::Sender<ShardCommand>>,
@@ -84,6 +98,8 @@ impl Router {
             routing,
             shards,
             keyspace,
+            core: 0,
+            recorder: None,
         })
     }
 
@@ -116,6 +132,7 @@ impl Router {
         make: impl FnOnce(Reply<T>) -> ShardCommand,
     ) -> Result<Answer<T>, ApiError> {
         let (tx, rx) = crate::server::command::Reply::channel();
+        self.count(shard);
         let sender = &self.shards[shard as usize];
         sender.send(make(tx)).await.map_err(|_| ApiError::Stopped)?;
         Ok(Answer(rx))
@@ -295,7 +312,15 @@ impl Router {
     pub async fn tell(&self, shard: ShardId, cmd: ShardCommand) {
         // Fails only when the driver stopped, and with it what the command
         // was for.
+        self.count(shard);
         let _ = self.shards[shard as usize].send(cmd).await;
+    }
+
+    /// Counts a command for `shard`, and whether it leaves this core.
+    fn count(&self, shard: ShardId) {
+        if let Some(r) = &self.recorder {
+            r.shard_command(self.routing.core_for_shard(shard) != self.core);
+        }
     }
 }
 
@@ -339,7 +364,7 @@ mod tests {
     #[tokio::test]
     async fn each_core_has_its_own_channel_to_a_shard_and_the_inbox_takes_them_in_turn() {
         let routing = RoutingTable::new(1, 2);
-        let mut channels = command_channels(&routing, 2, None);
+        let mut channels = command_channels(&routing, 2, None, &[]);
         assert_eq!(channels.routers.len(), 2);
         let mut inbox = channels.inboxes.pop().unwrap();
         // Core 0 queues three, then core 1 one: core 1's does not wait

@@ -189,7 +189,7 @@ mod tests {
     fn router(shards: usize, keyspace: bool) -> (Arc<Router>, Vec<CommandInbox>) {
         let keyspace =
             keyspace.then(|| Arc::new(Keyspace::new(Arc::new(RevisionCounter::new(shards)))));
-        let mut channels = command_channels(&RoutingTable::new(shards, 1), 1, keyspace);
+        let mut channels = command_channels(&RoutingTable::new(shards, 1), 1, keyspace, &[]);
         (channels.routers.remove(0), channels.inboxes)
     }
 

@@ -213,7 +213,13 @@ impl Node {
         let routing = RoutingTable::new(config.shards, config.cores);
         let keyspace = (config.shards > 1)
             .then(|| Arc::new(Keyspace::new(Arc::new(RevisionCounter::new(config.shards)))));
-        let channels = command_channels(&routing, config.cores, keyspace.clone());
+        let placement: Vec<(u32, usize)> = routing
+            .shard_ids()
+            .map(|s| (s, routing.core_for_shard(s)))
+            .collect();
+        let (registry, recorders) =
+            crate::ops::server_metrics::server_metrics(config.cores, &placement)?;
+        let channels = command_channels(&routing, config.cores, keyspace.clone(), &recorders);
         let routers = channels.routers;
         let commands = channels
             .inboxes
@@ -273,12 +279,6 @@ impl Node {
             tls: peer_tls.clone(),
             ..cairn_net::Config::default()
         };
-        let placement: Vec<(u32, usize)> = routing
-            .shard_ids()
-            .map(|s| (s, routing.core_for_shard(s)))
-            .collect();
-        let (registry, recorders) =
-            crate::ops::server_metrics::server_metrics(config.cores, &placement)?;
         let shard_ids: Vec<u32> = routing.shard_ids().collect();
         let readiness = crate::ops::readiness::Readiness::new(&shard_ids);
         let endpoints = crate::ops::http::OpsEndpoints::new(
@@ -689,6 +689,7 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
                     kv: kv_direct,
                     routes: services,
                     max_kv_message: max_message_bytes,
+                    recorder: Some(recorder.clone()),
                 };
                 tokio::task::spawn_local(crate::grpc::serve_incoming(
                     grpc_rx,

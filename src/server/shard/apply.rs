@@ -216,6 +216,9 @@ impl Shard {
         let result = self.apply_request(e.index, req.revision, request);
         if mine {
             if let Some(w) = self.waiters.remove(&req.id) {
+                if let Some(m) = &self.metrics {
+                    m.proposal_applied(w.since.elapsed());
+                }
                 let _ = w.reply.send(result);
             }
         }
