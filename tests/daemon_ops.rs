@@ -175,10 +175,13 @@ async fn request_stages_and_cross_core_commands_are_counted() {
         proposal_secs > 0.0 && proposal_secs < request_secs,
         "a proposal's time is part of its request's: {proposal_secs} of {request_secs}"
     );
-    // A WAL flush is timed in both histograms.
-    assert_eq!(
-        moved("cairn_core_wal_flush_duration_seconds_count"),
-        moved("cairn_core_wal_fsync_duration_seconds_count")
+    // A WAL flush is timed in both histograms (give or take one a scrape
+    // reads between the two: another shard may close a revision meanwhile).
+    let flushes = moved("cairn_core_wal_flush_duration_seconds_count");
+    let fsyncs = moved("cairn_core_wal_fsync_duration_seconds_count");
+    assert!(
+        (flushes - fsyncs).abs() <= 2.0,
+        "{flushes} flushes, {fsyncs} fsyncs"
     );
     assert!(moved("cairn_core_wal_flush_duration_seconds_count") > 0.0);
     // One command per request (the read and the puts), at least; the keys

@@ -107,16 +107,19 @@ impl Ids {
             wal_flush: b.core_histogram(
                 MetricSpec::new(
                     "cairn_core_wal_flush_duration_seconds",
-                    "Latency of each group flush of this core's WAL, from submission to \
-                     durable (the fsync histogram's events, in buckets from 50 µs).",
+                    "Latency of each group flush of this core's WAL, from its write to \
+                     durable (the fsync histogram's events, in buckets from 50 µs; a batch's \
+                     wait for the flush before it is not included).",
                 ),
                 REQUEST_SECONDS,
             )?,
             kv_request: b.core_histogram(
                 MetricSpec::new(
                     "cairn_core_kv_request_duration_seconds",
-                    "Time a unary KV call (Range, Put, DeleteRange, Txn) taken on this core \
-                     spent in the member, from its last request octet to its answer.",
+                    "Time the KV service took for a unary KV call (Range, Put, DeleteRange, \
+                     Txn) this core's gRPC server decoded: from the call on the decoded request \
+                     to its answer, before the answer is framed. Calls handed to tonic \
+                     (compressed, or under --grpc-server tonic) are not timed.",
                 ),
                 REQUEST_SECONDS,
             )?,
@@ -291,8 +294,10 @@ impl Ids {
             proposal: b.shard_histogram(
                 MetricSpec::new(
                     "cairn_shard_proposal_duration_seconds",
-                    "Time from a client write's proposal on this member to its apply here \
-                     (the Raft round: durable on a quorum, committed, applied).",
+                    "Time from a proposal on this member to its apply here, for proposals \
+                     a request waits for (client writes, parts of txns over several shards): \
+                     durable on a quorum, committed, applied. Proposals that fail or expire \
+                     are not timed.",
                 ),
                 REQUEST_SECONDS,
             )?,
@@ -385,7 +390,8 @@ impl CoreRecorder {
         self.metrics.info_set(self.ids.wal_backend, backend.index());
     }
 
-    /// A unary KV call answered after `elapsed` in the member.
+    /// A unary KV call the KV service answered after `elapsed` (from the
+    /// call on the decoded request to its answer, before framing).
     #[inline]
     pub fn kv_request(&self, elapsed: Duration) {
         self.metrics.observe_duration(self.ids.kv_request, elapsed);
@@ -498,8 +504,8 @@ impl ShardRecorder {
         self.metrics.counter_add(self.ids.cross_held_txns, txns);
     }
 
-    /// A client write proposed on this member, applied `elapsed` after its
-    /// proposal.
+    /// A proposal made on this member for a waiting request, applied
+    /// `elapsed` after it was proposed.
     #[inline]
     pub fn proposal_applied(&self, elapsed: Duration) {
         self.metrics.observe_duration(self.ids.proposal, elapsed);

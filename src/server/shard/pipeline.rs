@@ -65,16 +65,8 @@ impl Shard {
                 r.set_shard_has_leader(self.id, known);
             }
         }
-        // Messages that carry new entries go out before this member's write,
-        // which runs beside the followers' (a leader's appends). Without new
-        // entries (say a leader's commit on its way to the followers), the
-        // committed entries are applied first, so that their clients'
-        // answers are written before these messages.
-        let mut messages = std::mem::take(&mut rd.messages);
-        if !rd.entries.is_empty() || rd.snapshot.is_some() {
-            for m in std::mem::take(&mut messages) {
-                self.send(m);
-            }
+        for m in std::mem::take(&mut rd.messages) {
+            self.send(m);
         }
         let committed = std::mem::take(&mut rd.committed_entries);
         let read_states = std::mem::take(&mut rd.read_states);
@@ -99,9 +91,6 @@ impl Shard {
         // The rest waits for nothing: one step, whose answers to other cores
         // go out together.
         answers::step(|| self.apply_ready(&committed, read_states));
-        for m in messages {
-            self.send(m);
-        }
     }
 
     /// Applies a Ready's committed entries (durable here) and what follows
