@@ -195,6 +195,58 @@ async fn request_stages_and_cross_core_commands_are_counted() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_member_on_a_taken_client_port_is_refused() {
+    // The cores' client listeners share their port through SO_REUSEPORT; a
+    // second process must not join that group and take half the clients.
+    let cluster = Cluster::start(1, &["--cores", "2"]);
+    let port = cluster.members[0].client_port;
+    let mut c = client(&cluster.members[0].endpoint()).await;
+    wait_writable(&mut c, "/first").await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let peer_port = common::free_port();
+    let mut second = std::process::Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .current_dir(dir.path())
+        .args([
+            "--data-dir",
+            "second.cairn",
+            "--listen-client-urls",
+            &format!("http://127.0.0.1:{port}"),
+            "--listen-peer-urls",
+            &format!("http://127.0.0.1:{peer_port}"),
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(dir.path().join("log")).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = second.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = second.kill();
+            panic!("a second member on port {port} kept running");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let log = std::fs::read_to_string(dir.path().join("log")).unwrap();
+    assert!(!status.success(), "{log}");
+    assert!(
+        log.contains(&format!("binding the client port on 127.0.0.1:{port}"))
+            && log.contains("in use"),
+        "{log}"
+    );
+    // The first member still has every client of its port.
+    for i in 0..20 {
+        let mut c = client(&cluster.members[0].endpoint()).await;
+        c.put(format!("/after/{i}"), "v", None).await.unwrap();
+        let got = c.get(format!("/after/{i}"), None).await.unwrap();
+        assert_eq!(got.kvs().len(), 1, "a put on port {port} was not read back");
+    }
+}
+
 #[test]
 fn systemd_notifications_arrive_in_order() {
     let dir = tempfile::tempdir().unwrap();

@@ -124,6 +124,19 @@ fn start_tls(
     Ok((client, peer.map(cairn_net::PeerTls::from)))
 }
 
+/// Fails when another socket listens on `addr`. The cores' listeners share
+/// their port through SO_REUSEPORT, which another process of the same user
+/// could join as well: the kernel would then spread this member's clients
+/// over both processes without a word. A plain bind first, closed at once,
+/// finds such a listener (any socket listening on the port, with
+/// SO_REUSEPORT or without) and the start is refused instead.
+fn check_port_free(addr: SocketAddr) -> std::io::Result<()> {
+    if addr.port() == 0 {
+        return Ok(());
+    }
+    std::net::TcpListener::bind(addr).map(drop)
+}
+
 fn bind_reuseport(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
     let domain = if addr.is_ipv4() {
         socket2::Domain::IPV4
@@ -241,11 +254,13 @@ impl Node {
             (0..config.cores).map(|_| Vec::new()).collect();
         let mut client_addrs = Vec::new();
         for &addr in &config.listen_client_addrs {
-            let first = bind_reuseport(addr).map_err(|source| StartError::Bind {
-                what: "the client port",
-                addr,
-                source,
-            })?;
+            let first = check_port_free(addr)
+                .and_then(|()| bind_reuseport(addr))
+                .map_err(|source| StartError::Bind {
+                    what: "the client port",
+                    addr,
+                    source,
+                })?;
             let bound = first
                 .local_addr()
                 .map_err(StartError::io("the client port's address"))?;
