@@ -91,11 +91,43 @@ pub fn xtxn_shard_counts(default: &[usize]) -> Vec<usize> {
 }
 
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .expect("bind an ephemeral port")
-        .local_addr()
-        .expect("local addr")
-        .port()
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .expect("bind an ephemeral port")
+            .local_addr()
+            .expect("local addr")
+            .port();
+        if claim(port) {
+            return port;
+        }
+    }
+}
+
+/// Claims `port` for this test process until it exits, so that no other
+/// test (in this process or in another test binary running at once) is
+/// handed it too: a lock on a file named after the port. A port found free
+/// is not yet bound by the member it is for, and two tests picking the same
+/// one would start two members on one port.
+fn claim(port: u16) -> bool {
+    use std::os::fd::AsRawFd;
+    static CLAIMED: std::sync::Mutex<Vec<std::fs::File>> = std::sync::Mutex::new(Vec::new());
+    let dir = std::env::temp_dir().join("cairn-test-ports");
+    let _ = std::fs::create_dir_all(&dir);
+    let Ok(file) = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join(port.to_string()))
+    else {
+        // No lock files here: fall back to the bind check alone.
+        return true;
+    };
+    // SAFETY: flock(2) on a descriptor this function owns; no memory is passed.
+    let locked = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0;
+    if locked {
+        CLAIMED.lock().unwrap_or_else(|e| e.into_inner()).push(file);
+    }
+    locked
 }
 
 /// A free loopback port below the kernel's ephemeral range: no outgoing
@@ -113,7 +145,7 @@ pub fn restartable_port() -> u16 {
     let mut rng = rand::thread_rng();
     loop {
         let port = rng.gen_range(10_000..ephemeral_low);
-        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() && claim(port) {
             return port;
         }
     }
