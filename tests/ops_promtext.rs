@@ -42,6 +42,17 @@ impl Exposition {
         self.families.iter().find(|f| f.name == name)
     }
 
+    /// The sum of every sample `name`, whatever its labels (a per-core or
+    /// per-shard family member-wide); 0 when there is none.
+    pub fn sum(&self, name: &str) -> f64 {
+        self.families
+            .iter()
+            .flat_map(|f| f.samples.iter())
+            .filter(|s| s.name == name)
+            .map(|s| s.value)
+            .sum()
+    }
+
     /// The value of the one sample `name` whose labels include all of `labels`.
     pub fn value(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
         let matching: Vec<&Sample> = self

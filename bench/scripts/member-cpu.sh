@@ -10,8 +10,9 @@
 # member's user + system CPU per request (/proc/PID/stat), the part of it
 # spent in idle polls (cairn_core_idle_poll_duration_seconds_sum), WAL
 # flushes, idle polls, and the member's voluntary and involuntary context
-# switches per request (summed over /proc/PID/task/*/status). Uses port 2379; CAIRN_BENCH overrides the load
-# generator (default target/release/cairn-bench).
+# switches per request (summed over /proc/PID/task/*/status). Uses port
+# 2379; CAIRN_BENCH overrides the load generator (default
+# target/release/cairn-bench).
 set -euo pipefail
 BIN=$1; W=$2; shift 2
 BENCH=${CAIRN_BENCH:-target/release/cairn-bench}

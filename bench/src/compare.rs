@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 
 use crate::binaries::DaemonOpts;
 use crate::cluster::{LocalCluster, StartOptions, System};
-use crate::config::{GlobalOpts, GrpcClient};
+use crate::config::GlobalOpts;
 use crate::preset::{preset_command, shown_security_args, Preset};
 use crate::security::{bench_user, ClusterCerts};
 use crate::session::{
@@ -252,7 +252,7 @@ pub async fn run(
         &not_measured,
         opts,
         paused,
-        unary_client(global.grpc_client, opts.secure),
+        global.grpc_client.resolved(opts.secure).name(),
     );
     if !global.json {
         print!("{}", table(&rows, &not_measured, opts, paused));
@@ -390,17 +390,6 @@ fn table(
     out
 }
 
-/// The gRPC client that carried the runs' unary KV calls: what
-/// `--grpc-client` named, or under `auto` the load generator's own client
-/// without TLS and tonic's with it (streams always go through tonic).
-fn unary_client(asked: GrpcClient, secure: bool) -> &'static str {
-    match asked {
-        GrpcClient::Auto if secure => GrpcClient::Tonic.name(),
-        GrpcClient::Auto => GrpcClient::Cairn.name(),
-        other => other.name(),
-    }
-}
-
 fn summary_json(
     rows: &[Row],
     not_measured: &[(System, String)],
@@ -452,17 +441,4 @@ fn summary_json(
         "grpc_client": grpc_client,
         "not_measured": not_measured,
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_summary_names_the_client_of_the_unary_calls() {
-        assert_eq!(unary_client(GrpcClient::Auto, false), "cairn");
-        assert_eq!(unary_client(GrpcClient::Auto, true), "tonic");
-        assert_eq!(unary_client(GrpcClient::Tonic, false), "tonic");
-        assert_eq!(unary_client(GrpcClient::Cairn, false), "cairn");
-    }
 }

@@ -119,6 +119,16 @@ pub enum GrpcClient {
 }
 
 impl GrpcClient {
+    /// The client that carries the unary KV calls over a connection with or
+    /// without TLS: `auto` is the own client without TLS and tonic with it.
+    pub fn resolved(self, tls: bool) -> GrpcClient {
+        match self {
+            GrpcClient::Auto if tls => GrpcClient::Tonic,
+            GrpcClient::Auto => GrpcClient::Cairn,
+            other => other,
+        }
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             GrpcClient::Auto => "auto",
@@ -141,11 +151,7 @@ pub enum Stop {
 impl GlobalOpts {
     /// Whether the unary KV calls go through the load generator's own client.
     pub fn own_grpc_client(&self) -> bool {
-        match self.grpc_client {
-            GrpcClient::Cairn => true,
-            GrpcClient::Tonic => false,
-            GrpcClient::Auto => !self.tls(),
-        }
+        self.grpc_client.resolved(self.tls()) == GrpcClient::Cairn
     }
 
     pub fn warmup(&self) -> Duration {
@@ -660,6 +666,16 @@ mod tests {
         assert!(!own(&["--cacert", "ca"]));
         assert!(!own(&["--grpc-client", "tonic"]));
         assert!(own(&["--grpc-client", "cairn"]));
+    }
+
+    #[test]
+    fn the_client_of_the_unary_calls_is_resolved_by_tls() {
+        // What `compare`'s summary names (`grpc_client`).
+        let name = |c: GrpcClient, tls| c.resolved(tls).name();
+        assert_eq!(name(GrpcClient::Auto, false), "cairn");
+        assert_eq!(name(GrpcClient::Auto, true), "tonic");
+        assert_eq!(name(GrpcClient::Tonic, false), "tonic");
+        assert_eq!(name(GrpcClient::Cairn, false), "cairn");
     }
 
     #[test]

@@ -48,7 +48,7 @@ pub struct Handler {
     /// Largest KV request message (the KV service's decoding limit).
     pub max_kv_message: usize,
     /// The core's metrics: how long each KV call took.
-    pub recorder: Option<CoreRecorder>,
+    pub recorder: CoreRecorder,
 }
 
 /// The KV calls decoded here.
@@ -197,9 +197,7 @@ pub fn kv_call(
             Box::pin(async move {
                 let started = Instant::now();
                 let answer = with_timeout(timeout, handler.kv.$method(request)).await;
-                if let Some(r) = &handler.recorder {
-                    r.kv_request(started.elapsed());
-                }
+                handler.recorder.kv_request(started.elapsed());
                 match answer {
                     Ok(resp) => {
                         let (metadata, message, _) = resp.into_parts();

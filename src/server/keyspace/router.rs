@@ -57,14 +57,13 @@ pub fn command_channels(
                     tx
                 })
                 .collect();
-            let router = Router {
-                routing: routing.clone(),
-                shards: senders,
-                keyspace: keyspace.clone(),
+            Router::build(
+                routing.clone(),
+                senders,
+                keyspace.clone(),
                 core,
-                recorder: recorders.get(core).cloned(),
-            };
-            Arc::new(router)
+                recorders.get(core).cloned(),
+            )
         })
         .collect();
     CommandChannels {
@@ -93,13 +92,24 @@ impl Router {
         shards: Vec<mpsc::Sender<ShardCommand>>,
         keyspace: Option<Arc<Keyspace>>,
     ) -> Arc<Router> {
+        Router::build(routing, shards, keyspace, 0, None)
+    }
+
+    /// A router sending from `core`, counting its commands in `recorder`.
+    fn build(
+        routing: RoutingTable,
+        shards: Vec<mpsc::Sender<ShardCommand>>,
+        keyspace: Option<Arc<Keyspace>>,
+        core: usize,
+        recorder: Option<CoreRecorder>,
+    ) -> Arc<Router> {
         assert_eq!(routing.shard_count(), shards.len(), "one sender per shard");
         Arc::new(Router {
             routing,
             shards,
             keyspace,
-            core: 0,
-            recorder: None,
+            core,
+            recorder,
         })
     }
 

@@ -704,7 +704,7 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
                     kv: kv_direct,
                     routes: services,
                     max_kv_message: max_message_bytes,
-                    recorder: Some(recorder.clone()),
+                    recorder: recorder.clone(),
                 };
                 tokio::task::spawn_local(crate::grpc::serve_incoming(
                     grpc_rx,
