@@ -412,7 +412,7 @@ pub(crate) fn apply(pg: &mut Pager, root: u64, muts: Vec<Mutation>) -> Result<u6
     );
     let mut prepared = Vec::with_capacity(muts.len());
     for (k, v) in muts {
-        let lv = v.map(|v| store_value(pg, &v));
+        let lv = v.map(|v| store_value(pg, v));
         prepared.push((k, lv));
     }
     let mut refs = if root == 0 {
@@ -423,7 +423,7 @@ pub(crate) fn apply(pg: &mut Pager, root: u64, muts: Vec<Mutation>) -> Result<u6
         pack::<LeafE>(pg, vec![Item::Fresh(fresh)])?
     } else {
         let (p, kind) = read_node(&*pg, root)?;
-        match apply_node(pg, root, p, kind, &prepared)? {
+        match apply_node(pg, root, p, kind, &mut prepared)? {
             NodeOut::Leaf(es) => pack::<LeafE>(pg, vec![Item::Fresh(es)])?,
             NodeOut::Branch(es) => pack::<BranchE>(pg, vec![Item::Fresh(es)])?,
         }
@@ -445,12 +445,13 @@ pub(crate) fn apply(pg: &mut Pager, root: u64, muts: Vec<Mutation>) -> Result<u6
     }
 }
 
-/// Turns a logical value into its stored form, spilling long ones to overflow pages.
-fn store_value(pg: &mut Pager, v: &[u8]) -> Vec<u8> {
+/// Turns a logical value into its stored form, spilling long ones to overflow
+/// pages. A short value keeps its buffer: the tag goes in front of it (a move
+/// within the buffer, no new allocation when it has a spare octet).
+fn store_value(pg: &mut Pager, v: Vec<u8>) -> Vec<u8> {
     if v.len() <= INLINE_VALUE_MAX_BYTES {
-        let mut lv = Vec::with_capacity(1 + v.len());
-        lv.push(VAL_INLINE);
-        lv.extend_from_slice(v);
+        let mut lv = v;
+        lv.insert(0, VAL_INLINE);
         return lv;
     }
     let chunks: Vec<&[u8]> = v.chunks(OVERFLOW_DATA_BYTES).collect();
@@ -486,31 +487,32 @@ fn apply_node(
     id: u64,
     p: PageRef,
     kind: u8,
-    muts: &[Prepared],
+    muts: &mut [Prepared],
 ) -> Result<NodeOut, CorruptPage> {
     if kind == KIND_LEAF {
         let old = LeafE::decode(&p);
         drop(p);
         let mut out = Vec::with_capacity(old.len() + muts.len());
-        let mut mi = muts.iter().peekable();
+        // Each mutation reaches one leaf: its value moves there.
+        let mut mi = muts.iter_mut().peekable();
         for (k, v) in old {
             while let Some((mk, mv)) = mi.next_if(|m| m.0 < k) {
-                if let Some(mv) = mv {
-                    out.push((*mk, mv.clone()));
+                if let Some(mv) = mv.take() {
+                    out.push((*mk, mv));
                 }
             }
             match mi.next_if(|m| m.0 == k) {
                 Some((_, Some(nv))) => {
                     drop_value(pg, &v)?;
-                    out.push((k, nv.clone()));
+                    out.push((k, std::mem::take(nv)));
                 }
                 Some((_, None)) => drop_value(pg, &v)?,
                 None => out.push((k, v)),
             }
         }
         for (mk, mv) in mi {
-            if let Some(mv) = mv {
-                out.push((*mk, mv.clone()));
+            if let Some(mv) = mv.take() {
+                out.push((*mk, mv));
             }
         }
         pg.release(id);
@@ -533,7 +535,7 @@ fn apply_node(
     let mut branch_items: Vec<Item<BranchE>> = Vec::new();
     let mut child_kind = None;
     for (i, &(ck, cid)) in children.iter().enumerate() {
-        let part = &muts[parts[i].clone()];
+        let part = &mut muts[parts[i].clone()];
         if part.is_empty() {
             leaf_items.push(Item::Kept((ck, cid)));
             branch_items.push(Item::Kept((ck, cid)));
@@ -702,7 +704,7 @@ fn relocate_node(
                     pg.release(x);
                 }
                 *budget = budget.saturating_sub(v.len().div_ceil(OVERFLOW_DATA_BYTES));
-                e.1 = store_value(pg, &v);
+                e.1 = store_value(pg, v);
                 changed = true;
             }
         }

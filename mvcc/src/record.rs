@@ -35,9 +35,12 @@ pub(crate) struct Record {
 }
 
 impl Record {
+    /// The record's octets, in a buffer with one octet to spare: the tree
+    /// stores a short value behind a one-octet tag, which then goes in front
+    /// without a new allocation.
     pub(crate) fn encode(&self) -> Vec<u8> {
         let mut b =
-            Vec::with_capacity(RECORD_HEADER_BYTES + self.kv.key.len() + self.kv.value.len());
+            Vec::with_capacity(RECORD_HEADER_BYTES + self.kv.key.len() + self.kv.value.len() + 1);
         b.push(if self.tombstone { FLAG_TOMBSTONE } else { 0 });
         b.extend_from_slice(&self.kv.create_revision.to_le_bytes());
         b.extend_from_slice(&self.kv.mod_revision.to_le_bytes());
