@@ -184,6 +184,59 @@ async fn request_stages_and_cross_core_commands_are_counted() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_commits_go_in_steps_and_land() {
+    let cluster = Cluster::start(1, &[]);
+    let port = cluster.members[0].client_port;
+    let mut c = client(&cluster.members[0].endpoint()).await;
+    wait_writable(&mut c, "/warm").await;
+    let (_, before) = http_get(port, "/metrics");
+    let before = parsed(&before);
+    let value = "v".repeat(256);
+    for i in 0..200 {
+        c.put(format!("/steps/{i:03}"), value.as_str(), None)
+            .await
+            .unwrap();
+    }
+    // The puts commit on a tick within 200 ms; waited for by progress (the
+    // commit counter), with a bound far beyond it for a loaded machine.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let (commits, steps, after) = loop {
+        let (_, text) = http_get(port, "/metrics");
+        let after = parsed(&text);
+        let moved = |name: &str| after.sum(name) - before.sum(name);
+        let commits = moved("cairn_shard_backend_commit_duration_seconds_count");
+        let steps = moved("cairn_shard_backend_commit_step_duration_seconds_count");
+        if commits >= 1.0 || Instant::now() > deadline {
+            break (commits, steps, text);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(commits >= 1.0, "no store commit after 200 puts:\n{after}");
+    // A commit takes at least a step for its trees and one for its pages;
+    // 200 puts of 256 B take more.
+    assert!(
+        steps >= 2.0 * commits,
+        "{commits} commits in {steps} steps:\n{after}"
+    );
+    // Killed after the commit and restarted, the member has every put: from
+    // the store file, and the WAL past it.
+    let mut cluster = cluster;
+    cluster.members[0].kill9();
+    cluster.members[0].restart();
+    let mut c = client(&cluster.members[0].endpoint()).await;
+    wait_writable(&mut c, "/after").await;
+    let got = c
+        .get(
+            "/steps/",
+            Some(etcd_client::GetOptions::new().with_prefix()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(got.kvs().len(), 200);
+    assert!(got.kvs().iter().all(|kv| kv.value() == value.as_bytes()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_member_on_a_taken_client_port_is_refused() {
     // The cores' client listeners share their port through SO_REUSEPORT; a
     // second process must not join that group and take half the clients.

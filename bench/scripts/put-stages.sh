@@ -57,7 +57,8 @@ echo "leader: member on 127.0.0.1:${leader}2379"
 PUT="put --key-size 8 --val-size 256 --key-space-size 100000"
 "$BENCH" --endpoints "http://127.0.0.1:${leader}2379" --conns 1 --clients 1 --duration 2s --warmup 0s $PUT > /dev/null
 STAGES="cairn_core_kv_request_duration_seconds cairn_shard_proposal_duration_seconds
-  cairn_core_wal_flush_duration_seconds cairn_shard_backend_commit_duration_seconds"
+  cairn_core_wal_flush_duration_seconds cairn_shard_backend_commit_duration_seconds
+  cairn_shard_backend_commit_step_duration_seconds"
 for round in $(seq "$ROUNDS"); do
   for p in 1 2 3; do curl -sf "127.0.0.1:${p}2379/metrics" > "$DIR/before.$p"; done
   echo "round $round:"

@@ -39,7 +39,7 @@ pub use snapshot::{RangeStream, Restored, Snapshot, SnapshotStream};
 pub use storage::{CrashMode, FileStorage, MemStorage, Storage, SyncHandle};
 pub use store::changes::Change;
 pub use store::{
-    CommitStats, Config, DefragProgress, DefragReport, DefragRun, DirLock, Store,
+    CommitStats, CommitStep, Config, DefragProgress, DefragReport, DefragRun, DirLock, Store,
     MAX_REQUEST_BYTES_LIMIT, MAX_TXN_RECORD_BYTES,
 };
 pub use types::*;

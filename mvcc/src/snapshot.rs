@@ -137,7 +137,7 @@ impl Store {
         SnapshotStream {
             header: (self.applied_index, self.current_rev, self.compact_rev.get()),
             snap,
-            skip: self.pending_deletes.clone(),
+            skip: self.removed_revisions().into_owned(),
             leases,
             txn_records,
             chunk_bytes: self.cfg.snapshot_chunk_bytes,

@@ -29,6 +29,8 @@ mod defrag;
 pub use defrag::{DefragProgress, DefragRun};
 mod parts;
 mod read;
+mod steps;
+pub use steps::CommitStep;
 pub(crate) mod txn_records;
 pub use txn_records::MAX_TXN_RECORD_BYTES;
 
@@ -50,6 +52,10 @@ pub struct Config {
     pub snapshot_chunk_bytes: usize,
     /// Pages one defragment step copies before it commits.
     pub defrag_step_pages: usize,
+    /// Most records, and about the most page bytes, one step of a commit
+    /// takes on ([`Store::commit_step`]); a whole commit takes no steps.
+    pub commit_step_records: usize,
+    pub commit_step_bytes: usize,
     /// Sync commits on a background thread where the storage allows it.
     pub background_sync: bool,
     /// Test-only: a control file whose words stall or fail the store's
@@ -77,6 +83,8 @@ impl Default for Config {
             range_chunk_keys: 1000,
             snapshot_chunk_bytes: 1024 * 1024,
             defrag_step_pages: 16 * 1024,
+            commit_step_records: 64,
+            commit_step_bytes: 32 * 1024,
             background_sync: true,
             sync_faults: None,
         }
@@ -106,6 +114,9 @@ impl Config {
         if self.defrag_step_pages == 0 {
             return Err("defrag_step_pages must be positive".into());
         }
+        if self.commit_step_records == 0 || self.commit_step_bytes == 0 {
+            return Err("commit_step_records and commit_step_bytes must be positive".into());
+        }
         Ok(())
     }
 }
@@ -134,6 +145,9 @@ pub struct CommitStats {
     /// Times a commit grew the file itself: storages without a syncer, or a
     /// commit that could not wait for one.
     pub grown_inline: u64,
+    /// Steps commits took, and the longest one.
+    pub steps: u64,
+    pub max_step_us: u64,
 }
 
 /// What a defragment did.
@@ -246,6 +260,8 @@ pub struct Store {
     /// Pages the last commit moved below a defragment's limit.
     pub(crate) relocated_pages: usize,
     pub(crate) meta_writer: MetaWriter,
+    /// The commit running in steps, if any (`steps.rs`).
+    pub(crate) running: Option<Box<steps::Running>>,
     /// Applied records not yet taken by the change consumer, while capturing.
     /// While capturing: the revision the store had when the window began
     /// (capture turned on, or the last take), and the changes since.
@@ -430,6 +446,7 @@ impl Store {
             grow_failed: None,
             relocated_pages: 0,
             meta_writer,
+            running: None,
             captured: None,
         };
         let records = store.rebuild()?;

@@ -24,6 +24,8 @@ fn small_config() -> Config {
         range_chunk_keys: 1,
         snapshot_chunk_bytes: 4096,
         defrag_step_pages: 1,
+        commit_step_records: 1,
+        commit_step_bytes: 1,
         background_sync: false,
         sync_faults: None,
     }

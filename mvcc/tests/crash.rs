@@ -10,7 +10,8 @@
 //! and removes txn records as the shard driver does, so a record and the
 //! entry it was put for are found after recovery together or not at all.
 //! Now and then the workload defragments the store, whose last step cuts the
-//! file without a sync of its own.
+//! file without a sync of its own. Half the commits go in steps of a few
+//! records and a page or two, as the shard driver takes them.
 //!
 //! More seeds: `MVCC_CRASH_SEEDS=200 cargo test --release -p cairn-mvcc --test crash`.
 
@@ -42,8 +43,7 @@ fn run(
     let mut rng = SmallRng::seed_from_u64(seed);
     // Its own generator, so the entries are those of the workload without records.
     let mut txn_rng = SmallRng::seed_from_u64(seed ^ 0x7478_6e72);
-    let mut store =
-        Store::open_with(Box::new(storage.clone()), "crash", Config::default()).unwrap();
+    let mut store = Store::open_with(Box::new(storage.clone()), "crash", stepped()).unwrap();
     let start_syncs = storage.syncs_done();
     if let Some(n) = crash_at {
         storage.crash_at_sync(n);
@@ -71,7 +71,11 @@ fn run(
         if !(defragment || rng.gen_range(0..6) == 0 || i + 1 == OPS) {
             continue;
         }
-        let mut result = store.commit().map(|_| ()).map_err(|e| e.to_string());
+        let mut result = if rng.flip() {
+            commit_in_steps(&mut store)
+        } else {
+            store.commit().map(|_| ()).map_err(|e| e.to_string())
+        };
         if result.is_ok() && defragment {
             committed = m.clone();
             result = store.defragment().map(|_| ()).map_err(|e| e.to_string());
@@ -94,6 +98,32 @@ fn run(
         }
     }
     (storage.syncs_done() - start_syncs, committed, None)
+}
+
+/// Commits take small steps.
+fn stepped() -> Config {
+    Config {
+        commit_step_records: 3,
+        commit_step_bytes: 6000,
+        ..Config::default()
+    }
+}
+
+/// A commit of everything applied, in steps.
+fn commit_in_steps(store: &mut Store) -> Result<(), String> {
+    if !store
+        .commit_begin_unless_busy()
+        .map_err(|e| e.to_string())?
+    {
+        return Ok(());
+    }
+    loop {
+        match store.commit_step().map_err(|e| e.to_string())? {
+            Some(CommitStep { done: Some(_), .. }) => return Ok(()),
+            Some(_) => {}
+            None => return Err("the commit stopped running before it was done".into()),
+        }
+    }
 }
 
 /// What the shard driver does beside an entry that starts or ends a

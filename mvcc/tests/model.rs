@@ -1,5 +1,6 @@
 //! Guards the store's etcd semantics as a whole: random sequences of puts,
-//! deletes, txns, compactions, lease grants and revokes, commits, reopens, and
+//! deletes, txns, compactions, lease grants and revokes, commits (whole, and
+//! in steps with everything else going on between them), reopens, and
 //! snapshot-stream restores are checked against a plain model of all
 //! revisions, including reads at old revisions and reads from snapshots taken
 //! while the writer went on.
@@ -16,13 +17,31 @@ fn run_seed(seed: u64, steps: usize) {
     let mut rng = SmallRng::seed_from_u64(seed);
     let mut storage = MemStorage::new();
     let name = format!("model-{seed}");
-    let mut store = Store::open_with(Box::new(storage.clone()), &name, Config::default()).unwrap();
+    // Steps of one to a few records, and of a page or two.
+    let cfg = Config {
+        commit_step_records: rng.gen_range(1usize..4),
+        commit_step_bytes: rng.gen_range(1usize..8192),
+        ..Config::default()
+    };
+    let mut store = Store::open_with(Box::new(storage.clone()), &name, cfg.clone()).unwrap();
     let mut m = Model::new();
     let mut committed = m.clone();
+    // What the commit running in steps holds: everything applied when it began.
+    let mut running: Option<Model> = None;
     let mut index = 0u64;
     let mut snaps: Vec<(Snapshot, Model)> = Vec::new();
     for step in 0..steps {
         let ctx = format!("seed {seed} step {step}");
+        if store.commit_running()
+            && rng.gen_range(0..3) == 0
+            && store
+                .commit_step()
+                .unwrap()
+                .is_some_and(|s| s.done.is_some())
+        {
+            committed = running.take().expect("a commit was running");
+            assert!(!store.commit_running(), "{ctx}: the commit ended");
+        }
         match rng.gen_range(0..100) {
             0..=79 => {
                 let op = random_op(&mut rng, &m);
@@ -34,17 +53,23 @@ fn run_seed(seed: u64, steps: usize) {
                     assert!(e.is_request_error(), "{ctx}: {e}");
                 }
             }
-            80..=87 => {
+            80..=83 => {
                 store.commit().unwrap();
                 committed = m.clone();
+                running = None;
+            }
+            84..=87 => {
+                if !store.commit_running() && store.commit_begin_unless_busy().unwrap() {
+                    running = Some(m.clone());
+                }
             }
             88..=90 => {
                 // Uncommitted work is lost on reopen, as after a crash.
                 drop(std::mem::take(&mut snaps));
                 drop(store);
-                store =
-                    Store::open_with(Box::new(storage.clone()), &name, Config::default()).unwrap();
+                store = Store::open_with(Box::new(storage.clone()), &name, cfg.clone()).unwrap();
                 m = committed.clone();
+                running = None;
                 index = m.applied_index;
                 assert_eq!(
                     store.applied_index(),
@@ -58,13 +83,8 @@ fn run_seed(seed: u64, steps: usize) {
                 drop(std::mem::take(&mut snaps));
                 drop(store);
                 storage = MemStorage::new();
-                store = Store::restore_with(
-                    Box::new(storage.clone()),
-                    &name,
-                    Config::default(),
-                    chunks,
-                )
-                .unwrap();
+                store = Store::restore_with(Box::new(storage.clone()), &name, cfg.clone(), chunks)
+                    .unwrap();
                 assert_eq!(
                     store.hash_kv(0).unwrap().hash,
                     hash.hash,
@@ -76,6 +96,7 @@ fn run_seed(seed: u64, steps: usize) {
                     "{ctx}: applied index after restore"
                 );
                 committed = m.clone();
+                running = None;
             }
             94..=96 => {
                 if snaps.len() < 4 {
@@ -108,7 +129,7 @@ fn run_seed(seed: u64, steps: usize) {
     drop(snaps);
     store.commit().unwrap();
     drop(store);
-    let store = Store::open_with(Box::new(storage), &name, Config::default()).unwrap();
+    let store = Store::open_with(Box::new(storage), &name, cfg).unwrap();
     check(&store, &m, &mut rng, &format!("seed {seed} final reopen"));
 }
 

@@ -15,7 +15,7 @@ use std::time::Duration;
 use super::metrics::{
     Aggregate, CoreCounter, CoreHistogram, CoreInfo, CoreMetrics, MemberSeries, MetricSpec,
     MetricType, MetricsError, Registry, RegistryBuilder, ShardCounter, ShardGauge, ShardHistogram,
-    ShardMetrics, BATCH_SIZE, ETCD_DISK_SECONDS, IDLE_POLL_SECONDS, REQUEST_SECONDS,
+    ShardMetrics, BATCH_SIZE, ETCD_DISK_SECONDS, REQUEST_SECONDS, SHORT_SECONDS,
 };
 
 /// Which WAL backend a core's log runs on (`cairn_wal_backend_info`).
@@ -81,6 +81,7 @@ struct Ids {
     cross_holds: ShardCounter,
     cross_held_txns: ShardCounter,
     backend_commit: ShardHistogram,
+    backend_commit_step: ShardHistogram,
     proposal: ShardHistogram,
     db_size_bytes: ShardGauge,
     db_size_in_use_bytes: ShardGauge,
@@ -169,7 +170,7 @@ impl Ids {
                     "Time this core spent in each idle poll: CPU spent waiting for work (its sum \
                      is the polling's share of the process's CPU time).",
                 ),
-                IDLE_POLL_SECONDS,
+                SHORT_SECONDS,
             )?,
             has_leader: b.shard_gauge(
                 MetricSpec::new(
@@ -281,7 +282,9 @@ impl Ids {
             backend_commit: b.shard_histogram(
                 MetricSpec::new(
                     "cairn_shard_backend_commit_duration_seconds",
-                    "Latency of commits of this shard's MVCC store.",
+                    "Time each commit of this shard's MVCC store held the core: the sum of \
+                     its steps (cairn_shard_backend_commit_step_duration_seconds). Its sync \
+                     is the store's syncer's.",
                 )
                 .with_member(member(
                     "etcd_disk_backend_commit_duration_seconds",
@@ -290,6 +293,14 @@ impl Ids {
                     Sum,
                 )),
                 ETCD_DISK_SECONDS,
+            )?,
+            backend_commit_step: b.shard_histogram(
+                MetricSpec::new(
+                    "cairn_shard_backend_commit_step_duration_seconds",
+                    "Time each step of a commit of this shard's MVCC store held the core. \
+                     A commit goes on in steps, between the core's other work.",
+                ),
+                SHORT_SECONDS,
             )?,
             proposal: b.shard_histogram(
                 MetricSpec::new(
@@ -511,11 +522,18 @@ impl ShardRecorder {
         self.metrics.observe_duration(self.ids.proposal, elapsed);
     }
 
-    /// After each commit of the shard's MVCC store (write pages, sync, flip meta).
+    /// After each commit of the shard's MVCC store: its steps' time in all.
     #[inline]
     pub fn backend_commit(&self, elapsed: Duration) {
         self.metrics
             .observe_duration(self.ids.backend_commit, elapsed);
+    }
+
+    /// After each step of a commit of the shard's MVCC store.
+    #[inline]
+    pub fn backend_commit_step(&self, elapsed: Duration) {
+        self.metrics
+            .observe_duration(self.ids.backend_commit_step, elapsed);
     }
 
     /// After each store commit: file size and bytes in live pages.

@@ -6,9 +6,8 @@
 use std::rc::Rc;
 use std::time::Instant;
 
-use super::{encode_lease, storage_err, Store};
-use crate::btree::{self, Mutation};
-use crate::error::{CommitError, IoOp, StorageError};
+use super::{storage_err, Store};
+use crate::error::{CommitError, IoOp};
 use crate::page::{Meta, META_PAGES, PAGE_SIZE_BYTES};
 use crate::pager::PageSource;
 
@@ -45,13 +44,15 @@ impl Store {
     }
 
     /// Writes everything applied since the last commit to the file: pages, sync,
-    /// then the meta page, sync. Returns whether anything was written.
+    /// then the meta page, sync. Returns whether anything was written. A
+    /// commit running in steps is finished first.
     pub fn commit(&mut self) -> Result<bool, CommitError> {
         if self.poisoned {
             return Err(CommitError::Poisoned {
                 file: self.file.to_string(),
             });
         }
+        self.finish_running()?;
         self.take_up_grown_file()?;
         if !self.has_changes() {
             return Ok(false);
@@ -74,12 +75,29 @@ impl Store {
     /// The file grows the same way: when the room left runs short, the
     /// syncer is asked to grow it, and a commit that needs the room before
     /// the grow is done waits for a later turn rather than grow it here.
+    ///
+    /// A commit running in steps is finished first.
     pub fn commit_unless_busy(&mut self) -> Result<bool, CommitError> {
+        self.finish_running()?;
+        if !self.commit_may_begin()? {
+            return Ok(false);
+        }
+        self.commit()
+    }
+
+    /// Whether a commit may begin now without waiting for the syncer, as
+    /// [`Store::commit_unless_busy`] decides; counts a commit left for later.
+    pub(super) fn commit_may_begin(&mut self) -> Result<bool, CommitError> {
         self.take_up_grown_file()?;
-        if !self.poisoned
-            && !self.meta_writer.has_failed()
-            && self.pending_bytes < self.cfg.max_batch_bytes / 2
-        {
+        if self.poisoned {
+            return Err(CommitError::Poisoned {
+                file: self.file.to_string(),
+            });
+        }
+        if !self.has_changes() {
+            return Ok(false);
+        }
+        if !self.meta_writer.has_failed() && self.pending_bytes < self.cfg.max_batch_bytes / 2 {
             let defrag_asks = self
                 .defrag_waiting
                 .is_some_and(|t| t.elapsed() < super::DEFRAG_PRIORITY);
@@ -93,7 +111,7 @@ impl Store {
                 return Ok(false);
             }
         }
-        self.commit()
+        Ok(true)
     }
 
     /// Whether a commit now would wait for the background syncer.
@@ -106,7 +124,7 @@ impl Store {
 
     /// Whether this commit may need more pages than are free now while
     /// pages freed by commits still syncing would give them back.
-    fn must_wait_for_free_pages(&self, durable: u64) -> bool {
+    pub(super) fn must_wait_for_free_pages(&self, durable: u64) -> bool {
         self.pages_available() < self.pages_needed()
             && self
                 .pager
@@ -197,113 +215,40 @@ impl Store {
         self.snapshots.borrow().keys().next().copied()
     }
 
-    /// The commit machinery; `relocate` moves pages at or past a limit (defragment).
+    /// A whole commit, at once; `relocate` moves pages at or past a limit
+    /// (defragment).
     pub(crate) fn commit_with(
         &mut self,
         relocate: Option<(u64, usize)>,
         flags: u32,
     ) -> Result<(), CommitError> {
-        let started = Instant::now();
-        let r = self.commit_inner(relocate, flags);
-        let elapsed_us = started.elapsed().as_micros() as u64;
-        match r {
-            Ok(sync_us) => {
-                self.stats.commits += 1;
-                self.stats.last_commit_us = elapsed_us;
-                self.stats.max_commit_us = self.stats.max_commit_us.max(elapsed_us);
-                self.stats.total_commit_us += elapsed_us;
-                self.stats.last_sync_us = sync_us;
-                Ok(())
-            }
-            Err(e) => {
-                self.poisoned = true;
-                tracing::error!(file = %self.file, applied_index = self.applied_index, error = %e, "commit failed; store poisoned until reopened");
-                Err(e)
-            }
-        }
+        self.finish_running()?;
+        self.begin(relocate, flags)?;
+        self.finish_running()
     }
 
-    fn rev_mutations(&mut self) -> Vec<Mutation> {
-        let pending = std::mem::take(&mut self.pending);
-        let deletes = std::mem::take(&mut self.pending_deletes);
-        let mut muts: Vec<Mutation> = Vec::with_capacity(pending.len() + deletes.len());
-        let mut di = deletes.iter().peekable();
-        for rec in &pending {
-            while let Some(d) = di.next_if(|d| **d < rec.rev) {
-                muts.push(((d.main as u64, d.sub as u64), None));
-            }
-            if di.next_if(|d| **d == rec.rev).is_some() {
-                // Applied and compacted away inside one batch: never stored.
-                continue;
-            }
-            muts.push((
-                (rec.rev.main as u64, rec.rev.sub as u64),
-                Some(rec.encode()),
-            ));
+    /// Writes the commit the pager built, under `meta`, and retires replaced
+    /// pages (a snapshot's restore, which builds its trees itself).
+    pub(crate) fn commit_meta(&mut self, meta: Meta) -> Result<(), CommitError> {
+        let (pages, remap) = self.take_pages()?;
+        let count = pages.len() as u64;
+        self.write_pages(&mut pages.into_iter(), usize::MAX)?;
+        self.meta_writer.commit(&self.pager.storage, meta)?;
+        self.stats.pages_written += count + 1;
+        self.stats.bytes_written += (count + 1) * PAGE_SIZE_BYTES as u64;
+        if remap {
+            self.remap()?;
         }
-        for d in di {
-            muts.push(((d.main as u64, d.sub as u64), None));
-        }
-        muts
+        self.committed_as(meta)
     }
 
-    fn commit_inner(
-        &mut self,
-        relocate: Option<(u64, usize)>,
-        flags: u32,
-    ) -> Result<u64, CommitError> {
-        // Pages freed by commits still syncing become reusable once those are
-        // durable. When this commit may need more than is free now, wait for
-        // that rather than grow the file for good.
-        if self.must_wait_for_free_pages(self.meta_writer.durable_txn()) {
-            self.meta_writer.wait_durable(self.committed.txn)?;
-            let oldest = self.oldest_snapshot();
-            let durable = self.meta_writer.durable_txn();
-            self.pager.release_pending(oldest, durable);
-        }
-        let txn = self.committed.txn + 1;
-        self.pager.txn = txn;
-        let muts = self.rev_mutations();
-        let mut rev_root = btree::apply(&mut self.pager, self.committed.rev_root, muts)?;
-        // The tree orders leases by the id's bits as u64: a negative id sorts
-        // after every positive one, unlike the signed order of `lease_dirty`.
-        let mut lease_muts: Vec<Mutation> = std::mem::take(&mut self.lease_dirty)
-            .into_iter()
-            .map(|id| ((id as u64, 0), self.leases.get(&id).map(encode_lease)))
-            .collect();
-        lease_muts.sort_unstable_by_key(|m| m.0);
-        let mut lease_root = btree::apply(&mut self.pager, self.committed.lease_root, lease_muts)?;
-        let txn_muts = self.txn_record_mutations();
-        let mut txn_root = btree::apply(&mut self.pager, self.committed.txn_root, txn_muts)?;
-        self.relocated_pages = 0;
-        if let Some((limit, pages)) = relocate {
-            let mut budget = pages;
-            rev_root = btree::relocate(&mut self.pager, rev_root, limit, &mut budget)?;
-            lease_root = btree::relocate(&mut self.pager, lease_root, limit, &mut budget)?;
-            txn_root = btree::relocate(&mut self.pager, txn_root, limit, &mut budget)?;
-            self.relocated_pages = pages - budget;
-        }
-        let meta = Meta {
-            txn,
-            rev_root,
-            lease_root,
-            txn_root,
-            applied_index: self.applied_index,
-            current_rev: self.current_rev,
-            compact_rev: self.compact_rev.get(),
-            flags,
-        };
-        self.commit_meta(meta)
-    }
-
-    /// Writes the commit the pager built, under `meta`, and retires replaced pages.
-    pub(crate) fn commit_meta(&mut self, meta: Meta) -> Result<u64, CommitError> {
-        let txn = meta.txn;
-        let sync_us = self.write_commit(&meta)?;
+    /// The commit under `meta` is written and handed to the syncer: it is
+    /// the one reads and the next commit start from; the pages it replaced
+    /// are freed once it is durable and no snapshot reads them.
+    pub(super) fn committed_as(&mut self, meta: Meta) -> Result<(), CommitError> {
         self.committed = meta;
-        self.pending_bytes = 0;
         let freed = std::mem::take(&mut self.pager.freed_now);
-        self.pager.pending_free.push_back((txn, freed));
+        self.pager.pending_free.push_back((meta.txn, freed));
         let oldest = self.oldest_snapshot();
         let durable = self.meta_writer.durable_txn();
         self.pager.release_pending(oldest, durable);
@@ -311,11 +256,14 @@ impl Store {
             self.shrink()?;
         }
         self.grow_ahead_if_short();
-        Ok(sync_us)
+        Ok(())
     }
 
-    /// Grows the file if needed, writes the dirty pages, syncs, writes the meta, syncs.
-    fn write_commit(&mut self, meta: &Meta) -> Result<u64, CommitError> {
+    /// Takes the pages the commit being built wrote, in id order, growing
+    /// the file first if they reach past its end; returns them and whether
+    /// the file grew here (the map must then be renewed once they are
+    /// written).
+    pub(super) fn take_pages(&mut self) -> Result<(super::steps::Pages, bool), CommitError> {
         let file = self.file.clone();
         let need = self.pager.high_water;
         let mut remap = false;
@@ -339,49 +287,11 @@ impl Store {
             remap = true;
         }
         let dirty = std::mem::take(&mut self.pager.dirty);
-        let pages = dirty.len() as u64;
         self.pager.source.forget(dirty.keys().copied());
-        let mut run: Vec<u8> = Vec::new();
-        let mut run_start = 0u64;
-        let mut run_next = 0u64;
-        const MAX_RUN_BYTES: usize = 1024 * 1024;
-        {
-            let mut st = self.pager.storage.borrow_mut();
-            let mut flush = |run: &mut Vec<u8>, start: u64| -> Result<(), StorageError> {
-                if run.is_empty() {
-                    return Ok(());
-                }
-                let off = start * PAGE_SIZE_BYTES as u64;
-                st.write_at(run, off)
-                    .map_err(storage_err(&file, IoOp::Write, off))?;
-                run.clear();
-                Ok(())
-            };
-            for (id, page) in dirty {
-                assert!(
-                    id >= META_PAGES && id < self.pager.file_pages,
-                    "{file}: dirty page {id} outside the file"
-                );
-                if id != run_next || run.len() >= MAX_RUN_BYTES {
-                    flush(&mut run, run_start)?;
-                    run_start = id;
-                }
-                run.extend_from_slice(&page);
-                run_next = id + 1;
-            }
-            flush(&mut run, run_start)?;
-        }
-        let sync_us = self.meta_writer.commit(&self.pager.storage, *meta)?;
-        let sync_us = self.meta_writer.last_sync_us().unwrap_or(sync_us);
-        self.stats.pages_written += pages + 1;
-        self.stats.bytes_written += (pages + 1) * PAGE_SIZE_BYTES as u64;
-        if remap {
-            self.remap()?;
-        }
-        Ok(sync_us)
+        Ok((dirty.into_iter().collect(), remap))
     }
 
-    fn remap(&mut self) -> Result<(), CommitError> {
+    pub(super) fn remap(&mut self) -> Result<(), CommitError> {
         let src = PageSource::new(&self.pager.storage, &self.file, Some(&self.pager.source))
             .map_err(storage_err(&self.file, IoOp::Map, 0))?;
         self.pager.source = Rc::new(src);

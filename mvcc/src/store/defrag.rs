@@ -51,6 +51,7 @@ impl Store {
     /// Waits for each step to be durable.
     pub fn defragment(&mut self) -> Result<DefragReport, DefragError> {
         let mut run = self.defragment_start();
+        self.finish_running()?;
         loop {
             self.sync()?;
             if let Some(Ok(len)) = self.meta_writer.wait_grown() {
@@ -94,7 +95,10 @@ impl Store {
         // grow the syncer is making is taken up first: the file's end must
         // hold still for the cut. (No grow starts while the run wants a cut.)
         self.take_up_grown_file().map_err(DefragError::from)?;
-        let syncer_busy = self.commit_would_wait() || self.meta_writer.growing();
+        // A commit running in steps ends first (the owner carries it on);
+        // meanwhile no new one begins.
+        let syncer_busy =
+            self.running.is_some() || self.commit_would_wait() || self.meta_writer.growing();
         self.defrag_waiting = syncer_busy.then(std::time::Instant::now);
         if syncer_busy
             || run

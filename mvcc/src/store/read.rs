@@ -4,12 +4,25 @@
 //! Reads see every applied write, committed or not: records of the open batch
 //! are served from memory until the commit moves them into the revision tree.
 
+use std::borrow::Cow;
+use std::collections::BTreeSet;
+
 use super::Store;
 use crate::error::ReadError;
 use crate::record::RecordView;
 use crate::types::*;
 
 impl Store {
+    /// Revisions compaction removed that the committed revision tree may
+    /// still hold: reads skip them. A commit running in steps took some
+    /// from the pending ones; they stay in the committed tree until it ends.
+    pub(crate) fn removed_revisions(&self) -> Cow<'_, BTreeSet<Revision>> {
+        match self.running.as_ref().filter(|r| !r.deletes.is_empty()) {
+            None => Cow::Borrowed(&self.pending_deletes),
+            Some(r) => Cow::Owned(r.deletes.union(&self.pending_deletes).copied().collect()),
+        }
+    }
+
     /// A range with etcd's semantics over everything applied so far.
     pub fn range(&self, req: &RangeRequest) -> Result<RangeResponse, ReadError> {
         let idx = self.index.borrow();
@@ -35,7 +48,7 @@ impl Store {
         let mut h = crc32fast::Hasher::new();
         v.for_each_record(
             Revision { main: 0, sub: 0 },
-            &self.pending_deletes,
+            &self.removed_revisions(),
             |rev, bytes| {
                 if rev.main > at {
                     return false;
@@ -72,7 +85,7 @@ impl Store {
                 main: start_revision.max(0),
                 sub: 0,
             },
-            &self.pending_deletes,
+            &self.removed_revisions(),
             |rev, bytes| {
                 if out.len() >= max_events {
                     return false;

@@ -37,9 +37,10 @@ pub const REQUEST_SECONDS: BucketLayout = BucketLayout {
     base_units_per_unit: NANOS_PER_SECOND,
 };
 
-/// Idle polls (`--idle-poll-us`, at most a few milliseconds): 10 µs to 2 ms.
+/// Short stretches of a core's time (an idle poll under `--idle-poll-us`, a
+/// step of a store commit): 10 µs to 2 ms.
 /// Observed in nanoseconds.
-pub const IDLE_POLL_SECONDS: BucketLayout = BucketLayout {
+pub const SHORT_SECONDS: BucketLayout = BucketLayout {
     bounds: &[
         0.00001, 0.00002, 0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002,
     ],

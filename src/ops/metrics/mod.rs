@@ -35,9 +35,7 @@ pub use handles::{
     CoreCounter, CoreGauge, CoreHistogram, CoreInfo, CoreMetrics, ShardCounter, ShardGauge,
     ShardHistogram, ShardMetrics,
 };
-pub use histogram::{
-    BucketLayout, BATCH_SIZE, ETCD_DISK_SECONDS, IDLE_POLL_SECONDS, REQUEST_SECONDS,
-};
+pub use histogram::{BucketLayout, BATCH_SIZE, ETCD_DISK_SECONDS, REQUEST_SECONDS, SHORT_SECONDS};
 pub use registry::{Registry, RegistryBuilder};
 
 /// A metric named `name` with placeholder help, for the unit tests of the

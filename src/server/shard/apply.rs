@@ -50,32 +50,62 @@ impl Shard {
         self.watchers.notify(self.id, &mut self.store);
     }
 
-    /// Writes what was applied since the last commit to the store file. Off the
-    /// write path: the WAL already made every applied entry durable, so a commit
-    /// only bounds how much a restart replays. While the store's syncer is
-    /// behind (a slow disk), the commit is left for a later turn rather than
-    /// wait on this core, where every other shard of the core would wait too.
+    /// Begins a commit of what was applied so far to the store file, carried
+    /// out in steps ([`Shard::store_commit_step`]) when the core has nothing
+    /// else to do, so a request that arrives meanwhile waits for one step,
+    /// not the whole commit. Off the write path: the WAL already made every
+    /// applied entry durable, so a commit only bounds how much a restart
+    /// replays. While the store's syncer is behind (a slow disk), the commit
+    /// is left for a later turn rather than wait on this core, where every
+    /// other shard of the core would wait too.
     pub(super) fn commit_store(&mut self) {
-        if self.files_behind() {
+        if self.store.commit_running() {
+            if self.store.pending_bytes() < STORE_COMMIT_FINISH_BYTES {
+                return;
+            }
+            // Applies outran the steps (the core had no turn to spare): the
+            // running commit ends now, and the next begins.
+            while self.store.commit_running() && self.failed.is_none() {
+                self.store_commit_step();
+            }
+        }
+        if self.failed.is_some() || self.files_behind() {
             return;
         }
-        let started = Instant::now();
-        match self.store.commit_unless_busy() {
-            Ok(wrote) => {
-                if wrote {
-                    if let Some(m) = &self.metrics {
-                        m.backend_commit(started.elapsed());
-                        m.set_db_size(self.store.size_bytes(), self.store.size_in_use_bytes());
-                    }
-                    tracing::trace!(
-                        shard = self.id,
-                        applied = self.store.applied_index(),
-                        took_us = started.elapsed().as_micros() as u64,
-                        "store committed"
-                    );
-                }
-            }
+        match self.store.commit_begin_unless_busy() {
+            Ok(true) => self.store_commit_step(),
+            Ok(false) => {}
             Err(e) => self.fail(format!("store commit failed: {e}")),
+        }
+    }
+
+    /// Carries the running store commit on by one step.
+    pub(super) fn store_commit_step(&mut self) {
+        match self.store.commit_step() {
+            Ok(Some(step)) => {
+                let Some(m) = &self.metrics else {
+                    return;
+                };
+                m.backend_commit_step(step.took);
+                let Some(spent) = step.done else {
+                    return;
+                };
+                m.backend_commit(spent);
+                m.set_db_size(self.store.size_bytes(), self.store.size_in_use_bytes());
+            }
+            Ok(None) => {}
+            Err(e) => self.fail(format!("store commit failed: {e}")),
+        }
+    }
+
+    /// Commits everything applied so far at once (the shard is stopping):
+    /// a restart then replays less.
+    pub(super) fn commit_store_now(&mut self) {
+        for _ in 0..2 {
+            self.commit_store();
+            while self.store.commit_running() && self.failed.is_none() {
+                self.store_commit_step();
+            }
         }
     }
 

@@ -154,11 +154,17 @@ pub const KEYSPACE_LEASE_DRIFT_DIVISOR: u32 = 10;
 pub const LEADERSHIP_HANDOVER_RETRY: Duration = Duration::from_secs(1);
 
 /// Applied bytes after which the store commits at once rather than on the next
-/// tick. A commit builds its pages on the core (the sync is the syncer's), and
-/// every shard of the core waits meanwhile: at 16 MiB a commit of 100 ms of
-/// puts held the core 4-6 ms (up to 16), the tail of every request behind it.
-/// 256 KiB (about 700 puts of 256 B) keeps a commit near a millisecond.
+/// tick. A commit builds its pages on the core (the sync is the syncer's): at
+/// 16 MiB a commit of 100 ms of puts held the core 4-6 ms (up to 16), the tail
+/// of every request behind it. 256 KiB (about 700 puts of 256 B) keeps a
+/// commit near half a millisecond, which it takes in steps between the core's
+/// other work (`Shard::store_commit_step`).
 pub const STORE_COMMIT_PENDING_BYTES: usize = 256 * 1024;
+
+/// Applied bytes, those of a running store commit included, at which that
+/// commit's remaining steps are taken at once rather than when the core has
+/// nothing else to do: applies outrunning the steps end there.
+pub const STORE_COMMIT_FINISH_BYTES: usize = 2 * STORE_COMMIT_PENDING_BYTES;
 
 /// Longest time applied entries wait for a store commit; also how much a
 /// restart may have to replay from the WAL.
@@ -512,6 +518,10 @@ impl Shard {
                 // The previous turn stopped at its apply budget: go on,
                 // after anything above that is ready (the tick first).
                 _ = tokio::task::yield_now(), if self.node.has_ready() && self.failed.is_none() => {}
+                // A store commit goes on by a step when nothing above is ready.
+                _ = tokio::task::yield_now(), if self.store.commit_running() && self.failed.is_none() => {
+                    answers::step(|| self.store_commit_step());
+                }
             }
             if self.failed.is_some() {
                 answers::step(|| self.refuse_as_failed());
@@ -538,7 +548,7 @@ impl Shard {
             }
         }
         if self.failed.is_none() {
-            self.commit_store();
+            self.commit_store_now();
         }
         tracing::info!(shard = self.id, "shard stopped");
     }
