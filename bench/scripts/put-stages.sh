@@ -11,8 +11,8 @@
 # 256 B values over 100,000 keys) against the leader. For each round it prints
 # the client's figures and, per member, the count, mean and quantiles of
 # the observations between scrapes of /metrics before and after the round:
-# the KV call, the proposal to its apply, a WAL group flush and a store
-# commit (README, "Where a write's time goes"). Quantiles are interpolated
+# the KV call, the proposal to its apply, a WAL group flush, a store
+# commit and each step of one (README, "Where a write's time goes"). Quantiles are interpolated
 # within histogram buckets, so they are as coarse as the buckets: the store
 # commit's histogram has etcd's buckets, the first up to 1 ms, so read its
 # mean rather than its quantiles below 1 ms. The members'
