@@ -124,6 +124,13 @@ pub(crate) async fn isolate(
             }
         }
     }
+    // What the systems wrote before and the kernel has not yet written
+    // back (file metadata, pages written without a sync) goes to the disk
+    // now, not during the measured run, where it would queue ahead of the
+    // measured system's syncs: every run starts from a disk with nothing
+    // pending, whichever system ran before it.
+    // SAFETY: sync(2) takes no arguments and cannot fail.
+    unsafe { libc::sync() };
     let cluster = &mut clusters[measured];
     if cluster.is_paused() {
         cluster.resume_all()?;
