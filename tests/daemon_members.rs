@@ -249,8 +249,24 @@ async fn learner_joins_is_promoted_and_members_are_removed() {
     .await;
     let list = member_names(&mut c0).await;
     assert!(list.iter().all(|m| !m.2), "no learner left: {list:?}");
-    // Now a voter: it takes writes and linearizable reads.
-    c3.put("/a/from-m3", "voter", None).await.unwrap();
+    // Now a voter: it takes writes and linearizable reads, once it has
+    // applied its promotion too (the answer came from m0, which may apply
+    // it first). Any refusal but a learner's fails at once.
+    eventually(
+        "m3 taking writes as a voter",
+        Duration::from_secs(30),
+        || {
+            let mut c = c3.clone();
+            async move {
+                match c.put("/a/from-m3", "voter", None).await {
+                    Ok(_) => Some(()),
+                    Err(e) if e.to_string().contains("not supported for learner") => None,
+                    Err(e) => panic!("m3 refused a write after its promotion: {e}"),
+                }
+            }
+        },
+    )
+    .await;
     let r = c0.get("/a/from-m3", None).await.unwrap();
     assert_eq!(r.kvs()[0].value_str().unwrap(), "voter");
 
