@@ -185,7 +185,7 @@ async fn request_stages_and_cross_core_commands_are_counted() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_commits_go_in_steps_and_land() {
-    let cluster = Cluster::start(1, &[]);
+    let mut cluster = Cluster::start(1, &[]);
     let port = cluster.members[0].client_port;
     let mut c = client(&cluster.members[0].endpoint()).await;
     wait_writable(&mut c, "/warm").await;
@@ -220,7 +220,6 @@ async fn store_commits_go_in_steps_and_land() {
     );
     // Killed after the commit and restarted, the member has every put: from
     // the store file, and the WAL past it.
-    let mut cluster = cluster;
     cluster.members[0].kill9();
     cluster.members[0].restart();
     let mut c = client(&cluster.members[0].endpoint()).await;

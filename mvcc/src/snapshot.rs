@@ -137,7 +137,7 @@ impl Store {
         SnapshotStream {
             header: (self.applied_index, self.current_rev, self.compact_rev.get()),
             snap,
-            skip: self.removed_revisions().into_owned(),
+            skip: self.removed_revisions(),
             leases,
             txn_records,
             chunk_bytes: self.cfg.snapshot_chunk_bytes,

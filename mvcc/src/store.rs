@@ -145,9 +145,6 @@ pub struct CommitStats {
     /// Times a commit grew the file itself: storages without a syncer, or a
     /// commit that could not wait for one.
     pub grown_inline: u64,
-    /// Steps commits took, and the longest one.
-    pub steps: u64,
-    pub max_step_us: u64,
 }
 
 /// What a defragment did.

@@ -1,7 +1,6 @@
 //! Reads over one consistent state: a committed revision tree, the records
 //! applied after it, and the key index. Shared by the store and its snapshots.
 
-use std::collections::BTreeSet;
 use std::rc::Rc;
 
 use crate::btree::{self, Cursor};
@@ -75,12 +74,12 @@ impl View<'_> {
         Ok(rec.to_kv(keys_only))
     }
 
-    /// Visits stored records from `from` in revision order, skipping `skip`,
-    /// until `f` returns false.
+    /// Visits stored records from `from` in revision order, skipping those
+    /// `skip` names, until `f` returns false.
     pub(crate) fn for_each_record(
         &self,
         from: Revision,
-        skip: &BTreeSet<Revision>,
+        skip: impl Fn(&Revision) -> bool,
         mut f: impl FnMut(Revision, &[u8]) -> bool,
     ) -> Result<(), ReadError> {
         let mut c = Cursor::seek(self.src, self.rev_root, (from.main as u64, from.sub as u64))?;
@@ -92,7 +91,7 @@ impl View<'_> {
             if rev.main > self.committed_rev {
                 break;
             }
-            if skip.contains(&rev) {
+            if skip(&rev) {
                 continue;
             }
             let v = btree::resolve(self.src, lv)?;
@@ -102,7 +101,7 @@ impl View<'_> {
         }
         let start = self.pending.partition_point(|r| r.rev < from);
         for r in &self.pending[start..] {
-            if skip.contains(&r.rev) {
+            if skip(&r.rev) {
                 continue;
             }
             if !f(r.rev, &r.encode()) {

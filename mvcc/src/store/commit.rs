@@ -233,19 +233,31 @@ impl Store {
         let (pages, remap) = self.take_pages()?;
         let count = pages.len() as u64;
         self.write_pages(&mut pages.into_iter(), usize::MAX)?;
-        self.meta_writer.commit(&self.pager.storage, meta)?;
-        self.stats.pages_written += count + 1;
-        self.stats.bytes_written += (count + 1) * PAGE_SIZE_BYTES as u64;
+        self.seal(meta, count, remap, 0, 0)
+    }
+
+    /// Hands `meta` to the syncer once the commit's `pages` pages are
+    /// written, and makes it the committed state: the first `records`
+    /// pending records (`bytes` of `pending_bytes`) are now in its tree, and
+    /// the pages it replaced are freed once it is durable and no snapshot
+    /// reads them. `remap`: the commit grew the file.
+    pub(super) fn seal(
+        &mut self,
+        meta: Meta,
+        pages: u64,
+        remap: bool,
+        records: usize,
+        bytes: usize,
+    ) -> Result<(), CommitError> {
+        let sync_us = self.meta_writer.commit(&self.pager.storage, meta)?;
+        self.stats.last_sync_us = self.meta_writer.last_sync_us().unwrap_or(sync_us);
+        self.stats.pages_written += pages + 1;
+        self.stats.bytes_written += (pages + 1) * PAGE_SIZE_BYTES as u64;
         if remap {
             self.remap()?;
         }
-        self.committed_as(meta)
-    }
-
-    /// The commit under `meta` is written and handed to the syncer: it is
-    /// the one reads and the next commit start from; the pages it replaced
-    /// are freed once it is durable and no snapshot reads them.
-    pub(super) fn committed_as(&mut self, meta: Meta) -> Result<(), CommitError> {
+        self.pending.drain(..records);
+        self.pending_bytes -= bytes;
         self.committed = meta;
         let freed = std::mem::take(&mut self.pager.freed_now);
         self.pager.pending_free.push_back((meta.txn, freed));

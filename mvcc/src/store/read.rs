@@ -4,22 +4,30 @@
 //! Reads see every applied write, committed or not: records of the open batch
 //! are served from memory until the commit moves them into the revision tree.
 
-use std::borrow::Cow;
-use std::collections::BTreeSet;
-
 use super::Store;
 use crate::error::ReadError;
 use crate::record::RecordView;
 use crate::types::*;
 
 impl Store {
-    /// Revisions compaction removed that the committed revision tree may
-    /// still hold: reads skip them. A commit running in steps took some
-    /// from the pending ones; they stay in the committed tree until it ends.
-    pub(crate) fn removed_revisions(&self) -> Cow<'_, BTreeSet<Revision>> {
-        match self.running.as_ref().filter(|r| !r.deletes.is_empty()) {
-            None => Cow::Borrowed(&self.pending_deletes),
-            Some(r) => Cow::Owned(r.deletes.union(&self.pending_deletes).copied().collect()),
+    /// Whether compaction removed revision `rev` while the committed
+    /// revision tree may still hold it: reads skip it. A commit running in
+    /// steps took some such revisions from the pending ones; they stay in
+    /// the committed tree until it ends.
+    pub(crate) fn removed(&self, rev: &Revision) -> bool {
+        self.pending_deletes.contains(rev)
+            || self
+                .running
+                .as_ref()
+                .is_some_and(|r| r.deletes.contains(rev))
+    }
+
+    /// Every revision [`Store::removed`] names, for a reader that outlives
+    /// this state (a snapshot stream).
+    pub(crate) fn removed_revisions(&self) -> std::collections::BTreeSet<Revision> {
+        match &self.running {
+            Some(r) => r.deletes.union(&self.pending_deletes).copied().collect(),
+            None => self.pending_deletes.clone(),
         }
     }
 
@@ -48,7 +56,7 @@ impl Store {
         let mut h = crc32fast::Hasher::new();
         v.for_each_record(
             Revision { main: 0, sub: 0 },
-            &self.removed_revisions(),
+            |rev| self.removed(rev),
             |rev, bytes| {
                 if rev.main > at {
                     return false;
@@ -85,7 +93,7 @@ impl Store {
                 main: start_revision.max(0),
                 sub: 0,
             },
-            &self.removed_revisions(),
+            |rev| self.removed(rev),
             |rev, bytes| {
                 if out.len() >= max_events {
                     return false;

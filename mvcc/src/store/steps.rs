@@ -192,8 +192,6 @@ impl Store {
         };
         let took = started.elapsed();
         run.spent += took;
-        self.stats.max_step_us = self.stats.max_step_us.max(took.as_micros() as u64);
-        self.stats.steps += 1;
         if !done {
             self.running = Some(run);
             return Ok(Some(CommitStep { took, done: None }));
@@ -227,24 +225,13 @@ impl Store {
                 return Ok(false);
             }
             self.finish_trees(run)?;
-            if limits.bytes != usize::MAX {
-                return Ok(false);
-            }
+            return Ok(false);
         }
         let pages = run.pages.as_mut().expect("pages taken");
         if !self.write_pages(pages, limits.bytes)? {
             return Ok(false);
         }
-        let sync_us = self.meta_writer.commit(&self.pager.storage, run.meta)?;
-        self.stats.last_sync_us = self.meta_writer.last_sync_us().unwrap_or(sync_us);
-        self.stats.pages_written += run.page_count + 1;
-        self.stats.bytes_written += (run.page_count + 1) * PAGE_SIZE_BYTES as u64;
-        if run.remap {
-            self.remap()?;
-        }
-        self.pending.drain(..run.records);
-        self.pending_bytes -= run.bytes;
-        self.committed_as(run.meta)?;
+        self.seal(run.meta, run.page_count, run.remap, run.records, run.bytes)?;
         Ok(true)
     }
 
@@ -344,16 +331,10 @@ impl Store {
                 write(&run, run_start)?;
                 run.clear();
             }
-            let adjacent_next = pages.as_slice().first().is_some_and(|(n, _)| *n == id + 1);
-            if run.is_empty() && !adjacent_next {
-                // A page alone is written from where it is.
-                write(&page, id)?;
-            } else {
-                if run.is_empty() {
-                    run_start = id;
-                }
-                run.extend_from_slice(&page);
+            if run.is_empty() {
+                run_start = id;
             }
+            run.extend_from_slice(&page);
             written += PAGE_SIZE_BYTES;
         }
         if !run.is_empty() {

@@ -96,6 +96,7 @@ mod tests;
 mod timer_faults;
 mod watchers;
 
+use apply::STORE_COMMIT_INTERVAL;
 use held_snapshot::HeldSnapshot;
 pub(crate) use in_flight::txn_ranges;
 use lease_clock::LeaseClock;
@@ -152,23 +153,6 @@ pub const KEYSPACE_LEASE_DRIFT_DIVISOR: u32 = 10;
 /// How long a shard's leader waits after trying to hand its leadership to
 /// shard 0's leader before it tries again.
 pub const LEADERSHIP_HANDOVER_RETRY: Duration = Duration::from_secs(1);
-
-/// Applied bytes after which the store commits at once rather than on the next
-/// tick. A commit builds its pages on the core (the sync is the syncer's): at
-/// 16 MiB a commit of 100 ms of puts held the core 4-6 ms (up to 16), the tail
-/// of every request behind it. 256 KiB (about 700 puts of 256 B) keeps a
-/// commit near half a millisecond, which it takes in steps between the core's
-/// other work (`Shard::store_commit_step`).
-pub const STORE_COMMIT_PENDING_BYTES: usize = 256 * 1024;
-
-/// Applied bytes, those of a running store commit included, at which that
-/// commit's remaining steps are taken at once rather than when the core has
-/// nothing else to do: applies outrunning the steps end there.
-pub const STORE_COMMIT_FINISH_BYTES: usize = 2 * STORE_COMMIT_PENDING_BYTES;
-
-/// Longest time applied entries wait for a store commit; also how much a
-/// restart may have to replay from the WAL.
-pub const STORE_COMMIT_INTERVAL: Duration = Duration::from_millis(100);
 
 /// A snapshot stream on its way to a peer (see [`PeerSender::send_snapshot`]).
 pub type SnapshotTransfer<'a> =
