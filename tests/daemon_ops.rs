@@ -343,3 +343,26 @@ fn systemd_notifications_arrive_in_order() {
     let stopping = seen.iter().position(|m| m.contains("STOPPING=1")).unwrap();
     assert!(ready < watchdog && watchdog < stopping, "order: {seen:?}");
 }
+
+/// The harness's port claim files: the ones no process holds any more are
+/// removed, a held one stays.
+#[test]
+fn unheld_port_claim_files_are_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let gone = dir.path().join("40001");
+    let held = dir.path().join("40002");
+    std::fs::write(&gone, b"").unwrap();
+    let holder = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&held)
+        .unwrap();
+    assert!(common::try_lock(&holder), "a fresh file is free to lock");
+    common::remove_unheld_claims(dir.path());
+    assert!(!gone.exists(), "a claim nobody holds is removed");
+    assert!(held.exists(), "a held claim stays");
+    drop(holder);
+    common::remove_unheld_claims(dir.path());
+    assert!(!held.exists(), "removed once its holder let go");
+}

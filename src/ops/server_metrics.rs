@@ -146,7 +146,9 @@ impl Ids {
             shard_commands: b.core_counter(MetricSpec::new(
                 "cairn_core_shard_commands_total",
                 "Commands this core sent to shard drivers: one per request a single shard \
-                 serves, one per shard for requests over several.",
+                 serves, one per shard for requests over several, and those a transaction or \
+                 watch over several shards sends after its request (holds, releases, \
+                 cancels).",
             ))?,
             forwarded_commands: b.core_counter(MetricSpec::new(
                 "cairn_core_forwarded_commands_total",

@@ -108,26 +108,74 @@ pub fn free_port() -> u16 {
 /// handed it too: a lock on a file named after the port. A port found free
 /// is not yet bound by the member it is for, and two tests picking the same
 /// one would start two members on one port.
+///
+/// The files of processes that have exited are removed (once per process,
+/// before its first claim): a file is removed only while locked by the
+/// remover, and a claim holds only a lock on the file still at its path, so
+/// a claim racing a removal locks the new file or tries again.
 fn claim(port: u16) -> bool {
-    use std::os::fd::AsRawFd;
     static CLAIMED: std::sync::Mutex<Vec<std::fs::File>> = std::sync::Mutex::new(Vec::new());
+    static SWEPT: std::sync::Once = std::sync::Once::new();
     let dir = std::env::temp_dir().join("cairn-test-ports");
     let _ = std::fs::create_dir_all(&dir);
-    let Ok(file) = std::fs::OpenOptions::new()
+    SWEPT.call_once(|| remove_unheld_claims(&dir));
+    let path = dir.join(port.to_string());
+    loop {
+        let Some(file) = open_claim_file(&path) else {
+            // No lock files here: fall back to the bind check alone.
+            return true;
+        };
+        if !try_lock(&file) {
+            return false;
+        }
+        if still_at(&file, &path) {
+            CLAIMED.lock().unwrap_or_else(|e| e.into_inner()).push(file);
+            return true;
+        }
+        // Removed (and perhaps made anew) between our open and our lock.
+    }
+}
+
+fn open_claim_file(path: &Path) -> Option<std::fs::File> {
+    std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
-        .open(dir.join(port.to_string()))
-    else {
-        // No lock files here: fall back to the bind check alone.
-        return true;
-    };
-    // SAFETY: flock(2) on a descriptor this function owns; no memory is passed.
-    let locked = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0;
-    if locked {
-        CLAIMED.lock().unwrap_or_else(|e| e.into_inner()).push(file);
+        .open(path)
+        .ok()
+}
+
+/// Takes the file's exclusive lock without waiting; false if another
+/// descriptor holds it.
+pub fn try_lock(file: &std::fs::File) -> bool {
+    use std::os::fd::AsRawFd;
+    // SAFETY: flock(2) on a descriptor `file` owns; no memory is passed.
+    unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) == 0 }
+}
+
+/// Whether `path` still names the file open as `file`.
+fn still_at(file: &std::fs::File, path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (file.metadata(), std::fs::metadata(path)) {
+        (Ok(open), Ok(named)) => open.dev() == named.dev() && open.ino() == named.ino(),
+        _ => false,
     }
-    locked
+}
+
+/// Removes the claim files no process holds (their claimers have exited).
+pub fn remove_unheld_claims(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let Ok(file) = std::fs::OpenOptions::new().write(true).open(&path) else {
+            continue;
+        };
+        if try_lock(&file) && still_at(&file, &path) {
+            let _ = std::fs::remove_file(&path);
+        }
+    }
 }
 
 /// A free loopback port below the kernel's ephemeral range: no outgoing
