@@ -8,6 +8,10 @@
 //! own, watches every key and never reads. The watched keys are every tenth
 //! key of the preset's key space, so about one put in ten has a reader
 //! waiting for it, and the stalled watcher has every put.
+//! The reading watchers use the load generator's own client
+//! ([`crate::grpc`]), as the puts do, so that reading their events costs
+//! the shared CPUs as little as it can; the stalled one uses tonic's, whose
+//! flow-control window is returned only as the watcher reads.
 //!
 //! The stalled watcher's cost is read from the members' resident memory: once
 //! the watchers are open (before the puts) and once after the puts. Memory
@@ -20,6 +24,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use clap::Args;
+use prost::Message;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -31,6 +36,7 @@ use cairn_proto::etcdserverpb::{WatchCreateRequest, WatchRequest, WatchResponse}
 use crate::binaries::DaemonOpts;
 use crate::cluster::{LocalCluster, Resident, StartOptions, System};
 use crate::config::GlobalOpts;
+use crate::grpc::{self, Method};
 use crate::preset::{preset_command, Preset, PRESET_KEY_SPACE};
 use crate::security::Conn;
 use crate::session::{
@@ -107,6 +113,8 @@ fn watched_key(i: usize) -> Bytes {
 /// The watchers of one measured run; dropping them closes every stream.
 struct OpenWatchers {
     readers: Vec<tokio::task::JoinHandle<()>>,
+    /// The reading watchers' connections, open while a handle is.
+    _channels: Vec<grpc::Channel>,
     events: Arc<AtomicU64>,
     /// The stalled stream: its request side, kept open, and its responses,
     /// never read after the watcher was confirmed.
@@ -121,6 +129,58 @@ impl Drop for OpenWatchers {
     }
 }
 
+/// The create request of a watcher of `key` (to `range_end`).
+fn create(key: Bytes, range_end: Bytes) -> WatchRequest {
+    WatchRequest {
+        request_union: Some(RequestUnion::CreateRequest(WatchCreateRequest {
+            key,
+            range_end,
+            ..Default::default()
+        })),
+    }
+}
+
+/// Why a watch stream could not be set up.
+fn setup_failed(reason: String) -> BenchError {
+    BenchError::Task {
+        workload: "watch-load",
+        reason,
+    }
+}
+
+/// Opens a stream on `channel` with a create request per key and waits
+/// until every watcher is confirmed. Returns the rest of the answers.
+async fn open_read_stream(
+    channel: &grpc::Channel,
+    keys: Vec<(Bytes, Bytes)>,
+) -> Result<mpsc::UnboundedReceiver<Result<Bytes, tonic::Status>>, BenchError> {
+    let n = keys.len();
+    let creates: Vec<WatchRequest> = keys.into_iter().map(|(k, e)| create(k, e)).collect();
+    let mut answers = channel
+        .open_stream(Method::Watch, &creates)
+        .map_err(|s| setup_failed(format!("watch: {}", s.message())))?;
+    let mut created = 0;
+    while created < n {
+        let message = tokio::time::timeout(CREATE_TIMEOUT, answers.recv())
+            .await
+            .map_err(|_| setup_failed(format!("{created} of {n} watchers confirmed in time")))?
+            .ok_or_else(|| setup_failed("watch stream ended during setup".into()))?
+            .map_err(|s| setup_failed(format!("watch stream: {}", s.message())))?;
+        let resp = WatchResponse::decode(message)
+            .map_err(|e| setup_failed(format!("a watch answer does not decode: {e}")))?;
+        if resp.canceled {
+            return Err(setup_failed(format!(
+                "watch refused: {}",
+                resp.cancel_reason
+            )));
+        }
+        if resp.created {
+            created += 1;
+        }
+    }
+    Ok(answers)
+}
+
 /// Opens a stream with a create request per key and waits until every
 /// watcher is confirmed. Returns the request side (kept open) and the rest
 /// of the responses.
@@ -128,21 +188,11 @@ async fn open_stream(
     conn: Conn,
     keys: Vec<(Bytes, Bytes)>,
 ) -> Result<(mpsc::Sender<WatchRequest>, tonic::Streaming<WatchResponse>), BenchError> {
-    let failed = |reason: String| BenchError::Task {
-        workload: "watch-load",
-        reason,
-    };
+    let failed = setup_failed;
     let n = keys.len();
     let (tx, rx) = mpsc::channel(n.max(1));
     for (key, range_end) in keys {
-        let create = WatchRequest {
-            request_union: Some(RequestUnion::CreateRequest(WatchCreateRequest {
-                key,
-                range_end,
-                ..Default::default()
-            })),
-        };
-        tx.send(create)
+        tx.send(create(key, range_end))
             .await
             .map_err(|_| failed("watch stream closed during setup".into()))?;
     }
@@ -185,10 +235,13 @@ async fn open_watchers(
                 reason,
             })
     };
-    let mut conns = Vec::with_capacity(WATCH_CONNS);
-    for i in 0..WATCH_CONNS.min(opts.streams) {
-        conns.push(connect(i).await?);
-    }
+    let channels: Vec<grpc::Channel> = (0..WATCH_CONNS.min(opts.streams))
+        .map(|i| {
+            let url = &cluster.members[i % cluster.members.len()].client_url;
+            let host_port = url.strip_prefix("http://").unwrap_or(url);
+            grpc::Channel::lazy(host_port, None, CREATE_TIMEOUT)
+        })
+        .collect();
     let events = Arc::new(AtomicU64::new(0));
     let per_stream = opts.watchers.div_ceil(opts.streams);
     let mut readers = Vec::with_capacity(opts.streams);
@@ -199,12 +252,13 @@ async fn open_watchers(
         if keys.is_empty() {
             continue;
         }
-        let (tx, mut responses) = open_stream(conns[s % conns.len()].clone(), keys).await?;
+        let mut answers = open_read_stream(&channels[s % channels.len()], keys).await?;
         let events = Arc::clone(&events);
         readers.push(tokio::spawn(async move {
-            let _keep_open = tx;
-            while let Ok(Some(resp)) = responses.message().await {
-                events.fetch_add(resp.events.len() as u64, Ordering::Relaxed);
+            while let Some(Ok(message)) = answers.recv().await {
+                if let Ok(resp) = WatchResponse::decode(message) {
+                    events.fetch_add(resp.events.len() as u64, Ordering::Relaxed);
+                }
             }
         }));
     }
@@ -217,6 +271,7 @@ async fn open_watchers(
     .await?;
     Ok(OpenWatchers {
         readers,
+        _channels: channels,
         events,
         _stalled: stalled,
     })
@@ -353,11 +408,14 @@ pub async fn run(
     }
     drop(scratch);
 
-    let rows: Vec<(System, Measured, Measured)> = systems
+    let rows: Vec<Row> = systems
         .into_iter()
         .zip(quiet)
         .zip(watched)
-        .filter_map(|((system, q), w)| Some((system, median_run(q)?, median_run(w)?)))
+        .filter_map(|((system, q), w)| {
+            let tail = Tail::of(&q, &w)?;
+            Some((system, median_run(q)?, median_run(w)?, tail))
+        })
         .collect();
     if !global.json {
         print!("{}", table(&rows, opts));
@@ -372,6 +430,45 @@ fn alternate(run: usize) -> [bool; 2] {
         [false, true]
     } else {
         [true, false]
+    }
+}
+
+/// A system's median runs without and with watchers, and the tail over all
+/// its runs.
+type Row = (System, Measured, Measured, Tail);
+
+/// The p99 over every run of a side, and each run's p99 ratio: a p99 of one
+/// 5 s run moves by a tenth or more between runs here, the p99 of all runs
+/// pooled much less.
+struct Tail {
+    /// p99 of every request of every run, in ms: without, with watchers.
+    pooled_p99_ms: (f64, f64),
+    /// Each run's p99 with watchers over its p99 without, in run order.
+    run_ratios: Vec<f64>,
+}
+
+impl Tail {
+    fn of(quiet: &[Measured], watched: &[Measured]) -> Option<Tail> {
+        let pooled = |runs: &[Measured]| {
+            let (first, rest) = runs.split_first()?;
+            let mut all = first.report.recorder.clone();
+            for m in rest {
+                all.merge(&m.report.recorder);
+            }
+            Some(all.latency_us.value_at_quantile(0.99) as f64 / 1000.0)
+        };
+        Some(Tail {
+            pooled_p99_ms: (pooled(quiet)?, pooled(watched)?),
+            run_ratios: quiet
+                .iter()
+                .zip(watched)
+                .map(|(q, w)| w.report.p99_ms() / q.report.p99_ms())
+                .collect(),
+        })
+    }
+
+    fn pooled_ratio(&self) -> f64 {
+        self.pooled_p99_ms.1 / self.pooled_p99_ms.0
     }
 }
 
@@ -393,7 +490,7 @@ fn mib(bytes: Option<u64>) -> String {
     )
 }
 
-fn table(rows: &[(System, Measured, Measured)], opts: &WatchLoadOpts) -> String {
+fn table(rows: &[Row], opts: &WatchLoadOpts) -> String {
     let mut out = format!(
         "\nput-100 on {} member(s), alone and beside {} reading watchers plus 1 that never reads; median of {} run(s); latency in ms\n\n",
         opts.members, opts.watchers, opts.runs
@@ -402,7 +499,7 @@ fn table(rows: &[(System, Measured, Measured)], opts: &WatchLoadOpts) -> String 
         "| system | watchers | req/s | p50 | p99 | p99.9 | p99 ratio | server CPU µs/op | events read | members' heap before / after puts (MiB) |\n",
     );
     out.push_str("|---|---|---:|---:|---:|---:|---:|---:|---:|---|\n");
-    for (system, quiet, watched) in rows {
+    for (system, quiet, watched, _) in rows {
         for (label, m) in [
             ("none".to_owned(), quiet),
             (format!("{} + 1 stalled", opts.watchers), watched),
@@ -423,13 +520,23 @@ fn table(rows: &[(System, Measured, Measured)], opts: &WatchLoadOpts) -> String 
             ));
         }
     }
+    out.push('\n');
+    for (system, _, _, tail) in rows {
+        let (alone, beside) = tail.pooled_p99_ms;
+        let runs: Vec<String> = tail.run_ratios.iter().map(|r| format!("{r:.2}")).collect();
+        out.push_str(&format!(
+            "{system}, every run pooled: p99 {alone:.3} ms alone, {beside:.3} ms beside the watchers, ratio {:.2}; each run's ratio: {}\n",
+            tail.pooled_ratio(),
+            runs.join(", ")
+        ));
+    }
     out.push_str(
         "\np99 ratio: p99 over the p99 without watchers. Server CPU: user + system time of the members over the run (warm-up included) per request. Heap: anonymous resident memory of the members, summed, before and after the puts (with watchers: once they are open).\n",
     );
     out
 }
 
-fn summary_json(rows: &[(System, Measured, Measured)], opts: &WatchLoadOpts) -> Value {
+fn summary_json(rows: &[Row], opts: &WatchLoadOpts) -> Value {
     let side = |m: &Measured| {
         json!({
             "report": m.report.to_json(),
@@ -440,12 +547,15 @@ fn summary_json(rows: &[(System, Measured, Measured)], opts: &WatchLoadOpts) -> 
     };
     let rows: Vec<Value> = rows
         .iter()
-        .map(|(system, quiet, watched)| {
+        .map(|(system, quiet, watched, tail)| {
             json!({
                 "system": system.name(),
                 "without_watchers": side(quiet),
                 "with_watchers": side(watched),
                 "p99_ratio": watched.report.p99_ms() / quiet.report.p99_ms(),
+                "pooled_p99_ms": [tail.pooled_p99_ms.0, tail.pooled_p99_ms.1],
+                "pooled_p99_ratio": tail.pooled_ratio(),
+                "p99_ratio_per_run": tail.run_ratios,
             })
         })
         .collect();

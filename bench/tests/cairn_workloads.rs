@@ -1,6 +1,7 @@
 //! Guards cairn-bench against a real 3-member Cairn cluster (this workspace's
 //! `cairn` binary, the newest of the release and debug builds): every workload
-//! (watch-latency included) runs with matching counts and filled histograms, and
+//! (watch-latency included) runs with matching counts and filled histograms,
+//! `watch-load` reads its watchers' events through the generator's own client, and
 //! fixed-rate mode shows a 500 ms SIGSTOP of the member serving the requests in
 //! its p99.9.
 //!
@@ -170,4 +171,49 @@ async fn member_cores_reach_cairn_as_its_cores_flag() {
     assert!(args.windows(2).any(|w| w == ["--cores", "1"]), "{args:?}");
     let log = std::fs::read_to_string(&cluster.members[0].log_path).unwrap();
     assert!(log.contains("cores=1"), "{log}");
+}
+
+/// `watch-load` end to end against a real member: its reading watchers, on
+/// the load generator's own client, confirm their creates and read the
+/// events of the puts to their keys; the stalled one holds its stream.
+#[test]
+fn watch_load_reads_events_through_its_own_client() {
+    let Some(bin) = cairn_bench::binaries::workspace_cairn_or_skip() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_cairn-bench"))
+        .args(["--duration", "1s", "--warmup", "0s", "--json", "watch-load"])
+        .args(["--runs", "1", "--watchers", "1000", "--streams", "10"])
+        .arg("--cairn-bin")
+        .arg(&bin)
+        .arg("--work-dir")
+        .arg(dir.path())
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run cairn-bench");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_str(stdout.trim()).expect("one JSON object");
+    let row = &v["watch_load"][0];
+    let puts = row["with_watchers"]["report"]["requests"].as_u64().unwrap();
+    let events = row["with_watchers"]["events_read"].as_u64().unwrap();
+    // 1,000 watched keys of the preset's 100,000: about one put in a hundred.
+    assert!(puts > 0, "{row}");
+    assert!(
+        events > 0 && events <= puts,
+        "{events} events for {puts} puts: {row}"
+    );
+    assert_eq!(row["without_watchers"]["events_read"], 0, "{row}");
+    for field in ["pooled_p99_ratio", "p99_ratio"] {
+        assert!(
+            row[field].as_f64().is_some_and(|r| r > 0.0),
+            "{field}: {row}"
+        );
+    }
+    assert_eq!(row["p99_ratio_per_run"].as_array().map(Vec::len), Some(1));
 }

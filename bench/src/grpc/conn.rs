@@ -3,26 +3,28 @@
 //! the server go in ([`Connection::receive`]), and what to write comes out in
 //! [`Connection::out`]. The task in [`super`] moves the octets.
 //!
-//! It speaks what a unary gRPC call needs and refuses the rest: the server's
-//! settings are obeyed (initial window, frame size, concurrent streams), the
-//! request bodies are sent within the server's windows, streams take turns,
-//! header blocks are decoded with the connection's HPACK table (so the table
-//! stays in step even for calls given up), and every answer becomes the
-//! message or a `tonic::Status` as tonic's client would give it.
+//! It speaks what a unary gRPC call needs, and a call whose answers stream
+//! (a watch: its requests go in one body and its side stays open), and
+//! refuses the rest: the server's settings are obeyed (initial window, frame
+//! size, concurrent streams), the request bodies are sent within the server's
+//! windows, streams take turns, header blocks are decoded with the
+//! connection's HPACK table (so the table stays in step even for calls given
+//! up), and every answer becomes the message or a `tonic::Status` as tonic's
+//! client would give it.
 
 use std::collections::{HashMap, VecDeque};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use cairn_proto::h2::frame::{self, put_rst_stream, put_window_update, ErrorCode, Head, PREFACE};
 use cairn_proto::h2::hpack;
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot};
 use tonic::{Code, Status};
 
 use super::Method;
 
-/// Every stream's receive window, announced once: an answer is a few
-/// messages at most ([`MAX_MESSAGE_BYTES`]), so a stream's window is never
-/// refilled.
+/// Every stream's receive window, announced once: a unary answer is a few
+/// messages at most ([`MAX_MESSAGE_BYTES`]), so its window is never
+/// refilled; a streaming call's is topped up as the connection's.
 const STREAM_WINDOW: u32 = (1 << 31) - 1;
 /// The connection's receive window is raised to this at once and topped up
 /// after every [`WINDOW_REFILL`] octets of DATA.
@@ -39,9 +41,51 @@ const MAX_STREAM_ID: u32 = (1 << 31) - 1;
 /// A call as the connection receives it.
 pub struct Call {
     pub method: Method,
-    /// The request as a gRPC message: the 5-octet prefix, then the encoding.
+    /// The request as gRPC messages: each the 5-octet prefix, then the
+    /// encoding (a unary call has one).
     pub body: Bytes,
-    pub reply: oneshot::Sender<Result<Bytes, Status>>,
+    pub reply: Reply,
+}
+
+/// Where a call's answer goes.
+pub enum Reply {
+    /// A unary call: its one message, or its status. The body ends the
+    /// request.
+    Unary(oneshot::Sender<Result<Bytes, Status>>),
+    /// A call whose answers stream: each message as it arrives, then a
+    /// status if the call failed (the channel closes at its end). The
+    /// request stays open after the body, as a watch's must.
+    Messages(mpsc::UnboundedSender<Result<Bytes, Status>>),
+}
+
+impl Reply {
+    /// Whether whoever waits for the answer has stopped waiting.
+    fn is_closed(&self) -> bool {
+        match self {
+            Reply::Unary(tx) => tx.is_closed(),
+            Reply::Messages(tx) => tx.is_closed(),
+        }
+    }
+
+    /// Whether the request's body ends its side of the stream.
+    fn ends_request(&self) -> bool {
+        matches!(self, Reply::Unary(_))
+    }
+
+    /// Ends the call: a streaming call's channel closes after a failure's
+    /// status; its `Ok` carries nothing.
+    pub fn finish(self, result: Result<Bytes, Status>) {
+        match self {
+            Reply::Unary(tx) => {
+                let _ = tx.send(result);
+            }
+            Reply::Messages(tx) => {
+                if let Err(status) = result {
+                    let _ = tx.send(Err(status));
+                }
+            }
+        }
+    }
 }
 
 /// A broken connection: every call on it fails, and the next call opens a
@@ -50,15 +94,18 @@ pub struct Call {
 pub struct Broken(pub String);
 
 struct Stream {
-    reply: oneshot::Sender<Result<Bytes, Status>>,
+    reply: Reply,
     /// Request body octets not yet sent.
     unsent: Bytes,
     /// What the server lets this stream send.
     window: i64,
     /// The answer's HEADERS arrived; the next header block is its trailers.
     headers_seen: bool,
-    /// The answer's DATA so far.
+    /// The answer's DATA so far (of a streaming call: the message not yet
+    /// whole).
     message: BytesMut,
+    /// DATA octets of a streaming call since its window was last topped up.
+    unacknowledged: u32,
 }
 
 pub struct Connection {
@@ -173,6 +220,7 @@ impl Connection {
                 window: self.peer_initial_window,
                 headers_seen: false,
                 message: BytesMut::new(),
+                unacknowledged: 0,
             },
         );
         self.sending.push_back(id);
@@ -207,9 +255,10 @@ impl Connection {
                     .min(self.conn_window)
                     .min(self.peer_max_frame as i64)
                     .max(0) as usize;
-                if n > 0 || s.unsent.is_empty() {
+                let ends = s.reply.ends_request();
+                if n > 0 || (s.unsent.is_empty() && ends) {
                     let chunk = s.unsent.split_to(n);
-                    let end = s.unsent.is_empty();
+                    let end = s.unsent.is_empty() && ends;
                     let flags = if end { frame::FLAG_END_STREAM } else { 0 };
                     frame::put_head(&mut self.out, n, frame::DATA, flags, id);
                     self.out.put_slice(&chunk);
@@ -227,16 +276,18 @@ impl Connection {
         }
     }
 
-    /// Ends stream `id` with `result`. A stream whose request was still being
-    /// sent is reset, unless `reset_by_peer`.
+    /// Ends stream `id` with `result`. A stream whose request side is still
+    /// open (its body unsent, or a streaming call's) is reset, unless
+    /// `reset_by_peer`.
     fn finish(&mut self, id: u32, result: Result<Bytes, Status>, reset_by_peer: bool) {
         let Some(s) = self.streams.remove(&id) else {
             return;
         };
-        if !s.unsent.is_empty() && !reset_by_peer {
+        let request_open = !s.unsent.is_empty() || !s.reply.ends_request();
+        if request_open && !reset_by_peer {
             put_rst_stream(&mut self.out, id, ErrorCode::Cancel);
         }
-        let _ = s.reply.send(result);
+        s.reply.finish(result);
         self.admit_waiting();
     }
 
@@ -259,10 +310,10 @@ impl Connection {
     /// Fails every call open or waiting with `status`.
     pub fn fail_all(&mut self, status: &Status) {
         for (_, s) in self.streams.drain() {
-            let _ = s.reply.send(Err(status.clone()));
+            s.reply.finish(Err(status.clone()));
         }
         for call in self.waiting.drain(..) {
-            let _ = call.reply.send(Err(status.clone()));
+            call.reply.finish(Err(status.clone()));
         }
         self.sending.clear();
     }
@@ -363,7 +414,7 @@ impl Connection {
                 }
                 let status = Status::unavailable("the server is going away");
                 for call in self.waiting.drain(..) {
-                    let _ = call.reply.send(Err(status.clone()));
+                    call.reply.finish(Err(status.clone()));
                 }
             }
             frame::WINDOW_UPDATE => {
@@ -416,6 +467,26 @@ impl Connection {
             return Ok(());
         }
         s.message.extend_from_slice(&data);
+        if let Reply::Messages(tx) = &s.reply {
+            s.unacknowledged += head.len;
+            if s.unacknowledged >= WINDOW_REFILL {
+                put_window_update(&mut self.out, head.stream, s.unacknowledged);
+                s.unacknowledged = 0;
+            }
+            match whole_messages(&mut s.message) {
+                Ok(messages) => {
+                    for message in messages {
+                        // A reader gone: its stream is reset on the next sweep.
+                        let _ = tx.send(Ok(message));
+                    }
+                }
+                Err(status) => {
+                    put_rst_stream(&mut self.out, head.stream, ErrorCode::Cancel);
+                    self.finish(head.stream, Err(status), true);
+                    return Ok(());
+                }
+            }
+        }
         if s.message.len() > MESSAGE_PREFIX + MAX_MESSAGE_BYTES {
             let status = Status::out_of_range(format!(
                 "the answer is over {MAX_MESSAGE_BYTES} bytes, the largest this client takes"
@@ -459,9 +530,13 @@ impl Connection {
             self.finish(stream, Err(status), true);
             return Ok(());
         }
-        let result = match grpc_status(&self.block) {
-            Ok(()) => message_of(&mut s.message),
-            Err(status) => Err(status),
+        let result = match (grpc_status(&self.block), &s.reply) {
+            (Ok(()), Reply::Unary(_)) => message_of(&mut s.message),
+            (Ok(()), Reply::Messages(_)) if s.message.is_empty() => Ok(Bytes::new()),
+            (Ok(()), Reply::Messages(_)) => {
+                Err(Status::internal("the answers ended inside a message"))
+            }
+            (Err(status), _) => Err(status),
         };
         self.finish(stream, result, false);
         Ok(())
@@ -609,6 +684,31 @@ fn message_of(data: &mut BytesMut) -> Result<Bytes, Status> {
     }
     data.advance(MESSAGE_PREFIX);
     Ok(std::mem::take(data).freeze())
+}
+
+/// The whole messages at the front of a streaming call's DATA, taken off it;
+/// what is left is the start of the next one.
+fn whole_messages(data: &mut BytesMut) -> Result<Vec<Bytes>, Status> {
+    let mut messages = Vec::new();
+    while data.len() >= MESSAGE_PREFIX {
+        if data[0] != 0 {
+            return Err(Status::internal(
+                "an answer is compressed though no compression was offered",
+            ));
+        }
+        let len = u32::from_be_bytes([data[1], data[2], data[3], data[4]]) as usize;
+        if len > MAX_MESSAGE_BYTES {
+            return Err(Status::out_of_range(format!(
+                "an answer of {len} bytes, over the {MAX_MESSAGE_BYTES} this client takes"
+            )));
+        }
+        if data.len() < MESSAGE_PREFIX + len {
+            break;
+        }
+        data.advance(MESSAGE_PREFIX);
+        messages.push(data.split_to(len).freeze());
+    }
+    Ok(messages)
 }
 
 /// gRPC's mapping of a non-200 HTTP status (doc/http-grpc-status-mapping.md).

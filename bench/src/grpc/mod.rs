@@ -15,8 +15,9 @@
 //! DeadlineExceeded past `--timeout` (tonic's client reports that one as
 //! Cancelled, "Timeout expired"). A connection that drains (GOAWAY, or its
 //! stream ids spent) takes no new calls; they wait for its last answers and
-//! then go over a new connection. TLS and streaming calls stay with tonic
-//! (`--grpc-client`).
+//! then go over a new connection. `watch-load`'s reading watchers stream
+//! their answers here too ([`Channel::open_stream`]); TLS and the other
+//! streaming calls stay with tonic (`--grpc-client`).
 
 pub mod conn;
 
@@ -27,7 +28,7 @@ use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 use tonic::Status;
 
-use conn::{Broken, Call, Connection};
+use conn::{Broken, Call, Connection, Reply};
 
 /// How long opening a connection may take before its calls fail.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -36,22 +37,24 @@ const SWEEP_INTERVAL: Duration = Duration::from_millis(100);
 /// Octets read from the socket at most per read.
 const READ_CHUNK: usize = 64 * 1024;
 
-/// The unary calls this client makes.
+/// The calls this client makes: unary KV calls, and Watch's stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Method {
     Range,
     Put,
     Txn,
+    Watch,
 }
 
 impl Method {
-    pub const ALL: [Method; 3] = [Method::Range, Method::Put, Method::Txn];
+    pub const ALL: [Method; 4] = [Method::Range, Method::Put, Method::Txn, Method::Watch];
 
     pub fn path(self) -> &'static str {
         match self {
             Method::Range => "/etcdserverpb.KV/Range",
             Method::Put => "/etcdserverpb.KV/Put",
             Method::Txn => "/etcdserverpb.KV/Txn",
+            Method::Watch => "/etcdserverpb.Watch/Watch",
         }
     }
 
@@ -83,20 +86,13 @@ impl Channel {
         Req: prost::Message,
         Resp: prost::Message + Default,
     {
-        let len = request.encoded_len();
-        let prefix = u32::try_from(len)
-            .map_err(|_| Status::resource_exhausted(format!("a request of {len} bytes")))?;
-        let mut body = BytesMut::with_capacity(5 + len);
-        body.put_u8(0);
-        body.put_u32(prefix);
-        request
-            .encode(&mut body)
-            .expect("the buffer holds the encoded length");
+        let mut body = BytesMut::new();
+        put_message(&mut body, request)?;
         let (reply, answer) = oneshot::channel();
         let call = Call {
             method,
             body: body.freeze(),
-            reply,
+            reply: Reply::Unary(reply),
         };
         let gone = || Status::unavailable("the connection's task has stopped");
         self.calls.send(call).map_err(|_| gone())?;
@@ -113,6 +109,46 @@ impl Channel {
         Resp::decode(message)
             .map_err(|e| Status::internal(format!("the answer does not decode: {e}")))
     }
+
+    /// Opens a call of `method` whose answers stream, sending `requests` as
+    /// its body and leaving its side open. Its messages arrive, undecoded,
+    /// on the channel returned, then a status if the call fails; dropping
+    /// the receiver resets the stream (within [`SWEEP_INTERVAL`]).
+    pub fn open_stream<Req: prost::Message>(
+        &self,
+        method: Method,
+        requests: &[Req],
+    ) -> Result<mpsc::UnboundedReceiver<Result<Bytes, Status>>, Status> {
+        let mut body = BytesMut::new();
+        for request in requests {
+            put_message(&mut body, request)?;
+        }
+        let (reply, messages) = mpsc::unbounded_channel();
+        let call = Call {
+            method,
+            body: body.freeze(),
+            reply: Reply::Messages(reply),
+        };
+        self.calls
+            .send(call)
+            .map_err(|_| Status::unavailable("the connection's task has stopped"))?;
+        Ok(messages)
+    }
+}
+
+/// Appends `request` to `body` as a gRPC message: the 5-octet prefix, then
+/// the encoding.
+fn put_message(body: &mut BytesMut, request: &impl prost::Message) -> Result<(), Status> {
+    let len = request.encoded_len();
+    let prefix = u32::try_from(len)
+        .map_err(|_| Status::resource_exhausted(format!("a request of {len} bytes")))?;
+    body.reserve(5 + len);
+    body.put_u8(0);
+    body.put_u32(prefix);
+    request
+        .encode(body)
+        .expect("the buffer holds the encoded length");
+    Ok(())
 }
 
 /// How a connection's service ended.
@@ -142,12 +178,12 @@ async fn serve(endpoint: String, token: Option<String>, mut calls: mpsc::Unbound
             Err(reason) => {
                 // Every call already waiting fails with this attempt.
                 let status = Status::unavailable(reason);
-                let _ = first.reply.send(Err(status.clone()));
+                first.reply.finish(Err(status.clone()));
                 for call in carried.drain(..) {
-                    let _ = call.reply.send(Err(status.clone()));
+                    call.reply.finish(Err(status.clone()));
                 }
                 while let Ok(call) = calls.try_recv() {
-                    let _ = call.reply.send(Err(status.clone()));
+                    call.reply.finish(Err(status.clone()));
                 }
                 continue;
             }

@@ -28,6 +28,12 @@ impl Peer {
 
     /// Reads frames until one of `kind` on `stream` arrives; its payload.
     async fn frame_of(&mut self, kind: u8, stream: u32) -> Bytes {
+        self.head_and_frame_of(kind, stream).await.1
+    }
+
+    /// Reads frames until one of `kind` on `stream` arrives; its head and
+    /// payload.
+    async fn head_and_frame_of(&mut self, kind: u8, stream: u32) -> (Head, Bytes) {
         loop {
             if self.preface && self.input.len() >= 24 {
                 self.input.advance(24);
@@ -39,7 +45,7 @@ impl Peer {
                     if self.input.len() >= len {
                         let frame = self.input.split_to(len);
                         if head.kind == kind && head.stream == stream {
-                            return frame.freeze().slice(frame::HEADER_LEN..);
+                            return (head, frame.freeze().slice(frame::HEADER_LEN..));
                         }
                         continue;
                     }
@@ -134,4 +140,131 @@ async fn a_server_not_there_is_unavailable() {
         assert_eq!(err.code(), Code::Unavailable, "{err:?}");
         assert!(err.message().contains("connecting to"), "{err:?}");
     }
+}
+
+/// A header block of literal `fields`, as a server sends it.
+fn block_of(fields: &[(&'static str, &'static str)]) -> BytesMut {
+    let block = cairn_proto::h2::hpack::Block {
+        table_size_updates: Vec::new(),
+        fields: fields
+            .iter()
+            .map(|&(name, value)| cairn_proto::h2::hpack::Field {
+                name: Bytes::from_static(name.as_bytes()),
+                value: Bytes::from_static(value.as_bytes()),
+                never_indexed: false,
+            })
+            .collect(),
+    };
+    let mut out = BytesMut::new();
+    cairn_proto::h2::hpack::encode_literals(&block, &mut out);
+    out
+}
+
+/// `block` as one HEADERS frame on stream 1, with `flags` besides
+/// END_HEADERS.
+fn put_block(out: &mut BytesMut, block: &[u8], flags: u8) {
+    frame::put_head(
+        out,
+        block.len(),
+        frame::HEADERS,
+        frame::FLAG_END_HEADERS | flags,
+        1,
+    );
+    out.extend_from_slice(block);
+}
+
+/// `payload` as one gRPC message: the 5-octet prefix, then the octets.
+fn message(payload: &[u8]) -> Vec<u8> {
+    let mut m = vec![0];
+    m.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+    m.extend_from_slice(payload);
+    m
+}
+
+#[tokio::test]
+async fn a_streaming_call_keeps_its_side_open_and_gets_each_message_as_it_is_whole() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let channel = Channel::lazy(&addr, None, Duration::from_secs(60));
+    let mut answers = channel.open_stream(Method::Watch, &[put(), put()]).unwrap();
+    let mut peer = Peer::accept(&listener).await;
+    let headers = peer.frame_of(frame::HEADERS, 1).await;
+    assert!(
+        headers
+            .windows(b"/etcdserverpb.Watch/Watch".len())
+            .any(|w| w == b"/etcdserverpb.Watch/Watch"),
+        "the call goes to Watch"
+    );
+    let (head, body) = peer.head_and_frame_of(frame::DATA, 1).await;
+    assert!(
+        !head.has(frame::FLAG_END_STREAM),
+        "a watch's side stays open"
+    );
+    let one = prost::Message::encode_to_vec(&put());
+    assert_eq!(
+        &body[..],
+        [message(&one), message(&one)].concat(),
+        "both requests in the body"
+    );
+
+    let mut out = BytesMut::new();
+    let block = block_of(&[(":status", "200"), ("content-type", "application/grpc")]);
+    put_block(&mut out, &block, 0);
+    // Two messages in one frame, a third cut over two frames.
+    let data = [message(b"first"), message(b"second"), message(b"third")].concat();
+    let cut = data.len() - 3;
+    frame::put_head(&mut out, cut, frame::DATA, 0, 1);
+    out.extend_from_slice(&data[..cut]);
+    peer.socket.write_all(&out).await.unwrap();
+    for expected in [&b"first"[..], b"second"] {
+        let got = answers
+            .recv()
+            .await
+            .expect("a message")
+            .expect("not a failure");
+        assert_eq!(&got[..], expected);
+    }
+    let pending = tokio::time::timeout(Duration::from_millis(50), answers.recv()).await;
+    assert!(pending.is_err(), "half a message is not delivered");
+    let mut out = BytesMut::new();
+    frame::put_head(&mut out, 3, frame::DATA, 0, 1);
+    out.extend_from_slice(&data[cut..]);
+    let trailers = block_of(&[("grpc-status", "0")]);
+    put_block(&mut out, &trailers, frame::FLAG_END_STREAM);
+    peer.socket.write_all(&out).await.unwrap();
+    let got = answers
+        .recv()
+        .await
+        .expect("a message")
+        .expect("not a failure");
+    assert_eq!(&got[..], b"third");
+    assert!(
+        answers.recv().await.is_none(),
+        "the call ended well: the channel closes"
+    );
+    // The client closes its side, which it had left open.
+    let code = peer.frame_of(frame::RST_STREAM, 1).await;
+    assert_eq!(&code[..], &(frame::ErrorCode::Cancel as u32).to_be_bytes());
+}
+
+#[tokio::test]
+async fn a_streaming_call_the_server_fails_ends_with_its_status() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let channel = Channel::lazy(&addr, None, Duration::from_secs(60));
+    let mut answers = channel.open_stream(Method::Watch, &[put()]).unwrap();
+    let mut peer = Peer::accept(&listener).await;
+    peer.frame_of(frame::DATA, 1).await;
+    let mut out = BytesMut::new();
+    let block = block_of(&[
+        (":status", "200"),
+        ("grpc-status", "9"),
+        ("grpc-message", "not%20now"),
+    ]);
+    put_block(&mut out, &block, frame::FLAG_END_STREAM);
+    peer.socket.write_all(&out).await.unwrap();
+    let status = answers.recv().await.expect("the status").unwrap_err();
+    assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+    assert_eq!(status.message(), "not now");
+    assert!(answers.recv().await.is_none());
 }

@@ -34,7 +34,7 @@ fn call(method: Method, body: &[u8]) -> (Call, oneshot::Receiver<Result<Bytes, S
     let call = Call {
         method,
         body: Bytes::copy_from_slice(body),
-        reply,
+        reply: Reply::Unary(reply),
     };
     (call, rx)
 }
