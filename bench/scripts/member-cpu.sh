@@ -10,8 +10,10 @@
 # member's user + system CPU per request (/proc/PID/stat), the part of it
 # spent in idle polls (cairn_core_idle_poll_duration_seconds_sum), WAL
 # flushes, idle polls, and the member's voluntary and involuntary context
-# switches per request (summed over /proc/PID/task/*/status). Uses port
-# 2379; CAIRN_BENCH overrides the load generator (default
+# switches per request (per thread from /proc/PID/task/*/status, a thread
+# started meanwhile counted from zero; a thread that exited meanwhile, such
+# as an io_uring worker, cannot be read, and the count of those is printed).
+# Uses port 2379; CAIRN_BENCH overrides the load generator (default
 # target/release/cairn-bench).
 set -euo pipefail
 BIN=$1; W=$2; shift 2
@@ -29,27 +31,38 @@ run --duration 2s $PUT > /dev/null
 [ "$W" = put ] || run --duration 1s $LOAD > /dev/null
 metric() { grep -E "^$1" "$DIR/$2" | sed 's/{.*}//' | awk '{s += $2} END {printf "%.9f", s + 0}'; }
 ticks() { awk '{print $14 + $15}' /proc/$PID/stat; }
+# One line per thread: tid, voluntary and involuntary context switches.
 switches() {
-  cat /proc/$PID/task/*/status 2>/dev/null | awk '/^voluntary_ctxt/ {v += $2} /^nonvoluntary_ctxt/ {n += $2} END {print v + 0, n + 0}'
+  for t in /proc/$PID/task/*; do
+    awk -v tid="${t##*/}" '/^voluntary_ctxt/ {v = $2} /^nonvoluntary_ctxt/ {n = $2} END {print tid, v + 0, n + 0}' "$t/status" 2>/dev/null || true
+  done
 }
 curl -s 127.0.0.1:2379/metrics > "$DIR/m0"
-read -r V0 I0 < <(switches)
+switches > "$DIR/s0"
 T0=$(ticks)
 N=$(run --duration 5s $LOAD | awk '/^\| requests \|/ {print $4}')
 T1=$(ticks)
-read -r V1 I1 < <(switches)
+switches > "$DIR/s1"
 curl -s 127.0.0.1:2379/metrics > "$DIR/m1"
 python3 - "$N" "$T0" "$T1" "$(getconf CLK_TCK)" \
   "$(metric cairn_core_idle_poll_duration_seconds_sum m0)" "$(metric cairn_core_idle_poll_duration_seconds_sum m1)" \
   "$(metric cairn_core_wal_fsync_duration_seconds_count m0)" "$(metric cairn_core_wal_fsync_duration_seconds_count m1)" \
   "$(metric cairn_core_idle_polls_total m0)" "$(metric cairn_core_idle_polls_total m1)" \
-  "$((V1 - V0))" "$((I1 - I0))" "$W $*" <<'PY'
+  "$DIR/s0" "$DIR/s1" "$W $*" <<'PY'
 import sys
-n, t0, t1, hz, p0, p1, f0, f1, i0, i1, vol, invol = map(float, sys.argv[1:13])
+n, t0, t1, hz, p0, p1, f0, f1, i0, i1 = map(float, sys.argv[1:11])
+def per_thread(path):
+    with open(path) as f:
+        return {tid: (int(v), int(i)) for tid, v, i in (line.split() for line in f)}
+before, after = per_thread(sys.argv[11]), per_thread(sys.argv[12])
+vol = sum(v - before.get(tid, (0, 0))[0] for tid, (v, _) in after.items())
+invol = sum(i - before.get(tid, (0, 0))[1] for tid, (_, i) in after.items())
+exited = len(before.keys() - after.keys())
 cpu_us = (t1 - t0) / hz * 1e6 / n
 poll_us = (p1 - p0) * 1e6 / n
 print(f"{sys.argv[13]}: {n / 5:.0f} req/s, CPU {cpu_us:.1f} us/op "
       f"(idle polling {poll_us:.1f}, the rest {cpu_us - poll_us:.1f}), "
       f"WAL flushes {f1 - f0:.0f}, idle polls {i1 - i0:.0f}, "
-      f"context switches per op {vol / n:.3f} voluntary, {invol / n:.3f} involuntary")
+      f"context switches per op {vol / n:.3f} voluntary, {invol / n:.3f} involuntary "
+      f"({exited} threads exited meanwhile, not counted)")
 PY
