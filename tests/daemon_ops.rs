@@ -199,19 +199,23 @@ async fn store_commits_go_in_steps_and_land() {
     }
     // The puts commit on a tick within 200 ms; waited for by progress (the
     // commit counter), with a bound far beyond it for a loaded machine.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let (commits, steps, after) = loop {
-        let (_, text) = http_get(port, "/metrics");
-        let after = parsed(&text);
-        let moved = |name: &str| after.sum(name) - before.sum(name);
-        let commits = moved("cairn_shard_backend_commit_duration_seconds_count");
-        let steps = moved("cairn_shard_backend_commit_step_duration_seconds_count");
-        if commits >= 1.0 || Instant::now() > deadline {
-            break (commits, steps, text);
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    assert!(commits >= 1.0, "no store commit after 200 puts:\n{after}");
+    let (commits, steps, after) = common::eventually(
+        "a store commit after 200 puts",
+        Duration::from_secs(60),
+        || async {
+            let (_, text) = http_get(port, "/metrics");
+            let after = parsed(&text);
+            let moved = |name: &str| after.sum(name) - before.sum(name);
+            let commits = moved("cairn_shard_backend_commit_duration_seconds_count");
+            let steps = moved("cairn_shard_backend_commit_step_duration_seconds_count");
+            if commits >= 1.0 {
+                Ok((commits, steps, text))
+            } else {
+                Err(format!("no commit yet:\n{text}"))
+            }
+        },
+    )
+    .await;
     // A commit takes at least a step for its trees and one for its pages;
     // 200 puts of 256 B take more.
     assert!(
@@ -352,12 +356,7 @@ fn unheld_port_claim_files_are_removed() {
     let gone = dir.path().join("40001");
     let held = dir.path().join("40002");
     std::fs::write(&gone, b"").unwrap();
-    let holder = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&held)
-        .unwrap();
+    let holder = common::open_claim_file(&held).unwrap();
     assert!(common::try_lock(&holder), "a fresh file is free to lock");
     common::remove_unheld_claims(dir.path());
     assert!(!gone.exists(), "a claim nobody holds is removed");

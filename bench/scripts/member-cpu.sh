@@ -34,7 +34,7 @@ ticks() { awk '{print $14 + $15}' /proc/$PID/stat; }
 # One line per thread: tid, voluntary and involuntary context switches.
 switches() {
   for t in /proc/$PID/task/*; do
-    awk -v tid="${t##*/}" '/^voluntary_ctxt/ {v = $2} /^nonvoluntary_ctxt/ {n = $2} END {print tid, v + 0, n + 0}' "$t/status" 2>/dev/null || true
+    awk -v tid="${t##*/}" '/^voluntary_ctxt/ {v = $2} /^nonvoluntary_ctxt/ {n = $2} END {if (NR) print tid, v + 0, n + 0}' "$t/status" 2>/dev/null || true
   done
 }
 curl -s 127.0.0.1:2379/metrics > "$DIR/m0"

@@ -162,8 +162,7 @@ pub async fn connect_own(global: &GlobalOpts) -> Result<Vec<grpc::Channel>, Benc
         .into_iter()
         .enumerate()
         .map(|(i, token)| {
-            let raw = endpoints[i % endpoints.len()].trim();
-            let host_port = raw.strip_prefix("http://").unwrap_or(raw);
+            let host_port = grpc::host_port(endpoints[i % endpoints.len()]);
             grpc::Channel::lazy(host_port, token, global.timeout)
         })
         .collect())

@@ -97,6 +97,11 @@ impl Recorder {
         }
     }
 
+    /// The latency at quantile `q` of the requests recorded, in ms.
+    pub fn quantile_ms(&self, q: f64) -> f64 {
+        ms(self.latency_us.value_at_quantile(q))
+    }
+
     pub fn ok_count(&self) -> u64 {
         self.latency_us.len()
     }
@@ -151,7 +156,7 @@ impl Report {
     }
 
     fn quantile_ms(&self, q: f64) -> f64 {
-        ms(self.recorder.latency_us.value_at_quantile(q))
+        self.recorder.quantile_ms(q)
     }
 
     pub fn avg_ms(&self) -> f64 {

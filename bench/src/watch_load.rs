@@ -148,6 +148,18 @@ fn setup_failed(reason: String) -> BenchError {
     }
 }
 
+/// Whether an answer during setup confirms a watcher; a refusal fails the
+/// setup.
+fn confirms(resp: &WatchResponse) -> Result<bool, BenchError> {
+    if resp.canceled {
+        return Err(setup_failed(format!(
+            "watch refused: {}",
+            resp.cancel_reason
+        )));
+    }
+    Ok(resp.created)
+}
+
 /// Opens a stream on `channel` with a create request per key and waits
 /// until every watcher is confirmed. Returns the rest of the answers.
 async fn open_read_stream(
@@ -168,15 +180,7 @@ async fn open_read_stream(
             .map_err(|s| setup_failed(format!("watch stream: {}", s.message())))?;
         let resp = WatchResponse::decode(message)
             .map_err(|e| setup_failed(format!("a watch answer does not decode: {e}")))?;
-        if resp.canceled {
-            return Err(setup_failed(format!(
-                "watch refused: {}",
-                resp.cancel_reason
-            )));
-        }
-        if resp.created {
-            created += 1;
-        }
+        created += usize::from(confirms(&resp)?);
     }
     Ok(answers)
 }
@@ -188,35 +192,29 @@ async fn open_stream(
     conn: Conn,
     keys: Vec<(Bytes, Bytes)>,
 ) -> Result<(mpsc::Sender<WatchRequest>, tonic::Streaming<WatchResponse>), BenchError> {
-    let failed = setup_failed;
     let n = keys.len();
     let (tx, rx) = mpsc::channel(n.max(1));
     for (key, range_end) in keys {
         tx.send(create(key, range_end))
             .await
-            .map_err(|_| failed("watch stream closed during setup".into()))?;
+            .map_err(|_| setup_failed("watch stream closed during setup".into()))?;
     }
     let mut responses = tokio::time::timeout(
         CREATE_TIMEOUT,
         WatchClient::new(conn).watch(ReceiverStream::new(rx)),
     )
     .await
-    .map_err(|_| failed("watch stream not opened in time".into()))?
-    .map_err(|s| failed(format!("watch: {}", s.message())))?
+    .map_err(|_| setup_failed("watch stream not opened in time".into()))?
+    .map_err(|s| setup_failed(format!("watch: {}", s.message())))?
     .into_inner();
     let mut created = 0;
     while created < n {
         let resp = tokio::time::timeout(CREATE_TIMEOUT, responses.message())
             .await
-            .map_err(|_| failed(format!("{created} of {n} watchers confirmed in time")))?
-            .map_err(|s| failed(format!("watch stream: {}", s.message())))?
-            .ok_or_else(|| failed("watch stream ended during setup".into()))?;
-        if resp.canceled {
-            return Err(failed(format!("watch refused: {}", resp.cancel_reason)));
-        }
-        if resp.created {
-            created += 1;
-        }
+            .map_err(|_| setup_failed(format!("{created} of {n} watchers confirmed in time")))?
+            .map_err(|s| setup_failed(format!("watch stream: {}", s.message())))?
+            .ok_or_else(|| setup_failed("watch stream ended during setup".into()))?;
+        created += usize::from(confirms(&resp)?);
     }
     Ok((tx, responses))
 }
@@ -230,16 +228,12 @@ async fn open_watchers(
         cluster
             .connect_member(member, CREATE_TIMEOUT)
             .await
-            .map_err(|reason| BenchError::Task {
-                workload: "watch-load",
-                reason,
-            })
+            .map_err(setup_failed)
     };
     let channels: Vec<grpc::Channel> = (0..WATCH_CONNS.min(opts.streams))
         .map(|i| {
             let url = &cluster.members[i % cluster.members.len()].client_url;
-            let host_port = url.strip_prefix("http://").unwrap_or(url);
-            grpc::Channel::lazy(host_port, None, CREATE_TIMEOUT)
+            grpc::Channel::lazy(grpc::host_port(url), None, CREATE_TIMEOUT)
         })
         .collect();
     let events = Arc::new(AtomicU64::new(0));
@@ -455,7 +449,7 @@ impl Tail {
             for m in rest {
                 all.merge(&m.report.recorder);
             }
-            Some(all.latency_us.value_at_quantile(0.99) as f64 / 1000.0)
+            Some(all.quantile_ms(0.99))
         };
         Some(Tail {
             pooled_p99_ms: (pooled(quiet)?, pooled(watched)?),

@@ -136,7 +136,8 @@ fn claim(port: u16) -> bool {
     }
 }
 
-fn open_claim_file(path: &Path) -> Option<std::fs::File> {
+/// Opens (or makes) the claim file at `path`.
+pub fn open_claim_file(path: &Path) -> Option<std::fs::File> {
     std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)

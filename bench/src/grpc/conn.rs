@@ -34,7 +34,7 @@ const WINDOW_REFILL: u32 = 1 << 24;
 /// fails its call with OutOfRange.
 pub const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
 /// The length prefix of a gRPC message: a compression flag and 4 octets.
-const MESSAGE_PREFIX: usize = 5;
+pub(super) const MESSAGE_PREFIX: usize = 5;
 /// Highest client stream id; past it the connection drains and reconnects.
 const MAX_STREAM_ID: u32 = (1 << 31) - 1;
 
@@ -473,17 +473,16 @@ impl Connection {
                 put_window_update(&mut self.out, head.stream, s.unacknowledged);
                 s.unacknowledged = 0;
             }
-            match whole_messages(&mut s.message) {
-                Ok(messages) => {
-                    for message in messages {
-                        // A reader gone: its stream is reset on the next sweep.
-                        let _ = tx.send(Ok(message));
+            loop {
+                match next_message(&mut s.message) {
+                    // A reader gone: its stream is reset on the next sweep.
+                    Ok(Some(message)) => drop(tx.send(Ok(message))),
+                    Ok(None) => break,
+                    Err(status) => {
+                        put_rst_stream(&mut self.out, head.stream, ErrorCode::Cancel);
+                        self.finish(head.stream, Err(status), true);
+                        return Ok(());
                     }
-                }
-                Err(status) => {
-                    put_rst_stream(&mut self.out, head.stream, ErrorCode::Cancel);
-                    self.finish(head.stream, Err(status), true);
-                    return Ok(());
                 }
             }
         }
@@ -670,12 +669,7 @@ fn message_of(data: &mut BytesMut) -> Result<Bytes, Status> {
     if data.len() < MESSAGE_PREFIX {
         return Err(Status::internal("the answer carries no message"));
     }
-    if data[0] != 0 {
-        return Err(Status::internal(
-            "the answer is compressed though no compression was offered",
-        ));
-    }
-    let len = u32::from_be_bytes([data[1], data[2], data[3], data[4]]) as usize;
+    let len = message_len(data)?;
     if len != data.len() - MESSAGE_PREFIX {
         return Err(Status::internal(format!(
             "the answer's message says {len} bytes but {} arrived",
@@ -686,29 +680,34 @@ fn message_of(data: &mut BytesMut) -> Result<Bytes, Status> {
     Ok(std::mem::take(data).freeze())
 }
 
-/// The whole messages at the front of a streaming call's DATA, taken off it;
-/// what is left is the start of the next one.
-fn whole_messages(data: &mut BytesMut) -> Result<Vec<Bytes>, Status> {
-    let mut messages = Vec::new();
-    while data.len() >= MESSAGE_PREFIX {
-        if data[0] != 0 {
-            return Err(Status::internal(
-                "an answer is compressed though no compression was offered",
-            ));
-        }
-        let len = u32::from_be_bytes([data[1], data[2], data[3], data[4]]) as usize;
-        if len > MAX_MESSAGE_BYTES {
-            return Err(Status::out_of_range(format!(
-                "an answer of {len} bytes, over the {MAX_MESSAGE_BYTES} this client takes"
-            )));
-        }
-        if data.len() < MESSAGE_PREFIX + len {
-            break;
-        }
-        data.advance(MESSAGE_PREFIX);
-        messages.push(data.split_to(len).freeze());
+/// The length its prefix gives the message at the front of `data` (at
+/// least [`MESSAGE_PREFIX`] octets), which must not be compressed.
+fn message_len(data: &[u8]) -> Result<usize, Status> {
+    if data[0] != 0 {
+        return Err(Status::internal(
+            "the answer is compressed though no compression was offered",
+        ));
     }
-    Ok(messages)
+    Ok(u32::from_be_bytes([data[1], data[2], data[3], data[4]]) as usize)
+}
+
+/// The message at the front of a streaming call's DATA, taken off it once
+/// whole; `None` while only part of it has arrived.
+fn next_message(data: &mut BytesMut) -> Result<Option<Bytes>, Status> {
+    if data.len() < MESSAGE_PREFIX {
+        return Ok(None);
+    }
+    let len = message_len(data)?;
+    if len > MAX_MESSAGE_BYTES {
+        return Err(Status::out_of_range(format!(
+            "an answer of {len} bytes, over the {MAX_MESSAGE_BYTES} this client takes"
+        )));
+    }
+    if data.len() < MESSAGE_PREFIX + len {
+        return Ok(None);
+    }
+    data.advance(MESSAGE_PREFIX);
+    Ok(Some(data.split_to(len).freeze()))
 }
 
 /// gRPC's mapping of a non-200 HTTP status (doc/http-grpc-status-mapping.md).

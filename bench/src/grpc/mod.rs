@@ -28,7 +28,7 @@ use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 use tonic::Status;
 
-use conn::{Broken, Call, Connection, Reply};
+use conn::{Broken, Call, Connection, Reply, MESSAGE_PREFIX};
 
 /// How long opening a connection may take before its calls fail.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -89,16 +89,10 @@ impl Channel {
         let mut body = BytesMut::new();
         put_message(&mut body, request)?;
         let (reply, answer) = oneshot::channel();
-        let call = Call {
-            method,
-            body: body.freeze(),
-            reply: Reply::Unary(reply),
-        };
-        let gone = || Status::unavailable("the connection's task has stopped");
-        self.calls.send(call).map_err(|_| gone())?;
+        self.start(method, body, Reply::Unary(reply))?;
         let message: Bytes = match tokio::time::timeout(self.timeout, answer).await {
             Ok(Ok(result)) => result?,
-            Ok(Err(_)) => return Err(gone()),
+            Ok(Err(_)) => return Err(task_stopped()),
             Err(_) => {
                 return Err(Status::deadline_exceeded(format!(
                     "no answer within {:?}",
@@ -124,16 +118,31 @@ impl Channel {
             put_message(&mut body, request)?;
         }
         let (reply, messages) = mpsc::unbounded_channel();
+        self.start(method, body, Reply::Messages(reply))?;
+        Ok(messages)
+    }
+
+    /// Hands a call to the connection's task.
+    fn start(&self, method: Method, body: BytesMut, reply: Reply) -> Result<(), Status> {
         let call = Call {
             method,
             body: body.freeze(),
-            reply: Reply::Messages(reply),
+            reply,
         };
-        self.calls
-            .send(call)
-            .map_err(|_| Status::unavailable("the connection's task has stopped"))?;
-        Ok(messages)
+        self.calls.send(call).map_err(|_| task_stopped())
     }
+}
+
+/// A call's failure when the connection's task is gone.
+fn task_stopped() -> Status {
+    Status::unavailable("the connection's task has stopped")
+}
+
+/// The `host:port` of a client URL (`http://host:port`, or `host:port`
+/// already), as [`Channel::lazy`] takes it.
+pub fn host_port(url: &str) -> &str {
+    let url = url.trim();
+    url.strip_prefix("http://").unwrap_or(url)
 }
 
 /// Appends `request` to `body` as a gRPC message: the 5-octet prefix, then
@@ -142,7 +151,7 @@ fn put_message(body: &mut BytesMut, request: &impl prost::Message) -> Result<(),
     let len = request.encoded_len();
     let prefix = u32::try_from(len)
         .map_err(|_| Status::resource_exhausted(format!("a request of {len} bytes")))?;
-    body.reserve(5 + len);
+    body.reserve(MESSAGE_PREFIX + len);
     body.put_u8(0);
     body.put_u32(prefix);
     request

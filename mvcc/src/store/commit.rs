@@ -33,6 +33,17 @@ impl Store {
         self.pager.release_pending(oldest, durable);
     }
 
+    /// Refuses to go on once a commit failed: the store stays poisoned
+    /// until reopened.
+    pub(super) fn unpoisoned(&self) -> Result<(), CommitError> {
+        if self.poisoned {
+            return Err(CommitError::Poisoned {
+                file: self.file.to_string(),
+            });
+        }
+        Ok(())
+    }
+
     pub(super) fn has_changes(&self) -> bool {
         !self.pending.is_empty()
             || !self.pending_deletes.is_empty()
@@ -47,11 +58,7 @@ impl Store {
     /// then the meta page, sync. Returns whether anything was written. A
     /// commit running in steps is finished first.
     pub fn commit(&mut self) -> Result<bool, CommitError> {
-        if self.poisoned {
-            return Err(CommitError::Poisoned {
-                file: self.file.to_string(),
-            });
-        }
+        self.unpoisoned()?;
         self.finish_running()?;
         self.take_up_grown_file()?;
         if !self.has_changes() {
@@ -82,18 +89,15 @@ impl Store {
         if !self.commit_may_begin()? {
             return Ok(false);
         }
-        self.commit()
+        self.commit_with(None, 0)?;
+        Ok(true)
     }
 
     /// Whether a commit may begin now without waiting for the syncer, as
     /// [`Store::commit_unless_busy`] decides; counts a commit left for later.
     pub(super) fn commit_may_begin(&mut self) -> Result<bool, CommitError> {
         self.take_up_grown_file()?;
-        if self.poisoned {
-            return Err(CommitError::Poisoned {
-                file: self.file.to_string(),
-            });
-        }
+        self.unpoisoned()?;
         if !self.has_changes() {
             return Ok(false);
         }

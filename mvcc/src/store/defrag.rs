@@ -85,11 +85,7 @@ impl Store {
         run: &mut DefragRun,
         pages: usize,
     ) -> Result<DefragProgress, DefragError> {
-        if self.poisoned {
-            return Err(DefragError::from(crate::error::CommitError::Poisoned {
-                file: self.file.to_string(),
-            }));
-        }
+        self.unpoisoned()?;
         // Commits made between steps (the caller's own) need not be durable:
         // only the run's last step, whose freed pages the next one fills. A
         // grow the syncer is making is taken up first: the file's end must

@@ -132,11 +132,7 @@ impl Store {
         flags: u32,
     ) -> Result<(), CommitError> {
         debug_assert!(self.running.is_none(), "a commit is running already");
-        if self.poisoned {
-            return Err(CommitError::Poisoned {
-                file: self.file.to_string(),
-            });
-        }
+        self.unpoisoned()?;
         // Pages freed by commits still syncing become reusable once those are
         // durable. When this commit may need more than is free now, wait for
         // that rather than grow the file for good.
