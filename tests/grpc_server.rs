@@ -576,3 +576,112 @@ async fn abusive_clients_are_stopped_and_cost_bounded_work() {
     // The member served on.
     c.put("/after", "abuse", None).await.unwrap();
 }
+
+/// The SETTINGS_MAX_CONCURRENT_STREAMS a fresh connection announces, if any.
+fn announced_stream_limit(raw: &mut Raw) -> Option<u32> {
+    let settings = raw.until(frame::SETTINGS, Some(0)).expect("SETTINGS");
+    assert_eq!(
+        settings.flags & frame::FLAG_ACK,
+        0,
+        "the server's own SETTINGS first"
+    );
+    settings.payload.chunks_exact(6).find_map(|entry| {
+        let id = u16::from_be_bytes([entry[0], entry[1]]);
+        (id == frame::SETTINGS_MAX_CONCURRENT_STREAMS)
+            .then(|| u32::from_be_bytes(entry[2..6].try_into().unwrap()))
+    })
+}
+
+/// As etcd, a member lets a client open any number of streams on one
+/// connection (watchers of many contexts, each its own stream): 5,000 watch
+/// streams on one connection all see a put. `--max-concurrent-streams` caps
+/// them: the cap is announced, a stream past it is refused, and an etcd
+/// client queues its next call until one of its streams ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_on_one_connection_are_unlimited_unless_capped() {
+    const STREAMS: usize = 5_000;
+    let open = Cluster::start(1, &[]);
+    let capped = Cluster::start(1, &["--max-concurrent-streams", "2"]);
+    let mut c = client(&open.endpoints()[0]).await;
+    wait_writable(&mut c, "/ready").await;
+    let mut capped_client = client(&capped.endpoints()[0]).await;
+    wait_writable(&mut capped_client, "/ready").await;
+    let (open_port, capped_port) = (open.members[0].client_port, capped.members[0].client_port);
+    let announced = tokio::task::spawn_blocking(move || {
+        (
+            announced_stream_limit(&mut Raw::open(open_port)),
+            announced_stream_limit(&mut Raw::open(capped_port)),
+        )
+    })
+    .await
+    .unwrap();
+    assert_eq!(announced, (None, Some(2)));
+
+    let mut opening = tokio::task::JoinSet::new();
+    for _ in 0..STREAMS {
+        let mut c = c.clone();
+        opening.spawn(async move { c.watch("/streams/k", None).await });
+    }
+    let mut streams = Vec::with_capacity(STREAMS);
+    tokio::time::timeout(Duration::from_secs(300), async {
+        while let Some(opened) = opening.join_next().await {
+            streams.push(opened.unwrap().unwrap());
+        }
+    })
+    .await
+    .expect("every watch stream opens");
+    c.put("/streams/k", "v", None).await.unwrap();
+    for (i, events) in streams.iter_mut().enumerate() {
+        let got = tokio::time::timeout(TIMEOUT, async {
+            loop {
+                let resp = events.message().await.unwrap().expect("stream open");
+                if let Some(e) = resp.events().first() {
+                    return e.kv().unwrap().value().to_vec();
+                }
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("stream {i} saw no event"));
+        assert_eq!(got, b"v");
+    }
+    drop(streams);
+
+    // The capped member, by hand: two watch streams open, a third refused.
+    let refused = tokio::task::spawn_blocking(move || {
+        let mut raw = Raw::open(capped_port);
+        for stream in [1, 3, 5] {
+            raw.send(
+                frame::HEADERS,
+                frame::FLAG_END_HEADERS,
+                stream,
+                &request_head("/etcdserverpb.Watch/Watch"),
+            );
+        }
+        let rst = raw.until(frame::RST_STREAM, None).expect("a reset");
+        (rst.stream, rst.payload)
+    })
+    .await
+    .unwrap();
+    assert_eq!(refused, (5, 7u32.to_be_bytes().to_vec()), "REFUSED_STREAM");
+
+    // Through an etcd client: a third call waits for a free stream.
+    let mut c = capped_client;
+    let first = c.watch("/capped/k", None).await.unwrap();
+    let _second = c.watch("/capped/k", None).await.unwrap();
+    let mut third = tokio::spawn({
+        let mut c = c.clone();
+        async move { c.put("/capped/k", "3", None).await }
+    });
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), &mut third)
+            .await
+            .is_err(),
+        "a third call waits while two streams are open"
+    );
+    drop(first);
+    tokio::time::timeout(TIMEOUT, third)
+        .await
+        .expect("the third call goes once a stream ended")
+        .unwrap()
+        .unwrap();
+}

@@ -30,6 +30,8 @@ pub use wal::{
 
 /// etcd's default `--max-request-bytes` (1.5 MiB).
 pub const DEFAULT_MAX_REQUEST_BYTES: usize = 3 * 512 * 1024;
+/// etcd's default `--max-concurrent-streams`: no limit.
+pub const DEFAULT_MAX_CONCURRENT_STREAMS: u32 = u32::MAX;
 /// etcd's default `--max-txn-ops`.
 pub const DEFAULT_MAX_TXN_OPS: usize = 128;
 /// etcd's default `--quota-backend-bytes` (2 GiB).
@@ -135,6 +137,12 @@ pub struct Flags {
     /// Most operations in one txn (default 128, etcd's).
     #[arg(long, value_name = "N")]
     pub max_txn_ops: Option<usize>,
+
+    /// Most gRPC streams (calls) open at once on one client connection
+    /// (default 4294967295, etcd's: no limit). A client past it queues its
+    /// new calls until one ends.
+    #[arg(long, value_name = "N")]
+    pub max_concurrent_streams: Option<u32>,
 
     /// Backend size at which a NOSPACE alarm is raised, in bytes (default 2 GiB).
     #[arg(long, value_name = "BYTES")]
@@ -314,6 +322,7 @@ pub struct Config {
     pub idle_poll: Duration,
     pub max_request_bytes: usize,
     pub max_txn_ops: usize,
+    pub max_concurrent_streams: u32,
     pub quota_backend_bytes: u64,
     pub heartbeat_interval_ms: u64,
     pub election_timeout_ms: u64,
@@ -407,6 +416,7 @@ impl Flags {
             idle_poll_us: self.idle_poll_us.or(other.idle_poll_us),
             max_request_bytes: self.max_request_bytes.or(other.max_request_bytes),
             max_txn_ops: self.max_txn_ops.or(other.max_txn_ops),
+            max_concurrent_streams: self.max_concurrent_streams.or(other.max_concurrent_streams),
             quota_backend_bytes: self.quota_backend_bytes.or(other.quota_backend_bytes),
             heartbeat_interval: self.heartbeat_interval.or(other.heartbeat_interval),
             election_timeout: self.election_timeout.or(other.election_timeout),
@@ -585,6 +595,9 @@ impl Config {
             idle_poll: Duration::from_micros(f.idle_poll_us.unwrap_or(DEFAULT_IDLE_POLL_US)),
             max_request_bytes: f.max_request_bytes.unwrap_or(DEFAULT_MAX_REQUEST_BYTES),
             max_txn_ops: f.max_txn_ops.unwrap_or(DEFAULT_MAX_TXN_OPS),
+            max_concurrent_streams: f
+                .max_concurrent_streams
+                .unwrap_or(DEFAULT_MAX_CONCURRENT_STREAMS),
             quota_backend_bytes: f.quota_backend_bytes.unwrap_or(DEFAULT_QUOTA_BACKEND_BYTES),
             heartbeat_interval_ms: f.heartbeat_interval.unwrap_or(100),
             election_timeout_ms: f.election_timeout.unwrap_or(1000),
@@ -660,6 +673,9 @@ impl Config {
         }
         if self.max_txn_ops == 0 {
             return Err(invalid("max-txn-ops", "must be at least 1"));
+        }
+        if self.max_concurrent_streams == 0 {
+            return Err(invalid("max-concurrent-streams", "must be at least 1"));
         }
         if self.heartbeat_interval_ms == 0 {
             return Err(invalid("heartbeat-interval", "must be at least 1 ms"));

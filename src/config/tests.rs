@@ -26,6 +26,13 @@ fn no_flags_start_a_single_member_on_loopback() {
     );
     assert_eq!(c.max_request_bytes, 1_572_864);
     assert_eq!(c.max_txn_ops, 128);
+    assert_eq!(c.max_concurrent_streams, u32::MAX, "etcd's: no limit");
+    assert_eq!(
+        parse(&["--max-concurrent-streams", "100"])
+            .unwrap()
+            .max_concurrent_streams,
+        100
+    );
     assert!(c.cores >= 1);
     assert_eq!(c.shards, c.cores, "one shard per core by default");
     assert!(!c.shards_from_flag);
@@ -113,6 +120,10 @@ fn bad_values_name_their_flag() {
         (&["--cores", "100000"], "--cores"),
         (&["--idle-poll-us", "20000"], "--idle-poll-us"),
         (&["--max-request-bytes", "99999999"], "--max-request-bytes"),
+        (
+            &["--max-concurrent-streams", "0"],
+            "--max-concurrent-streams",
+        ),
         (&["--election-timeout", "200"], "--election-timeout"),
         (&["--log-format", "xml"], "--log-format"),
         (&["--log-level", "loud"], "--log-level"),

@@ -9,7 +9,7 @@
 //! Streaming calls run as tasks of their own ([`super::dispatch::spawn_generic`])
 //! and queue their answers in the shared [`Outbox`].
 //!
-//! Limits: frames of at most 16 KiB, [`MAX_CONCURRENT_STREAMS`] open streams,
+//! Limits: frames of at most 16 KiB, [`Handler::max_streams`] open streams,
 //! header blocks of at most [`MAX_HEADER_BLOCK_BYTES`], request windows of
 //! [`STREAM_WINDOW`] per stream, at most [`MAX_HELD_BYTES`] of request bodies
 //! held per connection (a stream that would pass it is reset with
@@ -51,9 +51,6 @@ use cairn_proto::h2::hpack;
 mod control;
 mod requests;
 
-/// Most streams open at once on a connection; more are refused
-/// (REFUSED_STREAM), and clients queue their calls.
-pub const MAX_CONCURRENT_STREAMS: u32 = 4096;
 /// Each request stream's receive window.
 pub const STREAM_WINDOW: u32 = 1 << 20;
 /// The connection's receive window.
@@ -237,21 +234,22 @@ where
         eof: false,
         shutdown: Some(shutdown),
     };
-    frame::put_settings(
-        &mut conn.out,
-        &[
-            (
-                frame::SETTINGS_MAX_CONCURRENT_STREAMS,
-                MAX_CONCURRENT_STREAMS,
-            ),
-            (frame::SETTINGS_INITIAL_WINDOW_SIZE, STREAM_WINDOW),
-            (frame::SETTINGS_ENABLE_PUSH, 0),
-            (
-                frame::SETTINGS_MAX_HEADER_LIST_SIZE,
-                hpack::MAX_DECODED_LIST_BYTES as u32,
-            ),
-        ],
-    );
+    let mut settings = vec![
+        (frame::SETTINGS_INITIAL_WINDOW_SIZE, STREAM_WINDOW),
+        (frame::SETTINGS_ENABLE_PUSH, 0),
+        (
+            frame::SETTINGS_MAX_HEADER_LIST_SIZE,
+            hpack::MAX_DECODED_LIST_BYTES as u32,
+        ),
+    ];
+    // Streams are unlimited until a peer says otherwise (RFC 9113, 6.5.2).
+    if conn.handler.max_streams < u32::MAX {
+        settings.push((
+            frame::SETTINGS_MAX_CONCURRENT_STREAMS,
+            conn.handler.max_streams,
+        ));
+    }
+    frame::put_settings(&mut conn.out, &settings);
     frame::put_window_update(&mut conn.out, 0, CONN_WINDOW - frame::DEFAULT_WINDOW);
     let result = std::future::poll_fn(|cx| conn.poll_run(cx)).await;
     // The calls end with the connection, before any wait below.

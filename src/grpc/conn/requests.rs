@@ -11,9 +11,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
 
 use super::{protocol, Conn, ConnError, PendingBlock, Recv, Stream};
-use super::{
-    CONN_WINDOW, MAX_CONCURRENT_STREAMS, MAX_HEADER_BLOCK_BYTES, MAX_HELD_BYTES, STREAM_WINDOW,
-};
+use super::{CONN_WINDOW, MAX_HEADER_BLOCK_BYTES, MAX_HELD_BYTES, STREAM_WINDOW};
 use crate::grpc::dispatch::{self, KvCall, RecvBody};
 use crate::grpc::request::RequestHead;
 use cairn_proto::h2::frame::{self, ErrorCode, Head};
@@ -317,7 +315,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Conn<IO> {
             frame::put_rst_stream(&mut self.out, id, ErrorCode::RefusedStream);
             return Ok(());
         }
-        if self.streams.len() >= MAX_CONCURRENT_STREAMS as usize {
+        if self.streams.len() >= self.handler.max_streams as usize {
             frame::put_rst_stream(&mut self.out, id, ErrorCode::RefusedStream);
             return Ok(());
         }
