@@ -6,7 +6,9 @@
 //!   (`--grpc-server tonic`), member beside member;
 //! - raw frames that break the protocol: each closes its connection with the
 //!   GOAWAY code RFC 9113 names, or resets only its stream, and the member
-//!   goes on serving.
+//!   goes on serving;
+//! - how many streams one connection may open (`--max-concurrent-streams`),
+//!   and many long-lived calls cancelled at once.
 
 mod common;
 
@@ -620,7 +622,13 @@ async fn streams_on_one_connection_are_unlimited_unless_capped() {
     let mut opening = tokio::task::JoinSet::new();
     for _ in 0..STREAMS {
         let mut c = c.clone();
-        opening.spawn(async move { c.watch("/streams/k", None).await });
+        // Open once the member has created its watcher: the put below
+        // must find every one.
+        opening.spawn(async move {
+            let mut events = c.watch("/streams/k", None).await?;
+            while !events.message().await?.expect("stream open").created() {}
+            Ok::<_, etcd_client::Error>(events)
+        });
     }
     let mut streams = Vec::with_capacity(STREAMS);
     tokio::time::timeout(Duration::from_secs(300), async {
@@ -684,4 +692,52 @@ async fn streams_on_one_connection_are_unlimited_unless_capped() {
         .expect("the third call goes once a stream ended")
         .unwrap()
         .unwrap();
+}
+
+/// A client that cancels more calls at once than the reset limit allows
+/// (`MAX_RESETS` within `RESET_PERIOD`), every one opened before that
+/// period, keeps its connection: only calls opened and reset within one
+/// period count, as a client cancelling its long-lived watches does not
+/// open calls only to reset them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_many_long_lived_calls_together_keeps_the_connection() {
+    use cairn::grpc::conn::{MAX_RESETS, RESET_PERIOD};
+    let calls = MAX_RESETS + 100;
+    let cluster = Cluster::start(1, &[]);
+    let mut c = client(&cluster.endpoints()[0]).await;
+    wait_writable(&mut c, "/ready").await;
+    let port = cluster.members[0].client_port;
+    let alive = tokio::task::spawn_blocking(move || {
+        let mut raw = Raw::open(port);
+        // Range calls whose bodies never come: open, and cheap to hold.
+        let head = request_head("/etcdserverpb.KV/Range");
+        let ids: Vec<u32> = (0..calls).map(|i| 2 * i + 1).collect();
+        let mut frames = BytesMut::new();
+        for &id in &ids {
+            frame::put_head(
+                &mut frames,
+                head.len(),
+                frame::HEADERS,
+                frame::FLAG_END_HEADERS,
+                id,
+            );
+            frames.put_slice(&head);
+        }
+        raw.send_bytes(&frames);
+        assert!(raw.ping_answered(), "every call opened");
+        // The connection's first reset period has ended: the resets below
+        // begin the next one.
+        std::thread::sleep(RESET_PERIOD + Duration::from_secs(1));
+        let mut resets = BytesMut::new();
+        for &id in &ids {
+            frame::put_head(&mut resets, 4, frame::RST_STREAM, 0, id);
+            resets.put_slice(&(frame::ErrorCode::Cancel as u32).to_be_bytes());
+        }
+        raw.send_bytes(&resets);
+        raw.ping_answered()
+    })
+    .await
+    .unwrap();
+    assert!(alive, "the connection stays open");
+    c.put("/after-cancels", "v", None).await.unwrap();
 }

@@ -26,6 +26,12 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Conn<IO> {
             if now.duration_since(self.resets_since) > RESET_PERIOD {
                 self.resets_since = now;
                 self.resets = 0;
+                // Stream ids only grow (at most 2^31 - 1): the calls opened
+                // from now on are those of this period.
+                self.period_first_stream = self.last_stream + 1;
+            }
+            if head.stream < self.period_first_stream {
+                return Ok(());
             }
             self.resets += 1;
             if self.resets > MAX_RESETS {

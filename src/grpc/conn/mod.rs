@@ -15,8 +15,8 @@
 //! held per connection (a stream that would pass it is reset with
 //! ENHANCE_YOUR_CALM), no more reading while [`OUT_HIGH_WATER`] bytes wait to
 //! be written (a peer that sends but does not read gets nothing more read
-//! from it), at most [`MAX_RESETS`] calls reset by the client within
-//! [`RESET_PERIOD`], and at most [`MAX_WINDOW_SETTINGS`] changes of its
+//! from it), at most [`MAX_RESETS`] calls opened and reset by the client
+//! within [`RESET_PERIOD`], and at most [`MAX_WINDOW_SETTINGS`] changes of its
 //! initial window per connection. A
 //! breach of the protocol closes the connection with GOAWAY and the error
 //! code the RFC names; a malformed request resets its stream only.
@@ -60,9 +60,11 @@ pub const MAX_HEADER_BLOCK_BYTES: usize = 64 * 1024;
 /// Most request body bytes a connection holds (KV bodies being gathered,
 /// streamed bodies not yet taken by their call).
 pub const MAX_HELD_BYTES: usize = 64 << 20;
-/// Most calls the client may reset on one connection within
+/// Most calls the client may open and reset on one connection within
 /// [`RESET_PERIOD`]; more close it (ENHANCE_YOUR_CALM), as each reset call
-/// may already have cost a proposal.
+/// may already have cost a proposal. Calls opened before the period began
+/// are not counted: a client that cancels many long-lived streams at once
+/// (its watches, say) is not opening calls only to reset them.
 pub const MAX_RESETS: u32 = 10_000;
 pub const RESET_PERIOD: std::time::Duration = std::time::Duration::from_secs(10);
 /// Most SETTINGS frames that change the initial window, per connection:
@@ -179,9 +181,11 @@ struct Conn<IO> {
     conn_unacked: u32,
     /// Request body bytes held by all streams ([`MAX_HELD_BYTES`]).
     held: usize,
-    /// Calls reset by the client since `resets_since`.
+    /// Calls opened since `resets_since` (streams from `period_first_stream`
+    /// on) and reset by the client.
     resets: u32,
     resets_since: std::time::Instant,
+    period_first_stream: u32,
     /// SETTINGS frames that changed the initial window.
     window_settings: u32,
     preface_done: bool,
@@ -226,6 +230,7 @@ where
         held: 0,
         resets: 0,
         resets_since: std::time::Instant::now(),
+        period_first_stream: 0,
         window_settings: 0,
         preface_done: false,
         settings_seen: false,
