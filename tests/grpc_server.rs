@@ -604,20 +604,23 @@ async fn streams_on_one_connection_are_unlimited_unless_capped() {
     const STREAMS: usize = 5_000;
     let open = Cluster::start(1, &[]);
     let capped = Cluster::start(1, &["--max-concurrent-streams", "2"]);
+    let tonic = Cluster::start(
+        1,
+        &["--max-concurrent-streams", "3", "--grpc-server", "tonic"],
+    );
     let mut c = client(&open.endpoints()[0]).await;
     wait_writable(&mut c, "/ready").await;
     let mut capped_client = client(&capped.endpoints()[0]).await;
     wait_writable(&mut capped_client, "/ready").await;
+    wait_writable(&mut client(&tonic.endpoints()[0]).await, "/ready").await;
     let (open_port, capped_port) = (open.members[0].client_port, capped.members[0].client_port);
+    let tonic_port = tonic.members[0].client_port;
     let announced = tokio::task::spawn_blocking(move || {
-        (
-            announced_stream_limit(&mut Raw::open(open_port)),
-            announced_stream_limit(&mut Raw::open(capped_port)),
-        )
+        [open_port, capped_port, tonic_port].map(|p| announced_stream_limit(&mut Raw::open(p)))
     })
     .await
     .unwrap();
-    assert_eq!(announced, (None, Some(2)));
+    assert_eq!(announced, [None, Some(2), Some(3)], "tonic's server too");
 
     let mut opening = tokio::task::JoinSet::new();
     for _ in 0..STREAMS {

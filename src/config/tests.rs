@@ -158,7 +158,7 @@ fn config_file_fills_what_flags_leave_out() {
     let path = dir.path().join("cairn.toml");
     std::fs::write(
         &path,
-        "name = \"filed\"\nshards = 3\nmax-txn-ops = 64\n\
+        "name = \"filed\"\nshards = 3\nmax-txn-ops = 64\nmax-concurrent-streams = 500\n\
          initial-cluster = \"filed=http://127.0.0.1:2380\"\n\
          [wal]\nbackend = \"sync\"\nsegment-size-bytes = 8388608\n",
     )
@@ -167,6 +167,7 @@ fn config_file_fills_what_flags_leave_out() {
     assert_eq!(c.name, "filed");
     assert_eq!(c.shards, 5, "the flag wins over the file");
     assert_eq!(c.max_txn_ops, 64);
+    assert_eq!(c.max_concurrent_streams, 500);
     assert_eq!(c.wal.backend, WalBackendChoice::Sync);
     assert_eq!(c.wal.segment_size_bytes, 8 * 1024 * 1024);
 }
