@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use cairn_proto::h2::frame;
-use cairn_proto::h2::hpack::{self, Block, Field};
+use cairn_proto::h2::hpack::{self, Block};
 use common::{client, status_of, wait_writable, Cluster};
 use etcd_client::{EventType, GetOptions, PutOptions, Txn, TxnOp, WatchOptions};
 use prost::Message;
@@ -264,19 +264,8 @@ impl Raw {
 }
 
 fn header_block(fields: &[(&str, &str)]) -> BytesMut {
-    let block = Block {
-        table_size_updates: Vec::new(),
-        fields: fields
-            .iter()
-            .map(|(n, v)| Field {
-                name: Bytes::copy_from_slice(n.as_bytes()),
-                value: Bytes::copy_from_slice(v.as_bytes()),
-                never_indexed: false,
-            })
-            .collect(),
-    };
     let mut out = BytesMut::new();
-    hpack::encode_literals(&block, &mut out);
+    hpack::encode_literals(&Block::literals(fields.iter().copied()), &mut out);
     out
 }
 
@@ -717,14 +706,13 @@ async fn cancelling_many_long_lived_calls_together_keeps_the_connection() {
         let ids: Vec<u32> = (0..calls).map(|i| 2 * i + 1).collect();
         let mut frames = BytesMut::new();
         for &id in &ids {
-            frame::put_head(
+            frame::put_header_block(
                 &mut frames,
-                head.len(),
-                frame::HEADERS,
-                frame::FLAG_END_HEADERS,
                 id,
+                &head,
+                false,
+                frame::DEFAULT_MAX_FRAME as usize,
             );
-            frames.put_slice(&head);
         }
         raw.send_bytes(&frames);
         assert!(raw.ping_answered(), "every call opened");
@@ -733,8 +721,7 @@ async fn cancelling_many_long_lived_calls_together_keeps_the_connection() {
         std::thread::sleep(RESET_PERIOD + Duration::from_secs(1));
         let mut resets = BytesMut::new();
         for &id in &ids {
-            frame::put_head(&mut resets, 4, frame::RST_STREAM, 0, id);
-            resets.put_slice(&(frame::ErrorCode::Cancel as u32).to_be_bytes());
+            frame::put_rst_stream(&mut resets, id, frame::ErrorCode::Cancel);
         }
         raw.send_bytes(&resets);
         raw.ping_answered()

@@ -223,13 +223,6 @@ async fn open_watchers(
     cluster: &LocalCluster,
     opts: &WatchLoadOpts,
 ) -> Result<OpenWatchers, BenchError> {
-    let connect = |i: usize| async move {
-        let member = i % cluster.members.len();
-        cluster
-            .connect_member(member, CREATE_TIMEOUT)
-            .await
-            .map_err(setup_failed)
-    };
     let channels: Vec<grpc::Channel> = (0..WATCH_CONNS.min(opts.streams))
         .map(|i| {
             let url = &cluster.members[i % cluster.members.len()].client_url;
@@ -258,8 +251,12 @@ async fn open_watchers(
     }
     // Every key, on a connection of its own: a stream that stops reading holds
     // its connection's flow-control window.
+    let stalled_conn = cluster
+        .connect_member(0, CREATE_TIMEOUT)
+        .await
+        .map_err(setup_failed)?;
     let stalled = open_stream(
-        connect(0).await?,
+        stalled_conn,
         vec![(Bytes::from_static(b"\0"), Bytes::from_static(b"\0"))],
     )
     .await?;

@@ -595,26 +595,16 @@ fn broken(reason: impl Into<String>) -> Broken {
 /// The header block of a call to `path`: literals, so the server's table is
 /// never touched and the block is the same for every call.
 fn request_block(path: &str, authority: &str, token: Option<&str>) -> Bytes {
-    let field = |name: &'static str, value: &str| hpack::Field {
-        name: Bytes::from_static(name.as_bytes()),
-        value: Bytes::copy_from_slice(value.as_bytes()),
-        never_indexed: false,
-    };
-    let mut fields = vec![
-        field(":method", "POST"),
-        field(":scheme", "http"),
-        field(":path", path),
-        field(":authority", authority),
-        field("content-type", "application/grpc"),
-        field("te", "trailers"),
+    let fields = [
+        (":method", "POST"),
+        (":scheme", "http"),
+        (":path", path),
+        (":authority", authority),
+        ("content-type", "application/grpc"),
+        ("te", "trailers"),
     ];
-    if let Some(token) = token {
-        fields.push(field(crate::security::TOKEN_METADATA_KEY, token));
-    }
-    let block = hpack::Block {
-        table_size_updates: Vec::new(),
-        fields,
-    };
+    let token = token.map(|t| (crate::security::TOKEN_METADATA_KEY, t));
+    let block = hpack::Block::literals(fields.into_iter().chain(token));
     let mut out = BytesMut::new();
     hpack::encode_literals(&block, &mut out);
     out.freeze()

@@ -16,6 +16,14 @@ struct Peer {
     preface: bool,
 }
 
+/// A listener on a free port, and a channel to it with call `timeout`.
+async fn listening(timeout: Duration) -> (TcpListener, Channel) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let channel = Channel::lazy(&addr, None, timeout);
+    (listener, channel)
+}
+
 impl Peer {
     async fn accept(listener: &TcpListener) -> Peer {
         let (socket, _) = listener.accept().await.unwrap();
@@ -67,9 +75,7 @@ fn put() -> PutRequest {
 
 #[tokio::test]
 async fn a_call_past_its_deadline_fails_and_is_reset() {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    let channel = Channel::lazy(&addr, None, Duration::from_millis(200));
+    let (listener, channel) = listening(Duration::from_millis(200)).await;
     // A handle stays: the connection lives on after the call.
     let _kept = channel.clone();
     let call = tokio::spawn(async move {
@@ -87,9 +93,7 @@ async fn a_call_past_its_deadline_fails_and_is_reset() {
 
 #[tokio::test]
 async fn a_server_going_away_fails_the_call_and_the_next_call_reconnects() {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    let channel = Channel::lazy(&addr, None, Duration::from_secs(60));
+    let (listener, channel) = listening(Duration::from_secs(60)).await;
     let first = {
         let channel = channel.clone();
         tokio::spawn(async move {
@@ -143,19 +147,9 @@ async fn a_server_not_there_is_unavailable() {
 }
 
 /// A header block of literal `fields`, as a server sends it.
-fn block_of(fields: &[(&'static str, &'static str)]) -> BytesMut {
-    let block = cairn_proto::h2::hpack::Block {
-        table_size_updates: Vec::new(),
-        fields: fields
-            .iter()
-            .map(|&(name, value)| cairn_proto::h2::hpack::Field {
-                name: Bytes::from_static(name.as_bytes()),
-                value: Bytes::from_static(value.as_bytes()),
-                never_indexed: false,
-            })
-            .collect(),
-    };
+fn block_of(fields: &[(&str, &str)]) -> BytesMut {
     let mut out = BytesMut::new();
+    let block = cairn_proto::h2::hpack::Block::literals(fields.iter().copied());
     cairn_proto::h2::hpack::encode_literals(&block, &mut out);
     out
 }
@@ -183,9 +177,7 @@ fn message(payload: &[u8]) -> Vec<u8> {
 
 #[tokio::test]
 async fn a_streaming_call_keeps_its_side_open_and_gets_each_message_as_it_is_whole() {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    let channel = Channel::lazy(&addr, None, Duration::from_secs(60));
+    let (listener, channel) = listening(Duration::from_secs(60)).await;
     let mut answers = channel.open_stream(Method::Watch, &[put(), put()]).unwrap();
     let mut peer = Peer::accept(&listener).await;
     let headers = peer.frame_of(frame::HEADERS, 1).await;
@@ -249,9 +241,7 @@ async fn a_streaming_call_keeps_its_side_open_and_gets_each_message_as_it_is_who
 
 #[tokio::test]
 async fn a_streaming_call_the_server_fails_ends_with_its_status() {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    let channel = Channel::lazy(&addr, None, Duration::from_secs(60));
+    let (listener, channel) = listening(Duration::from_secs(60)).await;
     let mut answers = channel.open_stream(Method::Watch, &[put()]).unwrap();
     let mut peer = Peer::accept(&listener).await;
     peer.frame_of(frame::DATA, 1).await;

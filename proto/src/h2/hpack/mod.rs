@@ -80,6 +80,22 @@ pub struct Block {
 }
 
 impl Block {
+    /// A block of `(name, value)` fields, none of them never-indexed: what
+    /// [`Block::pairs`] reads back.
+    pub fn literals<'a>(fields: impl IntoIterator<Item = (&'a str, &'a str)>) -> Block {
+        Block {
+            table_size_updates: Vec::new(),
+            fields: fields
+                .into_iter()
+                .map(|(name, value)| Field {
+                    name: Bytes::copy_from_slice(name.as_bytes()),
+                    value: Bytes::copy_from_slice(value.as_bytes()),
+                    never_indexed: false,
+                })
+                .collect(),
+        }
+    }
+
     /// The fields as (name, value) text, octets that are not UTF-8 replaced:
     /// for logs and tests.
     pub fn pairs(&self) -> Vec<(String, String)> {

@@ -230,3 +230,19 @@ fn literals_decode_to_the_same_fields_and_leave_the_table_empty() {
     assert_eq!(back, block);
     assert_eq!(decoder.dynamic_entries(), 0);
 }
+
+#[test]
+fn a_block_of_literal_pairs_decodes_to_the_same_pairs() {
+    let pairs = [(":status", "200"), ("grpc-message", "not now")];
+    let block = Block::literals(pairs);
+    assert!(block.fields.iter().all(|f| !f.never_indexed));
+    let mut out = BytesMut::new();
+    encode_literals(&block, &mut out);
+    let mut back = Block::default();
+    Decoder::default().decode(&out, &mut back).unwrap();
+    let expected: Vec<(String, String)> = pairs
+        .iter()
+        .map(|&(n, v)| (n.to_owned(), v.to_owned()))
+        .collect();
+    assert_eq!(back.pairs(), expected);
+}
