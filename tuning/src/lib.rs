@@ -16,6 +16,7 @@ pub mod etcd_check;
 pub mod matrix;
 pub mod model;
 pub mod recommend;
+pub mod replicas;
 pub mod report;
 pub mod safety;
 pub mod stats;

@@ -1,7 +1,9 @@
 //! `cairn-tune`: measure durable appends on a disk and pick Cairn's WAL setting.
 
-use cairn_tuning::error::LabError;
+use cairn_tuning::error::{ExperimentError, LabError};
 use cairn_tuning::etcd_check::{self, ETCD_CHECK_SIZE_BYTES};
+use cairn_tuning::model::Engine;
+use cairn_tuning::replicas::{self, MEMBERS_MAX};
 use cairn_tuning::safety::{self, LabDir};
 use cairn_tuning::{report, run_lab};
 use clap::{Parser, Subcommand};
@@ -52,6 +54,44 @@ enum Command {
         #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=etcd_check::ROUNDS_MAX as i64))]
         rounds: u32,
     },
+    /// The floor of a replicated write when the members' logs share this disk:
+    /// one writer alone, then MEMBERS writers of which a majority must have
+    /// each append durable, in alternating rounds.
+    Replicas {
+        #[arg(long)]
+        dir: PathBuf,
+        /// Members, each with its own file in DIR (1 to 9).
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=MEMBERS_MAX as i64))]
+        members: u32,
+        /// Seconds per round.
+        #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=600))]
+        secs: u32,
+        /// How each member writes: "uring" (io_uring, as Cairn's WAL by
+        /// default) or "pwrite" (pwritev2).
+        #[arg(long, value_enum, default_value_t = ReplicaEngine::Uring)]
+        engine: ReplicaEngine,
+        /// Rounds of each kind (1 to 20); medians are reported.
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=20))]
+        rounds: u32,
+        /// End the output with one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum ReplicaEngine {
+    Uring,
+    Pwrite,
+}
+
+impl From<ReplicaEngine> for Engine {
+    fn from(e: ReplicaEngine) -> Engine {
+        match e {
+            ReplicaEngine::Uring => Engine::RawUring,
+            ReplicaEngine::Pwrite => Engine::RawPwrite,
+        }
+    }
 }
 
 fn main() -> ExitCode {
@@ -79,6 +119,14 @@ fn main() -> ExitCode {
             size_bytes,
             rounds,
         } => check(&dir, json, !no_fio, size_bytes, rounds),
+        Command::Replicas {
+            dir,
+            members,
+            secs,
+            engine,
+            rounds,
+            json,
+        } => replicated(&dir, engine.into(), members as usize, secs, rounds, json),
     };
     match result {
         Ok(code) => code,
@@ -132,24 +180,51 @@ fn check(
     rounds: u32,
 ) -> Result<ExitCode, LabError> {
     let lab = LabDir::open(dir)?;
-    let check = match etcd_check::etcd_check_rounds(&lab, size_bytes, with_fio, rounds) {
-        Ok(c) => c,
-        Err(cairn_tuning::error::ExperimentError::Interrupted) => {
-            return Err(LabError::Interrupted)
-        }
+    let check = etcd_check::etcd_check_rounds(&lab, size_bytes, with_fio, rounds);
+    finish(check, "etcd check", json, etcd_check::render, |c| c.pass)
+}
+
+fn replicated(
+    dir: &std::path::Path,
+    engine: Engine,
+    members: usize,
+    secs: u32,
+    rounds: u32,
+    json: bool,
+) -> Result<ExitCode, LabError> {
+    let lab = LabDir::open(dir)?;
+    let secs = std::time::Duration::from_secs(secs.into());
+    let measured = replicas::run(&lab, engine, members, secs, rounds);
+    finish(measured, "replicated writes", json, replicas::render, |r| {
+        r.rounds.iter().all(|round| round.verified)
+    })
+}
+
+/// Prints a measurement (and its JSON when asked) and exits 0 when it
+/// passed, 1 when it did not or could not be made; Ctrl-C ends the run.
+fn finish<T: serde::Serialize>(
+    measured: Result<T, ExperimentError>,
+    what: &str,
+    json: bool,
+    render: fn(&T) -> String,
+    passed: fn(&T) -> bool,
+) -> Result<ExitCode, LabError> {
+    let measured = match measured {
+        Ok(m) => m,
+        Err(ExperimentError::Interrupted) => return Err(LabError::Interrupted),
         Err(e) => {
-            eprintln!("cairn-tune: etcd check failed: {e}");
+            eprintln!("cairn-tune: {what} failed: {e}");
             return Ok(ExitCode::from(1));
         }
     };
-    print!("{}", etcd_check::render(&check));
+    print!("{}", render(&measured));
     if json {
         println!(
             "{}",
-            serde_json::to_string(&check).expect("check serializes")
+            serde_json::to_string(&measured).expect("results serialize")
         );
     }
-    Ok(if check.pass {
+    Ok(if passed(&measured) {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)

@@ -105,12 +105,25 @@ pub fn open_for_appends(
 /// Reads back the last appends (at most [`VERIFY_BLOCKS_MAX`]) and checks that each
 /// block holds the pattern of the append written there.
 pub fn verify(path: &Path, block_size_bytes: usize, appends: u64) -> Result<bool, ExperimentError> {
+    verify_ring(path, block_size_bytes, appends, u64::MAX)
+}
+
+/// [`verify`] for a file written round and round: append `seq` lies at
+/// `seq * block_size_bytes` modulo `ring_bytes`, and only the last lap can be
+/// read back.
+pub fn verify_ring(
+    path: &Path,
+    block_size_bytes: usize,
+    appends: u64,
+    ring_bytes: u64,
+) -> Result<bool, ExperimentError> {
     let file =
         File::open(path).map_err(|e| ExperimentError::from_io("open for read-back", path, 0, e))?;
     let mut block = AlignedBuf::zeroed(block_size_bytes);
-    let first = appends.saturating_sub(VERIFY_BLOCKS_MAX);
+    let lap = ring_bytes / block_size_bytes as u64;
+    let first = appends.saturating_sub(VERIFY_BLOCKS_MAX.min(lap));
     for seq in first..appends {
-        let offset = seq * block_size_bytes as u64;
+        let offset = seq * block_size_bytes as u64 % ring_bytes;
         file.read_exact_at(block.as_mut_slice(), offset)
             .map_err(|e| ExperimentError::from_io("read-back", path, offset, e))?;
         if !matches_pattern(block.as_slice(), seq) {

@@ -42,7 +42,8 @@ pub fn run(
     Ok((rec.finish(start.elapsed(), true), seq))
 }
 
-fn durable_write(
+/// Writes `data` at `offset` and makes it durable as `exp.sync_mode` says.
+pub fn durable_write(
     file: &File,
     path: &Path,
     exp: &Experiment,

@@ -92,7 +92,7 @@ enum RingError {
     Lost(ExperimentError),
 }
 
-fn op_error(
+pub(crate) fn op_error(
     exp: &Experiment,
     path: &Path,
     op: &'static str,
