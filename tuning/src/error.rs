@@ -30,6 +30,19 @@ pub enum ExperimentError {
 }
 
 impl ExperimentError {
+    /// A write that wrote only `written` bytes of what it was given.
+    pub fn short_write(op: &'static str, path: &Path, offset: u64, written: i64) -> Self {
+        ExperimentError::Io {
+            op,
+            path: path.to_path_buf(),
+            offset,
+            source: io::Error::new(
+                io::ErrorKind::WriteZero,
+                format!("short write of {written} bytes"),
+            ),
+        }
+    }
+
     /// Classifies an I/O error: ENOSPC is a full disk, EINVAL/EOPNOTSUPP on a mode
     /// flag is an unsupported mode, anything else an I/O failure.
     pub fn from_io(op: &'static str, path: &Path, offset: u64, source: io::Error) -> Self {

@@ -8,10 +8,11 @@
 //! leads: it asks the others for append `seq`, makes its own durable, and the
 //! write counts once a majority (itself included) has it durable, which is
 //! when a Raft leader may commit it. The others make every append asked of
-//! them durable: one at a time, or when behind, all they are behind by with
-//! one write and one fdatasync, as a follower appends a batch. Waiting threads
-//! poll, yielding the CPU every [`SPINS_PER_YIELD`] checks, as a member's
-//! cores do while idle (`--idle-poll-us`).
+//! them durable: one at a time, or when behind, all they are behind by
+//! together, in one RWF_DSYNC write (two where it wraps around the file's
+//! end), as a follower appends a batch. Waiting threads poll, yielding the
+//! CPU every [`SPINS_PER_YIELD`] checks, as a member's cores do while idle
+//! (`--idle-poll-us`).
 //!
 //! The latency of such a write is the least any replicated store on this disk
 //! can give a client writing one key at a time, before it adds a network hop,
@@ -27,7 +28,6 @@ use crate::stats::{median, Recorder};
 use io_uring::{opcode, types, IoUring};
 use serde::Serialize;
 use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -40,6 +40,8 @@ pub const BLOCK_BYTES: usize = 4096;
 /// moment before each round, large enough that the disk sees a log, not one
 /// block rewritten.
 pub const RING_BYTES: u64 = 32 << 20;
+/// Appends in one lap of a member's file.
+const LAP_BLOCKS: u64 = RING_BYTES / BLOCK_BYTES as u64;
 /// Most members a round may have.
 pub const MEMBERS_MAX: usize = 9;
 /// Checks of a shared counter between two yields of the CPU while waiting.
@@ -76,6 +78,9 @@ pub struct Round {
     pub latency: LatencySummary,
     /// Whether every member's last appends read back as written.
     pub verified: bool,
+    /// Appends each member (the leader first) had made durable when the
+    /// round ended.
+    pub appended: Vec<u64>,
 }
 
 /// Medians over the rounds of one member count.
@@ -113,9 +118,10 @@ pub fn run(
         (1..=MEMBERS_MAX).contains(&members),
         "members {members} outside 1..={MEMBERS_MAX}"
     );
+    let kinds: &[usize] = if members == 1 { &[1] } else { &[1, members] };
     let mut all = Vec::new();
     for _ in 0..rounds {
-        for n in [1, members] {
+        for &n in kinds {
             all.push(round(lab, engine, n, duration)?);
         }
     }
@@ -154,13 +160,32 @@ impl Shared {
         self.failure.lock().expect("failure lock").get_or_insert(e);
         self.done.store(true, Ordering::Release);
     }
+
+    /// Whether the round is over: it ended, a member failed, or Ctrl-C.
+    fn over(&self) -> bool {
+        self.done.load(Ordering::Acquire) || stop_requested()
+    }
 }
 
-/// Polls `ready` until it holds or the round ends, yielding now and then.
-fn wait_until(shared: &Shared, ready: impl Fn() -> bool) -> bool {
+/// Ends the round when dropped: however a member's thread ends, a panic
+/// included, the others stop waiting for it.
+struct EndsRound<'a>(&'a Shared);
+
+impl Drop for EndsRound<'_> {
+    fn drop(&mut self) {
+        self.0.done.store(true, Ordering::Release);
+    }
+}
+
+/// Calls `ready` until it returns true (then true) or `give_up` does (then
+/// false), yielding the CPU every [`SPINS_PER_YIELD`] calls.
+fn spin_until(mut ready: impl FnMut() -> bool, give_up: impl Fn() -> bool) -> bool {
     let mut spins = 0u32;
-    while !ready() {
-        if shared.done.load(Ordering::Acquire) {
+    loop {
+        if ready() {
+            return true;
+        }
+        if give_up() {
             return false;
         }
         spins += 1;
@@ -170,11 +195,10 @@ fn wait_until(shared: &Shared, ready: impl Fn() -> bool) -> bool {
             std::hint::spin_loop();
         }
     }
-    true
 }
 
 fn ring_offset(seq: u64) -> u64 {
-    seq * BLOCK_BYTES as u64 % RING_BYTES
+    seq % LAP_BLOCKS * BLOCK_BYTES as u64
 }
 
 /// One round: prepares a file per member, runs them for `duration`, reads the
@@ -215,22 +239,26 @@ fn round_in(
         for (m, (file, path)) in files.iter().zip(paths).enumerate().skip(1) {
             let shared = &shared;
             s.spawn(move || {
+                let _ends = EndsRound(shared);
                 if let Err(e) = follow(shared, m, &exp, file, path) {
                     shared.fail(e);
                 }
             });
         }
-        let led = lead(&shared, &exp, &files[0], &paths[0], members, duration);
-        shared.done.store(true, Ordering::Release);
-        led
+        let _ends = EndsRound(&shared);
+        lead(&shared, &exp, &files[0], &paths[0], members, duration)
     })?;
     if let Some(e) = shared.failure.lock().expect("failure lock").take() {
         return Err(e);
     }
+    let appended: Vec<u64> = shared
+        .durable
+        .iter()
+        .map(|d| d.load(Ordering::Acquire))
+        .collect();
     let mut verified = true;
-    for (m, path) in paths.iter().enumerate() {
-        let appended = shared.durable[m].load(Ordering::Acquire);
-        verified &= engines::verify_ring(path, BLOCK_BYTES, appended, RING_BYTES)?;
+    for (path, &n) in paths.iter().zip(&appended) {
+        verified &= engines::verify_ring(path, BLOCK_BYTES, n, RING_BYTES)?;
     }
     let m = rec.finish(elapsed, verified);
     Ok(Round {
@@ -239,6 +267,7 @@ fn round_in(
         writes_per_sec: m.appends_per_sec,
         latency: m.latency,
         verified,
+        appended,
     })
 }
 
@@ -257,33 +286,33 @@ fn lead(
     let mut rec = Recorder::new();
     let start = Instant::now();
     let mut seq = 0u64;
-    while start.elapsed() < duration {
-        if stop_requested() {
-            return Err(ExperimentError::Interrupted);
-        }
+    while start.elapsed() < duration && !shared.over() {
         let t0 = Instant::now();
         shared.asked.store(seq + 1, Ordering::Release);
-        writer.append(seq)?;
+        writer.append(seq, seq + 1)?;
         shared.durable[0].store(seq + 1, Ordering::Release);
-        let majority = wait_until(shared, || {
+        let majority = || {
             let have = shared.durable[1..]
                 .iter()
                 .filter(|d| d.load(Ordering::Acquire) > seq)
                 .count();
             have >= others_needed
-        });
-        if !majority {
-            // A member failed; the caller reports its error.
+        };
+        if !spin_until(majority, || shared.over()) {
             break;
         }
         rec.record(t0.elapsed());
         seq += 1;
     }
+    if stop_requested() {
+        return Err(ExperimentError::Interrupted);
+    }
+    // A member that failed ended the loop; the caller reports its error.
     Ok((rec, start.elapsed()))
 }
 
-/// A follower's loop: makes durable everything the leader asked for, one
-/// append with RWF_DSYNC, or a run of them written and then fdatasync'd once.
+/// A follower's loop: makes durable everything the leader asked for, all it
+/// is behind by at once.
 fn follow(
     shared: &Shared,
     m: usize,
@@ -292,25 +321,14 @@ fn follow(
     path: &Path,
 ) -> Result<(), ExperimentError> {
     let mut writer = Writer::new(exp, file, path)?;
-    let mut buf = AlignedBuf::zeroed(BLOCK_BYTES);
     let mut next = 0u64;
     loop {
-        if !wait_until(shared, || shared.asked.load(Ordering::Acquire) > next) {
+        let asked = || shared.asked.load(Ordering::Acquire) > next;
+        if !spin_until(asked, || shared.over()) {
             return Ok(());
         }
         let upto = shared.asked.load(Ordering::Acquire);
-        if upto - next == 1 {
-            writer.append(next)?;
-        } else {
-            for seq in next..upto {
-                fill_pattern(buf.as_mut_slice(), seq);
-                let off = ring_offset(seq);
-                file.write_all_at(buf.as_slice(), off)
-                    .map_err(|e| ExperimentError::from_io("pwrite", path, off, e))?;
-            }
-            file.sync_data()
-                .map_err(|e| ExperimentError::from_io("fdatasync", path, 0, e))?;
-        }
+        writer.append(next, upto)?;
         next = upto;
         shared.durable[m].store(next, Ordering::Release);
     }
@@ -321,9 +339,10 @@ struct Writer<'a> {
     exp: &'a Experiment,
     file: &'a File,
     path: &'a Path,
-    /// The member's own ring, when the engine is io_uring.
+    /// The member's own ring, when the engine is io_uring; `None` there once
+    /// it failed (and was leaked with a write perhaps in flight).
     ring: Option<IoUring>,
-    /// The block being written; the ring reads it until the write completes.
+    /// The blocks being written; the ring reads them until the write completes.
     buf: AlignedBuf,
 }
 
@@ -342,25 +361,50 @@ impl<'a> Writer<'a> {
         })
     }
 
-    /// Writes append `seq` with RWF_DSYNC and returns once it is durable.
-    /// Through io_uring the thread polls for the completion, yielding every
-    /// [`SPINS_PER_YIELD`] checks, as a member's core does.
-    fn append(&mut self, seq: u64) -> Result<(), ExperimentError> {
-        let offset = ring_offset(seq);
-        fill_pattern(self.buf.as_mut_slice(), seq);
+    /// Makes appends `from..to` durable: written together, one RWF_DSYNC
+    /// write for each stretch of the file they cover (two where they wrap
+    /// around its end). Appends more than a lap behind `to` are left out:
+    /// later ones take their blocks.
+    fn append(&mut self, from: u64, to: u64) -> Result<(), ExperimentError> {
+        let mut seq = from.max(to.saturating_sub(LAP_BLOCKS));
+        while seq < to {
+            let blocks = (to - seq).min(LAP_BLOCKS - seq % LAP_BLOCKS);
+            self.write_durable(seq, blocks as usize)?;
+            seq += blocks;
+        }
+        Ok(())
+    }
+
+    /// Writes appends `first..first + blocks`, contiguous in the file, with
+    /// RWF_DSYNC, and returns once they are durable. Through io_uring the
+    /// thread polls for the completion as a member's core does.
+    fn write_durable(&mut self, first: u64, blocks: usize) -> Result<(), ExperimentError> {
+        let offset = ring_offset(first);
+        let len = blocks * BLOCK_BYTES;
+        if self.buf.len() < len {
+            // No write is in flight between calls: the old buffer is free.
+            self.buf = AlignedBuf::zeroed(len);
+        }
+        for (i, block) in self.buf.as_mut_slice()[..len]
+            .chunks_exact_mut(BLOCK_BYTES)
+            .enumerate()
+        {
+            fill_pattern(block, first + i as u64);
+        }
+        if self.exp.engine != Engine::RawUring {
+            let data = &self.buf.as_slice()[..len];
+            return raw_pwrite::durable_write(self.file, self.path, self.exp, data, offset);
+        }
         let Some(ring) = self.ring.as_mut() else {
-            return raw_pwrite::durable_write(
-                self.file,
-                self.path,
-                self.exp,
-                self.buf.as_slice(),
-                offset,
-            );
+            return Err(ExperimentError::EngineUnavailable {
+                engine: Engine::RawUring.name(),
+                reason: "this member's ring failed earlier".into(),
+            });
         };
         let write = opcode::Write::new(
             types::Fd(self.file.as_raw_fd()),
             self.buf.as_ptr(),
-            BLOCK_BYTES as u32,
+            len as u32,
         )
         .offset(offset)
         .rw_flags(libc::RWF_DSYNC)
@@ -370,55 +414,55 @@ impl<'a> Writer<'a> {
         // ring fails, both the ring and the buffer are leaked instead. The
         // ring holds one entry at a time.
         unsafe { ring.submission().push(&write) }.expect("an empty ring has room");
-        loop {
+        let submitted = loop {
             match ring.submit() {
-                Ok(_) => break,
+                Ok(n) => break Ok(n),
                 Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
-                Err(e) => {
-                    // The write may be in flight: neither its buffer nor
-                    // the ring's memory may be freed under it.
-                    std::mem::forget(self.ring.take());
-                    let block = AlignedBuf::zeroed(BLOCK_BYTES);
-                    std::mem::forget(std::mem::replace(&mut self.buf, block));
-                    return Err(ExperimentError::from_io(
-                        "io_uring_enter",
-                        self.path,
-                        offset,
-                        e,
-                    ));
-                }
+                Err(e) => break Err(e),
             }
+        };
+        if submitted.as_ref().ok() != Some(&1) {
+            // The write may be in flight, or still queued: neither its
+            // buffer nor the ring's memory may be freed under it.
+            std::mem::forget(self.ring.take());
+            let block = AlignedBuf::zeroed(BLOCK_BYTES);
+            std::mem::forget(std::mem::replace(&mut self.buf, block));
+            let e = submitted
+                .err()
+                .unwrap_or_else(|| std::io::Error::other("io_uring_enter submitted nothing"));
+            return Err(ExperimentError::from_io(
+                "io_uring_enter",
+                self.path,
+                offset,
+                e,
+            ));
         }
-        let ring = self.ring.as_mut().expect("the ring submitted the write");
-        let mut spins = 0u32;
-        loop {
-            if let Some(done) = ring.completion().next() {
-                return match done.result() {
-                    n if n == BLOCK_BYTES as i32 => Ok(()),
-                    n if n < 0 => Err(raw_uring::op_error(
-                        self.exp,
-                        self.path,
-                        "io_uring write",
-                        offset,
-                        n,
-                    )),
-                    n => Err(ExperimentError::Io {
-                        op: "io_uring write",
-                        path: self.path.to_path_buf(),
-                        offset,
-                        source: std::io::Error::new(
-                            std::io::ErrorKind::WriteZero,
-                            format!("short write of {n} bytes"),
-                        ),
-                    }),
-                };
-            }
-            spins += 1;
-            if spins.is_multiple_of(SPINS_PER_YIELD) {
-                std::thread::yield_now();
-            } else {
-                std::hint::spin_loop();
-            }
+        // The ring is a default one (no DEFER_TASKRUN): the kernel posts the
+        // completion through task work that interrupts this thread, and the
+        // yields enter the kernel too, so polling the queue sees it.
+        let mut result = None;
+        spin_until(
+            || {
+                result = ring.completion().next().map(|c| c.result());
+                result.is_some()
+            },
+            || false,
+        );
+        match result.expect("polled until a completion came") {
+            n if n as usize == len => Ok(()),
+            n if n < 0 => Err(raw_uring::op_error(
+                self.exp,
+                self.path,
+                "io_uring write",
+                offset,
+                n,
+            )),
+            n => Err(ExperimentError::short_write(
+                "io_uring write",
+                self.path,
+                offset,
+                n.into(),
+            )),
         }
     }
 }

@@ -4,9 +4,12 @@
 
 mod common;
 
-use cairn_tuning::model::Engine;
+use cairn_tuning::buf::{fill_pattern, AlignedBuf};
+use cairn_tuning::engines::{prepare_file, verify_ring};
+use cairn_tuning::model::{Engine, Prealloc};
 use cairn_tuning::replicas::{self, BLOCK_BYTES};
 use cairn_tuning::safety::{LabDir, FILE_PREFIX};
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
@@ -37,6 +40,20 @@ fn rounds_measure_majority_writes_and_read_them_back() {
         assert_eq!(round.members, members);
         assert!(round.writes > 0, "{members} members: no write counted");
         assert!(round.verified, "{members} members: read-back mismatch");
+        // Every counted write was durable on a majority, the leader included.
+        assert_eq!(round.appended.len(), members);
+        assert_eq!(round.appended[0], round.writes, "the leader's own appends");
+        let holding = round
+            .appended
+            .iter()
+            .filter(|&&n| n >= round.writes)
+            .count();
+        assert!(
+            holding > members / 2,
+            "{members} members: only {holding} hold all {} writes: {:?}",
+            round.writes,
+            round.appended
+        );
         let l = round.latency;
         assert!(
             0.0 < l.p50_us && l.p50_us <= l.p99_us && l.p99_us <= l.max_us,
@@ -118,4 +135,38 @@ fn member_counts_and_engines_outside_the_range_are_refused() {
         );
     }
     assert!(lab_files(dir.path()).is_empty());
+}
+
+/// A file written round and round reads back by its last lap: each block
+/// holds the latest append that landed there, and a block of an older lap,
+/// or a changed one, is a mismatch.
+#[test]
+fn a_ring_file_is_read_back_by_its_last_lap() {
+    const BS: usize = 4096;
+    const RING: u64 = 8 * BS as u64;
+    let dir = common::scratch_dir();
+    let path = dir.path().join("ring");
+    prepare_file(&path, Prealloc::ZeroFill, RING).unwrap();
+    let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    let mut block = AlignedBuf::zeroed(BS);
+    let mut write = |seq: u64| {
+        fill_pattern(block.as_mut_slice(), seq);
+        file.write_all_at(block.as_slice(), seq * BS as u64 % RING)
+            .unwrap();
+    };
+    for seq in 0..20 {
+        write(seq);
+    }
+    assert!(verify_ring(&path, BS, 20, RING).unwrap(), "appends 12..20");
+    assert!(
+        !verify_ring(&path, BS, 21, RING).unwrap(),
+        "append 20 never landed: its block holds append 12"
+    );
+    write(20);
+    assert!(verify_ring(&path, BS, 21, RING).unwrap());
+    file.write_all_at(b"x", 5 * BS as u64 + 100).unwrap();
+    assert!(
+        !verify_ring(&path, BS, 21, RING).unwrap(),
+        "append 13's block changed"
+    );
 }

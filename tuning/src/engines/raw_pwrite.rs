@@ -89,15 +89,12 @@ pub fn durable_write(
                 return Err(mode_err("pwritev2(RWF_DSYNC)", e));
             }
             if n as usize != data.len() {
-                return Err(ExperimentError::Io {
-                    op: "pwritev2(RWF_DSYNC)",
-                    path: path.to_path_buf(),
+                return Err(ExperimentError::short_write(
+                    "pwritev2(RWF_DSYNC)",
+                    path,
                     offset,
-                    source: std::io::Error::new(
-                        std::io::ErrorKind::WriteZero,
-                        format!("short write of {n} bytes"),
-                    ),
-                });
+                    n as i64,
+                ));
             }
         }
         SyncMode::Linked => {

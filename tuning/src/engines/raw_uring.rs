@@ -210,14 +210,8 @@ fn run_per_write(
                     first_error
                         .get_or_insert_with(|| op_error(exp, path, "io_uring write", offset, res));
                 } else if res as usize != bs {
-                    first_error.get_or_insert_with(|| ExperimentError::Io {
-                        op: "io_uring write",
-                        path: path.to_path_buf(),
-                        offset,
-                        source: std::io::Error::new(
-                            std::io::ErrorKind::WriteZero,
-                            format!("short write of {res} bytes"),
-                        ),
+                    first_error.get_or_insert_with(|| {
+                        ExperimentError::short_write("io_uring write", path, offset, res.into())
                     });
                 }
                 if linked {
@@ -296,11 +290,13 @@ fn run_batched(
                         op_error(exp, path, "io_uring write", offset, c.result())
                     });
                 } else if c.result() as usize != bs {
-                    error.get_or_insert_with(|| ExperimentError::Io {
-                        op: "io_uring write",
-                        path: path.to_path_buf(),
-                        offset,
-                        source: std::io::Error::new(std::io::ErrorKind::WriteZero, "short write"),
+                    error.get_or_insert_with(|| {
+                        ExperimentError::short_write(
+                            "io_uring write",
+                            path,
+                            offset,
+                            c.result().into(),
+                        )
                     });
                 }
             }

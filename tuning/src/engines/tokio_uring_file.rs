@@ -85,15 +85,12 @@ async fn appends(
         match res {
             Ok(n) if n == bs => {}
             Ok(n) => {
-                outcome = Err(ExperimentError::Io {
-                    op: "tokio-uring write_at",
-                    path: path.clone(),
+                outcome = Err(ExperimentError::short_write(
+                    "tokio-uring write_at",
+                    &path,
                     offset,
-                    source: std::io::Error::new(
-                        std::io::ErrorKind::WriteZero,
-                        format!("short write of {n} bytes"),
-                    ),
-                });
+                    n as i64,
+                ));
                 break;
             }
             Err(e) => {
