@@ -8,7 +8,8 @@
 //!   GOAWAY code RFC 9113 names, or resets only its stream, and the member
 //!   goes on serving;
 //! - how many streams one connection may open (`--max-concurrent-streams`),
-//!   and many long-lived calls cancelled at once.
+//!   their header lists counted in the connection's budget, and many
+//!   long-lived calls cancelled at once.
 
 mod common;
 
@@ -730,4 +731,83 @@ async fn cancelling_many_long_lived_calls_together_keeps_the_connection() {
     .unwrap();
     assert!(alive, "the connection stays open");
     c.put("/after-cancels", "v", None).await.unwrap();
+}
+
+/// Sends `frames`, then a PING, and returns the streams reset (with their
+/// codes) among what the server sent before answering the PING.
+fn resets_before_ping(raw: &mut Raw, frames: &[u8]) -> Vec<(u32, u32)> {
+    raw.send_bytes(frames);
+    raw.send(frame::PING, 0, 0, b"budget!!");
+    let mut resets = Vec::new();
+    loop {
+        let f = raw.next().expect("the connection stays open");
+        if f.kind == frame::RST_STREAM {
+            resets.push((
+                f.stream,
+                u32::from_be_bytes(f.payload[..4].try_into().unwrap()),
+            ));
+        }
+        if f.kind == frame::PING && f.payload == b"budget!!" {
+            return resets;
+        }
+    }
+}
+
+/// The header lists of a connection's open streams count toward its budget
+/// of held request bytes (`MAX_HELD_BYTES`, 64 MiB), as bodies do: watch
+/// streams that stay open, each with a header list near the 64 KiB a list
+/// may have, are accepted up to the budget, the next one is reset with
+/// ENHANCE_YOUR_CALM, the connection and the member go on, and a stream that
+/// ends makes room for one more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_streams_header_lists_count_toward_the_connections_budget() {
+    use cairn::grpc::conn::MAX_HELD_BYTES;
+    let cluster = Cluster::start(1, &[]);
+    let mut c = client(&cluster.endpoints()[0]).await;
+    wait_writable(&mut c, "/ready").await;
+    let port = cluster.members[0].client_port;
+    tokio::task::spawn_blocking(move || {
+        let pad = "p".repeat(60_000);
+        let fields = [
+            (":method", "POST"),
+            (":scheme", "http"),
+            (":path", "/etcdserverpb.Watch/Watch"),
+            (":authority", "http://127.0.0.1"),
+            ("content-type", "application/grpc"),
+            ("te", "trailers"),
+            ("x-pad", pad.as_str()),
+        ];
+        let list = Block::literals(fields).list_bytes();
+        let head = header_block(&fields);
+        let fits = (MAX_HELD_BYTES / list) as u32;
+        let open = |frames: &mut BytesMut, id: u32| {
+            frame::put_header_block(frames, id, &head, false, frame::DEFAULT_MAX_FRAME as usize)
+        };
+        let mut raw = Raw::open(port);
+        let mut resets = Vec::new();
+        for batch in (0..=fits).collect::<Vec<_>>().chunks(64) {
+            let mut frames = BytesMut::new();
+            for &i in batch {
+                open(&mut frames, 2 * i + 1);
+            }
+            resets.extend(resets_before_ping(&mut raw, &frames));
+        }
+        let refused = 2 * fits + 1;
+        assert_eq!(
+            resets,
+            [(refused, 0xb)],
+            "{fits} lists of {list} bytes fit in {MAX_HELD_BYTES}; the next is ENHANCE_YOUR_CALM"
+        );
+        // The first stream ends: one more fits, and no more than one.
+        let mut frames = BytesMut::new();
+        frame::put_rst_stream(&mut frames, 1, frame::ErrorCode::Cancel);
+        open(&mut frames, refused + 2);
+        assert_eq!(resets_before_ping(&mut raw, &frames), []);
+        let mut frames = BytesMut::new();
+        open(&mut frames, refused + 4);
+        assert_eq!(resets_before_ping(&mut raw, &frames), [(refused + 4, 0xb)]);
+    })
+    .await
+    .unwrap();
+    c.put("/after-headers", "v", None).await.unwrap();
 }

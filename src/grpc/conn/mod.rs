@@ -12,8 +12,8 @@
 //! Limits: frames of at most 16 KiB, [`Handler::max_streams`] open streams,
 //! header blocks of at most [`MAX_HEADER_BLOCK_BYTES`], request windows of
 //! [`STREAM_WINDOW`] per stream, at most [`MAX_HELD_BYTES`] of request bodies
-//! held per connection (a stream that would pass it is reset with
-//! ENHANCE_YOUR_CALM), no more reading while [`OUT_HIGH_WATER`] bytes wait to
+//! and open streams' header lists held per connection (a stream that would
+//! pass it is reset with ENHANCE_YOUR_CALM), no more reading while [`OUT_HIGH_WATER`] bytes wait to
 //! be written (a peer that sends but does not read gets nothing more read
 //! from it), at most [`MAX_RESETS`] calls opened and reset by the client
 //! within [`RESET_PERIOD`], and at most [`MAX_WINDOW_SETTINGS`] changes of its
@@ -57,8 +57,12 @@ pub const STREAM_WINDOW: u32 = 1 << 20;
 pub const CONN_WINDOW: u32 = 16 << 20;
 /// Largest header block (HEADERS plus CONTINUATION octets) accepted.
 pub const MAX_HEADER_BLOCK_BYTES: usize = 64 * 1024;
-/// Most request body bytes a connection holds (KV bodies being gathered,
-/// streamed bodies not yet taken by their call).
+/// Most request bytes a connection holds: KV bodies being gathered,
+/// streamed bodies not yet taken by their call, and the header lists of its
+/// open streams (each up to [`hpack::MAX_DECODED_LIST_BYTES`], kept by its
+/// call until the stream ends), so that a client opening many streams with
+/// large headers is refused at 64 MiB rather than growing the member's
+/// memory with every stream.
 pub const MAX_HELD_BYTES: usize = 64 << 20;
 /// Most calls the client may open and reset on one connection within
 /// [`RESET_PERIOD`]; more close it (ENHANCE_YOUR_CALM), as each reset call
@@ -119,6 +123,9 @@ enum Recv {
 
 struct Stream {
     recv: Recv,
+    /// The size of the request's header list, counted in the connection's
+    /// held bytes for as long as the stream is open.
+    head_bytes: usize,
     /// The task of a call served by tonic.
     task: Option<tokio::task::AbortHandle>,
     /// A unary KV call polled by the connection.
@@ -126,21 +133,23 @@ struct Stream {
 }
 
 impl Stream {
-    fn new(recv: Recv) -> Stream {
+    fn new(recv: Recv, head_bytes: usize) -> Stream {
         Stream {
             recv,
+            head_bytes,
             task: None,
             call: None,
         }
     }
 
-    /// Request body bytes this stream holds.
+    /// Request bytes this stream holds: its header list and body.
     fn held(&self) -> usize {
-        match &self.recv {
+        let body = match &self.recv {
             Recv::Unary { body, .. } => body.len(),
             Recv::Body { in_flight, .. } => *in_flight,
             Recv::Done | Recv::Discard => 0,
-        }
+        };
+        self.head_bytes + body
     }
 
     fn abort(&self) {
@@ -179,7 +188,7 @@ struct Conn<IO> {
     consumed_rx: mpsc::UnboundedReceiver<(u32, usize)>,
     /// Connection-level octets received and not yet given back.
     conn_unacked: u32,
-    /// Request body bytes held by all streams ([`MAX_HELD_BYTES`]).
+    /// Request bytes held by all streams ([`MAX_HELD_BYTES`]).
     held: usize,
     /// Calls opened since `resets_since` (streams from `period_first_stream`
     /// on) and reset by the client.

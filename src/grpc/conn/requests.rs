@@ -319,6 +319,16 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Conn<IO> {
             frame::put_rst_stream(&mut self.out, id, ErrorCode::RefusedStream);
             return Ok(());
         }
+        let head_bytes = self.block.list_bytes();
+        if self.held + head_bytes > MAX_HELD_BYTES {
+            tracing::debug!(
+                stream = id,
+                held = self.held,
+                "request header lists and bodies over the connection's budget; stream reset"
+            );
+            frame::put_rst_stream(&mut self.out, id, ErrorCode::EnhanceYourCalm);
+            return Ok(());
+        }
         let mut head = RequestHead::default();
         for field in &self.block.fields {
             head.field(&field.name, &field.value);
@@ -332,16 +342,20 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Conn<IO> {
             }
         };
         self.outbox.borrow_mut().open(id);
+        self.held += head_bytes;
         match call {
             Some(call) => {
                 self.streams.insert(
                     id,
-                    Stream::new(Recv::Unary {
-                        call,
-                        head: Box::new(head),
-                        body: BytesMut::new(),
-                        unacked: 0,
-                    }),
+                    Stream::new(
+                        Recv::Unary {
+                            call,
+                            head: Box::new(head),
+                            body: BytesMut::new(),
+                            unacked: 0,
+                        },
+                        head_bytes,
+                    ),
                 );
                 if end_stream {
                     self.start_unary(id, false)?;
@@ -357,7 +371,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Conn<IO> {
                         in_flight: 0,
                     }
                 };
-                self.streams.insert(id, Stream::new(recv));
+                self.streams.insert(id, Stream::new(recv, head_bytes));
                 self.start_generic(id, head, rx);
             }
         }

@@ -72,6 +72,14 @@ pub struct Field {
     pub never_indexed: bool,
 }
 
+impl Field {
+    /// The octets this field counts for in a header list: name, value and
+    /// 32 (§4.1, as SETTINGS_MAX_HEADER_LIST_SIZE counts them).
+    pub fn list_bytes(&self) -> usize {
+        self.name.len() + self.value.len() + ENTRY_OVERHEAD_BYTES
+    }
+}
+
 /// A decoded header block: its table size updates, in order, then its fields.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Block {
@@ -94,6 +102,11 @@ impl Block {
                 })
                 .collect(),
         }
+    }
+
+    /// The size of the header list, as [`Field::list_bytes`] counts it.
+    pub fn list_bytes(&self) -> usize {
+        self.fields.iter().map(Field::list_bytes).sum()
     }
 
     /// The fields as (name, value) text, octets that are not UTF-8 replaced:
@@ -174,7 +187,7 @@ impl Decoder {
                 out.fields.push(field);
             }
             if let Some(added) = out.fields.get(fields_before) {
-                list_bytes += added.name.len() + added.value.len() + ENTRY_OVERHEAD_BYTES;
+                list_bytes += added.list_bytes();
                 if list_bytes > MAX_DECODED_LIST_BYTES {
                     return Err(DecodeError::ListTooLarge);
                 }
