@@ -747,7 +747,7 @@ fn resets_before_ping(raw: &mut Raw, frames: &[u8]) -> Vec<(u32, u32)> {
                 u32::from_be_bytes(f.payload[..4].try_into().unwrap()),
             ));
         }
-        if f.kind == frame::PING && f.payload == b"budget!!" {
+        if f.kind == frame::PING && f.flags == frame::FLAG_ACK && f.payload == b"budget!!" {
             return resets;
         }
     }

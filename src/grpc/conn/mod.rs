@@ -13,11 +13,11 @@
 //! header blocks of at most [`MAX_HEADER_BLOCK_BYTES`], request windows of
 //! [`STREAM_WINDOW`] per stream, at most [`MAX_HELD_BYTES`] of request bodies
 //! and open streams' header lists held per connection (a stream that would
-//! pass it is reset with ENHANCE_YOUR_CALM), no more reading while [`OUT_HIGH_WATER`] bytes wait to
-//! be written (a peer that sends but does not read gets nothing more read
-//! from it), at most [`MAX_RESETS`] calls opened and reset by the client
-//! within [`RESET_PERIOD`], and at most [`MAX_WINDOW_SETTINGS`] changes of its
-//! initial window per connection. A
+//! pass it is reset with ENHANCE_YOUR_CALM), no more reading while
+//! [`OUT_HIGH_WATER`] bytes wait to be written (a peer that sends but does
+//! not read gets nothing more read from it), at most [`MAX_RESETS`] calls
+//! opened and reset by the client within [`RESET_PERIOD`], and at most
+//! [`MAX_WINDOW_SETTINGS`] changes of its initial window per connection. A
 //! breach of the protocol closes the connection with GOAWAY and the error
 //! code the RFC names; a malformed request resets its stream only.
 //!
@@ -59,10 +59,12 @@ pub const CONN_WINDOW: u32 = 16 << 20;
 pub const MAX_HEADER_BLOCK_BYTES: usize = 64 * 1024;
 /// Most request bytes a connection holds: KV bodies being gathered,
 /// streamed bodies not yet taken by their call, and the header lists of its
-/// open streams (each up to [`hpack::MAX_DECODED_LIST_BYTES`], kept by its
-/// call until the stream ends), so that a client opening many streams with
-/// large headers is refused at 64 MiB rather than growing the member's
-/// memory with every stream.
+/// open streams (each up to [`hpack::MAX_DECODED_LIST_BYTES`], counted until
+/// the stream ends), so that a client opening many streams with large
+/// headers is refused rather than growing the member's memory with every
+/// stream. A list counts as HTTP/2 sizes it (names, values and 32 octets a
+/// field): one of thousands of tiny fields takes a few times its count in
+/// memory, which only `--max-concurrent-streams` bounds.
 pub const MAX_HELD_BYTES: usize = 64 << 20;
 /// Most calls the client may open and reset on one connection within
 /// [`RESET_PERIOD`]; more close it (ENHANCE_YOUR_CALM), as each reset call
