@@ -614,6 +614,13 @@ impl Config {
     }
 
     /// Checks every limit and every relation between settings.
+    /// The most streams a client connection may have open, `None` for no
+    /// limit (`--max-concurrent-streams` at its default, etcd's).
+    pub fn stream_limit(&self) -> Option<u32> {
+        (self.max_concurrent_streams != DEFAULT_MAX_CONCURRENT_STREAMS)
+            .then_some(self.max_concurrent_streams)
+    }
+
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.name.is_empty() {
             return Err(invalid("name", "must not be empty"));

@@ -27,12 +27,10 @@ fn no_flags_start_a_single_member_on_loopback() {
     assert_eq!(c.max_request_bytes, 1_572_864);
     assert_eq!(c.max_txn_ops, 128);
     assert_eq!(c.max_concurrent_streams, u32::MAX, "etcd's: no limit");
-    assert_eq!(
-        parse(&["--max-concurrent-streams", "100"])
-            .unwrap()
-            .max_concurrent_streams,
-        100
-    );
+    assert_eq!(c.stream_limit(), None);
+    let capped = parse(&["--max-concurrent-streams", "100"]).unwrap();
+    assert_eq!(capped.max_concurrent_streams, 100);
+    assert_eq!(capped.stream_limit(), Some(100));
     assert!(c.cores >= 1);
     assert_eq!(c.shards, c.cores, "one shard per core by default");
     assert!(!c.shards_from_flag);

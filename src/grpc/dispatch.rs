@@ -49,10 +49,10 @@ pub struct Handler {
     pub max_kv_message: usize,
     /// The core's metrics: how long each KV call took.
     pub recorder: CoreRecorder,
-    /// Most streams open at once on a connection (`--max-concurrent-streams`);
-    /// more are refused (REFUSED_STREAM). `u32::MAX` is no limit, and then
-    /// none is announced.
-    pub max_streams: u32,
+    /// Most streams open at once on a connection (`--max-concurrent-streams`),
+    /// announced in SETTINGS; more are refused (REFUSED_STREAM). `None`: no
+    /// limit, and none announced.
+    pub max_streams: Option<u32>,
 }
 
 /// The KV calls decoded here.

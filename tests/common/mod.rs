@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod raw_h2;
 pub mod tls;
 
 use std::net::TcpListener;

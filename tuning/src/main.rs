@@ -2,8 +2,7 @@
 
 use cairn_tuning::error::{ExperimentError, LabError};
 use cairn_tuning::etcd_check::{self, ETCD_CHECK_SIZE_BYTES};
-use cairn_tuning::model::Engine;
-use cairn_tuning::replicas::{self, MEMBERS_MAX};
+use cairn_tuning::replicas::{self, ReplicaEngine, MEMBERS_MAX};
 use cairn_tuning::safety::{self, LabDir};
 use cairn_tuning::{report, run_lab};
 use clap::{Parser, Subcommand};
@@ -79,21 +78,6 @@ enum Command {
     },
 }
 
-#[derive(Clone, Copy, clap::ValueEnum)]
-enum ReplicaEngine {
-    Uring,
-    Pwrite,
-}
-
-impl From<ReplicaEngine> for Engine {
-    fn from(e: ReplicaEngine) -> Engine {
-        match e {
-            ReplicaEngine::Uring => Engine::RawUring,
-            ReplicaEngine::Pwrite => Engine::RawPwrite,
-        }
-    }
-}
-
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -126,7 +110,7 @@ fn main() -> ExitCode {
             engine,
             rounds,
             json,
-        } => replicated(&dir, engine.into(), members as usize, secs, rounds, json),
+        } => replicated(&dir, engine, members as usize, secs, rounds, json),
     };
     match result {
         Ok(code) => code,
@@ -186,7 +170,7 @@ fn check(
 
 fn replicated(
     dir: &std::path::Path,
-    engine: Engine,
+    engine: ReplicaEngine,
     members: usize,
     secs: u32,
     rounds: u32,

@@ -47,24 +47,33 @@ pub const MEMBERS_MAX: usize = 9;
 /// Checks of a shared counter between two yields of the CPU while waiting.
 pub const SPINS_PER_YIELD: u32 = 64;
 
-/// One member's appends: O_DIRECT, RWF_DSYNC, into zero-filled space, by
-/// `engine`, [`Engine::RawUring`] or [`Engine::RawPwrite`].
-pub const fn append(engine: Engine) -> Experiment {
-    Experiment {
-        engine,
-        io_mode: IoMode::Direct,
-        sync_mode: SyncMode::RwfDsync,
-        prealloc: Prealloc::ZeroFill,
-        block_size_bytes: BLOCK_BYTES,
-        queue_depth: 1,
-        writers: 1,
-        batch_max_bytes: 0,
-    }
+/// How each member writes (`--engine`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ReplicaEngine {
+    /// Its own io_uring, polled for the completion, as Cairn's WAL by default.
+    Uring,
+    /// pwritev2, the sync running on the writing thread.
+    Pwrite,
 }
 
-/// Whether `engine` can make the appends of a round.
-pub fn supported(engine: Engine) -> bool {
-    matches!(engine, Engine::RawUring | Engine::RawPwrite)
+impl ReplicaEngine {
+    /// One member's appends: O_DIRECT, RWF_DSYNC, into zero-filled space,
+    /// through the lab's raw engine of that kind.
+    pub const fn experiment(self) -> Experiment {
+        Experiment {
+            engine: match self {
+                ReplicaEngine::Uring => Engine::RawUring,
+                ReplicaEngine::Pwrite => Engine::RawPwrite,
+            },
+            io_mode: IoMode::Direct,
+            sync_mode: SyncMode::RwfDsync,
+            prealloc: Prealloc::ZeroFill,
+            block_size_bytes: BLOCK_BYTES,
+            queue_depth: 1,
+            writers: 1,
+            batch_max_bytes: 0,
+        }
+    }
 }
 
 /// One round with a given number of members.
@@ -109,7 +118,7 @@ pub struct Replicas {
 /// `members` members, in `lab`.
 pub fn run(
     lab: &LabDir,
-    engine: Engine,
+    engine: ReplicaEngine,
     members: usize,
     duration: Duration,
     rounds: u32,
@@ -138,7 +147,7 @@ pub fn run(
     };
     Ok(Replicas {
         dir: lab.path().display().to_string(),
-        engine,
+        engine: engine.experiment().engine,
         block_bytes: BLOCK_BYTES,
         alone: medians(1),
         replicated: medians(members),
@@ -205,13 +214,12 @@ fn ring_offset(seq: u64) -> u64 {
 /// last appends back and removes the files.
 pub fn round(
     lab: &LabDir,
-    engine: Engine,
+    engine: ReplicaEngine,
     members: usize,
     duration: Duration,
 ) -> Result<Round, ExperimentError> {
-    assert!(supported(engine), "{engine} cannot make a round's appends");
     let paths: Vec<PathBuf> = (0..members).map(|_| lab.file_path("replica")).collect();
-    let result = round_in(&paths, append(engine), members, duration);
+    let result = round_in(&paths, engine.experiment(), members, duration);
     for p in &paths {
         lab.remove(p);
     }

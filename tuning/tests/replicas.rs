@@ -6,8 +6,8 @@ mod common;
 
 use cairn_tuning::buf::{fill_pattern, AlignedBuf};
 use cairn_tuning::engines::{prepare_file, verify_ring};
-use cairn_tuning::model::{Engine, Prealloc};
-use cairn_tuning::replicas::{self, BLOCK_BYTES};
+use cairn_tuning::model::Prealloc;
+use cairn_tuning::replicas::{self, ReplicaEngine, BLOCK_BYTES};
 use cairn_tuning::safety::{LabDir, FILE_PREFIX};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
@@ -29,12 +29,12 @@ fn rounds_measure_majority_writes_and_read_them_back() {
     let dir = common::scratch_dir();
     let lab = LabDir::open(dir.path()).unwrap();
     for (engine, members) in [
-        (Engine::RawUring, 1),
-        (Engine::RawUring, 2),
-        (Engine::RawUring, 3),
-        (Engine::RawUring, 5),
-        (Engine::RawPwrite, 1),
-        (Engine::RawPwrite, 3),
+        (ReplicaEngine::Uring, 1),
+        (ReplicaEngine::Uring, 2),
+        (ReplicaEngine::Uring, 3),
+        (ReplicaEngine::Uring, 5),
+        (ReplicaEngine::Pwrite, 1),
+        (ReplicaEngine::Pwrite, 3),
     ] {
         let round = replicas::round(&lab, engine, members, Duration::from_millis(400)).unwrap();
         assert_eq!(round.members, members);

@@ -259,11 +259,8 @@ where
         ),
     ];
     // Streams are unlimited until a peer says otherwise (RFC 9113, 6.5.2).
-    if conn.handler.max_streams < u32::MAX {
-        settings.push((
-            frame::SETTINGS_MAX_CONCURRENT_STREAMS,
-            conn.handler.max_streams,
-        ));
+    if let Some(limit) = conn.handler.max_streams {
+        settings.push((frame::SETTINGS_MAX_CONCURRENT_STREAMS, limit));
     }
     frame::put_settings(&mut conn.out, &settings);
     frame::put_window_update(&mut conn.out, 0, CONN_WINDOW - frame::DEFAULT_WINDOW);

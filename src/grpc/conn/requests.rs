@@ -315,7 +315,8 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Conn<IO> {
             frame::put_rst_stream(&mut self.out, id, ErrorCode::RefusedStream);
             return Ok(());
         }
-        if self.streams.len() >= self.handler.max_streams as usize {
+        let full = |limit: u32| self.streams.len() >= limit as usize;
+        if self.handler.max_streams.is_some_and(full) {
             frame::put_rst_stream(&mut self.out, id, ErrorCode::RefusedStream);
             return Ok(());
         }

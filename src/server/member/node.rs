@@ -705,7 +705,7 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
                     routes: services,
                     max_kv_message: max_message_bytes,
                     recorder: recorder.clone(),
-                    max_streams: config.max_concurrent_streams,
+                    max_streams: config.stream_limit(),
                 };
                 tokio::task::spawn_local(crate::grpc::serve_incoming(
                     grpc_rx,
@@ -717,9 +717,8 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
                 use tokio_stream::StreamExt;
                 let incoming = tokio_stream::wrappers::ReceiverStream::new(grpc_rx)
                     .map(|conn| Ok::<_, std::io::Error>(crate::ops::http::GrpcConn::from(conn)));
-                let streams = config.max_concurrent_streams;
                 let server = tonic::transport::Server::builder()
-                    .max_concurrent_streams((streams < u32::MAX).then_some(streams))
+                    .max_concurrent_streams(config.stream_limit())
                     .add_routes(services)
                     .serve_with_incoming_shutdown(incoming, async move {
                         let _ = stop.changed().await;
