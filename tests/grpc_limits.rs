@@ -275,7 +275,8 @@ async fn cancelling_many_long_lived_calls_together_keeps_the_connection() {
 }
 
 /// The header lists of a connection's open streams count toward its budget
-/// of held request bytes (`MAX_HELD_BYTES`, 64 MiB), as bodies do: watch
+/// of held request bytes (`MAX_HELD_BYTES`, 64 MiB) at the memory their
+/// decoded heads hold (`held_bytes`), as bodies do: watch
 /// streams that stay open, each with a header list near the 64 KiB a list
 /// may have, are accepted up to the budget, the next one is reset with
 /// ENHANCE_YOUR_CALM, the connection and the member go on, and a stream that
@@ -283,6 +284,7 @@ async fn cancelling_many_long_lived_calls_together_keeps_the_connection() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn open_streams_header_lists_count_toward_the_connections_budget() {
     use cairn::grpc::conn::MAX_HELD_BYTES;
+    use cairn::grpc::request::held_bytes;
     let cluster = Cluster::start(1, &[]);
     let mut c = client(&cluster.endpoints()[0]).await;
     wait_writable(&mut c, "/ready").await;
@@ -298,7 +300,7 @@ async fn open_streams_header_lists_count_toward_the_connections_budget() {
             ("te", "trailers"),
             ("x-pad", pad.as_str()),
         ];
-        let list = Block::literals(fields).list_bytes();
+        let list = held_bytes(&Block::literals(fields));
         let head = header_block(&fields);
         let fits = (MAX_HELD_BYTES / list) as u32;
         let open = |frames: &mut BytesMut, id: u32| {

@@ -62,9 +62,9 @@ pub const MAX_HEADER_BLOCK_BYTES: usize = 64 * 1024;
 /// open streams (each up to [`hpack::MAX_DECODED_LIST_BYTES`], counted until
 /// the stream ends), so that a client opening many streams with large
 /// headers is refused rather than growing the member's memory with every
-/// stream. A list counts as HTTP/2 sizes it (names, values and 32 octets a
-/// field): one of thousands of tiny fields takes a few times its count in
-/// memory, which only `--max-concurrent-streams` bounds.
+/// stream. A list counts for the memory its decoded head holds
+/// ([`crate::grpc::request::held_bytes`]), not for HTTP/2's size of it,
+/// which a list of thousands of tiny fields exceeds several times.
 pub const MAX_HELD_BYTES: usize = 64 << 20;
 /// Most calls the client may open and reset on one connection within
 /// [`RESET_PERIOD`]; more close it (ENHANCE_YOUR_CALM), as each reset call

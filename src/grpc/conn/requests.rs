@@ -320,7 +320,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Conn<IO> {
             frame::put_rst_stream(&mut self.out, id, ErrorCode::RefusedStream);
             return Ok(());
         }
-        let head_bytes = self.block.list_bytes();
+        let head_bytes = crate::grpc::request::held_bytes(&self.block);
         if self.held + head_bytes > MAX_HELD_BYTES {
             tracing::debug!(
                 stream = id,

@@ -1,0 +1,130 @@
+//! What a connection counts for an open stream's header list
+//! (`cairn::grpc::request::held_bytes`) is at least the memory the stream's
+//! `RequestHead` holds, whatever the list's shape: measured with an
+//! allocator that tallies this thread's live allocations.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+
+use cairn::grpc::request::{held_bytes, RequestHead};
+use cairn_proto::h2::hpack::Block;
+
+struct Tally;
+
+thread_local! {
+    static LIVE: Cell<isize> = const { Cell::new(0) };
+}
+
+/// At least what the daemon's allocator (jemalloc) takes for a request of
+/// `size`: rounded up to a multiple of 16 up to 128 bytes, and of a quarter
+/// of the next power of two above (jemalloc's steps are 16, then a quarter
+/// of the power of two below).
+fn class(size: usize) -> isize {
+    let step = if size <= 128 {
+        16
+    } else {
+        (size.next_power_of_two() / 4).max(16)
+    };
+    size.div_ceil(step).max(1) as isize * step as isize
+}
+
+// SAFETY: every call is passed to `System` unchanged; the tally is a
+// thread-local `Cell` with a const initialiser, which never allocates.
+unsafe impl GlobalAlloc for Tally {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let _ = LIVE.try_with(|l| l.set(l.get() + class(layout.size())));
+        // SAFETY: the caller's layout is passed on as given.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        let _ = LIVE.try_with(|l| l.set(l.get() - class(layout.size())));
+        // SAFETY: `ptr` came from `System.alloc` with this layout.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static TALLY: Tally = Tally;
+
+fn live() -> isize {
+    LIVE.with(Cell::get)
+}
+
+/// The memory a `RequestHead` built from `block` holds once built.
+fn held_by_head(block: &Block) -> usize {
+    let before = live();
+    let mut head = Box::new(RequestHead::default());
+    for f in &block.fields {
+        head.field(&f.name, &f.value);
+    }
+    assert!(head.validate().is_ok(), "a well-formed gRPC head");
+    let held = live() - before;
+    drop(head);
+    usize::try_from(held).expect("building a head allocates")
+}
+
+fn grpc_head(extra: Vec<(String, String)>) -> Block {
+    let mut fields: Vec<(String, String)> = [
+        (":method", "POST"),
+        (":scheme", "http"),
+        (":path", "/etcdserverpb.Watch/Watch"),
+        (":authority", "127.0.0.1:2379"),
+        ("content-type", "application/grpc"),
+        ("te", "trailers"),
+    ]
+    .into_iter()
+    .map(|(n, v)| (n.to_owned(), v.to_owned()))
+    .collect();
+    fields.extend(extra);
+    Block::literals(fields.iter().map(|(n, v)| (n.as_str(), v.as_str())))
+}
+
+#[test]
+fn a_held_header_list_is_counted_at_least_at_the_memory_it_takes() {
+    let etcd_client = grpc_head(vec![
+        ("user-agent".into(), "grpc-go/1.58.3".into()),
+        ("grpc-timeout".into(), "4999913u".into()),
+        ("authorization".into(), "x".repeat(200)),
+    ]);
+    // Lists of tiny fields near the most a 64 KiB list can have (each counts
+    // at least 32 bytes): distinct three-letter names, 1,546 fields in all,
+    // just past the header map's growth at 1,536 (its tables emptiest for
+    // their size), and one name repeated.
+    let letter = |i: usize| char::from(b'a' + (i % 26) as u8);
+    let distinct: Vec<(String, String)> = (0..1_540)
+        .map(|i| {
+            (
+                format!("{}{}{}", letter(i / 676), letter(i / 26), letter(i)),
+                "v".into(),
+            )
+        })
+        .collect();
+    let distinct = grpc_head(distinct);
+    let repeated = grpc_head(vec![("a".into(), "v".into()); 1_900]);
+    let large = grpc_head(vec![("x-pad".into(), "p".repeat(60_000))]);
+    let medium: Vec<(String, String)> = (0..400)
+        .map(|i| (format!("x-field-{i}"), "m".repeat(100)))
+        .collect();
+    let medium = grpc_head(medium);
+    for (what, block) in [
+        ("an etcd client's", &etcd_client),
+        ("1,546 fields of distinct three-letter names", &distinct),
+        ("1,900 fields of one name", &repeated),
+        ("one 60,000-byte field", &large),
+        ("400 fields of 100 bytes", &medium),
+    ] {
+        let held = held_by_head(block);
+        let counted = held_bytes(block);
+        let list = block.list_bytes();
+        println!("{what}: list {list} bytes, held {held}, counted {counted}");
+        assert!(
+            held <= counted,
+            "{what} header list ({list} bytes as HTTP/2 counts it) holds {held} bytes \
+             but counts for {counted}"
+        );
+        assert!(
+            counted <= 3 * held + 1024,
+            "{what} header list counts for {counted} bytes, far above the {held} it holds"
+        );
+    }
+}
