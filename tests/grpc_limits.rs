@@ -13,7 +13,6 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use cairn_proto::h2::frame;
-use cairn_proto::h2::hpack::Block;
 use common::raw_h2::{grpc_message, header_block, request_head, Raw};
 use common::{client, wait_writable, Cluster};
 
@@ -276,7 +275,7 @@ async fn cancelling_many_long_lived_calls_together_keeps_the_connection() {
 
 /// The header lists of a connection's open streams count toward its budget
 /// of held request bytes (`MAX_HELD_BYTES`, 64 MiB) at the memory their
-/// decoded heads hold (`held_bytes`), as bodies do: watch
+/// decoded heads hold (`RequestHead::held_bytes`), as bodies do: watch
 /// streams that stay open, each with a header list near the 64 KiB a list
 /// may have, are accepted up to the budget, the next one is reset with
 /// ENHANCE_YOUR_CALM, the connection and the member go on, and a stream that
@@ -284,7 +283,7 @@ async fn cancelling_many_long_lived_calls_together_keeps_the_connection() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn open_streams_header_lists_count_toward_the_connections_budget() {
     use cairn::grpc::conn::MAX_HELD_BYTES;
-    use cairn::grpc::request::held_bytes;
+    use cairn::grpc::request::RequestHead;
     let cluster = Cluster::start(1, &[]);
     let mut c = client(&cluster.endpoints()[0]).await;
     wait_writable(&mut c, "/ready").await;
@@ -300,7 +299,12 @@ async fn open_streams_header_lists_count_toward_the_connections_budget() {
             ("te", "trailers"),
             ("x-pad", pad.as_str()),
         ];
-        let list = held_bytes(&Block::literals(fields));
+        // What the member counts for each stream: the head it decodes.
+        let mut decoded = RequestHead::default();
+        for (name, value) in fields {
+            decoded.field(name.as_bytes(), value.as_bytes());
+        }
+        let list = decoded.held_bytes();
         let head = header_block(&fields);
         let fits = (MAX_HELD_BYTES / list) as u32;
         let open = |frames: &mut BytesMut, id: u32| {

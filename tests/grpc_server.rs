@@ -78,9 +78,23 @@ async fn etcd_clients_calls_and_large_answers_go_through() {
     assert_eq!(r.kvs().len(), 3);
     assert!(r.kvs().iter().all(|kv| kv.value() == &big[..]));
 
-    // A watch stream sees a put made after it started.
+    // A watch stream sees a put made after it started. The client's watch()
+    // returns before the member has created the watcher, so the watch
+    // starts at the next revision: the put is seen however late the
+    // watcher is created.
+    let next = c
+        .get("/w/", None)
+        .await
+        .unwrap()
+        .header()
+        .unwrap()
+        .revision()
+        + 1;
     let mut events = c
-        .watch("/w/", Some(WatchOptions::new().with_prefix()))
+        .watch(
+            "/w/",
+            Some(WatchOptions::new().with_prefix().with_start_revision(next)),
+        )
         .await
         .unwrap();
     c.put("/w/k", "1", None).await.unwrap();

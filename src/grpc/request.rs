@@ -4,7 +4,6 @@
 
 use std::time::Duration;
 
-use cairn_proto::h2::hpack::Block;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 
 /// The head of one request.
@@ -27,29 +26,20 @@ pub struct RequestHead {
     regular_seen: bool,
 }
 
-/// What a held [`RequestHead`] takes beyond its fields: the boxed head and
-/// its empty map.
+/// What a held [`RequestHead`] takes besides its map's tables and fields:
+/// the boxed head, and the map's first allocation.
 const HELD_HEAD_BYTES: usize = 1024;
 
-/// What one field of a held [`RequestHead`] takes beyond its name and value:
-/// its share of the header map's entries and index, which double as they
-/// fill (up to 292 bytes a field measured, `tests/request_head_memory.rs`).
-const HELD_FIELD_BYTES: usize = 320;
+/// What each slot of a held head's header map takes, used or not: an entry
+/// (about 104 bytes) and its share of the index, with the allocator's
+/// rounding. The map's capacity is read, not assumed: names chosen to collide
+/// in its hash make it grow far ahead of its fields.
+const HELD_SLOT_BYTES: usize = 144;
 
-/// The most memory a [`RequestHead`] built from `block` holds: its names and
-/// values with a quarter more for the allocator's rounding,
-/// [`HELD_FIELD_BYTES`] a field and [`HELD_HEAD_BYTES`]. A connection counts
-/// an open stream's header list this way against its budget of held bytes.
-/// (HTTP/2's size of a list, names, values and 32 bytes a field, is several
-/// times too small for a list of many tiny fields.)
-pub fn held_bytes(block: &Block) -> usize {
-    let octets: usize = block
-        .fields
-        .iter()
-        .map(|f| f.name.len() + f.value.len())
-        .sum();
-    HELD_HEAD_BYTES + octets + octets / 4 + block.fields.len() * HELD_FIELD_BYTES
-}
+/// What each value of a held head takes besides its slot, name and value
+/// octets: the allocations of its name and value (rounded up to a size
+/// class), and for a repeated name the extra-value entry.
+const HELD_VALUE_BYTES: usize = 224;
 
 impl RequestHead {
     /// Takes one decoded field.
@@ -105,6 +95,29 @@ impl RequestHead {
             return;
         };
         self.headers.append(name, value);
+    }
+
+    /// The most memory this head holds, as a connection counts an open
+    /// stream's header list against its budget of held bytes: the octets of
+    /// its names, values, method and path with a quarter more for the
+    /// allocator's rounding, [`HELD_SLOT_BYTES`] for each slot of its header
+    /// map, [`HELD_VALUE_BYTES`] a value and [`HELD_HEAD_BYTES`]
+    /// (`tests/request_head_memory.rs` measures it). HTTP/2's size of a list
+    /// (names, values and 32 bytes a field) is several times too small for a
+    /// list of many tiny fields.
+    pub fn held_bytes(&self) -> usize {
+        let octets: usize = self
+            .headers
+            .iter()
+            .map(|(name, value)| name.as_str().len() + value.len())
+            .sum::<usize>()
+            + self.method.as_ref().map_or(0, Vec::len)
+            + self.path.as_ref().map_or(0, Vec::len);
+        HELD_HEAD_BYTES
+            + octets
+            + octets / 4
+            + self.headers.capacity() * HELD_SLOT_BYTES
+            + self.headers.len() * HELD_VALUE_BYTES
     }
 
     /// The path when the head is a well-formed gRPC request: POST with a

@@ -58,13 +58,14 @@ pub const CONN_WINDOW: u32 = 16 << 20;
 /// Largest header block (HEADERS plus CONTINUATION octets) accepted.
 pub const MAX_HEADER_BLOCK_BYTES: usize = 64 * 1024;
 /// Most request bytes a connection holds: KV bodies being gathered,
-/// streamed bodies not yet taken by their call, and the header lists of its
-/// open streams (each up to [`hpack::MAX_DECODED_LIST_BYTES`], counted until
-/// the stream ends), so that a client opening many streams with large
-/// headers is refused rather than growing the member's memory with every
-/// stream. A list counts for the memory its decoded head holds
-/// ([`crate::grpc::request::held_bytes`]), not for HTTP/2's size of it,
-/// which a list of thousands of tiny fields exceeds several times.
+/// streamed bodies not yet taken by their call, and the decoded heads of its
+/// open streams (each from a list of up to [`hpack::MAX_DECODED_LIST_BYTES`],
+/// counted until the stream ends), so that a client opening many streams
+/// with large headers is refused rather than growing the member's memory
+/// with every stream. A head counts for the memory it holds
+/// ([`crate::grpc::request::RequestHead::held_bytes`]), not for HTTP/2's
+/// size of its list, which a list of thousands of tiny fields exceeds
+/// several times.
 pub const MAX_HELD_BYTES: usize = 64 << 20;
 /// Most calls the client may open and reset on one connection within
 /// [`RESET_PERIOD`]; more close it (ENHANCE_YOUR_CALM), as each reset call
@@ -125,8 +126,8 @@ enum Recv {
 
 struct Stream {
     recv: Recv,
-    /// The size of the request's header list, counted in the connection's
-    /// held bytes for as long as the stream is open.
+    /// The memory the request's decoded head holds, counted in the
+    /// connection's held bytes for as long as the stream is open.
     head_bytes: usize,
     /// The task of a call served by tonic.
     task: Option<tokio::task::AbortHandle>,

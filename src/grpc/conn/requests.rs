@@ -320,7 +320,11 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Conn<IO> {
             frame::put_rst_stream(&mut self.out, id, ErrorCode::RefusedStream);
             return Ok(());
         }
-        let head_bytes = crate::grpc::request::held_bytes(&self.block);
+        let mut head = RequestHead::default();
+        for field in &self.block.fields {
+            head.field(&field.name, &field.value);
+        }
+        let head_bytes = head.held_bytes();
         if self.held + head_bytes > MAX_HELD_BYTES {
             tracing::debug!(
                 stream = id,
@@ -329,10 +333,6 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Conn<IO> {
             );
             frame::put_rst_stream(&mut self.out, id, ErrorCode::EnhanceYourCalm);
             return Ok(());
-        }
-        let mut head = RequestHead::default();
-        for field in &self.block.fields {
-            head.field(&field.name, &field.value);
         }
         let call = match head.validate() {
             Ok(path) => KvCall::of(&head, path),
