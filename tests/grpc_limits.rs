@@ -13,18 +13,24 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use cairn_proto::h2::frame;
-use common::raw_h2::{grpc_message, header_block, request_head, Raw};
+use common::raw_h2::{grpc_message, header_block, request_fields, request_head, Raw};
 use common::{client, wait_writable, Cluster};
 
 const TIMEOUT: Duration = Duration::from_secs(30);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn abusive_clients_are_stopped_and_cost_bounded_work() {
-    use cairn_proto::etcdserverpb::{PutRequest, RangeRequest};
+/// One member ready for writes, a client of it, and its client port.
+async fn one_member() -> (Cluster, etcd_client::Client, u16) {
     let cluster = Cluster::start(1, &[]);
     let mut c = client(&cluster.endpoints()[0]).await;
     wait_writable(&mut c, "/ready").await;
     let port = cluster.members[0].client_port;
+    (cluster, c, port)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abusive_clients_are_stopped_and_cost_bounded_work() {
+    use cairn_proto::etcdserverpb::{PutRequest, RangeRequest};
+    let (_cluster, mut c, port) = one_member().await;
     tokio::task::spawn_blocking(move || {
         // DATA after a stream's END_STREAM resets that stream only.
         let mut raw = Raw::open(port);
@@ -236,10 +242,7 @@ async fn streams_on_one_connection_are_unlimited_unless_capped() {
 async fn cancelling_many_long_lived_calls_together_keeps_the_connection() {
     use cairn::grpc::conn::{MAX_RESETS, RESET_PERIOD};
     let calls = MAX_RESETS + 100;
-    let cluster = Cluster::start(1, &[]);
-    let mut c = client(&cluster.endpoints()[0]).await;
-    wait_writable(&mut c, "/ready").await;
-    let port = cluster.members[0].client_port;
+    let (_cluster, mut c, port) = one_member().await;
     let alive = tokio::task::spawn_blocking(move || {
         let mut raw = Raw::open(port);
         // Range calls whose bodies never come: open, and cheap to hold.
@@ -284,27 +287,14 @@ async fn cancelling_many_long_lived_calls_together_keeps_the_connection() {
 async fn open_streams_header_lists_count_toward_the_connections_budget() {
     use cairn::grpc::conn::MAX_HELD_BYTES;
     use cairn::grpc::request::RequestHead;
-    let cluster = Cluster::start(1, &[]);
-    let mut c = client(&cluster.endpoints()[0]).await;
-    wait_writable(&mut c, "/ready").await;
-    let port = cluster.members[0].client_port;
+    use cairn_proto::h2::hpack::Block;
+    let (_cluster, mut c, port) = one_member().await;
     tokio::task::spawn_blocking(move || {
         let pad = "p".repeat(60_000);
-        let fields = [
-            (":method", "POST"),
-            (":scheme", "http"),
-            (":path", "/etcdserverpb.Watch/Watch"),
-            (":authority", "http://127.0.0.1"),
-            ("content-type", "application/grpc"),
-            ("te", "trailers"),
-            ("x-pad", pad.as_str()),
-        ];
+        let mut fields = request_fields("/etcdserverpb.Watch/Watch");
+        fields.push(("x-pad", pad.as_str()));
         // What the member counts for each stream: the head it decodes.
-        let mut decoded = RequestHead::default();
-        for (name, value) in fields {
-            decoded.field(name.as_bytes(), value.as_bytes());
-        }
-        let list = decoded.held_bytes();
+        let list = RequestHead::of(&Block::literals(fields.iter().copied())).held_bytes();
         let head = header_block(&fields);
         let fits = (MAX_HELD_BYTES / list) as u32;
         let open = |frames: &mut BytesMut, id: u32| {

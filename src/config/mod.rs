@@ -613,7 +613,6 @@ impl Config {
         Ok(config)
     }
 
-    /// Checks every limit and every relation between settings.
     /// The most streams a client connection may have open, `None` for no
     /// limit (`--max-concurrent-streams` at its default, etcd's).
     pub fn stream_limit(&self) -> Option<u32> {
@@ -621,6 +620,7 @@ impl Config {
             .then_some(self.max_concurrent_streams)
     }
 
+    /// Checks every limit and every relation between settings.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.name.is_empty() {
             return Err(invalid("name", "must not be empty"));

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use cairn_proto::h2::hpack::Block;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 
 /// The head of one request.
@@ -42,6 +43,15 @@ const HELD_SLOT_BYTES: usize = 144;
 const HELD_VALUE_BYTES: usize = 224;
 
 impl RequestHead {
+    /// The head of a decoded header block, field by field.
+    pub fn of(block: &Block) -> RequestHead {
+        let mut head = RequestHead::default();
+        for field in &block.fields {
+            head.field(&field.name, &field.value);
+        }
+        head
+    }
+
     /// Takes one decoded field.
     pub fn field(&mut self, name: &[u8], value: &[u8]) {
         if let Some(pseudo) = name.strip_prefix(b":") {

@@ -155,16 +155,21 @@ pub fn header_block(fields: &[(&str, &str)]) -> BytesMut {
     out
 }
 
-/// The header block of a gRPC call to `path`.
-pub fn request_head(path: &str) -> BytesMut {
-    header_block(&[
+/// The header fields of a gRPC call to `path`.
+pub fn request_fields(path: &str) -> Vec<(&str, &str)> {
+    vec![
         (":method", "POST"),
         (":scheme", "http"),
         (":path", path),
         (":authority", "http://127.0.0.1"),
         ("content-type", "application/grpc"),
         ("te", "trailers"),
-    ])
+    ]
+}
+
+/// The header block of a gRPC call to `path`.
+pub fn request_head(path: &str) -> BytesMut {
+    header_block(&request_fields(path))
 }
 
 /// `m` framed as one gRPC message.

@@ -219,19 +219,20 @@ pub fn round(
     duration: Duration,
 ) -> Result<Round, ExperimentError> {
     let paths: Vec<PathBuf> = (0..members).map(|_| lab.file_path("replica")).collect();
-    let result = round_in(&paths, engine.experiment(), members, duration);
+    let result = round_in(&paths, engine.experiment(), duration);
     for p in &paths {
         lab.remove(p);
     }
     result
 }
 
+/// A round of one member for each of `paths`.
 fn round_in(
     paths: &[PathBuf],
     exp: Experiment,
-    members: usize,
     duration: Duration,
 ) -> Result<Round, ExperimentError> {
+    let members = paths.len();
     let mut files = Vec::with_capacity(members);
     for p in paths {
         prepare_file(p, exp.prealloc, RING_BYTES)?;
@@ -254,7 +255,7 @@ fn round_in(
             });
         }
         let _ends = EndsRound(&shared);
-        lead(&shared, &exp, &files[0], &paths[0], members, duration)
+        lead(&shared, &exp, &files[0], &paths[0], duration)
     })?;
     if let Some(e) = shared.failure.lock().expect("failure lock").take() {
         return Err(e);
@@ -286,10 +287,9 @@ fn lead(
     exp: &Experiment,
     file: &File,
     path: &Path,
-    members: usize,
     duration: Duration,
 ) -> Result<(Recorder, Duration), ExperimentError> {
-    let others_needed = members / 2;
+    let others_needed = shared.durable.len() / 2;
     let mut writer = Writer::new(exp, file, path)?;
     let mut rec = Recorder::new();
     let start = Instant::now();

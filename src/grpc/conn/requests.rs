@@ -320,10 +320,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Conn<IO> {
             frame::put_rst_stream(&mut self.out, id, ErrorCode::RefusedStream);
             return Ok(());
         }
-        let mut head = RequestHead::default();
-        for field in &self.block.fields {
-            head.field(&field.name, &field.value);
-        }
+        let head = RequestHead::of(&self.block);
         let head_bytes = head.held_bytes();
         if self.held + head_bytes > MAX_HELD_BYTES {
             tracing::debug!(

@@ -104,11 +104,6 @@ impl Block {
         }
     }
 
-    /// The size of the header list, as [`Field::list_bytes`] counts it.
-    pub fn list_bytes(&self) -> usize {
-        self.fields.iter().map(Field::list_bytes).sum()
-    }
-
     /// The fields as (name, value) text, octets that are not UTF-8 replaced:
     /// for logs and tests.
     pub fn pairs(&self) -> Vec<(String, String)> {
