@@ -15,7 +15,7 @@ use crate::preset::{preset_command, shown_security_args, Preset};
 use crate::security::{bench_user, ClusterCerts};
 use crate::session::{
     alternating_order, check_runs, cpu_per_op, isolate, median, parse_preset, print_run,
-    run_failed, run_preset, say, scratch_dir, seed, start_secured,
+    run_failed, run_preset, say, scratch_dir, seed, start_secured, CLUSTER_READY_TIMEOUT,
 };
 use crate::stats::Report;
 use crate::BenchError;
@@ -66,6 +66,46 @@ pub struct CompareOpts {
     /// authenticating once.
     #[arg(long)]
     pub secure: bool,
+    /// The member (0-based) made leader of every cluster before each run, or
+    /// `any` to leave leadership as elected. A workload of one connection
+    /// talks to the first member: by default it reaches the leader, and with
+    /// `--leader 1` it goes through a follower, which forwards each write to
+    /// the leader and hears back when it commits. Members on one host also
+    /// divide its CPUs by position. Left to the elections, which member
+    /// happened to lead would decide such a row, differently for each system.
+    #[arg(long, default_value = "0")]
+    pub leader: Leader,
+}
+
+/// Which member leads each cluster while it is measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Leader {
+    /// This member (0-based), moved there by Maintenance.MoveLeader.
+    Member(usize),
+    /// Whichever member the cluster elected.
+    AsElected,
+}
+
+impl std::str::FromStr for Leader {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Leader, String> {
+        if s == "any" {
+            return Ok(Leader::AsElected);
+        }
+        s.parse()
+            .map(Leader::Member)
+            .map_err(|_| format!("expected a member index (0, 1, ...) or `any`, got {s:?}"))
+    }
+}
+
+impl std::fmt::Display for Leader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Leader::Member(i) => write!(f, "{i}"),
+            Leader::AsElected => f.write_str("any"),
+        }
+    }
 }
 
 struct Row {
@@ -90,6 +130,18 @@ pub async fn run(
             option: "--workloads",
             reason: "nothing to compare".into(),
         });
+    }
+    if let Leader::Member(i) = opts.leader {
+        if i >= opts.members {
+            return Err(BenchError::Option {
+                option: "--leader",
+                reason: format!(
+                    "member {i} does not exist: the clusters have {} (0 to {})",
+                    opts.members,
+                    opts.members - 1
+                ),
+            });
+        }
     }
     if global.tls() || global.user.is_some() {
         return Err(BenchError::Option {
@@ -188,6 +240,20 @@ pub async fn run(
                     }
                 }
                 let cluster = &clusters[i];
+                let leader = match opts.leader {
+                    Leader::Member(m) => cluster
+                        .move_leader_to(m, CLUSTER_READY_TIMEOUT)
+                        .await
+                        .map(|()| m),
+                    Leader::AsElected => cluster.leader_index().await,
+                };
+                let leader = match leader {
+                    Ok(m) => m,
+                    Err(e) => {
+                        run_failed(&mut failed, preset, cluster.system, &e);
+                        continue;
+                    }
+                };
                 let args = preset_command(
                     preset,
                     &cluster.endpoints_arg(),
@@ -197,10 +263,11 @@ pub async fn run(
                 say(
                     global,
                     &format!(
-                        "[{done_runs}/{total_runs}] {} on {}: {}",
+                        "[{done_runs}/{total_runs}] {} on {}: {} ({} leads)",
                         preset.name(),
                         cluster.system,
-                        args.join(" ")
+                        args.join(" "),
+                        cluster.members[leader].name,
                     ),
                 );
                 let cli = parse_preset("compare", preset, &args, global)?;
@@ -290,7 +357,7 @@ fn table(
 ) -> String {
     let mut out = String::new();
     out.push_str(&format!(
-        "\n{} members per system on 127.0.0.1{}; {}; median of {} run(s); latency in ms; ratio = cairn/etcd\n\n",
+        "\n{} members per system on 127.0.0.1{}; {}; {}; median of {} run(s); latency in ms; ratio = cairn/etcd\n\n",
         opts.members,
         if opts.secure {
             ", mutual TLS on client and peer ports, auth on, workloads as user bench"
@@ -301,6 +368,11 @@ fn table(
             "each system measured while the other is paused"
         } else {
             "every system running throughout"
+        },
+        match opts.leader {
+            Leader::Member(0) => "the first member leads".to_string(),
+            Leader::Member(m) => format!("member {m} leads, one-connection workloads go through member 0"),
+            Leader::AsElected => "leadership as elected".to_string(),
         },
         opts.runs
     ));
@@ -438,6 +510,7 @@ fn summary_json(
         "runs": opts.runs,
         "secure": opts.secure,
         "others_paused": paused,
+        "leader": opts.leader.to_string(),
         "grpc_client": grpc_client,
         "not_measured": not_measured,
     })

@@ -87,6 +87,24 @@ async fn json_mode_prints_one_object_and_human_mode_ends_with_it() {
 }
 
 #[test]
+fn compare_refuses_a_leader_that_is_no_member() {
+    for (members, leader) in [("1", "1"), ("3", "3"), ("3", "first")] {
+        let (stdout, stderr, code) = run(&[
+            "compare",
+            "--members",
+            members,
+            "--leader",
+            leader,
+            "--cairn-bin",
+            "/nonexistent/cairn",
+        ]);
+        assert_ne!(code, 0, "--members {members} --leader {leader}: {stdout}");
+        assert!(stderr.contains("--leader"), "{stderr}");
+        assert!(stdout.is_empty(), "nothing measured: {stdout}");
+    }
+}
+
+#[test]
 fn compare_says_plainly_when_cairn_is_missing() {
     if !cairn_bench::binary_available_or_skip(Path::new("etcd")) {
         return;
@@ -102,11 +120,23 @@ fn compare_says_plainly_when_cairn_is_missing() {
         "put-1,range-s",
         "--cairn-bin",
         "/nonexistent/cairn",
+        "--leader",
+        "1",
         "--work-dir",
         work.path().to_str().unwrap(),
     ]);
     assert_eq!(code, 0, "{stderr}");
     assert!(stderr.contains("cairn: NOT MEASURED"), "{stderr}");
+    // Leadership moved to the second member before each run: the single
+    // client's writes go through a follower.
+    let progress: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("] put-1 on etcd"))
+        .collect();
+    assert!(
+        !progress.is_empty() && progress.iter().all(|l| l.ends_with("(etcd1 leads)")),
+        "{stderr}"
+    );
     assert!(stdout.contains("cairn was NOT measured"), "{stdout}");
     let row = stdout
         .lines()
@@ -127,6 +157,7 @@ fn compare_says_plainly_when_cairn_is_missing() {
             > 0
     );
     assert!(summary["not_measured"]["cairn"].is_string());
+    assert_eq!(summary["leader"], "1");
     // The members' CPU per request, for the system that ran.
     assert!(
         summary["compare"][0]["results"]["etcd"]["server_cpu_us_per_op"]
