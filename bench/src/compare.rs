@@ -240,19 +240,20 @@ pub async fn run(
                     }
                 }
                 let cluster = &clusters[i];
+                // A leader asked for must lead before the run; one as elected
+                // is only named (a moment without one costs no run).
                 let leader = match opts.leader {
-                    Leader::Member(m) => cluster
-                        .move_leader_to(m, CLUSTER_READY_TIMEOUT)
-                        .await
-                        .map(|()| m),
-                    Leader::AsElected => cluster.leader_index().await,
-                };
-                let leader = match leader {
-                    Ok(m) => m,
-                    Err(e) => {
-                        run_failed(&mut failed, preset, cluster.system, &e);
-                        continue;
+                    Leader::Member(m) => {
+                        if let Err(e) = cluster.move_leader_to(m, CLUSTER_READY_TIMEOUT).await {
+                            run_failed(&mut failed, preset, cluster.system, &e);
+                            continue;
+                        }
+                        format!("{} leads", cluster.members[m].name)
                     }
+                    Leader::AsElected => match cluster.leader_index().await {
+                        Ok(m) => format!("{} leads", cluster.members[m].name),
+                        Err(_) => "no member says it leads".to_string(),
+                    },
                 };
                 let args = preset_command(
                     preset,
@@ -263,11 +264,10 @@ pub async fn run(
                 say(
                     global,
                     &format!(
-                        "[{done_runs}/{total_runs}] {} on {}: {} ({} leads)",
+                        "[{done_runs}/{total_runs}] {} on {}: {} ({leader})",
                         preset.name(),
                         cluster.system,
                         args.join(" "),
-                        cluster.members[leader].name,
                     ),
                 );
                 let cli = parse_preset("compare", preset, &args, global)?;
