@@ -53,7 +53,7 @@ impl WatchService {
     /// reason etcd gives when not (its gRPC status, as text).
     fn permitted(
         &self,
-        metadata: &tonic::metadata::MetadataMap,
+        token: Option<&str>,
         common_name: Option<&str>,
         key: &[u8],
         range_end: &[u8],
@@ -62,7 +62,7 @@ impl WatchService {
             return Ok(());
         }
         self.auth
-            .caller(metadata, common_name)
+            .caller_by(token, common_name)
             .and_then(|caller| {
                 self.auth.check(
                     caller.as_ref(),
@@ -98,7 +98,10 @@ impl Watch for WatchService {
         }
         // Each create is checked against the stream's credentials, as etcd
         // checks them: a token that expired since the stream opened fails.
-        let metadata = request.metadata().clone();
+        // The stream keeps only the token of its request's metadata: the
+        // connection counted the request's header list once, against its
+        // budget of held bytes, and the list goes with `into_inner` below.
+        let token = crate::server::auth::request_token(request.metadata()).map(str::to_owned);
         let common_name =
             crate::server::auth::conn_info(&request).and_then(|i| i.common_name.clone());
         let mut incoming = request.into_inner();
@@ -158,7 +161,7 @@ impl Watch for WatchService {
                                     })).await;
                                     continue;
                                 }
-                                if let Err(e) = svc.permitted(&metadata, common_name.as_deref(), &c.key, &c.range_end) {
+                                if let Err(e) = svc.permitted(token.as_deref(), common_name.as_deref(), &c.key, &c.range_end) {
                                     let _ = out_tx.send(Ok(WatchResponse {
                                         header: svc.header(0),
                                         watch_id: -1,

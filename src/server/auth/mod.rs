@@ -88,13 +88,19 @@ impl AuthStore {
         metadata: &tonic::metadata::MetadataMap,
         common_name: Option<&str>,
     ) -> Result<Option<Caller>, ApiError> {
+        self.caller_by(request_token(metadata), common_name)
+    }
+
+    /// [`Self::caller`] from what a stream keeps of its request: the token
+    /// ([`request_token`]) and the certificate's common name.
+    pub fn caller_by(
+        &self,
+        token: Option<&str>,
+        common_name: Option<&str>,
+    ) -> Result<Option<Caller>, ApiError> {
         if !self.is_enabled() {
             return Ok(None);
         }
-        let token = metadata
-            .get("token")
-            .or_else(|| metadata.get("authorization"))
-            .and_then(|v| v.to_str().ok());
         if let Some(token) = token {
             let token = token.strip_prefix("Bearer ").unwrap_or(token);
             return self.token_caller(token).map(Some);
@@ -209,6 +215,15 @@ pub fn caller_of<T>(
     auth.caller(request.metadata(), cn)
 }
 
+/// A request's token: gRPC metadata `token`, else the gateway's
+/// `Authorization` header; None when it has neither or the value is not text.
+pub fn request_token(metadata: &tonic::metadata::MetadataMap) -> Option<&str> {
+    metadata
+        .get("token")
+        .or_else(|| metadata.get("authorization"))
+        .and_then(|v| v.to_str().ok())
+}
+
 /// What the client port learned about a request's connection (its address,
 /// its certificate's name); none for the gateway's in-process calls.
 pub fn conn_info<T>(request: &tonic::Request<T>) -> Option<&crate::tls::ClientConnInfo> {
@@ -286,6 +301,17 @@ mod tests {
             .unwrap();
         assert!(a.replica().knows_token("nope.1"));
         assert_eq!(a.caller(&md, None).unwrap().unwrap().user, "root");
+        // What a Watch stream keeps of its request names the same caller.
+        assert_eq!(request_token(&md), Some("nope.1"));
+        assert_eq!(a.caller_by(Some("nope.1"), None), a.caller(&md, None));
+        let mut gateway = tonic::metadata::MetadataMap::new();
+        gateway.insert("authorization", "Bearer nope.1".parse().unwrap());
+        assert_eq!(request_token(&gateway), Some("Bearer nope.1"));
+        assert_eq!(a.caller(&gateway, None).unwrap().unwrap().user, "root");
+        assert_eq!(
+            a.caller_by(Some("other"), None),
+            Err(ApiError::InvalidAuthToken)
+        );
         let nobody = Caller {
             user: "eve".into(),
             revision: a.revision(),
