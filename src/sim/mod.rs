@@ -18,7 +18,8 @@
 mod digest;
 pub mod driver;
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
+use std::sync::Once;
 
 use crate::raft::SafetyMutation;
 use crate::server::revisions::KeyspaceMutation;
@@ -71,21 +72,49 @@ pub fn parse_mutation(name: &str) -> Result<SafetyMutation, SimConfigError> {
 
 thread_local! {
     static LAST_PANIC: RefCell<Option<String>> = const { RefCell::new(None) };
+    /// Whether this thread is running a seed ([`driver::run_seed_alone`]).
+    static IN_SEED: Cell<bool> = const { Cell::new(false) };
 }
 
-/// Replaces the process panic hook with one that records the panic's message
-/// and location for the simulator's report instead of printing it. A run
-/// under a mutation makes the core panic on purpose, often; printing every
-/// one would bury the report.
+/// Installs, once per process, a panic hook that records the message and
+/// location of a panic on a thread running a seed for the simulator's
+/// report instead of printing it. A run under a mutation makes the core
+/// panic on purpose, often; printing every one would bury the report.
+/// Panics anywhere else (a test's own assertion, another test of the same
+/// binary) still reach the hook that was installed before.
 pub fn install_quiet_panic_hook() {
-    std::panic::set_hook(Box::new(|info| {
-        let msg = panic_message(info.payload());
-        let loc = info
-            .location()
-            .map(|l| format!(" at {}:{}", l.file(), l.line()))
-            .unwrap_or_default();
-        LAST_PANIC.with(|p| *p.borrow_mut() = Some(format!("{msg}{loc}")));
-    }));
+    static INSTALL: Once = Once::new();
+    INSTALL.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !IN_SEED.with(Cell::get) {
+                return previous(info);
+            }
+            let msg = panic_message(info.payload());
+            let loc = info
+                .location()
+                .map(|l| format!(" at {}:{}", l.file(), l.line()))
+                .unwrap_or_default();
+            LAST_PANIC.with(|p| *p.borrow_mut() = Some(format!("{msg}{loc}")));
+        }));
+    });
+}
+
+/// Marks this thread as running a seed until dropped: the quiet hook
+/// records its panics.
+struct InSeed;
+
+impl InSeed {
+    fn enter() -> Self {
+        IN_SEED.with(|s| s.set(true));
+        InSeed
+    }
+}
+
+impl Drop for InSeed {
+    fn drop(&mut self) {
+        IN_SEED.with(|s| s.set(false));
+    }
 }
 
 fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {

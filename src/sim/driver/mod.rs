@@ -648,6 +648,7 @@ pub fn run_seed_alone(cfg: &DriverSimConfig) -> Result<DriverSimOutcome, DriverS
         .start_paused(true)
         .build()
         .map_err(|e| DriverSimError::Setup(format!("building a runtime: {e}")))?;
+    let _quiet = super::InSeed::enter();
     runtime.block_on(tokio::task::LocalSet::new().run_until(run_seed(cfg)))
 }
 
