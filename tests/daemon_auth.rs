@@ -14,7 +14,7 @@
 //! started the same way (the ignored `etcd` test of each module):
 //!
 //! ```text
-//! cargo test --test daemon_auth -- --ignored etcd
+//! cargo test --test integration -- --ignored daemon_auth::
 //! ```
 //!
 //! The limit on failed authentications is Cairn's own (etcd has none) and
@@ -27,9 +27,8 @@
 //! snapshot), `auth/transports.rs` (the gateway's token header, users named
 //! by client certificates); `auth/mod.rs` starts the clusters.
 
-mod auth;
-mod common;
-mod gateway_http;
+use crate::auth;
+use crate::common;
 
 /// Each scenario as two tests: `cairn` against Cairn, and `etcd` (ignored)
 /// against a real etcd, with the same expectations.
@@ -44,7 +43,7 @@ macro_rules! against_cairn_and_etcd {
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            #[ignore = "verifies the expectations against etcd 3.4: cargo test --test daemon_auth -- --ignored etcd"]
+            #[ignore = "verifies the expectations against etcd 3.4: cargo test --test integration -- --ignored daemon_auth::"]
             async fn etcd() {
                 if crate::common::require_tool("etcd") {
                     scenario(Target::Etcd).await;

@@ -4,7 +4,7 @@
 //! revisions, restored members that disagree, and damaged or mismatched files
 //! accepted at start.
 
-mod common;
+use crate::common;
 
 use common::{client, etcdctl, wait_writable, Cluster};
 use etcd_client::GetOptions;

@@ -4,9 +4,8 @@
 //! shard's ticks and the core's other shards run in between; the store it
 //! ends with is the others'.
 
-mod common;
-#[path = "ops_promtext.rs"]
-mod promtext;
+use crate::common;
+use crate::promtext;
 
 use std::time::Duration;
 

@@ -5,9 +5,8 @@
 //! order or miscounted, cross-shard txns silently accepted, and bad requests
 //! getting anything but etcd's errors — or taking the daemon down.
 
-mod common;
-#[path = "ops_promtext.rs"]
-mod promtext;
+use crate::common;
+use crate::promtext;
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};

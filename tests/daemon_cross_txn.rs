@@ -22,8 +22,8 @@
 //! check in `cross_txn/ledger.rs`); `cross_txn/mod.rs` starts the clusters and
 //! sends the txns. The tests are all here.
 
-mod common;
-mod cross_txn;
+use crate::common;
+use crate::cross_txn;
 
 use std::collections::BTreeSet;
 
@@ -35,11 +35,6 @@ use cross_txn::kill9::{txns_stay_whole_across_kill9, WRITERS};
 use cross_txn::ledger::{check_all_or_nothing, txn_keys, Issued, Outcome, MARK};
 use cross_txn::{placed, shards_of};
 use etcd_client::EventType;
-
-#[path = "common/keyspace.rs"]
-mod keyspace;
-#[path = "ops_promtext.rs"]
-mod promtext;
 
 /// The shard counts when `CAIRN_XTXN_SHARDS` is not set: the one every
 /// build passes today. Once transactions over several shards land, make it

@@ -6,7 +6,7 @@
 //! panics, busy-loops logging the same error, or loses acknowledged writes
 //! when the disk fills.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -3,7 +3,7 @@
 //! ./default.cairn. Guards against wire or semantic differences from etcd that
 //! etcdctl, the tool operators reach for first, would trip over.
 
-mod common;
+use crate::common;
 
 use std::io::Write;
 use std::process::{Command, Stdio};

@@ -4,7 +4,7 @@
 //! after recovery, members that cannot catch up after being down, and leader
 //! failover slower than the election timeout allows.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};

@@ -7,17 +7,14 @@
 //! every shard, through any member, are one cut of that order at their
 //! header revision, and a compaction compacts every shard at one revision.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use common::{client, wait_writable, Cluster};
 
-#[path = "common/keyspace.rs"]
-mod keyspace;
-#[path = "ops_promtext.rs"]
-mod promtext;
+use crate::keyspace;
 
 const SHARDS: u32 = 4;
 

@@ -6,7 +6,7 @@
 //! against leases that only work on one shard, expiries that miss keys or
 //! members, and TTLs lost with a leader.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

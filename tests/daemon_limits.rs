@@ -7,7 +7,7 @@
 //! applied on every member identically (HashKV equal, keys readable on the
 //! small member), and the small member refuses the same requests itself.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

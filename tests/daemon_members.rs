@@ -5,7 +5,7 @@
 //! start again); restarts keep the membership. Guards against joins that never
 //! catch up, membership lost at restart, and removed members that linger.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -3,7 +3,7 @@
 //! for an unknown target, a learner, and a member that leads nothing.
 //! Guards against an operator's move being lost or silently undone.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

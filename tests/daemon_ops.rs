@@ -5,9 +5,8 @@
 //! that tells systemd it is ready before it can serve, metrics that do not move,
 //! or a supervisor that never hears from it.
 
-mod common;
-#[path = "ops_promtext.rs"]
-mod promtext;
+use crate::common;
+use crate::promtext;
 
 use std::os::unix::net::UnixDatagram;
 use std::time::{Duration, Instant};

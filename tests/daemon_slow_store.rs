@@ -10,9 +10,8 @@
 //! writes or snapshot install, which would stop the ticks, heartbeats and
 //! requests of every shard on that core.
 
-mod common;
-#[path = "ops_promtext.rs"]
-mod promtext;
+use crate::common;
+use crate::promtext;
 
 use std::time::{Duration, Instant};
 

@@ -6,7 +6,7 @@
 //! up, against bad certificate files that start a member half-configured,
 //! and against handshake floods or garbage that stop a member serving.
 
-mod common;
+use crate::common;
 
 use std::io::Write;
 use std::path::Path;

@@ -3,7 +3,7 @@
 //! create and compare-and-swap, leases, its lock recipe and watches. Guards
 //! against gateway answers that etcd's own JSON clients cannot read.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 

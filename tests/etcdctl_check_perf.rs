@@ -6,9 +6,9 @@
 //! check would fail. Alone in its file so no other test shares the CPUs
 //! while it measures. It takes over a minute by design, so it runs on
 //! demand rather than in the suite:
-//! `cargo test --release --test etcdctl_check_perf -- --ignored`.
+//! `cargo test --release --test integration -- --ignored etcdctl_check_perf`.
 
-mod common;
+use crate::common;
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 const RUN_DEADLINE: Duration = Duration::from_secs(240);
 
 #[test]
-#[ignore = "over a minute by design: cargo test --release --test etcdctl_check_perf -- --ignored"]
+#[ignore = "over a minute by design: cargo test --release --test integration -- --ignored etcdctl_check_perf"]
 fn etcdctl_check_perf_passes() {
     if !common::require_tool("etcdctl") {
         return;

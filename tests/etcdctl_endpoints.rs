@@ -7,7 +7,7 @@
 //! plain `host:port`; the same commands are checked there too, through the
 //! same shim.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

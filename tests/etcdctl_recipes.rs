@@ -10,7 +10,7 @@
 //! from the next) would trip over, and against a txn an operator types that
 //! applies on some shards and not others.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Stdio};

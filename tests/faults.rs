@@ -11,42 +11,38 @@
 //! gaps, and txns that break atomicity or isolation; a planted bug (serializable reads judged as linearizable) shows the
 //! checkers catch what they claim to.
 //!
-//! The short run is part of the normal suite (`cargo test --test faults`).
+//! The short run is part of the normal suite (`cargo test --test integration faults::`).
 //! The soak (10 minutes per fault class, each on a fresh cluster):
 //!
 //! ```sh
-//! cargo test --release --test faults -- --ignored soak --nocapture
+//! cargo test --release --test integration -- --ignored faults::soak --nocapture
 //! CAIRN_FAULTS_SOAK_MINUTES=2 CAIRN_FAULTS_SOAK_CLASSES=kill,pause \
-//!     cargo test --release --test faults -- --ignored soak --nocapture
+//!     cargo test --release --test integration -- --ignored faults::soak --nocapture
 //! ```
 //!
 //! `CAIRN_FAULTS_SEED` replays a run's fault schedule (its table prints it).
 
-mod common;
-
-mod faults {
-    pub mod cluster;
-    pub mod elle;
-    pub mod history;
-    pub mod linearizable;
-    pub mod locks;
-    pub mod nemesis;
-    pub mod proxy;
-    pub mod run;
-    pub mod txns;
-    pub mod watches;
-    pub mod workload;
-}
+pub mod cluster;
+pub mod elle;
+pub mod history;
+pub mod linearizable;
+pub mod locks;
+pub mod nemesis;
+pub mod proxy;
+pub mod run;
+pub mod txns;
+pub mod watches;
+pub mod workload;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use faults::cluster::Bench;
-use faults::history::History;
-use faults::locks::{self, LockLog, Locker};
-use faults::nemesis::{cut_between, Fault, MENU};
-use faults::run::{run, RunConfig, RunReport};
+use self::cluster::Bench;
+use self::history::History;
+use self::locks::{LockLog, Locker};
+use self::nemesis::{cut_between, Fault, MENU};
+use self::run::{run, RunConfig, RunReport};
 
 /// One cluster run at a time: the machine is small and the runs time-bound.
 static ONE_RUN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -274,7 +270,7 @@ async fn a_resumed_stale_leader_does_not_renew_an_expired_lease() {
     bench.wait_writable(Duration::from_secs(60)).await;
     let leader = bench.leader().await.expect("a leader");
     let via_leader = bench.client_endpoints(0)[leader].clone();
-    let mut a = faults::cluster::direct_client(&via_leader).await;
+    let mut a = cluster::direct_client(&via_leader).await;
     let grant = a.lease_grant(2, None).await.expect("grant A's lease");
     let acquire = etcd_client::Txn::new()
         .when([etcd_client::Compare::create_revision(
@@ -288,7 +284,7 @@ async fn a_resumed_stale_leader_does_not_renew_an_expired_lease() {
             Some(etcd_client::PutOptions::new().with_lease(grant.id())),
         )]);
     assert!(a.txn(acquire).await.expect("A acquires").succeeded());
-    let mut ka = faults::cluster::stream_client(&via_leader).await;
+    let mut ka = cluster::stream_client(&via_leader).await;
     let (mut keeper, mut answers) = ka.lease_keep_alive(grant.id()).await.expect("keep-alive");
     keeper.keep_alive().await.expect("renew");
     let first = answers

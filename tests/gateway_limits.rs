@@ -6,8 +6,8 @@
 //! connection while the member keeps serving. Guards against a gateway that
 //! can be made to hold memory without bound or to stop the member.
 
-mod common;
-mod gateway_http;
+use crate::common;
+use crate::gateway_http;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

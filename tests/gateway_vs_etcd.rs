@@ -10,8 +10,8 @@
 //! parse errors, the Auth service it does not have yet, the version it
 //! reports) the test checks Cairn's own answer and the README says so.
 
-mod common;
-mod gateway_http;
+use crate::common;
+use crate::gateway_http;
 
 use std::time::{Duration, Instant};
 

@@ -7,7 +7,7 @@
 //!   their header lists counted in the connection's budget, and many
 //!   long-lived calls cancelled at once.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

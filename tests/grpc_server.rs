@@ -8,7 +8,7 @@
 //!   GOAWAY code RFC 9113 names, or resets only its stream, and the member
 //!   goes on serving (what one connection may hold: `grpc_limits.rs`).
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -11,7 +11,7 @@
 //! etcdctl: `tests/etcdctl_recipes.rs`; three members at `--shards 4`
 //! through kills: `tests/daemon_keyspace.rs`.)
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -9,10 +9,9 @@
 //! systemd gives a `Type=notify` unit), the process sends `READY=1` once ready,
 //! keepalives while it runs, and `STOPPING=1` last on SIGTERM.
 //!
-//! Run alone with `cargo test -p cairn --test ops_daemon`.
+//! Run alone with `cargo test -p cairn --test integration ops_daemon::`.
 
-#[path = "ops_promtext.rs"]
-mod promtext;
+use crate::promtext;
 
 use std::net::{SocketAddr, TcpListener as StdListener};
 use std::process::{Child, Command, Stdio};

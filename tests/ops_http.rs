@@ -6,8 +6,7 @@
 //! with gRPC, HTTP/1 requests reaching the gRPC server or gRPC connections not
 //! reaching it.
 
-#[path = "ops_promtext.rs"]
-mod promtext;
+use crate::promtext;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -6,8 +6,7 @@
 //! when summed into the member-wide etcd series; and scrapes that see torn
 //! histograms while cores are writing.
 
-#[path = "ops_promtext.rs"]
-mod promtext;
+use crate::promtext;
 
 use std::time::Duration;
 
@@ -214,7 +213,7 @@ fn scrapes_during_writes_always_parse_and_never_go_backwards() {
 }
 
 /// Cost of the hot-path calls and of a scrape. Run with
-/// `cargo test --release -p cairn --test ops_metrics -- --ignored --nocapture`.
+/// `cargo test --release -p cairn --test integration ops_metrics:: -- --ignored --nocapture`.
 #[test]
 #[ignore = "benchmark"]
 fn bench_hot_path_and_scrape_cost() {

@@ -8,7 +8,7 @@
 //! etcd v3 client would trip over, and against a leader key whose lease does
 //! not expire when its owner dies.
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::io::{Read, Write};

@@ -1,0 +1,59 @@
+//! The root crate's integration tests, as one test binary: each `tests/*.rs`
+//! file below is a module of it, named after its file (`cargo test --test
+//! integration daemon_tls::` runs one file's tests). One binary builds and
+//! links the member's code, the shared helpers and the etcd client's
+//! generic code once instead of once per file, and its tests share the
+//! test threads, so a file's long test no longer leaves the other CPU
+//! waiting before the next file starts.
+//!
+//! Three files stay their own binaries (see `Cargo.toml`): `driver_sim.rs`
+//! reopens stores whose lock a child spawned by another test would hold
+//! until it execs, `request_head_memory.rs` installs a counting global
+//! allocator, and `ops_notify_env.rs` sets environment variables the member
+//! reads.
+
+// Helpers shared by the files.
+mod auth;
+mod common;
+mod cross_txn;
+mod gateway_http;
+#[path = "common/keyspace.rs"]
+mod keyspace;
+#[path = "ops_promtext.rs"]
+mod promtext;
+
+// The tests, one module per file.
+mod daemon_auth;
+mod daemon_backup;
+mod daemon_catch_up;
+mod daemon_cluster;
+mod daemon_cross_txn;
+mod daemon_disk_full;
+mod daemon_etcdctl;
+mod daemon_failures;
+mod daemon_keyspace;
+mod daemon_lease;
+mod daemon_limits;
+mod daemon_members;
+mod daemon_move_leader;
+mod daemon_ops;
+mod daemon_slow_store;
+mod daemon_tls;
+mod etcd3gw_client;
+mod etcdctl_check_perf;
+mod etcdctl_endpoints;
+mod etcdctl_recipes;
+mod faults;
+mod gateway_limits;
+mod gateway_vs_etcd;
+mod grpc_limits;
+mod grpc_server;
+mod keyspace_every_count;
+mod module_layers;
+mod ops_daemon;
+mod ops_http;
+mod ops_logging;
+mod ops_metrics;
+mod ops_notify;
+mod ops_systemd;
+mod patroni;
