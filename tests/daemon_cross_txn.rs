@@ -36,9 +36,8 @@ use cross_txn::ledger::{check_all_or_nothing, txn_keys, Issued, Outcome, MARK};
 use cross_txn::{placed, shards_of};
 use etcd_client::EventType;
 
-/// The shard counts when `CAIRN_XTXN_SHARDS` is not set: the one every
-/// build passes today. Once transactions over several shards land, make it
-/// `&[1, 4]`.
+/// The shard counts when `CAIRN_XTXN_SHARDS` is not set: one shard, where
+/// a txn stays on its shard, and four, where txns span shards.
 const DEFAULT_SHARD_COUNTS: &[usize] = &[1, 4];
 
 // ---------------------------------------------------------------------------
