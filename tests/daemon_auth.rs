@@ -27,7 +27,9 @@
 //! snapshot), `auth/transports.rs` (the gateway's token header, users named
 //! by client certificates); `auth/mod.rs` starts the clusters.
 
-use crate::auth;
+#[path = "auth/mod.rs"]
+mod auth;
+
 use crate::common;
 
 /// Each scenario as two tests: `cairn` against Cairn, and `etcd` (ignored)
@@ -35,7 +37,7 @@ use crate::common;
 macro_rules! against_cairn_and_etcd {
     ($($module:ident::$scenario:ident),* $(,)?) => {$(
         mod $scenario {
-            use crate::auth::{$module::$scenario as scenario, Target};
+            use super::auth::{$module::$scenario as scenario, Target};
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn cairn() {

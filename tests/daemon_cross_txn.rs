@@ -22,8 +22,10 @@
 //! check in `cross_txn/ledger.rs`); `cross_txn/mod.rs` starts the clusters and
 //! sends the txns. The tests are all here.
 
+#[path = "cross_txn/mod.rs"]
+mod cross_txn;
+
 use crate::common;
-use crate::cross_txn;
 
 use std::collections::BTreeSet;
 

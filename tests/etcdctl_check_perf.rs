@@ -3,8 +3,8 @@
 //! thresholds (throughput at least 90% of the load, slowest request under
 //! 500 ms, standard deviation under 100 ms). Guards against a cluster that
 //! stalls, drops requests or answers with tail latencies etcd's own health
-//! check would fail. Alone in its file so no other test shares the CPUs
-//! while it measures. It takes over a minute by design, so it runs on
+//! check would fail. Run by name (below), so no other test shares the
+//! CPUs while it measures. It takes over a minute by design, so it runs on
 //! demand rather than in the suite:
 //! `cargo test --release --test integration -- --ignored etcdctl_check_perf`.
 

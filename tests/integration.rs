@@ -6,16 +6,17 @@
 //! test threads, so a file's long test no longer leaves the other CPU
 //! waiting before the next file starts.
 //!
-//! Three files stay their own binaries (see `Cargo.toml`): `driver_sim.rs`
+//! Four files stay their own binaries (see `Cargo.toml`): `driver_sim.rs`
 //! reopens stores whose lock a child spawned by another test would hold
 //! until it execs, `request_head_memory.rs` installs a counting global
-//! allocator, and `ops_notify_env.rs` sets environment variables the member
-//! reads.
+//! allocator, `ops_logging.rs` installs the global log subscriber and counts
+//! the lines it writes, and `ops_notify_env.rs` sets environment variables
+//! the member reads.
 
-// Helpers shared by the files.
-mod auth;
+// Helpers shared by several files. A folder that serves one file (`auth/`,
+// `cross_txn/`, `faults/`) is declared by that file, so its tests carry the
+// file's name too.
 mod common;
-mod cross_txn;
 mod gateway_http;
 #[path = "common/keyspace.rs"]
 mod keyspace;
@@ -52,7 +53,6 @@ mod keyspace_every_count;
 mod module_layers;
 mod ops_daemon;
 mod ops_http;
-mod ops_logging;
 mod ops_metrics;
 mod ops_notify;
 mod ops_systemd;

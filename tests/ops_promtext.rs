@@ -2,8 +2,8 @@
 //! tests. Guards against a `/metrics` output that a real scraper would reject or
 //! misread: malformed lines, bad escapes, families split apart or declared twice,
 //! duplicate series, and histograms whose buckets are not cumulative or whose
-//! `+Inf` bucket disagrees with `_count`. The other `ops_*` tests include this
-//! file as a module to check what Cairn renders.
+//! `+Inf` bucket disagrees with `_count`. `integration.rs` declares this file as
+//! `promtext`, which other tests use to check what Cairn renders.
 #![allow(dead_code)]
 
 use std::collections::{BTreeMap, HashSet};

@@ -102,8 +102,10 @@ pub fn install_quiet_panic_hook() {
 
 /// Marks this thread as running a seed until dropped: the quiet hook
 /// records its panics.
+#[cfg(feature = "paused-clock")]
 struct InSeed;
 
+#[cfg(feature = "paused-clock")]
 impl InSeed {
     fn enter() -> Self {
         IN_SEED.with(|s| s.set(true));
@@ -111,6 +113,7 @@ impl InSeed {
     }
 }
 
+#[cfg(feature = "paused-clock")]
 impl Drop for InSeed {
     fn drop(&mut self) {
         IN_SEED.with(|s| s.set(false));
