@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use common::{client, wait_writable, Cluster};
 
-use crate::keyspace;
+use crate::common::keyspace;
 
 const SHARDS: u32 = 4;
 

@@ -6,20 +6,17 @@
 //! test threads, so a file's long test no longer leaves the other CPU
 //! waiting before the next file starts.
 //!
-//! Four files stay their own binaries (see `Cargo.toml`): `driver_sim.rs`
-//! reopens stores whose lock a child spawned by another test would hold
-//! until it execs, `request_head_memory.rs` installs a counting global
-//! allocator, `ops_logging.rs` installs the global log subscriber and counts
-//! the lines it writes, and `ops_notify_env.rs` sets environment variables
-//! the member reads.
+//! Four files stay their own binaries (`driver_sim.rs`,
+//! `request_head_memory.rs`, `ops_logging.rs`, `ops_notify_env.rs`);
+//! `Cargo.toml` says why beside each. Helpers here carry no
+//! `allow(dead_code)`: one that no test calls is a warning, and an error
+//! under CI's clippy.
 
 // Helpers shared by several files. A folder that serves one file (`auth/`,
 // `cross_txn/`, `faults/`) is declared by that file, so its tests carry the
 // file's name too.
 mod common;
 mod gateway_http;
-#[path = "common/keyspace.rs"]
-mod keyspace;
 #[path = "ops_promtext.rs"]
 mod promtext;
 

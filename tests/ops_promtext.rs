@@ -4,7 +4,6 @@
 //! duplicate series, and histograms whose buckets are not cumulative or whose
 //! `+Inf` bucket disagrees with `_count`. `integration.rs` declares this file as
 //! `promtext`, which other tests use to check what Cairn renders.
-#![allow(dead_code)]
 
 use std::collections::{BTreeMap, HashSet};
 

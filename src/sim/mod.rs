@@ -117,6 +117,13 @@ impl InSeed {
 impl Drop for InSeed {
     fn drop(&mut self) {
         IN_SEED.with(|s| s.set(false));
+        // A panic leaving the seed itself (its tasks' panics become the
+        // seed's report) was recorded and not printed: print it now.
+        if std::thread::panicking() {
+            if let Some(report) = LAST_PANIC.with(|p| p.borrow_mut().take()) {
+                eprintln!("a seed panicked: {report}");
+            }
+        }
     }
 }
 

@@ -1,6 +1,6 @@
 //! Which member is the keyspace leader (it leads every shard), read from
-//! the members' metrics. Declared once by `integration.rs` for the tests of
-//! several shards, beside `ops_promtext.rs` as `promtext`.
+//! the members' metrics (parsed by `ops_promtext.rs`, declared as
+//! `promtext`).
 
 use crate::common::{http_get, Cluster};
 use crate::promtext;

@@ -1,8 +1,7 @@
 //! Test harness: real `cairn` processes on 127.0.0.1 with free ports and
 //! temporary data directories, stopped (kill -9) when the harness is dropped.
 
-#![allow(dead_code)]
-
+pub mod keyspace;
 pub mod raw_h2;
 pub mod tls;
 
@@ -685,21 +684,6 @@ pub async fn shard0_leader(cluster: &Cluster) -> usize {
             }
         }
         assert!(Instant::now() < deadline, "no leader of shard 0");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// Waits (up to 20 s, as leadership moves) until member `member` leads
-/// shard 0; panics with the members' logs if it never does.
-pub async fn wait_shard0_leader(cluster: &Cluster, member: usize) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while shard0_leader(cluster).await != member {
-        assert!(
-            Instant::now() < deadline,
-            "{} never led shard 0\n{}",
-            cluster.members[member].name,
-            cluster.logs()
-        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }

@@ -16,8 +16,8 @@ use super::ledger::{check_all_or_nothing, marker, txn_keys, Issued, Ledger, Outc
 use super::{
     header_revision, placed, send_txn, start, text, Failure, REQUEST_TIMEOUT, STEP_DEADLINE,
 };
+use crate::common::keyspace;
 use crate::common::{self, client, wait_writable, Cluster};
-use crate::keyspace;
 
 /// Clients issuing txns at once, each through a member of its own until
 /// that one fails it.

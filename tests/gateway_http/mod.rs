@@ -2,8 +2,6 @@
 //! bodies read whole (Content-Length or chunked) or line by line from a
 //! stream, every read bounded by a timeout so a stuck server fails the test.
 
-#![allow(dead_code)]
-
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
