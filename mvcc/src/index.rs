@@ -63,9 +63,15 @@ struct Generation {
     revs: Revs,
 }
 
+/// A key's generations: the current one inline (most keys never had a
+/// delete, so a lookup reaches its revisions without another allocation),
+/// the closed ones before it, oldest first.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct KeyIndex {
-    generations: Vec<Generation>,
+    /// Empty while the key is deleted.
+    cur: Generation,
+    /// Each ends with its tombstone.
+    closed: Vec<Generation>,
 }
 
 /// What the index knows of a key at some revision.
@@ -78,21 +84,22 @@ pub(crate) struct Found {
 
 impl KeyIndex {
     fn is_empty(&self) -> bool {
-        self.generations.len() == 1 && self.generations[0].revs.is_empty()
+        self.closed.is_empty() && self.cur.revs.is_empty()
     }
 
     fn is_live(&self) -> bool {
-        self.generations.last().is_some_and(|g| !g.revs.is_empty())
+        !self.cur.revs.is_empty()
     }
 
     fn get(&self, at: i64) -> Option<Found> {
-        let last = self.generations.len().checked_sub(1)?;
-        for (gi, g) in self.generations.iter().enumerate().rev() {
+        let gens =
+            std::iter::once((true, &self.cur)).chain(self.closed.iter().rev().map(|g| (false, g)));
+        for (current, g) in gens {
             let (Some(first), Some(tail)) = (g.revs.first(), g.revs.last()) else {
                 continue;
             };
             // A closed generation ends with its tombstone.
-            if gi != last && tail.main <= at {
+            if !current && tail.main <= at {
                 return None;
             }
             if first.main <= at {
@@ -108,10 +115,7 @@ impl KeyIndex {
     }
 
     fn put(&mut self, rev: Revision) -> (Revision, i64) {
-        if self.generations.is_empty() {
-            self.generations.push(Generation::default());
-        }
-        let g = self.generations.last_mut().expect("a generation");
+        let g = &mut self.cur;
         if g.revs.is_empty() {
             g.created = rev;
         }
@@ -123,24 +127,29 @@ impl KeyIndex {
         (g.created, g.ver)
     }
 
+    /// Ends the current generation with its tombstone.
+    fn close(&mut self, rev: Revision) {
+        self.put(rev);
+        self.closed.push(std::mem::take(&mut self.cur));
+    }
+
     /// Removes revisions that no read at or after `at` can reach; returns them.
     fn compact(&mut self, at: i64, removed: &mut Vec<Revision>) {
-        let mut gi = 0;
-        while gi + 1 < self.generations.len() {
-            let g = &self.generations[gi];
-            if g.revs
-                .last()
-                .expect("closed generations are not empty")
-                .main
-                > at
-            {
-                break;
-            }
+        let gone = self
+            .closed
+            .iter()
+            .take_while(|g| {
+                g.revs
+                    .last()
+                    .expect("closed generations are not empty")
+                    .main
+                    <= at
+            })
+            .count();
+        for g in self.closed.drain(..gone) {
             removed.extend_from_slice(&g.revs);
-            gi += 1;
         }
-        self.generations.drain(..gi);
-        let g = &mut self.generations[0];
+        let g = self.closed.first_mut().unwrap_or(&mut self.cur);
         let keep_from = g.revs.partition_point(|r| r.main <= at);
         if keep_from > 1 {
             g.revs.drain_front(keep_from - 1, removed);
@@ -296,16 +305,17 @@ impl Index {
     pub(crate) fn restore(&mut self, key: &[u8], rev: Revision, created: i64, version: i64) {
         let ki = match self.keys.entry(IKey::new(key)) {
             std::collections::btree_map::Entry::Vacant(v) => {
-                let mut ki = KeyIndex::default();
-                ki.generations.push(Generation {
-                    ver: version,
-                    created: Revision {
-                        main: created,
-                        sub: 0,
+                v.insert(KeyIndex {
+                    cur: Generation {
+                        ver: version,
+                        created: Revision {
+                            main: created,
+                            sub: 0,
+                        },
+                        revs: Revs::One(rev),
                     },
-                    revs: Revs::One(rev),
+                    closed: Vec::new(),
                 });
-                v.insert(ki);
                 return;
             }
             std::collections::btree_map::Entry::Occupied(o) => o.into_mut(),
@@ -314,10 +324,7 @@ impl Index {
             ki.put(rev);
             return;
         }
-        if ki.generations.is_empty() {
-            ki.generations.push(Generation::default());
-        }
-        let g = ki.generations.last_mut().expect("a generation");
+        let g = &mut ki.cur;
         g.created = Revision {
             main: created,
             sub: 0,
@@ -334,8 +341,7 @@ impl Index {
         if !ki.is_live() {
             return false;
         }
-        ki.put(rev);
-        ki.generations.push(Generation::default());
+        ki.close(rev);
         true
     }
 
@@ -489,5 +495,32 @@ mod tests {
         assert_eq!(ix.get(b"b", 5).unwrap().version, 1);
         assert_eq!(ix.compact(6), vec![r(5)]);
         assert_eq!(ix.get(b"b", 6).unwrap().version, 2);
+    }
+
+    #[test]
+    fn a_key_deleted_twice_keeps_each_closed_generation_until_compacted() {
+        let mut ix = Index::default();
+        ix.put(b"a", r(2));
+        assert!(ix.tombstone(b"a", r(3)));
+        ix.put(b"a", r(4));
+        ix.put(b"a", r(5));
+        assert!(ix.tombstone(b"a", r(6)));
+        ix.put(b"a", r(7));
+        assert!(ix.is_live(b"a"));
+        assert_eq!(ix.get(b"a", 2).unwrap().created, r(2));
+        assert_eq!(ix.get(b"a", 3), None);
+        let at5 = ix.get(b"a", 5).unwrap();
+        assert_eq!((at5.created, at5.version), (r(4), 2));
+        assert_eq!(ix.get(b"a", 6), None);
+        assert_eq!(ix.get(b"a", 7).unwrap().version, 1);
+        // The first closed generation goes whole; the second keeps its last
+        // put before the compaction point.
+        assert_eq!(ix.compact(5), vec![r(2), r(3), r(4)]);
+        assert_eq!(ix.get(b"a", 5).unwrap().modified, r(5));
+        assert_eq!(ix.compact(7), vec![r(5), r(6)]);
+        assert_eq!(ix.get(b"a", 7).unwrap().modified, r(7));
+        assert!(ix.tombstone(b"a", r(8)));
+        assert_eq!(ix.compact(8), vec![r(7), r(8)]);
+        assert_eq!(ix.len(), 0);
     }
 }
