@@ -9,6 +9,7 @@
 //! - `cairn_proto::h2`: frame layouts and writers, HPACK.
 //! - [`request`]: a request's header fields.
 //! - [`send`]: queued answers and the peer's flow-control windows.
+//! - [`stream_ids`]: maps keyed by stream id.
 //! - [`dispatch`]: the KV fast path and the tonic path.
 //! - [`conn`]: one connection's reading, state and writing.
 
@@ -16,6 +17,7 @@ pub mod conn;
 pub mod dispatch;
 pub mod request;
 pub mod send;
+pub mod stream_ids;
 
 pub use conn::{serve, ConnError};
 pub use dispatch::Handler;

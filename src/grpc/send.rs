@@ -9,12 +9,14 @@
 //! has taken some, so a client that stops reading holds at most that much per
 //! stream.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::task::{Context, Poll, Waker};
 
 use bytes::{Bytes, BytesMut};
 
 use cairn_proto::h2::frame;
+
+use super::stream_ids::StreamMap;
 
 /// Most response bytes a streaming call queues before it waits for the peer.
 pub const STREAM_HIGH_WATER: usize = 256 * 1024;
@@ -45,7 +47,7 @@ struct SendStream {
 /// Every open stream's pending output and the connection's send window.
 #[derive(Debug)]
 pub struct Outbox {
-    streams: HashMap<u32, SendStream>,
+    streams: StreamMap<SendStream>,
     /// Streams that may have something to send now.
     ready: VecDeque<u32>,
     /// Streams with data waiting for the connection window.
@@ -69,7 +71,7 @@ pub type Finished = Vec<u32>;
 impl Default for Outbox {
     fn default() -> Self {
         Outbox {
-            streams: HashMap::new(),
+            streams: StreamMap::default(),
             ready: VecDeque::new(),
             blocked_on_conn: Vec::new(),
             conn_window: i64::from(frame::DEFAULT_WINDOW),

@@ -26,7 +26,6 @@
 //! with status Internal and leaves the connection's other calls alone.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
@@ -43,6 +42,7 @@ use tokio::sync::mpsc;
 use super::dispatch::{Handler, KvCall};
 use super::request::RequestHead;
 use super::send::{Out, Outbox};
+use super::stream_ids::StreamMap;
 use crate::ops::http::HTTP2_PREFACE;
 use crate::tls::ClientConnInfo;
 use cairn_proto::h2::frame::{self, ErrorCode, Head};
@@ -183,7 +183,7 @@ struct Conn<IO> {
     outbox: Rc<RefCell<Outbox>>,
     decoder: hpack::Decoder,
     block: hpack::Block,
-    streams: HashMap<u32, Stream>,
+    streams: StreamMap<Stream>,
     last_stream: u32,
     pending_block: Option<PendingBlock>,
     unary: FuturesUnordered<LocalBoxFuture<'static, (u32, Vec<Out>)>>,
@@ -232,7 +232,7 @@ where
         outbox: Rc::new(RefCell::new(Outbox::default())),
         decoder: hpack::Decoder::default(),
         block: hpack::Block::default(),
-        streams: HashMap::new(),
+        streams: StreamMap::default(),
         last_stream: 0,
         pending_block: None,
         unary: FuturesUnordered::new(),
