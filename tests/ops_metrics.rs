@@ -62,6 +62,7 @@ fn renderer_output_parses_as_prometheus_text() {
         ("cairn_wal_group_commit_batch_size", "histogram"),
         ("cairn_wal_backend_info", "gauge"),
         ("cairn_core_wal_fsync_duration_seconds", "histogram"),
+        ("cairn_shard_store_commit_duration_seconds", "histogram"),
         ("cairn_shard_has_leader", "gauge"),
         ("process_resident_memory_bytes", "gauge"),
         ("process_open_fds", "gauge"),
@@ -103,6 +104,18 @@ fn renderer_output_parses_as_prometheus_text() {
     );
     assert_eq!(e.value(&format!("{FSYNC}_count"), &[]), Some(2.0));
     assert_eq!(bucket(&e, FSYNC, "0.001"), 2.0);
+
+    // A store commit of 3 ms on each of the four shards, in etcd's buckets
+    // for the member and in finer ones per shard.
+    const COMMIT: &str = "etcd_disk_backend_commit_duration_seconds";
+    assert_eq!(bucket(&e, COMMIT, "0.002"), 0.0);
+    assert_eq!(bucket(&e, COMMIT, "0.004"), 4.0);
+    const FINE: &str = "cairn_shard_store_commit_duration_seconds";
+    for shard in ["0", "1", "2", "3"] {
+        let fine = |le: &str| e.value(&format!("{FINE}_bucket"), &[("shard", shard), ("le", le)]);
+        assert_eq!(fine("0.002"), Some(0.0), "shard {shard}");
+        assert_eq!(fine("0.003"), Some(1.0), "shard {shard}");
+    }
 
     // etcd's bucket layout, exactly.
     let les: Vec<String> = e

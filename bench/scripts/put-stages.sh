@@ -13,9 +13,8 @@
 # the observations between scrapes of /metrics before and after the round:
 # the KV call, the proposal to its apply, a WAL group flush, a store
 # commit and each step of one (README, "Where a write's time goes"). Quantiles are interpolated
-# within histogram buckets, so they are as coarse as the buckets: the store
-# commit's histogram has etcd's buckets, the first up to 1 ms, so read its
-# mean rather than its quantiles below 1 ms. The members'
+# within histogram buckets, so they are as coarse as the buckets (from 50 µs
+# for the first four, from 10 µs for the steps). The members'
 # logs are kept in $CAIRN_STAGES_LOGS (default /var/tmp/put-stages-logs).
 # CAIRN_BENCH overrides the load generator (default target/release/cairn-bench).
 set -euo pipefail
@@ -57,7 +56,7 @@ echo "leader: member on 127.0.0.1:${leader}2379"
 PUT="put --key-size 8 --val-size 256 --key-space-size 100000"
 "$BENCH" --endpoints "http://127.0.0.1:${leader}2379" --conns 1 --clients 1 --duration 2s --warmup 0s $PUT > /dev/null
 STAGES="cairn_core_kv_request_duration_seconds cairn_shard_proposal_duration_seconds
-  cairn_core_wal_flush_duration_seconds cairn_shard_backend_commit_duration_seconds
+  cairn_core_wal_flush_duration_seconds cairn_shard_store_commit_duration_seconds
   cairn_shard_backend_commit_step_duration_seconds"
 for round in $(seq "$ROUNDS"); do
   for p in 1 2 3; do curl -sf "127.0.0.1:${p}2379/metrics" > "$DIR/before.$p"; done
