@@ -207,10 +207,13 @@ async fn store_commits_go_in_steps_and_land() {
             let moved = |name: &str| after.sum(name) - before.sum(name);
             let commits = moved("cairn_shard_backend_commit_duration_seconds_count");
             let steps = moved("cairn_shard_backend_commit_step_duration_seconds_count");
-            let fine = moved("cairn_shard_store_commit_duration_seconds_count");
-            // The finer histogram counts the same commits (a scrape may
-            // fall between the two observations of one).
-            if commits >= 1.0 && fine == commits {
+            // The finer histogram counts the same commits since the start
+            // (totals from one scrape: it may fall between the two
+            // observations of a commit, and the next one settles it).
+            let total = |name: &str| after.sum(name);
+            let same = total("cairn_shard_store_commit_duration_seconds_count")
+                == total("cairn_shard_backend_commit_duration_seconds_count");
+            if commits >= 1.0 && same {
                 Ok((commits, steps, text))
             } else {
                 Err(format!("no commit yet, or not in both histograms:\n{text}"))
