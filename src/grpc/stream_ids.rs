@@ -39,11 +39,12 @@ impl StreamIdHash {
 
 impl Default for StreamIdHash {
     fn default() -> StreamIdHash {
-        static SEED: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-        let seed = *SEED.get_or_init(|| {
-            std::collections::hash_map::RandomState::new().hash_one(0x7374_7265_616d_u64)
-        });
-        StreamIdHash::with_seed(seed)
+        static HASH: std::sync::OnceLock<StreamIdHash> = std::sync::OnceLock::new();
+        *HASH.get_or_init(|| {
+            let seed =
+                std::collections::hash_map::RandomState::new().hash_one(0x7374_7265_616d_u64);
+            StreamIdHash::with_seed(seed)
+        })
     }
 }
 
