@@ -179,54 +179,6 @@ impl End {
     }
 }
 
-/// A fast keyed hash for index keys: the seed is random per process, so
-/// clients cannot aim keys at one bucket without seeing the seed.
-#[derive(Clone)]
-pub(crate) struct KeyHash {
-    seed: u64,
-}
-
-impl Default for KeyHash {
-    fn default() -> KeyHash {
-        use std::hash::BuildHasher;
-        KeyHash {
-            seed: std::collections::hash_map::RandomState::new().hash_one(0x0063_6169_726e_u64),
-        }
-    }
-}
-
-pub(crate) struct KeyHasher {
-    h: u64,
-}
-
-const HASH_MUL: u64 = 0x9E37_79B9_7F4A_7C15;
-
-impl std::hash::Hasher for KeyHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        for c in bytes.chunks(8) {
-            let mut w = [0u8; 8];
-            w[..c.len()].copy_from_slice(c);
-            self.h = (self.h.rotate_left(23) ^ u64::from_le_bytes(w)).wrapping_mul(HASH_MUL);
-        }
-    }
-    fn write_usize(&mut self, n: usize) {
-        self.h = (self.h ^ n as u64).wrapping_mul(HASH_MUL);
-    }
-    fn finish(&self) -> u64 {
-        let mut z = self.h;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-}
-
-impl std::hash::BuildHasher for KeyHash {
-    type Hasher = KeyHasher;
-    fn build_hasher(&self) -> KeyHasher {
-        KeyHasher { h: self.seed }
-    }
-}
-
 const HEAD_BYTES: usize = size_of::<u128>();
 
 /// An index key with its first bytes inline: most comparisons during a tree

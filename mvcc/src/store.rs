@@ -13,7 +13,7 @@ use std::time::Instant;
 use crate::btree::{self, TreeKey};
 use crate::error::{IoOp, OpenError, StorageError};
 use crate::fault::FaultStorage;
-use crate::index::{Index, KeyHash};
+use crate::index::Index;
 use crate::page::{CorruptPage, Meta, META_FLAG_RESTORING, META_PAGES, PAGE_SIZE_BYTES};
 use crate::pager::{PageSource, Pager, SharedStorage};
 use crate::record::{Record, RecordView};
@@ -26,6 +26,14 @@ mod apply;
 pub(crate) mod changes;
 mod commit;
 mod defrag;
+/// Each leased key's lease, for detaching a key when it is overwritten or
+/// deleted. Clients choose the keys, so the map hashes them with SipHash
+/// under a random key (std's `RandomState`): with a hash whose only secret is
+/// its starting value, keys can be made to collide whatever that value is
+/// (a multiply-xor hash over 8-byte words: flip the top bit of one word and
+/// bit 22 of the next), and every put to such a key would then scan them all.
+pub(crate) type KeyLeases = HashMap<Vec<u8>, i64>;
+
 pub use defrag::{DefragProgress, DefragRun};
 mod parts;
 mod read;
@@ -232,7 +240,7 @@ pub struct Store {
     /// Revisions compaction removed that are still in the revision tree.
     pub(crate) pending_deletes: BTreeSet<Revision>,
     pub(crate) leases: BTreeMap<i64, LeaseState>,
-    pub(crate) key_lease: HashMap<Vec<u8>, i64, KeyHash>,
+    pub(crate) key_lease: KeyLeases,
     pub(crate) lease_dirty: BTreeSet<i64>,
     /// The records of cross-shard txns still open, by id (the txn's
     /// revision), uncommitted puts and removes included; shared with the
@@ -476,7 +484,7 @@ impl Store {
             None => beyond = Some(id),
         };
         let mut index = Index::default();
-        let mut key_lease: HashMap<Vec<u8>, i64, KeyHash> = HashMap::default();
+        let mut key_lease = KeyLeases::default();
         let mut records = 0u64;
         let mut bad_record: Option<(TreeKey, &'static str)> = None;
         let meta = self.committed;
@@ -672,5 +680,59 @@ impl Store {
         let txn = self.committed.txn;
         *self.snapshots.borrow_mut().entry(txn).or_insert(0) += 1;
         txn
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::KeyLeases;
+    use std::collections::HashSet;
+    use std::hash::BuildHasher;
+
+    /// Keys of `pairs` 16-byte blocks, one for each way of flipping, in each
+    /// block, bit 63 of its first 8-byte word and bit 22 of its second: under
+    /// a multiply-xor hash seeded only by its start value, all of them
+    /// collide, whatever the seed.
+    fn colliding_under_multiply_xor(pairs: usize) -> Vec<Vec<u8>> {
+        (0..1u32 << pairs)
+            .map(|n| {
+                let mut key: Vec<u8> = (0..16 * pairs)
+                    .map(|i| (i as u8).wrapping_mul(37))
+                    .collect();
+                for p in 0..pairs {
+                    if n & (1 << p) != 0 {
+                        key[16 * p + 7] ^= 0x80;
+                        key[16 * p + 10] ^= 0x40;
+                    }
+                }
+                key
+            })
+            .collect()
+    }
+
+    #[test]
+    fn leased_keys_chosen_to_collide_spread_over_the_map() {
+        let keys = colliding_under_multiply_xor(12);
+        for _ in 0..4 {
+            let map = KeyLeases::default();
+            let hashes: Vec<u64> = keys.iter().map(|k| map.hasher().hash_one(k)).collect();
+            let distinct: HashSet<u64> = hashes.iter().copied().collect();
+            assert_eq!(distinct.len(), keys.len(), "full 64-bit hashes collide");
+            // The buckets of a 4,096-slot table (the low bits) and the tags
+            // (the top 7 bits): about evenly filled.
+            let mut buckets = vec![0u32; 4096];
+            let mut tags = vec![0u32; 128];
+            for h in &hashes {
+                buckets[(h & 4095) as usize] += 1;
+                tags[(h >> 57) as usize] += 1;
+            }
+            let fullest = buckets.iter().max().copied().unwrap_or(0);
+            assert!(fullest <= 12, "{fullest} keys in one bucket of 4,096");
+            let (least, most) = (tags.iter().min().unwrap(), tags.iter().max().unwrap());
+            assert!(
+                *least >= 4 && *most <= 72,
+                "tags from {least} to {most} keys"
+            );
+        }
     }
 }
