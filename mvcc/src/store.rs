@@ -26,14 +26,6 @@ mod apply;
 pub(crate) mod changes;
 mod commit;
 mod defrag;
-/// Each leased key's lease, for detaching a key when it is overwritten or
-/// deleted. Clients choose the keys, so the map hashes them with SipHash
-/// under a random key (std's `RandomState`): with a hash whose only secret is
-/// its starting value, keys can be made to collide whatever that value is
-/// (a multiply-xor hash over 8-byte words: flip the top bit of one word and
-/// bit 22 of the next), and every put to such a key would then scan them all.
-pub(crate) type KeyLeases = HashMap<Vec<u8>, i64>;
-
 pub use defrag::{DefragProgress, DefragRun};
 mod parts;
 mod read;
@@ -41,6 +33,13 @@ mod steps;
 pub use steps::CommitStep;
 pub(crate) mod txn_records;
 pub use txn_records::MAX_TXN_RECORD_BYTES;
+
+/// Each leased key's lease, for detaching a key when it is overwritten or
+/// deleted. Clients choose the keys, so they are hashed with std's SipHash
+/// under a random key: a hash whose only secret is its starting value can
+/// let keys be built that collide whatever that value is (the test below
+/// builds such keys), and every put to one of them would scan them all.
+pub(crate) type KeyLeases = HashMap<Vec<u8>, i64>;
 
 /// Tuning of one store. Nothing here changes what `apply` does with an
 /// entry: every member applies the same committed entry the same way, so a
@@ -439,7 +438,7 @@ impl Store {
             pending_bytes: 0,
             pending_deletes: BTreeSet::new(),
             leases: BTreeMap::new(),
-            key_lease: HashMap::default(),
+            key_lease: KeyLeases::default(),
             lease_dirty: BTreeSet::new(),
             txn_records: BTreeMap::new(),
             txn_dirty: BTreeSet::new(),
