@@ -30,6 +30,7 @@ pub use defrag::{DefragProgress, DefragRun};
 mod parts;
 mod read;
 mod steps;
+mod txn_check;
 pub use steps::CommitStep;
 pub(crate) mod txn_records;
 pub use txn_records::MAX_TXN_RECORD_BYTES;

@@ -10,9 +10,9 @@
 //! its revision; they differ only in the revision an op that writes nothing
 //! leaves the store at and answers with.
 
-use std::collections::HashSet;
 use std::rc::Rc;
 
+use super::txn_check::check_txn;
 use super::{LeaseState, Store, MAX_REQUEST_BYTES_LIMIT};
 use crate::error::{ApplyError, ReadError};
 use crate::index::End;
@@ -626,67 +626,5 @@ fn txn_path(v: &View<'_>, t: &TxnRequest, path: &mut Vec<bool>) -> Result<(), Re
             txn_path(v, nested, path)?;
         }
     }
-    Ok(())
-}
-
-fn in_range(k: &[u8], start: &[u8], end: &End) -> bool {
-    match end {
-        End::Single => k == start,
-        End::Open => k >= start,
-        End::Before(e) => k >= start && k < e.as_slice(),
-    }
-}
-
-type Dels = Vec<(Vec<u8>, End)>;
-
-fn intersects(dels: &Dels, k: &[u8]) -> bool {
-    dels.iter().any(|(s, e)| in_range(k, s, e))
-}
-
-/// etcd's rule: within one path a key is put at most once and never inside a
-/// range the same path deletes.
-/// No limit on the number of ops here: that is the API's `--max-txn-ops`,
-/// checked before proposing, and apply must not depend on a member's flags.
-fn check_intervals(ops: &[RequestOp]) -> Result<(HashSet<Vec<u8>>, Dels), ApplyError> {
-    let mut dels: Dels = ops
-        .iter()
-        .filter_map(|op| match op {
-            RequestOp::DeleteRange(d) => Some((d.key.clone(), End::from_range_end(&d.range_end))),
-            _ => None,
-        })
-        .collect();
-    let mut puts = HashSet::new();
-    for op in ops {
-        let RequestOp::Txn(t) = op else { continue };
-        let (then_puts, then_dels) = check_intervals(&t.success)?;
-        let (else_puts, else_dels) = check_intervals(&t.failure)?;
-        for k in &then_puts {
-            if puts.contains(k) || intersects(&dels, k) {
-                return Err(ApplyError::DuplicateKey);
-            }
-        }
-        for k in &else_puts {
-            if (puts.contains(k) && !then_puts.contains(k)) || intersects(&dels, k) {
-                return Err(ApplyError::DuplicateKey);
-            }
-        }
-        puts.extend(then_puts);
-        puts.extend(else_puts);
-        dels.extend(then_dels);
-        dels.extend(else_dels);
-    }
-    for op in ops {
-        let RequestOp::Put(p) = op else { continue };
-        if puts.contains(&p.key) || intersects(&dels, &p.key) {
-            return Err(ApplyError::DuplicateKey);
-        }
-        puts.insert(p.key.clone());
-    }
-    Ok((puts, dels))
-}
-
-fn check_txn(t: &TxnRequest) -> Result<(), ApplyError> {
-    check_intervals(&t.success)?;
-    check_intervals(&t.failure)?;
     Ok(())
 }
