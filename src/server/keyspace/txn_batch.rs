@@ -22,7 +22,7 @@ use tokio::sync::oneshot;
 
 use crate::routing::ShardId;
 use crate::server::errors::ApiError;
-use crate::server::key_ranges::ranges_overlap;
+use crate::server::key_ranges::KeyRangeSet;
 
 /// Most txns one batch runs: bounds the hold on its shards.
 pub const MAX_BATCH: usize = 64;
@@ -103,17 +103,16 @@ impl Batches {
         txn: TxnRequest,
     ) -> Entry {
         let bytes = txn.encoded_len();
+        // Built before the lock, which every core's txns take.
+        let mine = KeyRangeSet::new(&keys);
         let mut open = self.lock();
         let waiting = open.entry(shards.to_vec()).or_default();
         if let Some(last) = waiting.last_mut() {
-            let disjoint = !last
-                .batch
-                .keys
-                .iter()
-                .any(|a| keys.iter().any(|b| ranges_overlap(a, b)));
-            if disjoint
-                && last.batch.txns.len() < MAX_BATCH
+            // The cheap conditions first: the key check costs the batch's
+            // ranges times the log of this txn's.
+            if last.batch.txns.len() < MAX_BATCH
                 && last.bytes + bytes <= MAX_BATCH_BYTES
+                && !mine.overlaps_any(&last.batch.keys)
             {
                 let (reply, rx) = oneshot::channel();
                 last.bytes += bytes;

@@ -11,7 +11,7 @@ use cairn_proto::cairnpb::{shard_request, ShardRequest};
 use cairn_proto::etcdserverpb::{request_op, TxnRequest};
 use prost::Message as _;
 
-use crate::server::key_ranges::ranges_overlap;
+use crate::server::key_ranges::KeyRangeSet;
 
 /// The keys an entry touches.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,12 +81,10 @@ impl Touch {
         all
     }
 
-    fn overlaps(&self, ranges: &[(Bytes, Bytes)]) -> bool {
+    fn overlaps(&self, ranges: &KeyRangeSet) -> bool {
         match self {
             Touch::Everything => true,
-            Touch::Ranges(mine) => mine
-                .iter()
-                .any(|a| ranges.iter().any(|b| ranges_overlap(a, b))),
+            Touch::Ranges(mine) => ranges.overlaps_any(mine),
         }
     }
 }
@@ -157,6 +155,7 @@ impl InFlight {
     /// The index to apply before reading `ranges` as of `up_to`: that of
     /// the last entry at or below `up_to` touching them (0: none).
     pub(super) fn last_touching(&mut self, up_to: u64, ranges: &[(Bytes, Bytes)]) -> u64 {
+        let ranges = KeyRangeSet::new(ranges);
         for (i, pending) in self.entries.iter_mut().rev() {
             if *i > up_to {
                 continue;
@@ -165,7 +164,7 @@ impl InFlight {
                 *pending = Pending::Decoded(Touch::of_entries(data.iter()));
             }
             if let Pending::Decoded(Some(t)) = pending {
-                if t.overlaps(ranges) {
+                if t.overlaps(&ranges) {
                     return *i;
                 }
             }
@@ -183,6 +182,10 @@ mod tests {
             Bytes::copy_from_slice(k.as_bytes()),
             Bytes::copy_from_slice(e.as_bytes()),
         )
+    }
+
+    fn ranges_overlap(a: &(Bytes, Bytes), b: &(Bytes, Bytes)) -> bool {
+        KeyRangeSet::new(std::slice::from_ref(a)).overlaps(b)
     }
 
     #[test]
