@@ -16,6 +16,7 @@
 pub mod errors;
 pub mod grpc;
 pub mod json;
+pub mod json_split;
 pub mod routes;
 pub mod stream;
 

@@ -26,6 +26,7 @@ use tonic::Code;
 use super::errors::stream_error_line;
 use super::grpc::{frame, ResponseFrames};
 use super::json::{message_from_value, response_to_json, JsonError};
+use super::json_split::JsonSplitter;
 use crate::ops::http::ConnectionCut;
 
 /// Response lines queued for a slow reader before it counts as stalled.
@@ -58,7 +59,7 @@ pub enum FirstMessageError {
 pub struct JsonMessages {
     body: Incoming,
     desc: MessageDescriptor,
-    pending: Vec<u8>,
+    pending: JsonSplitter,
     ended: bool,
     max_pending_bytes: usize,
 }
@@ -68,7 +69,7 @@ impl JsonMessages {
         JsonMessages {
             body,
             desc,
-            pending: Vec::new(),
+            pending: JsonSplitter::default(),
             ended: false,
             max_pending_bytes,
         }
@@ -78,28 +79,13 @@ impl JsonMessages {
     /// client went away).
     pub async fn next(&mut self) -> Result<Option<Bytes>, FirstMessageError> {
         loop {
-            let start = self
-                .pending
-                .iter()
-                .position(|b| !b.is_ascii_whitespace())
-                .unwrap_or(self.pending.len());
-            self.pending.drain(..start);
-            if !self.pending.is_empty() {
-                let mut values = serde_json::Deserializer::from_slice(&self.pending)
-                    .into_iter::<serde_json::Value>();
-                match values.next() {
-                    Some(Ok(value)) => {
-                        let used = values.byte_offset();
-                        self.pending.drain(..used);
-                        return message_from_value(&self.desc, value)
-                            .map(Some)
-                            .map_err(FirstMessageError::Json);
-                    }
-                    Some(Err(e)) if !e.is_eof() || self.ended => {
-                        return Err(FirstMessageError::Json(JsonError::from_serde(&e)));
-                    }
-                    _ => {}
-                }
+            if let Some(value) = self.pending.next_value(self.ended) {
+                return match value {
+                    Ok(value) => message_from_value(&self.desc, value)
+                        .map(Some)
+                        .map_err(FirstMessageError::Json),
+                    Err(e) => Err(FirstMessageError::Json(JsonError::from_serde(&e))),
+                };
             }
             if self.ended {
                 return Ok(None);
@@ -107,10 +93,10 @@ impl JsonMessages {
             match self.body.frame().await {
                 Some(Ok(frame)) => {
                     if let Ok(data) = frame.into_data() {
-                        if self.pending.len() + data.len() > self.max_pending_bytes {
+                        if self.pending.unparsed_len() + data.len() > self.max_pending_bytes {
                             return Err(FirstMessageError::TooLarge);
                         }
-                        self.pending.extend_from_slice(&data);
+                        self.pending.push(&data);
                     }
                 }
                 // A client that went away ends its stream like one that closed it.
