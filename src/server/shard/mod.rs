@@ -94,6 +94,7 @@ mod test_store;
 #[cfg(test)]
 mod tests;
 mod timer_faults;
+mod watch_ranges;
 mod watchers;
 
 use apply::STORE_COMMIT_INTERVAL;

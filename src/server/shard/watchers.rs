@@ -4,8 +4,8 @@
 //! the last revision fed) or catching up. Synced watchers are fed from apply:
 //! the store hands over the changes it just applied (`mvcc::Store::take_changes`)
 //! and each change goes only to the watchers it concerns, found through an
-//! index of single-key watchers by key and the list of range watchers. Nothing
-//! is read back from the store for them.
+//! index of single-key watchers by key and one of range watchers by the keys
+//! they hold (`watch_ranges`). Nothing is read back from the store for them.
 //!
 //! A synced watcher whose stream queue is full is moved to catch-up at the
 //! first revision it missed. Catch-up reads events back from the store, at
@@ -28,6 +28,7 @@ use tokio::sync::mpsc;
 use crate::routing::ShardId;
 use crate::server::command::{WatchBatch, WatchSpec, WatcherKey};
 use crate::server::convert::kv_to_pb;
+use crate::server::shard::watch_ranges::RangeWatchers;
 
 /// Events read from the store per catch-up pass.
 pub const MAX_EVENTS_PER_PASS: usize = 4096;
@@ -47,9 +48,9 @@ struct Watcher {
 pub struct ShardWatchers {
     watchers: BTreeMap<WatcherKey, Watcher>,
     /// Synced watchers of one key, by that key.
-    by_key: HashMap<Vec<u8>, Vec<WatcherKey>>,
+    by_key: HashMap<Vec<u8>, BTreeSet<WatcherKey>>,
     /// Synced watchers of a key range.
-    ranges: BTreeSet<WatcherKey>,
+    ranges: RangeWatchers,
     /// Watchers catching up from the store.
     behind: BTreeSet<WatcherKey>,
     /// Watchers told how far they were sent at every feed.
@@ -131,8 +132,7 @@ impl ShardWatchers {
     /// here): what a progress notification may promise.
     pub fn delivered_through(&self, stream: u64, current_revision: i64) -> i64 {
         self.watchers
-            .iter()
-            .filter(|(key, _)| key.0 == stream)
+            .range((stream, i64::MIN)..=(stream, i64::MAX))
             .map(|(_, w)| {
                 let through = if w.synced {
                     self.fed_through
@@ -195,17 +195,18 @@ impl ShardWatchers {
         current: i64,
     ) {
         let mut out: BTreeMap<WatcherKey, (Vec<mvccpb::Event>, Vec<i64>)> = BTreeMap::new();
+        let ranges = self.ranges.index();
+        let mut ranged = Vec::new();
         for c in changes {
             let key = c.kv().key.as_slice();
-            // The key's previous value, read once for all the prev_kv
-            // watchers of this change.
+            // The key's previous value and the change in its wire form, each
+            // made once for all the watchers of this change that need it.
             let mut prev: Option<Option<mvccpb::KeyValue>> = None;
+            let mut kv: Option<mvccpb::KeyValue> = None;
+            ranged.clear();
+            ranges.holding(key, &mut ranged);
             let single = self.by_key.get(key).into_iter().flatten();
-            let ranged = self
-                .ranges
-                .iter()
-                .filter(|k| self.watchers[*k].spec.matches(key));
-            for wk in single.chain(ranged) {
+            for wk in single.chain(&ranged) {
                 let w = &self.watchers[wk];
                 if c.revision().main < w.next_rev {
                     continue;
@@ -214,7 +215,8 @@ impl ShardWatchers {
                     prev.get_or_insert_with(|| previous(store, key, c.revision().main))
                         .clone()
                 };
-                if let Some(event) = event_for(&w.spec, c.kind(), c.kv(), prev_kv) {
+                let kv = || kv.get_or_insert_with(|| kv_to_pb(c.kv().clone())).clone();
+                if let Some(event) = event_for(&w.spec, c.kind(), kv, prev_kv) {
                     let (events, subs) = out.entry(*wk).or_default();
                     events.push(event);
                     subs.push(c.revision().sub);
@@ -338,7 +340,8 @@ impl ShardWatchers {
                 .filter(|e| e.revision.main >= w.next_rev && e.revision.main <= scanned)
                 .filter(|e| w.spec.matches(&e.kv.key))
                 .filter_map(|e| {
-                    event_for(&w.spec, e.kind, &e.kv, || {
+                    let kv = || kv_to_pb(e.kv.clone());
+                    event_for(&w.spec, e.kind, kv, || {
                         previous(store, &e.kv.key, e.revision.main)
                     })
                     .map(|ev| (ev, e.revision.sub))
@@ -386,9 +389,12 @@ impl ShardWatchers {
         }
         w.synced = true;
         if w.spec.range_end.is_empty() {
-            self.by_key.entry(w.spec.key.clone()).or_default().push(key);
+            self.by_key
+                .entry(w.spec.key.clone())
+                .or_default()
+                .insert(key);
         } else {
-            self.ranges.insert(key);
+            self.ranges.insert(key, &w.spec);
         }
     }
 
@@ -405,13 +411,13 @@ impl ShardWatchers {
         w.next_rev = w.next_rev.max(self.fed_through + 1);
         if w.spec.range_end.is_empty() {
             if let Some(keys) = self.by_key.get_mut(&w.spec.key) {
-                keys.retain(|k| k != key);
+                keys.remove(key);
                 if keys.is_empty() {
                     self.by_key.remove(&w.spec.key);
                 }
             }
         } else {
-            self.ranges.remove(key);
+            self.ranges.remove(*key, &w.spec);
         }
     }
 
@@ -426,11 +432,12 @@ impl ShardWatchers {
 }
 
 /// The event a watcher with `spec` gets for a change, if its filters keep it;
-/// `prev_kv` is asked for the key's previous value only if the spec wants it.
+/// `kv` is asked for the changed key-value only if they do, and `prev_kv` for
+/// the key's previous value only if the spec wants it.
 fn event_for(
     spec: &WatchSpec,
     kind: mvcc::EventKind,
-    kv: &mvcc::KeyValue,
+    kv: impl FnOnce() -> mvccpb::KeyValue,
     prev_kv: impl FnOnce() -> Option<mvccpb::KeyValue>,
 ) -> Option<mvccpb::Event> {
     let kind = match kind {
@@ -442,7 +449,7 @@ fn event_for(
     let prev_kv = if spec.prev_kv { prev_kv() } else { None };
     Some(mvccpb::Event {
         r#type: kind as i32,
-        kv: Some(kv_to_pb(kv.clone())),
+        kv: Some(kv()),
         prev_kv,
     })
 }
