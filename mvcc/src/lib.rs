@@ -19,6 +19,7 @@
 mod btree;
 pub mod error;
 pub mod fault;
+mod hash_stream;
 mod index;
 pub mod page;
 mod pager;
@@ -34,6 +35,7 @@ pub use error::{
     ApplyError, CommitError, DefragError, Error, IoOp, OpenError, ReadError, SnapshotError,
     StorageError, COMPACTED_MSG, FUTURE_REV_MSG,
 };
+pub use hash_stream::HashKvStream;
 pub use page::{CorruptPage, PageFault, PAGE_SIZE_BYTES};
 pub use snapshot::{RangeStream, Restored, Snapshot, SnapshotStream};
 pub use storage::{CrashMode, FileStorage, MemStorage, Storage, SyncHandle};

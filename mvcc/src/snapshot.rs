@@ -616,7 +616,7 @@ impl Snapshot {
         self.applied_index
     }
 
-    fn with_view<R>(&self, f: impl FnOnce(&View<'_>) -> R) -> R {
+    pub(crate) fn with_view<R>(&self, f: impl FnOnce(&View<'_>) -> R) -> R {
         let idx = self.index.borrow();
         let v = View {
             src: &self.src,

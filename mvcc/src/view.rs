@@ -183,33 +183,42 @@ impl View<'_> {
     }
 
     /// The compare over the keys of its range present here: None when there
-    /// are none, else whether every one satisfies it.
+    /// are none, else whether every one satisfies it. Stops at the first key
+    /// that does not.
     pub(crate) fn compare_present(&self, c: &Compare) -> Result<Option<bool>, ReadError> {
         let end = End::from_range_end(&c.range_end);
-        let mut founds = Vec::new();
+        let reads_record = matches!(c.target, CompareTarget::Value(_) | CompareTarget::Lease(_));
+        let mut any = false;
+        let mut answer = Ok(true);
         self.index
             .visit(&c.key, &end, self.current_rev, None, false, |_, f| {
-                founds.push(f);
-                true
+                any = true;
+                let kv = if reads_record {
+                    match self.kv(f.modified, false) {
+                        Ok(kv) => kv,
+                        Err(e) => {
+                            answer = Err(e);
+                            return false;
+                        }
+                    }
+                } else {
+                    KeyValue {
+                        create_revision: f.created.main,
+                        mod_revision: f.modified.main,
+                        version: f.version,
+                        ..KeyValue::default()
+                    }
+                };
+                let holds = compare_kv(c, &kv);
+                if !holds {
+                    answer = Ok(false);
+                }
+                holds
             });
-        if founds.is_empty() {
+        if !any {
             return Ok(None);
         }
-        for f in founds {
-            let kv = match c.target {
-                CompareTarget::Value(_) | CompareTarget::Lease(_) => self.kv(f.modified, false)?,
-                _ => KeyValue {
-                    create_revision: f.created.main,
-                    mod_revision: f.modified.main,
-                    version: f.version,
-                    ..KeyValue::default()
-                },
-            };
-            if !compare_kv(c, &kv) {
-                return Ok(Some(false));
-            }
-        }
-        Ok(Some(true))
+        answer.map(Some)
     }
 }
 

@@ -47,34 +47,6 @@ impl Store {
         }
     }
 
-    /// etcd's HashKV: a CRC32 over every record up to `revision` (0: current)
-    /// that compaction has kept, in revision order.
-    pub fn hash_kv(&self, revision: i64) -> Result<HashKv, ReadError> {
-        let idx = self.index.borrow();
-        let v = self.view(&idx, self.current_rev);
-        let at = v.check_rev(revision)?;
-        let mut h = crc32fast::Hasher::new();
-        v.for_each_record(
-            Revision { main: 0, sub: 0 },
-            |rev| self.removed(rev),
-            |rev, bytes| {
-                if rev.main > at {
-                    return false;
-                }
-                h.update(&rev.main.to_le_bytes());
-                h.update(&rev.sub.to_le_bytes());
-                h.update(bytes);
-                true
-            },
-        )?;
-        Ok(HashKv {
-            hash: h.finalize(),
-            compact_revision: self.compact_rev.get(),
-            hash_revision: at,
-            revision: self.current_rev,
-        })
-    }
-
     /// Changes at or after `start_revision`, in revision order, at most `max_events`.
     pub fn events(&self, start_revision: i64, max_events: usize) -> Result<Vec<Event>, ReadError> {
         let compact = self.compact_rev.get();

@@ -66,7 +66,7 @@ use crate::raft::{
 };
 use crate::routing::ShardId;
 use crate::server::command::{
-    Reply, ShardCommand, ShardHash, ShardPoint, ShardStatus, WriteResult, REQUEST_TIMEOUT,
+    Reply, ShardCommand, ShardPoint, ShardStatus, WriteResult, REQUEST_TIMEOUT,
 };
 use crate::server::convert;
 use crate::server::entry;
@@ -644,18 +644,7 @@ impl Shard {
                 check_only,
                 reply,
             } => self.propose_conf_change(change, member, check_only, reply),
-            ShardCommand::HashKv { revision, reply } => {
-                let result = self
-                    .store
-                    .hash_kv(revision)
-                    .map(|h| ShardHash {
-                        hash: h.hash,
-                        revision: h.hash_revision,
-                        compact_revision: h.compact_revision,
-                    })
-                    .map_err(|e| self.read_error(e));
-                let _ = reply.send(result);
-            }
+            ShardCommand::HashKv { revision, reply } => self.serve_hash_kv(revision, reply),
             ShardCommand::LeaseRenew { ids, reply } => self.lease_renew(ids, reply),
             ShardCommand::LeaseQuery { id, keys, reply } => {
                 let _ = reply.send(self.lease_query(id, keys));

@@ -4,10 +4,12 @@
 //! reads"): the keyspace leader's shards answer read points here, and each
 //! touched shard serves the read at the point's revision once it has applied
 //! the point's index. How a range is read from the store, in chunks off a
-//! snapshot, is in `ranges`.
+//! snapshot, is in `ranges`; HashKV is read in steps the same way
+//! (`hash_kv`).
 
 use super::*;
 
+mod hash_kv;
 mod ranges;
 
 use ranges::read_error_to_api;
