@@ -23,6 +23,7 @@ mod hash_stream;
 mod index;
 pub mod page;
 mod pager;
+mod range_stream;
 mod record;
 mod snapshot;
 pub mod storage;
@@ -37,7 +38,8 @@ pub use error::{
 };
 pub use hash_stream::HashKvStream;
 pub use page::{CorruptPage, PageFault, PAGE_SIZE_BYTES};
-pub use snapshot::{RangeStream, Restored, Snapshot, SnapshotStream};
+pub use range_stream::RangeStream;
+pub use snapshot::{Restored, Snapshot, SnapshotStream};
 pub use storage::{CrashMode, FileStorage, MemStorage, Storage, SyncHandle};
 pub use store::changes::Change;
 pub use store::{

@@ -32,7 +32,7 @@ use std::rc::Rc;
 
 use crate::btree::{self, Cursor, Mutation};
 use crate::error::{IoOp, OpenError, ReadError, SnapshotError, StorageError};
-use crate::index::{End, Found, Index};
+use crate::index::Index;
 use crate::page::{get_i64, get_u32, get_u64, Meta, META_FLAG_RESTORING};
 use crate::pager::PageSource;
 use crate::record::{Record, RecordView};
@@ -40,7 +40,7 @@ use crate::storage::{FileStorage, Storage};
 use crate::store::txn_records::txn_key;
 use crate::store::{Config, Registry, Store};
 use crate::types::*;
-use crate::view::{effective_sort, passes_filters, View};
+use crate::view::View;
 
 /// A store just restored from a snapshot stream, on its way to the thread
 /// that will own it ([`Store::restore_detached`]).
@@ -83,9 +83,9 @@ pub struct Snapshot {
     rev_root: u64,
     committed_rev: i64,
     pending: Vec<Rc<Record>>,
-    index: Rc<RefCell<Index>>,
-    compact: Rc<Cell<i64>>,
-    revision: i64,
+    pub(crate) index: Rc<RefCell<Index>>,
+    pub(crate) compact: Rc<Cell<i64>>,
+    pub(crate) revision: i64,
     applied_index: u64,
     txn: u64,
     registry: Registry,
@@ -633,138 +633,5 @@ impl Snapshot {
     /// A range at this snapshot's revision (or an older one).
     pub fn range(&self, req: &RangeRequest) -> Result<RangeResponse, ReadError> {
         self.with_view(|v| v.range(req))
-    }
-
-    /// A range produced in chunks of at most `Config::range_chunk_keys` keys, so
-    /// that memory stays bounded however many keys match. Sorting by anything but
-    /// the key needs the whole result and is refused.
-    pub fn range_stream(
-        self,
-        req: RangeRequest,
-        chunk_keys: usize,
-    ) -> Result<RangeStream, ReadError> {
-        if req.key.is_empty() {
-            return Err(ReadError::EmptyKey);
-        }
-        let reverse = match effective_sort(&req) {
-            None => false,
-            Some((SortTarget::Key, true)) => true,
-            Some((SortTarget::Key, false)) => false,
-            Some((SortTarget::Version, _)) => return Err(ReadError::NotStreamable("version")),
-            Some((SortTarget::Create, _)) => {
-                return Err(ReadError::NotStreamable("create revision"))
-            }
-            Some((SortTarget::Mod, _)) => return Err(ReadError::NotStreamable("mod revision")),
-            Some((SortTarget::Value, _)) => return Err(ReadError::NotStreamable("value")),
-        };
-        let at = self.with_view(|v| v.check_rev(req.revision))?;
-        let end = End::from_range_end(&req.range_end);
-        let mut count = 0i64;
-        self.index
-            .borrow()
-            .visit(&req.key, &end, at, None, false, |_, _| {
-                count += 1;
-                true
-            });
-        Ok(RangeStream {
-            done: req.count_only,
-            snap: self,
-            end,
-            at,
-            reverse,
-            cursor: None,
-            emitted: 0,
-            more: false,
-            count,
-            chunk_keys: chunk_keys.clamp(1, crate::store::MAX_CHUNK_KEYS_LIMIT),
-            req,
-        })
-    }
-}
-
-/// A range served chunk by chunk from a snapshot. `count` and `more` are those
-/// etcd would report for the same request.
-pub struct RangeStream {
-    snap: Snapshot,
-    req: RangeRequest,
-    end: End,
-    at: i64,
-    reverse: bool,
-    cursor: Option<Vec<u8>>,
-    emitted: i64,
-    more: bool,
-    count: i64,
-    chunk_keys: usize,
-    done: bool,
-}
-
-impl RangeStream {
-    /// Keys in the range at the read revision (before limit and filters).
-    pub fn count(&self) -> i64 {
-        self.count
-    }
-    /// Whether keys beyond `limit` matched; final once `next_chunk` returned None.
-    pub fn more(&self) -> bool {
-        self.more
-    }
-    /// The header revision etcd would answer with.
-    pub fn revision(&self) -> i64 {
-        self.snap.revision
-    }
-
-    /// The next chunk of key-values, or None when the range is exhausted.
-    pub fn next_chunk(&mut self) -> Result<Option<Vec<KeyValue>>, ReadError> {
-        if self.done {
-            return Ok(None);
-        }
-        let compact = self.snap.compact.get();
-        if self.at < compact {
-            self.done = true;
-            return Err(ReadError::Compacted {
-                revision: self.at,
-                compact_revision: compact,
-            });
-        }
-        let left = if self.req.limit > 0 {
-            (self.req.limit - self.emitted) as usize
-        } else {
-            usize::MAX
-        };
-        let want = self.chunk_keys.min(left);
-        let mut got: Vec<(Vec<u8>, Found)> = Vec::with_capacity(want + 1);
-        let req = &self.req;
-        self.snap.index.borrow().visit(
-            &req.key,
-            &self.end,
-            self.at,
-            self.cursor.as_deref(),
-            self.reverse,
-            |k, f| {
-                if passes_filters(req, &f) {
-                    got.push((k.to_vec(), f));
-                }
-                got.len() <= want
-            },
-        );
-        if got.len() > want {
-            got.truncate(want);
-            if want == left {
-                self.more = true;
-                self.done = true;
-            }
-        } else {
-            self.done = true;
-        }
-        if got.is_empty() {
-            return Ok(None);
-        }
-        self.cursor = got.last().map(|(k, _)| k.clone());
-        self.emitted += got.len() as i64;
-        let kvs = self.snap.with_view(|v| {
-            got.iter()
-                .map(|(_, f)| v.kv(f.modified, self.req.keys_only))
-                .collect::<Result<Vec<_>, _>>()
-        })?;
-        Ok(Some(kvs))
     }
 }

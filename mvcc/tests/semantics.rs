@@ -667,7 +667,7 @@ fn streamed_ranges_come_in_bounded_chunks_with_etcds_count_and_more() {
         sizes.push(c.len());
     }
     assert_eq!(
-        (sizes, s.count(), s.more()),
+        (sizes, s.count().unwrap(), s.more()),
         (vec![1000, 1000, 500], 2500, false)
     );
     let mut s = t
@@ -714,14 +714,38 @@ fn streamed_ranges_come_in_bounded_chunks_with_etcds_count_and_more() {
         10,
     );
     assert!(matches!(r, Err(ReadError::NotStreamable(_))));
-    // Compaction past the stream's revision ends it with etcd's error.
+    // Counted in steps, the count is the snapshot's whatever is written
+    // meanwhile; a step counts at least one key.
     let mut s = t.store.snapshot().range_stream(rr("k", "l"), 1000).unwrap();
+    let mut counting = t.store.snapshot().range_stream(rr("k", "l"), 1000).unwrap();
+    assert_eq!(counting.count_step(1_000).unwrap(), None);
+    t.put("k00000", "again");
+    t.put("k99999", "new key");
+    t.apply(Op::DeleteRange(DeleteRangeRequest {
+        key: "k01000".into(),
+        range_end: "k01100".into(),
+        ..DeleteRangeRequest::default()
+    }))
+    .unwrap();
+    let mut steps = 1;
+    while counting
+        .count_step(if steps % 2 == 0 { 7 } else { 0 })
+        .unwrap()
+        .is_none()
+    {
+        steps += 1;
+    }
+    assert_eq!(counting.count().unwrap(), 2500);
+    assert!(steps > 1500 / 7, "steps of 1 and 7 keys: {steps}");
+    // Compaction past the stream's revision ends it, and its count, with
+    // etcd's error.
     s.next_chunk().unwrap();
     t.put("k00000", "new");
     let cur = t.store.current_revision();
     t.apply(Op::Compact(CompactionRequest { revision: cur }))
         .unwrap();
     assert!(matches!(s.next_chunk(), Err(ReadError::Compacted { .. })));
+    assert!(matches!(s.count_step(10), Err(ReadError::Compacted { .. })));
 }
 
 #[test]

@@ -510,7 +510,7 @@ fn captured_changes_and_snapshots_carry_the_entries_revisions() {
             1,
         )
         .unwrap();
-    assert_eq!((stream.revision(), stream.count()), (11, 0));
+    assert_eq!((stream.revision(), stream.count().unwrap()), (11, 0));
     assert_eq!(stream.next_chunk().unwrap(), None);
 }
 

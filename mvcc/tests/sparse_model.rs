@@ -526,7 +526,12 @@ fn check_all(store: &Store, m: &Model, rng: &mut SmallRng, ctx: &str) {
         }
         let want = m.range(&req).unwrap();
         assert_eq!(
-            (stream.revision(), stream.count(), stream.more(), kvs),
+            (
+                stream.revision(),
+                stream.count().unwrap(),
+                stream.more(),
+                kvs
+            ),
             (want.revision, want.count, want.more, want.kvs),
             "{ctx}: streamed {req:?}"
         );

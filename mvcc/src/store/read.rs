@@ -37,6 +37,25 @@ impl Store {
         self.view(&idx, self.current_rev).range(req)
     }
 
+    /// Whether the range of `req` holds more than `n` keys at the revision it
+    /// reads at (every key, before limit and filters, as etcd counts them),
+    /// looking at no more than `n + 1`: what a reader needs to know whether a
+    /// range is short, without counting a long one. Refused as the range is.
+    pub fn range_holds_more_than(&self, req: &RangeRequest, n: usize) -> Result<bool, ReadError> {
+        if req.key.is_empty() {
+            return Err(ReadError::EmptyKey);
+        }
+        let idx = self.index.borrow();
+        let at = self.view(&idx, self.current_rev).check_rev(req.revision)?;
+        let end = crate::index::End::from_range_end(&req.range_end);
+        let mut seen = 0usize;
+        idx.visit(&req.key, &end, at, None, false, |_, _| {
+            seen += 1;
+            seen <= n
+        });
+        Ok(seen > n)
+    }
+
     /// The latest value of one key, if it exists.
     pub fn get(&self, key: &[u8]) -> Result<Option<KeyValue>, ReadError> {
         let idx = self.index.borrow();

@@ -3,14 +3,16 @@
 //!
 //! A range is read at the store's revision when it is served (for a
 //! linearizable read, once the index its ReadIndex round confirmed is
-//! applied). One that the store reads in about one chunk's work (one key, a
-//! small limit, few keys in the range) is read from the store at once, as
-//! before. A longer one is read from an [`mvcc::Snapshot`] taken then: the
-//! first chunk at once, and, if there is more, the rest in a task on the
-//! core's `LocalSet` that yields to the runtime between chunks, so ticks,
-//! heartbeats, applies and other clients' requests run in between. Writes
-//! applied meanwhile are not seen: the snapshot pins its revision and never
-//! blocks the writer.
+//! applied). One that the store reads in about one chunk's work (one key, or
+//! a range of at most a chunk's keys) is read from the store at once, as
+//! before. A longer one is read from an [`mvcc::Snapshot`] taken then: its
+//! keys a chunk at a time, then its `count` (etcd's, of every key in the
+//! range however small the `limit`) a step of [`COUNT_CHUNKS_PER_STEP`]
+//! chunks' worth of keys at a time; the first chunk and step at once, and,
+//! if there is more, the rest in a task on the core's `LocalSet` that yields
+//! to the runtime between them, so ticks, heartbeats, applies and other
+//! clients' requests run in between. Writes applied meanwhile are not seen:
+//! the snapshot pins its revision and never blocks the writer.
 //!
 //! Each chunk is converted to protobuf as it is read, so the store's
 //! materialised range never exists beside the protobuf answer.
@@ -23,16 +25,18 @@
 //! Reading and converting one key of a hundred bytes costs about 1 µs, so a
 //! chunk of 1,000 keys (the store's `range_chunk_keys`) should hold the core
 //! for about 1 ms, well within a tick, where a range over 200,000 keys read in
-//! one go holds it for about 0.2 s. Counting the keys (etcd's `count`) walks
-//! the in-memory index and stays inline, as the count must be that of the
-//! snapshot's revision; a long range is counted twice (once to learn that it
-//! is long, once by the store's stream), about 0.1 µs a key each.
+//! one go holds it for about 0.2 s. Counting a key (etcd's `count`) walks the
+//! in-memory index only, a twentieth or less of reading it; the key index
+//! keeps each key's history, so a count taken in steps is that of the
+//! snapshot's revision. Whether a range is long is learned by counting at
+//! most one chunk's keys and one more.
 //!
-//! `range_figures` in the tests (test profile, opt-level 1, on a shared
-//! 2-core VM), 200,000 keys: read whole, the core was held 180-430 ms;
-//! chunked, another task waited at most about 6 ms between turns, and the
-//! inline start (two counts, the snapshot, the first chunk) took 36-62 ms.
-//! A one-key or 100-key read costs the same either way.
+//! `cargo test --release --lib range_figures -- --ignored --nocapture` (a
+//! shared 2-core VM, another build running), 200,000 keys of 100 B: read
+//! whole, the core was held 175 ms; chunked, the inline start took 1.0 ms
+//! (10.7 when the start counted the whole range, twice), as did a page of
+//! 500 keys with its count (1.2 ms, 7.7 before) and a count alone (1.0 ms,
+//! 6.7 before). A one-key or 100-key read is answered inline either way.
 
 use cairn_mvcc as mvcc;
 use cairn_proto::etcdserverpb::{self as pb, RangeRequest, RangeResponse};
@@ -44,6 +48,10 @@ use crate::server::convert;
 use crate::server::errors::ApiError;
 use crate::server::shard::Shard;
 
+/// A step of a range's count covers this many chunks' worth of keys: a key
+/// counted costs about a sixteenth of one read and converted.
+pub(in crate::server::shard) const COUNT_CHUNKS_PER_STEP: usize = 16;
+
 /// What serving the first chunk of a range gave.
 pub(in crate::server::shard) enum RangeStart {
     /// The whole answer: the range fitted in one chunk, failed, or had to be
@@ -53,10 +61,13 @@ pub(in crate::server::shard) enum RangeStart {
     Chunked(Box<ChunkedRange>),
 }
 
-/// A range part-read from its snapshot, with the protobuf answer built so far.
+/// A range part-read (or part-counted) from its snapshot, with the protobuf
+/// answer built so far.
 pub(in crate::server::shard) struct ChunkedRange {
     stream: mvcc::RangeStream,
     kvs: Vec<mvccpb::KeyValue>,
+    /// Every key wanted is in `kvs`; what is left is counting.
+    keys_read: bool,
     header: pb::ResponseHeader,
     /// The request's `limit`; 0 for none.
     limit: usize,
@@ -169,19 +180,18 @@ pub(in crate::server::shard) fn start_range(
         }
         Err(e) => return RangeStart::Answered(Err(read_error_to_api(shard, e))),
     };
-    // Room for every key the answer can hold (`count`, or `limit` if fewer),
-    // so that a long answer is not copied as it grows; none where most keys
-    // may be left out: it grows as they pass.
-    let count = usize::try_from(stream.count()).unwrap_or(0);
+    // Room for the first chunk, or the `limit` if less (the range holds
+    // more); none where most keys may be left out: it grows as they pass.
     let capacity = match (may_leave_out, limit) {
         (true, _) => 0,
-        (false, 0) => count,
-        (false, limit) => limit.min(count),
+        (false, 0) => chunk_keys,
+        (false, limit) => limit.min(chunk_keys),
     };
     let kvs = Vec::with_capacity(capacity);
     let mut range = ChunkedRange {
         stream,
         kvs,
+        keys_read: false,
         header,
         limit,
         chunk_keys,
@@ -206,27 +216,15 @@ fn reads_at_most_one_chunk(
     chunk_keys: usize,
 ) -> bool {
     // One key, or none.
-    if req.range_end.is_empty() || req.count_only {
+    if req.range_end.is_empty() {
         return true;
     }
-    let sorted =
-        req.sort_target != mvcc::SortTarget::Key || req.sort_order == mvcc::SortOrder::Descend;
-    // In key order and unfiltered, the store reads `limit` records and one
-    // more to learn `more`.
-    let limit = usize::try_from(req.limit).unwrap_or(0);
-    if !sorted && !has_revision_filters(req) && limit > 0 && limit <= chunk_keys {
-        return true;
-    }
-    // Otherwise it reads every key of the range that passes the filters:
-    // count them in the index, reading no record. A request the count
-    // refuses is refused the same way read whole.
-    let count_only = mvcc::RangeRequest {
-        count_only: true,
-        ..req.clone()
-    };
-    store.range(&count_only).map_or(true, |r| {
-        usize::try_from(r.count).map_or(true, |n| n <= chunk_keys)
-    })
+    // Otherwise the store counts every key of the range, and may read each:
+    // a range of at most a chunk's keys. A request the count refuses is
+    // refused the same way read whole.
+    store
+        .range_holds_more_than(req, chunk_keys)
+        .map_or(true, |long| !long)
 }
 
 /// Whether keys of the range may be left out of the answer by their mod or
@@ -258,11 +256,12 @@ enum Step {
 }
 
 impl ChunkedRange {
-    /// Reads a chunk; when it leaves nothing to read (a chunk short of
-    /// `chunk_keys`, or one that reached `limit`) the stream is asked again,
-    /// which then reads nothing and makes its `more` final.
+    /// Reads a chunk, or, once every key wanted is read, counts a step. When
+    /// a chunk leaves nothing to read (it is short of `chunk_keys`, or
+    /// reached `limit`) the stream is asked again, which then reads nothing
+    /// and makes its `more` final, and the first counting step follows.
     fn read_chunk(&mut self) -> Step {
-        loop {
+        while !self.keys_read {
             match self.stream.next_chunk() {
                 Ok(Some(chunk)) => {
                     self.chunks += 1;
@@ -272,10 +271,18 @@ impl ChunkedRange {
                         return Step::More;
                     }
                 }
-                Ok(None) => return Step::Answered(Ok(self.response())),
+                Ok(None) => self.keys_read = true,
                 // Never a partial answer: what was read is dropped.
                 Err(e) => return Step::Answered(Err(read_error_to_api(self.shard, e))),
             }
+        }
+        match self
+            .stream
+            .count_step(self.chunk_keys.saturating_mul(COUNT_CHUNKS_PER_STEP))
+        {
+            Ok(Some(count)) => Step::Answered(Ok(self.response(count))),
+            Ok(None) => Step::More,
+            Err(e) => Step::Answered(Err(read_error_to_api(self.shard, e))),
         }
     }
 
@@ -285,8 +292,9 @@ impl ChunkedRange {
         self.limit > 0 && self.kvs.len() >= self.limit
     }
 
-    /// The answer, once the stream is exhausted (its `more` is final then).
-    fn response(&mut self) -> RangeResponse {
+    /// The answer, once the stream is exhausted (its `more` is final then)
+    /// and `count` counted.
+    fn response(&mut self, count: i64) -> RangeResponse {
         RangeResponse {
             header: Some(pb::ResponseHeader {
                 revision: self.header_revision.unwrap_or(self.stream.revision()),
@@ -294,7 +302,7 @@ impl ChunkedRange {
             }),
             kvs: std::mem::take(&mut self.kvs),
             more: self.stream.more(),
-            count: self.stream.count(),
+            count,
         }
     }
 }

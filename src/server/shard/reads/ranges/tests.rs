@@ -322,16 +322,19 @@ fn chunked_ranges_answer_as_the_whole_range_does() {
             let expected = whole(&f.store, request);
             let (got, took_task) = chunked(&f.store, request, chunk_keys);
             assert_eq!(got, expected, "{name}, chunks of {chunk_keys} keys");
-            // A task only when more than a chunk's keys are in the range
-            // and the first chunk left more to read.
+            // A task only when more than a chunk's keys are in the range,
+            // and the first chunk left more to read or the first step of
+            // the count more to count.
             let by_key = request.sort_target == SortTarget::Key as i32;
             let keys = expected.as_ref().map_or(0, |r| r.kvs.len());
             let count = expected.as_ref().map_or(0, |r| r.count as usize);
             let limit = usize::try_from(request.limit).unwrap_or(0);
             let limit_in_first = limit > 0 && limit <= chunk_keys;
+            let more_keys = keys >= chunk_keys && !limit_in_first;
+            let more_to_count = count >= chunk_keys * COUNT_CHUNKS_PER_STEP;
             assert_eq!(
                 took_task,
-                by_key && count > chunk_keys && keys >= chunk_keys && !limit_in_first,
+                by_key && count > chunk_keys && (more_keys || more_to_count),
                 "{name}, chunks of {chunk_keys} keys: {keys} of {count} keys"
             );
             if keys > 0 {
@@ -384,12 +387,46 @@ const LONG_RANGE_CHUNK_KEYS: usize = 10;
 
 #[test]
 fn a_long_range_lets_the_cores_other_tasks_run_between_its_chunks() {
+    let chunks = LONG_RANGE_KEYS / LONG_RANGE_CHUNK_KEYS;
+    let writes_meanwhile = other_work_during(range("/k/", "/k0"));
+    assert!(
+        writes_meanwhile >= chunks / 2,
+        "the core ran other work {writes_meanwhile} times during a range of {chunks} chunks"
+    );
+}
+
+#[test]
+fn a_long_count_lets_the_cores_other_tasks_run_between_its_steps() {
+    let steps = LONG_RANGE_KEYS / (LONG_RANGE_CHUNK_KEYS * COUNT_CHUNKS_PER_STEP);
+    for request in [
+        RangeRequest {
+            count_only: true,
+            ..range("/k/", "/k0")
+        },
+        RangeRequest {
+            limit: 5,
+            ..range("/k/", "/k0")
+        },
+    ] {
+        let writes_meanwhile = other_work_during(request.clone());
+        assert!(
+            writes_meanwhile >= steps / 2,
+            "the core ran other work {writes_meanwhile} times while counting {steps} steps: \
+             {request:?}"
+        );
+    }
+}
+
+/// Serves `request` over a store of [`LONG_RANGE_KEYS`] keys under `/k/`,
+/// in chunks of [`LONG_RANGE_CHUNK_KEYS`], while another task on the core
+/// writes into the range; checks the answer is the store's when the read
+/// began, and answers how many times the other task ran meanwhile.
+fn other_work_during(request: RangeRequest) -> usize {
     let mut f = TestStore::new(SHARD);
     for i in 0..LONG_RANGE_KEYS {
         f.put(&format!("/k/{i:05}"), format!("old{i}"), 0);
     }
     f.store.commit().unwrap();
-    let request = range("/k/", "/k0");
     let expected = whole(&f.store, &request);
     let f = Rc::new(RefCell::new(f));
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -439,14 +476,10 @@ fn a_long_range_lets_the_cores_other_tasks_run_between_its_chunks() {
         writer.abort();
         (answer, writes.get())
     });
-    let chunks = LONG_RANGE_KEYS / LONG_RANGE_CHUNK_KEYS;
-    assert!(
-        writes_meanwhile >= chunks / 2,
-        "the core ran other work {writes_meanwhile} times during a range of {chunks} chunks"
-    );
     // What was applied meanwhile is not in the answer: it is the snapshot's.
     assert_eq!(answer, expected);
     assert!(f.borrow().store.current_revision() > expected.unwrap().header.unwrap().revision);
+    writes_meanwhile
 }
 
 /// A store of many keys and a range over them whose first chunk was read.
@@ -539,11 +572,13 @@ fn range_figures() {
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
-    let (answer, first_ms, longest_gap_ms, total_ms) =
+    // The answer, the time `start_range` held the core, the longest wait of
+    // another task on the core, and the time to the answer.
+    let timed = |request: &RangeRequest| {
         tokio::task::LocalSet::new().block_on(&rt, async {
             let started = Instant::now();
             let (tx, rx) = Reply::channel();
-            match start_range(&f.store, &request, header(), chunk_keys, SHARD) {
+            match start_range(&f.store, request, header(), chunk_keys, SHARD) {
                 RangeStart::Answered(answer) => {
                     let _ = tx.send(answer);
                 }
@@ -574,8 +609,24 @@ fn range_figures() {
                 longest.get().as_secs_f64() * 1e3,
                 total_ms,
             )
-        });
+        })
+    };
+    let (answer, first_ms, longest_gap_ms, total_ms) = timed(&request);
     assert_eq!(answer, expected);
+    // A page of a paginated list (Kubernetes asks for 500 keys and the
+    // count of the rest), and a count alone.
+    let page = RangeRequest {
+        limit: 500,
+        ..request.clone()
+    };
+    let (answer, page_first_ms, page_gap_ms, _) = timed(&page);
+    assert_eq!(answer, whole(&f.store, &page));
+    let counted = RangeRequest {
+        count_only: true,
+        ..request.clone()
+    };
+    let (answer, count_first_ms, count_gap_ms, _) = timed(&counted);
+    assert_eq!(answer, whole(&f.store, &counted));
     for i in 0..PENDING {
         f.put(&format!("/p/{i:06}"), "v".repeat(100), 0);
     }
@@ -617,6 +668,8 @@ fn range_figures() {
     println!("| chunked: first chunk inline ms | {first_ms:.1} |");
     println!("| chunked: longest wait of another task ms | {longest_gap_ms:.1} |");
     println!("| chunked: whole answer ms | {total_ms:.1} |");
+    println!("| limit 500: inline ms, longest wait of another task ms | {page_first_ms:.1}, {page_gap_ms:.1} |");
+    println!("| count only: inline ms, longest wait of another task ms | {count_first_ms:.1}, {count_gap_ms:.1} |");
     println!("| counting {KEYS} keys (index only) ms | {count_ms:.1} |");
     println!("| snapshot, {PENDING} records pending, us | {snapshot_us:.0} |");
     println!("| one key, whole path ns | {one_key_whole_ns} |");
