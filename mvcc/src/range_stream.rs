@@ -21,7 +21,13 @@ impl Snapshot {
         if req.key.is_empty() {
             return Err(ReadError::EmptyKey);
         }
-        let reverse = match effective_sort(&req) {
+        // A count reads no key: its order does not matter.
+        let sort = if req.count_only {
+            None
+        } else {
+            effective_sort(&req)
+        };
+        let reverse = match sort {
             None => false,
             Some((SortTarget::Key, true)) => true,
             Some((SortTarget::Key, false)) => false,
@@ -92,18 +98,17 @@ enum Count {
 }
 
 impl RangeStream {
-    /// Counts at most `max_keys` (at least one) more keys of the range at the read revision
-    /// (every key, before limit and filters, as etcd's `count`); answers the
-    /// count once all are counted. The key index keeps each key's history,
-    /// so the count is that of the read revision however many writes came
-    /// since, unless a compaction passed it: then the count is refused as a
-    /// chunk would be.
+    /// Counts at most `max_keys` (at least one) more keys of the range at the
+    /// read revision (every key, before limit and filters, as etcd's
+    /// `count`); answers the count once all are counted. The key index keeps
+    /// each key's history, so the count is that of the read revision however
+    /// many writes came since, and a compaction at or below it prunes only
+    /// history the count does not see; one past it refuses the count as it
+    /// refuses a chunk.
     pub fn count_step(&mut self, max_keys: usize) -> Result<Option<i64>, ReadError> {
-        let Count::Counting { counted, after } = &mut self.count else {
-            let Count::Done(n) = self.count else {
-                unreachable!("a count is counting or done")
-            };
-            return Ok(Some(n));
+        let (counted, after) = match &mut self.count {
+            Count::Done(n) => return Ok(Some(*n)),
+            Count::Counting { counted, after } => (counted, after),
         };
         self.snap.check_not_compacted(self.at)?;
         let max_keys = max_keys.max(1);
@@ -116,11 +121,12 @@ impl RangeStream {
             after.as_deref(),
             false,
             |k, _| {
+                seen += 1;
                 if seen == max_keys {
+                    // The step stops here: the next resumes after this key.
+                    last = Some(k.to_vec());
                     return false;
                 }
-                seen += 1;
-                last = Some(k.to_vec());
                 true
             },
         );

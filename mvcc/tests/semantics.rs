@@ -727,6 +727,13 @@ fn streamed_ranges_come_in_bounded_chunks_with_etcds_count_and_more() {
         ..DeleteRangeRequest::default()
     }))
     .unwrap();
+    // A compaction at the snapshot's revision prunes history it does not
+    // see.
+    let snapshot_revision = counting.revision();
+    t.apply(Op::Compact(CompactionRequest {
+        revision: snapshot_revision,
+    }))
+    .unwrap();
     let mut steps = 1;
     while counting
         .count_step(if steps % 2 == 0 { 7 } else { 0 })

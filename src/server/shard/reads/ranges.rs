@@ -12,7 +12,10 @@
 //! if there is more, the rest in a task on the core's `LocalSet` that yields
 //! to the runtime between them, so ticks, heartbeats, applies and other
 //! clients' requests run in between. Writes applied meanwhile are not seen:
-//! the snapshot pins its revision and never blocks the writer.
+//! the snapshot pins its revision and never blocks the writer. A compaction
+//! past that revision applied before the answer is complete fails the read
+//! with etcd's "compacted" error, whether it comes during the keys or during
+//! the count (which etcd, counting at once, would have answered).
 //!
 //! Each chunk is converted to protobuf as it is read, so the store's
 //! materialised range never exists beside the protobuf answer.
@@ -57,7 +60,8 @@ pub(in crate::server::shard) enum RangeStart {
     /// The whole answer: the range fitted in one chunk, failed, or had to be
     /// read whole.
     Answered(Result<RangeResponse, ApiError>),
-    /// The first chunk was full: the rest is read by [`read_rest`].
+    /// The first chunk was full, or the first step of the count did not
+    /// count every key: the rest is read and counted by [`read_rest`].
     Chunked(Box<ChunkedRange>),
 }
 
@@ -81,8 +85,9 @@ pub(in crate::server::shard) struct ChunkedRange {
 
 impl Shard {
     /// Answers `request` from a snapshot of the store taken now: at once when
-    /// it fits in one chunk, otherwise from a task that reads the rest a chunk
-    /// at a time between the core's other work.
+    /// it fits in one chunk and one step of its count, otherwise from a task
+    /// that reads the rest a chunk at a time, and counts it a step at a time,
+    /// between the core's other work.
     ///
     /// With a read `point` (several shards; this shard has applied every
     /// entry with a revision up to it), the range is read at the point, or at
@@ -307,8 +312,9 @@ impl ChunkedRange {
     }
 }
 
-/// Reads the rest of `range`, yielding to the core's other tasks before each
-/// chunk, and answers `reply`. A client that gave up stops the reading.
+/// Reads and counts the rest of `range`, yielding to the core's other tasks
+/// before each chunk or step, and answers `reply`. A client that gave up
+/// stops the reading.
 pub(in crate::server::shard) async fn read_rest(
     mut range: Box<ChunkedRange>,
     reply: Reply<RangeResponse>,
