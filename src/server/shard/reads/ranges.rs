@@ -5,13 +5,13 @@
 //! linearizable read, once the index its ReadIndex round confirmed is
 //! applied). One that the store reads in about one chunk's work (one key, or
 //! a range of at most a chunk's keys) is read from the store at once, as
-//! before. A longer one is read from an [`mvcc::Snapshot`] taken then: its
-//! keys a chunk at a time, then its `count` (etcd's, of every key in the
-//! range however small the `limit`) a step of [`COUNT_CHUNKS_PER_STEP`]
-//! chunks' worth of keys at a time; the first chunk and step at once, and,
-//! if there is more, the rest in a task on the core's `LocalSet` that yields
-//! to the runtime between them, so ticks, heartbeats, applies and other
-//! clients' requests run in between. Writes applied meanwhile are not seen:
+//! before. A longer one is read from an [`mvcc::Snapshot`] taken then: first
+//! its `count` (etcd's, of every key in the range however small the `limit`)
+//! a step of [`COUNT_CHUNKS_PER_STEP`] chunks' worth of keys at a time, then
+//! its keys a chunk at a time; the first step (and, if it counted every key,
+//! the first chunk) at once, and, if there is more, the rest in a task on
+//! the core's `LocalSet` that yields to the runtime between them, so ticks,
+//! heartbeats, applies and other clients' requests run in between. Writes applied meanwhile are not seen:
 //! the snapshot pins its revision and never blocks the writer. A compaction
 //! past that revision applied before the answer is complete fails the read
 //! with etcd's "compacted" error, whether it comes during the keys or during
@@ -35,11 +35,13 @@
 //! most one chunk's keys and one more.
 //!
 //! `cargo test --release --lib range_figures -- --ignored --nocapture` (a
-//! shared 2-core VM, another build running), 200,000 keys of 100 B: read
-//! whole, the core was held 175 ms; chunked, the inline start took 1.0 ms
-//! (10.7 when the start counted the whole range, twice), as did a page of
-//! 500 keys with its count (1.2 ms, 7.7 before) and a count alone (1.0 ms,
-//! 6.7 before). A one-key or 100-key read is answered inline either way.
+//! quiet 2-core VM, two runs each), 200,000 keys of 100 B: read whole, the
+//! core was held 116-129 ms. Chunked, the inline start took 0.5 ms (10.3-11.6
+//! when it counted the whole range, twice), a page of 500 keys with its count
+//! 0.4-0.7 ms (5.5 when counted inline) and a count alone 0.4-0.7 ms (4.8-5.4),
+//! and another task on the core waited at most 1.5-2.0 ms between turns
+//! (1.4-1.9 before). A one-key or 100-key read is answered inline either way,
+//! at the same cost.
 
 use cairn_mvcc as mvcc;
 use cairn_proto::etcdserverpb::{self as pb, RangeRequest, RangeResponse};
@@ -60,8 +62,8 @@ pub(in crate::server::shard) enum RangeStart {
     /// The whole answer: the range fitted in one chunk, failed, or had to be
     /// read whole.
     Answered(Result<RangeResponse, ApiError>),
-    /// The first chunk was full, or the first step of the count did not
-    /// count every key: the rest is read and counted by [`read_rest`].
+    /// The first step of the count did not count every key, or the first
+    /// chunk was full: the rest is counted and read by [`read_rest`].
     Chunked(Box<ChunkedRange>),
 }
 
@@ -70,8 +72,13 @@ pub(in crate::server::shard) enum RangeStart {
 pub(in crate::server::shard) struct ChunkedRange {
     stream: mvcc::RangeStream,
     kvs: Vec<mvccpb::KeyValue>,
-    /// Every key wanted is in `kvs`; what is left is counting.
-    keys_read: bool,
+    /// etcd's `count` of the range, once counted: the first thing done, so
+    /// that `kvs` is given room for every key the answer can hold (`count`,
+    /// or `limit` if fewer) and a long answer is not copied as it grows.
+    count: Option<i64>,
+    /// Whether keys of the range may be left out (a count alone, revision
+    /// filters): then `kvs` grows as they pass.
+    may_leave_out: bool,
     header: pb::ResponseHeader,
     /// The request's `limit`; 0 for none.
     limit: usize,
@@ -185,18 +192,11 @@ pub(in crate::server::shard) fn start_range(
         }
         Err(e) => return RangeStart::Answered(Err(read_error_to_api(shard, e))),
     };
-    // Room for the first chunk, or the `limit` if less (the range holds
-    // more); none where most keys may be left out: it grows as they pass.
-    let capacity = match (may_leave_out, limit) {
-        (true, _) => 0,
-        (false, 0) => chunk_keys,
-        (false, limit) => limit.min(chunk_keys),
-    };
-    let kvs = Vec::with_capacity(capacity);
     let mut range = ChunkedRange {
         stream,
-        kvs,
-        keys_read: false,
+        kvs: Vec::new(),
+        count: None,
+        may_leave_out,
         header,
         limit,
         chunk_keys,
@@ -261,12 +261,34 @@ enum Step {
 }
 
 impl ChunkedRange {
-    /// Reads a chunk, or, once every key wanted is read, counts a step. When
-    /// a chunk leaves nothing to read (it is short of `chunk_keys`, or
-    /// reached `limit`) the stream is asked again, which then reads nothing
-    /// and makes its `more` final, and the first counting step follows.
+    /// Counts a step of the range's keys until all are counted, then (in the
+    /// same turn as the last step) reads a chunk. When a chunk leaves nothing
+    /// to read (it is short of `chunk_keys`, or reached `limit`) the stream
+    /// is asked again, which then reads nothing and makes its `more` final.
     fn read_chunk(&mut self) -> Step {
-        while !self.keys_read {
+        let count = match self.count {
+            Some(count) => count,
+            None => match self
+                .stream
+                .count_step(self.chunk_keys.saturating_mul(COUNT_CHUNKS_PER_STEP))
+            {
+                Ok(Some(count)) => {
+                    self.count = Some(count);
+                    if !self.may_leave_out {
+                        let count = usize::try_from(count).unwrap_or(0);
+                        let room = match self.limit {
+                            0 => count,
+                            limit => limit.min(count),
+                        };
+                        self.kvs.reserve_exact(room);
+                    }
+                    count
+                }
+                Ok(None) => return Step::More,
+                Err(e) => return Step::Answered(Err(read_error_to_api(self.shard, e))),
+            },
+        };
+        loop {
             match self.stream.next_chunk() {
                 Ok(Some(chunk)) => {
                     self.chunks += 1;
@@ -276,18 +298,10 @@ impl ChunkedRange {
                         return Step::More;
                     }
                 }
-                Ok(None) => self.keys_read = true,
+                Ok(None) => return Step::Answered(Ok(self.response(count))),
                 // Never a partial answer: what was read is dropped.
                 Err(e) => return Step::Answered(Err(read_error_to_api(self.shard, e))),
             }
-        }
-        match self
-            .stream
-            .count_step(self.chunk_keys.saturating_mul(COUNT_CHUNKS_PER_STEP))
-        {
-            Ok(Some(count)) => Step::Answered(Ok(self.response(count))),
-            Ok(None) => Step::More,
-            Err(e) => Step::Answered(Err(read_error_to_api(self.shard, e))),
         }
     }
 
