@@ -308,6 +308,19 @@ pub struct WatchSpec {
 }
 
 impl WatchSpec {
+    /// A watch of every change to the keys `key` and `range_end` name (as
+    /// etcd's ranges do), without filters or previous values.
+    pub fn every_change(key: &[u8], range_end: &[u8]) -> WatchSpec {
+        WatchSpec {
+            key: key.to_vec(),
+            range_end: range_end.to_vec(),
+            prev_kv: false,
+            no_put: false,
+            no_delete: false,
+            progress: false,
+        }
+    }
+
     /// Whether the watch covers `key`.
     pub fn matches(&self, key: &[u8]) -> bool {
         if self.range_end.is_empty() {

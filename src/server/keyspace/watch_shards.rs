@@ -174,17 +174,6 @@ mod tests {
     use crate::server::revisions::RevisionCounter;
     use crate::server::shard_inbox::CommandInbox;
 
-    fn spec(key: &[u8], range_end: &[u8]) -> WatchSpec {
-        WatchSpec {
-            key: key.to_vec(),
-            range_end: range_end.to_vec(),
-            prev_kv: false,
-            no_put: false,
-            no_delete: false,
-            progress: false,
-        }
-    }
-
     /// Channels to `shards` shards, with a keyspace or not.
     fn router(shards: usize, keyspace: bool) -> (Arc<Router>, Vec<CommandInbox>) {
         let keyspace =
@@ -256,7 +245,13 @@ mod tests {
     async fn a_watch_from_now_over_several_shards_sends_only_what_follows_its_created_revision() {
         let (router, mut inboxes) = router(2, true);
         let (tx, _rx) = mpsc::channel(4);
-        let create = ShardsWatch::create(&router, (1, 0), spec(b"\0", b"\0"), 0, tx);
+        let create = ShardsWatch::create(
+            &router,
+            (1, 0),
+            WatchSpec::every_change(b"\0", b"\0"),
+            0,
+            tx,
+        );
         let (created, seen) = tokio::join!(
             create,
             shards_answer(&mut inboxes, &[(0, Ok(10)), (1, Ok(12))])
@@ -279,7 +274,13 @@ mod tests {
     async fn a_watch_refused_by_one_shard_is_cancelled_on_every_shard() {
         let (router, mut inboxes) = router(3, true);
         let (tx, _rx) = mpsc::channel(4);
-        let create = ShardsWatch::create(&router, (1, 0), spec(b"\0", b"\0"), 5, tx);
+        let create = ShardsWatch::create(
+            &router,
+            (1, 0),
+            WatchSpec::every_change(b"\0", b"\0"),
+            5,
+            tx,
+        );
         let answers = [
             (0, Ok(10)),
             (1, Err(ApiError::NoLeader)),
@@ -311,7 +312,13 @@ mod tests {
         for (shards, keyspace, range_end) in [(2, true, &b""[..]), (1, false, &b"\0"[..])] {
             let (router, mut inboxes) = router(shards, keyspace);
             let (tx, _rx) = mpsc::channel(4);
-            let create = ShardsWatch::create(&router, (1, 0), spec(b"k", range_end), 3, tx);
+            let create = ShardsWatch::create(
+                &router,
+                (1, 0),
+                WatchSpec::every_change(b"k", range_end),
+                3,
+                tx,
+            );
             let shard = router.routing.shard_for_key(b"k");
             let answers = [(shard, Ok(7))];
             let (created, seen) = tokio::join!(create, shards_answer(&mut inboxes, &answers));

@@ -1,6 +1,10 @@
 //! A real store in a temporary directory, with the Raft index its writes are
 //! applied at, for the shard's unit tests.
 
+use std::cell::{Cell, RefCell};
+use std::future::Future;
+use std::rc::Rc;
+
 use cairn_mvcc as mvcc;
 
 use crate::routing::ShardId;
@@ -43,4 +47,33 @@ impl TestStore {
             ..Default::default()
         }));
     }
+}
+
+/// Runs `serve` on a core's `LocalSet` beside another shard's work: a task
+/// that applies `write(fixture, n)` for n = 0, 1, ..., one a turn. Answers
+/// what `serve` gave and how many writes ran before it did.
+pub(super) fn beside_writes<T>(
+    fixture: &Rc<RefCell<TestStore>>,
+    write: impl Fn(&mut TestStore, usize) + 'static,
+    serve: impl Future<Output = T>,
+) -> (T, usize) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    tokio::task::LocalSet::new().block_on(&rt, async {
+        let writes = Rc::new(Cell::new(0usize));
+        let writer = tokio::task::spawn_local({
+            let (fixture, writes) = (fixture.clone(), writes.clone());
+            async move {
+                for n in 0.. {
+                    write(&mut fixture.borrow_mut(), n);
+                    writes.set(writes.get() + 1);
+                    tokio::task::yield_now().await;
+                }
+            }
+        });
+        let answer = serve.await;
+        writer.abort();
+        (answer, writes.get())
+    })
 }

@@ -169,17 +169,6 @@ mod tests {
     use rand::rngs::SmallRng;
     use rand::{Rng, SeedableRng};
 
-    fn spec(key: &[u8], range_end: &[u8]) -> WatchSpec {
-        WatchSpec {
-            key: key.to_vec(),
-            range_end: range_end.to_vec(),
-            prev_kv: false,
-            no_put: false,
-            no_delete: false,
-            progress: false,
-        }
-    }
-
     /// A key of up to three letters of a four-letter alphabet that includes
     /// the 0 byte, so that ranges touch, nest and end where others start.
     fn random_key(rng: &mut SmallRng) -> Vec<u8> {
@@ -214,7 +203,7 @@ mod tests {
                         e if e.is_empty() || rng.gen_bool(0.2) => b"\0".to_vec(),
                         e => e,
                     };
-                    let s = spec(&start, &end);
+                    let s = WatchSpec::every_change(&start, &end);
                     // Several watchers may share a range, and a stream.
                     let key = (rng.gen_range(0..3), step);
                     set.insert(key, &s);
@@ -249,9 +238,9 @@ mod tests {
     #[test]
     fn ranges_are_half_open_and_the_zero_end_is_unbounded() {
         let mut set = RangeWatchers::default();
-        set.insert((1, 1), &spec(b"b", b"d"));
-        set.insert((1, 2), &spec(b"c", b"\0"));
-        set.insert((1, 3), &spec(b"d", b"c"));
+        set.insert((1, 1), &WatchSpec::every_change(b"b", b"d"));
+        set.insert((1, 2), &WatchSpec::every_change(b"c", b"\0"));
+        set.insert((1, 3), &WatchSpec::every_change(b"d", b"c"));
         let holding = |set: &mut RangeWatchers, key: &[u8]| {
             let mut out = Vec::new();
             set.index().holding(key, &mut out);
@@ -262,7 +251,7 @@ mod tests {
         assert_eq!(holding(&mut set, b"c"), [(1, 1), (1, 2)]);
         assert_eq!(holding(&mut set, b"d"), [(1, 2)]);
         assert_eq!(holding(&mut set, b"\xff\xff"), [(1, 2)]);
-        set.remove((1, 2), &spec(b"c", b"\0"));
+        set.remove((1, 2), &WatchSpec::every_change(b"c", b"\0"));
         assert_eq!(holding(&mut set, b"c"), [(1, 1)]);
         assert_eq!(holding(&mut set, b"z"), []);
     }
@@ -287,14 +276,20 @@ mod tests {
             for i in 0..n {
                 let (tx, rx) = mpsc::channel(1);
                 idle.push(rx);
-                let s = spec(
+                let s = WatchSpec::every_change(
                     format!("r{i:06}/").as_bytes(),
                     format!("r{i:06}0").as_bytes(),
                 );
                 watchers.add((i as u64, 1), s, 0, current, tx);
             }
             let (tx, mut rx) = mpsc::channel(1);
-            watchers.add((u64::MAX, 1), spec(b"k", b"l"), 0, current, tx);
+            watchers.add(
+                (u64::MAX, 1),
+                WatchSpec::every_change(b"k", b"l"),
+                0,
+                current,
+                tx,
+            );
             watchers.notify(0, &mut h.store);
             let (mut spent, mut changes, mut events) = (Duration::ZERO, 0, 0);
             for _turn in 0..50 {

@@ -142,14 +142,7 @@ async fn watch(world: Rc<World>, sessions: Sessions, n: usize, slow: bool) {
         // meets an earlier stream's key.
         let key = (((n as u64) << 32) | asked, 0);
         let (tx, mut rx) = mpsc::channel::<WatchBatch>(STREAM_QUEUE);
-        let spec = WatchSpec {
-            key: vec![0],
-            range_end: vec![0],
-            prev_kv: false,
-            no_put: false,
-            no_delete: false,
-            progress: false,
-        };
+        let spec = WatchSpec::every_change(&[0], &[0]);
         let created = ShardsWatch::create(&router, key, spec, start_revision, tx).await;
         let Ok((mut shards_watch, header)) = created else {
             // Refused or stopped: another member, later.

@@ -4,11 +4,11 @@
 //! core's `LocalSet` run between its steps, and what they write meanwhile is
 //! not in the hash.
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::rc::Rc;
 
 use super::*;
-use crate::server::shard::test_store::TestStore;
+use crate::server::shard::test_store::{beside_writes, TestStore};
 
 const SHARD: ShardId = 5;
 
@@ -108,11 +108,19 @@ fn a_long_hash_lets_the_cores_other_tasks_run_between_its_steps() {
     let expected = f.store.hash_kv(0).unwrap();
     let records_per_step = 5;
     let f = Rc::new(RefCell::new(f));
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .unwrap();
-    let local = tokio::task::LocalSet::new();
-    let (answer, writes_meanwhile) = local.block_on(&rt, async {
+    // Another shard's work on the same core: writes, one a turn, committed
+    // now and then, and a compaction.
+    let write = |fixture: &mut TestStore, n: usize| {
+        fixture.put(&format!("k{:03}", n % 600), format!("new{n}"), 0);
+        if n.is_multiple_of(50) {
+            fixture.store.commit().unwrap();
+        }
+        if n == 20 {
+            let revision = fixture.store.current_revision() - 5;
+            fixture.apply(mvcc::Op::Compact(mvcc::CompactionRequest { revision }));
+        }
+    };
+    let (answer, writes_meanwhile) = beside_writes(&f, write, async {
         let (tx, rx) = Reply::channel();
         match start_hash_kv(&f.borrow().store, 0, SHARD, records_per_step) {
             HashStart::Answered(answer) => {
@@ -122,32 +130,7 @@ fn a_long_hash_lets_the_cores_other_tasks_run_between_its_steps() {
                 tokio::task::spawn_local(hash_rest(stream, SHARD, records_per_step, tx));
             }
         }
-        // Another shard's work on the same core: writes, one a turn,
-        // committed now and then, and a compaction.
-        let writes = Rc::new(Cell::new(0usize));
-        let writer = tokio::task::spawn_local({
-            let (f, writes) = (f.clone(), writes.clone());
-            async move {
-                for n in 0.. {
-                    {
-                        let mut fixture = f.borrow_mut();
-                        fixture.put(&format!("k{:03}", n % 600), format!("new{n}"), 0);
-                        if n % 50 == 0 {
-                            fixture.store.commit().unwrap();
-                        }
-                        if n == 20 {
-                            let revision = fixture.store.current_revision() - 5;
-                            fixture.apply(mvcc::Op::Compact(mvcc::CompactionRequest { revision }));
-                        }
-                    }
-                    writes.set(writes.get() + 1);
-                    tokio::task::yield_now().await;
-                }
-            }
-        });
-        let answer = rx.await.expect("the HashKV answers");
-        writer.abort();
-        (answer, writes.get())
+        rx.await.expect("the HashKV answers")
     });
     let h = answer.unwrap();
     assert_eq!(

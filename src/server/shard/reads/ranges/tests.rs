@@ -28,7 +28,7 @@ fn header() -> pb::ResponseHeader {
     }
 }
 
-use crate::server::shard::test_store::TestStore;
+use crate::server::shard::test_store::{beside_writes, TestStore};
 
 /// Revisions of [`populated`] worth reading at.
 struct Revisions {
@@ -429,11 +429,18 @@ fn other_work_during(request: RangeRequest) -> usize {
     f.store.commit().unwrap();
     let expected = whole(&f.store, &request);
     let f = Rc::new(RefCell::new(f));
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .unwrap();
-    let local = tokio::task::LocalSet::new();
-    let (answer, writes_meanwhile) = local.block_on(&rt, async {
+    // Another shard's work on the same core: it applies writes into the
+    // range, one batch a turn, committing now and then.
+    let write = |fixture: &mut TestStore, n: usize| {
+        let i = n % LONG_RANGE_KEYS;
+        fixture.put(&format!("/k/{i:05}"), format!("new{n}"), 0);
+        fixture.delete(&format!("/k/{:05}", (i * 7) % LONG_RANGE_KEYS));
+        fixture.put(&format!("/k/new{n}"), "new", 0);
+        if n.is_multiple_of(50) {
+            fixture.store.commit().unwrap();
+        }
+    };
+    let (answer, writes_meanwhile) = beside_writes(&f, write, async {
         let (tx, rx) = Reply::channel();
         let start = start_range(
             &f.borrow().store,
@@ -450,31 +457,7 @@ fn other_work_during(request: RangeRequest) -> usize {
                 tokio::task::spawn_local(read_rest(range, tx));
             }
         }
-        // Another shard's work on the same core: it applies writes into the
-        // range, one batch a turn, committing now and then.
-        let writes = Rc::new(Cell::new(0usize));
-        let writer = tokio::task::spawn_local({
-            let (f, writes) = (f.clone(), writes.clone());
-            async move {
-                for n in 0.. {
-                    {
-                        let mut fixture = f.borrow_mut();
-                        let i = n % LONG_RANGE_KEYS;
-                        fixture.put(&format!("/k/{i:05}"), format!("new{n}"), 0);
-                        fixture.delete(&format!("/k/{:05}", (i * 7) % LONG_RANGE_KEYS));
-                        fixture.put(&format!("/k/new{n}"), "new", 0);
-                        if n % 50 == 0 {
-                            fixture.store.commit().unwrap();
-                        }
-                    }
-                    writes.set(writes.get() + 1);
-                    tokio::task::yield_now().await;
-                }
-            }
-        });
-        let answer = rx.await.expect("the range answers");
-        writer.abort();
-        (answer, writes.get())
+        rx.await.expect("the range answers")
     });
     // What was applied meanwhile is not in the answer: it is the snapshot's.
     assert_eq!(answer, expected);
