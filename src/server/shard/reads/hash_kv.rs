@@ -8,7 +8,7 @@
 //! in the hash, and the writer never waits for it.
 //!
 //! A record costs about 0.1 µs to find and hash: `cargo test --release -p
-//! cairn-mvcc --test semantics hash_kv_cost -- --ignored --nocapture` hashed
+//! cairn-mvcc --test read_costs hash_kv_cost -- --ignored --nocapture` hashed
 //! 200,000 records of 100 B in 22 ms in one pass, and in steps of
 //! [`HASH_RECORDS_PER_STEP`] records the longest step took 0.52 ms.
 

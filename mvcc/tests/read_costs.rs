@@ -1,0 +1,114 @@
+//! Figures, not checks (every test here is ignored): how long reads that
+//! grow with the store hold the thread that owns it. Run with
+//! `cargo test --release -p cairn-mvcc --test read_costs -- --ignored --nocapture`.
+
+use cairn_mvcc::*;
+
+struct T {
+    store: Store,
+    index: u64,
+}
+
+impl T {
+    fn new() -> T {
+        T {
+            store: Store::open_with(Box::new(MemStorage::new()), "costs", Config::default())
+                .unwrap(),
+            index: 0,
+        }
+    }
+    fn apply(&mut self, op: Op) -> OpResult {
+        self.index += 1;
+        self.store.apply(self.index, &op).unwrap()
+    }
+    fn put(&mut self, k: &str, v: &str) {
+        self.apply(Op::Put(PutRequest {
+            key: k.into(),
+            value: v.into(),
+            ..PutRequest::default()
+        }));
+    }
+    fn txn(&mut self, t: TxnRequest) -> Result<TxnResponse, ApplyError> {
+        match self.apply(Op::Txn(t)) {
+            OpResult::Txn(r) => Ok(r),
+            r => panic!("{r:?}"),
+        }
+    }
+}
+
+fn cmp(key: &str, target: CompareTarget, result: CompareResult) -> Compare {
+    Compare {
+        result,
+        target,
+        key: key.into(),
+        range_end: Vec::new(),
+    }
+}
+
+#[test]
+#[ignore = "a measurement: cargo test --release -p cairn-mvcc --test read_costs compare_cost -- --ignored --nocapture"]
+fn compare_cost() {
+    let mut t = T::new();
+    let n = 200_000;
+    for i in 0..n {
+        let v = if i == 0 || i == n - 1 { "x" } else { "v" };
+        t.put(&format!("k{i:06}"), v);
+    }
+    // From the first key on, the compare fails there; from the second, at
+    // the last key.
+    for (first, fails_at) in [("k000000", "its first"), ("k000001", "its last")] {
+        let c = Compare {
+            range_end: "\0".into(),
+            ..cmp(
+                first,
+                CompareTarget::Value(b"x".to_vec()),
+                CompareResult::NotEqual,
+            )
+        };
+        let started = std::time::Instant::now();
+        let r = t.txn(TxnRequest {
+            compare: vec![c],
+            success: Vec::new(),
+            failure: Vec::new(),
+        });
+        assert!(!r.unwrap().succeeded);
+        println!(
+            "a value compare over {} keys failing at {fails_at} key: {:?}",
+            n - first[1..].parse::<usize>().unwrap(),
+            started.elapsed()
+        );
+    }
+}
+
+#[test]
+#[ignore = "a measurement: cargo test --release -p cairn-mvcc --test read_costs hash_kv_cost -- --ignored --nocapture"]
+fn hash_kv_cost() {
+    let mut t = T::new();
+    let n = 200_000;
+    for i in 0..n {
+        t.put(&format!("k{i:06}"), &"v".repeat(100));
+        if i % 10_000 == 0 {
+            t.store.commit().unwrap();
+        }
+    }
+    t.store.commit().unwrap();
+    let started = std::time::Instant::now();
+    let whole = t.store.hash_kv(0).unwrap();
+    let one_pass = started.elapsed();
+    let mut stream = t.store.hash_kv_stream(0).unwrap();
+    let (mut steps, mut longest) = (0, std::time::Duration::ZERO);
+    let stepped = loop {
+        let started = std::time::Instant::now();
+        let answer = stream.step(4_096).unwrap();
+        longest = longest.max(started.elapsed());
+        steps += 1;
+        if let Some(h) = answer {
+            break h;
+        }
+    };
+    assert_eq!(stepped, whole);
+    println!(
+        "HashKV of {n} records of 100 B: one pass {one_pass:?}; {steps} steps of 4,096, \
+         the longest {longest:?}"
+    );
+}
