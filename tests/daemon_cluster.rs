@@ -532,3 +532,122 @@ async fn writes_carry_on_while_leadership_is_handed_over() {
     );
     assert!(written > 100, "only {written} writes");
 }
+
+/// A compaction over more keys than one step of its pass over the key index
+/// takes (4,096): the pass goes on in steps on every member, reads below the
+/// compaction are refused from the start, a `physical` compaction answers
+/// once what it dropped is out of the store, and the members' HashKVs (which
+/// wait for a pass under way) agree.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compaction_over_many_keys_runs_in_steps_and_members_hash_alike() {
+    let cluster = Cluster::start(3, &["--shards", "1"]);
+    let endpoints = cluster.endpoints();
+    let mut c = client(&endpoints[0]).await;
+    wait_writable(&mut c, "/compact/ready").await;
+    let keys = 20_000;
+    let mut compact_at = 0;
+    for round in 0..2 {
+        for batch in 0..keys / 100 {
+            let puts: Vec<TxnOp> = (0..100)
+                .map(|i| {
+                    let k = format!("/compact/{:05}", batch * 100 + i);
+                    TxnOp::put(k, format!("v{round}"), None)
+                })
+                .collect();
+            c.txn(Txn::new().and_then(puts)).await.unwrap();
+        }
+        if round == 0 {
+            let r = c.get("/compact/ready", None).await.unwrap();
+            compact_at = r.header().unwrap().revision();
+        }
+    }
+    // What the store holds once the writes are committed (on its 100 ms
+    // interval): the same figure twice, a poll apart.
+    let seen = std::cell::Cell::new(-1);
+    let in_use_before = common::eventually("the writes committed", Duration::from_secs(60), || {
+        let mut c = c.clone();
+        let seen = &seen;
+        async move {
+            let now = c
+                .status()
+                .await
+                .map_err(|e| e.to_string())?
+                .raft_used_db_size();
+            let last = seen.replace(now);
+            if now == last {
+                Ok(now)
+            } else {
+                Err(format!("{now} bytes in use, {last} before"))
+            }
+        }
+    })
+    .await;
+    c.compact(
+        compact_at,
+        Some(etcd_client::CompactionOptions::new().with_physical()),
+    )
+    .await
+    .unwrap();
+    let old = c
+        .get(
+            "/compact/00000",
+            Some(GetOptions::new().with_revision(compact_at - 1)),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(status_of(old).code(), Code::OutOfRange);
+    let r = c
+        .get(
+            "/compact/",
+            Some(GetOptions::new().with_prefix().with_count_only()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.count(), keys + 1, "the keys and /compact/ready");
+    let in_use_after = c.status().await.unwrap().raft_used_db_size();
+    assert!(
+        in_use_after < in_use_before,
+        "a physical compaction of {keys} revisions left {in_use_after} of {in_use_before} bytes in use"
+    );
+
+    let latest = c.get("/compact/ready", None).await.unwrap();
+    let at = latest.header().unwrap().revision();
+    let mut hashes = Vec::new();
+    for ep in &endpoints {
+        let mut m = client(ep).await;
+        // A follower answers once it has applied `at`.
+        let h = common::eventually(
+            "a HashKV at the leader's revision",
+            Duration::from_secs(60),
+            || {
+                let mut m = m.clone();
+                async move { m.hash_kv(at).await.map_err(|e| e.to_string()) }
+            },
+        )
+        .await;
+        assert_eq!(h.compact_version(), compact_at, "{ep}");
+        hashes.push(h.hash());
+        m.put("/compact/after", ep.as_str(), None).await.unwrap();
+    }
+    assert!(
+        hashes.iter().all(|h| *h == hashes[0]),
+        "members diverged: {hashes:?}\n{}",
+        cluster.logs()
+    );
+    for member in &cluster.members {
+        let (_, body) = common::http_get(member.client_port, "/metrics");
+        let steps = promtext::parse(&body)
+            .unwrap()
+            .value(
+                "cairn_shard_compaction_index_step_duration_seconds_count",
+                &[("shard", "0")],
+            )
+            .unwrap_or(0.0);
+        // The first step is taken in the compaction's apply, the rest apart.
+        assert!(
+            steps >= (keys as f64 / 4096.0).ceil() - 1.0,
+            "{} took {steps} steps",
+            member.client_port
+        );
+    }
+}

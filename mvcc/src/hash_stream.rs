@@ -29,7 +29,11 @@ pub struct HashKvStream {
 impl Store {
     /// etcd's HashKV at `revision` (0: the current one), computed in steps
     /// by [`HashKvStream::step`]. Refused as [`Store::hash_kv`] refuses.
-    pub fn hash_kv_stream(&self, revision: i64) -> Result<HashKvStream, ReadError> {
+    /// A compaction's index pass still under way is finished first, at once
+    /// (the hash leaves out what compaction dropped): an owner that must not
+    /// wait for it starts a HashKV once [`Store::compaction_running`] is false.
+    pub fn hash_kv_stream(&mut self, revision: i64) -> Result<HashKvStream, ReadError> {
+        self.finish_compaction();
         let snap = self.snapshot();
         let at = snap.with_view(|v| v.check_rev(revision))?;
         Ok(HashKvStream {
@@ -46,7 +50,7 @@ impl Store {
     /// etcd's HashKV: a CRC32 over every record up to `revision` (0: current)
     /// that compaction has kept, in revision order. In one go: for a large
     /// store on a shared thread, [`Store::hash_kv_stream`].
-    pub fn hash_kv(&self, revision: i64) -> Result<HashKv, ReadError> {
+    pub fn hash_kv(&mut self, revision: i64) -> Result<HashKv, ReadError> {
         let mut stream = self.hash_kv_stream(revision)?;
         loop {
             if let Some(answer) = stream.step(usize::MAX)? {

@@ -366,18 +366,47 @@ impl Index {
     /// revisions, sorted, for physical removal.
     pub(crate) fn compact(&mut self, at: i64) -> Vec<Revision> {
         let mut removed = Vec::new();
-        let mut gone = Vec::new();
-        self.keys.retain(|k, ki| {
-            ki.compact(at, &mut removed);
-            if ki.is_empty() {
-                gone.push(k.clone());
-                return false;
-            }
-            true
-        });
-        drop(gone);
+        self.compact_keys(at, None, usize::MAX, &mut removed);
         removed.sort_unstable();
         removed
+    }
+
+    /// Compacts at `at` at most `max_keys` keys (at least one) from the
+    /// first key after `after` (from the first key when `None`), adding the
+    /// revisions dropped to `removed` in no particular order. Returns the
+    /// last key compacted while keys remain after it, `None` once the pass
+    /// has reached the end.
+    ///
+    /// Leaving keys past the returned one uncompacted changes no read at or
+    /// after `at`: a key's revisions at or below `at` that compaction drops
+    /// are older than the one such a read finds (or in a generation deleted
+    /// by then), and revisions written meanwhile are all above `at`.
+    pub(crate) fn compact_keys(
+        &mut self,
+        at: i64,
+        after: Option<&IKey>,
+        max_keys: usize,
+        removed: &mut Vec<Revision>,
+    ) -> Option<IKey> {
+        let lower = match after {
+            Some(k) => Bound::Excluded(k),
+            None => Bound::Unbounded,
+        };
+        let mut range = self.keys.range_mut::<IKey, _>((lower, Bound::Unbounded));
+        let mut gone = Vec::new();
+        let mut last = None;
+        for (k, ki) in range.by_ref().take(max_keys.max(1)) {
+            ki.compact(at, removed);
+            if ki.is_empty() {
+                gone.push(k.clone());
+            }
+            last = Some(k.clone());
+        }
+        let more = range.next().is_some();
+        for k in &gone {
+            self.keys.remove(k);
+        }
+        last.filter(|_| more)
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -447,6 +476,86 @@ mod tests {
         assert_eq!(ix.get(b"b", 5).unwrap().version, 1);
         assert_eq!(ix.compact(6), vec![r(5)]);
         assert_eq!(ix.get(b"b", 6).unwrap().version, 2);
+    }
+
+    /// Keys of five histories around the compaction point 100: one put
+    /// below; several puts below; a put and its delete below; puts on both
+    /// sides; a generation deleted below and a new one above.
+    fn histories(keys: u32) -> (Index, Vec<Vec<u8>>) {
+        let mut ix = Index::default();
+        let mut names = Vec::new();
+        for i in 0..keys {
+            let k = format!("k{i:03}").into_bytes();
+            let base = i64::from(i % 40) * 2 + 2;
+            match i % 5 {
+                0 => {
+                    ix.put(&k, r(base));
+                }
+                1 => {
+                    ix.put(&k, r(base));
+                    ix.put(&k, r(base + 1));
+                }
+                2 => {
+                    ix.put(&k, r(base));
+                    ix.tombstone(&k, r(base + 1));
+                }
+                3 => {
+                    ix.put(&k, r(base));
+                    ix.put(&k, r(100 + base));
+                }
+                _ => {
+                    ix.put(&k, r(base));
+                    ix.tombstone(&k, r(base + 1));
+                    ix.put(&k, r(100 + base));
+                }
+            }
+            names.push(k);
+        }
+        (ix, names)
+    }
+
+    #[test]
+    fn a_pass_in_steps_with_writes_between_drops_what_one_pass_drops() {
+        let at = 100;
+        for per_step in [1, 2, 7, 1000] {
+            let (mut whole, names) = histories(60);
+            let (mut stepped, _) = histories(60);
+            let mut expected = whole.compact(at);
+            let mut removed = Vec::new();
+            let mut after = None;
+            let mut steps = 0;
+            let mut next_rev = 300;
+            loop {
+                after = stepped.compact_keys(at, after.as_ref(), per_step, &mut removed);
+                steps += 1;
+                // Writes above the compaction point between steps, to keys
+                // the pass has passed, has not reached, and dropped.
+                for k in names.iter().skip(steps % 3).step_by(7) {
+                    next_rev += 1;
+                    if next_rev % 4 == 0 {
+                        whole.tombstone(k, r(next_rev));
+                        stepped.tombstone(k, r(next_rev));
+                    } else {
+                        whole.put(k, r(next_rev));
+                        stepped.put(k, r(next_rev));
+                    }
+                }
+                if after.is_none() {
+                    break;
+                }
+            }
+            assert_eq!(steps, 60usize.div_ceil(per_step), "steps of {per_step}");
+            removed.sort_unstable();
+            expected.sort_unstable();
+            assert_eq!(removed, expected, "steps of {per_step}");
+            assert!(!expected.is_empty());
+            assert_eq!(stepped.len(), whole.len(), "steps of {per_step}");
+            for k in &names {
+                for rev in [at, at + 50, next_rev] {
+                    assert_eq!(stepped.get(k, rev), whole.get(k, rev), "{k:?} at {rev}");
+                }
+            }
+        }
     }
 
     #[test]

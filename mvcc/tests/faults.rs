@@ -220,7 +220,7 @@ fn damaged_or_incomplete_snapshot_streams_are_refused() {
         r.err()
     );
 
-    let restored = Store::restore_with(
+    let mut restored = Store::restore_with(
         Box::new(MemStorage::new()),
         "restore",
         Config::default(),

@@ -1,6 +1,7 @@
 //! Guards the store's etcd semantics as a whole: random sequences of puts,
-//! deletes, txns, compactions, lease grants and revokes, commits (whole, and
-//! in steps with everything else going on between them), reopens, and
+//! deletes, txns, compactions (their pass over the key index in steps of a
+//! few keys), lease grants and revokes, commits (whole, and in steps with
+//! everything else going on between them), reopens, and
 //! snapshot-stream restores are checked against a plain model of all
 //! revisions, including reads at old revisions and reads from snapshots taken
 //! while the writer went on.
@@ -21,6 +22,7 @@ fn run_seed(seed: u64, steps: usize) {
     let cfg = Config {
         commit_step_records: rng.gen_range(1usize..4),
         commit_step_bytes: rng.gen_range(1usize..8192),
+        compact_step_keys: rng.gen_range(1usize..4),
         ..Config::default()
     };
     let mut store = Store::open_with(Box::new(storage.clone()), &name, cfg.clone()).unwrap();
@@ -41,6 +43,9 @@ fn run_seed(seed: u64, steps: usize) {
         {
             committed = running.take().expect("a commit was running");
             assert!(!store.commit_running(), "{ctx}: the commit ended");
+        }
+        if store.compaction_running() && rng.gen_range(0..4) == 0 {
+            store.compaction_step().expect("a pass was running");
         }
         match rng.gen_range(0..100) {
             0..=79 => {

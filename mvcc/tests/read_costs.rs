@@ -112,3 +112,54 @@ fn hash_kv_cost() {
          the longest {longest:?}"
     );
 }
+
+#[test]
+#[ignore = "a measurement: cargo test --release -p cairn-mvcc --test read_costs compact_cost -- --ignored --nocapture"]
+fn compact_cost() {
+    let n = 1_000_000;
+    // One pass (what a compaction held the thread for before its pass went
+    // in steps), then the default steps.
+    for step_keys in [usize::MAX, Config::default().compact_step_keys] {
+        let mut t = T::new();
+        t.store = Store::open_with(
+            Box::new(MemStorage::new()),
+            "costs",
+            Config {
+                compact_step_keys: step_keys,
+                ..Config::default()
+            },
+        )
+        .unwrap();
+        for round in ["v", "w"] {
+            for i in 0..n {
+                t.put(&format!("k{i:07}"), round);
+            }
+        }
+        let at = t.store.current_revision() - (n as i64) / 2;
+        let started = std::time::Instant::now();
+        t.apply(Op::Compact(CompactionRequest { revision: at }));
+        let apply = started.elapsed();
+        let mut took = Vec::new();
+        while let Some(step) = t.store.compaction_step() {
+            took.push(step.took);
+        }
+        let total = apply + took.iter().sum::<std::time::Duration>();
+        let steps = took.len();
+        took.sort();
+        let at_share = |q: f64| {
+            took.get(((steps as f64 - 1.0) * q) as usize)
+                .copied()
+                .unwrap_or_default()
+        };
+        let (median, p99, longest) = (at_share(0.5), at_share(0.99), at_share(1.0));
+        let per_step = match step_keys {
+            usize::MAX => "all keys in one step".to_string(),
+            k => format!("{k} keys a step"),
+        };
+        println!(
+            "compaction over {n} keys, {per_step}: the apply {apply:?}, \
+             then {steps} steps (median {median:?}, p99 {p99:?}, longest {longest:?}); \
+             {total:?} in all"
+        );
+    }
+}

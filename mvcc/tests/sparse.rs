@@ -335,14 +335,17 @@ fn hash_kv_and_events_across_gaps() {
     t.put(7, "b", "1");
     t.at(12, delete("a", "")).unwrap();
     t.at(30, Op::LeaseGrant { id: 1, ttl_secs: 1 }).unwrap();
-    let h = |t: &T, at: i64| t.store.hash_kv(at).unwrap();
+    let h = |t: &mut T, at: i64| t.store.hash_kv(at).unwrap();
     for at in 3..7 {
-        assert_eq!(h(&t, at).hash, h(&t, 3).hash, "at {at}");
-        assert_eq!(h(&t, at).hash_revision, at);
+        assert_eq!(h(&mut t, at).hash, h(&mut t, 3).hash, "at {at}");
+        assert_eq!(h(&mut t, at).hash_revision, at);
     }
-    assert_ne!(h(&t, 7).hash, h(&t, 6).hash);
-    assert_eq!(h(&t, 0).hash, h(&t, 12).hash);
-    assert_eq!((h(&t, 0).hash_revision, h(&t, 0).revision), (30, 30));
+    assert_ne!(h(&mut t, 7).hash, h(&mut t, 6).hash);
+    assert_eq!(h(&mut t, 0).hash, h(&mut t, 12).hash);
+    assert_eq!(
+        (h(&mut t, 0).hash_revision, h(&mut t, 0).revision),
+        (30, 30)
+    );
     assert!(matches!(
         t.store.hash_kv(31),
         Err(ReadError::FutureRevision { .. })
@@ -436,7 +439,7 @@ fn the_reached_revision_survives_commit_reopen_restore_and_defragment() {
     assert_eq!(stream.revision(), 800);
     let chunks: Vec<Vec<u8>> = stream.map(|c| c.unwrap()).collect();
     let other = tempfile::tempdir().unwrap();
-    let restored = Store::restore(other.path(), 1, Config::default(), chunks).unwrap();
+    let mut restored = Store::restore(other.path(), 1, Config::default(), chunks).unwrap();
     assert_eq!(
         (restored.current_revision(), restored.compact_revision()),
         (800, 650)

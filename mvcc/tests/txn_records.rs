@@ -181,7 +181,7 @@ fn a_snapshot_stream_carries_the_records_to_the_restored_store() {
     let chunks: Vec<Vec<u8>> = stream.map(|c| c.unwrap()).collect();
 
     let target = MemStorage::new();
-    let restored = Store::restore_with(
+    let mut restored = Store::restore_with(
         Box::new(target.clone()),
         "restore",
         cfg.clone(),
@@ -223,7 +223,7 @@ fn a_snapshot_stream_of_format_1_restores_with_no_records() {
     let end = chunks[last][CHUNK_PAYLOAD_OFFSET..].to_vec();
     assert_eq!(end.len(), 24);
     chunks[last] = rechunk(&chunks[last], &end[..16]);
-    let restored = Store::restore_with(
+    let mut restored = Store::restore_with(
         Box::new(MemStorage::new()),
         "restore",
         Config::default(),

@@ -83,6 +83,7 @@ struct Ids {
     backend_commit: ShardHistogram,
     store_commit: ShardHistogram,
     backend_commit_step: ShardHistogram,
+    compaction_index_step: ShardHistogram,
     proposal: ShardHistogram,
     db_size_bytes: ShardGauge,
     db_size_in_use_bytes: ShardGauge,
@@ -311,6 +312,14 @@ impl Ids {
                     "cairn_shard_backend_commit_step_duration_seconds",
                     "Time each step of a commit of this shard's MVCC store held the core. \
                      A commit goes on in steps, between the core's other work.",
+                ),
+                SHORT_SECONDS,
+            )?,
+            compaction_index_step: b.shard_histogram(
+                MetricSpec::new(
+                    "cairn_shard_compaction_index_step_duration_seconds",
+                    "Time each step of a compaction's pass over this shard's key index held \
+                     the core. The pass goes on in steps, between the core's other work.",
                 ),
                 SHORT_SECONDS,
             )?,
@@ -548,6 +557,12 @@ impl ShardRecorder {
     pub fn backend_commit_step(&self, elapsed: Duration) {
         self.metrics
             .observe_duration(self.ids.backend_commit_step, elapsed);
+    }
+
+    /// After each step of a compaction's pass over the shard's key index.
+    pub fn compaction_index_step(&self, elapsed: Duration) {
+        self.metrics
+            .observe_duration(self.ids.compaction_index_step, elapsed);
     }
 
     /// After each store commit: file size and bytes in live pages.

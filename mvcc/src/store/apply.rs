@@ -509,10 +509,9 @@ impl Store {
                 current_revision: tx.before(),
             });
         }
-        let removed = self.index.borrow_mut().compact(c.revision);
-        tracing::debug!(file = %self.file, revision = c.revision, removed = removed.len(), "compacted");
-        self.pending_deletes.extend(removed);
         self.compact_rev.set(c.revision);
+        self.start_compaction(c.revision);
+        tracing::debug!(file = %self.file, revision = c.revision, "compacted");
         Ok(CompactionResponse {
             revision: tx.result_rev(),
         })

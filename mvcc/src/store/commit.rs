@@ -56,10 +56,12 @@ impl Store {
 
     /// Writes everything applied since the last commit to the file: pages, sync,
     /// then the meta page, sync. Returns whether anything was written. A
-    /// commit running in steps is finished first.
+    /// commit running in steps is finished first, and so is a compaction's
+    /// pass over the key index, so that what it drops leaves the tree.
     pub fn commit(&mut self) -> Result<bool, CommitError> {
         self.unpoisoned()?;
         self.finish_running()?;
+        self.finish_compaction();
         self.take_up_grown_file()?;
         if !self.has_changes() {
             return Ok(false);
@@ -83,9 +85,11 @@ impl Store {
     /// syncer is asked to grow it, and a commit that needs the room before
     /// the grow is done waits for a later turn rather than grow it here.
     ///
-    /// A commit running in steps is finished first.
+    /// A commit running in steps is finished first, and so is a
+    /// compaction's pass over the key index, as [`Store::commit`] does.
     pub fn commit_unless_busy(&mut self) -> Result<bool, CommitError> {
         self.finish_running()?;
+        self.finish_compaction();
         if !self.commit_may_begin()? {
             return Ok(false);
         }

@@ -48,8 +48,10 @@ impl Store {
     /// Copies live pages from the end of the file into free pages nearer the
     /// start, a bounded step per commit, then cuts the file. Snapshots keep
     /// reading throughout; pages they still see are cut by a later commit.
-    /// Waits for each step to be durable.
+    /// Waits for each step to be durable. A compaction's pass over the key
+    /// index is finished first: the records it drops are not moved.
     pub fn defragment(&mut self) -> Result<DefragReport, DefragError> {
+        self.finish_compaction();
         let mut run = self.defragment_start();
         self.finish_running()?;
         loop {

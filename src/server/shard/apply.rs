@@ -98,6 +98,9 @@ impl Shard {
     pub(super) fn store_commit_step(&mut self) {
         match self.store.commit_step() {
             Ok(Some(step)) => {
+                if step.done.is_some() {
+                    self.answer_physical_compactions();
+                }
                 let Some(m) = &self.metrics else {
                     return;
                 };
@@ -110,6 +113,25 @@ impl Shard {
             }
             Ok(None) => {}
             Err(e) => self.fail(format!("store commit failed: {e}")),
+        }
+    }
+
+    /// Carries a compaction's pass over the key index on by a step; once it
+    /// ends, hashes the HashKVs that waited for it.
+    pub(super) fn store_compaction_step(&mut self) {
+        let Some(step) = self.store.compaction_step() else {
+            return;
+        };
+        self.compaction_stepped_at = Instant::now();
+        if let Some(m) = &self.metrics {
+            m.compaction_index_step(step.took);
+        }
+        if step.done.is_some() {
+            for (revision, reply) in std::mem::take(&mut self.hashes_waiting) {
+                self.serve_hash_kv(revision, reply);
+            }
+            // Its dropped records leave the tree at the next commit.
+            self.commit_store();
         }
     }
 
@@ -175,7 +197,9 @@ impl Shard {
     /// of [`DEFRAG_STEP_PAGES`], each written here and synced by the store's
     /// syncer; a step that would wait for a sync ends the turn.
     pub(super) fn defragment_steps(&mut self) {
-        if self.defrag.is_none() || self.files_behind() {
+        // A compaction's pass over the key index goes first, so that the
+        // defragment moves none of the records it drops.
+        if self.defrag.is_none() || self.store.compaction_running() || self.files_behind() {
             return;
         }
         let Some(mut defrag) = self.defrag.take() else {
@@ -262,14 +286,30 @@ impl Shard {
             }
         };
         let mine = req.member == self.member_id;
+        let physical = matches!(&request, shard_request::Request::Compaction(c) if c.physical);
         let result = self.apply_request(e.index, req.revision, request);
         if mine {
             if let Some(w) = self.waiters.remove(&req.id) {
                 if let Some(m) = &self.metrics {
                     m.proposal_applied(w.since.elapsed());
                 }
-                let _ = w.reply.send(result);
+                if physical && result.is_ok() && !self.store.compactions_removed() {
+                    self.physical_compactions.push((w.reply, result));
+                } else {
+                    let _ = w.reply.send(result);
+                }
             }
+        }
+    }
+
+    /// Answers the compactions asked with etcd's `physical` once what they
+    /// dropped is out of the store's revision tree.
+    fn answer_physical_compactions(&mut self) {
+        if self.physical_compactions.is_empty() || !self.store.compactions_removed() {
+            return;
+        }
+        for (reply, result) in self.physical_compactions.drain(..) {
+            let _ = reply.send(result);
         }
     }
 

@@ -286,6 +286,9 @@ impl Shard {
             is_learner,
             lease_clock: LeaseClock::new(setup.tick, setup.election_ticks),
             defrag: None,
+            hashes_waiting: Vec::new(),
+            physical_compactions: Vec::new(),
+            compaction_stepped_at: Instant::now(),
             off_core: setup.off_core.clone(),
         })
     }

@@ -45,7 +45,7 @@ fn recut(parts: &[Bytes], piece_bytes: usize) -> Vec<Bytes> {
 #[tokio::test]
 async fn a_snapshot_read_as_it_is_sent_restores_the_same_store() {
     let dir = tempfile::tempdir().unwrap();
-    let store = store_with_keys(&dir.path().join("a"), 3_000);
+    let mut store = store_with_keys(&dir.path().join("a"), 3_000);
     let msg = raft::Message {
         msg_type: raft::MessageType::MsgSnap as i32,
         to: 2,
@@ -93,7 +93,7 @@ async fn a_snapshot_read_as_it_is_sent_restores_the_same_store() {
         let (got, chunks) = spool.finish().await.unwrap().into_parts();
         assert_eq!(got, msg);
         let mut reader = chunks.reader();
-        let restored = mvcc::Store::restore(
+        let mut restored = mvcc::Store::restore(
             &dir.path().join(format!("b-{n}")),
             0,
             mvcc::Config::default(),

@@ -35,8 +35,18 @@ impl Shard {
     /// Answers a HashKV at `revision` (0: the current one): at once for a
     /// store hashed in one step, otherwise from a task that hashes a step
     /// at a time between the core's other work.
-    pub(in crate::server::shard) fn serve_hash_kv(&self, revision: i64, reply: Reply<ShardHash>) {
-        match start_hash_kv(&self.store, revision, self.id, HASH_RECORDS_PER_STEP) {
+    /// A HashKV that arrives while a compaction's pass over the key index
+    /// runs waits for it to end: the hash leaves out what compaction drops.
+    pub(in crate::server::shard) fn serve_hash_kv(
+        &mut self,
+        revision: i64,
+        reply: Reply<ShardHash>,
+    ) {
+        if self.store.compaction_running() {
+            self.hashes_waiting.push((revision, reply));
+            return;
+        }
+        match start_hash_kv(&mut self.store, revision, self.id, HASH_RECORDS_PER_STEP) {
             HashStart::Answered(answer) => {
                 let _ = reply.send(answer);
             }
@@ -50,7 +60,7 @@ impl Shard {
 /// Starts a HashKV of `store` at `revision` and takes its first step of at
 /// most `per_step` records.
 pub(in crate::server::shard) fn start_hash_kv(
-    store: &mvcc::Store,
+    store: &mut mvcc::Store,
     revision: i64,
     shard: ShardId,
     per_step: usize,

@@ -45,7 +45,7 @@ fn populated() -> (TestStore, i64) {
 /// The answer of a HashKV in steps of `per_step` records, with whether it
 /// took a task.
 fn stepped(
-    store: &mvcc::Store,
+    store: &mut mvcc::Store,
     revision: i64,
     per_step: usize,
 ) -> (Result<ShardHash, ApiError>, bool) {
@@ -66,7 +66,7 @@ fn stepped(
 
 #[test]
 fn steps_answer_what_one_pass_answers_at_every_revision() {
-    let (f, compacted) = populated();
+    let (mut f, compacted) = populated();
     let current = f.store.current_revision();
     let mut tasks = 0;
     for revision in [
@@ -79,7 +79,7 @@ fn steps_answer_what_one_pass_answers_at_every_revision() {
     ] {
         let whole = f.store.hash_kv(revision).unwrap();
         for per_step in [1, 7, 100, 4_096] {
-            let (answer, took_task) = stepped(&f.store, revision, per_step);
+            let (answer, took_task) = stepped(&mut f.store, revision, per_step);
             let h = answer.unwrap();
             assert_eq!(
                 (h.hash, h.revision, h.compact_revision),
@@ -96,15 +96,15 @@ fn steps_answer_what_one_pass_answers_at_every_revision() {
         f.store.hash_kv(current - 1).unwrap().hash
     );
     // Refused as the one-go hash is.
-    let (future, _) = stepped(&f.store, current + 1, 10);
+    let (future, _) = stepped(&mut f.store, current + 1, 10);
     assert!(matches!(future, Err(ApiError::FutureRev)), "{future:?}");
-    let (old, _) = stepped(&f.store, compacted - 1, 10);
+    let (old, _) = stepped(&mut f.store, compacted - 1, 10);
     assert!(matches!(old, Err(ApiError::Compacted)), "{old:?}");
 }
 
 #[test]
 fn a_long_hash_lets_the_cores_other_tasks_run_between_its_steps() {
-    let (f, _) = populated();
+    let (mut f, _) = populated();
     let expected = f.store.hash_kv(0).unwrap();
     let records_per_step = 5;
     let f = Rc::new(RefCell::new(f));
@@ -122,7 +122,7 @@ fn a_long_hash_lets_the_cores_other_tasks_run_between_its_steps() {
     };
     let (answer, writes_meanwhile) = beside_writes(&f, write, async {
         let (tx, rx) = Reply::channel();
-        match start_hash_kv(&f.borrow().store, 0, SHARD, records_per_step) {
+        match start_hash_kv(&mut f.borrow_mut().store, 0, SHARD, records_per_step) {
             HashStart::Answered(answer) => {
                 let _ = tx.send(answer);
             }
