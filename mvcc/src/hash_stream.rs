@@ -3,11 +3,9 @@
 //! shard on it, runs other work between the steps while the snapshot pins the
 //! state being hashed and never blocks the writer.
 
-use std::collections::BTreeSet;
-
 use crate::error::ReadError;
 use crate::snapshot::Snapshot;
-use crate::store::Store;
+use crate::store::{RemovedRevisions, Store};
 use crate::types::{HashKv, Revision};
 
 /// A HashKV under way: a CRC32 over every record up to its revision that
@@ -16,7 +14,7 @@ pub struct HashKvStream {
     snap: Snapshot,
     /// Revisions the store had removed (compacted) but not yet freed from
     /// its tree when the stream began.
-    skip: BTreeSet<Revision>,
+    skip: RemovedRevisions,
     /// The revision the hash covers up to.
     at: i64,
     compact_revision: i64,

@@ -26,7 +26,6 @@
 //! member of the previous version, carry no txn records.
 
 use std::cell::{Cell, RefCell};
-use std::collections::BTreeSet;
 use std::path::Path;
 use std::rc::Rc;
 
@@ -38,7 +37,7 @@ use crate::pager::PageSource;
 use crate::record::{Record, RecordView};
 use crate::storage::{FileStorage, Storage};
 use crate::store::txn_records::txn_key;
-use crate::store::{Config, Registry, Store};
+use crate::store::{Config, Registry, RemovedRevisions, Store};
 use crate::types::*;
 use crate::view::View;
 
@@ -457,7 +456,7 @@ enum Phase {
 pub struct SnapshotStream {
     snap: Snapshot,
     header: (u64, i64, i64),
-    skip: BTreeSet<Revision>,
+    skip: RemovedRevisions,
     leases: Vec<(i64, i64, i64)>,
     /// Shared with the store, which replaces rather than changes a record.
     txn_records: Vec<(i64, Rc<[u8]>)>,

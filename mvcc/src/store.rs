@@ -31,6 +31,7 @@ mod defrag;
 pub use defrag::{DefragProgress, DefragRun};
 mod parts;
 mod read;
+pub(crate) use read::RemovedRevisions;
 mod steps;
 mod txn_check;
 pub use steps::CommitStep;
@@ -247,9 +248,13 @@ pub struct Store {
     pub(crate) pending: Vec<Rc<Record>>,
     pub(crate) pending_bytes: usize,
     /// Revisions compaction removed that are still in the revision tree.
-    pub(crate) pending_deletes: BTreeSet<Revision>,
-    /// A compaction's pass over the key index, while under way: it adds to
-    /// `pending_deletes` as it goes.
+    /// Shared with the readers that outlive this state (snapshot streams,
+    /// HashKVs), never copied for them; changed only when a compaction's
+    /// pass ends.
+    pub(crate) pending_deletes: Rc<BTreeSet<Revision>>,
+    /// A compaction's pass over the key index, while under way: it gathers
+    /// the revisions it drops, and adds them to `pending_deletes` when it
+    /// ends.
     pub(crate) compaction: Option<compaction::IndexPass>,
     pub(crate) leases: BTreeMap<i64, LeaseState>,
     pub(crate) key_lease: KeyLeases,
@@ -449,7 +454,7 @@ impl Store {
             applied_index: meta.applied_index,
             pending: Vec::new(),
             pending_bytes: 0,
-            pending_deletes: BTreeSet::new(),
+            pending_deletes: Rc::default(),
             compaction: None,
             leases: BTreeMap::new(),
             key_lease: KeyLeases::default(),
@@ -608,7 +613,7 @@ impl Store {
         self.pager.high_water = high_water;
         self.pager.pending_free.clear();
         *self.index.borrow_mut() = index;
-        self.pending_deletes = leftovers.into_iter().collect();
+        self.pending_deletes = Rc::new(leftovers.into_iter().collect());
         self.compaction = None;
         self.leases = leases;
         self.key_lease = key_lease;

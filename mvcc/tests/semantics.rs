@@ -652,6 +652,52 @@ fn events_list_puts_and_deletes_in_revision_order() {
     assert_eq!(t.store.events(3, 1).unwrap().len(), 1);
 }
 
+/// Events from the compaction's own revision, while its pass over the key
+/// index is under way and after: a delete at that revision ends a
+/// generation compaction drops, and is never among them.
+#[test]
+fn events_from_the_compaction_revision_are_the_same_during_its_pass_and_after() {
+    let mut t = T {
+        store: Store::open_with(
+            Box::new(MemStorage::new()),
+            "sem",
+            Config {
+                compact_step_keys: 1,
+                ..Config::default()
+            },
+        )
+        .unwrap(),
+        index: 0,
+    };
+    for k in ["a", "b", "c", "x", "y", "z"] {
+        t.put(k, "1");
+    }
+    t.apply(Op::DeleteRange(DeleteRangeRequest {
+        key: "y".into(),
+        ..Default::default()
+    }))
+    .unwrap();
+    let at = t.store.current_revision();
+    t.put("b", "2");
+    t.apply(Op::Compact(CompactionRequest { revision: at }))
+        .unwrap();
+    let want = vec![(EventKind::Put, at + 1)];
+    let mut seen = 0;
+    loop {
+        let ev = t.store.events(at, 100).unwrap();
+        let kinds: Vec<(EventKind, i64)> = ev.iter().map(|e| (e.kind, e.revision.main)).collect();
+        assert_eq!(kinds, want, "after {seen} steps");
+        if t.store.compaction_step().is_none() {
+            break;
+        }
+        seen += 1;
+    }
+    assert!(seen >= 4, "a key a step: {seen} steps");
+    t.store.commit().unwrap();
+    let ev = t.store.events(at, 100).unwrap();
+    assert_eq!(ev.len(), 1);
+}
+
 #[test]
 fn streamed_ranges_come_in_bounded_chunks_with_etcds_count_and_more() {
     let mut t = T::new();

@@ -11,21 +11,29 @@
 //! first step inline (a small store is done there), the rest when the owner
 //! calls [`Store::compaction_step`]. Keys the pass has not reached answer
 //! every read it allows exactly as compacted keys do (see
-//! `Index::compact_keys`); their dropped revisions reach the pending deletes,
-//! and so the revision tree, once the pass reaches them. A HashKV must not
-//! start while a pass runs ([`Store::hash_kv_stream`] finishes it first), as
-//! it hashes what the tree holds less what compaction removed.
+//! `Index::compact_keys`). The revisions the pass drops reach the pending
+//! deletes, and so the revision tree's next commit, when it ends: the set
+//! of pending deletes is shared with the readers that began before (snapshot
+//! streams, HashKVs), so it changes once per pass, not at every step. A
+//! HashKV must not start while a pass runs ([`Store::hash_kv_stream`]
+//! finishes it first), as it hashes what the tree holds less what
+//! compaction removed; a snapshot stream sends what the pass has not yet
+//! handed over, and the store built from it drops that when it opens.
 //!
 //! A compaction applied while a pass runs restarts it from the first key at
-//! the newer revision, which drops a superset of what the older one would.
+//! the newer revision, which drops a superset of what the older one would;
+//! what the older one dropped already is kept.
 //! A restart runs the whole pass when the store is opened.
 //!
 //! [`Config::compact_step_keys`]: super::Config::compact_step_keys
 
+use std::collections::BTreeSet;
+use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use super::Store;
 use crate::index::IKey;
+use crate::types::Revision;
 
 /// A compaction's pass over the key index, under way.
 #[derive(Debug)]
@@ -34,6 +42,8 @@ pub(crate) struct IndexPass {
     at: i64,
     /// The last key compacted; `None` before the first.
     after: Option<IKey>,
+    /// What it has dropped from the index so far.
+    removed: BTreeSet<Revision>,
     /// Time spent in its steps so far.
     spent: Duration,
 }
@@ -50,10 +60,15 @@ pub struct CompactionStep {
 impl Store {
     /// Begins the index pass of a compaction at `at` and takes its first step.
     pub(super) fn start_compaction(&mut self, at: i64) {
+        let (removed, spent) = match self.compaction.take() {
+            Some(older) => (older.removed, older.spent),
+            None => (BTreeSet::new(), Duration::ZERO),
+        };
         self.compaction = Some(IndexPass {
             at,
             after: None,
-            spent: Duration::ZERO,
+            removed,
+            spent,
         });
         self.compact_keys(self.cfg.compact_step_keys);
     }
@@ -101,7 +116,7 @@ impl Store {
             max_keys,
             &mut removed,
         );
-        self.pending_deletes.extend(removed);
+        pass.removed.extend(removed);
         let took = started.elapsed();
         pass.spent += took;
         let done = match next {
@@ -110,7 +125,13 @@ impl Store {
                 None
             }
             None => {
-                let pass = self.compaction.take().expect("checked above");
+                let mut pass = self.compaction.take().expect("checked above");
+                if self.pending_deletes.is_empty() {
+                    self.pending_deletes = Rc::new(std::mem::take(&mut pass.removed));
+                } else {
+                    // Copied only if a reader still holds the set.
+                    Rc::make_mut(&mut self.pending_deletes).append(&mut pass.removed);
+                }
                 tracing::debug!(
                     file = %self.file,
                     revision = pass.at,

@@ -19,6 +19,7 @@
 
 use std::collections::BTreeSet;
 use std::ops::Bound;
+use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use super::{encode_lease, storage_err, Store};
@@ -47,7 +48,7 @@ pub(crate) struct Running {
     /// Revisions compaction removed, taken from `pending_deletes`; reads
     /// skip them until the commit ends. Those at or below `deleted_to` are
     /// out of the tree already.
-    pub(super) deletes: BTreeSet<Revision>,
+    pub(super) deletes: Rc<BTreeSet<Revision>>,
     deleted_to: Option<Revision>,
     lease_muts: Vec<Mutation>,
     txn_muts: Vec<Mutation>,
