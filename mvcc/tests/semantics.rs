@@ -698,6 +698,55 @@ fn events_from_the_compaction_revision_are_the_same_during_its_pass_and_after() 
     assert_eq!(ev.len(), 1);
 }
 
+/// Compactions applied faster than a pass over the key index can end (a
+/// key a step, a new compaction every four steps) do not keep it going for
+/// ever: it ends, and leaves what one whole compaction at the last revision
+/// leaves.
+#[test]
+fn compactions_faster_than_a_pass_still_let_it_end() {
+    let stepped_config = Config {
+        compact_step_keys: 1,
+        ..Config::default()
+    };
+    let open = |cfg: Config| T {
+        store: Store::open_with(Box::new(MemStorage::new()), "sem", cfg).unwrap(),
+        index: 0,
+    };
+    let (mut stepped, mut whole) = (open(stepped_config), open(Config::default()));
+    for t in [&mut stepped, &mut whole] {
+        for i in 0..40 {
+            t.put(&format!("k{i:02}"), "first");
+        }
+    }
+    let mut steps = 0;
+    let mut compactions = 0;
+    while compactions < 2 || stepped.store.compaction_running() {
+        for t in [&mut stepped, &mut whole] {
+            t.put(&format!("k{:02}", compactions % 40), "again");
+        }
+        if compactions < 100 {
+            let revision = stepped.store.current_revision() - 1;
+            for t in [&mut stepped, &mut whole] {
+                t.apply(Op::Compact(CompactionRequest { revision }))
+                    .unwrap();
+            }
+            compactions += 1;
+        }
+        for _ in 0..4 {
+            if stepped.store.compaction_step().is_some() {
+                steps += 1;
+            }
+        }
+        assert!(steps < 1_000, "the pass never ends");
+    }
+    assert!(compactions < 100, "ended while compactions kept coming");
+    assert_eq!(
+        stepped.store.hash_kv(0).unwrap(),
+        whole.store.hash_kv(0).unwrap()
+    );
+    assert_eq!(stepped.range(rr("\0", "\0")), whole.range(rr("\0", "\0")));
+}
+
 #[test]
 fn streamed_ranges_come_in_bounded_chunks_with_etcds_count_and_more() {
     let mut t = T::new();

@@ -22,7 +22,11 @@
 //!
 //! A compaction applied while a pass runs restarts it from the first key at
 //! the newer revision, which drops a superset of what the older one would;
-//! what the older one dropped already is kept.
+//! what the older one dropped already is kept. So that compactions arriving
+//! faster than a pass cannot keep it from ever ending (HashKVs, defragments
+//! and `physical` compactions wait for it), a pass that has visited
+//! [`MAX_LAPS`] times as many keys as the index holds takes the rest of its
+//! work in its next step.
 //! A restart runs the whole pass when the store is opened.
 //!
 //! [`Config::compact_step_keys`]: super::Config::compact_step_keys
@@ -35,6 +39,10 @@ use super::Store;
 use crate::index::IKey;
 use crate::types::Revision;
 
+/// How many times over a pass may visit the index's keys, restarts
+/// included, before its next step finishes it.
+pub(crate) const MAX_LAPS: usize = 3;
+
 /// A compaction's pass over the key index, under way.
 #[derive(Debug)]
 pub(crate) struct IndexPass {
@@ -44,6 +52,9 @@ pub(crate) struct IndexPass {
     after: Option<IKey>,
     /// What it has dropped from the index so far.
     removed: BTreeSet<Revision>,
+    /// Keys visited so far, restarts included (at most the step's size each
+    /// step).
+    visited: usize,
     /// Time spent in its steps so far.
     spent: Duration,
 }
@@ -60,14 +71,15 @@ pub struct CompactionStep {
 impl Store {
     /// Begins the index pass of a compaction at `at` and takes its first step.
     pub(super) fn start_compaction(&mut self, at: i64) {
-        let (removed, spent) = match self.compaction.take() {
-            Some(older) => (older.removed, older.spent),
-            None => (BTreeSet::new(), Duration::ZERO),
+        let (removed, visited, spent) = match self.compaction.take() {
+            Some(older) => (older.removed, older.visited, older.spent),
+            None => (BTreeSet::new(), 0, Duration::ZERO),
         };
         self.compaction = Some(IndexPass {
             at,
             after: None,
             removed,
+            visited,
             spent,
         });
         self.compact_keys(self.cfg.compact_step_keys);
@@ -109,6 +121,13 @@ impl Store {
             .compaction
             .as_mut()
             .expect("a compaction step needs a running pass");
+        let keys = self.index.borrow().len();
+        let max_keys = if pass.visited > keys.saturating_mul(MAX_LAPS) {
+            usize::MAX
+        } else {
+            max_keys
+        };
+        pass.visited = pass.visited.saturating_add(max_keys.min(keys));
         let mut removed = Vec::new();
         let next = self.index.borrow_mut().compact_keys(
             pass.at,

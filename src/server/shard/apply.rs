@@ -98,9 +98,6 @@ impl Shard {
     pub(super) fn store_commit_step(&mut self) {
         match self.store.commit_step() {
             Ok(Some(step)) => {
-                if step.done.is_some() {
-                    self.answer_physical_compactions();
-                }
                 let Some(m) = &self.metrics else {
                     return;
                 };
@@ -116,8 +113,7 @@ impl Shard {
         }
     }
 
-    /// Carries a compaction's pass over the key index on by a step; once it
-    /// ends, hashes the HashKVs that waited for it.
+    /// Carries a compaction's pass over the key index on by a step.
     pub(super) fn store_compaction_step(&mut self) {
         let Some(step) = self.store.compaction_step() else {
             return;
@@ -127,9 +123,6 @@ impl Shard {
             m.compaction_index_step(step.took);
         }
         if step.done.is_some() {
-            for (revision, reply) in std::mem::take(&mut self.hashes_waiting) {
-                self.serve_hash_kv(revision, reply);
-            }
             // Its dropped records leave the tree at the next commit.
             self.commit_store();
         }
@@ -302,14 +295,21 @@ impl Shard {
         }
     }
 
-    /// Answers the compactions asked with etcd's `physical` once what they
-    /// dropped is out of the store's revision tree.
-    fn answer_physical_compactions(&mut self) {
-        if self.physical_compactions.is_empty() || !self.store.compactions_removed() {
-            return;
+    /// Answers what waits for compaction, once it can be, after every turn
+    /// (a pass ends in a step, its records leave in a commit, an installed
+    /// snapshot replaces the store): the HashKVs that arrived during a pass
+    /// over the key index, and the compactions asked with etcd's `physical`
+    /// once what they dropped is out of the store's revision tree.
+    pub(super) fn answer_compaction_waiters(&mut self) {
+        if !self.hashes_waiting.is_empty() && !self.store.compaction_running() {
+            for (revision, reply) in std::mem::take(&mut self.hashes_waiting) {
+                self.serve_hash_kv(revision, reply);
+            }
         }
-        for (reply, result) in self.physical_compactions.drain(..) {
-            let _ = reply.send(result);
+        if !self.physical_compactions.is_empty() && self.store.compactions_removed() {
+            for (reply, result) in self.physical_compactions.drain(..) {
+                let _ = reply.send(result);
+            }
         }
     }
 

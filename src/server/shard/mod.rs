@@ -413,10 +413,10 @@ pub struct Shard {
     /// The defragment in progress, carried on in steps on the ticks.
     defrag: Option<apply::Defrag>,
     /// HashKVs that arrived while a compaction's pass over the key index
-    /// ran: hashed once it ends (`Shard::store_compaction_step`).
+    /// ran: hashed once it ends (`Shard::answer_compaction_waiters`).
     hashes_waiting: Vec<(i64, Reply<crate::server::command::ShardHash>)>,
     /// Compactions asked with etcd's `physical`, applied, answered once what
-    /// they dropped is out of the store's tree (`answer_physical_compactions`).
+    /// they dropped is out of the store's tree (`answer_compaction_waiters`).
     physical_compactions: Vec<(Reply<WriteResult>, Result<WriteResult, ApiError>)>,
     /// When the compaction's pass over the key index last took a step.
     compaction_stepped_at: Instant,
@@ -599,6 +599,7 @@ impl Shard {
         self.complete_writes();
         self.release_leaderless();
         self.start_read_round();
+        self.answer_compaction_waiters();
     }
 
     fn handle(&mut self, cmd: ShardCommand) {
