@@ -256,6 +256,11 @@ pub struct Store {
     /// the revisions it drops, and adds them to `pending_deletes` when it
     /// ends.
     pub(crate) compaction: Option<compaction::IndexPass>,
+    /// The revision of the last compaction whose pass ended, its drops
+    /// handed to `pending_deletes`; and the highest such revision a
+    /// finished commit took the drops of ([`Store::compacted_out_through`]).
+    pub(crate) handed_over_at: i64,
+    pub(crate) removed_through: i64,
     pub(crate) leases: BTreeMap<i64, LeaseState>,
     pub(crate) key_lease: KeyLeases,
     pub(crate) lease_dirty: BTreeSet<i64>,
@@ -456,6 +461,8 @@ impl Store {
             pending_bytes: 0,
             pending_deletes: Rc::default(),
             compaction: None,
+            handed_over_at: meta.compact_rev,
+            removed_through: meta.compact_rev,
             leases: BTreeMap::new(),
             key_lease: KeyLeases::default(),
             lease_dirty: BTreeSet::new(),
@@ -615,6 +622,8 @@ impl Store {
         *self.index.borrow_mut() = index;
         self.pending_deletes = Rc::new(leftovers.into_iter().collect());
         self.compaction = None;
+        self.handed_over_at = meta.compact_rev;
+        self.removed_through = meta.compact_rev;
         self.leases = leases;
         self.key_lease = key_lease;
         self.txn_records = txn_records;

@@ -672,16 +672,24 @@ fn events_from_the_compaction_revision_are_the_same_during_its_pass_and_after() 
     for k in ["a", "b", "c", "x", "y", "z"] {
         t.put(k, "1");
     }
-    t.apply(Op::DeleteRange(DeleteRangeRequest {
-        key: "y".into(),
-        ..Default::default()
-    }))
+    // One revision with a put compaction keeps and a delete it drops.
+    t.txn(TxnRequest {
+        compare: Vec::new(),
+        success: vec![
+            RequestOp::Put(put_req("q", "1")),
+            RequestOp::DeleteRange(DeleteRangeRequest {
+                key: "y".into(),
+                ..Default::default()
+            }),
+        ],
+        failure: Vec::new(),
+    })
     .unwrap();
     let at = t.store.current_revision();
     t.put("b", "2");
     t.apply(Op::Compact(CompactionRequest { revision: at }))
         .unwrap();
-    let want = vec![(EventKind::Put, at + 1)];
+    let want = vec![(EventKind::Put, at), (EventKind::Put, at + 1)];
     let mut seen = 0;
     loop {
         let ev = t.store.events(at, 100).unwrap();
@@ -695,7 +703,7 @@ fn events_from_the_compaction_revision_are_the_same_during_its_pass_and_after() 
     assert!(seen >= 4, "a key a step: {seen} steps");
     t.store.commit().unwrap();
     let ev = t.store.events(at, 100).unwrap();
-    assert_eq!(ev.len(), 1);
+    assert_eq!(ev.len(), 2);
 }
 
 /// Compactions applied faster than a pass over the key index can end (a
@@ -745,6 +753,55 @@ fn compactions_faster_than_a_pass_still_let_it_end() {
         whole.store.hash_kv(0).unwrap()
     );
     assert_eq!(stepped.range(rr("\0", "\0")), whole.range(rr("\0", "\0")));
+}
+
+/// What etcd's `physical` compaction waits for: a compaction's dropped
+/// records out of the tree, its pass ended and a commit since done; a later
+/// compaction applied meanwhile does not hold an earlier one back.
+#[test]
+fn a_compaction_is_out_of_the_tree_once_its_pass_and_a_commit_after_it_end() {
+    let mut t = T {
+        store: Store::open_with(
+            Box::new(MemStorage::new()),
+            "sem",
+            Config {
+                compact_step_keys: 1,
+                commit_step_records: 1,
+                ..Config::default()
+            },
+        )
+        .unwrap(),
+        index: 0,
+    };
+    for round in ["1", "2"] {
+        for k in ["a", "b", "c", "d"] {
+            t.put(k, round);
+        }
+    }
+    let first = t.store.current_revision() - 1;
+    t.apply(Op::Compact(CompactionRequest { revision: first }))
+        .unwrap();
+    assert!(t.store.compacted_out_through() < first);
+    while t.store.compaction_step().is_some() {
+        assert!(t.store.compacted_out_through() < first, "the pass runs");
+    }
+    assert!(
+        t.store.compacted_out_through() < first,
+        "its drops are not committed"
+    );
+    assert!(t.store.commit_begin_unless_busy().unwrap());
+    t.put("e", "1");
+    let second = t.store.current_revision();
+    t.apply(Op::Compact(CompactionRequest { revision: second }))
+        .unwrap();
+    while t.store.commit_running() {
+        assert!(t.store.compacted_out_through() < first, "the commit runs");
+        t.store.commit_step().unwrap();
+    }
+    assert_eq!(t.store.compacted_out_through(), first);
+    while t.store.compaction_step().is_some() {}
+    t.store.commit().unwrap();
+    assert_eq!(t.store.compacted_out_through(), second);
 }
 
 #[test]

@@ -99,13 +99,19 @@ impl Store {
         Some(self.compact_keys(self.cfg.compact_step_keys))
     }
 
-    /// Whether every compaction applied so far is out of the revision tree:
-    /// its index pass has ended and commits since have removed the records
-    /// it dropped (what etcd's "physical" compaction waits for).
-    pub fn compactions_removed(&self) -> bool {
-        self.compaction.is_none()
-            && self.pending_deletes.is_empty()
+    /// The highest compaction revision whose dropped records are all out of
+    /// the revision tree: its pass (or a later one's, which drops a superset)
+    /// has ended and a commit since has removed what it dropped. What etcd's
+    /// "physical" compaction waits for; compactions applied meanwhile do not
+    /// hold it back.
+    pub fn compacted_out_through(&self) -> i64 {
+        if self.pending_deletes.is_empty()
             && self.running.as_ref().is_none_or(|r| r.deletes.is_empty())
+        {
+            self.handed_over_at
+        } else {
+            self.removed_through
+        }
     }
 
     /// Takes the running index pass's remaining steps at once.
@@ -113,6 +119,35 @@ impl Store {
         if self.compaction.is_some() {
             self.compact_keys(usize::MAX);
         }
+    }
+
+    /// Adds a pass's dropped revisions to the pending deletes. Readers may
+    /// hold the pending set: it is replaced, not changed. Usually it is empty
+    /// (the last pass's drops committed) and the pass's set takes its place;
+    /// otherwise the smaller set goes into the larger one where the store
+    /// owns both (a slow disk put the commit off).
+    fn hand_over(&mut self, mine: BTreeSet<Revision>) {
+        if self.pending_deletes.is_empty() {
+            self.pending_deletes = Rc::new(mine);
+            return;
+        }
+        let merged = match Rc::try_unwrap(std::mem::take(&mut self.pending_deletes)) {
+            Ok(mut pending) if pending.len() >= mine.len() => {
+                pending.extend(mine);
+                pending
+            }
+            Ok(pending) => {
+                let mut mine = mine;
+                mine.extend(pending);
+                mine
+            }
+            Err(shared) => {
+                let mut mine = mine;
+                mine.extend(shared.iter().copied());
+                mine
+            }
+        };
+        self.pending_deletes = Rc::new(merged);
     }
 
     fn compact_keys(&mut self, max_keys: usize) -> CompactionStep {
@@ -145,12 +180,8 @@ impl Store {
             }
             None => {
                 let mut pass = self.compaction.take().expect("checked above");
-                if self.pending_deletes.is_empty() {
-                    self.pending_deletes = Rc::new(std::mem::take(&mut pass.removed));
-                } else {
-                    // Copied only if a reader still holds the set.
-                    Rc::make_mut(&mut self.pending_deletes).append(&mut pass.removed);
-                }
+                self.hand_over(std::mem::take(&mut pass.removed));
+                self.handed_over_at = pass.at;
                 tracing::debug!(
                     file = %self.file,
                     revision = pass.at,

@@ -49,6 +49,8 @@ pub(crate) struct Running {
     /// skip them until the commit ends. Those at or below `deleted_to` are
     /// out of the tree already.
     pub(super) deletes: Rc<BTreeSet<Revision>>,
+    /// The compaction revision whose drops `deletes` completes.
+    removes_through: i64,
     deleted_to: Option<Revision>,
     lease_muts: Vec<Mutation>,
     txn_muts: Vec<Mutation>,
@@ -167,6 +169,7 @@ impl Store {
             next: 0,
             bytes: self.pending_bytes,
             deletes: std::mem::take(&mut self.pending_deletes),
+            removes_through: self.handed_over_at,
             deleted_to: None,
             lease_muts,
             txn_muts,
@@ -193,6 +196,7 @@ impl Store {
             self.running = Some(run);
             return Ok(Some(CommitStep { took, done: None }));
         }
+        self.removed_through = self.removed_through.max(run.removes_through);
         let spent_us = run.spent.as_micros() as u64;
         self.stats.commits += 1;
         self.stats.last_commit_us = spent_us;

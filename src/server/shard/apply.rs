@@ -279,17 +279,25 @@ impl Shard {
             }
         };
         let mine = req.member == self.member_id;
-        let physical = matches!(&request, shard_request::Request::Compaction(c) if c.physical);
+        let physical = match &request {
+            shard_request::Request::Compaction(c) if c.physical => Some(c.revision),
+            _ => None,
+        };
         let result = self.apply_request(e.index, req.revision, request);
         if mine {
             if let Some(w) = self.waiters.remove(&req.id) {
                 if let Some(m) = &self.metrics {
                     m.proposal_applied(w.since.elapsed());
                 }
-                if physical && result.is_ok() && !self.store.compactions_removed() {
-                    self.physical_compactions.push((w.reply, result));
-                } else {
-                    let _ = w.reply.send(result);
+                match physical {
+                    Some(revision)
+                        if result.is_ok() && self.store.compacted_out_through() < revision =>
+                    {
+                        self.physical_compactions.push((revision, w.reply, result));
+                    }
+                    _ => {
+                        let _ = w.reply.send(result);
+                    }
                 }
             }
         }
@@ -306,8 +314,13 @@ impl Shard {
                 self.serve_hash_kv(revision, reply);
             }
         }
-        if !self.physical_compactions.is_empty() && self.store.compactions_removed() {
-            for (reply, result) in self.physical_compactions.drain(..) {
+        if !self.physical_compactions.is_empty() {
+            let through = self.store.compacted_out_through();
+            let (done, waiting) = std::mem::take(&mut self.physical_compactions)
+                .into_iter()
+                .partition(|(revision, _, _)| *revision <= through);
+            self.physical_compactions = waiting;
+            for (_, reply, result) in done {
                 let _ = reply.send(result);
             }
         }

@@ -417,7 +417,7 @@ pub struct Shard {
     hashes_waiting: Vec<(i64, Reply<crate::server::command::ShardHash>)>,
     /// Compactions asked with etcd's `physical`, applied, answered once what
     /// they dropped is out of the store's tree (`answer_compaction_waiters`).
-    physical_compactions: Vec<(Reply<WriteResult>, Result<WriteResult, ApiError>)>,
+    physical_compactions: Vec<(i64, Reply<WriteResult>, Result<WriteResult, ApiError>)>,
     /// When the compaction's pass over the key index last took a step.
     compaction_stepped_at: Instant,
     /// The shard's jobs on the blocking pool.
@@ -587,7 +587,7 @@ impl Shard {
         for (_, reply) in self.hashes_waiting.drain(..) {
             let _ = reply.send(Err(err.clone()));
         }
-        for (reply, _) in self.physical_compactions.drain(..) {
+        for (_, reply, _) in self.physical_compactions.drain(..) {
             let _ = reply.send(Err(err.clone()));
         }
     }
