@@ -14,8 +14,11 @@ struct T {
 
 impl T {
     fn new() -> T {
+        T::with(Config::default())
+    }
+    fn with(cfg: Config) -> T {
         T {
-            store: Store::open_with(Box::new(MemStorage::new()), "sem", Config::default()).unwrap(),
+            store: Store::open_with(Box::new(MemStorage::new()), "sem", cfg).unwrap(),
             index: 0,
         }
     }
@@ -657,18 +660,10 @@ fn events_list_puts_and_deletes_in_revision_order() {
 /// generation compaction drops, and is never among them.
 #[test]
 fn events_from_the_compaction_revision_are_the_same_during_its_pass_and_after() {
-    let mut t = T {
-        store: Store::open_with(
-            Box::new(MemStorage::new()),
-            "sem",
-            Config {
-                compact_step_keys: 1,
-                ..Config::default()
-            },
-        )
-        .unwrap(),
-        index: 0,
-    };
+    let mut t = T::with(Config {
+        compact_step_keys: 1,
+        ..Config::default()
+    });
     for k in ["a", "b", "c", "x", "y", "z"] {
         t.put(k, "1");
     }
@@ -716,11 +711,7 @@ fn compactions_faster_than_a_pass_still_let_it_end() {
         compact_step_keys: 1,
         ..Config::default()
     };
-    let open = |cfg: Config| T {
-        store: Store::open_with(Box::new(MemStorage::new()), "sem", cfg).unwrap(),
-        index: 0,
-    };
-    let (mut stepped, mut whole) = (open(stepped_config), open(Config::default()));
+    let (mut stepped, mut whole) = (T::with(stepped_config), T::new());
     for t in [&mut stepped, &mut whole] {
         for i in 0..40 {
             t.put(&format!("k{i:02}"), "first");
@@ -760,19 +751,11 @@ fn compactions_faster_than_a_pass_still_let_it_end() {
 /// compaction applied meanwhile does not hold an earlier one back.
 #[test]
 fn a_compaction_is_out_of_the_tree_once_its_pass_and_a_commit_after_it_end() {
-    let mut t = T {
-        store: Store::open_with(
-            Box::new(MemStorage::new()),
-            "sem",
-            Config {
-                compact_step_keys: 1,
-                commit_step_records: 1,
-                ..Config::default()
-            },
-        )
-        .unwrap(),
-        index: 0,
-    };
+    let mut t = T::with(Config {
+        compact_step_keys: 1,
+        commit_step_records: 1,
+        ..Config::default()
+    });
     for round in ["1", "2"] {
         for k in ["a", "b", "c", "d"] {
             t.put(k, round);
