@@ -400,13 +400,14 @@ impl Index {
             if ki.is_empty() {
                 gone.push(k.clone());
             }
-            last = Some(k.clone());
+            last = Some(k);
         }
-        let more = range.next().is_some();
+        // Only the key the next step resumes after is kept.
+        let resume = range.next().and(last).cloned();
         for k in &gone {
             self.keys.remove(k);
         }
-        last.filter(|_| more)
+        resume
     }
 
     pub(crate) fn len(&self) -> usize {

@@ -43,8 +43,8 @@ pub use snapshot::{Restored, Snapshot, SnapshotStream};
 pub use storage::{CrashMode, FileStorage, MemStorage, Storage, SyncHandle};
 pub use store::changes::Change;
 pub use store::{
-    CommitStats, CommitStep, CompactionStep, Config, DefragProgress, DefragReport, DefragRun,
-    DirLock, Store, MAX_REQUEST_BYTES_LIMIT, MAX_TXN_RECORD_BYTES,
+    CommitStats, Config, DefragProgress, DefragReport, DefragRun, DirLock, Step, Store,
+    MAX_REQUEST_BYTES_LIMIT, MAX_TXN_RECORD_BYTES,
 };
 pub use types::*;
 pub use view::compare_absent;

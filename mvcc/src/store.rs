@@ -26,7 +26,6 @@ mod apply;
 pub(crate) mod changes;
 mod commit;
 mod compaction;
-pub use compaction::CompactionStep;
 mod defrag;
 pub use defrag::{DefragProgress, DefragRun};
 mod parts;
@@ -34,7 +33,7 @@ mod read;
 pub(crate) use read::RemovedRevisions;
 mod steps;
 mod txn_check;
-pub use steps::CommitStep;
+pub use steps::Step;
 pub(crate) mod txn_records;
 pub use txn_records::MAX_TXN_RECORD_BYTES;
 

@@ -119,7 +119,7 @@ fn commit_in_steps(store: &mut Store) -> Result<(), String> {
     }
     loop {
         match store.commit_step().map_err(|e| e.to_string())? {
-            Some(CommitStep { done: Some(_), .. }) => return Ok(()),
+            Some(Step { done: Some(_), .. }) => return Ok(()),
             Some(_) => {}
             None => return Err("the commit stopped running before it was done".into()),
         }

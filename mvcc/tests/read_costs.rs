@@ -2,48 +2,10 @@
 //! grow with the store hold the thread that owns it. Run with
 //! `cargo test --release -p cairn-mvcc --test read_costs -- --ignored --nocapture`.
 
+mod common;
+
 use cairn_mvcc::*;
-
-struct T {
-    store: Store,
-    index: u64,
-}
-
-impl T {
-    fn new() -> T {
-        T {
-            store: Store::open_with(Box::new(MemStorage::new()), "costs", Config::default())
-                .unwrap(),
-            index: 0,
-        }
-    }
-    fn apply(&mut self, op: Op) -> OpResult {
-        self.index += 1;
-        self.store.apply(self.index, &op).unwrap()
-    }
-    fn put(&mut self, k: &str, v: &str) {
-        self.apply(Op::Put(PutRequest {
-            key: k.into(),
-            value: v.into(),
-            ..PutRequest::default()
-        }));
-    }
-    fn txn(&mut self, t: TxnRequest) -> Result<TxnResponse, ApplyError> {
-        match self.apply(Op::Txn(t)) {
-            OpResult::Txn(r) => Ok(r),
-            r => panic!("{r:?}"),
-        }
-    }
-}
-
-fn cmp(key: &str, target: CompareTarget, result: CompareResult) -> Compare {
-    Compare {
-        result,
-        target,
-        key: key.into(),
-        range_end: Vec::new(),
-    }
-}
+use common::store::{cmp, TestStore as T};
 
 #[test]
 #[ignore = "a measurement: cargo test --release -p cairn-mvcc --test read_costs compare_cost -- --ignored --nocapture"]
@@ -120,16 +82,10 @@ fn compact_cost() {
     // One pass (what a compaction held the thread for before its pass went
     // in steps), then the default steps.
     for step_keys in [usize::MAX, Config::default().compact_step_keys] {
-        let mut t = T::new();
-        t.store = Store::open_with(
-            Box::new(MemStorage::new()),
-            "costs",
-            Config {
-                compact_step_keys: step_keys,
-                ..Config::default()
-            },
-        )
-        .unwrap();
+        let mut t = T::with(Config {
+            compact_step_keys: step_keys,
+            ..Config::default()
+        });
         // Committed as a shard commits, every few thousand puts (one commit
         // of millions frees as many records at once, and the allocator's
         // next large request pays for tidying them).
@@ -144,7 +100,8 @@ fn compact_cost() {
         t.store.commit().unwrap();
         let at = t.store.current_revision() - (n as i64) / 2;
         let started = std::time::Instant::now();
-        t.apply(Op::Compact(CompactionRequest { revision: at }));
+        t.apply(Op::Compact(CompactionRequest { revision: at }))
+            .unwrap();
         let apply = started.elapsed();
         let mut took = Vec::new();
         while let Some(step) = t.store.compaction_step() {

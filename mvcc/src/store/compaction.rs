@@ -35,6 +35,7 @@ use std::collections::BTreeSet;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
+use super::steps::Step;
 use super::Store;
 use crate::index::IKey;
 use crate::types::Revision;
@@ -57,15 +58,6 @@ pub(crate) struct IndexPass {
     visited: usize,
     /// Time spent in its steps so far.
     spent: Duration,
-}
-
-/// What one step of a compaction's index pass did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CompactionStep {
-    /// How long the step took.
-    pub took: Duration,
-    /// Once the pass is done: how long its steps took in all.
-    pub done: Option<Duration>,
 }
 
 impl Store {
@@ -94,7 +86,7 @@ impl Store {
     /// Carries the running compaction's index pass on by
     /// [`Config::compact_step_keys`](super::Config::compact_step_keys) keys;
     /// `None` when none runs.
-    pub fn compaction_step(&mut self) -> Option<CompactionStep> {
+    pub fn compaction_step(&mut self) -> Option<Step> {
         self.compaction.as_ref()?;
         Some(self.compact_keys(self.cfg.compact_step_keys))
     }
@@ -150,7 +142,7 @@ impl Store {
         self.pending_deletes = Rc::new(merged);
     }
 
-    fn compact_keys(&mut self, max_keys: usize) -> CompactionStep {
+    fn compact_keys(&mut self, max_keys: usize) -> Step {
         let started = Instant::now();
         let pass = self
             .compaction
@@ -191,6 +183,6 @@ impl Store {
                 Some(pass.spent)
             }
         };
-        CompactionStep { took, done }
+        Step { took, done }
     }
 }

@@ -62,12 +62,13 @@ pub(crate) struct Running {
     spent: Duration,
 }
 
-/// What one step of a running commit did.
+/// What one step of work carried out in steps did: of a commit, or of a
+/// compaction's pass over the key index (`store/compaction.rs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CommitStep {
+pub struct Step {
     /// How long the step took.
     pub took: Duration,
-    /// Once the commit is done: how long its steps took in all.
+    /// Once the work is done: how long its steps took in all.
     pub done: Option<Duration>,
 }
 
@@ -112,7 +113,7 @@ impl Store {
     /// runs. The commit is done once its pages are written and its meta
     /// handed to the syncer (durable once the syncer has synced it; see
     /// [`Store::durable_index`]).
-    pub fn commit_step(&mut self) -> Result<Option<CommitStep>, CommitError> {
+    pub fn commit_step(&mut self) -> Result<Option<Step>, CommitError> {
         let limits = StepLimits {
             records: self.cfg.commit_step_records,
             bytes: self.cfg.commit_step_bytes,
@@ -181,7 +182,7 @@ impl Store {
         Ok(())
     }
 
-    fn step(&mut self, limits: StepLimits) -> Result<Option<CommitStep>, CommitError> {
+    fn step(&mut self, limits: StepLimits) -> Result<Option<Step>, CommitError> {
         let Some(mut run) = self.running.take() else {
             return Ok(None);
         };
@@ -194,7 +195,7 @@ impl Store {
         run.spent += took;
         if !done {
             self.running = Some(run);
-            return Ok(Some(CommitStep { took, done: None }));
+            return Ok(Some(Step { took, done: None }));
         }
         self.removed_through = self.removed_through.max(run.removes_through);
         let spent_us = run.spent.as_micros() as u64;
@@ -202,7 +203,7 @@ impl Store {
         self.stats.last_commit_us = spent_us;
         self.stats.max_commit_us = self.stats.max_commit_us.max(spent_us);
         self.stats.total_commit_us += spent_us;
-        Ok(Some(CommitStep {
+        Ok(Some(Step {
             took,
             done: Some(run.spent),
         }))

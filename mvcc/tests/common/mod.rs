@@ -1,8 +1,10 @@
 //! A plain in-memory model of every revision of an etcd keyspace (applied at
 //! the next revision as etcd does, or at the sparse revisions entries carry),
 //! and a random workload generator, shared by the model, sparse-model and
-//! crash tests.
+//! crash tests; and a store in memory with request builders (`store`).
 #![allow(dead_code)]
+
+pub mod store;
 
 use std::collections::BTreeMap;
 

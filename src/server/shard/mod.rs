@@ -78,6 +78,7 @@ mod apply;
 mod cross;
 mod held_snapshot;
 mod in_flight;
+mod inbound;
 mod lease_clock;
 mod leases;
 mod membership;
@@ -728,81 +729,6 @@ impl Shard {
             is_learner: self.is_learner,
             nospace_alarm: self.nospace_alarm,
             learners: conf_state.learners,
-        }
-    }
-
-    fn receive(&mut self, inbound: ShardInbound) {
-        match inbound {
-            ShardInbound::Raft(m) => self.step(m),
-            ShardInbound::Snapshot(spooled) => {
-                let (msg, chunks) = spooled.into_parts();
-                let index = msg
-                    .snapshot
-                    .as_ref()
-                    .and_then(|s| s.metadata.as_ref())
-                    .map_or(0, |m| m.index);
-                tracing::info!(
-                    shard = self.id,
-                    index,
-                    bytes = chunks.len_bytes(),
-                    file = %chunks.path().display(),
-                    "snapshot received"
-                );
-                let members = cairn_proto::cairnpb::MemberTable::decode(msg.context.clone())
-                    .ok()
-                    .filter(|t| t.cluster_id == self.members.cluster_id());
-                self.step(msg);
-                let pending = self.node.pending_snapshot_index();
-                // A snapshot Raft does not take is dropped, and its file with it.
-                let incoming = IncomingSnapshot { chunks, members };
-                if !self.held_snapshot.received(index, incoming, pending) {
-                    tracing::info!(
-                        shard = self.id,
-                        index,
-                        ?pending,
-                        "snapshot not taken by raft; dropped"
-                    );
-                }
-            }
-        }
-    }
-
-    fn step(&mut self, mut msg: raft::Message) {
-        if self.failed.is_some() {
-            return;
-        }
-        if msg.msg_type == raft::MessageType::MsgProp as i32
-            && (!self.takes_proposals() || !self.stamp_forwarded(&mut msg))
-        {
-            let from = msg.from;
-            if let Some(HeldWrite::Forwarded(_)) = self.hold_write(HeldWrite::Forwarded(msg)) {
-                tracing::warn!(
-                    shard = self.id,
-                    from,
-                    "forwarded proposal dropped: too many waiting for a leader"
-                );
-            }
-            return;
-        }
-        // A proposal forwarded to this keyspace leader: what it touches
-        // matters to txns over several shards.
-        let forwarded = (msg.msg_type == raft::MessageType::MsgProp as i32
-            && self.node.leader_id() == self.member_id)
-            .then(|| {
-                msg.entries
-                    .iter()
-                    .map(|e| e.data.clone())
-                    .collect::<Vec<_>>()
-            });
-        match self.node.step(msg) {
-            Ok(()) => {
-                if let Some(data) = forwarded {
-                    self.note_proposed(data.into_iter());
-                }
-            }
-            Err(e) => {
-                tracing::debug!(shard = self.id, error = %e, "raft refused a peer message")
-            }
         }
     }
 }
