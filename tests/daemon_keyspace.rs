@@ -180,11 +180,11 @@ async fn writes_to_every_shard_follow_one_revision_order_across_a_leader_crash()
 /// One acknowledged write: key, value, revision, and when it was
 /// acknowledged.
 #[derive(Debug, Clone)]
-struct Acked {
-    key: String,
-    value: String,
-    revision: i64,
-    at: Instant,
+pub(crate) struct Acked {
+    pub key: String,
+    pub value: String,
+    pub revision: i64,
+    pub at: Instant,
 }
 
 /// One linearizable read over every `cut-` key: when it started, its header
@@ -385,7 +385,7 @@ async fn a_read_over_every_shard_is_one_cut_of_the_revision_order_through_any_me
 
 /// Reads a watch stream until it has delivered an event at or above
 /// `until`; each event as (revision, key, value), in arrival order.
-async fn watch_until(
+pub(crate) async fn watch_until(
     stream: &mut etcd_client::WatchStream,
     until: i64,
     what: &str,
@@ -416,7 +416,12 @@ async fn watch_until(
 
 /// Every acknowledged write above `after` exactly once, in revision order,
 /// and nothing at or below it.
-fn check_watched(what: &str, seen: &[(i64, String, String)], acked: &[Acked], after: i64) {
+pub(crate) fn check_watched(
+    what: &str,
+    seen: &[(i64, String, String)],
+    acked: &[Acked],
+    after: i64,
+) {
     for pair in seen.windows(2) {
         assert!(
             pair[0].0 < pair[1].0,

@@ -11,9 +11,10 @@
 //! and with 5. With several shards per member over one revision counter, the
 //! same checks hold across the shards (one revision order for every key,
 //! watches over every shard merged into it by the Watch service's own
-//! code, and watches from now sent all that follows their created revision
-//! and nothing before), also through stale-view episodes in which two
-//! members each believe they lead every shard; and a keyspace leader that
+//! code, no shard sending a watch an event past its window, and watches
+//! from now sent all that follows their created revision and nothing
+//! before), also through stale-view episodes in which two members each
+//! believe they lead every shard; and a keyspace leader that
 //! opens its counter too early, one that does not finish earlier txns, a
 //! counter without its leases, a restarted member that votes at once, a
 //! txn batch that takes in a txn naming its keys, a watch that does not
@@ -152,6 +153,9 @@ fn three_members_over_three_shards_keep_one_revision_order() {
     // Watch sessions moved between members and were sent the log.
     assert!(stats.watches > 5 * seeds, "{stats:#?}");
     assert!(stats.watch_events > 300 * seeds, "{stats:#?}");
+    // Shards ahead of the others stopped at their watch's window and read
+    // on from the store once it moved.
+    assert!(stats.watch_window_stops > seeds, "{stats:#?}");
     // Txns over the same shards ran in batches of several.
     assert!(stats.txns_batched > seeds, "{stats:#?}");
     // Two members each believed they led every shard, now and then.

@@ -238,7 +238,8 @@ pub struct Flags {
 
     /// Test-only: the WAL's writes and syncs obey this control file (a path
     /// under --data-dir when relative): "stall <ms>", "error", "full" or
-    /// "none" (see wal/src/fault.rs); the stores' syncs obey its words
+    /// "none", each perhaps naming one core's WAL ("stall 5000 lane-1"; see
+    /// wal/src/fault.rs); the stores' syncs obey its words
     /// "store-stall <ms>" and "store-error" (mvcc/src/fault.rs). For fault
     /// tests; never in production.
     #[arg(long, value_name = "FILE", hide = true)]

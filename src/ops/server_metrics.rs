@@ -13,9 +13,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::metrics::{
-    Aggregate, CoreCounter, CoreHistogram, CoreInfo, CoreMetrics, MemberSeries, MetricSpec,
-    MetricType, MetricsError, Registry, RegistryBuilder, ShardCounter, ShardGauge, ShardHistogram,
-    ShardMetrics, BATCH_SIZE, ETCD_DISK_SECONDS, REQUEST_SECONDS, SHORT_SECONDS,
+    Aggregate, CoreCounter, CoreGauge, CoreHistogram, CoreInfo, CoreMetrics, MemberSeries,
+    MetricSpec, MetricType, MetricsError, Registry, RegistryBuilder, ShardCounter, ShardGauge,
+    ShardHistogram, ShardMetrics, BATCH_SIZE, ETCD_DISK_SECONDS, REQUEST_SECONDS, SHORT_SECONDS,
 };
 
 /// Which WAL backend a core's log runs on (`cairn_wal_backend_info`).
@@ -68,6 +68,7 @@ struct Ids {
     idle_poll_hits: CoreCounter,
     idle_poll_time: CoreHistogram,
     auth_failures_limited: CoreCounter,
+    watch_merge_held: CoreGauge,
     has_leader: ShardGauge,
     is_leader: ShardGauge,
     leader_changes: ShardCounter,
@@ -159,6 +160,12 @@ impl Ids {
             auth_failures_limited: b.core_counter(MetricSpec::new(
                 "cairn_auth_failures_limited_total",
                 "Authenticate calls refused because the user or the client address failed too often.",
+            ))?,
+            watch_merge_held: b.core_gauge(MetricSpec::new(
+                "cairn_core_watch_merge_held_events",
+                "Events that this core's watches over several shards hold until every shard \
+                 of the watch has sent as far (at most a window of revisions past what each \
+                 watch released; a shard further ahead waits and reads from its store).",
             ))?,
             idle_polls: b.core_counter(MetricSpec::new(
                 "cairn_core_idle_polls_total",
@@ -399,6 +406,12 @@ impl CoreRecorder {
     /// An Authenticate call refused by the failure limiter.
     pub fn auth_failure_limited(&self) {
         self.metrics.counter_add(self.ids.auth_failures_limited, 1);
+    }
+
+    /// Events held by this core's watches over several shards went up or
+    /// down by `delta`.
+    pub fn watch_merge_held(&self, delta: i64) {
+        self.metrics.gauge_add(self.ids.watch_merge_held, delta);
     }
 
     /// After each WAL data sync (fdatasync, or the completion of an O_DSYNC

@@ -305,6 +305,58 @@ pub struct WatchSpec {
     /// revision moves: a watch over several shards orders their events by
     /// how far each has sent (`WatchBatch::through`).
     pub progress: bool,
+    /// For a watch over several shards: how far the watch stream lets each
+    /// shard send ahead of the others (`WatchWindow`). None: as far as the
+    /// shard's revision.
+    pub window: Option<WatchWindow>,
+}
+
+/// How far the shards of a watch over several shards may send it. The watch
+/// stream's merge holds an event until every shard has sent through its
+/// revision, and publishes here how far it has released; a shard sends no
+/// event more than `width` revisions past that. A shard with events past
+/// the window moves the watcher to catch-up, as with a full queue, says it
+/// has sent through the revision before the first of them, and reads them
+/// back from the store once the merge has moved on. A shard that lags (a
+/// stalled disk, a snapshot install) thus makes the stream hold at most a
+/// window's worth of the other shards' events, not all of them; and since
+/// only events are held back, never how far a shard says it has sent,
+/// revisions that jump (a new keyspace epoch) move the window at once.
+#[derive(Debug, Clone)]
+pub struct WatchWindow(std::sync::Arc<WindowState>);
+
+#[derive(Debug)]
+pub struct WindowState {
+    released: std::sync::atomic::AtomicI64,
+    width: i64,
+}
+
+impl WatchWindow {
+    /// A window `width` revisions wide past `released`.
+    pub fn new(released: i64, width: i64) -> WatchWindow {
+        WatchWindow(std::sync::Arc::new(WindowState {
+            released: std::sync::atomic::AtomicI64::new(released),
+            width,
+        }))
+    }
+
+    /// The highest revision of an event a shard may send now.
+    pub fn limit(&self) -> i64 {
+        self.released().saturating_add(self.0.width)
+    }
+
+    /// How far the merge has released.
+    pub fn released(&self) -> i64 {
+        self.0.released.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// The merge has released through `released`. The watch stream is the
+    /// only writer.
+    pub fn set_released(&self, released: i64) {
+        self.0
+            .released
+            .store(released, std::sync::atomic::Ordering::Release);
+    }
 }
 
 impl WatchSpec {
@@ -318,6 +370,7 @@ impl WatchSpec {
             no_put: false,
             no_delete: false,
             progress: false,
+            window: None,
         }
     }
 

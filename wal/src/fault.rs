@@ -4,10 +4,15 @@
 //!
 //! ```text
 //! (missing, empty or "none")   nothing: the real storage's answer
-//! "stall <ms>"                 each write and sync waits <ms> first
+//! "stall <ms>"                 each write and sync waits <ms> first (or
+//!                              until the file says otherwise)
 //! "error"                      each write and sync fails with EIO
 //! "full"                       each write and sync fails with ENOSPC
 //! ```
+//!
+//! A directory name after the words (`stall 5000 lane-1`, `error lane-0`)
+//! limits the fault to the WAL in the directory of that name: a member
+//! keeps one WAL per core, so a test can slow one core's disk alone.
 //!
 //! Only built in when the daemon is started with its test-only
 //! `--test-disk-faults` flag; a member without it never reads the file.
@@ -20,6 +25,9 @@ use std::time::Duration;
 use crate::buf::AlignedBuf;
 use crate::storage::{IoFuture, Storage, StorageFile};
 
+/// How often a stalled write or sync reads the control file again.
+const STALL_CHECK_INTERVAL: Duration = Duration::from_millis(100);
+
 /// What the control file asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DiskFault {
@@ -30,31 +38,50 @@ pub enum DiskFault {
 }
 
 impl DiskFault {
-    /// Reads the control file; anything unreadable or unknown is no fault.
-    pub fn read(path: &Path) -> DiskFault {
+    /// Reads the control file as the WAL in directory `wal` (its name);
+    /// anything unreadable or unknown is no fault.
+    pub fn read(path: &Path, wal: &str) -> DiskFault {
         let Ok(text) = std::fs::read_to_string(path) else {
             return DiskFault::None;
         };
-        DiskFault::parse(&text)
+        DiskFault::parse(&text, wal)
     }
 
-    pub fn parse(text: &str) -> DiskFault {
+    pub fn parse(text: &str, wal: &str) -> DiskFault {
         let mut words = text.split_whitespace();
-        match (words.next(), words.next().map(str::parse::<u64>)) {
-            (Some("stall"), Some(Ok(ms))) => DiskFault::Stall(Duration::from_millis(ms)),
-            (Some("error"), _) => DiskFault::Error,
-            (Some("full"), _) => DiskFault::Full,
-            _ => DiskFault::None,
+        let (fault, target) = match (words.next(), words.next()) {
+            (Some("stall"), Some(ms)) => match ms.parse::<u64>() {
+                Ok(ms) => (DiskFault::Stall(Duration::from_millis(ms)), words.next()),
+                Err(_) => (DiskFault::None, None),
+            },
+            (Some("error"), target) => (DiskFault::Error, target),
+            (Some("full"), target) => (DiskFault::Full, target),
+            _ => (DiskFault::None, None),
+        };
+        match target {
+            Some(name) if name != wal => DiskFault::None,
+            _ => fault,
         }
     }
 
     /// Waits or fails as the fault says, before the real operation.
-    async fn before_io(path: &Path) -> io::Result<()> {
-        match DiskFault::read(path) {
+    async fn before_io(path: &Path, wal: &str) -> io::Result<()> {
+        match DiskFault::read(path, wal) {
             DiskFault::None => Ok(()),
             DiskFault::Stall(d) => {
-                tokio::time::sleep(d).await;
-                Ok(())
+                // The file is read again as the stall goes on: one lifted
+                // (or aimed elsewhere) meanwhile ends the wait.
+                let until = tokio::time::Instant::now() + d;
+                loop {
+                    let left = until.saturating_duration_since(tokio::time::Instant::now());
+                    if left.is_zero() {
+                        return Ok(());
+                    }
+                    tokio::time::sleep(left.min(STALL_CHECK_INTERVAL)).await;
+                    if !matches!(DiskFault::read(path, wal), DiskFault::Stall(_)) {
+                        return Ok(());
+                    }
+                }
             }
             DiskFault::Error => Err(io::Error::from_raw_os_error(libc::EIO)),
             DiskFault::Full => Err(io::Error::from_raw_os_error(libc::ENOSPC)),
@@ -65,15 +92,32 @@ impl DiskFault {
 /// The storage, with writes and syncs subject to the control file.
 pub struct FaultStorage {
     inner: Rc<dyn Storage>,
-    control: Rc<PathBuf>,
+    control: Rc<Control>,
+}
+
+/// The control file, and the name of the WAL's directory it is read as.
+struct Control {
+    path: PathBuf,
+    wal: String,
 }
 
 impl FaultStorage {
-    pub fn new(inner: Rc<dyn Storage>, control: PathBuf) -> FaultStorage {
+    /// `inner` under the control file `control`, as the WAL whose directory
+    /// is named `wal`.
+    pub fn new(inner: Rc<dyn Storage>, control: PathBuf, wal: &str) -> FaultStorage {
         FaultStorage {
             inner,
-            control: Rc::new(control),
+            control: Rc::new(Control {
+                path: control,
+                wal: wal.to_string(),
+            }),
         }
+    }
+}
+
+impl Control {
+    async fn before_io(&self) -> io::Result<()> {
+        DiskFault::before_io(&self.path, &self.wal).await
     }
 }
 
@@ -82,7 +126,7 @@ impl Storage for FaultStorage {
         format!(
             "{} with test disk faults from {}",
             self.inner.describe(),
-            self.control.display()
+            self.control.path.display()
         )
     }
     fn path_of(&self, name: &str) -> PathBuf {
@@ -105,7 +149,7 @@ impl Storage for FaultStorage {
     }
     fn sync_dir(&self) -> IoFuture<'_, io::Result<()>> {
         Box::pin(async move {
-            DiskFault::before_io(&self.control).await?;
+            self.control.before_io().await?;
             self.inner.sync_dir().await
         })
     }
@@ -113,7 +157,7 @@ impl Storage for FaultStorage {
 
 struct FaultFile {
     inner: Rc<dyn StorageFile>,
-    control: Rc<PathBuf>,
+    control: Rc<Control>,
 }
 
 impl StorageFile for FaultFile {
@@ -128,7 +172,7 @@ impl StorageFile for FaultFile {
     }
     fn write_at(&self, offset: u64, buf: AlignedBuf) -> IoFuture<'_, (AlignedBuf, io::Result<()>)> {
         Box::pin(async move {
-            if let Err(e) = DiskFault::before_io(&self.control).await {
+            if let Err(e) = self.control.before_io().await {
                 return (buf, Err(e));
             }
             self.inner.write_at(offset, buf).await
@@ -136,7 +180,7 @@ impl StorageFile for FaultFile {
     }
     fn sync_data(&self) -> IoFuture<'_, io::Result<()>> {
         Box::pin(async move {
-            DiskFault::before_io(&self.control).await?;
+            self.control.before_io().await?;
             self.inner.sync_data().await
         })
     }
@@ -146,7 +190,7 @@ impl StorageFile for FaultFile {
         buf: AlignedBuf,
     ) -> IoFuture<'_, (AlignedBuf, io::Result<()>)> {
         Box::pin(async move {
-            if let Err(e) = DiskFault::before_io(&self.control).await {
+            if let Err(e) = self.control.before_io().await {
                 return (buf, Err(e));
             }
             self.inner.write_durable(offset, buf).await
@@ -160,18 +204,46 @@ mod tests {
 
     #[test]
     fn control_file_words() {
-        assert_eq!(DiskFault::parse(""), DiskFault::None);
-        assert_eq!(DiskFault::parse("none\n"), DiskFault::None);
+        let parse = |text| DiskFault::parse(text, "lane-0");
+        assert_eq!(parse(""), DiskFault::None);
+        assert_eq!(parse("none\n"), DiskFault::None);
         assert_eq!(
-            DiskFault::parse("stall 1500\n"),
+            parse("stall 1500\n"),
             DiskFault::Stall(Duration::from_millis(1500))
         );
-        assert_eq!(DiskFault::parse("stall soon"), DiskFault::None);
-        assert_eq!(DiskFault::parse("error"), DiskFault::Error);
-        assert_eq!(DiskFault::parse("full"), DiskFault::Full);
+        assert_eq!(parse("stall soon"), DiskFault::None);
+        assert_eq!(parse("error"), DiskFault::Error);
+        assert_eq!(parse("full"), DiskFault::Full);
         assert_eq!(
-            DiskFault::read(Path::new("/nonexistent/control")),
+            DiskFault::read(Path::new("/nonexistent/control"), "lane-0"),
             DiskFault::None
         );
+        // Named: that WAL only.
+        assert_eq!(
+            parse("stall 1500 lane-0"),
+            DiskFault::Stall(Duration::from_millis(1500))
+        );
+        assert_eq!(parse("stall 1500 lane-1"), DiskFault::None);
+        assert_eq!(parse("error lane-0"), DiskFault::Error);
+        assert_eq!(parse("full lane-1"), DiskFault::None);
+        // A store's words are not the WAL's.
+        assert_eq!(parse("store-stall 1500 shard-0.mvcc"), DiskFault::None);
+    }
+
+    #[tokio::test]
+    async fn a_stall_lifted_meanwhile_ends_the_wait() {
+        let dir = tempfile::tempdir().unwrap();
+        let control = dir.path().join("faults");
+        std::fs::write(&control, "stall 600000 lane-0").unwrap();
+        let stalled = tokio::spawn({
+            let control = control.clone();
+            async move { DiskFault::before_io(&control, "lane-0").await }
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!stalled.is_finished(), "the stall holds the write");
+        std::fs::write(&control, "none").unwrap();
+        // Ten minutes if the stall were not read again: the test's timeout.
+        let waited = tokio::time::timeout(Duration::from_secs(60), stalled).await;
+        assert!(matches!(waited, Ok(Ok(Ok(())))), "{waited:?}");
     }
 }

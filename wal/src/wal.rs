@@ -270,7 +270,12 @@ impl Wal {
         let lock = lock_dir(&cfg.dir)?;
         let mut storage = select_storage(&cfg)?;
         if let Some(control) = &cfg.disk_faults {
-            storage = std::rc::Rc::new(crate::fault::FaultStorage::new(storage, control.clone()));
+            let name = cfg.dir.file_name().unwrap_or_default().to_string_lossy();
+            storage = std::rc::Rc::new(crate::fault::FaultStorage::new(
+                storage,
+                control.clone(),
+                &name,
+            ));
         }
         Wal::open_inner(cfg, storage, Some(lock)).await
     }

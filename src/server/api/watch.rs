@@ -23,11 +23,12 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::ops::server_metrics::CoreRecorder;
 use crate::routing::ShardId;
 use crate::server::api::kv::Identity;
 use crate::server::command::{ShardCommand, WatchBatch, WatchSpec};
 use crate::server::keyspace::router::Router;
-use crate::server::keyspace::watch_shards::{Delivery, ShardsWatch};
+use crate::server::keyspace::watch_shards::{Delivery, ShardsWatch, WATCH_WINDOW_REVISIONS};
 
 /// Event batches queued per watch stream before its watchers fall back to
 /// catching up from the store.
@@ -42,6 +43,34 @@ pub struct WatchService {
     pub identity: Identity,
     pub next_stream: Arc<AtomicU64>,
     pub auth: Arc<crate::server::auth::AuthStore>,
+    /// This core's metrics (None in tests without them).
+    pub metrics: Option<CoreRecorder>,
+}
+
+/// One stream's share of its core's `cairn_core_watch_merge_held_events`:
+/// what its watches over several shards hold, given back when it ends.
+struct HeldEvents {
+    metrics: Option<CoreRecorder>,
+    held: i64,
+}
+
+impl HeldEvents {
+    /// A watch's held events went from `before` to `after`.
+    fn changed(&mut self, before: usize, after: usize) {
+        let delta = after as i64 - before as i64;
+        if delta != 0 {
+            self.held += delta;
+            if let Some(m) = &self.metrics {
+                m.watch_merge_held(delta);
+            }
+        }
+    }
+}
+
+impl Drop for HeldEvents {
+    fn drop(&mut self) {
+        self.changed(self.held as usize, 0);
+    }
 }
 
 impl WatchService {
@@ -119,6 +148,10 @@ impl Watch for WatchService {
             // watchers: events flow until it goes away (an HTTP/JSON gateway
             // client always sends its whole body first).
             let mut requests_ended = false;
+            let mut held = HeldEvents {
+                metrics: svc.metrics.clone(),
+                held: 0,
+            };
             loop {
                 tokio::select! {
                     req = incoming.message(), if !requests_ended => {
@@ -180,6 +213,7 @@ impl Watch for WatchService {
                                     no_delete: c.filters.contains(&(watch_create_request::FilterType::Nodelete as i32)),
                                     // Set for a watch over several shards.
                                     progress: false,
+                                    window: None,
                                 };
                                 let created = ShardsWatch::create(
                                     &svc.router,
@@ -187,6 +221,7 @@ impl Watch for WatchService {
                                     spec,
                                     c.start_revision,
                                     batch_tx.clone(),
+                                    WATCH_WINDOW_REVISIONS,
                                 ).await;
                                 let (watch, revision) = match created {
                                     Ok(created) => created,
@@ -219,6 +254,7 @@ impl Watch for WatchService {
                             }
                             Some(watch_request::RequestUnion::CancelRequest(c)) => {
                                 if let Some(watch) = active.remove(&c.watch_id) {
+                                    held.changed(watch.held_events(), 0);
                                     for &s in watch.shards() {
                                         let _ = svc.router.ask(s, |reply| ShardCommand::CancelWatch {
                                             key: (stream_id, c.watch_id),
@@ -262,7 +298,7 @@ impl Watch for WatchService {
                                 }
                                 let mut closed = false;
                                 while let Ok(batch) = batch_rx.try_recv() {
-                                    if let Some(resp) = batch_response(&svc, &mut active, batch) {
+                                    if let Some(resp) = batch_response(&svc, &mut active, &mut held, batch) {
                                         closed |= out_tx.send(Ok(resp)).await.is_err();
                                     }
                                 }
@@ -285,7 +321,7 @@ impl Watch for WatchService {
                         }
                     }
                     Some(batch) = batch_rx.recv() => {
-                        let Some(resp) = batch_response(&svc, &mut active, batch) else {
+                        let Some(resp) = batch_response(&svc, &mut active, &mut held, batch) else {
                             continue;
                         };
                         if out_tx.send(Ok(resp)).await.is_err() {
@@ -308,10 +344,15 @@ impl Watch for WatchService {
 fn batch_response(
     svc: &WatchService,
     active: &mut HashMap<i64, ShardsWatch>,
+    held: &mut HeldEvents,
     batch: WatchBatch,
 ) -> Option<WatchResponse> {
     let watch_id = batch.watch_id;
-    Some(match active.get_mut(&watch_id)?.take(batch)? {
+    let watch = active.get_mut(&watch_id)?;
+    let before = watch.held_events();
+    let delivery = watch.take(batch);
+    held.changed(before, watch.held_events());
+    Some(match delivery? {
         Delivery::Events { revision, events } => WatchResponse {
             header: svc.header(revision),
             watch_id,
@@ -322,7 +363,9 @@ fn batch_response(
             revision,
             compact_revision,
         } => {
-            active.remove(&watch_id);
+            if let Some(watch) = active.remove(&watch_id) {
+                held.changed(watch.held_events(), 0);
+            }
             WatchResponse {
                 header: svc.header(revision),
                 watch_id,

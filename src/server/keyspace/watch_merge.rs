@@ -52,6 +52,11 @@ impl Merge {
         self.released
     }
 
+    /// Events waiting for the other shards to send as far.
+    pub fn held_events(&self) -> usize {
+        self.pending.len()
+    }
+
     /// Takes `shard`'s batch: `events` in its order, and every event of the
     /// shard up to `through` sent. Answers the events now released, in
     /// revision order, with the revision through which every event has been

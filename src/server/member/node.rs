@@ -634,6 +634,7 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
             identity: shared.identity.clone(),
             next_stream: shared.next_watch_stream.clone(),
             auth: shared.auth.clone(),
+            metrics: Some(recorder.clone()),
         };
         let cluster = ClusterService {
             identity: shared.identity.clone(),

@@ -17,7 +17,13 @@
 //! A watcher of a watch over several shards (`WatchSpec::progress`) is also
 //! told how far it has been sent when nothing it watches changed: a batch
 //! with no events whenever the shard's revision moves, so the watch stream
-//! can release other shards' events in revision order.
+//! can release other shards' events in revision order. Such a watcher is
+//! sent no event past its watch's window (`WatchSpec::window`): one with
+//! events past it moves to catch-up, as with a full queue, is told it was
+//! sent through the revision before the first of them, and reads on from
+//! the store once the stream has released the other shards' events and
+//! moved the window. A lagging shard thus makes the stream hold a window's
+//! worth of the others' events at most.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -34,12 +40,30 @@ use crate::server::shard::watch_ranges::RangeWatchers;
 pub const MAX_EVENTS_PER_PASS: usize = 4096;
 
 struct Watcher {
+    /// With the window of a watch over several shards, if it has one.
     spec: WatchSpec,
     /// The first revision not yet sent; while synced, revisions up to
     /// `fed_through` count as sent whatever this says.
     next_rev: i64,
     tx: mpsc::Sender<WatchBatch>,
     synced: bool,
+    /// Catching up: the revision of its first event past its watch's
+    /// window, found by the last pass; it is not read for again until the
+    /// window reaches it.
+    blocked_at: Option<i64>,
+}
+
+impl Watcher {
+    /// The highest revision of an event this watcher may be sent now: its
+    /// watch's window's (`WatchWindow`), or any.
+    fn event_limit(&self) -> i64 {
+        self.spec.window.as_ref().map_or(i64::MAX, |w| w.limit())
+    }
+
+    /// Whether it waits for its watch's window to reach its next event.
+    fn waits_for_window(&self) -> bool {
+        self.blocked_at.is_some_and(|b| b > self.event_limit())
+    }
 }
 
 /// A shard's watchers. The maps that are walked are ordered: watchers are
@@ -96,6 +120,7 @@ impl ShardWatchers {
                 next_rev,
                 tx,
                 synced: false,
+                blocked_at: None,
             },
         );
         if next_rev > self.fed_through {
@@ -234,6 +259,13 @@ impl ShardWatchers {
             let Some(w) = self.watchers.get_mut(&key) else {
                 continue;
             };
+            let last = events.last().and_then(|e| e.kv.as_ref());
+            if last.is_some_and(|kv| kv.mod_revision > w.event_limit()) {
+                // Events past its watch's window: it reads them back from
+                // the store as the window moves on.
+                self.fall_behind(key);
+                continue;
+            }
             match w.tx.try_send(WatchBatch {
                 watch_id: key.1,
                 shard,
@@ -281,11 +313,15 @@ impl ShardWatchers {
         for key in done.drain(..) {
             self.remove(&key);
         }
-        // A watcher whose stream is full is not read for: it waits for room.
+        // A watcher whose stream is full is not read for: it waits for room;
+        // likewise one whose next event its watch's window does not reach.
         let ready: Vec<WatcherKey> = self
             .behind
             .iter()
-            .filter(|k| self.watchers[*k].tx.capacity() > 0)
+            .filter(|k| {
+                let w = &self.watchers[*k];
+                w.tx.capacity() > 0 && !w.waits_for_window()
+            })
             .copied()
             .collect();
         let Some(from) = ready
@@ -335,24 +371,43 @@ impl ShardWatchers {
                 }
                 continue;
             }
-            let (out, subs): (Vec<mvccpb::Event>, Vec<i64>) = events
-                .iter()
-                .filter(|e| e.revision.main >= w.next_rev && e.revision.main <= scanned)
-                .filter(|e| w.spec.matches(&e.kv.key))
-                .filter_map(|e| {
-                    let kv = || kv_to_pb(e.kv.clone());
-                    event_for(&w.spec, e.kind, kv, || {
-                        previous(store, &e.kv.key, e.revision.main)
-                    })
-                    .map(|ev| (ev, e.revision.sub))
-                })
-                .unzip();
+            // Its events of the pass, up to the first past its window: it
+            // is sent through the revision before that one.
+            let limit = w.event_limit();
+            let (mut out, mut subs) = (Vec::new(), Vec::new());
+            let (mut upto, mut blocked_at) = (scanned, None);
+            for e in events.iter().filter(|e| {
+                e.revision.main >= w.next_rev
+                    && e.revision.main <= scanned
+                    && w.spec.matches(&e.kv.key)
+            }) {
+                let kv = || kv_to_pb(e.kv.clone());
+                let previous = || previous(store, &e.kv.key, e.revision.main);
+                let Some(event) = event_for(&w.spec, e.kind, kv, previous) else {
+                    continue;
+                };
+                if e.revision.main > limit {
+                    upto = e.revision.main - 1;
+                    blocked_at = Some(e.revision.main);
+                    break;
+                }
+                out.push(event);
+                subs.push(e.revision.sub);
+            }
+            if upto < w.next_rev {
+                // Nothing it may be sent: it waits for the window.
+                self.watchers
+                    .get_mut(&key)
+                    .expect("watcher in table")
+                    .blocked_at = blocked_at;
+                continue;
+            }
             let sent = (out.is_empty() && !w.spec.progress)
                 || match w.tx.try_send(WatchBatch {
                     watch_id: key.1,
                     shard,
                     revision: current,
-                    through: scanned,
+                    through: upto,
                     events: out,
                     subs,
                     compact_revision: None,
@@ -367,8 +422,9 @@ impl ShardWatchers {
                 };
             if sent {
                 let w = self.watchers.get_mut(&key).expect("watcher in table");
-                w.next_rev = w.next_rev.max(scanned + 1);
-                if scanned == current && self.fed_through == current {
+                w.next_rev = w.next_rev.max(upto + 1);
+                w.blocked_at = blocked_at;
+                if upto == current && self.fed_through == current {
                     self.sync(key);
                 }
             }
@@ -384,6 +440,7 @@ impl ShardWatchers {
             return;
         };
         self.behind.remove(&key);
+        w.blocked_at = None;
         if w.synced {
             return;
         }

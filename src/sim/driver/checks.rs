@@ -78,6 +78,9 @@ pub enum DriverViolationKind {
     /// A watch was not sent the newest revision within the bound after the
     /// faults stopped.
     WatchStalled,
+    /// A shard sent a watch over several shards an event past the watch's
+    /// window.
+    WatchPastWindow,
     /// A lease was gone before the TTL a grant or keep-alive was answered
     /// had run from when it was sent.
     LeaseRevokedEarly,

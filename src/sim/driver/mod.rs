@@ -495,6 +495,7 @@ async fn run_world(world: &Rc<World>, stats: &mut DriverSimStats) -> Result<(), 
     for s in sessions.borrow().iter() {
         stats.watches += s.watches;
         stats.watch_events += s.events.len() as u64;
+        stats.watch_window_stops += s.window_stops;
     }
     watchers::check(&sessions, &log)?;
     let lease_log = lease_log.borrow();

@@ -21,6 +21,8 @@ pub struct DriverSimStats {
     /// Watches the watch sessions started, and the events they were sent.
     pub watches: u64,
     pub watch_events: u64,
+    /// Batches of a shard that stopped at its watch's window.
+    pub watch_window_stops: u64,
     /// Leases granted with a key, keep-alives answered, and leases their
     /// client saw gone.
     pub leases: u64,
@@ -67,6 +69,7 @@ impl DriverSimStats {
         self.txns_compare_failed += o.txns_compare_failed;
         self.watches += o.watches;
         self.watch_events += o.watch_events;
+        self.watch_window_stops += o.watch_window_stops;
         self.leases += o.leases;
         self.lease_renewals += o.lease_renewals;
         self.leases_seen_gone += o.leases_seen_gone;

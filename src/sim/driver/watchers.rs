@@ -11,7 +11,12 @@
 //! from now (start revision 0) each time, through any member and often
 //! moving on, so that many watches begin while the member's shards stand at
 //! different revisions: each such watch must be sent only what follows its
-//! created response's header revision, and from there all of it.
+//! created response's header revision, and from there all of it. With
+//! several shards each watch has a window of a few revisions or of the
+//! Watch service's width, by turns, so that shards ahead of the others stop
+//! short of their events past it and read them from the store as the merge
+//! releases events: no shard may send an event past the window
+//! ([`Kind::WatchPastWindow`]).
 //!
 //! What each session is sent is checked as it arrives ([`take`]: revisions
 //! never go back, none sent twice, none above its response's revision, none
@@ -33,7 +38,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::server::command::{ShardCommand, WatchBatch, WatchSpec};
-use crate::server::keyspace::watch_shards::{Delivery, ShardsWatch};
+use crate::server::keyspace::watch_shards::{Delivery, ShardsWatch, WATCH_WINDOW_REVISIONS};
 
 use super::checks::{violation, Change, DriverViolation, DriverViolationKind as Kind, Log};
 use super::world::World;
@@ -46,6 +51,9 @@ const FROM_NOW_SESSIONS: usize = 2;
 const FROM_NOW_RESPONSES: u32 = 20;
 /// Batches a session's stream holds before its shards move it to catch-up.
 const STREAM_QUEUE: usize = 4;
+/// The widths of the windows the watches over several shards send within,
+/// by turns (the last the Watch service's).
+const WINDOWS: [i64; 4] = [1, 3, 16, WATCH_WINDOW_REVISIONS];
 
 /// One event a session was sent.
 #[derive(Debug, Clone)]
@@ -80,6 +88,9 @@ pub struct Session {
     pub watches: u64,
     /// A broken promise of a driver, seen as it happened.
     pub failure: Option<DriverViolation>,
+    /// Batches of a watch over several shards that stopped short of their
+    /// shard's revision: at the window, or at the end of a catch-up pass.
+    pub window_stops: u64,
 }
 
 pub type Sessions = Rc<RefCell<Vec<Session>>>;
@@ -103,6 +114,7 @@ pub fn start(world: &Rc<World>) -> (Sessions, Vec<tokio::task::JoinHandle<Option
                 asked: 0,
                 watches: 0,
                 failure: None,
+                window_stops: 0,
             })
             .collect(),
     ));
@@ -143,7 +155,8 @@ async fn watch(world: Rc<World>, sessions: Sessions, n: usize, slow: bool) {
         let key = (((n as u64) << 32) | asked, 0);
         let (tx, mut rx) = mpsc::channel::<WatchBatch>(STREAM_QUEUE);
         let spec = WatchSpec::every_change(&[0], &[0]);
-        let created = ShardsWatch::create(&router, key, spec, start_revision, tx).await;
+        let window = WINDOWS[asked as usize % WINDOWS.len()];
+        let created = ShardsWatch::create(&router, key, spec, start_revision, tx, window).await;
         let Ok((mut shards_watch, header)) = created else {
             // Refused or stopped: another member, later.
             continue;
@@ -164,6 +177,23 @@ async fn watch(world: Rc<World>, sessions: Sessions, n: usize, slow: bool) {
         };
         let mut responses = 0u32;
         while let Some(batch) = rx.recv().await {
+            if let Some(limit) = shards_watch.event_limit() {
+                let last = batch.events.last().and_then(|e| e.kv.as_ref());
+                if let Some(kv) = last.filter(|kv| kv.mod_revision > limit) {
+                    sessions.borrow_mut()[n].failure = Some(violation(
+                        Kind::WatchPastWindow,
+                        format!(
+                            "shard {} of member {member} sent a watch revision {} past its \
+                             window, which ends at {limit}",
+                            batch.shard, kv.mod_revision
+                        ),
+                    ));
+                    return;
+                }
+                if batch.through < batch.revision {
+                    sessions.borrow_mut()[n].window_stops += 1;
+                }
+            }
             if let Some(delivery) = shards_watch.take(batch) {
                 let broken = take(&mut sessions.borrow_mut()[n], member, delivery);
                 if broken.is_some() {
@@ -409,6 +439,7 @@ mod tests {
             asked: 1,
             watches: 1,
             failure: None,
+            window_stops: 0,
         }
     }
 

@@ -1,9 +1,10 @@
 //! Guards the watcher table: every watcher gets each matching event once and
 //! in order at any reading pace, a stalled one holds a bounded queue, a
 //! compacted position cancels, a replaced store is read from, closed streams
-//! are swept.
+//! are swept, a watcher is sent nothing past its watch's window.
 
 use super::*;
+use crate::server::command::WatchWindow;
 use crate::server::shard::test_store::TestStore;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -106,6 +107,7 @@ fn random_spec(rng: &mut SmallRng) -> WatchSpec {
         no_put: rng.gen_bool(0.1),
         no_delete: rng.gen_bool(0.1),
         progress: false,
+        window: None,
     }
 }
 
@@ -215,6 +217,7 @@ fn a_stalled_watcher_holds_a_bounded_queue_and_the_others_stay_fed() {
         no_put: false,
         no_delete: false,
         progress: false,
+        window: None,
     };
     let (stalled_tx, stalled_rx) = mpsc::channel(4);
     let (live_tx, mut live_rx) = mpsc::channel(4);
@@ -238,6 +241,68 @@ fn a_stalled_watcher_holds_a_bounded_queue_and_the_others_stay_fed() {
 }
 
 #[test]
+fn a_watcher_ahead_of_its_window_waits_and_reads_on_from_the_store_as_it_moves() {
+    let mut h = TestStore::new(0);
+    let mut watchers = ShardWatchers::default();
+    let (tx, mut rx) = mpsc::channel(64);
+    let start = h.store.current_revision();
+    // Released through `start`, three revisions wide: events up to 3 (as
+    // revisions after `start`) may be sent.
+    let window = WatchWindow::new(start, 3);
+    let spec = WatchSpec {
+        progress: true,
+        window: Some(window.clone()),
+        ..WatchSpec::every_change(b"k", b"l")
+    };
+    watchers.add((1, 1), spec, 0, start, tx);
+    // (revisions of its events, through) of each batch it has been sent.
+    let sent = |rx: &mut mpsc::Receiver<WatchBatch>| {
+        let mut batches = Vec::new();
+        while let Ok(b) = rx.try_recv() {
+            let revisions: Vec<i64> = b
+                .events
+                .iter()
+                .map(|e| e.kv.as_ref().unwrap().mod_revision - start)
+                .collect();
+            batches.push((revisions, b.through - start));
+        }
+        batches
+    };
+    let none = Vec::<i64>::new;
+    // Changes it does not watch: it hears how far it was sent, past the
+    // window too (only events are held back).
+    for i in 0..5 {
+        h.put(&format!("x{i}"), "v", 0);
+        watchers.notify(0, &mut h.store);
+    }
+    let told: Vec<_> = (1..=5).map(|r| (none(), r)).collect();
+    assert_eq!(sent(&mut rx), told);
+    // Its own, all past the window: nothing is sent however many come.
+    for i in 0..5 {
+        h.put(&format!("k{i}"), "v", 0);
+        watchers.notify(0, &mut h.store);
+    }
+    assert_eq!(sent(&mut rx), []);
+    assert_eq!(watchers.behind_count(), 1);
+    assert_eq!(watchers.delivered_through(1, start + 10), start + 5);
+    // The window moves to 7: read from the store through it, still behind.
+    window.set_released(start + 4);
+    watchers.notify(0, &mut h.store);
+    assert_eq!(sent(&mut rx), [(vec![6, 7], 7)]);
+    assert_eq!(watchers.behind_count(), 1);
+    watchers.notify(0, &mut h.store);
+    assert_eq!(sent(&mut rx), []);
+    // Past the store's revision: the rest, and fed from apply again.
+    window.set_released(start + 10);
+    watchers.notify(0, &mut h.store);
+    assert_eq!(sent(&mut rx), [(vec![8, 9, 10], 10)]);
+    assert_eq!(watchers.behind_count(), 0);
+    h.put("k", "v", 0);
+    watchers.notify(0, &mut h.store);
+    assert_eq!(sent(&mut rx), [(vec![11], 11)]);
+}
+
+#[test]
 fn a_watcher_behind_a_compaction_is_cancelled_with_the_compact_revision() {
     let mut h = TestStore::new(0);
     let mut watchers = ShardWatchers::default();
@@ -249,6 +314,7 @@ fn a_watcher_behind_a_compaction_is_cancelled_with_the_compact_revision() {
         no_put: false,
         no_delete: false,
         progress: false,
+        window: None,
     };
     let start = h.store.current_revision();
     watchers.add((1, 7), spec, 0, start, tx);
@@ -284,6 +350,7 @@ fn a_replaced_store_makes_synced_watchers_read_from_it() {
         no_put: false,
         no_delete: false,
         progress: false,
+        window: None,
     };
     let start = a.store.current_revision();
     watchers.add((1, 1), spec.clone(), 0, start, tx);
