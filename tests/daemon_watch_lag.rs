@@ -55,9 +55,10 @@ async fn write(endpoint: &str, keys: &[String], count: usize, tag: &str) -> Vec<
             for i in (w..count).step_by(WRITERS) {
                 let key = keys[i % keys.len()].clone();
                 let value = format!("{tag}-{i}");
-                let r = c
-                    .put(key.as_str(), value.as_str(), None)
+                let put = c.put(key.as_str(), value.as_str(), None);
+                let r = tokio::time::timeout(Duration::from_secs(60), put)
                     .await
+                    .unwrap_or_else(|_| panic!("put {key}: no answer within 60 s"))
                     .unwrap_or_else(|e| panic!("put {key}: {e}"));
                 acked.push(Acked {
                     key,
@@ -78,11 +79,15 @@ async fn write(endpoint: &str, keys: &[String], count: usize, tag: &str) -> Vec<
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watch_over_a_lagging_shard_holds_a_window_of_the_others_events_and_loses_none() {
+    // An election timeout a busy test machine does not reach by itself:
+    // the member that lags must stay a follower of both shards.
     let flags = [
         "--shards",
         "2",
         "--cores",
         "2",
+        "--election-timeout",
+        "3000",
         "--test-disk-faults",
         "faults",
     ];
@@ -166,6 +171,12 @@ async fn a_watch_over_a_lagging_shard_holds_a_window_of_the_others_events_and_lo
         },
     )
     .await;
+    assert_eq!(
+        keyspace::keyspace_leader(&cluster, 2),
+        Some(leader),
+        "leadership moved during the stall\n{}",
+        cluster.logs()
+    );
     let held_start = Instant::now();
     let mut held = held_events(lagging_member.client_port);
     // What shard 1 sends within the window reaches the stream soon after.

@@ -298,7 +298,7 @@ impl Watch for WatchService {
                                 }
                                 let mut closed = false;
                                 while let Ok(batch) = batch_rx.try_recv() {
-                                    if let Some(resp) = batch_response(&svc, &mut active, &mut held, batch) {
+                                    if let Some(resp) = batch_response(&svc, stream_id, &mut active, &mut held, batch).await {
                                         closed |= out_tx.send(Ok(resp)).await.is_err();
                                     }
                                 }
@@ -321,7 +321,7 @@ impl Watch for WatchService {
                         }
                     }
                     Some(batch) = batch_rx.recv() => {
-                        let Some(resp) = batch_response(&svc, &mut active, &mut held, batch) else {
+                        let Some(resp) = batch_response(&svc, stream_id, &mut active, &mut held, batch).await else {
                             continue;
                         };
                         if out_tx.send(Ok(resp)).await.is_err() {
@@ -339,10 +339,12 @@ impl Watch for WatchService {
 }
 
 /// The response a shard's batch becomes on its stream: none for a watcher
-/// cancelled meanwhile; a cancellation for one whose position was compacted;
-/// for a watch over several shards, the events its merge releases, if any.
-fn batch_response(
+/// cancelled meanwhile; a cancellation for one whose position was compacted
+/// (its watchers on the watch's other shards cancelled too); for a watch
+/// over several shards, the events its merge releases, if any.
+async fn batch_response(
     svc: &WatchService,
+    stream_id: u64,
     active: &mut HashMap<i64, ShardsWatch>,
     held: &mut HeldEvents,
     batch: WatchBatch,
@@ -365,6 +367,13 @@ fn batch_response(
         } => {
             if let Some(watch) = active.remove(&watch_id) {
                 held.changed(watch.held_events(), 0);
+                for &s in watch.shards() {
+                    let (reply, _) = crate::server::command::Reply::channel();
+                    let key = (stream_id, watch_id);
+                    svc.router
+                        .tell(s, ShardCommand::CancelWatch { key, reply })
+                        .await;
+                }
             }
             WatchResponse {
                 header: svc.header(revision),

@@ -381,16 +381,19 @@ impl ShardWatchers {
                     && e.revision.main <= scanned
                     && w.spec.matches(&e.kv.key)
             }) {
-                let kv = || kv_to_pb(e.kv.clone());
-                let previous = || previous(store, &e.kv.key, e.revision.main);
-                let Some(event) = event_for(&w.spec, e.kind, kv, previous) else {
+                if !keeps(&w.spec, e.kind) {
                     continue;
-                };
+                }
                 if e.revision.main > limit {
                     upto = e.revision.main - 1;
                     blocked_at = Some(e.revision.main);
                     break;
                 }
+                let kv = || kv_to_pb(e.kv.clone());
+                let previous = || previous(store, &e.kv.key, e.revision.main);
+                let Some(event) = event_for(&w.spec, e.kind, kv, previous) else {
+                    continue;
+                };
                 out.push(event);
                 subs.push(e.revision.sub);
             }
@@ -488,6 +491,14 @@ impl ShardWatchers {
     }
 }
 
+/// Whether a watcher with `spec` is sent changes of `kind` (etcd's filters).
+fn keeps(spec: &WatchSpec, kind: mvcc::EventKind) -> bool {
+    match kind {
+        mvcc::EventKind::Put => !spec.no_put,
+        mvcc::EventKind::Delete => !spec.no_delete,
+    }
+}
+
 /// The event a watcher with `spec` gets for a change, if its filters keep it;
 /// `kv` is asked for the changed key-value only if they do, and `prev_kv` for
 /// the key's previous value only if the spec wants it.
@@ -497,9 +508,10 @@ fn event_for(
     kv: impl FnOnce() -> mvccpb::KeyValue,
     prev_kv: impl FnOnce() -> Option<mvccpb::KeyValue>,
 ) -> Option<mvccpb::Event> {
+    if !keeps(spec, kind) {
+        return None;
+    }
     let kind = match kind {
-        mvcc::EventKind::Put if spec.no_put => return None,
-        mvcc::EventKind::Delete if spec.no_delete => return None,
         mvcc::EventKind::Put => mvccpb::event::EventType::Put,
         mvcc::EventKind::Delete => mvccpb::event::EventType::Delete,
     };
