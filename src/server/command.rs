@@ -326,7 +326,7 @@ pub struct WatchSpec {
 pub struct WatchWindow(std::sync::Arc<WindowState>);
 
 #[derive(Debug)]
-pub struct WindowState {
+struct WindowState {
     released: std::sync::atomic::AtomicI64,
     width: i64,
 }

@@ -254,13 +254,7 @@ impl Watch for WatchService {
                             }
                             Some(watch_request::RequestUnion::CancelRequest(c)) => {
                                 if let Some(watch) = active.remove(&c.watch_id) {
-                                    held.changed(watch.held_events(), 0);
-                                    for &s in watch.shards() {
-                                        let _ = svc.router.ask(s, |reply| ShardCommand::CancelWatch {
-                                            key: (stream_id, c.watch_id),
-                                            reply,
-                                        }).await;
-                                    }
+                                    end_watch(&svc, stream_id, &mut held, c.watch_id, watch).await;
                                     let _ = out_tx.send(Ok(WatchResponse {
                                         header: svc.header(0),
                                         watch_id: c.watch_id,
@@ -338,6 +332,19 @@ impl Watch for WatchService {
     }
 }
 
+/// Ends watch `id` of stream `stream_id`: what it held is given back, and
+/// its watchers are cancelled on its shards.
+async fn end_watch(
+    svc: &WatchService,
+    stream_id: u64,
+    held: &mut HeldEvents,
+    id: i64,
+    watch: ShardsWatch,
+) {
+    held.changed(watch.held_events(), 0);
+    watch.cancel(&svc.router, (stream_id, id)).await;
+}
+
 /// The response a shard's batch becomes on its stream: none for a watcher
 /// cancelled meanwhile; a cancellation for one whose position was compacted
 /// (its watchers on the watch's other shards cancelled too); for a watch
@@ -366,14 +373,7 @@ async fn batch_response(
             compact_revision,
         } => {
             if let Some(watch) = active.remove(&watch_id) {
-                held.changed(watch.held_events(), 0);
-                for &s in watch.shards() {
-                    let (reply, _) = crate::server::command::Reply::channel();
-                    let key = (stream_id, watch_id);
-                    svc.router
-                        .tell(s, ShardCommand::CancelWatch { key, reply })
-                        .await;
-                }
+                end_watch(svc, stream_id, held, watch_id, watch).await;
             }
             WatchResponse {
                 header: svc.header(revision),

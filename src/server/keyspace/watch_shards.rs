@@ -9,7 +9,7 @@ use cairn_proto::mvccpb::Event;
 use tokio::sync::mpsc;
 
 use crate::routing::ShardId;
-use crate::server::command::{Reply, ShardCommand, WatchBatch, WatchSpec, WatchWindow, WatcherKey};
+use crate::server::command::{ShardCommand, WatchBatch, WatchSpec, WatchWindow, WatcherKey};
 use crate::server::errors::ApiError;
 use crate::server::keyspace::router::Router;
 use crate::server::keyspace::watch_merge::Merge;
@@ -118,12 +118,7 @@ impl ShardsWatch {
                     }
                 }
                 Err(e) => {
-                    for &s in &shards {
-                        let (reply, _) = Reply::channel();
-                        router
-                            .tell(s, ShardCommand::CancelWatch { key, reply })
-                            .await;
-                    }
+                    cancel_on(router, &shards, key).await;
                     return Err(e);
                 }
             }
@@ -150,6 +145,11 @@ impl ShardsWatch {
             (merge, window)
         });
         Ok((ShardsWatch { shards, merge }, revision))
+    }
+
+    /// Cancels the watch (`key`) on every shard it is registered on.
+    pub async fn cancel(&self, router: &Router, key: WatcherKey) {
+        cancel_on(router, &self.shards, key).await;
     }
 
     /// The shards the watch is registered on.
@@ -197,6 +197,17 @@ impl ShardsWatch {
         window.set_released(merge.released());
         let (revision, events) = released?;
         Some(Delivery::Events { revision, events })
+    }
+}
+
+/// Cancels watcher `key` on each of `shards`, each answering once it has
+/// dropped it (also where its create is still queued: the cancel comes
+/// after it).
+async fn cancel_on(router: &Router, shards: &[ShardId], key: WatcherKey) {
+    for &s in shards {
+        let _ = router
+            .ask(s, |reply| ShardCommand::CancelWatch { key, reply })
+            .await;
     }
 }
 
