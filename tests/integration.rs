@@ -37,6 +37,7 @@ mod daemon_move_leader;
 mod daemon_ops;
 mod daemon_slow_store;
 mod daemon_tls;
+mod daemon_watch_ids;
 mod daemon_watch_lag;
 mod etcd3gw_client;
 mod etcdctl_check_perf;

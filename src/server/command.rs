@@ -291,7 +291,9 @@ pub struct CrossRecords {
     pub records: Vec<(i64, Vec<u8>)>,
 }
 
-/// Identifies a watcher on a shard: the stream it belongs to and its id there.
+/// Identifies a watcher on a shard: the stream it belongs to and the number
+/// its watch was registered under there (numbers only grow on a stream;
+/// `api::watch_stream`).
 pub type WatcherKey = (u64, i64);
 
 #[derive(Debug, Clone)]
@@ -389,7 +391,9 @@ impl WatchSpec {
 /// What a shard sends a watch stream.
 #[derive(Debug)]
 pub struct WatchBatch {
-    pub watch_id: i64,
+    /// The number its watcher is registered under on its stream (the
+    /// second part of its `WatcherKey`), not the client's watch id.
+    pub watcher: i64,
     pub shard: ShardId,
     pub revision: i64,
     /// Every event of the watcher up to this revision has been sent, with

@@ -7,3 +7,4 @@ pub mod lease;
 pub mod lease_renewals;
 pub mod maintenance;
 pub mod watch;
+pub mod watch_stream;

@@ -10,8 +10,8 @@
 //! shard delivers its events in revision order, and the stream releases them
 //! in one revision order as the shards say how far they have sent
 //! (`keyspace::watch_shards`). With `--shards 1` ordering is exactly etcd's.
+//! A stream's watches are kept by `api::watch_stream`.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -24,11 +24,11 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::ops::server_metrics::CoreRecorder;
-use crate::routing::ShardId;
 use crate::server::api::kv::Identity;
+use crate::server::api::watch_stream::{Refused, StreamWatches};
 use crate::server::command::{ShardCommand, WatchBatch, WatchSpec};
 use crate::server::keyspace::router::Router;
-use crate::server::keyspace::watch_shards::{Delivery, ShardsWatch, WATCH_WINDOW_REVISIONS};
+use crate::server::keyspace::watch_shards::{Delivery, WATCH_WINDOW_REVISIONS};
 
 /// Event batches queued per watch stream before its watchers fall back to
 /// catching up from the store.
@@ -45,32 +45,6 @@ pub struct WatchService {
     pub auth: Arc<crate::server::auth::AuthStore>,
     /// This core's metrics (None in tests without them).
     pub metrics: Option<CoreRecorder>,
-}
-
-/// One stream's share of its core's `cairn_core_watch_merge_held_events`:
-/// what its watches over several shards hold, given back when it ends.
-struct HeldEvents {
-    metrics: Option<CoreRecorder>,
-    held: i64,
-}
-
-impl HeldEvents {
-    /// A watch's held events went from `before` to `after`.
-    fn changed(&mut self, before: usize, after: usize) {
-        let delta = after as i64 - before as i64;
-        if delta != 0 {
-            self.held += delta;
-            if let Some(m) = &self.metrics {
-                m.watch_merge_held(delta);
-            }
-        }
-    }
-}
-
-impl Drop for HeldEvents {
-    fn drop(&mut self) {
-        self.changed(self.held as usize, 0);
-    }
 }
 
 impl WatchService {
@@ -140,18 +114,11 @@ impl Watch for WatchService {
         let stream_id = self.next_stream.fetch_add(1, Ordering::Relaxed);
         let svc = self.clone();
         tokio::spawn(async move {
-            let mut next_watch_id: i64 = 0;
-            // watch id -> the watch on its shards (with the merge of a watch
-            // over several shards)
-            let mut active: HashMap<i64, ShardsWatch> = HashMap::new();
+            let mut watches = StreamWatches::new(stream_id, svc.metrics.clone());
             // As etcd, a client that closes its side of the stream keeps its
             // watchers: events flow until it goes away (an HTTP/JSON gateway
             // client always sends its whole body first).
             let mut requests_ended = false;
-            let mut held = HeldEvents {
-                metrics: svc.metrics.clone(),
-                held: 0,
-            };
             loop {
                 tokio::select! {
                     req = incoming.message(), if !requests_ended => {
@@ -165,24 +132,20 @@ impl Watch for WatchService {
                         };
                         match req.request_union {
                             Some(watch_request::RequestUnion::CreateRequest(c)) => {
-                                // Ids only grow on a stream, as in etcd, so a late
-                                // batch of a cancelled watcher never reaches a new one.
-                                let id = if c.watch_id != 0 { c.watch_id } else {
-                                    while active.contains_key(&next_watch_id) { next_watch_id += 1; }
-                                    next_watch_id += 1;
-                                    next_watch_id - 1
+                                let id = match watches.id_for(c.watch_id) {
+                                    Ok(id) => id,
+                                    Err(Refused::DuplicateId) => {
+                                        let _ = out_tx.send(Ok(WatchResponse {
+                                            header: svc.header(0),
+                                            watch_id: c.watch_id,
+                                            created: true,
+                                            canceled: true,
+                                            cancel_reason: "etcdserver: duplicate watch ID".into(),
+                                            ..Default::default()
+                                        })).await;
+                                        continue;
+                                    }
                                 };
-                                if active.contains_key(&id) {
-                                    let _ = out_tx.send(Ok(WatchResponse {
-                                        header: svc.header(0),
-                                        watch_id: id,
-                                        created: true,
-                                        canceled: true,
-                                        cancel_reason: "etcdserver: duplicate watch ID".into(),
-                                        ..Default::default()
-                                    })).await;
-                                    continue;
-                                }
                                 if c.key.is_empty() {
                                     let _ = out_tx.send(Ok(WatchResponse {
                                         header: svc.header(0),
@@ -215,15 +178,15 @@ impl Watch for WatchService {
                                     progress: false,
                                     window: None,
                                 };
-                                let created = ShardsWatch::create(
+                                let created = watches.create(
                                     &svc.router,
-                                    (stream_id, id),
+                                    id,
                                     spec,
                                     c.start_revision,
                                     batch_tx.clone(),
                                     WATCH_WINDOW_REVISIONS,
                                 ).await;
-                                let (watch, revision) = match created {
+                                let revision = match created {
                                     Ok(created) => created,
                                     Err(e) => {
                                         // Cancelled on every shard: the
@@ -242,7 +205,6 @@ impl Watch for WatchService {
                                         continue;
                                     }
                                 };
-                                active.insert(id, watch);
                                 if out_tx.send(Ok(WatchResponse {
                                     header: svc.header(revision),
                                     watch_id: id,
@@ -253,8 +215,10 @@ impl Watch for WatchService {
                                 }
                             }
                             Some(watch_request::RequestUnion::CancelRequest(c)) => {
-                                if let Some(watch) = active.remove(&c.watch_id) {
-                                    end_watch(&svc, stream_id, &mut held, c.watch_id, watch).await;
+                                // As etcd, an id the stream has no watch of
+                                // is not answered.
+                                let cancelled = watches.cancel(&svc.router, c.watch_id).await;
+                                if cancelled {
                                     let _ = out_tx.send(Ok(WatchResponse {
                                         header: svc.header(0),
                                         watch_id: c.watch_id,
@@ -269,12 +233,10 @@ impl Watch for WatchService {
                                 // shard says how far its watchers of this stream
                                 // got; batches it sent before answering are
                                 // already queued here and go out first.
-                                let mut shards: Vec<ShardId> = active.values().flat_map(|w| w.shards().iter().copied()).collect();
+                                let mut shards = watches.shards();
                                 if shards.is_empty() {
                                     shards = svc.router.routing.shard_ids().collect();
                                 }
-                                shards.sort_unstable();
-                                shards.dedup();
                                 let mut revision = i64::MAX;
                                 for s in shards {
                                     match svc.router.ask(s, |reply| ShardCommand::WatchProgress {
@@ -292,12 +254,12 @@ impl Watch for WatchService {
                                 }
                                 let mut closed = false;
                                 while let Ok(batch) = batch_rx.try_recv() {
-                                    if let Some(resp) = batch_response(&svc, stream_id, &mut active, &mut held, batch).await {
+                                    if let Some(resp) = batch_response(&svc, &mut watches, batch).await {
                                         closed |= out_tx.send(Ok(resp)).await.is_err();
                                     }
                                 }
                                 // Events a merge holds back are not sent yet.
-                                if let (Some(held), false) = (active.values().filter_map(ShardsWatch::released).min(), revision == i64::MAX) {
+                                if let (Some(held), false) = (watches.released(), revision == i64::MAX) {
                                     revision = revision.min(held);
                                 }
                                 if revision == i64::MAX || closed {
@@ -315,7 +277,7 @@ impl Watch for WatchService {
                         }
                     }
                     Some(batch) = batch_rx.recv() => {
-                        let Some(resp) = batch_response(&svc, stream_id, &mut active, &mut held, batch).await else {
+                        let Some(resp) = batch_response(&svc, &mut watches, batch).await else {
                             continue;
                         };
                         if out_tx.send(Ok(resp)).await.is_err() {
@@ -332,36 +294,17 @@ impl Watch for WatchService {
     }
 }
 
-/// Ends watch `id` of stream `stream_id`: what it held is given back, and
-/// its watchers are cancelled on its shards.
-async fn end_watch(
-    svc: &WatchService,
-    stream_id: u64,
-    held: &mut HeldEvents,
-    id: i64,
-    watch: ShardsWatch,
-) {
-    held.changed(watch.held_events(), 0);
-    watch.cancel(&svc.router, (stream_id, id)).await;
-}
-
-/// The response a shard's batch becomes on its stream: none for a watcher
+/// The response a shard's batch becomes on its stream: none for a watch
 /// cancelled meanwhile; a cancellation for one whose position was compacted
-/// (its watchers on the watch's other shards cancelled too); for a watch
-/// over several shards, the events its merge releases, if any.
+/// (`StreamWatches::take` cancels it on its other shards); for a watch over
+/// several shards, the events its merge releases, if any.
 async fn batch_response(
     svc: &WatchService,
-    stream_id: u64,
-    active: &mut HashMap<i64, ShardsWatch>,
-    held: &mut HeldEvents,
+    watches: &mut StreamWatches,
     batch: WatchBatch,
 ) -> Option<WatchResponse> {
-    let watch_id = batch.watch_id;
-    let watch = active.get_mut(&watch_id)?;
-    let before = watch.held_events();
-    let delivery = watch.take(batch);
-    held.changed(before, watch.held_events());
-    Some(match delivery? {
+    let (watch_id, delivery) = watches.take(&svc.router, batch).await?;
+    Some(match delivery {
         Delivery::Events { revision, events } => WatchResponse {
             header: svc.header(revision),
             watch_id,
@@ -371,18 +314,13 @@ async fn batch_response(
         Delivery::Compacted {
             revision,
             compact_revision,
-        } => {
-            if let Some(watch) = active.remove(&watch_id) {
-                end_watch(svc, stream_id, held, watch_id, watch).await;
-            }
-            WatchResponse {
-                header: svc.header(revision),
-                watch_id,
-                canceled: true,
-                compact_revision,
-                cancel_reason: "etcdserver: mvcc: required revision has been compacted".into(),
-                ..Default::default()
-            }
-        }
+        } => WatchResponse {
+            header: svc.header(revision),
+            watch_id,
+            canceled: true,
+            compact_revision,
+            cancel_reason: "etcdserver: mvcc: required revision has been compacted".into(),
+            ..Default::default()
+        },
     })
 }

@@ -12,6 +12,8 @@ pub mod cross_txn;
 pub mod hold_table;
 pub mod merge;
 pub mod router;
+#[cfg(test)]
+pub mod test_router;
 pub mod txn_batch;
 pub mod watch_merge;
 pub mod watch_shards;

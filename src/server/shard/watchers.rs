@@ -267,7 +267,7 @@ impl ShardWatchers {
                 continue;
             }
             match w.tx.try_send(WatchBatch {
-                watch_id: key.1,
+                watcher: key.1,
                 shard,
                 revision: current,
                 through: current,
@@ -297,7 +297,7 @@ impl ShardWatchers {
             let w = &self.watchers[key];
             if w.next_rev < compact && w.next_rev <= current {
                 match w.tx.try_send(WatchBatch {
-                    watch_id: key.1,
+                    watcher: key.1,
                     shard,
                     revision: current,
                     through: w.next_rev - 1,
@@ -407,7 +407,7 @@ impl ShardWatchers {
             }
             let sent = (out.is_empty() && !w.spec.progress)
                 || match w.tx.try_send(WatchBatch {
-                    watch_id: key.1,
+                    watcher: key.1,
                     shard,
                     revision: current,
                     through: upto,

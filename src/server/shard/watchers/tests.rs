@@ -27,7 +27,7 @@ impl Client {
     fn drain(&mut self, max_batches: usize) {
         for _ in 0..max_batches {
             let Ok(b) = self.rx.try_recv() else { return };
-            assert_eq!(b.watch_id, self.key.1);
+            assert_eq!(b.watcher, self.key.1);
             if b.compact_revision.is_some() {
                 self.cancelled = true;
             }
