@@ -149,6 +149,8 @@ fn gateway_answers_as_etcd_does() {
         ("/v3/kv/range", r#"{"key":"Zm9v"} trailing text is ignored"#),
         ("/v3beta/kv/range", r#"{"key":"Zm9v"}"#),
         ("/v3/kv/range", r#"{"key":"bm9uZQ=="}"#),
+        // Base64 broken by line breaks, as `base64` prints long text.
+        ("/v3/kv/range", r#"{"key":"Zm\n9v\r\n"}"#),
         (
             "/v3/kv/txn",
             r#"{"compare":[{"key":"Zm9v","target":"VALUE","result":"EQUAL","value":"YmF6"}],"success":[{"request_put":{"key":"dA==","value":"MQ=="}},{"request_range":{"key":"Zm9v"}}],"failure":[{"request_delete_range":{"key":"dA=="}}]}"#,
@@ -181,6 +183,14 @@ fn gateway_answers_as_etcd_does() {
     ];
     for (path, body) in good {
         let (ea, mut ca) = both(e, c, path, body);
+        if path.contains("/lease/") {
+            // etcd stamps every lease answer with its store's revision.
+            assert_eq!(
+                ea.json()["header"]["revision"],
+                ca.json()["header"]["revision"],
+                "{path} {body}: the header's revision"
+            );
+        }
         if *path == "/v3/maintenance/alarm" {
             // etcd leaves the header out of an Alarm answer; Cairn's has one.
             assert!(ca.json()["header"].is_object(), "{}", ca.text());
@@ -211,6 +221,18 @@ fn gateway_answers_as_etcd_does() {
         ("/v3/kv/range", r#"{"key":"Zm9v","revision":100000}"#),
         ("/v3/kv/compaction", r#"{"revision":2}"#),
         ("/v3/kv/put", r#"{"key":"eA==","lease":"12345"}"#),
+        // A put that keeps the value or lease of a key that does not exist.
+        ("/v3/kv/put", r#"{"key":"bm9uZQ==","ignore_value":true}"#),
+        (
+            "/v3/kv/put",
+            r#"{"key":"bm9uZQ==","value":"eA==","ignore_lease":true}"#,
+        ),
+        (
+            "/v3/kv/txn",
+            r#"{"success":[{"request_put":{"key":"bm9uZQ==","ignore_value":true}}]}"#,
+        ),
+        // A txn op with no request in it.
+        ("/v3/kv/txn", r#"{"success":[{}]}"#),
         ("/v3/lease/revoke", r#"{"ID":79}"#),
         ("/v3/lease/grant", r#"{"TTL":60,"ID":80}"#),
         ("/v3/lease/grant", r#"{"TTL":60,"ID":80}"#),
@@ -259,6 +281,16 @@ fn gateway_answers_as_etcd_does() {
         &format!(r#"{{"key":"Zm9v","value":"{value}"}}"#),
     );
     same_error("1.6 MB put", &ea, &ca, true);
+    // A body the gateway reads whose message is past gRPC's cap (the
+    // request limit plus 512 KiB): gRPC's own refusal, ResourceExhausted.
+    let value = "eHh4".repeat(2_100_000 / 3);
+    let (ea, ca) = both(
+        e,
+        c,
+        "/v3/kv/put",
+        &format!(r#"{{"key":"Zm9v","value":"{value}"}}"#),
+    );
+    same_error("2.1 MB put", &ea, &ca, true);
     let value = "eHh4".repeat(4_000_000 / 3);
     let (ea, ca) = both(
         e,
@@ -309,6 +341,8 @@ fn gateway_answers_as_etcd_does() {
     let mut cs = open_stream(c, "/v3/lease/keepalive", keepalive);
     assert_eq!((es.status, cs.status), (200, 200));
     let (mut el, mut cl) = (es.lines(3), cs.lines(3));
+    let revision = |lines: &[Value]| lines[0]["result"]["header"]["revision"].clone();
+    assert_eq!(revision(&el), revision(&cl), "keepalive's header revision");
     el.iter_mut().for_each(normalize);
     cl.iter_mut().for_each(normalize);
     assert_eq!(el, cl, "keepalive lines");

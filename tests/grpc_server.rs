@@ -3,7 +3,8 @@
 //! - the etcd client's calls (unary KV, Watch, LeaseKeepAlive) and answers
 //!   larger than the client's flow-control windows;
 //! - the same errors, code and message, as the tonic server it replaced
-//!   (`--grpc-server tonic`), member beside member;
+//!   (`--grpc-server tonic`), member beside member, but for a message over
+//!   gRPC's limit, refused as etcd refuses it;
 //! - raw frames that break the protocol: each closes its connection with the
 //!   GOAWAY code RFC 9113 names, or resets only its stream, and the member
 //!   goes on serving (what one connection may hold: `grpc_limits.rs`).
@@ -130,7 +131,8 @@ async fn etcd_clients_calls_and_large_answers_go_through() {
         .unwrap();
 }
 
-/// The same refusals from both servers, member beside member.
+/// The same refusals from both servers, member beside member, but for a
+/// message over gRPC's limit, which Cairn's server refuses as etcd's does.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn errors_are_the_same_as_the_tonic_servers() {
     let own = Cluster::start(1, &[]);
@@ -164,14 +166,25 @@ async fn errors_are_the_same_as_the_tonic_servers() {
         got.push((e.code(), e.message().to_string()));
         answers.push(got);
     }
+    // A message over the gRPC limit: etcd's (grpc-go's) answer from
+    // Cairn's own server, tonic's from tonic's.
+    let own_huge = answers[0].remove(1);
+    let tonic_huge = answers[1].remove(1);
     assert_eq!(answers[0], answers[1]);
     assert_eq!(answers[0][0].1, "etcdserver: request is too large");
+    assert_eq!(own_huge.0, tonic::Code::ResourceExhausted, "{own_huge:?}");
     assert!(
-        answers[0][1]
+        own_huge
+            .1
+            .starts_with("grpc: received message larger than max (")
+            && own_huge.1.ends_with(" vs. 2097152)"),
+        "{own_huge:?}"
+    );
+    assert!(
+        tonic_huge
             .1
             .starts_with("Error, decoded message length too large"),
-        "{:?}",
-        answers[0][1]
+        "{tonic_huge:?}"
     );
 }
 

@@ -92,10 +92,12 @@ fn timeout_status() -> Status {
     Status::cancelled("Timeout expired")
 }
 
-/// tonic's answer to a message over the limit, named by its length prefix.
+/// etcd's gRPC server's answer (grpc-go's) to a message over the limit,
+/// named by its length prefix: clients that back off on `ResourceExhausted`
+/// do so here too.
 pub fn too_large(len: usize, limit: usize) -> Status {
-    Status::out_of_range(format!(
-        "Error, decoded message length too large: found {len} bytes, the limit is: {limit} bytes"
+    Status::resource_exhausted(format!(
+        "grpc: received message larger than max ({len} vs. {limit})"
     ))
 }
 

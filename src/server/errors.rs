@@ -10,6 +10,10 @@ use tonic::{Code, Status};
 pub enum ApiError {
     #[error("etcdserver: key is not provided")]
     EmptyKey,
+    /// A put with `ignore_value` or `ignore_lease` of a key that does not
+    /// exist, or a txn op with no request in it.
+    #[error("etcdserver: key not found")]
+    KeyNotFound,
     #[error("etcdserver: value is provided")]
     ValueProvided,
     #[error("etcdserver: lease is provided")]
@@ -123,7 +127,7 @@ impl ApiError {
     pub fn code(&self) -> Code {
         use ApiError::*;
         match self {
-            EmptyKey | ValueProvided | LeaseProvided | TooManyOps | DuplicateKey
+            EmptyKey | KeyNotFound | ValueProvided | LeaseProvided | TooManyOps | DuplicateKey
             | InvalidSortOption | RequestTooLarge | MemberBadUrls | UserEmpty | RoleEmpty
             | AuthFailed | PermissionNotGiven | InvalidAuthMgmt | AuthOldRevision => {
                 Code::InvalidArgument
@@ -169,6 +173,11 @@ mod tests {
                 ApiError::EmptyKey,
                 Code::InvalidArgument,
                 "etcdserver: key is not provided",
+            ),
+            (
+                ApiError::KeyNotFound,
+                Code::InvalidArgument,
+                "etcdserver: key not found",
             ),
             (
                 ApiError::Compacted,

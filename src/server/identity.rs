@@ -1,7 +1,7 @@
 //! Who is answering: the cluster and member ids every response header
-//! carries, and the Raft term it reports.
+//! carries, and the Raft term and revision it reports.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use cairn_proto::etcdserverpb::ResponseHeader;
@@ -15,6 +15,11 @@ pub struct Identity {
     /// the term of headers no shard produced (watch, lease, cluster, auth).
     /// One atomic load per header, no lock.
     pub raft_term: Arc<AtomicU64>,
+    /// The highest revision a shard of this member has applied, as the
+    /// shards publish it: the revision of headers etcd stamps with its
+    /// store's current revision where no shard answers (lease time-to-live,
+    /// list and keep-alive). One atomic load per header, no lock.
+    pub revision: Arc<AtomicI64>,
 }
 
 impl Identity {
@@ -23,6 +28,7 @@ impl Identity {
             cluster_id,
             member_id,
             raft_term: Arc::default(),
+            revision: Arc::default(),
         }
     }
 
@@ -38,6 +44,11 @@ impl Identity {
     /// A header at `revision` with the member's current term.
     pub fn header_now(&self, revision: i64) -> ResponseHeader {
         self.header(revision, self.raft_term.load(Ordering::Relaxed))
+    }
+
+    /// A header at the member's current revision and term.
+    pub fn header_current(&self) -> ResponseHeader {
+        self.header_now(self.revision.load(Ordering::Relaxed))
     }
 
     /// Fills in the member fields of a header a shard produced.

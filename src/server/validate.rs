@@ -57,8 +57,8 @@ fn check_op(op: &RequestOp, max_txn_ops: usize) -> Result<(), ApiError> {
         Some(request_op::Request::RequestPut(r)) => check_put(r),
         Some(request_op::Request::RequestDeleteRange(r)) => check_delete(r),
         Some(request_op::Request::RequestTxn(t)) => check_txn(t, max_txn_ops),
-        // etcd treats an empty op as a no-op that yields an empty response.
-        None => Ok(()),
+        // etcd (3.3 on) refuses an op with no request in it.
+        None => Err(ApiError::KeyNotFound),
     }
 }
 
@@ -290,6 +290,33 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(check_txn(&t, 128), Ok(()));
+    }
+
+    #[test]
+    fn an_op_with_no_request_is_refused_as_etcd_refuses_it() {
+        let empty = RequestOp { request: None };
+        let nested = RequestOp {
+            request: Some(request_op::Request::RequestTxn(TxnRequest {
+                failure: vec![empty.clone()],
+                ..Default::default()
+            })),
+        };
+        for t in [
+            TxnRequest {
+                success: vec![put("a"), empty.clone()],
+                ..Default::default()
+            },
+            TxnRequest {
+                failure: vec![empty.clone()],
+                ..Default::default()
+            },
+            TxnRequest {
+                success: vec![nested],
+                ..Default::default()
+            },
+        ] {
+            assert_eq!(check_txn(&t, 128), Err(ApiError::KeyNotFound), "{t:?}");
+        }
     }
 
     #[test]

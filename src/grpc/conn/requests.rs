@@ -108,7 +108,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Conn<IO> {
                     .get(1..5)
                     .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize);
                 if let Some(len) = declared.filter(|&len| len > limit) {
-                    // tonic's answer, as soon as the length prefix shows it.
+                    // etcd's answer, as soon as the length prefix shows it.
                     self.held = self.held.saturating_sub(body.len());
                     stream.recv = Recv::Discard;
                     let status = dispatch::too_large(len, limit);

@@ -417,7 +417,7 @@ impl Lease for LeaseService {
                     .keep_alive_once(req.id)
                     .await
                     .map(|ttl| LeaseKeepAliveResponse {
-                        header: this.header(0),
+                        header: Some(this.identity.header_current()),
                         id: req.id,
                         ttl,
                     });
@@ -439,7 +439,7 @@ impl Lease for LeaseService {
             .on_every_shard(|s| self.query_at(s, req.id, req.keys))
             .await?;
         let mut resp = LeaseTimeToLiveResponse {
-            header: self.header(0),
+            header: Some(self.identity.header_current()),
             id: req.id,
             ttl: -1,
             granted_ttl: 0,
@@ -472,7 +472,7 @@ impl Lease for LeaseService {
             ids.extend(p?);
         }
         Ok(Response::new(LeaseLeasesResponse {
-            header: self.header(0),
+            header: Some(self.identity.header_current()),
             leases: ids.into_iter().map(|id| LeaseStatus { id }).collect(),
         }))
     }

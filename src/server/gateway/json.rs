@@ -32,13 +32,16 @@ const SERIALIZE: SerializeOptions = SerializeOptions::new()
     .skip_default_fields(true);
 
 /// Unknown fields are dropped before a parse that may meet them (see
-/// [`drop_unknown_fields`]), so this parse refuses only what etcd refuses,
+/// [`normalize`]), so this parse refuses only what etcd refuses,
 /// such as an unknown enum name, which a lenient parse would skip silently.
 const STRICT: DeserializeOptions = DeserializeOptions::new().deny_unknown_fields(true);
 
-/// Removes the members of JSON objects that name no field of their message,
-/// at every depth, as etcd's parser ignores them.
-fn drop_unknown_fields(desc: &MessageDescriptor, value: &mut serde_json::Value) {
+/// Makes a parsed value read as etcd's parser reads it, at every depth:
+/// members of JSON objects that name no field of their message are removed
+/// (etcd ignores them), and so are the line breaks in the base64 text of
+/// bytes fields (Go's decoder skips `\r` and `\n`, so text from `base64`
+/// without `-w0`, broken every 76 characters, is accepted).
+fn normalize(desc: &MessageDescriptor, value: &mut serde_json::Value) {
     let serde_json::Value::Object(map) = value else {
         return;
     };
@@ -48,14 +51,27 @@ fn drop_unknown_fields(desc: &MessageDescriptor, value: &mut serde_json::Value) 
     };
     map.retain(|name, _| field(name).is_some());
     for (name, v) in map.iter_mut() {
-        let Some(Kind::Message(inner)) = field(name).map(|f| f.kind()) else {
-            continue;
-        };
-        match v {
-            serde_json::Value::Array(items) => items
-                .iter_mut()
-                .for_each(|i| drop_unknown_fields(&inner, i)),
-            v => drop_unknown_fields(&inner, v),
+        match field(name).map(|f| f.kind()) {
+            Some(Kind::Message(inner)) => match v {
+                serde_json::Value::Array(items) => {
+                    items.iter_mut().for_each(|i| normalize(&inner, i))
+                }
+                v => normalize(&inner, v),
+            },
+            Some(Kind::Bytes) => match v {
+                serde_json::Value::Array(items) => items.iter_mut().for_each(drop_line_breaks),
+                v => drop_line_breaks(v),
+            },
+            _ => {}
+        }
+    }
+}
+
+/// Removes `\r` and `\n` from a JSON string.
+fn drop_line_breaks(v: &mut serde_json::Value) {
+    if let serde_json::Value::String(text) = v {
+        if text.contains(['\r', '\n']) {
+            text.retain(|c| c != '\r' && c != '\n');
         }
     }
 }
@@ -79,7 +95,8 @@ pub fn request_from_json(desc: &MessageDescriptor, body: &[u8]) -> Result<Bytes,
         return Ok(Bytes::new());
     }
     // The common case, straight from the text into the message; text with
-    // unknown fields, `null`, or bad text goes the longer way, which says why.
+    // unknown fields, `null`, line breaks in base64, or bad text goes the
+    // longer way, which says why.
     let mut de = serde_json::Deserializer::from_slice(body);
     if let Ok(message) = DynamicMessage::deserialize_with_options(desc.clone(), &mut de, &STRICT) {
         return Ok(Bytes::from(message.encode_to_vec()));
@@ -100,7 +117,7 @@ pub fn message_from_value(
     if value.is_null() {
         return Ok(Bytes::new());
     }
-    drop_unknown_fields(desc, &mut value);
+    normalize(desc, &mut value);
     let message = DynamicMessage::deserialize_with_options(desc.clone(), value, &STRICT)
         .map_err(|e| JsonError(e.to_string()))?;
     Ok(Bytes::from(message.encode_to_vec()))
@@ -118,4 +135,46 @@ pub fn response_to_json(
     message
         .serialize_with_options(&mut serializer, &SERIALIZE)
         .map_err(|e| JsonError(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cairn_proto::etcdserverpb::{PutRequest, RequestOp, TxnRequest};
+
+    fn parse<M: Message + Default>(name: &str, body: &str) -> Result<M, JsonError> {
+        let desc = pool()
+            .get_message_by_name(name)
+            .expect("a message of the schema");
+        let bytes = request_from_json(&desc, body.as_bytes())?;
+        Ok(M::decode(bytes).expect("the encoded message decodes"))
+    }
+
+    #[test]
+    fn line_breaks_in_base64_are_skipped_as_gos_decoder_skips_them() {
+        // "a value long enough to wrap" in base64, broken every 16
+        // characters.
+        let put: PutRequest = parse(
+            "etcdserverpb.PutRequest",
+            r#"{"key":"Zm9v\n","value":"YSB2YWx1ZSBsb25n\r\nIGVub3VnaCB0byB3\ncmFw\n","unknown":1}"#,
+        )
+        .expect("parsed");
+        assert_eq!(&put.key[..], b"foo");
+        assert_eq!(&put.value[..], b"a value long enough to wrap");
+        // Inside a txn's ops too.
+        let txn: TxnRequest = parse(
+            "etcdserverpb.TxnRequest",
+            r#"{"success":[{"request_put":{"key":"Zm9v\n"}}]}"#,
+        )
+        .expect("parsed");
+        let RequestOp { request } = &txn.success[0];
+        match request {
+            Some(cairn_proto::etcdserverpb::request_op::Request::RequestPut(p)) => {
+                assert_eq!(&p.key[..], b"foo")
+            }
+            other => panic!("{other:?}"),
+        }
+        // Text that is not base64 is still refused.
+        assert!(parse::<PutRequest>("etcdserverpb.PutRequest", r#"{"key":"Zm9v!"}"#).is_err());
+    }
 }

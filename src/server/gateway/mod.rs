@@ -61,6 +61,9 @@ fn table() -> &'static RouteTable {
 pub struct Gateway {
     routes: Routes,
     max_body_bytes: usize,
+    /// The gRPC message cap: a body whose message is larger is refused
+    /// as etcd's gRPC server refuses it.
+    max_message_bytes: usize,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -72,15 +75,18 @@ impl std::fmt::Debug for Gateway {
 }
 
 impl Gateway {
-    /// `routes`: the gRPC services; `max_body_bytes`: the longest JSON body (or
-    /// unparsed stream text) read, past which a request is refused with gRPC's
-    /// `ResourceExhausted`, as etcd's gateway refuses a message over gRPC's cap.
-    pub fn new(routes: Routes, max_body_bytes: usize) -> Gateway {
+    /// `routes`: the gRPC services; `max_message_bytes`: their message cap.
+    /// A JSON body (or unparsed stream text) longer than [`max_body_bytes`]
+    /// is not read, and is refused with gRPC's `ResourceExhausted`, as
+    /// etcd's gateway refuses a message over gRPC's cap; so is a shorter
+    /// body whose message is over the cap.
+    pub fn new(routes: Routes, max_message_bytes: usize) -> Gateway {
         // Decode the schema now, not on the first request.
         let _ = table();
         Gateway {
             routes,
-            max_body_bytes,
+            max_body_bytes: max_body_bytes(max_message_bytes),
+            max_message_bytes,
         }
     }
 
@@ -136,6 +142,10 @@ impl Gateway {
             Ok(message) => message,
             Err(e) => return error(Code::InvalidArgument, &e.to_string()),
         };
+        if message.len() > self.max_message_bytes {
+            let status = crate::grpc::dispatch::too_large(message.len(), self.max_message_bytes);
+            return error(status.code(), status.message());
+        }
         let frames = match grpc::call(
             &self.routes,
             &route.grpc_path,
@@ -289,7 +299,8 @@ pub fn max_body_bytes(max_message_bytes: usize) -> usize {
     max_message_bytes / 3 * 4 + 64 * 1024
 }
 
-/// Builds the gateway answering on a listener whose gRPC services are `routes`.
-pub fn fallback(routes: Routes, max_body_bytes: usize) -> Arc<dyn Http1Fallback> {
-    Arc::new(Gateway::new(routes, max_body_bytes))
+/// Builds the gateway answering on a listener whose gRPC services are
+/// `routes`, with a message cap of `max_message_bytes`.
+pub fn fallback(routes: Routes, max_message_bytes: usize) -> Arc<dyn Http1Fallback> {
+    Arc::new(Gateway::new(routes, max_message_bytes))
 }

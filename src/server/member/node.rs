@@ -484,6 +484,7 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
             disk_faults: config.test_disk_faults.clone(),
             store_sync_thread: true,
             term_out: (shard == 0).then(|| shared.identity.raft_term.clone()),
+            revision_out: Some(shared.identity.revision.clone()),
             keyspace: shared.keyspace.as_ref().map(|k| k.counter.clone()),
             seed: None,
             max_append_bytes: None,
@@ -686,7 +687,7 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
             .endpoints
             .with_fallback(crate::server::gateway::fallback(
                 services.clone(),
-                crate::server::gateway::max_body_bytes(max_message_bytes),
+                max_message_bytes,
             ));
         tokio::task::spawn_local(async move {
             let shutdown = async move {

@@ -331,6 +331,7 @@ impl Shard {
             mvcc::ApplyError::Compacted { .. } => ApiError::Compacted,
             mvcc::ApplyError::FutureRevision { .. } => ApiError::FutureRev,
             mvcc::ApplyError::EmptyKey => ApiError::EmptyKey,
+            mvcc::ApplyError::KeyNotFound => ApiError::KeyNotFound,
             mvcc::ApplyError::LeaseNotFound { .. } => ApiError::LeaseNotFound,
             mvcc::ApplyError::LeaseExists { .. } => ApiError::LeaseExist,
             mvcc::ApplyError::ValueProvided => ApiError::ValueProvided,

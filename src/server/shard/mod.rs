@@ -247,6 +247,9 @@ pub struct ShardSetup {
     /// Where the shard publishes its Raft term for response headers no shard
     /// produces (shard 0 only).
     pub term_out: Option<std::sync::Arc<std::sync::atomic::AtomicU64>>,
+    /// Where the shard publishes its store's revision, raising the
+    /// member's (`Identity::revision`) when it is ahead.
+    pub revision_out: Option<std::sync::Arc<std::sync::atomic::AtomicI64>>,
     /// The keyspace's revision counter, one per member, when it runs several
     /// shards (see [`crate::server::revisions`]).
     pub keyspace: Option<std::sync::Arc<RevisionCounter>>,
@@ -391,6 +394,8 @@ pub struct Shard {
     compaction: Option<apply::Compaction>,
     /// See [`ShardSetup::term_out`].
     term_out: Option<std::sync::Arc<std::sync::atomic::AtomicU64>>,
+    /// See [`ShardSetup::revision_out`].
+    revision_out: Option<std::sync::Arc<std::sync::atomic::AtomicI64>>,
     store_config: mvcc::Config,
     metrics: Option<crate::ops::server_metrics::ShardRecorder>,
     readiness: Option<std::sync::Arc<crate::ops::readiness::Readiness>>,
@@ -443,9 +448,7 @@ impl Shard {
         // A store over its quota raises NOSPACE again at restart, before any
         // write can add to it.
         self.check_quota();
-        if let Some(k) = &self.keyspace {
-            k.reached.publish(self.id, self.store.current_revision());
-        }
+        self.publish_revision();
         loop {
             let oldest_write = self.in_flight.front().map_or(0, |w| w.lsn);
             tokio::select! {

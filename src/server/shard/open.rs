@@ -273,6 +273,7 @@ impl Shard {
             snapshot_send_to: HashMap::new(),
             compaction: None,
             term_out: setup.term_out.clone(),
+            revision_out: setup.revision_out.clone(),
             store_config: store_cfg,
             metrics: setup.metrics.clone(),
             readiness: setup.readiness.clone(),

@@ -121,9 +121,7 @@ impl Shard {
             self.propose_queued_conf_changes();
         }
         self.record_progress();
-        if let Some(k) = &self.keyspace {
-            k.reached.publish(self.id, self.store.current_revision());
-        }
+        self.publish_revision();
         self.serve_confirmed_reads();
         self.cross_after_apply();
         self.maybe_compact_log();
@@ -144,6 +142,21 @@ impl Shard {
         if self.node.leader_id() == self.member_id {
             self.cross.ready = true;
             k.shard_ready(self.id, self.node.term(), self.store.current_revision());
+        }
+    }
+
+    /// Publishes the store's revision: for reads over several shards
+    /// (`Reached`), and to the member's headers (`Identity::revision`),
+    /// written only when this shard moves it up.
+    pub(super) fn publish_revision(&self) {
+        let revision = self.store.current_revision();
+        if let Some(k) = &self.keyspace {
+            k.reached.publish(self.id, revision);
+        }
+        if let Some(member) = &self.revision_out {
+            if member.load(std::sync::atomic::Ordering::Relaxed) < revision {
+                member.fetch_max(revision, std::sync::atomic::Ordering::Relaxed);
+            }
         }
     }
 

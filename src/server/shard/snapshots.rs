@@ -410,9 +410,7 @@ impl Shard {
         // The replaced store's queued syncs finish on its own thread: what it
         // holds is superseded, and waiting for them here would stop the core.
         std::mem::replace(&mut self.store, store).discard();
-        if let Some(k) = &self.keyspace {
-            k.reached.publish(self.id, self.store.current_revision());
-        }
+        self.publish_revision();
         if let Some(defrag) = self.defrag.take() {
             // The store it was shrinking is gone; the new one is compact.
             for reply in defrag.into_replies() {

@@ -123,6 +123,7 @@ impl World {
                 disk_faults: None,
                 store_sync_thread: false,
                 term_out: None,
+                revision_out: None,
                 keyspace: keyspace.as_ref().map(|k| k.counter.clone()),
                 seed: Some(
                     self.cfg.seed ^ (id << 48) ^ (incarnation << 40) ^ (u64::from(shard) << 32),
