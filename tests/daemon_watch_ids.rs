@@ -102,3 +102,67 @@ async fn a_watch_id_used_again_after_its_cancel_is_sent_only_its_own_events() {
     }
     eprintln!("the old watch was sent {old_events} of {OLD_PUTS} events before its cancel");
 }
+
+/// The creates etcd refuses before a watch has an id are answered as etcd
+/// answers them (id -1, its reason, the member's revision) and use up no
+/// id Cairn assigns; an empty key watches the smallest key, `\0`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_creates_are_answered_as_etcd_answers_them_and_use_no_id() {
+    let cluster = Cluster::start(1, &[]);
+    let mut c = client(&cluster.endpoints()[0]).await;
+    wait_writable(&mut c, "/ready").await;
+    let revision = c
+        .put("/ids/k", "v", None)
+        .await
+        .expect("put")
+        .header()
+        .expect("a header")
+        .revision();
+
+    let mut stream = c
+        .watch("b", Some(WatchOptions::new().with_range("a")))
+        .await
+        .expect("a watch stream");
+    let empty = next(&mut stream).await;
+    assert_eq!(
+        (empty.watch_id(), empty.created(), empty.canceled()),
+        (-1, true, true),
+        "{empty:?}"
+    );
+    assert_eq!(empty.cancel_reason(), "mvcc: watcher range is empty");
+    assert!(
+        empty.header().expect("a header").revision() >= revision,
+        "{empty:?}"
+    );
+
+    stream
+        .watch("a", Some(WatchOptions::new().with_watch_id(1)))
+        .await
+        .expect("create sent");
+    let taken = next(&mut stream).await;
+    assert!(taken.created() && !taken.canceled() && taken.watch_id() == 1);
+    stream
+        .watch("a", Some(WatchOptions::new().with_watch_id(1)))
+        .await
+        .expect("create sent");
+    let duplicate = next(&mut stream).await;
+    assert_eq!((duplicate.watch_id(), duplicate.canceled()), (-1, true));
+    assert_eq!(
+        duplicate.cancel_reason(),
+        "mvcc: duplicate watch ID provided on the WatchStream"
+    );
+
+    // The first id Cairn assigns is 0: the refusals took none.
+    stream.watch("", None).await.expect("create sent");
+    let smallest = next(&mut stream).await;
+    assert!(smallest.created() && !smallest.canceled(), "{smallest:?}");
+    assert_eq!(smallest.watch_id(), 0);
+    c.put("\0", "smallest", None).await.expect("put \\0");
+    let event = next(&mut stream).await;
+    assert_eq!(event.watch_id(), 0);
+    assert_eq!(
+        event.events()[0].kv().expect("a kv").key(),
+        b"\0",
+        "{event:?}"
+    );
+}

@@ -155,7 +155,9 @@ fn op_from_pb(op: &pb::RequestOp) -> Option<mvcc::RequestOp> {
     })
 }
 
-/// Empty ops (no request set) are dropped: etcd answers them with nothing.
+/// Empty ops (no request set) are dropped. A client's txn with one is
+/// refused before it is proposed (`validate::check_txn`, as etcd refuses
+/// it); only entries written before that check can hold one.
 pub fn txn_from_pb(t: &pb::TxnRequest) -> mvcc::TxnRequest {
     mvcc::TxnRequest {
         compare: t.compare.iter().map(compare_from_pb).collect(),

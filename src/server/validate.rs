@@ -63,19 +63,18 @@ fn check_op(op: &RequestOp, max_txn_ops: usize) -> Result<(), ApiError> {
 }
 
 /// etcd's txn checks: op counts, empty keys, and no key written twice in one
-/// branch (a put and a delete, or two puts, of the same key).
+/// branch (a put and a delete, or two puts, of the same key). A nested txn
+/// may hold what its parent's longest list leaves of `max_txn_ops`.
 pub fn check_txn(t: &TxnRequest, max_txn_ops: usize) -> Result<(), ApiError> {
-    if t.compare.len() > max_txn_ops
-        || t.success.len() > max_txn_ops
-        || t.failure.len() > max_txn_ops
-    {
+    let ops = t.compare.len().max(t.success.len()).max(t.failure.len());
+    if ops > max_txn_ops {
         return Err(ApiError::TooManyOps);
     }
     for c in &t.compare {
         check_compare(c)?;
     }
     for op in t.success.iter().chain(&t.failure) {
-        check_op(op, max_txn_ops)?;
+        check_op(op, max_txn_ops - ops)?;
     }
     check_no_duplicate_writes(&t.success)?;
     check_no_duplicate_writes(&t.failure)?;
@@ -270,6 +269,23 @@ mod tests {
     fn txn_limits_and_duplicates() {
         let t = TxnRequest {
             success: (0..129).map(|i| put(&format!("k{i}"))).collect(),
+            ..Default::default()
+        };
+        assert_eq!(check_txn(&t, 128), Err(ApiError::TooManyOps));
+        // A nested txn has what its parent's longest list leaves.
+        let nested = |ops: usize| RequestOp {
+            request: Some(request_op::Request::RequestTxn(TxnRequest {
+                failure: (0..ops).map(|i| put(&format!("n{i}"))).collect(),
+                ..Default::default()
+            })),
+        };
+        let t = TxnRequest {
+            success: vec![put("a"), nested(126)],
+            ..Default::default()
+        };
+        assert_eq!(check_txn(&t, 128), Ok(()));
+        let t = TxnRequest {
+            success: vec![put("a"), nested(127)],
             ..Default::default()
         };
         assert_eq!(check_txn(&t, 128), Err(ApiError::TooManyOps));

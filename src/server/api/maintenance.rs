@@ -163,7 +163,7 @@ impl Maintenance for MaintenanceService {
                 .await?;
         }
         Ok(Response::new(DefragmentResponse {
-            header: Some(self.identity.header_now(0)),
+            header: Some(self.identity.header_current()),
         }))
     }
 

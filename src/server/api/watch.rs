@@ -17,7 +17,8 @@ use std::sync::Arc;
 
 use cairn_proto::etcdserverpb::watch_server::Watch;
 use cairn_proto::etcdserverpb::{
-    watch_create_request, watch_request, ResponseHeader, WatchRequest, WatchResponse,
+    watch_create_request, watch_request, ResponseHeader, WatchCreateRequest, WatchRequest,
+    WatchResponse,
 };
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -88,6 +89,31 @@ fn cancel_reason(e: crate::server::errors::ApiError) -> String {
     )
 }
 
+/// The id a create gets, or why etcd refuses it before it has one: the
+/// caller may not read the range, the range holds no key, or the id it
+/// chose is a live watch's.
+fn create_id(
+    svc: &WatchService,
+    watches: &mut StreamWatches,
+    token: Option<&str>,
+    common_name: Option<&str>,
+    c: &WatchCreateRequest,
+) -> Result<i64, String> {
+    svc.permitted(token, common_name, &c.key, &c.range_end)?;
+    if empty_range(&c.key, &c.range_end) {
+        return Err("mvcc: watcher range is empty".into());
+    }
+    watches.id_for(c.watch_id).map_err(|Refused::DuplicateId| {
+        "mvcc: duplicate watch ID provided on the WatchStream".into()
+    })
+}
+
+/// A range that holds no key: an end at or before its start (an empty end
+/// is one key, `\0` every key from the start on).
+fn empty_range(key: &[u8], range_end: &[u8]) -> bool {
+    !range_end.is_empty() && range_end != [0] && key >= range_end
+}
+
 #[tonic::async_trait]
 impl Watch for WatchService {
     type WatchStream = ReceiverStream<Result<WatchResponse, Status>>;
@@ -131,43 +157,28 @@ impl Watch for WatchService {
                             Err(_) => break,
                         };
                         match req.request_union {
-                            Some(watch_request::RequestUnion::CreateRequest(c)) => {
-                                let id = match watches.id_for(c.watch_id) {
+                            Some(watch_request::RequestUnion::CreateRequest(mut c)) => {
+                                // As etcd: an empty key is the smallest key.
+                                if c.key.is_empty() {
+                                    c.key = vec![0u8].into();
+                                }
+                                let refused = create_id(&svc, &mut watches, token.as_deref(), common_name.as_deref(), &c);
+                                // Refused before the watch has an id: id -1,
+                                // as etcd answers.
+                                let id = match refused {
                                     Ok(id) => id,
-                                    Err(Refused::DuplicateId) => {
+                                    Err(reason) => {
                                         let _ = out_tx.send(Ok(WatchResponse {
-                                            header: svc.header(0),
-                                            watch_id: c.watch_id,
+                                            header: Some(svc.identity.header_current()),
+                                            watch_id: -1,
                                             created: true,
                                             canceled: true,
-                                            cancel_reason: "etcdserver: duplicate watch ID".into(),
+                                            cancel_reason: reason,
                                             ..Default::default()
                                         })).await;
                                         continue;
                                     }
                                 };
-                                if c.key.is_empty() {
-                                    let _ = out_tx.send(Ok(WatchResponse {
-                                        header: svc.header(0),
-                                        watch_id: id,
-                                        created: true,
-                                        canceled: true,
-                                        cancel_reason: "etcdserver: key is not provided".into(),
-                                        ..Default::default()
-                                    })).await;
-                                    continue;
-                                }
-                                if let Err(e) = svc.permitted(token.as_deref(), common_name.as_deref(), &c.key, &c.range_end) {
-                                    let _ = out_tx.send(Ok(WatchResponse {
-                                        header: svc.header(0),
-                                        watch_id: -1,
-                                        created: true,
-                                        canceled: true,
-                                        cancel_reason: e,
-                                        ..Default::default()
-                                    })).await;
-                                    continue;
-                                }
                                 let spec = WatchSpec {
                                     key: c.key.to_vec(),
                                     range_end: c.range_end.to_vec(),
@@ -193,7 +204,7 @@ impl Watch for WatchService {
                                         // client is told why.
                                         tracing::warn!(watch = id, error = %e, "a watch could not be created");
                                         if out_tx.send(Ok(WatchResponse {
-                                            header: svc.header(0),
+                                            header: Some(svc.identity.header_current()),
                                             watch_id: id,
                                             created: true,
                                             canceled: true,
@@ -220,7 +231,7 @@ impl Watch for WatchService {
                                 let cancelled = watches.cancel(&svc.router, c.watch_id).await;
                                 if cancelled {
                                     let _ = out_tx.send(Ok(WatchResponse {
-                                        header: svc.header(0),
+                                        header: Some(svc.identity.header_current()),
                                         watch_id: c.watch_id,
                                         canceled: true,
                                         ..Default::default()
@@ -311,11 +322,11 @@ async fn batch_response(
             events,
             ..Default::default()
         },
+        // etcd's header here carries no revision.
         Delivery::Compacted {
-            revision,
-            compact_revision,
+            compact_revision, ..
         } => WatchResponse {
-            header: svc.header(revision),
+            header: svc.header(0),
             watch_id,
             canceled: true,
             compact_revision,

@@ -6,8 +6,12 @@
 //! that was cancelled meanwhile names a number no live watch has, and is
 //! dropped; a new watch that takes the cancelled one's id, as a client that
 //! chooses its ids may, never receives it.
+//!
+//! A watch cancelled because its shard compacted its next revision keeps
+//! its id, as etcd's does, until the client cancels it: that cancel is
+//! answered, and a create with the id meanwhile is a duplicate.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use tokio::sync::mpsc;
 
@@ -33,6 +37,8 @@ pub struct StreamWatches {
     by_id: HashMap<i64, (i64, ShardsWatch)>,
     /// Watch id by that number.
     id_of: HashMap<i64, i64>,
+    /// Ids of watches ended as compacted that the client has not cancelled.
+    compacted: HashSet<i64>,
     /// The number the next watch is registered under.
     next_number: i64,
     /// The id Cairn assigns next when a create names none.
@@ -48,6 +54,7 @@ impl StreamWatches {
             stream,
             by_id: HashMap::new(),
             id_of: HashMap::new(),
+            compacted: HashSet::new(),
             next_number: 0,
             next_id: 0,
             held: HeldEvents { metrics, held: 0 },
@@ -58,16 +65,20 @@ impl StreamWatches {
     /// the lowest free one not assigned before, as etcd does).
     pub fn id_for(&mut self, asked: i64) -> Result<i64, Refused> {
         if asked != 0 {
-            return match self.by_id.contains_key(&asked) {
-                true => Err(Refused::DuplicateId),
-                false => Ok(asked),
-            };
+            if self.taken(asked) {
+                return Err(Refused::DuplicateId);
+            }
+            return Ok(asked);
         }
-        while self.by_id.contains_key(&self.next_id) {
+        while self.taken(self.next_id) {
             self.next_id += 1;
         }
         self.next_id += 1;
         Ok(self.next_id - 1)
+    }
+
+    fn taken(&self, id: i64) -> bool {
+        self.by_id.contains_key(&id) || self.compacted.contains(&id)
     }
 
     /// Registers watch `id` of `spec` from `start_revision` on its shards
@@ -82,6 +93,10 @@ impl StreamWatches {
         tx: mpsc::Sender<WatchBatch>,
         window_revisions: i64,
     ) -> Result<i64, ApiError> {
+        assert!(
+            !self.taken(id),
+            "watch id {id} is taken: ids come from id_for"
+        );
         let number = self.next_number;
         self.next_number += 1;
         let key = (self.stream, number);
@@ -92,8 +107,14 @@ impl StreamWatches {
         Ok(revision)
     }
 
-    /// Cancels watch `id` on its shards; false if the stream has none.
+    /// The client cancels watch `id`: on its shards, if it is live; false
+    /// if the stream has no such watch (as etcd, not answered).
     pub async fn cancel(&mut self, router: &Router, id: i64) -> bool {
+        self.compacted.remove(&id) || self.end(router, id).await
+    }
+
+    /// Ends live watch `id` on its shards; false if there is none.
+    async fn end(&mut self, router: &Router, id: i64) -> bool {
         let Some((number, watch)) = self.by_id.remove(&id) else {
             return false;
         };
@@ -114,7 +135,8 @@ impl StreamWatches {
         self.held.changed(before, watch.held_events());
         let delivery = delivery?;
         if let Delivery::Compacted { .. } = delivery {
-            self.cancel(router, id).await;
+            self.end(router, id).await;
+            self.compacted.insert(id);
         }
         Some((id, delivery))
     }
@@ -257,6 +279,61 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn what_the_merges_hold_is_counted_and_given_back_on_every_end() {
+        let (registry, cores) =
+            crate::ops::server_metrics::server_metrics(1, &[(0, 0), (1, 0)]).unwrap();
+        let held = || {
+            let text = registry.render();
+            let line = text
+                .lines()
+                .find(|l| l.starts_with("cairn_core_watch_merge_held_events{"))
+                .unwrap_or_else(|| panic!("no gauge in {text}"))
+                .to_string();
+            line.rsplit(' ').next().unwrap().parse::<i64>().unwrap()
+        };
+        let (router, mut inboxes) = router(2, true);
+        let mut watches = StreamWatches::new(1, Some(cores[0].clone()));
+        let every = || WatchSpec::every_change(b"\0", b"\0");
+        // Shard 1 sends through 8; shard 0 has sent nothing: held.
+        let holding = |number| WatchBatch {
+            watcher: number,
+            ..batch(1, 8, &[6, 7, 8])
+        };
+        let first = create(&mut watches, &router, &mut inboxes, 1, every()).await;
+        assert_eq!(watches.take(&router, holding(first)).await, None);
+        assert_eq!(held(), 3);
+        // A client's cancel gives them back.
+        let cancel = watches.cancel(&router, 1);
+        let (_, _) = tokio::join!(
+            cancel,
+            shards_answer(&mut inboxes, &[(0, Ok(0)), (1, Ok(0))])
+        );
+        assert_eq!(held(), 0);
+        // So does a compaction found by the other shard.
+        let second = create(&mut watches, &router, &mut inboxes, 2, every()).await;
+        assert_eq!(watches.take(&router, holding(second)).await, None);
+        assert_eq!(held(), 3);
+        let compacted = WatchBatch {
+            watcher: second,
+            compact_revision: Some(9),
+            ..batch(0, 4, &[])
+        };
+        let take = watches.take(&router, compacted);
+        let (taken, _) = tokio::join!(take, shards_answer(&mut inboxes, &[(0, Ok(0)), (1, Ok(0))]));
+        assert!(
+            matches!(taken, Some((2, Delivery::Compacted { .. }))),
+            "{taken:?}"
+        );
+        assert_eq!(held(), 0);
+        // And the stream's end.
+        let third = create(&mut watches, &router, &mut inboxes, 3, every()).await;
+        assert_eq!(watches.take(&router, holding(third)).await, None);
+        assert_eq!(held(), 3);
+        drop(watches);
+        assert_eq!(held(), 0);
+    }
+
+    #[tokio::test]
     async fn a_watch_one_shard_finds_compacted_is_cancelled_on_its_other_shards() {
         let (router, mut inboxes) = router(3, true);
         let mut watches = StreamWatches::new(1, None);
@@ -301,5 +378,12 @@ mod tests {
             ..batch(0, 31, &[31])
         };
         assert_eq!(watches.take(&router, late).await, None);
+        // Its id stays taken until the client cancels it, which is answered
+        // without asking the shards again.
+        assert_eq!(watches.id_for(4), Err(Refused::DuplicateId));
+        assert_eq!(watches.id_for(0), Ok(0));
+        assert!(watches.cancel(&router, 4).await);
+        assert!(!watches.cancel(&router, 4).await);
+        assert_eq!(watches.id_for(4), Ok(4));
     }
 }
