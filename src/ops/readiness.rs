@@ -204,6 +204,11 @@ impl Readiness {
         self.report().is_ready()
     }
 
+    /// Whether every shard's Raft group knows a leader.
+    pub fn every_shard_has_leader(&self) -> bool {
+        self.has_leader.iter().all(|f| f.load(Ordering::Acquire))
+    }
+
     /// Resolves once the member is ready (at once if it already is). The daemon
     /// awaits this before sending systemd `READY=1`.
     pub async fn wait_ready(&self) {

@@ -61,6 +61,7 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::routing::ShardId;
 use crate::server::api::kv::Identity;
 use crate::server::api::lease_renewals::Renewals;
+use crate::server::api::require_leader::{LeaderLoss, Stream};
 use crate::server::command::{LeaseInfo, WriteResult};
 use crate::server::errors::ApiError;
 use crate::server::keyspace::router::Router;
@@ -129,6 +130,9 @@ pub struct LeaseService {
     /// This core's keep-alives forwarded to shard leaders elsewhere.
     pub renewals: Renewals,
     pub auth: Arc<crate::server::auth::AuthStore>,
+    /// Ends the keep-alive streams that require a leader when the member
+    /// has none.
+    pub leader_loss: LeaderLoss,
 }
 
 impl LeaseService {
@@ -407,12 +411,24 @@ impl Lease for LeaseService {
         if self.members.local_is_learner() {
             return Err(ApiError::NotSupportedForLearner.into());
         }
+        let mut leader = self.leader_loss.open(request.metadata())?;
         let mut inbound = request.into_inner();
         let (tx, rx) = mpsc::channel(16);
         let this = self.clone();
         tokio::spawn(async move {
             // One renewal at a time per stream, answered in order (etcd's way).
-            while let Ok(Some(req)) = inbound.message().await {
+            loop {
+                let req = tokio::select! {
+                    req = inbound.message() => match req {
+                        Ok(Some(req)) => req,
+                        _ => break,
+                    },
+                    // The member lost its leader: the client is told.
+                    () = leader.lost() => {
+                        let _ = tx.send(Err(Stream::status())).await;
+                        break;
+                    }
+                };
                 let answer = this
                     .keep_alive_once(req.id)
                     .await

@@ -6,5 +6,6 @@ pub mod kv;
 pub mod lease;
 pub mod lease_renewals;
 pub mod maintenance;
+pub mod require_leader;
 pub mod watch;
 pub mod watch_stream;

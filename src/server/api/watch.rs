@@ -26,6 +26,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::ops::server_metrics::CoreRecorder;
 use crate::server::api::kv::Identity;
+use crate::server::api::require_leader::{self, LeaderLoss};
 use crate::server::api::watch_stream::{Refused, StreamWatches};
 use crate::server::command::{ShardCommand, WatchBatch, WatchSpec};
 use crate::server::keyspace::router::Router;
@@ -46,6 +47,8 @@ pub struct WatchService {
     pub auth: Arc<crate::server::auth::AuthStore>,
     /// This core's metrics (None in tests without them).
     pub metrics: Option<CoreRecorder>,
+    /// Ends the streams that require a leader when the member has none.
+    pub leader_loss: LeaderLoss,
 }
 
 impl WatchService {
@@ -125,6 +128,7 @@ impl Watch for WatchService {
         if self.members.local_is_learner() {
             return Err(crate::server::errors::ApiError::NotSupportedForLearner.into());
         }
+        let mut leader = self.leader_loss.open(request.metadata())?;
         // Each create is checked against the stream's credentials, as etcd
         // checks them: a token that expired since the stream opened fails.
         // The stream keeps only the token of its request's metadata: the
@@ -296,6 +300,12 @@ impl Watch for WatchService {
                         }
                     }
                     () = out_tx.closed(), if requests_ended => break,
+                    // The member lost its leader: the client is told, and
+                    // moves to another member.
+                    () = leader.lost() => {
+                        let _ = out_tx.send(Err(require_leader::Stream::status())).await;
+                        break;
+                    }
                 }
             }
             // The client went away: the shards drop these watchers when they

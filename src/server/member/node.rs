@@ -23,6 +23,7 @@ use crate::runtime::{CoreContext, Cores};
 use crate::server::api::cluster::ClusterService;
 use crate::server::api::kv::{Identity, KvService, Limits};
 use crate::server::api::maintenance::MaintenanceService;
+use crate::server::api::require_leader::{self, LeaderLoss};
 use crate::server::keyspace::router::{command_channels, Router};
 use crate::server::keyspace::Keyspace;
 use crate::server::members::MemberRegistry;
@@ -172,6 +173,10 @@ struct Shared {
     ready_cores: std::sync::atomic::AtomicUsize,
     recorders: Vec<crate::ops::server_metrics::CoreRecorder>,
     readiness: Arc<crate::ops::readiness::Readiness>,
+    /// Ends the client streams that require a leader when the member has
+    /// none; its monitor is taken and run by core 0.
+    leader_loss: LeaderLoss,
+    leader_monitor: std::sync::Mutex<Option<require_leader::Monitor>>,
     endpoints: crate::ops::http::OpsEndpoints,
     watchdog: Arc<crate::ops::watchdog::Watchdog>,
     /// Watch stream ids, unique across the member's cores.
@@ -302,9 +307,15 @@ impl Node {
             Some(watchdog.clone()),
         );
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
+        let (leader_loss, leader_monitor) = LeaderLoss::new(
+            readiness.clone(),
+            std::time::Duration::from_millis(config.election_timeout_ms),
+        );
         let shared = Arc::new(Shared {
             recorders,
             readiness: readiness.clone(),
+            leader_loss,
+            leader_monitor: std::sync::Mutex::new(Some(leader_monitor)),
             endpoints,
             watchdog,
             next_watch_stream: Arc::new(std::sync::atomic::AtomicU64::new(1)),
@@ -636,6 +647,7 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
             next_stream: shared.next_watch_stream.clone(),
             auth: shared.auth.clone(),
             metrics: Some(recorder.clone()),
+            leader_loss: shared.leader_loss.clone(),
         };
         let cluster = ClusterService {
             identity: shared.identity.clone(),
@@ -657,6 +669,7 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
                 crate::server::api::lease::PEER_LEASE_TIMEOUT,
             ),
             auth: shared.auth.clone(),
+            leader_loss: shared.leader_loss.clone(),
         };
         let auth = crate::server::auth::service::AuthService {
             auth: shared.auth.clone(),
@@ -734,6 +747,13 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
         }
     }
     if core == 0 {
+        let monitor = shared
+            .leader_monitor
+            .lock()
+            .expect("leader monitor")
+            .take()
+            .expect("taken once");
+        tokio::task::spawn_local(monitor.run(shared.shutdown.clone()));
         tokio::task::spawn_local(crate::server::api::cluster::watch_for_removal(
             shared.members.clone(),
             peers.clone(),

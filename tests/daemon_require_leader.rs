@@ -1,0 +1,131 @@
+//! Streams that require a leader (etcd's `hasleader` metadata, which
+//! etcdctl, Kubernetes' watches and the etcd client's `with_require_leader`
+//! set), against a member cut off from its cluster: its open Watch and
+//! LeaseKeepAlive streams end with "etcdserver: no leader" once it has gone
+//! three election timeouts without a leader, so clients move to another
+//! member; new ones are refused at once; a stream opened without the
+//! metadata stays open, as etcd leaves it. Once the cluster is back, the
+//! member serves such streams again.
+
+use crate::common;
+
+use std::time::{Duration, Instant};
+
+use common::{client, wait_writable, Cluster};
+use etcd_client::{ConnectOptions, WatchOptions};
+
+/// Longest wait for the member to notice, bounded by what the cluster does
+/// (an election timeout of 1 s, three of them, plus slow-machine slack).
+const NOTICE_WITHIN: Duration = Duration::from_secs(60);
+
+async fn requiring_leader(endpoint: &str) -> etcd_client::Client {
+    let options = ConnectOptions::new().with_require_leader(true);
+    etcd_client::Client::connect([endpoint], Some(options))
+        .await
+        .expect("a client that requires a leader")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_that_require_a_leader_end_when_the_member_loses_it() {
+    let mut cluster = Cluster::start(3, &["--shards", "1"]);
+    let survivor = 2;
+    let endpoint = cluster.members[survivor].endpoint();
+    let mut plain = client(&endpoint).await;
+    wait_writable(&mut plain, "/leader/ready").await;
+    let mut c = requiring_leader(&endpoint).await;
+
+    let mut required = c
+        .watch("/leader/", Some(WatchOptions::new().with_prefix()))
+        .await
+        .expect("a watch that requires a leader");
+    let mut unrequired = plain
+        .watch("/leader/", Some(WatchOptions::new().with_prefix()))
+        .await
+        .expect("a plain watch");
+    for w in [&mut required, &mut unrequired] {
+        let created = tokio::time::timeout(NOTICE_WITHIN, w.message())
+            .await
+            .expect("created in time")
+            .expect("created")
+            .expect("a response");
+        assert!(created.created(), "{created:?}");
+    }
+    let lease = c.lease_grant(60, None).await.expect("a lease").id();
+    let (mut keeper, mut acks) = c.lease_keep_alive(lease).await.expect("keep-alive");
+    keeper.keep_alive().await.expect("a keep-alive sent");
+    let ack = tokio::time::timeout(NOTICE_WITHIN, acks.message())
+        .await
+        .expect("acked in time")
+        .expect("acked");
+    assert!(ack.is_some_and(|a| a.ttl() > 0));
+
+    // The two other members go: no quorum, no leader.
+    for (i, m) in cluster.members.iter_mut().enumerate() {
+        if i != survivor {
+            m.kill9();
+        }
+    }
+    let lost_at = Instant::now();
+    let watch_end = tokio::time::timeout(NOTICE_WITHIN, required.message())
+        .await
+        .expect("the watch that requires a leader ends");
+    let status = match watch_end {
+        Err(etcd_client::Error::GRpcStatus(s)) => s,
+        other => panic!("the watch ended with {other:?}"),
+    };
+    assert_eq!(
+        (status.code(), status.message()),
+        (tonic::Code::Unavailable, "etcdserver: no leader")
+    );
+    let noticed = lost_at.elapsed();
+    let keep_alive_end = tokio::time::timeout(NOTICE_WITHIN, acks.message())
+        .await
+        .expect("the keep-alive stream ends");
+    assert!(
+        matches!(&keep_alive_end, Err(etcd_client::Error::GRpcStatus(s))
+            if s.code() == tonic::Code::Unavailable && s.message() == "etcdserver: no leader"),
+        "{keep_alive_end:?}"
+    );
+    // A new one is refused at once; the plain watch stays open.
+    let refused = c.watch("/leader/", None).await.map(|_| ());
+    assert!(
+        matches!(&refused, Err(etcd_client::Error::GRpcStatus(s))
+            if s.message() == "etcdserver: no leader"),
+        "{refused:?}"
+    );
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), unrequired.message())
+            .await
+            .is_err(),
+        "the plain watch was ended"
+    );
+    eprintln!("the streams that require a leader ended {noticed:?} after quorum was lost");
+
+    // The cluster back: such streams are served again.
+    for (i, m) in cluster.members.iter_mut().enumerate() {
+        if i != survivor {
+            m.restart();
+        }
+    }
+    wait_writable(&mut plain, "/leader/back").await;
+    let deadline = Instant::now() + NOTICE_WITHIN;
+    let mut again = loop {
+        match c
+            .watch("/leader/", Some(WatchOptions::new().with_prefix()))
+            .await
+        {
+            Ok(w) => break w,
+            Err(e) => {
+                assert!(Instant::now() < deadline, "never served again: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    };
+    let created = tokio::time::timeout(NOTICE_WITHIN, again.message())
+        .await
+        .expect("created in time");
+    assert!(
+        matches!(&created, Ok(Some(r)) if r.created() && !r.canceled()),
+        "{created:?}"
+    );
+}
