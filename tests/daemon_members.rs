@@ -125,6 +125,9 @@ async fn learner_joins_is_promoted_and_members_are_removed() {
         out.contains("ETCD_INITIAL_CLUSTER_STATE=\"existing\""),
         "{out}"
     );
+    // The new member is in the cluster it is told to join, however soon
+    // after the change the answering member applies it.
+    assert!(out.contains(&format!("m3={peer_url}")), "{out}");
     let list = member_names(&mut c0).await;
     let (new_id, _, learner, _) = list
         .iter()

@@ -99,6 +99,14 @@ async fn streams_that_require_a_leader_end_when_the_member_loses_it() {
             .is_err(),
         "the plain watch was ended"
     );
+    // Its status says so, as etcd's does.
+    let status = plain.status().await.expect("a status");
+    assert_eq!(status.leader(), 0);
+    assert!(
+        status.errors().iter().any(|e| e == "etcdserver: no leader"),
+        "{:?}",
+        status.errors()
+    );
     eprintln!("the streams that require a leader ended {noticed:?} after quorum was lost");
 
     // The cluster back: such streams are served again.

@@ -77,6 +77,27 @@ impl ClusterService {
             .collect()
     }
 
+    /// The members once `changed` is in the table: a change answered by
+    /// another member's shard leader may not be applied here yet, and the
+    /// answer lists the membership it made (etcdctl prints a new member's
+    /// `ETCD_INITIAL_CLUSTER` from it).
+    fn members_with(&self, changed: &MemberInfo) -> Vec<PbMember> {
+        let changed = pb_member(&Member::from_info(changed));
+        let mut list = self.members();
+        match list.iter_mut().find(|m| m.id == changed.id) {
+            Some(m) => *m = changed,
+            None => list.push(changed),
+        }
+        list
+    }
+
+    /// The members once `removed` is out of the table (see `members_with`).
+    fn members_without(&self, removed: u64) -> Vec<PbMember> {
+        let mut list = self.members();
+        list.retain(|m| m.id != removed);
+        list
+    }
+
     fn member(&self, id: u64) -> Result<Member, Status> {
         self.members
             .get(id)
@@ -201,7 +222,7 @@ impl Cluster for ClusterService {
         Ok(Response::new(MemberAddResponse {
             header: self.header(),
             member: Some(pb_member(&Member::from_info(&info))),
-            members: self.members(),
+            members: self.members_with(&info),
         }))
     }
 
@@ -235,7 +256,7 @@ impl Cluster for ClusterService {
         }
         Ok(Response::new(MemberRemoveResponse {
             header: self.header(),
-            members: self.members(),
+            members: self.members_without(id),
         }))
     }
 
@@ -257,15 +278,15 @@ impl Cluster for ClusterService {
         }) {
             return Err(ApiError::PeerUrlExist.into());
         }
+        let mut info = member.to_info();
         if !same_urls(&member.peer_urls, &req.peer_ur_ls) {
-            let mut info = member.to_info();
             info.peer_urls = req.peer_ur_ls;
             self.change_shards(ConfChangeType::ConfChangeUpdateNode, &info, false)
                 .await?;
         }
         Ok(Response::new(MemberUpdateResponse {
             header: self.header(),
-            members: self.members(),
+            members: self.members_with(&info),
         }))
     }
 
@@ -305,7 +326,7 @@ impl Cluster for ClusterService {
             .await?;
         Ok(Response::new(MemberPromoteResponse {
             header: self.header(),
-            members: self.members(),
+            members: self.members_with(&info),
         }))
     }
 }

@@ -126,6 +126,10 @@ impl Maintenance for MaintenanceService {
         let statuses = self.router.all_status().await?;
         let first = statuses.first().cloned().unwrap_or_default();
         let mut errors = Vec::new();
+        // As etcd: a member without a leader says so (for some shard here).
+        if statuses.iter().any(|s| s.leader == 0) {
+            errors.push(ApiError::NoLeader.to_string());
+        }
         if statuses.iter().any(|s| s.nospace_alarm) {
             errors.push(
                 "memberID:".to_string() + &format!("{:x} alarm:NOSPACE ", self.identity.member_id),
