@@ -19,10 +19,8 @@ impl KeyRangeSet {
     pub(crate) fn new(ranges: &[(Bytes, Bytes)]) -> KeyRangeSet {
         let mut bounds: Vec<(Bytes, Option<Bytes>)> = ranges
             .iter()
-            .filter_map(|(key, end)| {
-                let end = upper(key, end);
-                (!is_empty(key, &end)).then(|| (key.clone(), end))
-            })
+            .filter(|(key, end)| !holds_no_key(key, end))
+            .map(|(key, end)| (key.clone(), upper(key, end)))
             .collect();
         bounds.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         let mut spans: Vec<(Bytes, Option<Bytes>)> = Vec::with_capacity(bounds.len());
@@ -44,10 +42,10 @@ impl KeyRangeSet {
 
     /// Whether etcd key range `range` shares a key with the set.
     pub(crate) fn overlaps(&self, (key, end): &(Bytes, Bytes)) -> bool {
-        let end = upper(key, end);
-        if is_empty(key, &end) {
+        if holds_no_key(key, end) {
             return false;
         }
+        let end = upper(key, end);
         // Only the last span starting before the range's end can reach it:
         // every earlier one ends before that span starts.
         let before = match &end {
@@ -77,8 +75,10 @@ fn upper(key: &Bytes, end: &Bytes) -> Option<Bytes> {
     }
 }
 
-fn is_empty(key: &Bytes, end: &Option<Bytes>) -> bool {
-    end.as_ref().is_some_and(|e| e <= key)
+/// Whether the range `(key, range_end)` holds no key: an end at or below
+/// its key (an empty end is the one key, `"\0"` every key from it on).
+pub(crate) fn holds_no_key(key: &[u8], range_end: &[u8]) -> bool {
+    !matches!(range_end, [] | [0]) && range_end <= key
 }
 
 #[cfg(test)]

@@ -29,6 +29,7 @@ use crate::server::api::kv::Identity;
 use crate::server::api::require_leader::{self, LeaderLoss};
 use crate::server::api::watch_stream::{Refused, StreamWatches};
 use crate::server::command::{ShardCommand, WatchBatch, WatchSpec};
+use crate::server::key_ranges::holds_no_key;
 use crate::server::keyspace::router::Router;
 use crate::server::keyspace::watch_shards::{Delivery, WATCH_WINDOW_REVISIONS};
 
@@ -103,18 +104,12 @@ fn create_id(
     c: &WatchCreateRequest,
 ) -> Result<i64, String> {
     svc.permitted(token, common_name, &c.key, &c.range_end)?;
-    if empty_range(&c.key, &c.range_end) {
+    if holds_no_key(&c.key, &c.range_end) {
         return Err("mvcc: watcher range is empty".into());
     }
     watches.id_for(c.watch_id).map_err(|Refused::DuplicateId| {
         "mvcc: duplicate watch ID provided on the WatchStream".into()
     })
-}
-
-/// A range that holds no key: an end at or before its start (an empty end
-/// is one key, `\0` every key from the start on).
-fn empty_range(key: &[u8], range_end: &[u8]) -> bool {
-    !range_end.is_empty() && range_end != [0] && key >= range_end
 }
 
 #[tonic::async_trait]

@@ -7,4 +7,5 @@ pub mod peer_http;
 pub mod peer_lease;
 pub mod peer_links;
 pub mod restore;
+mod setup;
 pub mod start_error;
