@@ -4,15 +4,21 @@
 //! LeaseKeepAlive streams end with "etcdserver: no leader" once it has gone
 //! three election timeouts without a leader, so clients move to another
 //! member; new ones are refused at once; a stream opened without the
-//! metadata stays open, as etcd leaves it. Once the cluster is back, the
-//! member serves such streams again.
+//! metadata stays open, as etcd leaves it. Unary calls that require a
+//! leader are refused too, and a call that outlives its deadline there is
+//! answered DeadlineExceeded, as etcd answers it. Once the cluster is back,
+//! the member serves such streams again.
 
 use crate::common;
 
 use std::time::{Duration, Instant};
 
-use common::{client, wait_writable, Cluster};
-use etcd_client::{ConnectOptions, WatchOptions};
+use cairn_proto::etcdserverpb::PutRequest;
+use cairn_proto::h2::frame;
+use cairn_proto::h2::hpack::{self, Block};
+use common::raw_h2::{grpc_message, header_block, request_fields, Raw};
+use common::{client, status_of, wait_writable, Cluster};
+use etcd_client::{ConnectOptions, GetOptions, WatchOptions};
 
 /// Longest wait for the member to notice, bounded by what the cluster does
 /// (an election timeout of 1 s, three of them, plus slow-machine slack).
@@ -99,6 +105,61 @@ async fn streams_that_require_a_leader_end_when_the_member_loses_it() {
             .is_err(),
         "the plain watch was ended"
     );
+    // Unary calls that require a leader are refused, serializable reads and
+    // Status included (etcd's interceptors check every call); without the
+    // metadata a serializable read is served.
+    let serializable = || Some(GetOptions::new().with_serializable());
+    for refused in [
+        c.get("/leader/", serializable()).await.map(|_| ()),
+        c.status().await.map(|_| ()),
+    ] {
+        let s = status_of(refused.expect_err("a call that requires a leader"));
+        assert_eq!(
+            (s.code(), s.message()),
+            (tonic::Code::Unavailable, "etcdserver: no leader")
+        );
+    }
+    plain
+        .get("/leader/", serializable())
+        .await
+        .expect("a plain serializable read");
+    // A put cannot commit: at its deadline the member answers as etcd's
+    // does. Written by hand, as a client library's own timer would answer
+    // first.
+    let port = cluster.members[survivor].client_port;
+    let late = tokio::task::spawn_blocking(move || {
+        let mut raw = Raw::open(port);
+        let mut fields = request_fields("/etcdserverpb.KV/Put");
+        fields.push(("grpc-timeout", "300m"));
+        raw.send(
+            frame::HEADERS,
+            frame::FLAG_END_HEADERS,
+            1,
+            &header_block(&fields),
+        );
+        let put = PutRequest {
+            key: b"/leader/late".to_vec().into(),
+            value: b"v".to_vec().into(),
+            ..Default::default()
+        };
+        raw.send(frame::DATA, frame::FLAG_END_STREAM, 1, &grpc_message(&put));
+        let answer = raw.until(frame::HEADERS, Some(1)).expect("an answer");
+        let mut block = Block::default();
+        hpack::Decoder::default()
+            .decode(&answer.payload, &mut block)
+            .expect("a header block");
+        block.pairs()
+    })
+    .await
+    .expect("the raw call");
+    // DeadlineExceeded, its message percent-encoded as gRPC sends it.
+    for field in [
+        ("grpc-status", "4"),
+        ("grpc-message", "context%20deadline%20exceeded"),
+    ] {
+        let field = (field.0.to_string(), field.1.to_string());
+        assert!(late.contains(&field), "{late:?}");
+    }
     // Its status says so, as etcd's does.
     let status = plain.status().await.expect("a status");
     assert_eq!(status.leader(), 0);

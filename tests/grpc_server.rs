@@ -4,7 +4,8 @@
 //!   larger than the client's flow-control windows;
 //! - the same errors, code and message, as the tonic server it replaced
 //!   (`--grpc-server tonic`), member beside member, but for a message over
-//!   gRPC's limit, refused as etcd refuses it;
+//!   gRPC's limit, refused as etcd refuses it, by every service (compared
+//!   with a real etcd);
 //! - raw frames that break the protocol: each closes its connection with the
 //!   GOAWAY code RFC 9113 names, or resets only its stream, and the member
 //!   goes on serving (what one connection may hold: `grpc_limits.rs`).
@@ -186,6 +187,63 @@ async fn errors_are_the_same_as_the_tonic_servers() {
             .starts_with("Error, decoded message length too large"),
         "{tonic_huge:?}"
     );
+}
+
+/// The first error of a watch created with `key`: at its start (etcd's
+/// server sends no headers before it) or as its stream's first message
+/// (Cairn's Watch service answers its headers before reading).
+async fn watch_error(c: &mut etcd_client::Client, key: Vec<u8>) -> (tonic::Code, String) {
+    let status = match c.watch(key, None).await {
+        Err(e) => status_of(e),
+        Ok(mut stream) => {
+            let first = tokio::time::timeout(TIMEOUT, stream.message())
+                .await
+                .expect("an answer in time");
+            status_of(first.expect_err("a watch whose create is over the cap"))
+        }
+    };
+    (status.code(), status.message().to_string())
+}
+
+/// Every service caps a request message as etcd's gRPC server does
+/// (`--max-request-bytes` plus 512 KiB), unary and streaming alike, with
+/// etcd's answer, compared with a real etcd; tonic's server applies the
+/// same cap with its own answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_service_caps_messages_as_etcds() {
+    let etcd = common::Etcd::start();
+    let own = Cluster::start(1, &[]);
+    let tonic_server = Cluster::start(1, &["--grpc-server", "tonic"]);
+    let huge = vec![b'n'; 2_200_000];
+    let huge_name = "n".repeat(2_200_000);
+    let mut answers = Vec::new();
+    for endpoint in [etcd.endpoint.clone(), own.endpoints()[0].clone()] {
+        let mut c = client(&endpoint).await;
+        wait_writable(&mut c, "/ready").await;
+        let added = c.user_add(huge_name.clone(), "pw", None).await;
+        let e = status_of(added.expect_err("a user over the cap"));
+        let watched = watch_error(&mut c, huge.clone()).await;
+        answers.push(vec![(e.code(), e.message().to_string()), watched]);
+        // The stream and the connection serve on.
+        c.put("/after", "v", None).await.expect("a put after");
+    }
+    assert_eq!(answers[0], answers[1], "etcd's answers, then Cairn's");
+    assert_eq!(answers[1][0].0, tonic::Code::ResourceExhausted);
+    assert!(
+        answers[1][0].1.ends_with(" vs. 2097152)"),
+        "{:?}",
+        answers[1]
+    );
+    let mut c = client(&tonic_server.endpoints()[0]).await;
+    wait_writable(&mut c, "/ready").await;
+    let e = status_of(c.user_add(huge_name.clone(), "pw", None).await.unwrap_err());
+    assert_eq!(e.code(), tonic::Code::OutOfRange, "{e:?}");
+    assert!(
+        e.message().ends_with("the limit is: 2097152 bytes"),
+        "{e:?}"
+    );
+    let watched = watch_error(&mut c, huge).await;
+    assert_eq!(watched.0, tonic::Code::OutOfRange, "{watched:?}");
 }
 
 /// What a raw connection sends to break the protocol.

@@ -37,6 +37,7 @@ use super::request::RequestHead;
 use super::send::{Out, Outbox};
 use crate::ops::server_metrics::CoreRecorder;
 use crate::server::api::kv::KvService;
+use crate::server::api::require_leader::LeaderLoss;
 use crate::tls::ClientConnInfo;
 use cairn_proto::h2::hpack::{self, Block, Field};
 
@@ -45,8 +46,11 @@ pub struct Handler {
     pub kv: KvService,
     /// Every service, for the calls not decoded here.
     pub routes: tonic::service::Routes,
-    /// Largest KV request message (the KV service's decoding limit).
-    pub max_kv_message: usize,
+    /// Largest request message of any call, as etcd's gRPC server caps
+    /// every service's (`--max-request-bytes` plus 512 KiB).
+    pub max_message: usize,
+    /// Whether a call that requires a leader is refused now.
+    pub leader_loss: LeaderLoss,
     /// The core's metrics: how long each KV call took.
     pub recorder: CoreRecorder,
     /// Most streams open at once on a connection (`--max-concurrent-streams`),
@@ -87,9 +91,11 @@ const RESPONSE_HEAD: &[u8] = b"\x88\x0f\x10\x10application/grpc";
 /// Trailers `grpc-status: 0`, a literal without indexing with a literal name.
 const OK_TRAILERS: &[u8] = b"\x00\x0bgrpc-status\x010";
 
-/// The status tonic answers when a call outlives its `grpc-timeout`.
+/// The status of a call that outlives its `grpc-timeout`: etcd's (grpc-go's
+/// server ends the call's context, and etcd answers with its error), so a
+/// client sees DeadlineExceeded whichever side's clock fires first.
 fn timeout_status() -> Status {
-    Status::cancelled("Timeout expired")
+    Status::deadline_exceeded("context deadline exceeded")
 }
 
 /// etcd's gRPC server's answer (grpc-go's) to a message over the limit,
@@ -253,16 +259,19 @@ async fn with_timeout<T>(
 
 /// The body of a request served by tonic: the DATA the connection receives,
 /// in order. Each chunk taken is reported back (`consumed`), so the
-/// connection opens the stream's window only as the service reads.
+/// connection opens the stream's window only as the service reads. A
+/// message whose length prefix is over `max_message` ends the body with
+/// etcd's refusal before any of it reaches the service.
 pub struct RecvBody {
     pub stream: u32,
     pub data: mpsc::UnboundedReceiver<Bytes>,
     pub consumed: mpsc::UnboundedSender<(u32, usize)>,
+    pub frames: MessageFrames,
 }
 
 impl http_body::Body for RecvBody {
     type Data = Bytes;
-    type Error = std::convert::Infallible;
+    type Error = Status;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
@@ -271,11 +280,66 @@ impl http_body::Body for RecvBody {
         match self.data.poll_recv(cx) {
             Poll::Ready(Some(chunk)) => {
                 let _ = self.consumed.send((self.stream, chunk.len()));
+                if let Some(len) = self.frames.over_limit(&chunk) {
+                    self.data.close();
+                    return Poll::Ready(Some(Err(too_large(len, self.frames.limit))));
+                }
                 Poll::Ready(Some(Ok(http_body::Frame::data(chunk))))
             }
             Poll::Ready(None) => Poll::Ready(None),
             Poll::Pending => Poll::Pending,
         }
+    }
+}
+
+/// Follows the gRPC messages of a request body (each a 1-octet flag and a
+/// 4-octet big-endian length, then that many octets) across the chunks it
+/// arrives in, to see each length as soon as its prefix is whole.
+#[derive(Debug)]
+pub struct MessageFrames {
+    limit: usize,
+    /// Octets of the current message still to come, after its prefix.
+    left: usize,
+    prefix: [u8; 5],
+    /// Octets of the next prefix seen so far.
+    filled: usize,
+}
+
+impl MessageFrames {
+    pub fn new(limit: usize) -> MessageFrames {
+        MessageFrames {
+            limit,
+            left: 0,
+            prefix: [0; 5],
+            filled: 0,
+        }
+    }
+
+    /// Takes the next `chunk` of the body; the declared length of a message
+    /// over the limit, if its prefix completes here.
+    pub fn over_limit(&mut self, mut chunk: &[u8]) -> Option<usize> {
+        while !chunk.is_empty() {
+            if self.left > 0 {
+                let n = self.left.min(chunk.len());
+                self.left -= n;
+                chunk = &chunk[n..];
+                continue;
+            }
+            let n = (5 - self.filled).min(chunk.len());
+            self.prefix[self.filled..self.filled + n].copy_from_slice(&chunk[..n]);
+            self.filled += n;
+            chunk = &chunk[n..];
+            if self.filled == 5 {
+                self.filled = 0;
+                let p = &self.prefix;
+                let len = u32::from_be_bytes([p[1], p[2], p[3], p[4]]) as usize;
+                if len > self.limit {
+                    return Some(len);
+                }
+                self.left = len;
+            }
+        }
+        None
     }
 }
 
@@ -447,6 +511,37 @@ impl Drop for EndGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn framed(len: usize) -> Vec<u8> {
+        let mut v = vec![0u8];
+        v.extend_from_slice(&(len as u32).to_be_bytes());
+        v.extend(std::iter::repeat_n(7u8, len));
+        v
+    }
+
+    #[test]
+    fn message_frames_see_each_length_across_chunks() {
+        // Messages within the limit, back to back, cut at every offset:
+        // none is over, and a later one over the limit is still seen.
+        let mut body = framed(10);
+        body.extend(framed(0));
+        body.extend(framed(16));
+        body.extend_from_slice(&framed(17)[..5]);
+        for cut in 0..body.len() {
+            let mut f = MessageFrames::new(16);
+            assert_eq!(f.over_limit(&body[..cut]), None, "cut at {cut}");
+            assert_eq!(f.over_limit(&body[cut..]), Some(17), "cut at {cut}");
+        }
+        // Byte by byte, the prefix split in five.
+        let mut f = MessageFrames::new(16);
+        let seen: Vec<_> = body.iter().filter_map(|b| f.over_limit(&[*b])).collect();
+        assert_eq!(seen, vec![17]);
+        // A message's own bytes are never read as a prefix.
+        let mut f = MessageFrames::new(16);
+        let mut inner = vec![0u8, 0, 0, 0, 11];
+        inner.extend([0u8, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(f.over_limit(&inner), None);
+    }
 
     #[test]
     fn one_message_takes_exactly_one_uncompressed_message() {

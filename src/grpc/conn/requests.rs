@@ -103,7 +103,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Conn<IO> {
             Recv::Unary { body, unacked, .. } => {
                 body.extend_from_slice(data);
                 *unacked += head.len;
-                let limit = self.handler.max_kv_message;
+                let limit = self.handler.max_message;
                 let declared = body
                     .get(1..5)
                     .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize);
@@ -194,6 +194,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Conn<IO> {
             stream: id,
             data,
             consumed: self.consumed_tx.clone(),
+            frames: dispatch::MessageFrames::new(self.handler.max_message),
         };
         let task = dispatch::spawn_generic(
             &self.handler,
@@ -341,6 +342,22 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Conn<IO> {
         };
         self.outbox.borrow_mut().open(id);
         self.held += head_bytes;
+        if self.handler.leader_loss.refuses(&head.headers) {
+            // A call that requires a leader, on a member that knows none:
+            // refused before it starts, as etcd's interceptors refuse it.
+            let recv = if end_stream {
+                Recv::Done
+            } else {
+                Recv::Discard
+            };
+            self.streams.insert(id, Stream::new(recv, head_bytes));
+            let status = crate::server::api::require_leader::no_leader();
+            let mut outbox = self.outbox.borrow_mut();
+            for piece in dispatch::status_only(&status) {
+                outbox.push(id, piece);
+            }
+            return Ok(());
+        }
         match call {
             Some(call) => {
                 self.streams.insert(

@@ -421,7 +421,12 @@ impl Lease for LeaseService {
                 let req = tokio::select! {
                     req = inbound.message() => match req {
                         Ok(Some(req)) => req,
-                        _ => break,
+                        Ok(None) => break,
+                        // A request that could not be read: the client is told.
+                        Err(status) => {
+                            let _ = tx.send(Err(status)).await;
+                            break;
+                        }
                     },
                     // The member lost its leader: the client is told.
                     () = leader.lost() => {

@@ -1,12 +1,13 @@
-//! etcd's streams that require a leader. A client that opens a Watch or
-//! LeaseKeepAlive stream with the `hasleader: true` metadata (etcd's
-//! clientv3 `WithRequireLeader`, which etcdctl and Kubernetes' watches use)
-//! is refused with "etcdserver: no leader" while the member knows no leader
-//! for some shard, and its open stream ends with that status once the
-//! member has gone [`NO_LEADER_CHECKS`] election timeouts in a row without
-//! one: the client then moves to another member instead of waiting on a
-//! member cut off from the cluster. Streams opened without it are left
-//! alone, as etcd leaves them.
+//! etcd's calls that require a leader. A call made with the
+//! `hasleader: true` metadata (etcd's clientv3 `WithRequireLeader`, which
+//! etcdctl and Kubernetes' watches use) is refused with "etcdserver: no
+//! leader" while the member knows no leader for some shard, unary or
+//! stream ([`LeaderLoss::refuses`], checked by the gRPC server as each call
+//! opens). An open Watch or LeaseKeepAlive stream that requires one ends
+//! with that status once the member has gone [`NO_LEADER_CHECKS`] election
+//! timeouts in a row without one: the client then moves to another member
+//! instead of waiting on a member cut off from the cluster. Calls made
+//! without it are left alone, as etcd leaves them.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -64,13 +65,16 @@ impl LeaderLoss {
         (loss, monitor)
     }
 
+    /// Whether a call made with `headers` is refused now: it requires a
+    /// leader and the member knows none (etcd's interceptors' check).
+    pub fn refuses(&self, headers: &http::HeaderMap) -> bool {
+        requires_leader(headers) && !self.readiness.every_shard_has_leader()
+    }
+
     /// Starts a stream opened with `metadata`: refused while the member
     /// knows no leader, when it requires one.
     pub fn open(&self, metadata: &MetadataMap) -> Result<Stream, Status> {
-        let required = metadata
-            .get(METADATA_KEY)
-            .is_some_and(|v| v.as_bytes() == METADATA_VALUE.as_bytes());
-        if !required {
+        if !requires_leader(metadata.as_ref()) {
             return Ok(Stream(None));
         }
         if !self.readiness.every_shard_has_leader() {
@@ -80,6 +84,18 @@ impl LeaderLoss {
         losses.borrow_and_update();
         Ok(Stream(Some(losses)))
     }
+}
+
+/// Whether a call's `headers` say it requires a leader.
+fn requires_leader(headers: &http::HeaderMap) -> bool {
+    headers
+        .get(METADATA_KEY)
+        .is_some_and(|v| v.as_bytes() == METADATA_VALUE.as_bytes())
+}
+
+/// The status of a call refused for want of a leader.
+pub fn no_leader() -> Status {
+    ApiError::NoLeader.into()
 }
 
 impl Stream {
@@ -98,7 +114,7 @@ impl Stream {
 
     /// The status a stream ended by a loss ends with.
     pub fn status() -> Status {
-        ApiError::NoLeader.into()
+        no_leader()
     }
 }
 

@@ -153,7 +153,12 @@ impl Watch for WatchService {
                                 requests_ended = true;
                                 continue;
                             }
-                            Err(_) => break,
+                            // A request that could not be read (one over the
+                            // message cap): the stream ends with why, as etcd's.
+                            Err(status) => {
+                                let _ = out_tx.send(Err(status)).await;
+                                break;
+                            }
                         };
                         match req.request_union {
                             Some(watch_request::RequestUnion::CreateRequest(mut c)) => {

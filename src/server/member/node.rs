@@ -570,16 +570,20 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
         let (grpc_tx, grpc_rx) = mpsc::channel(1024);
         // Cairn's own gRPC server calls the KV service directly.
         let kv_direct = kv.clone();
-        let services = tonic::service::Routes::new(
-            KvServer::new(kv)
-                .max_decoding_message_size(max_message_bytes)
-                .max_encoding_message_size(usize::MAX),
-        )
-        .add_service(MaintenanceServer::new(maintenance))
-        .add_service(ClusterServer::new(cluster))
-        .add_service(WatchServer::new(watch))
-        .add_service(LeaseServer::new(lease))
-        .add_service(AuthServer::new(auth));
+        // Every service has etcd's message cap (answers are not capped).
+        macro_rules! capped {
+            ($server:expr) => {
+                $server
+                    .max_decoding_message_size(max_message_bytes)
+                    .max_encoding_message_size(usize::MAX)
+            };
+        }
+        let services = tonic::service::Routes::new(capped!(KvServer::new(kv)))
+            .add_service(capped!(MaintenanceServer::new(maintenance)))
+            .add_service(capped!(ClusterServer::new(cluster)))
+            .add_service(capped!(WatchServer::new(watch)))
+            .add_service(capped!(LeaseServer::new(lease)))
+            .add_service(capped!(AuthServer::new(auth)));
         // HTTP/1 requests that are not operator endpoints go to the HTTP/JSON
         // gateway, which calls the same services in-process.
         let endpoints = shared
@@ -604,7 +608,8 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
                 let handler = crate::grpc::Handler {
                     kv: kv_direct,
                     routes: services,
-                    max_kv_message: max_message_bytes,
+                    max_message: max_message_bytes,
+                    leader_loss: shared.leader_loss.clone(),
                     recorder: recorder.clone(),
                     max_streams: config.stream_limit(),
                 };
