@@ -218,6 +218,39 @@ async fn learner_joins_is_promoted_and_members_are_removed() {
         keep_alive.to_string().contains("not supported for learner"),
         "{keep_alive}"
     );
+    // Every other call but Status, as etcd 3.4's interceptors refuse them,
+    // with etcd's code.
+    for refused in [
+        c3.member_list().await.map(|_| ()),
+        c3.lease_grant(60, None).await.map(|_| ()),
+        c3.alarm(
+            etcd_client::AlarmAction::Get,
+            etcd_client::AlarmType::None,
+            None,
+        )
+        .await
+        .map(|_| ()),
+    ] {
+        let s = common::status_of(refused.expect_err("a call a learner refuses"));
+        assert_eq!(
+            (s.code(), s.message()),
+            (
+                tonic::Code::Unavailable,
+                "etcdserver: rpc not supported for learner"
+            )
+        );
+    }
+    c3.status().await.expect("a learner's status");
+    // Through the HTTP/JSON gateway alike.
+    let port = cluster.members[idx].client_port;
+    let (code, body) = common::http_post(port, "/v3/cluster/member/list", "{}");
+    assert_eq!(code, 503, "{body}");
+    assert!(
+        body.contains("etcdserver: rpc not supported for learner"),
+        "{body}"
+    );
+    let (code, body) = common::http_post(port, "/v3/maintenance/status", "{}");
+    assert_eq!(code, 200, "{body}");
     // It published its name.
     eventually("m3's name", Duration::from_secs(20), || {
         let mut c = c0.clone();

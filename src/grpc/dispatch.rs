@@ -37,7 +37,8 @@ use super::request::RequestHead;
 use super::send::{Out, Outbox};
 use crate::ops::server_metrics::CoreRecorder;
 use crate::server::api::kv::KvService;
-use crate::server::api::require_leader::LeaderLoss;
+use crate::server::api::require_leader::{self, LeaderLoss};
+use crate::server::errors::ApiError;
 use crate::tls::ClientConnInfo;
 use cairn_proto::h2::hpack::{self, Block, Field};
 
@@ -57,6 +58,31 @@ pub struct Handler {
     /// announced in SETTINGS; more are refused (REFUSED_STREAM). `None`: no
     /// limit, and none announced.
     pub max_streams: Option<u32>,
+}
+
+impl Handler {
+    /// Why a call to `path` made with `headers` is refused before it
+    /// starts, as etcd's interceptors refuse it: on a learner, every etcd
+    /// call but Status and Range (which its shard serves only when
+    /// serializable); on any member, a call that requires a leader while
+    /// the member knows none.
+    pub fn refusal(&self, path: &[u8], headers: &HeaderMap) -> Option<Status> {
+        if self.kv.members.local_is_learner() && !learner_serves(path) {
+            return Some(ApiError::NotSupportedForLearner.into());
+        }
+        self.leader_loss
+            .refuses(headers)
+            .then(require_leader::no_leader)
+    }
+}
+
+/// Whether a learner serves a call to `path` (etcd 3.4's learners serve
+/// Status and serializable ranges; calls outside etcd's API are not theirs
+/// to refuse).
+pub fn learner_serves(path: &[u8]) -> bool {
+    !path.starts_with(b"/etcdserverpb.")
+        || path == b"/etcdserverpb.KV/Range"
+        || path == b"/etcdserverpb.Maintenance/Status"
 }
 
 /// The KV calls decoded here.

@@ -699,6 +699,17 @@ pub fn status_of(e: etcd_client::Error) -> tonic::Status {
 /// A plain HTTP/1.1 GET of `path` on 127.0.0.1:`port`: the status code (0
 /// when nothing listens yet, so the caller retries) and the body.
 pub fn http_get(port: u16, path: &str) -> (u16, String) {
+    http_request(port, &format!("GET {path} HTTP/1.1\r\n"), "")
+}
+
+/// A plain HTTP/1.1 POST of `body` to `path` on 127.0.0.1:`port`, as
+/// [`http_get`].
+pub fn http_post(port: u16, path: &str, body: &str) -> (u16, String) {
+    let head = format!("POST {path} HTTP/1.1\r\nContent-Length: {}\r\n", body.len());
+    http_request(port, &head, body)
+}
+
+fn http_request(port: u16, head: &str, body: &str) -> (u16, String) {
     use std::io::{Read, Write};
     // Not listening yet: code 0, and the caller retries.
     let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
@@ -707,7 +718,7 @@ pub fn http_get(port: u16, path: &str) -> (u16, String) {
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     write!(
         s,
-        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+        "{head}Host: 127.0.0.1\r\nConnection: close\r\n\r\n{body}"
     )
     .unwrap();
     let mut out = String::new();

@@ -332,8 +332,11 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Conn<IO> {
             frame::put_rst_stream(&mut self.out, id, ErrorCode::EnhanceYourCalm);
             return Ok(());
         }
-        let call = match head.validate() {
-            Ok(path) => KvCall::of(&head, path),
+        let (call, refusal) = match head.validate() {
+            Ok(path) => (
+                KvCall::of(&head, path),
+                self.handler.refusal(path, &head.headers),
+            ),
             Err(why) => {
                 tracing::debug!(stream = id, why, "malformed request refused");
                 frame::put_rst_stream(&mut self.out, id, ErrorCode::Protocol);
@@ -342,16 +345,14 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Conn<IO> {
         };
         self.outbox.borrow_mut().open(id);
         self.held += head_bytes;
-        if self.handler.leader_loss.refuses(&head.headers) {
-            // A call that requires a leader, on a member that knows none:
-            // refused before it starts, as etcd's interceptors refuse it.
+        if let Some(status) = refusal {
+            // Refused before it starts: its body is dropped.
             let recv = if end_stream {
                 Recv::Done
             } else {
                 Recv::Discard
             };
             self.streams.insert(id, Stream::new(recv, head_bytes));
-            let status = crate::server::api::require_leader::no_leader();
             let mut outbox = self.outbox.borrow_mut();
             for piece in dispatch::status_only(&status) {
                 outbox.push(id, piece);

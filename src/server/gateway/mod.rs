@@ -32,6 +32,7 @@ use tonic::service::Routes;
 use tonic::Code;
 
 use crate::ops::http::{ConnectionCut, FallbackBody, Http1Fallback};
+use crate::server::errors::ApiError;
 use routes::{Route, RouteTable};
 use stream::{FirstMessageError, JsonMessages};
 
@@ -64,6 +65,9 @@ pub struct Gateway {
     /// The gRPC message cap: a body whose message is larger is refused
     /// as etcd's gRPC server refuses it.
     max_message_bytes: usize,
+    /// Whether this member is a learner now: a learner refuses what etcd's
+    /// learners refuse, through the gateway as over gRPC.
+    learner: Arc<dyn Fn() -> bool + Send + Sync>,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -80,13 +84,18 @@ impl Gateway {
     /// is not read, and is refused with gRPC's `ResourceExhausted`, as
     /// etcd's gateway refuses a message over gRPC's cap; so is a shorter
     /// body whose message is over the cap.
-    pub fn new(routes: Routes, max_message_bytes: usize) -> Gateway {
+    pub fn new(
+        routes: Routes,
+        max_message_bytes: usize,
+        learner: Arc<dyn Fn() -> bool + Send + Sync>,
+    ) -> Gateway {
         // Decode the schema now, not on the first request.
         let _ = table();
         Gateway {
             routes,
             max_body_bytes: max_body_bytes(max_message_bytes),
             max_message_bytes,
+            learner,
         }
     }
 
@@ -116,6 +125,10 @@ impl Gateway {
         };
         if req.method() != Method::POST {
             return plain(StatusCode::METHOD_NOT_ALLOWED, "Method Not Allowed\n");
+        }
+        if (self.learner)() && !crate::grpc::dispatch::learner_serves(route.grpc_path.as_bytes()) {
+            let status = tonic::Status::from(ApiError::NotSupportedForLearner);
+            return error(status.code(), status.message());
         }
         if route.client_streaming {
             self.streaming_call(route, req).await
@@ -301,6 +314,10 @@ pub fn max_body_bytes(max_message_bytes: usize) -> usize {
 
 /// Builds the gateway answering on a listener whose gRPC services are
 /// `routes`, with a message cap of `max_message_bytes`.
-pub fn fallback(routes: Routes, max_message_bytes: usize) -> Arc<dyn Http1Fallback> {
-    Arc::new(Gateway::new(routes, max_message_bytes))
+pub fn fallback(
+    routes: Routes,
+    max_message_bytes: usize,
+    learner: Arc<dyn Fn() -> bool + Send + Sync>,
+) -> Arc<dyn Http1Fallback> {
+    Arc::new(Gateway::new(routes, max_message_bytes, learner))
 }

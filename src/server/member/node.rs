@@ -591,6 +591,10 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
             .with_fallback(crate::server::gateway::fallback(
                 services.clone(),
                 max_message_bytes,
+                {
+                    let members = shared.members.clone();
+                    Arc::new(move || members.local_is_learner())
+                },
             ));
         tokio::task::spawn_local(async move {
             let shutdown = async move {
