@@ -109,16 +109,18 @@ async fn learner_joins_is_promoted_and_members_are_removed() {
     // given no --shards: it takes the cluster's.
     let idx = cluster.new_joining_member("m3", &["--cores", "1", "--snapshot-count", "100"]);
     let peer_url = cluster.members[idx].peer_url();
-    let (ok, out) = etcdctl(
-        &ep0,
-        &[
-            "member",
-            "add",
-            "m3",
-            "--learner",
-            &format!("--peer-urls={peer_url}"),
-        ],
-    );
+    let (ok, out) = common::etcdctl_when_healthy(|| {
+        etcdctl(
+            &ep0,
+            &[
+                "member",
+                "add",
+                "m3",
+                "--learner",
+                &format!("--peer-urls={peer_url}"),
+            ],
+        )
+    });
     assert!(ok, "member add failed: {out}");
     assert!(out.contains("added to cluster"), "{out}");
     assert!(
@@ -580,10 +582,18 @@ async fn a_member_killed_before_its_table_is_written_replays_the_change() {
     let mut c2 = client(&m2.endpoint()).await;
     wait_writable(&mut c2, "/table/m2-back").await;
     let url = format!("http://127.0.0.1:{}", common::free_port());
-    c0.member_add(
-        vec![url.clone()],
-        Some(etcd_client::MemberAddOptions::new().with_is_learner()),
-    )
+    // m2 has just come back: its links count after 5 s.
+    common::when_healthy(|| {
+        let mut c0 = c0.clone();
+        let url = url.clone();
+        async move {
+            c0.member_add(
+                vec![url],
+                Some(etcd_client::MemberAddOptions::new().with_is_learner()),
+            )
+            .await
+        }
+    })
     .await
     .unwrap();
     // Writes meanwhile, on both shards, applied by m2 before it dies.

@@ -330,17 +330,19 @@ fn a_member_joins_a_tls_cluster_over_tls() {
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     let joiner = cluster.new_joining_member("m3", &flags);
     let peer_url = cluster.members[joiner].peer_url();
-    let (ok, out) = ctl(
-        &eps[1],
-        &good,
-        &[
-            "member",
-            "add",
-            "m3",
-            "--learner",
-            &format!("--peer-urls={peer_url}"),
-        ],
-    );
+    let (ok, out) = common::etcdctl_when_healthy(|| {
+        ctl(
+            &eps[1],
+            &good,
+            &[
+                "member",
+                "add",
+                "m3",
+                "--learner",
+                &format!("--peer-urls={peer_url}"),
+            ],
+        )
+    });
     assert!(ok, "member add: {out}");
     cluster.members[joiner].restart();
     let endpoint = cluster.members[joiner].endpoint();

@@ -258,6 +258,8 @@ struct LinkShared {
     /// tell its connection is gone.
     epoch: Cell<u64>,
     connected: Cell<bool>,
+    /// When the current connection was established (`None` while down).
+    connected_since: Cell<Option<std::time::Instant>>,
     closed: Cell<bool>,
     peer_addr: Cell<Option<SocketAddr>>,
     tx_stream: RefCell<Option<TxStream>>,
@@ -278,6 +280,7 @@ impl LinkShared {
             counters: Arc::new(Counters::default()),
             epoch: Cell::new(0),
             connected: Cell::new(false),
+            connected_since: Cell::new(None),
             closed: Cell::new(false),
             peer_addr: Cell::new(None),
             tx_stream: RefCell::new(None),
@@ -305,6 +308,11 @@ impl LinkShared {
     }
 
     fn set_connected(&self, connected: bool, peer_addr: Option<SocketAddr>) {
+        if !connected {
+            self.connected_since.set(None);
+        } else if !self.connected.get() {
+            self.connected_since.set(Some(std::time::Instant::now()));
+        }
         self.connected.set(connected);
         if peer_addr.is_some() {
             self.peer_addr.set(peer_addr);
@@ -392,6 +400,12 @@ impl Link {
     /// Whether a connection is established right now.
     pub fn is_connected(&self) -> bool {
         self.shared.connected.get()
+    }
+
+    /// Since when the link has been connected without a break (etcd's
+    /// "active since"); `None` while it is not.
+    pub fn connected_since(&self) -> Option<std::time::Instant> {
+        self.shared.connected_since.get()
     }
 
     /// Whether the link is closed for good.

@@ -160,6 +160,11 @@ pub struct Flags {
     #[arg(long, value_name = "N")]
     pub snapshot_count: Option<u64>,
 
+    /// Refuse a membership change that could leave a shard without a quorum
+    /// of started, connected members (default true, etcd's).
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    pub strict_reconfig_check: Option<bool>,
+
     /// On the first start (empty data directory) of a new cluster's member, build its
     /// stores from this file, saved with `etcdctl snapshot save` from a Cairn member.
     /// Start every member of the new cluster with the same file. Ignored once the
@@ -328,6 +333,7 @@ pub struct Config {
     pub heartbeat_interval_ms: u64,
     pub election_timeout_ms: u64,
     pub snapshot_count: u64,
+    pub strict_reconfig_check: bool,
     pub restore_snapshot: Option<PathBuf>,
     pub listen_metrics_addrs: Vec<SocketAddr>,
     pub log_level: String,
@@ -422,6 +428,7 @@ impl Flags {
             heartbeat_interval: self.heartbeat_interval.or(other.heartbeat_interval),
             election_timeout: self.election_timeout.or(other.election_timeout),
             snapshot_count: self.snapshot_count.or(other.snapshot_count),
+            strict_reconfig_check: self.strict_reconfig_check.or(other.strict_reconfig_check),
             restore_snapshot: self.restore_snapshot.or(other.restore_snapshot),
             listen_metrics_urls: self.listen_metrics_urls.or(other.listen_metrics_urls),
             log_level: self.log_level.or(other.log_level),
@@ -603,6 +610,7 @@ impl Config {
             heartbeat_interval_ms: f.heartbeat_interval.unwrap_or(100),
             election_timeout_ms: f.election_timeout.unwrap_or(1000),
             snapshot_count: f.snapshot_count.unwrap_or(100_000),
+            strict_reconfig_check: f.strict_reconfig_check.unwrap_or(true),
             restore_snapshot: f.restore_snapshot,
             log_level: f.log_level.unwrap_or_else(|| "info".to_string()),
             log_format,

@@ -74,6 +74,14 @@ pub enum ApiError {
     NotSupportedForLearner,
     #[error("etcdserver: too many learner members in cluster")]
     TooManyLearners,
+    /// A membership change that would leave fewer started members (ones
+    /// that have published their name) than a quorum.
+    #[error("etcdserver: re-configuration failed due to not enough started members")]
+    NotEnoughStartedMembers,
+    /// A membership change that the members' connections could not carry
+    /// without risking the quorum.
+    #[error("etcdserver: unhealthy cluster")]
+    Unhealthy,
     /// A write whose outcome this member cannot tell: it was proposed, and
     /// leadership changed before it was seen applied (etcd's answer when a
     /// leader fails under a request). A txn over several shards is then
@@ -137,10 +145,23 @@ impl ApiError {
             Compacted | FutureRev | LeaseTtlTooLarge => Code::OutOfRange,
             NoSpace | TooManyRequests => Code::ResourceExhausted,
             LeaseNotFound | MemberNotFound => Code::NotFound,
-            LeaseExist | MemberExist | PeerUrlExist | MemberNotLearner | LearnerNotReady
-            | BadLeaderTransferee | TooManyLearners | RootUserNotExist | RootRoleNotExist
-            | UserAlreadyExist | UserNotFound | RoleAlreadyExist | RoleNotFound
-            | RoleNotGranted | PermissionNotGranted | AuthNotEnabled => Code::FailedPrecondition,
+            LeaseExist
+            | MemberExist
+            | PeerUrlExist
+            | MemberNotLearner
+            | LearnerNotReady
+            | BadLeaderTransferee
+            | TooManyLearners
+            | NotEnoughStartedMembers
+            | RootUserNotExist
+            | RootRoleNotExist
+            | UserAlreadyExist
+            | UserNotFound
+            | RoleAlreadyExist
+            | RoleNotFound
+            | RoleNotGranted
+            | PermissionNotGranted
+            | AuthNotEnabled => Code::FailedPrecondition,
             NoLeader
             | LeaderChanged
             | Stopped
@@ -148,6 +169,7 @@ impl ApiError {
             | TimeoutLeaderFail
             | LeaderTransferTimeout
             | NotLeader { .. }
+            | Unhealthy
             | NotSupportedForLearner => Code::Unavailable,
             Corrupt => Code::DataLoss,
             Unsupported(_) => Code::Unimplemented,

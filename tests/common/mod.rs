@@ -222,6 +222,47 @@ pub fn require_tool(tool: &str) -> bool {
 }
 
 /// Runs etcdctl (API 3) against `endpoint`; (succeeded, stdout + stderr).
+/// What etcd's strict reconfiguration check answers while the members
+/// have not been connected for 5 s (as right after a start).
+pub const UNHEALTHY: &str = "etcdserver: unhealthy cluster";
+
+/// Longest a membership change is retried while refused as [`UNHEALTHY`]:
+/// the check passes 5 s after the members connect.
+const UNHEALTHY_RETRY_FOR: Duration = Duration::from_secs(60);
+
+/// Runs `change` (a membership change) until it is not refused as
+/// [`UNHEALTHY`], as an operator retries one right after a start.
+pub async fn when_healthy<T, F, Fut>(mut change: F) -> Result<T, etcd_client::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
+{
+    let deadline = Instant::now() + UNHEALTHY_RETRY_FOR;
+    loop {
+        match change().await {
+            Err(etcd_client::Error::GRpcStatus(s))
+                if s.message() == UNHEALTHY && Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Runs an etcdctl membership change (`run` gives its success and output)
+/// until it is not refused as [`UNHEALTHY`].
+pub fn etcdctl_when_healthy(mut run: impl FnMut() -> (bool, String)) -> (bool, String) {
+    let deadline = Instant::now() + UNHEALTHY_RETRY_FOR;
+    loop {
+        let (ok, out) = run();
+        if ok || !out.contains(UNHEALTHY) || Instant::now() >= deadline {
+            return (ok, out);
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
 pub fn etcdctl(endpoint: &str, args: &[&str]) -> (bool, String) {
     let out = Command::new("etcdctl")
         .env("ETCDCTL_API", "3")

@@ -217,6 +217,9 @@ impl Cluster for ClusterService {
         } else {
             ConfChangeType::ConfChangeAddNode
         };
+        // Every shard's leader checks the change first (etcd's strict
+        // reconfiguration check), so a refusal leaves no shard changed.
+        self.change_shards(change, &info, true).await?;
         tracing::info!(member = format_args!("{id:x}"), peer_urls = ?req.peer_ur_ls, learner = req.is_learner, "adding member");
         self.change_shards(change, &info, false).await?;
         Ok(Response::new(MemberAddResponse {
@@ -234,13 +237,17 @@ impl Cluster for ClusterService {
         let _one_at_a_time = self.members.change_lock().await;
         let id = request.into_inner().id;
         let member = self.member(id)?;
-        tracing::info!(member = format_args!("{id:x}"), "removing member");
-        self.change_shards(
-            ConfChangeType::ConfChangeRemoveNode,
-            &member.to_info(),
-            false,
-        )
-        .await?;
+        for check_only in [true, false] {
+            if !check_only {
+                tracing::info!(member = format_args!("{id:x}"), "removing member");
+            }
+            self.change_shards(
+                ConfChangeType::ConfChangeRemoveNode,
+                &member.to_info(),
+                check_only,
+            )
+            .await?;
+        }
         // The removed member may not learn of its removal from Raft (the
         // leader stops replicating to it once the change applies): tell it.
         if id == self.members.local_id() {

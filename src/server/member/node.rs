@@ -385,6 +385,7 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
             keyspace: shared.keyspace.as_ref().map(|k| k.counter.clone()),
             seed: None,
             max_append_bytes: None,
+            strict_reconfig: config.strict_reconfig_check,
             off_core: Default::default(),
             timer_faults: None,
             #[cfg(feature = "raft-mutations")]

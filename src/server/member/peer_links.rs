@@ -86,6 +86,13 @@ impl PeerSender for CorePeers {
         self.links.borrow().contains_key(&(shard, to))
     }
 
+    fn connected_since(&self, shard: ShardId, to: u64) -> Option<std::time::Instant> {
+        self.links
+            .borrow()
+            .get(&(shard, to))
+            .and_then(|(link, _)| link.connected_since())
+    }
+
     fn send_snapshot<'a>(
         &self,
         shard: ShardId,

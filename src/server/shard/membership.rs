@@ -125,6 +125,26 @@ impl Shard {
                 return;
             }
         }
+        if check_only && self.strict_reconfig {
+            // Only on the check before a change: a change that passed it on
+            // every shard is then carried out on every shard.
+            let members = &self.members;
+            let peers = &self.peers;
+            let shard = self.id;
+            let group = reconfig_check::Group {
+                local: self.member_id,
+                voters: &cs.voters,
+                learners: &cs.learners,
+                started: &|m| members.get(m).is_some_and(|m| !m.name.is_empty()),
+                connected_since: &|m| peers.connected_since(shard, m),
+                now: std::time::Instant::now(),
+            };
+            if let Err(e) = reconfig_check::check(change, id, &group) {
+                tracing::warn!(shard = self.id, member = format_args!("{id:x}"), ?change, error = %e, "membership change refused");
+                let _ = reply.send(Err(e));
+                return;
+            }
+        }
         if check_only {
             let _ = reply.send(Ok(WriteResult::Applied {
                 revision: self.store.current_revision(),

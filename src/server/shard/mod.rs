@@ -87,6 +87,7 @@ mod open;
 mod pipeline;
 mod proposals;
 mod reads;
+mod reconfig_check;
 mod snapshots;
 mod spool;
 mod store_swap;
@@ -196,6 +197,11 @@ pub trait PeerSender {
 
     /// Drops `shard`'s link to a removed member.
     fn disconnect(&self, shard: ShardId, to: u64);
+
+    /// Since when `shard`'s link to member `to` has been connected without
+    /// a break; `None` while it is not (or where connections are not
+    /// modelled).
+    fn connected_since(&self, shard: ShardId, to: u64) -> Option<std::time::Instant>;
 }
 
 /// What the network delivers to a shard.
@@ -261,6 +267,9 @@ pub struct ShardSetup {
     /// `max_size_per_msg_bytes`); `None` keeps the core's default (1 MiB).
     /// The simulator sends one entry per append on some seeds.
     pub max_append_bytes: Option<u64>,
+    /// etcd's strict reconfiguration check (`reconfig_check`): on in the
+    /// daemon; off in the simulator, which does not model connections.
+    pub strict_reconfig: bool,
     /// Counts the shard's jobs on the blocking pool (see [`off_core`]).
     pub off_core: OffCoreJobs,
     /// The simulation's starved timer of this shard (see [`TimerFaults`]);
@@ -414,6 +423,8 @@ pub struct Shard {
     conf_change_queue: std::collections::VecDeque<(ConfChange, Reply<WriteResult>)>,
     /// This member is a learner of the shard: it serves serializable reads only.
     is_learner: bool,
+    /// Membership changes pass `reconfig_check` first.
+    strict_reconfig: bool,
     /// Time left of every lease, while this member leads the shard.
     lease_clock: LeaseClock,
     /// The defragment in progress, carried on in steps on the ticks.

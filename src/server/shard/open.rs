@@ -285,6 +285,7 @@ impl Shard {
             auth: setup.auth.clone(),
             conf_change_queue: std::collections::VecDeque::new(),
             is_learner,
+            strict_reconfig: setup.strict_reconfig,
             lease_clock: LeaseClock::new(setup.tick, setup.election_ticks),
             defrag: None,
             hashes_waiting: Vec::new(),

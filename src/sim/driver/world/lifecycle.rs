@@ -132,6 +132,7 @@ impl World {
                 // behind; sent one by one and reordered, they would cost a
                 // storm of refusals to catch up.
                 max_append_bytes: (self.figure8 && self.figure8_script.is_none()).then_some(1),
+                strict_reconfig: false,
                 off_core: jobs.clone(),
                 timer_faults: Some(timers[shard as usize].clone()),
                 #[cfg(feature = "raft-mutations")]

@@ -256,4 +256,10 @@ impl PeerSender for SimPeers {
     fn connect(&self, _shard: ShardId, _to: u64, _peer_urls: &[String]) {}
 
     fn disconnect(&self, _shard: ShardId, _to: u64) {}
+
+    fn connected_since(&self, _shard: ShardId, _to: u64) -> Option<std::time::Instant> {
+        // Connections are not modelled: the simulated members run without
+        // the strict reconfiguration check that reads this.
+        None
+    }
 }
