@@ -6,7 +6,8 @@
 //! member; new ones are refused at once; a stream opened without the
 //! metadata stays open, as etcd leaves it. Unary calls that require a
 //! leader are refused too, and a call that outlives its deadline there is
-//! answered DeadlineExceeded, as etcd answers it. Once the cluster is back,
+//! answered DeadlineExceeded, the code a client's own deadline gives. Once
+//! the cluster is back,
 //! the member serves such streams again.
 
 use crate::common;
@@ -123,9 +124,9 @@ async fn streams_that_require_a_leader_end_when_the_member_loses_it() {
         .get("/leader/", serializable())
         .await
         .expect("a plain serializable read");
-    // A put cannot commit: at its deadline the member answers as etcd's
-    // does. Written by hand, as a client library's own timer would answer
-    // first.
+    // A put cannot commit: at its deadline the member answers with the
+    // code the client's own deadline gives. Written by hand, as a client
+    // library's own timer would answer first.
     let port = cluster.members[survivor].client_port;
     let late = tokio::task::spawn_blocking(move || {
         let mut raw = Raw::open(port);

@@ -367,6 +367,33 @@ fn gateway_answers_as_etcd_does() {
     assert_eq!(el, cl, "watch lines");
     assert_eq!(el[0]["result"]["created"], json!(true));
 
+    // A stream's later message past gRPC's cap ends the stream with gRPC's
+    // refusal, as its last line (whether the watch created before it
+    // answers first is a race in etcd).
+    let huge_key = "eHh4".repeat(2_100_000 / 3);
+    let two = format!(
+        r#"{{"create_request":{{"key":"dw=="}}}}{{"create_request":{{"key":"{huge_key}"}}}}"#
+    );
+    let mut es = open_stream(e, "/v3/watch", &two);
+    let mut cs = open_stream(c, "/v3/watch", &two);
+    assert_eq!((es.status, cs.status), (200, 200));
+    let last_line = |s: &mut gateway_http::Streamed| {
+        let mut body = Vec::new();
+        while let Some(bytes) = s.read_some() {
+            body.extend(bytes);
+        }
+        let text = String::from_utf8_lossy(&body).into_owned();
+        let last = text.lines().last().unwrap_or_default().to_string();
+        serde_json::from_str::<Value>(&last)
+            .unwrap_or_else(|err| panic!("last line not JSON ({err}): {text}"))
+    };
+    let (el, cl) = (last_line(&mut es), last_line(&mut cs));
+    assert_eq!(
+        el, cl,
+        "the last line of a watch stream with a message over the cap"
+    );
+    assert_eq!(cl["error"]["grpc_code"], json!(8), "{cl}");
+
     // A watch from a compacted revision, and a create then cancel.
     let watch = r#"{"create_request":{"key":"Zm9v","start_revision":1}}"#;
     let (mut el, mut cl) = (

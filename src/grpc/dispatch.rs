@@ -117,9 +117,10 @@ const RESPONSE_HEAD: &[u8] = b"\x88\x0f\x10\x10application/grpc";
 /// Trailers `grpc-status: 0`, a literal without indexing with a literal name.
 const OK_TRAILERS: &[u8] = b"\x00\x0bgrpc-status\x010";
 
-/// The status of a call that outlives its `grpc-timeout`: etcd's (grpc-go's
-/// server ends the call's context, and etcd answers with its error), so a
-/// client sees DeadlineExceeded whichever side's clock fires first.
+/// The status of a call that outlives its `grpc-timeout`: the code a gRPC
+/// client gives a call past its deadline, so a client sees the same answer
+/// whichever side's clock fires first (tonic's server answers Cancelled).
+/// A stream is not ended at its deadline here.
 fn timeout_status() -> Status {
     Status::deadline_exceeded("context deadline exceeded")
 }
@@ -293,6 +294,9 @@ pub struct RecvBody {
     pub data: mpsc::UnboundedReceiver<Bytes>,
     pub consumed: mpsc::UnboundedSender<(u32, usize)>,
     pub frames: MessageFrames,
+    /// The refusal of a message over the cap, given once the messages
+    /// before it in the same chunk have gone to the service.
+    pub refused: Option<Status>,
 }
 
 impl http_body::Body for RecvBody {
@@ -303,12 +307,21 @@ impl http_body::Body for RecvBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        if let Some(status) = self.refused.take() {
+            return Poll::Ready(Some(Err(status)));
+        }
         match self.data.poll_recv(cx) {
             Poll::Ready(Some(chunk)) => {
                 let _ = self.consumed.send((self.stream, chunk.len()));
-                if let Some(len) = self.frames.over_limit(&chunk) {
+                if let Some((len, before)) = self.frames.over_limit(&chunk) {
+                    // Nothing of this body reaches the service after it.
                     self.data.close();
-                    return Poll::Ready(Some(Err(too_large(len, self.frames.limit))));
+                    let status = too_large(len, self.frames.limit);
+                    if before == 0 {
+                        return Poll::Ready(Some(Err(status)));
+                    }
+                    self.refused = Some(status);
+                    return Poll::Ready(Some(Ok(http_body::Frame::data(chunk.slice(..before)))));
                 }
                 Poll::Ready(Some(Ok(http_body::Frame::data(chunk))))
             }
@@ -341,26 +354,30 @@ impl MessageFrames {
         }
     }
 
-    /// Takes the next `chunk` of the body; the declared length of a message
-    /// over the limit, if its prefix completes here.
-    pub fn over_limit(&mut self, mut chunk: &[u8]) -> Option<usize> {
-        while !chunk.is_empty() {
+    /// Takes the next `chunk` of the body. For a message over the limit
+    /// whose prefix completes here: its declared length, and how many
+    /// octets of `chunk` come before its prefix (the whole messages before
+    /// it, and the end of one begun earlier).
+    pub fn over_limit(&mut self, chunk: &[u8]) -> Option<(usize, usize)> {
+        let mut at = 0;
+        while at < chunk.len() {
             if self.left > 0 {
-                let n = self.left.min(chunk.len());
+                let n = self.left.min(chunk.len() - at);
                 self.left -= n;
-                chunk = &chunk[n..];
+                at += n;
                 continue;
             }
-            let n = (5 - self.filled).min(chunk.len());
-            self.prefix[self.filled..self.filled + n].copy_from_slice(&chunk[..n]);
+            let starts_at = at - self.filled.min(at);
+            let n = (5 - self.filled).min(chunk.len() - at);
+            self.prefix[self.filled..self.filled + n].copy_from_slice(&chunk[at..at + n]);
             self.filled += n;
-            chunk = &chunk[n..];
+            at += n;
             if self.filled == 5 {
                 self.filled = 0;
                 let p = &self.prefix;
                 let len = u32::from_be_bytes([p[1], p[2], p[3], p[4]]) as usize;
                 if len > self.limit {
-                    return Some(len);
+                    return Some((len, starts_at));
                 }
                 self.left = len;
             }
@@ -553,15 +570,23 @@ mod tests {
         body.extend(framed(0));
         body.extend(framed(16));
         body.extend_from_slice(&framed(17)[..5]);
+        // Where the over-limit message's prefix starts.
+        let at = body.len() - 5;
         for cut in 0..body.len() {
             let mut f = MessageFrames::new(16);
             assert_eq!(f.over_limit(&body[..cut]), None, "cut at {cut}");
-            assert_eq!(f.over_limit(&body[cut..]), Some(17), "cut at {cut}");
+            let before = at.saturating_sub(cut);
+            assert_eq!(
+                f.over_limit(&body[cut..]),
+                Some((17, before)),
+                "cut at {cut}"
+            );
         }
-        // Byte by byte, the prefix split in five.
+        // Byte by byte, the prefix split in five: it began before the
+        // chunk that completes it.
         let mut f = MessageFrames::new(16);
         let seen: Vec<_> = body.iter().filter_map(|b| f.over_limit(&[*b])).collect();
-        assert_eq!(seen, vec![17]);
+        assert_eq!(seen, vec![(17, 0)]);
         // A message's own bytes are never read as a prefix.
         let mut f = MessageFrames::new(16);
         let mut inner = vec![0u8, 0, 0, 0, 11];

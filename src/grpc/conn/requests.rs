@@ -195,6 +195,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Conn<IO> {
             data,
             consumed: self.consumed_tx.clone(),
             frames: dispatch::MessageFrames::new(self.handler.max_message),
+            refused: None,
         };
         let task = dispatch::spawn_generic(
             &self.handler,

@@ -93,6 +93,11 @@ impl KvService {
 
     pub async fn range_across(&self, req: RangeRequest) -> Result<RangeResponse, Status> {
         validate::check_range(&req)?;
+        if !req.serializable && self.members.local_is_learner() {
+            // At once, before any read point is asked of a leader: a
+            // learner serves serializable reads only.
+            return Err(ApiError::NotSupportedForLearner.into());
+        }
         let shards = self
             .router
             .routing

@@ -424,7 +424,7 @@ impl Lease for LeaseService {
                         Ok(None) => break,
                         // A request that could not be read: the client is told.
                         Err(status) => {
-                            let _ = tx.send(Err(status)).await;
+                            let _ = tx.try_send(Err(status));
                             break;
                         }
                     },

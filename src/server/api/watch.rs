@@ -155,8 +155,10 @@ impl Watch for WatchService {
                             }
                             // A request that could not be read (one over the
                             // message cap): the stream ends with why, as etcd's.
+                            // Not waited for: a client that does not read
+                            // must not hold the stream's watchers.
                             Err(status) => {
-                                let _ = out_tx.send(Err(status)).await;
+                                let _ = out_tx.try_send(Err(status));
                                 break;
                             }
                         };

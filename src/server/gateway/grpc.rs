@@ -6,8 +6,6 @@
 //! API (request size, learner refusals, unimplemented services) applies to
 //! gateway calls unchanged.
 
-use std::convert::Infallible;
-
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http_body_util::BodyExt;
 use hyper::header::{HeaderMap, HeaderValue, AUTHORIZATION, CONTENT_TYPE, TE};
@@ -39,7 +37,8 @@ pub async fn call<B>(
     body: B,
 ) -> Result<ResponseFrames, Status>
 where
-    B: hyper::body::Body<Data = Bytes, Error = Infallible> + Send + 'static,
+    B: hyper::body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let mut request = Request::builder()
         .method(Method::POST)

@@ -186,12 +186,21 @@ impl Gateway {
         req: Request<Incoming>,
     ) -> Response<FallbackBody> {
         let (parts, body) = req.into_parts();
-        let mut messages = JsonMessages::new(body, route.input.clone(), self.max_body_bytes);
+        let mut messages = JsonMessages::new(
+            body,
+            route.input.clone(),
+            self.max_body_bytes,
+            self.max_message_bytes,
+        );
         let first = match messages.next().await {
             Ok(first) => first,
             // etcd's gateway fails a stream's first message with gRPC's Unknown.
             Err(FirstMessageError::Json(e)) => return error(Code::Unknown, &e.to_string()),
             Err(FirstMessageError::TooLarge) => return self.too_large(),
+            Err(FirstMessageError::MessageTooLarge(len)) => {
+                let status = crate::grpc::dispatch::too_large(len, self.max_message_bytes);
+                return error(status.code(), status.message());
+            }
         };
         let body = stream::forward_requests(messages, first);
         let frames = match grpc::call(

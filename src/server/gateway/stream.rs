@@ -11,8 +11,8 @@
 //! dropped, which ends the watch or keep-alive stream behind it (the gRPC
 //! services keep their own bounded buffers per stream).
 
-use std::convert::Infallible;
 use std::time::Duration;
+use tonic::Status;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, StreamBody};
@@ -39,11 +39,11 @@ pub const REQUEST_QUEUE_MESSAGES: usize = 16;
 /// Error type of a streamed response body: a cut ends the connection.
 pub type StreamError = Box<dyn std::error::Error + Send + Sync>;
 
-type RequestSender = mpsc::Sender<Result<Frame<Bytes>, Infallible>>;
+type RequestSender = mpsc::Sender<Result<Frame<Bytes>, Status>>;
 
 /// The body of the gRPC call behind a streamed request: its frames as they are
-/// read from the HTTP body.
-pub type RequestBody = StreamBody<ReceiverStream<Result<Frame<Bytes>, Infallible>>>;
+/// read from the HTTP body, ended by a refusal for a message over the cap.
+pub type RequestBody = StreamBody<ReceiverStream<Result<Frame<Bytes>, Status>>>;
 
 /// Why a streamed request could not start.
 #[derive(Debug)]
@@ -52,6 +52,8 @@ pub enum FirstMessageError {
     Json(JsonError),
     /// More unparsed text than the body limit.
     TooLarge,
+    /// A message over gRPC's cap (its encoded length).
+    MessageTooLarge(usize),
 }
 
 /// Reads JSON messages off a request body one at a time, never holding more
@@ -62,16 +64,24 @@ pub struct JsonMessages {
     pending: JsonSplitter,
     ended: bool,
     max_pending_bytes: usize,
+    /// gRPC's message cap, which etcd's gateway meets on every message.
+    pub max_message_bytes: usize,
 }
 
 impl JsonMessages {
-    pub fn new(body: Incoming, desc: MessageDescriptor, max_pending_bytes: usize) -> Self {
+    pub fn new(
+        body: Incoming,
+        desc: MessageDescriptor,
+        max_pending_bytes: usize,
+        max_message_bytes: usize,
+    ) -> Self {
         JsonMessages {
             body,
             desc,
             pending: JsonSplitter::default(),
             ended: false,
             max_pending_bytes,
+            max_message_bytes,
         }
     }
 
@@ -81,9 +91,13 @@ impl JsonMessages {
         loop {
             if let Some(value) = self.pending.next_value(self.ended) {
                 return match value {
-                    Ok(value) => message_from_value(&self.desc, value)
-                        .map(Some)
-                        .map_err(FirstMessageError::Json),
+                    Ok(value) => match message_from_value(&self.desc, value) {
+                        Ok(m) if m.len() > self.max_message_bytes => {
+                            Err(FirstMessageError::MessageTooLarge(m.len()))
+                        }
+                        Ok(m) => Ok(Some(m)),
+                        Err(e) => Err(FirstMessageError::Json(e)),
+                    },
                     Err(e) => Err(FirstMessageError::Json(JsonError::from_serde(&e))),
                 };
             }
@@ -125,6 +139,12 @@ pub fn forward_requests(mut messages: JsonMessages, first: Option<Bytes>) -> Req
                     }
                 }
                 Ok(None) => return,
+                Err(FirstMessageError::MessageTooLarge(len)) => {
+                    // The call ends with etcd's refusal, as over gRPC.
+                    let status = crate::grpc::dispatch::too_large(len, messages.max_message_bytes);
+                    let _ = tx.send(Err(status)).await;
+                    return;
+                }
                 Err(error) => {
                     tracing::debug!(?error, "gateway stream request ended by bad input");
                     return;
