@@ -345,7 +345,10 @@ async fn learner_joins_is_promoted_and_members_are_removed() {
         }
     })
     .await;
-    let (ok, out) = etcdctl(&ep1, &["member", "remove", &format!("{:x}", ids["m2"])]);
+    // m1 has just restarted: refused until its links have lasted 5 s.
+    let (ok, out) = common::etcdctl_when_healthy(|| {
+        etcdctl(&ep1, &["member", "remove", &format!("{:x}", ids["m2"])])
+    });
     assert!(ok, "member remove failed: {out}");
     assert!(out.contains("removed from cluster"), "{out}");
     stops_for_good(&mut cluster.members[2], Duration::from_secs(20));
@@ -501,8 +504,8 @@ async fn removing_a_member_that_leads_shards_completes_from_any_member() {
     let (victim_id, _, _, _) = list.iter().find(|m| m.1 == victim_name).cloned().unwrap();
     let asker = (victim + 1) % 3;
     let mut asker_client = client(&cluster.members[asker].endpoint()).await;
-    asker_client
-        .member_remove(victim_id)
+    // Right after the start: refused until the links have lasted 5 s.
+    common::remove_member(&asker_client, victim_id)
         .await
         .unwrap_or_else(|e| panic!("remove: {e}\n{}", cluster.logs()));
     stops_for_good(&mut cluster.members[victim], Duration::from_secs(20));
@@ -583,19 +586,7 @@ async fn a_member_killed_before_its_table_is_written_replays_the_change() {
     wait_writable(&mut c2, "/table/m2-back").await;
     let url = format!("http://127.0.0.1:{}", common::free_port());
     // m2 has just come back: its links count after 5 s.
-    common::when_healthy(|| {
-        let mut c0 = c0.clone();
-        let url = url.clone();
-        async move {
-            c0.member_add(
-                vec![url],
-                Some(etcd_client::MemberAddOptions::new().with_is_learner()),
-            )
-            .await
-        }
-    })
-    .await
-    .unwrap();
+    common::add_learner(&c0, &url).await.unwrap();
     // Writes meanwhile, on both shards, applied by m2 before it dies.
     for i in 0..50 {
         c0.put(format!("/a/after-add{i:02}"), "v", None)

@@ -56,19 +56,7 @@ async fn move_leader_moves_shard_leadership_as_etcd_does() {
     let e = status_of(l.move_leader(0x1234_5678).await.unwrap_err());
     assert!(e.message().contains("bad leader transferee"), "{e:?}");
     let url = format!("http://127.0.0.1:{}", common::free_port());
-    let added = common::when_healthy(|| {
-        let mut l = l.clone();
-        let url = url.clone();
-        async move {
-            l.member_add(
-                vec![url],
-                Some(etcd_client::MemberAddOptions::new().with_is_learner()),
-            )
-            .await
-        }
-    })
-    .await
-    .unwrap();
+    let added = common::add_learner(&l, &url).await.unwrap();
     let learner = added.member().unwrap().id();
     let e = status_of(l.move_leader(learner).await.unwrap_err());
     assert!(e.message().contains("bad leader transferee"), "{e:?}");

@@ -33,6 +33,16 @@ async fn changes_that_would_break_the_quorum_are_refused() {
     wait_writable(&mut c, "/reconfig/ready").await;
     let ids = member_ids(&mut c).await;
     assert_eq!(ids.len(), 3, "{ids:?}");
+    // First a change that passes, once the links have lasted 5 s: the
+    // refusals below are then the kill's doing.
+    let learner_peer = format!("http://127.0.0.1:{}", common::free_port());
+    let learner = common::add_learner(&c, &learner_peer)
+        .await
+        .expect("a learner added")
+        .member()
+        .expect("the added member")
+        .id();
+    c.member_remove(learner).await.expect("the learner removed");
     cluster.members[2].kill9();
 
     // Adding a member now would leave 2 of 4 up.

@@ -267,6 +267,11 @@ impl PeerClient {
     }
 }
 
+/// The text of the strict reconfiguration check's refusal, which is
+/// Unavailable as the transient errors are, but final.
+static UNHEALTHY: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| ApiError::Unhealthy.to_string());
+
 /// Runs `local` on this member's driver of a shard; where another member
 /// leads the shard, runs `remote` with the leader's peer URL instead.
 /// Retried through elections and leader changes for at most `wait`.
@@ -303,6 +308,8 @@ where
             match remote(url).await {
                 Forwarded::Ok(v) => return Ok(v),
                 Forwarded::NotLeader(_) => {}
+                // A leader's refusal stands, as when this member leads.
+                Forwarded::Failed(s) if s.message() == UNHEALTHY.as_str() => return Err(s),
                 Forwarded::Failed(s) if s.code() == Code::Unavailable => last = s,
                 Forwarded::Failed(s) => return Err(s),
             }

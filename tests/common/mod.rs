@@ -221,7 +221,6 @@ pub fn require_tool(tool: &str) -> bool {
     found
 }
 
-/// Runs etcdctl (API 3) against `endpoint`; (succeeded, stdout + stderr).
 /// What etcd's strict reconfiguration check answers while the members
 /// have not been connected for 5 s (as right after a start).
 pub const UNHEALTHY: &str = "etcdserver: unhealthy cluster";
@@ -232,7 +231,7 @@ const UNHEALTHY_RETRY_FOR: Duration = Duration::from_secs(60);
 
 /// Runs `change` (a membership change) until it is not refused as
 /// [`UNHEALTHY`], as an operator retries one right after a start.
-pub async fn when_healthy<T, F, Fut>(mut change: F) -> Result<T, etcd_client::Error>
+async fn when_healthy<T, F, Fut>(mut change: F) -> Result<T, etcd_client::Error>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
@@ -250,6 +249,38 @@ where
     }
 }
 
+/// Adds a learner at `peer_url` through `c`, retried while refused as
+/// [`UNHEALTHY`].
+pub async fn add_learner(
+    c: &etcd_client::Client,
+    peer_url: &str,
+) -> Result<etcd_client::MemberAddResponse, etcd_client::Error> {
+    when_healthy(|| {
+        let mut c = c.clone();
+        let url = peer_url.to_string();
+        async move {
+            c.member_add(
+                vec![url],
+                Some(etcd_client::MemberAddOptions::new().with_is_learner()),
+            )
+            .await
+        }
+    })
+    .await
+}
+
+/// Removes member `id` through `c`, retried while refused as [`UNHEALTHY`].
+pub async fn remove_member(
+    c: &etcd_client::Client,
+    id: u64,
+) -> Result<etcd_client::MemberRemoveResponse, etcd_client::Error> {
+    when_healthy(|| {
+        let mut c = c.clone();
+        async move { c.member_remove(id).await }
+    })
+    .await
+}
+
 /// Runs an etcdctl membership change (`run` gives its success and output)
 /// until it is not refused as [`UNHEALTHY`].
 pub fn etcdctl_when_healthy(mut run: impl FnMut() -> (bool, String)) -> (bool, String) {
@@ -263,6 +294,7 @@ pub fn etcdctl_when_healthy(mut run: impl FnMut() -> (bool, String)) -> (bool, S
     }
 }
 
+/// Runs etcdctl (API 3) against `endpoint`; (succeeded, stdout + stderr).
 pub fn etcdctl(endpoint: &str, args: &[&str]) -> (bool, String) {
     let out = Command::new("etcdctl")
         .env("ETCDCTL_API", "3")

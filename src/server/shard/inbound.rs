@@ -45,6 +45,9 @@ impl Shard {
         if self.failed.is_some() {
             return;
         }
+        if self.strict_reconfig {
+            self.peer_heard.insert(msg.from, std::time::Instant::now());
+        }
         if msg.msg_type == raft::MessageType::MsgProp as i32
             && (!self.takes_proposals() || !self.stamp_forwarded(&mut msg))
         {

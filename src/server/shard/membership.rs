@@ -131,13 +131,20 @@ impl Shard {
             let members = &self.members;
             let peers = &self.peers;
             let shard = self.id;
+            let now = std::time::Instant::now();
+            // Connected, and heard from within an election timeout.
+            let heard = |m: u64| {
+                self.peer_heard
+                    .get(&m)
+                    .is_some_and(|&at| now.saturating_duration_since(at) <= self.peer_heard_within)
+            };
             let group = reconfig_check::Group {
                 local: self.member_id,
                 voters: &cs.voters,
                 learners: &cs.learners,
                 started: &|m| members.get(m).is_some_and(|m| !m.name.is_empty()),
-                connected_since: &|m| peers.connected_since(shard, m),
-                now: std::time::Instant::now(),
+                connected_since: &|m| heard(m).then(|| peers.connected_since(shard, m)).flatten(),
+                now,
             };
             if let Err(e) = reconfig_check::check(change, id, &group) {
                 tracing::warn!(shard = self.id, member = format_args!("{id:x}"), ?change, error = %e, "membership change refused");

@@ -425,6 +425,12 @@ pub struct Shard {
     is_learner: bool,
     /// Membership changes pass `reconfig_check` first.
     strict_reconfig: bool,
+    /// When each peer was last heard from (any Raft message), so that a
+    /// peer whose connection stays up but who answers nothing (frozen, cut
+    /// off) does not count as connected for `reconfig_check`.
+    peer_heard: HashMap<u64, std::time::Instant>,
+    /// How long a peer may go unheard and still count: an election timeout.
+    peer_heard_within: Duration,
     /// Time left of every lease, while this member leads the shard.
     lease_clock: LeaseClock,
     /// The defragment in progress, carried on in steps on the ticks.

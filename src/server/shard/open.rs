@@ -286,6 +286,8 @@ impl Shard {
             conf_change_queue: std::collections::VecDeque::new(),
             is_learner,
             strict_reconfig: setup.strict_reconfig,
+            peer_heard: HashMap::new(),
+            peer_heard_within: setup.tick * (setup.election_ticks as u32),
             lease_clock: LeaseClock::new(setup.tick, setup.election_ticks),
             defrag: None,
             hashes_waiting: Vec::new(),

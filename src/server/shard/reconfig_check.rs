@@ -2,9 +2,10 @@
 //! default): before a membership change of a shard's group is proposed, its
 //! leader refuses one that could leave the group without a quorum.
 //!
-//! - A started member is one whose name the member table holds: it has run
-//!   and published it (a member added with `member add` is nameless until
-//!   then). Adding a voter, removing one and promoting a learner each need
+//! - A started member is one whose name the member table holds: a member
+//!   of the initial cluster, named there, or one added later that has run
+//!   and published its name (a member added with `member add` is nameless
+//!   until then). Adding a voter, removing one and promoting a learner each need
 //!   a quorum of started voters after the change, counting the new voter
 //!   as started only when it is promoted (etcd's `IsReadyTo...` rules),
 //!   else "not enough started members".
@@ -15,8 +16,10 @@
 //!   else "unhealthy cluster". A voter that is not connected at all is down
 //!   and may be removed: it is not part of the quorum that serves.
 //!
-//! Connections are the leader's links to its peers for this shard, so each
-//! shard's leader checks its own group.
+//! A connection is the leader's link to a peer for this shard, counted
+//! while the peer has also been heard from within an election timeout (a
+//! frozen or cut-off peer may keep its TCP connection up long after it
+//! stops answering), so each shard's leader checks its own group.
 
 use std::time::{Duration, Instant};
 
@@ -223,6 +226,17 @@ mod tests {
         assert_eq!(
             checked(Remove, 2, 3, &[2, 3], &[], &[1, 2]),
             Err(ApiError::NotEnoughStartedMembers)
+        );
+        // The leader removing itself counts itself, and whoever else is up.
+        assert_eq!(checked(Remove, 1, 3, &[2, 3], &[], &all), Ok(()));
+        assert_eq!(
+            checked(Remove, 1, 3, &[2], &[], &all),
+            Err(ApiError::Unhealthy)
+        );
+        // A member connected only just now is up, but not yet counted.
+        assert_eq!(
+            checked(Remove, 2, 3, &[3], &[2], &all),
+            Err(ApiError::Unhealthy)
         );
         // A learner, and URL changes, are never refused here.
         assert_eq!(checked(Remove, 9, 3, &[], &[], &[1]), Ok(()));
