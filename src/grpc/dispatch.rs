@@ -36,9 +36,8 @@ use tower_service::Service;
 use super::request::RequestHead;
 use super::send::{Out, Outbox};
 use crate::ops::server_metrics::CoreRecorder;
+use crate::server::api::call_gate::CallGate;
 use crate::server::api::kv::KvService;
-use crate::server::api::require_leader::{self, LeaderLoss};
-use crate::server::errors::ApiError;
 use crate::tls::ClientConnInfo;
 use cairn_proto::h2::hpack::{self, Block, Field};
 
@@ -50,39 +49,14 @@ pub struct Handler {
     /// Largest request message of any call, as etcd's gRPC server caps
     /// every service's (`--max-request-bytes` plus 512 KiB).
     pub max_message: usize,
-    /// Whether a call that requires a leader is refused now.
-    pub leader_loss: LeaderLoss,
+    /// The calls refused before they start.
+    pub gate: CallGate,
     /// The core's metrics: how long each KV call took.
     pub recorder: CoreRecorder,
     /// Most streams open at once on a connection (`--max-concurrent-streams`),
     /// announced in SETTINGS; more are refused (REFUSED_STREAM). `None`: no
     /// limit, and none announced.
     pub max_streams: Option<u32>,
-}
-
-impl Handler {
-    /// Why a call to `path` made with `headers` is refused before it
-    /// starts, as etcd's interceptors refuse it: on a learner, every etcd
-    /// call but Status and Range (which its shard serves only when
-    /// serializable); on any member, a call that requires a leader while
-    /// the member knows none.
-    pub fn refusal(&self, path: &[u8], headers: &HeaderMap) -> Option<Status> {
-        if self.kv.members.local_is_learner() && !learner_serves(path) {
-            return Some(ApiError::NotSupportedForLearner.into());
-        }
-        self.leader_loss
-            .refuses(headers)
-            .then(require_leader::no_leader)
-    }
-}
-
-/// Whether a learner serves a call to `path` (etcd 3.4's learners serve
-/// Status and serializable ranges; calls outside etcd's API are not theirs
-/// to refuse).
-pub fn learner_serves(path: &[u8]) -> bool {
-    !path.starts_with(b"/etcdserverpb.")
-        || path == b"/etcdserverpb.KV/Range"
-        || path == b"/etcdserverpb.Maintenance/Status"
 }
 
 /// The KV calls decoded here.

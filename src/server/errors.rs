@@ -178,6 +178,17 @@ impl ApiError {
     }
 }
 
+impl ApiError {
+    /// Whether asking again (after an election, or at another member) may
+    /// succeed: no leader yet, a leader change, a timeout.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            ApiError::NoLeader | ApiError::LeaderChanged | ApiError::Timeout
+        )
+    }
+}
+
 impl From<ApiError> for Status {
     fn from(e: ApiError) -> Status {
         Status::new(e.code(), e.to_string())

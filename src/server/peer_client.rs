@@ -51,13 +51,16 @@ type PeerConnection = SendRequest<Full<Bytes>>;
 const IDLE_CONNECTIONS_PER_PEER: usize = 256;
 
 /// What a peer's HTTP side answered: its body, that another member leads the
-/// shard asked about (`x-cairn-leader`, 0 when none is known), or a failure
-/// as a gRPC status (the leader's own error, with etcd's message, when the
-/// peer gave `x-cairn-grpc-code`; Unavailable when it could not be reached).
+/// shard asked about (`x-cairn-leader`, 0 when none is known), a refusal
+/// that asking again would not change, or a failure that it might, as a
+/// gRPC status (the leader's own error, with etcd's message, when the peer
+/// gave `x-cairn-grpc-code`; Unavailable when it could not be reached).
 #[derive(Debug)]
 pub enum Forwarded<T = Bytes> {
     Ok(T),
     NotLeader(u64),
+    /// The peer's final answer (an error that is not `is_transient`).
+    Refused(tonic::Status),
     Failed(tonic::Status),
 }
 
@@ -70,6 +73,7 @@ impl<T> Forwarded<T> {
                 Err(e) => Forwarded::Failed(tonic::Status::internal(e)),
             },
             Forwarded::NotLeader(l) => Forwarded::NotLeader(l),
+            Forwarded::Refused(s) => Forwarded::Refused(s),
             Forwarded::Failed(s) => Forwarded::Failed(s),
         }
     }
@@ -238,7 +242,11 @@ impl PeerClient {
             _ => {
                 let message = String::from_utf8_lossy(&body);
                 match header(CODE_HEADER).and_then(|v| v.parse::<i32>().ok()) {
-                    Some(code) => Forwarded::Failed(tonic::Status::new(Code::from(code), message)),
+                    // 503: a transient error of the peer's (`is_transient`).
+                    Some(code) if status == 503 => {
+                        Forwarded::Failed(tonic::Status::new(Code::from(code), message))
+                    }
+                    Some(code) => Forwarded::Refused(tonic::Status::new(Code::from(code), message)),
                     None => Forwarded::Failed(tonic::Status::unavailable(format!(
                         "{url} answered {status}: {message}"
                     ))),
@@ -267,11 +275,6 @@ impl PeerClient {
     }
 }
 
-/// The text of the strict reconfiguration check's refusal, which is
-/// Unavailable as the transient errors are, but final.
-static UNHEALTHY: std::sync::LazyLock<String> =
-    std::sync::LazyLock::new(|| ApiError::Unhealthy.to_string());
-
 /// Runs `local` on this member's driver of a shard; where another member
 /// leads the shard, runs `remote` with the leader's peer URL instead.
 /// Retried through elections and leader changes for at most `wait`.
@@ -294,7 +297,7 @@ where
         let leader = match local().await {
             Ok(v) => return Ok(v),
             Err(ApiError::NotLeader { leader }) => leader,
-            Err(e @ (ApiError::NoLeader | ApiError::LeaderChanged | ApiError::Timeout)) => {
+            Err(e) if e.is_transient() => {
                 last = e.into();
                 crate::raft::NONE
             }
@@ -309,7 +312,7 @@ where
                 Forwarded::Ok(v) => return Ok(v),
                 Forwarded::NotLeader(_) => {}
                 // A leader's refusal stands, as when this member leads.
-                Forwarded::Failed(s) if s.message() == UNHEALTHY.as_str() => return Err(s),
+                Forwarded::Refused(s) => return Err(s),
                 Forwarded::Failed(s) if s.code() == Code::Unavailable => last = s,
                 Forwarded::Failed(s) => return Err(s),
             }
@@ -387,7 +390,7 @@ impl PeerClient {
         match answer {
             Forwarded::Ok(t) => Ok(t),
             Forwarded::NotLeader(_) => Err(format!("{peer_url} answered 409")),
-            Forwarded::Failed(s) => Err(s.message().to_string()),
+            Forwarded::Refused(s) | Forwarded::Failed(s) => Err(s.message().to_string()),
         }
     }
 
@@ -434,7 +437,7 @@ impl PeerClient {
         {
             Forwarded::Ok(_) => Ok(()),
             Forwarded::NotLeader(_) => Err(format!("{peer_url} answered 409")),
-            Forwarded::Failed(s) => Err(s.message().to_string()),
+            Forwarded::Refused(s) | Forwarded::Failed(s) => Err(s.message().to_string()),
         }
     }
 }

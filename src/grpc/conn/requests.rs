@@ -336,7 +336,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Conn<IO> {
         let (call, refusal) = match head.validate() {
             Ok(path) => (
                 KvCall::of(&head, path),
-                self.handler.refusal(path, &head.headers),
+                self.handler.gate.refusal(path, &head.headers),
             ),
             Err(why) => {
                 tracing::debug!(stream = id, why, "malformed request refused");

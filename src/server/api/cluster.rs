@@ -108,6 +108,19 @@ impl ClusterService {
         Some(self.identity.header_now(0))
     }
 
+    /// Carries out `change` of `member` once every shard's leader has
+    /// checked it (etcd's strict reconfiguration check; for a promotion,
+    /// that the learner has caught up): a refusal leaves no shard changed,
+    /// and no member a voter in some shards and a learner in others.
+    async fn checked_change(
+        &self,
+        change: ConfChangeType,
+        member: &MemberInfo,
+    ) -> Result<(), Status> {
+        self.change_shards(change, member, true).await?;
+        self.change_shards(change, member, false).await
+    }
+
     /// Carries out `change` of `member` on every shard, in a task of its own:
     /// a client that gives up does not leave it half done. Shard 0, whose
     /// applies the member table follows, goes first for every change but a
@@ -217,11 +230,8 @@ impl Cluster for ClusterService {
         } else {
             ConfChangeType::ConfChangeAddNode
         };
-        // Every shard's leader checks the change first (etcd's strict
-        // reconfiguration check), so a refusal leaves no shard changed.
-        self.change_shards(change, &info, true).await?;
         tracing::info!(member = format_args!("{id:x}"), peer_urls = ?req.peer_ur_ls, learner = req.is_learner, "adding member");
-        self.change_shards(change, &info, false).await?;
+        self.checked_change(change, &info).await?;
         Ok(Response::new(MemberAddResponse {
             header: self.header(),
             member: Some(pb_member(&Member::from_info(&info))),
@@ -237,17 +247,9 @@ impl Cluster for ClusterService {
         let _one_at_a_time = self.members.change_lock().await;
         let id = request.into_inner().id;
         let member = self.member(id)?;
-        for check_only in [true, false] {
-            if !check_only {
-                tracing::info!(member = format_args!("{id:x}"), "removing member");
-            }
-            self.change_shards(
-                ConfChangeType::ConfChangeRemoveNode,
-                &member.to_info(),
-                check_only,
-            )
+        tracing::info!(member = format_args!("{id:x}"), "removing member");
+        self.checked_change(ConfChangeType::ConfChangeRemoveNode, &member.to_info())
             .await?;
-        }
         // The removed member may not learn of its removal from Raft (the
         // leader stops replicating to it once the change applies): tell it.
         if id == self.members.local_id() {
@@ -323,13 +325,8 @@ impl Cluster for ClusterService {
         }
         let mut info = member.to_info();
         info.is_learner = false;
-        // Every shard's leader must find the learner caught up before any
-        // shard promotes it: a voter in some shards and a learner in others
-        // is what a refusal half way would leave.
-        self.change_shards(ConfChangeType::ConfChangeAddNode, &info, true)
-            .await?;
         tracing::info!(member = format_args!("{id:x}"), "promoting learner");
-        self.change_shards(ConfChangeType::ConfChangeAddNode, &info, false)
+        self.checked_change(ConfChangeType::ConfChangeAddNode, &info)
             .await?;
         Ok(Response::new(MemberPromoteResponse {
             header: self.header(),

@@ -222,7 +222,9 @@ impl KvService {
                     peer_client::Forwarded::Ok(r) => return Ok(r),
                     peer_client::Forwarded::NotLeader(_) => {}
                     // Not retried: the leader may have proposed it.
-                    peer_client::Forwarded::Failed(s) => return Err(s),
+                    peer_client::Forwarded::Refused(s) | peer_client::Forwarded::Failed(s) => {
+                        return Err(s)
+                    }
                 }
             }
             if Instant::now() >= deadline {

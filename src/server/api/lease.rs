@@ -61,7 +61,7 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::routing::ShardId;
 use crate::server::api::kv::Identity;
 use crate::server::api::lease_renewals::Renewals;
-use crate::server::api::require_leader::{LeaderLoss, Stream};
+use crate::server::api::require_leader::{self, LeaderLoss};
 use crate::server::command::{LeaseInfo, WriteResult};
 use crate::server::errors::ApiError;
 use crate::server::keyspace::router::Router;
@@ -430,7 +430,7 @@ impl Lease for LeaseService {
                     },
                     // The member lost its leader: the client is told.
                     () = leader.lost() => {
-                        let _ = tx.send(Err(Stream::status())).await;
+                        let _ = tx.send(Err(require_leader::no_leader())).await;
                         break;
                     }
                 };

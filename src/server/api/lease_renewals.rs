@@ -107,6 +107,7 @@ impl Renewals {
                 let _ = reply.send(match &answer {
                     Forwarded::Ok(ttls) => Forwarded::Ok((ttls[i] > 0).then_some(ttls[i])),
                     Forwarded::NotLeader(leader) => Forwarded::NotLeader(*leader),
+                    Forwarded::Refused(status) => Forwarded::Refused(status.clone()),
                     Forwarded::Failed(status) => Forwarded::Failed(status.clone()),
                 });
             }

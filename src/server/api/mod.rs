@@ -1,6 +1,7 @@
 //! The etcd v3 API services: each turns a client's request into commands
 //! for the keyspace layer and its answers into etcd's responses.
 
+pub mod call_gate;
 pub mod cluster;
 pub mod kv;
 pub mod lease;

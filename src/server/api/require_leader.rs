@@ -74,11 +74,11 @@ impl LeaderLoss {
     /// Starts a stream opened with `metadata`: refused while the member
     /// knows no leader, when it requires one.
     pub fn open(&self, metadata: &MetadataMap) -> Result<Stream, Status> {
+        if self.refuses(metadata.as_ref()) {
+            return Err(no_leader());
+        }
         if !requires_leader(metadata.as_ref()) {
             return Ok(Stream(None));
-        }
-        if !self.readiness.every_shard_has_leader() {
-            return Err(ApiError::NoLeader.into());
         }
         let mut losses = self.losses.clone();
         losses.borrow_and_update();
@@ -93,7 +93,8 @@ fn requires_leader(headers: &http::HeaderMap) -> bool {
         .is_some_and(|v| v.as_bytes() == METADATA_VALUE.as_bytes())
 }
 
-/// The status of a call refused for want of a leader.
+/// The status of a call refused for want of a leader, and of a stream
+/// ended by a loss.
 pub fn no_leader() -> Status {
     ApiError::NoLeader.into()
 }
@@ -110,11 +111,6 @@ impl Stream {
             // None required, or the monitor stopped with the member.
             std::future::pending::<()>().await;
         }
-    }
-
-    /// The status a stream ended by a loss ends with.
-    pub fn status() -> Status {
-        no_leader()
     }
 }
 

@@ -305,7 +305,7 @@ impl Watch for WatchService {
                     // The member lost its leader: the client is told, and
                     // moves to another member.
                     () = leader.lost() => {
-                        let _ = out_tx.send(Err(require_leader::Stream::status())).await;
+                        let _ = out_tx.send(Err(require_leader::no_leader())).await;
                         break;
                     }
                 }

@@ -32,7 +32,7 @@ use tonic::service::Routes;
 use tonic::Code;
 
 use crate::ops::http::{ConnectionCut, FallbackBody, Http1Fallback};
-use crate::server::errors::ApiError;
+use crate::server::api::call_gate::CallGate;
 use routes::{Route, RouteTable};
 use stream::{FirstMessageError, JsonMessages};
 
@@ -65,9 +65,9 @@ pub struct Gateway {
     /// The gRPC message cap: a body whose message is larger is refused
     /// as etcd's gRPC server refuses it.
     max_message_bytes: usize,
-    /// Whether this member is a learner now: a learner refuses what etcd's
-    /// learners refuse, through the gateway as over gRPC.
-    learner: Arc<dyn Fn() -> bool + Send + Sync>,
+    /// The calls refused before they start, through the gateway as over
+    /// gRPC (a learner's; the gateway forwards no `hasleader` metadata).
+    gate: CallGate,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -84,18 +84,14 @@ impl Gateway {
     /// is not read, and is refused with gRPC's `ResourceExhausted`, as
     /// etcd's gateway refuses a message over gRPC's cap; so is a shorter
     /// body whose message is over the cap.
-    pub fn new(
-        routes: Routes,
-        max_message_bytes: usize,
-        learner: Arc<dyn Fn() -> bool + Send + Sync>,
-    ) -> Gateway {
+    pub fn new(routes: Routes, max_message_bytes: usize, gate: CallGate) -> Gateway {
         // Decode the schema now, not on the first request.
         let _ = table();
         Gateway {
             routes,
             max_body_bytes: max_body_bytes(max_message_bytes),
             max_message_bytes,
-            learner,
+            gate,
         }
     }
 
@@ -126,8 +122,8 @@ impl Gateway {
         if req.method() != Method::POST {
             return plain(StatusCode::METHOD_NOT_ALLOWED, "Method Not Allowed\n");
         }
-        if (self.learner)() && !crate::grpc::dispatch::learner_serves(route.grpc_path.as_bytes()) {
-            let status = tonic::Status::from(ApiError::NotSupportedForLearner);
+        let no_metadata = hyper::HeaderMap::new();
+        if let Some(status) = self.gate.refusal(route.grpc_path.as_bytes(), &no_metadata) {
             return error(status.code(), status.message());
         }
         if route.client_streaming {
@@ -326,7 +322,7 @@ pub fn max_body_bytes(max_message_bytes: usize) -> usize {
 pub fn fallback(
     routes: Routes,
     max_message_bytes: usize,
-    learner: Arc<dyn Fn() -> bool + Send + Sync>,
+    gate: CallGate,
 ) -> Arc<dyn Http1Fallback> {
-    Arc::new(Gateway::new(routes, max_message_bytes, learner))
+    Arc::new(Gateway::new(routes, max_message_bytes, gate))
 }

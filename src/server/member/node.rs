@@ -20,6 +20,7 @@ use tokio::sync::{mpsc, watch};
 use crate::config::Config;
 use crate::routing::{RoutingTable, ShardId};
 use crate::runtime::{CoreContext, Cores};
+use crate::server::api::call_gate::CallGate;
 use crate::server::api::cluster::ClusterService;
 use crate::server::api::kv::{Identity, KvService, Limits};
 use crate::server::api::maintenance::MaintenanceService;
@@ -585,6 +586,7 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
             .add_service(capped!(WatchServer::new(watch)))
             .add_service(capped!(LeaseServer::new(lease)))
             .add_service(capped!(AuthServer::new(auth)));
+        let gate = CallGate::new(shared.members.clone(), shared.leader_loss.clone());
         // HTTP/1 requests that are not operator endpoints go to the HTTP/JSON
         // gateway, which calls the same services in-process.
         let endpoints = shared
@@ -592,10 +594,7 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
             .with_fallback(crate::server::gateway::fallback(
                 services.clone(),
                 max_message_bytes,
-                {
-                    let members = shared.members.clone();
-                    Arc::new(move || members.local_is_learner())
-                },
+                gate.clone(),
             ));
         tokio::task::spawn_local(async move {
             let shutdown = async move {
@@ -614,7 +613,7 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
                     kv: kv_direct,
                     routes: services,
                     max_message: max_message_bytes,
-                    leader_loss: shared.leader_loss.clone(),
+                    gate,
                     recorder: recorder.clone(),
                     max_streams: config.stream_limit(),
                 };

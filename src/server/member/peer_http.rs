@@ -257,9 +257,15 @@ fn not_leader(leader: u64) -> Response<Full<Bytes>> {
     r
 }
 
-/// `422`: the request failed with `e`, whose gRPC code rides in a header.
+/// `422`: the request failed with `e`, whose gRPC code rides in a header;
+/// `503` when asking again may succeed (`ApiError::is_transient`).
 fn failed(e: &ApiError) -> Response<Full<Bytes>> {
-    let mut r = text(StatusCode::UNPROCESSABLE_ENTITY, e.to_string());
+    let status = if e.is_transient() {
+        StatusCode::SERVICE_UNAVAILABLE
+    } else {
+        StatusCode::UNPROCESSABLE_ENTITY
+    };
+    let mut r = text(status, e.to_string());
     if let Ok(v) = (e.code() as i32).to_string().parse() {
         r.headers_mut().insert(CODE_HEADER, v);
     }

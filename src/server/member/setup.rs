@@ -55,41 +55,44 @@ pub(super) fn start_tls(
     StartError,
 > {
     use crate::tls::{port_source, PortUse, Side};
-    let count = |flags: &[bool], https: bool| flags.iter().filter(|&&h| h == https).count();
-    let hosts = |addrs: &[SocketAddr]| -> Vec<String> {
-        addrs.iter().map(|a| a.ip().to_string()).collect()
+    // One port's source: its listen URLs (https or not, as `https` says)
+    // and their addresses, and whether this member dials https:// URLs of
+    // that kind.
+    let source = |side, tls, https: &[bool], addrs: &[SocketAddr], dials_https| {
+        let hosts: Vec<String> = addrs.iter().map(|a| a.ip().to_string()).collect();
+        let count = |want: bool| https.iter().filter(|&&h| h == want).count();
+        port_source(
+            side,
+            tls,
+            &PortUse {
+                https_urls: count(true),
+                http_urls: count(false),
+                dials_https,
+                hosts: &hosts,
+                data_dir: &config.data_dir,
+                cipher_suites: &config.cipher_suites,
+            },
+        )
     };
-    let client_hosts = hosts(&config.listen_client_addrs);
-    let client = port_source(
+    let client = source(
         Side::Client,
         &config.client_tls,
-        &PortUse {
-            https_urls: count(&config.listen_client_https, true),
-            http_urls: count(&config.listen_client_https, false),
-            dials_https: false,
-            hosts: &client_hosts,
-            data_dir: &config.data_dir,
-            cipher_suites: &config.cipher_suites,
-        },
+        &config.listen_client_https,
+        &config.listen_client_addrs,
+        false,
     )?;
-    let peer_hosts = hosts(&config.listen_peer_addrs);
     let dials_https = config
         .initial_cluster
         .iter()
         .flat_map(|m| m.peer_urls.iter())
         .chain(config.initial_advertise_peer_urls.iter())
         .any(|u| crate::config::url_is_https(u));
-    let peer = port_source(
+    let peer = source(
         Side::Peer,
         &config.peer_tls,
-        &PortUse {
-            https_urls: count(&config.listen_peer_https, true),
-            http_urls: count(&config.listen_peer_https, false),
-            dials_https,
-            hosts: &peer_hosts,
-            data_dir: &config.data_dir,
-            cipher_suites: &config.cipher_suites,
-        },
+        &config.listen_peer_https,
+        &config.listen_peer_addrs,
+        dials_https,
     )?;
     Ok((client, peer.map(cairn_net::PeerTls::from)))
 }

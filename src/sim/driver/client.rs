@@ -489,7 +489,8 @@ async fn read_point(
             match leader.read_point(shards).await {
                 Ok(point) => Forwarded::Ok(point),
                 Err(ApiError::NotLeader { leader }) => Forwarded::NotLeader(leader),
-                Err(e) => Forwarded::Failed(e.into()),
+                Err(e) if e.is_transient() => Forwarded::Failed(e.into()),
+                Err(e) => Forwarded::Refused(e.into()),
             }
         },
     )
