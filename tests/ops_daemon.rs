@@ -11,9 +11,10 @@
 //!
 //! Run alone with `cargo test -p cairn --test integration ops_daemon::`.
 
+use crate::common::free_port;
 use crate::promtext;
 
-use std::net::{SocketAddr, TcpListener as StdListener};
+use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -24,14 +25,6 @@ use tokio::net::TcpStream;
 
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 const WRITES: usize = 20;
-
-fn free_port() -> u16 {
-    StdListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 struct Daemon(Child);
 

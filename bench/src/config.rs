@@ -392,6 +392,10 @@ pub struct RangeOpts {
     /// Most keys returned per request (0: no limit).
     #[arg(long, default_value_t = 0)]
     pub limit: i64,
+    /// Send each range as etcd's read-only txn: a compare on the first
+    /// key's mod revision, and the range on either branch.
+    #[arg(long)]
+    pub in_txn: bool,
 }
 
 impl RangeOpts {

@@ -38,6 +38,9 @@ pub enum Preset {
     RangeL,
     /// serializable range of one key, 100 clients over 10 connections.
     RangeS,
+    /// `range-l` sent as etcd's read-only txn (a compare on the key, the
+    /// range on either branch), 100 clients over 10 connections.
+    TxnRange,
     /// linearizable range of the ten keys after the range key (keys that
     /// route to every shard of a Cairn member with several), 100 clients
     /// over 10 connections.
@@ -67,6 +70,7 @@ impl Preset {
             Preset::Put100 => "put-100",
             Preset::RangeL => "range-l",
             Preset::RangeS => "range-s",
+            Preset::TxnRange => "txn-range",
             Preset::RangeAll => "range-all",
             Preset::TxnPut => "txn-put",
             Preset::TxnOne => "txn-one",
@@ -104,6 +108,11 @@ impl Preset {
             Preset::Put100 => (100, 10, keys("put")),
             Preset::RangeL => (100, 10, range("l")),
             Preset::RangeS => (100, 10, range("s")),
+            Preset::TxnRange => {
+                let mut v = range("l");
+                v.push("--in-txn".into());
+                (100, 10, v)
+            }
             Preset::RangeAll => (
                 100,
                 10,

@@ -271,6 +271,26 @@ pub fn cas_txn(keys: Vec<Bytes>, value: &Bytes, revision_seen: i64) -> TxnReques
     }
 }
 
+/// etcd's read-only txn of one range: a compare on the range's first key
+/// (modified at some revision), and the range on either branch, as a
+/// client reading under a guard sends it.
+pub fn read_only_txn(range: RangeRequest) -> TxnRequest {
+    let op = RequestOp {
+        request: Some(Request::RequestRange(range.clone())),
+    };
+    TxnRequest {
+        compare: vec![Compare {
+            result: CompareResult::Greater as i32,
+            target: CompareTarget::Mod as i32,
+            key: range.key,
+            target_union: Some(TargetUnion::ModRevision(0)),
+            ..Default::default()
+        }],
+        success: vec![op.clone()],
+        failure: vec![op],
+    }
+}
+
 /// Sends a [`cas_txn`], counts whether it won, and moves the requester's
 /// view forward to the response's revision either way, so a conflict is
 /// retried against fresh state.
@@ -302,6 +322,11 @@ pub enum OpClient {
     Range {
         kv: Kv,
         request: RangeRequest,
+    },
+    /// A range sent as etcd's read-only txn ([`read_only_txn`]).
+    ReadTxn {
+        kv: Kv,
+        request: TxnRequest,
     },
     TxnPut {
         kv: Kv,
@@ -358,15 +383,21 @@ impl OpClient {
                     (None, true) => prefix_end(&key),
                     (None, false) => Vec::new(),
                 };
-                OpClient::Range {
-                    kv: Kv::new(transport),
-                    request: RangeRequest {
-                        key: key.into(),
-                        range_end: range_end.into(),
-                        limit: o.limit,
-                        serializable: o.consistency == Consistency::S,
-                        ..Default::default()
-                    },
+                let request = RangeRequest {
+                    key: key.into(),
+                    range_end: range_end.into(),
+                    limit: o.limit,
+                    serializable: o.consistency == Consistency::S,
+                    ..Default::default()
+                };
+                let kv = Kv::new(transport);
+                if o.in_txn {
+                    OpClient::ReadTxn {
+                        kv,
+                        request: read_only_txn(request),
+                    }
+                } else {
+                    OpClient::Range { kv, request }
                 }
             }
             Spec::TxnPut(o) => {
@@ -442,6 +473,9 @@ impl OpClient {
             }
             OpClient::Range { kv, request } => {
                 kv.range(request.clone()).await?;
+            }
+            OpClient::ReadTxn { kv, request } => {
+                kv.txn(request.clone()).await?;
             }
             OpClient::TxnPut {
                 kv,

@@ -114,6 +114,8 @@ pub enum ReadError {
     MissingRevision { file: String, main: i64, sub: i64 },
     #[error("range sorted by {0} cannot be streamed in chunks; use a plain range")]
     NotStreamable(&'static str),
+    #[error("a txn with puts, deletes or nested txns is applied, not read")]
+    NotReadOnly,
 }
 
 /// Errors of applying one write. Request errors (compacted, key not found...)

@@ -7,7 +7,8 @@ use std::time::Duration;
 use cairn_proto::cairnpb::{self, shard_request};
 use cairn_proto::etcdserverpb as pb;
 use cairn_proto::etcdserverpb::{
-    CompactionResponse, DeleteRangeResponse, PutResponse, RangeRequest, RangeResponse, TxnResponse,
+    CompactionResponse, DeleteRangeResponse, PutResponse, RangeRequest, RangeResponse, TxnRequest,
+    TxnResponse,
 };
 use cairn_proto::mvccpb;
 use tokio::sync::mpsc;
@@ -125,6 +126,16 @@ pub enum ShardCommand {
         request: RangeRequest,
         at: Option<ReadAt>,
         reply: Reply<RangeResponse>,
+    },
+    /// etcd's read-only txn (every op of both branches a range, see
+    /// [`crate::server::validate::txn_is_read_only`]), read as a range is:
+    /// linearizable unless `serializable` (every range serializable), not
+    /// through the log.
+    ReadTxn {
+        request: TxnRequest,
+        serializable: bool,
+        at: Option<ReadAt>,
+        reply: Reply<TxnResponse>,
     },
     /// With several shards: confirms through ReadIndex that this member
     /// leads the shard, and answers the index every entry proposed before the

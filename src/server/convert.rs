@@ -194,6 +194,30 @@ pub fn txn_to_pb(r: mvcc::TxnResponse, header: pb::ResponseHeader) -> pb::TxnRes
     }
 }
 
+/// Sets the revision of a txn's answer and of every answer in it (their
+/// headers), nested txns included.
+pub fn set_txn_revision(r: &mut pb::TxnResponse, revision: i64) {
+    use pb::response_op::Response as R;
+    if let Some(h) = r.header.as_mut() {
+        h.revision = revision;
+    }
+    for op in &mut r.responses {
+        let header = match &mut op.response {
+            Some(R::ResponseRange(x)) => x.header.as_mut(),
+            Some(R::ResponsePut(x)) => x.header.as_mut(),
+            Some(R::ResponseDeleteRange(x)) => x.header.as_mut(),
+            Some(R::ResponseTxn(x)) => {
+                set_txn_revision(x, revision);
+                None
+            }
+            None => None,
+        };
+        if let Some(h) = header {
+            h.revision = revision;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -157,6 +157,38 @@ fn check_no_duplicate_writes(ops: &[RequestOp]) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// etcd's read-only txn: every op of both branches is a range (a nested txn
+/// or an empty op is not). It is read, not applied: linearizable unless
+/// [`txn_is_serializable`].
+pub fn txn_is_read_only(t: &TxnRequest) -> bool {
+    t.success
+        .iter()
+        .chain(&t.failure)
+        .all(|op| matches!(op.request, Some(request_op::Request::RequestRange(_))))
+}
+
+/// etcd's serializable txn: every op of both branches is a serializable
+/// range (so a txn of compares alone is one).
+pub fn txn_is_serializable(t: &TxnRequest) -> bool {
+    t.success.iter().chain(&t.failure).all(
+        |op| matches!(&op.request, Some(request_op::Request::RequestRange(r)) if r.serializable),
+    )
+}
+
+/// The newest revision a read-only txn's ranges name (0: each reads the
+/// current one).
+pub fn txn_newest_revision(t: &TxnRequest) -> i64 {
+    t.success
+        .iter()
+        .chain(&t.failure)
+        .filter_map(|op| match &op.request {
+            Some(request_op::Request::RequestRange(r)) => Some(r.revision),
+            _ => None,
+        })
+        .max()
+        .unwrap_or(0)
+}
+
 /// Every shard a txn touches: compares and ops of both branches, nested txns
 /// included. A txn must stay on one shard.
 pub fn txn_shards(t: &TxnRequest, routing: &RoutingTable) -> BTreeSet<ShardId> {
@@ -361,5 +393,51 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(txn_shard(&t, &routing), Some(a));
+    }
+
+    fn get(k: &str, serializable: bool, revision: i64) -> RequestOp {
+        RequestOp {
+            request: Some(request_op::Request::RequestRange(RangeRequest {
+                key: Bytes::copy_from_slice(k.as_bytes()),
+                serializable,
+                revision,
+                ..Default::default()
+            })),
+        }
+    }
+
+    #[test]
+    fn read_only_and_serializable_txns_as_etcd_tells_them() {
+        let t = |success: Vec<RequestOp>, failure: Vec<RequestOp>| TxnRequest {
+            success,
+            failure,
+            ..Default::default()
+        };
+        // Compares alone: read-only and serializable, as in etcd.
+        let empty = t(vec![], vec![]);
+        assert!(txn_is_read_only(&empty) && txn_is_serializable(&empty));
+        let mixed = t(vec![get("a", true, 0)], vec![get("b", false, 7)]);
+        assert!(txn_is_read_only(&mixed) && !txn_is_serializable(&mixed));
+        assert_eq!(txn_newest_revision(&mixed), 7);
+        let all = t(vec![get("a", true, 3)], vec![get("b", true, 0)]);
+        assert!(txn_is_serializable(&all));
+        assert_eq!(txn_newest_revision(&all), 3);
+        // A write on either branch, or a nested txn even of ranges, is not.
+        for writes in [
+            t(vec![get("a", true, 0)], vec![put("b")]),
+            t(vec![del("a", "")], vec![]),
+            t(
+                vec![RequestOp {
+                    request: Some(request_op::Request::RequestTxn(t(
+                        vec![get("a", true, 0)],
+                        vec![],
+                    ))),
+                }],
+                vec![],
+            ),
+        ] {
+            assert!(!txn_is_read_only(&writes), "{writes:?}");
+            assert!(!txn_is_serializable(&writes), "{writes:?}");
+        }
     }
 }

@@ -55,6 +55,41 @@ impl Store {
         self.view(&idx, self.current_rev).range(req)
     }
 
+    /// etcd's read-only txn (every op of both branches a range), served
+    /// without the log: its compares and ranges read the state at
+    /// `revision` (0: the current one), and every revision of the answer is
+    /// that one, as when such a txn is applied at it. A range's own revision
+    /// reads further back, and one past `revision` is a future revision. A
+    /// txn with any other op is refused: writes are applied, not read.
+    pub fn read_txn(&self, t: &TxnRequest, revision: i64) -> Result<TxnResponse, ReadError> {
+        let read_only = |ops: &[RequestOp]| ops.iter().all(|op| matches!(op, RequestOp::Range(_)));
+        if !read_only(&t.success) || !read_only(&t.failure) {
+            return Err(ReadError::NotReadOnly);
+        }
+        let idx = self.index.borrow();
+        let at = self.view(&idx, self.current_rev).check_rev(revision)?;
+        let v = self.view(&idx, at);
+        let mut succeeded = true;
+        for c in &t.compare {
+            if !v.compare(c)? {
+                succeeded = false;
+                break;
+            }
+        }
+        let ops = if succeeded { &t.success } else { &t.failure };
+        let mut responses = Vec::with_capacity(ops.len());
+        for op in ops {
+            if let RequestOp::Range(r) = op {
+                responses.push(ResponseOp::Range(v.range(r)?));
+            }
+        }
+        Ok(TxnResponse {
+            revision: at,
+            succeeded,
+            responses,
+        })
+    }
+
     /// Whether the range of `req` holds more than `n` keys at the revision it
     /// reads at (every key, before limit and filters, as etcd counts them),
     /// looking at no more than `n + 1`: what a reader needs to know whether a

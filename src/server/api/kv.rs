@@ -151,13 +151,7 @@ impl KvService {
         req: &RangeRequest,
         shards: &[ShardId],
     ) -> Result<RangeResponse, Status> {
-        let mut tries = 0;
-        loop {
-            tries += 1;
-            let (revision, points) = self.read_point(shards).await?;
-            if req.revision > revision {
-                return Err(ApiError::FutureRev.into());
-            }
+        self.at_point(shards, req.revision, |revision, points| async move {
             let parts = join_all(shards.iter().zip(points).map(|(&s, p)| {
                 let at = ReadAt {
                     revision,
@@ -167,12 +161,80 @@ impl KvService {
                 self.router.range_at(s, req.clone(), at)
             }))
             .await;
-            match parts.into_iter().collect::<Result<Vec<_>, _>>() {
-                Ok(parts) => return Ok(merge_ranges(req, parts)),
+            let parts = parts.into_iter().collect::<Result<Vec<_>, _>>()?;
+            Ok(merge_ranges(req, parts))
+        })
+        .await
+    }
+
+    /// A linearizable read over `shards` at one point of the revision
+    /// order: `read` with the point's revision and each shard's part,
+    /// taken again when a leader change replaced a point's entry before it
+    /// was read. A read of a revision past the point (`newest`) is a future
+    /// revision.
+    async fn at_point<T, F, Fut>(
+        &self,
+        shards: &[ShardId],
+        newest: i64,
+        read: F,
+    ) -> Result<T, Status>
+    where
+        F: Fn(i64, Vec<ShardPoint>) -> Fut,
+        Fut: std::future::Future<Output = Result<T, ApiError>>,
+    {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let (revision, points) = self.read_point(shards).await?;
+            if newest > revision {
+                return Err(ApiError::FutureRev.into());
+            }
+            match read(revision, points).await {
+                Ok(r) => return Ok(r),
                 Err(ApiError::LeaderChanged) if tries < POINT_TRIES => continue,
                 Err(e) => return Err(e.into()),
             }
         }
+    }
+
+    /// etcd's read-only txn on one shard, read as a range is and not
+    /// through the log: serializable when every range is, else
+    /// linearizable (with several shards, at a point of the one revision
+    /// order, as a range is).
+    async fn read_txn(&self, shard: ShardId, req: TxnRequest) -> Result<TxnResponse, Status> {
+        let serializable = validate::txn_is_serializable(&req);
+        let Some(keyspace) = &self.router.keyspace else {
+            return Ok(self.router.read_txn(shard, req, serializable, None).await?);
+        };
+        let newest = validate::txn_newest_revision(&req);
+        if !serializable {
+            return self
+                .at_point(&[shard], newest, |revision, points| {
+                    let at = ReadAt {
+                        revision,
+                        index: points[0].index,
+                        term: points[0].term,
+                    };
+                    self.router.read_txn(shard, req.clone(), false, Some(at))
+                })
+                .await;
+        }
+        if newest == 0 {
+            // One shard's own state is a cut at its own revision.
+            return Ok(self.router.read_txn(shard, req, true, None).await?);
+        }
+        // Once this member's shards have reached every revision it names.
+        keyspace
+            .counter
+            .reached
+            .wait_for(&[shard], newest, REQUEST_TIMEOUT)
+            .await?;
+        let at = ReadAt {
+            revision: keyspace.counter.reached.cut(&[shard]),
+            index: 0,
+            term: 0,
+        };
+        Ok(self.router.read_txn(shard, req, true, Some(at)).await?)
     }
 
     /// The read point of a linearizable read over `shards`, from the keyspace
@@ -404,6 +466,11 @@ impl Kv for KvService {
             self.identity.stamp(&mut r.header);
             return Ok(Response::new(r));
         };
+        if validate::txn_is_read_only(&req) {
+            let mut r = self.read_txn(shard, req).await?;
+            self.identity.stamp(&mut r.header);
+            return Ok(Response::new(r));
+        }
         match self.router.write(shard, ShardReq::Txn(req)).await? {
             WriteResult::Txn(mut r) => {
                 self.identity.stamp(&mut r.header);

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cairn_proto::cairnpb::shard_request;
-use cairn_proto::etcdserverpb::{RangeRequest, RangeResponse};
+use cairn_proto::etcdserverpb::{RangeRequest, RangeResponse, TxnRequest, TxnResponse};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::ops::server_metrics::CoreRecorder;
@@ -180,6 +180,26 @@ impl Router {
         self.ask(shard, |reply| ShardCommand::Range {
             request,
             at: Some(at),
+            reply,
+        })
+        .await
+    }
+
+    /// etcd's read-only txn on one shard, read there as a range is (see
+    /// [`ShardCommand::ReadTxn`]): at the store's revision, or at `at`, a
+    /// point the keyspace leader confirmed or a cut this member's shards
+    /// have reached.
+    pub async fn read_txn(
+        &self,
+        shard: ShardId,
+        request: TxnRequest,
+        serializable: bool,
+        at: Option<ReadAt>,
+    ) -> Result<TxnResponse, ApiError> {
+        self.ask(shard, |reply| ShardCommand::ReadTxn {
+            request,
+            serializable,
+            at,
             reply,
         })
         .await

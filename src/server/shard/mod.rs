@@ -107,7 +107,7 @@ pub use lease_clock::{LEASE_REVOKE_RETRY, MAX_LEASE_TTL_SECS};
 pub use off_core::OffCoreJobs;
 use pipeline::{InFlightWrite, Waiter};
 use proposals::HeldWrite;
-use reads::{read_context_counter, PendingPoint, PendingRead, PendingRenewal, ReadRound};
+use reads::{read_context_counter, PendingPoint, PendingRead, PendingRenewal, Read, ReadRound};
 pub(crate) use snapshots::write_snapshot_meta;
 use snapshots::{apply_pending_table, read_snapshot_meta, IncomingSnapshot};
 pub use spool::{SpoolError, SpoolWriterThread, SpooledSnapshot, StreamSpool};
@@ -592,7 +592,7 @@ impl Shard {
     fn refuse_as_failed(&mut self) {
         let err = self.storage_error(self.failed.clone().unwrap_or_default());
         for r in self.reads_this_turn.drain(..) {
-            let _ = r.reply.send(Err(err.clone()));
+            r.fail(err.clone());
         }
         for r in self.renewals_this_turn.drain(..) {
             let _ = r.reply.send(Err(err.clone()));
@@ -627,27 +627,15 @@ impl Shard {
         match cmd {
             ShardCommand::Write { request, reply } => self.propose(request, reply),
             ShardCommand::Range { request, at, reply } => {
-                if request.serializable && at.is_none() {
-                    self.serve_range(&request, reply, None);
-                } else if request.serializable {
-                    // At a cut this member's shards have reached.
-                    self.read_at(PendingRead { request, reply, at });
-                } else if self.is_learner {
-                    let _ = reply.send(Err(ApiError::NotSupportedForLearner));
-                } else if let Some(at) = at {
-                    self.read_at(PendingRead {
-                        request,
-                        reply,
-                        at: Some(at),
-                    });
-                } else {
-                    self.reads_this_turn.push(PendingRead {
-                        request,
-                        reply,
-                        at: None,
-                    });
-                }
+                let serializable = request.serializable;
+                self.read(Read::Range(request, reply), serializable, at);
             }
+            ShardCommand::ReadTxn {
+                request,
+                serializable,
+                at,
+                reply,
+            } => self.read(Read::Txn(request, reply), serializable, at),
             ShardCommand::ReadPoint { reply } => self.read_point(reply),
             ShardCommand::Status { reply } => {
                 let _ = reply.send(Ok(self.status()));

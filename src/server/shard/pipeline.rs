@@ -396,7 +396,7 @@ impl Shard {
             )
             .collect::<Vec<_>>();
         for r in reads {
-            let _ = r.reply.send(Err(err.clone()));
+            r.fail(err.clone());
         }
         for r in renewals {
             let _ = r.reply.send(Err(err.clone()));

@@ -284,7 +284,7 @@ impl Shard {
             .partition(|(since, _)| now.duration_since(*since) >= LEADERLESS_WAIT);
         self.leaderless_reads = waiting;
         for (_, r) in expired {
-            let _ = r.reply.send(Err(ApiError::NoLeader));
+            r.fail(ApiError::NoLeader);
         }
         self.waiters
             .retain(|_, w| now.duration_since(w.since) < REQUEST_TIMEOUT && !w.reply.is_closed());
@@ -297,7 +297,7 @@ impl Shard {
         for ctx in expired {
             if let Some(round) = self.read_rounds.remove(&ctx) {
                 for r in round.reads {
-                    let _ = r.reply.send(Err(ApiError::Timeout));
+                    r.fail(ApiError::Timeout);
                 }
                 for r in round.renewals {
                     let _ = r.reply.send(Err(ApiError::Timeout));

@@ -4,23 +4,46 @@
 //! reads"): the keyspace leader's shards answer read points here, and each
 //! touched shard serves the read at the point's revision once it has applied
 //! the point's index. How a range is read from the store, in chunks off a
-//! snapshot, is in `ranges`; HashKV is read in steps the same way
+//! snapshot, is in `ranges`; etcd's read-only txns are read the same way as
+//! ranges, not through the log (`txns`); HashKV is read in steps
 //! (`hash_kv`).
 
 use super::*;
+use crate::server::command::ReadAt;
+use cairn_proto::etcdserverpb::{TxnRequest, TxnResponse};
 
 mod hash_kv;
 mod ranges;
+mod txns;
 
 use ranges::read_error_to_api;
 
 /// A linearizable read waiting for its ReadIndex round and then for apply.
 pub(super) struct PendingRead {
-    pub(super) request: RangeRequest,
-    pub(super) reply: Reply<RangeResponse>,
+    pub(super) read: Read,
     /// The read point it is read at (several shards); None: at the store's
     /// revision when served.
     pub(super) at: Option<crate::server::command::ReadAt>,
+}
+
+/// What a read reads: a range, or etcd's read-only txn.
+pub(super) enum Read {
+    Range(RangeRequest, Reply<RangeResponse>),
+    Txn(TxnRequest, Reply<TxnResponse>),
+}
+
+impl PendingRead {
+    /// Answers the read with `e`.
+    pub(super) fn fail(self, e: ApiError) {
+        match self.read {
+            Read::Range(_, reply) => {
+                let _ = reply.send(Err(e));
+            }
+            Read::Txn(_, reply) => {
+                let _ = reply.send(Err(e));
+            }
+        }
+    }
 }
 
 /// A read point asked of this leader: answered, once a ReadIndex round
@@ -90,7 +113,7 @@ impl Shard {
                 if self.leaderless_writes.len() + self.leaderless_reads.len()
                     >= MAX_LEADERLESS_REQUESTS
                 {
-                    let _ = r.reply.send(Err(ApiError::NoLeader));
+                    r.fail(ApiError::NoLeader);
                 } else {
                     self.leaderless_reads.push((now, r));
                 }
@@ -123,7 +146,7 @@ impl Shard {
             }
             Err(_) => {
                 for r in reads {
-                    let _ = r.reply.send(Err(ApiError::NoLeader));
+                    r.fail(ApiError::NoLeader);
                 }
                 for r in renewals {
                     let _ = r
@@ -224,6 +247,25 @@ impl Shard {
         });
     }
 
+    /// A read asked of this shard: a serializable one at once (or, at a cut
+    /// this member's shards have reached, once applied there); a
+    /// linearizable one after a ReadIndex round, or once the point the
+    /// keyspace leader confirmed is applied.
+    pub(super) fn read(&mut self, read: Read, serializable: bool, at: Option<ReadAt>) {
+        let read = PendingRead { read, at };
+        if serializable && at.is_none() {
+            self.serve_read(read);
+        } else if serializable {
+            self.read_at(read);
+        } else if self.is_learner {
+            read.fail(ApiError::NotSupportedForLearner);
+        } else if at.is_some() {
+            self.read_at(read);
+        } else {
+            self.reads_this_turn.push(read);
+        }
+    }
+
     /// A read at a point the keyspace leader confirmed: served once this
     /// member has applied the point's index.
     pub(super) fn read_at(&mut self, read: PendingRead) {
@@ -253,10 +295,14 @@ impl Shard {
     fn serve_read(&mut self, read: PendingRead) {
         if let Some(at) = read.at {
             if at.term != 0 && self.node.term_of(at.index) != Some(at.term) {
-                let _ = read.reply.send(Err(ApiError::LeaderChanged));
+                read.fail(ApiError::LeaderChanged);
                 return;
             }
         }
-        self.serve_range(&read.request, read.reply, read.at.map(|at| at.revision));
+        let point = read.at.map(|at| at.revision);
+        match read.read {
+            Read::Range(request, reply) => self.serve_range(&request, reply, point),
+            Read::Txn(request, reply) => self.serve_txn(&request, reply, point),
+        }
     }
 }

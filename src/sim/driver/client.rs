@@ -398,17 +398,88 @@ async fn read(
     commands: &tokio::sync::mpsc::Sender<ShardCommand>,
     key: &Bytes,
 ) -> Result<Option<cairn_proto::mvccpb::KeyValue>, Unanswered> {
-    if world.shards() == 1 {
-        return range(commands, key, 0, false).await;
-    }
     let request = pb::RangeRequest {
         key: key.clone(),
         ..Default::default()
     };
+    // Keys ending in an odd byte are read through etcd's read-only txn (one
+    // range, read as a range is and not through the log), as the API layer
+    // reads one; the others through a range.
+    let as_txn = key.last().is_some_and(|b| b % 2 == 1);
+    if world.shards() == 1 {
+        if as_txn {
+            return read_txn(commands, request, None).await;
+        }
+        return range(commands, key, 0, false).await;
+    }
+    if as_txn {
+        let router = world
+            .router(member)
+            .ok_or_else(|| Unanswered::Error("the member stopped".into()))?;
+        let shard = world.routing.shard_for_key(key);
+        let router = &router;
+        let request = &request;
+        let (_, kv) = at_point(
+            world,
+            member,
+            router,
+            &[shard],
+            |revision, points| async move {
+                let at = ReadAt {
+                    revision,
+                    index: points[0].index,
+                    term: points[0].term,
+                };
+                let txn = one_range_txn(request.clone());
+                let r = router.read_txn(shard, txn, false, Some(at)).await?;
+                Ok(first_kv(r))
+            },
+        )
+        .await
+        .map_err(Unanswered::Error)?;
+        return Ok(kv);
+    }
     let (_, r) = range_at_point(world, member, request)
         .await
         .map_err(Unanswered::Error)?;
     Ok(r.kvs.into_iter().next())
+}
+
+/// A txn of no compare and one range.
+fn one_range_txn(request: pb::RangeRequest) -> pb::TxnRequest {
+    pb::TxnRequest {
+        success: vec![pb::RequestOp {
+            request: Some(pb::request_op::Request::RequestRange(request)),
+        }],
+        ..Default::default()
+    }
+}
+
+/// The first key of a [`one_range_txn`]'s answer.
+fn first_kv(r: pb::TxnResponse) -> Option<cairn_proto::mvccpb::KeyValue> {
+    match r.responses.into_iter().next()?.response? {
+        pb::response_op::Response::ResponseRange(r) => r.kvs.into_iter().next(),
+        _ => None,
+    }
+}
+
+/// Reads `request` through a one-range read-only txn on a member's driver of
+/// its shard, at `at` or after a ReadIndex round.
+async fn read_txn(
+    commands: &tokio::sync::mpsc::Sender<ShardCommand>,
+    request: pb::RangeRequest,
+    at: Option<ReadAt>,
+) -> Result<Option<cairn_proto::mvccpb::KeyValue>, Unanswered> {
+    let (reply, rx) = crate::server::command::Reply::channel();
+    commands
+        .try_send(ShardCommand::ReadTxn {
+            request: one_range_txn(request),
+            serializable: false,
+            at,
+            reply,
+        })
+        .map_err(|e| Unanswered::Error(format!("the member's queue refused the read: {e}")))?;
+    answered(rx).await.map(first_kv)
 }
 
 /// Where every client key lies: `[k, l)`.
@@ -443,21 +514,50 @@ async fn range_at_point(
     let shards = world
         .routing
         .shards_for_range(&request.key, &request.range_end);
+    let (router, request, shards) = (&router, &request, &shards);
+    at_point(
+        world,
+        member,
+        router,
+        shards,
+        |revision, points| async move {
+            let parts = futures::future::join_all(shards.iter().zip(points).map(|(&s, p)| {
+                let at = ReadAt {
+                    revision,
+                    index: p.index,
+                    term: p.term,
+                };
+                router.range_at(s, request.clone(), at)
+            }))
+            .await;
+            let parts = parts.into_iter().collect::<Result<Vec<_>, _>>()?;
+            Ok(merge_ranges(request, parts))
+        },
+    )
+    .await
+}
+
+/// A linearizable read over `shards` at one read point, as
+/// `KvService::at_point` takes it: `read` at the point, taken again when a
+/// later leader replaced a point's entry. Answers the point's revision and
+/// what `read` gave, or the error's text.
+async fn at_point<T, F, Fut>(
+    world: &World,
+    member: u64,
+    router: &Router,
+    shards: &[ShardId],
+    read: F,
+) -> Result<(i64, T), String>
+where
+    F: Fn(i64, Vec<ShardPoint>) -> Fut,
+    Fut: std::future::Future<Output = Result<T, ApiError>>,
+{
     let mut tries = 0;
     loop {
         tries += 1;
-        let (revision, points) = read_point(world, member, &router, &shards).await?;
-        let parts = futures::future::join_all(shards.iter().zip(points).map(|(&s, p)| {
-            let at = ReadAt {
-                revision,
-                index: p.index,
-                term: p.term,
-            };
-            router.range_at(s, request.clone(), at)
-        }))
-        .await;
-        match parts.into_iter().collect::<Result<Vec<_>, _>>() {
-            Ok(parts) => return Ok((revision, merge_ranges(&request, parts))),
+        let (revision, points) = read_point(world, member, router, shards).await?;
+        match read(revision, points).await {
+            Ok(r) => return Ok((revision, r)),
             Err(ApiError::LeaderChanged) if tries < POINT_TRIES => continue,
             Err(e) => return Err(e.to_string()),
         }

@@ -1,0 +1,219 @@
+//! etcd's read-only txns (every op of both branches a range), against 3
+//! real members with one shard and with several: they are read as ranges
+//! are, never written to the Raft log. Each such txn answers as before
+//! (compares on both branches, a range at an old revision, a prefix); a
+//! hundred of them leave every shard's commit index where it was, where
+//! five txns that write move it; a linearizable one on a follower sees the
+//! put just made through the leader; and on a member cut off from the
+//! others, a serializable one is still served while a linearizable one is
+//! refused, as etcd serves them.
+
+use crate::common;
+use crate::promtext;
+
+use std::time::Duration;
+
+use common::{client, http_get, wait_writable, Cluster};
+use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp, TxnOpResponse, TxnResponse};
+
+/// Longest wait for a refusal by a member without a leader: it holds a
+/// read while it waits for one (5 s), with slack for a busy machine.
+const REFUSED_WITHIN: Duration = Duration::from_secs(60);
+
+/// Every key the tests touch shares one routing prefix, so each txn stays
+/// on one shard whatever the shard count.
+const PREFIX: &str = "/rt/x/";
+
+fn key(name: &str) -> String {
+    format!("{PREFIX}{name}")
+}
+
+/// Entries committed on every shard of a member, summed (`0` when the
+/// metric is missing, which fails the comparisons below).
+fn committed(port: u16) -> f64 {
+    let (code, body) = http_get(port, "/metrics");
+    assert_eq!(code, 200, "{body}");
+    promtext::parse(&body)
+        .expect("metrics parse")
+        .value("etcd_server_proposals_committed_total", &[])
+        .unwrap_or(0.0)
+}
+
+/// The entries committed on every member once they agree (a follower
+/// learns the commit index with the leader's next message).
+fn settled_committed(ports: &[u16]) -> f64 {
+    common::wait_until(
+        "the members agree on what is committed",
+        Duration::from_secs(30),
+        || {
+            let each: Vec<f64> = ports.iter().map(|&p| committed(p)).collect();
+            if each.iter().all(|&c| c > 0.0 && c == each[0]) {
+                Ok(each[0])
+            } else {
+                Err(format!("committed {each:?}"))
+            }
+        },
+    )
+}
+
+/// [`settled_committed`] once it has stayed the same for two seconds: a
+/// cluster of several shards commits a few entries of its own in its first
+/// seconds.
+async fn quiet_committed(ports: &[u16]) -> f64 {
+    let mut last = settled_committed(ports);
+    let mut same = 0;
+    while same < 4 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let now = settled_committed(ports);
+        same = if now == last { same + 1 } else { 0 };
+        last = now;
+    }
+    last
+}
+
+/// The values of each range answer of a txn, in order.
+fn values(r: &TxnResponse) -> Vec<Vec<String>> {
+    r.op_responses()
+        .into_iter()
+        .map(|op| match op {
+            TxnOpResponse::Get(g) => g
+                .kvs()
+                .iter()
+                .map(|kv| String::from_utf8_lossy(kv.value()).into_owned())
+                .collect(),
+            other => panic!("a read-only txn answered {other:?}"),
+        })
+        .collect()
+}
+
+fn value_is(k: &str, v: &str) -> Compare {
+    Compare::value(key(k), CompareOp::Equal, v)
+}
+
+fn get(k: &str, serializable: bool) -> TxnOp {
+    let options = GetOptions::new();
+    TxnOp::get(
+        key(k),
+        Some(if serializable {
+            options.with_serializable()
+        } else {
+            options
+        }),
+    )
+}
+
+async fn read_only_txns_with(shards: &str) {
+    let mut cluster = Cluster::start(3, &["--shards", shards, "--cores", "1"]);
+    let mut c0 = client(&cluster.members[0].endpoint()).await;
+    wait_writable(&mut c0, &key("ready")).await;
+    let mut c2 = client(&cluster.members[2].endpoint()).await;
+    let first = c0.put(key("a"), "1", None).await.unwrap();
+    let first_rev = first.header().unwrap().revision();
+    c0.put(key("b"), "2", None).await.unwrap();
+    let written = c0.put(key("a"), "3", None).await.unwrap();
+    let now = written.header().unwrap().revision();
+
+    // Both branches, an old revision and a prefix; the header carries the
+    // revision read.
+    let then = c2
+        .txn(
+            Txn::new()
+                .when([value_is("a", "3")])
+                .and_then([
+                    get("a", false),
+                    TxnOp::get(key("a"), Some(GetOptions::new().with_revision(first_rev))),
+                    TxnOp::get(PREFIX, Some(GetOptions::new().with_prefix())),
+                ])
+                .or_else([get("b", false)]),
+        )
+        .await
+        .unwrap();
+    assert!(then.succeeded());
+    assert_eq!(
+        values(&then),
+        vec![vec!["3"], vec!["1"], vec!["3", "2", "ready"]],
+        "{then:?}"
+    );
+    assert_eq!(then.header().unwrap().revision(), now);
+    let otherwise = c2
+        .txn(
+            Txn::new()
+                .when([value_is("a", "1")])
+                .and_then([get("a", true)])
+                .or_else([get("b", true)]),
+        )
+        .await
+        .unwrap();
+    assert!(!otherwise.succeeded());
+    assert_eq!(values(&otherwise), vec![vec!["2"]]);
+
+    // A hundred read-only txns write nothing; five that write do.
+    let ports: Vec<u16> = cluster.members.iter().map(|m| m.client_port).collect();
+    let before = quiet_committed(&ports).await;
+    for i in 0..100 {
+        let c = if i % 2 == 0 { &mut c0 } else { &mut c2 };
+        let r = c
+            .txn(
+                Txn::new()
+                    .when([value_is("b", "2")])
+                    .and_then([get("a", i % 4 < 2), get("b", i % 4 < 2)]),
+            )
+            .await
+            .unwrap();
+        assert_eq!(values(&r), vec![vec!["3"], vec!["2"]]);
+    }
+    assert_eq!(
+        quiet_committed(&ports).await,
+        before,
+        "read-only txns reached the log"
+    );
+    for i in 0..5 {
+        c0.txn(Txn::new().and_then([TxnOp::put(key("w"), i.to_string(), None)]))
+            .await
+            .unwrap();
+    }
+    let moved = settled_committed(&ports);
+    assert!(moved >= before + 5.0, "committed {moved}, from {before}");
+
+    // Linearizable on another member: the put just acknowledged is seen.
+    for i in 0..20 {
+        c0.put(key("lin"), i.to_string(), None).await.unwrap();
+        let r = c2
+            .txn(Txn::new().and_then([get("lin", false)]))
+            .await
+            .unwrap();
+        assert_eq!(values(&r), vec![vec![i.to_string()]], "round {i}");
+    }
+
+    // Cut off: served serializable, refused linearizable.
+    cluster.members[0].kill9();
+    cluster.members[1].kill9();
+    let served = c2
+        .txn(
+            Txn::new()
+                .when([value_is("b", "2")])
+                .and_then([get("lin", true), get("a", true)]),
+        )
+        .await
+        .expect("a serializable read-only txn without a leader");
+    assert!(served.succeeded());
+    assert_eq!(values(&served), vec![vec!["19"], vec!["3"]]);
+    let refused = tokio::time::timeout(
+        REFUSED_WITHIN,
+        c2.txn(Txn::new().and_then([get("lin", false)])),
+    )
+    .await
+    .expect("refused in time");
+    let s = common::status_of(refused.expect_err("a linearizable txn without a leader"));
+    assert_eq!(s.code(), tonic::Code::Unavailable, "{s:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_only_txns_are_read_not_logged_one_shard() {
+    read_only_txns_with("1").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_only_txns_are_read_not_logged_several_shards() {
+    read_only_txns_with("4").await;
+}
