@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::member_file::MEMBER_FILE;
+use std::path::Path;
 
 fn parse(args: &[&str]) -> Result<Config, ConfigError> {
     let mut all = vec!["cairn"];
