@@ -174,6 +174,17 @@ impl View<'_> {
         Ok(resp)
     }
 
+    /// Whether every compare of a txn holds (etcd stops at the first that
+    /// does not).
+    pub(crate) fn compares_hold(&self, compares: &[Compare]) -> Result<bool, ReadError> {
+        for c in compares {
+            if !self.compare(c)? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
     /// etcd's compare: every key in the range must satisfy it; a missing key
     /// compares as zero, except that a value compare on no key fails.
     pub(crate) fn compare(&self, c: &Compare) -> Result<bool, ReadError> {

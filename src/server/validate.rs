@@ -413,9 +413,18 @@ mod tests {
             failure,
             ..Default::default()
         };
-        // Compares alone: read-only and serializable, as in etcd.
-        let empty = t(vec![], vec![]);
-        assert!(txn_is_read_only(&empty) && txn_is_serializable(&empty));
+        // No op at all, with or without compares: read-only and
+        // serializable, as in etcd.
+        let compares_alone = TxnRequest {
+            compare: vec![Compare {
+                key: Bytes::from_static(b"a"),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        for t in [t(vec![], vec![]), compares_alone] {
+            assert!(txn_is_read_only(&t) && txn_is_serializable(&t), "{t:?}");
+        }
         let mixed = t(vec![get("a", true, 0)], vec![get("b", false, 7)]);
         assert!(txn_is_read_only(&mixed) && !txn_is_serializable(&mixed));
         assert_eq!(txn_newest_revision(&mixed), 7);

@@ -612,13 +612,7 @@ fn set_txn_revision(resp: &mut TxnResponse, rev: i64) {
 /// etcd evaluates every compare on the chosen path against the state before
 /// the txn, before running any op.
 fn txn_path(v: &View<'_>, t: &TxnRequest, path: &mut Vec<bool>) -> Result<(), ReadError> {
-    let mut ok = true;
-    for c in &t.compare {
-        if !v.compare(c)? {
-            ok = false;
-            break;
-        }
-    }
+    let ok = v.compares_hold(&t.compare)?;
     path.push(ok);
     for op in if ok { &t.success } else { &t.failure } {
         if let RequestOp::Txn(nested) = op {

@@ -69,13 +69,7 @@ impl Store {
         let idx = self.index.borrow();
         let at = self.view(&idx, self.current_rev).check_rev(revision)?;
         let v = self.view(&idx, at);
-        let mut succeeded = true;
-        for c in &t.compare {
-            if !v.compare(c)? {
-                succeeded = false;
-                break;
-            }
-        }
+        let succeeded = v.compares_hold(&t.compare)?;
         let ops = if succeeded { &t.success } else { &t.failure };
         let mut responses = Vec::with_capacity(ops.len());
         for op in ops {

@@ -200,16 +200,18 @@ impl KvService {
     /// etcd's read-only txn on one shard, read as a range is and not
     /// through the log: serializable when every range is, else
     /// linearizable (with several shards, at a point of the one revision
-    /// order, as a range is).
+    /// order, as a range is). As in etcd, only the ranges of the branch its
+    /// compares take are checked: a revision named on the other branch
+    /// never fails it.
     async fn read_txn(&self, shard: ShardId, req: TxnRequest) -> Result<TxnResponse, Status> {
         let serializable = validate::txn_is_serializable(&req);
         let Some(keyspace) = &self.router.keyspace else {
             return Ok(self.router.read_txn(shard, req, serializable, None).await?);
         };
-        let newest = validate::txn_newest_revision(&req);
         if !serializable {
+            // The shard refuses a range past the point on the branch taken.
             return self
-                .at_point(&[shard], newest, |revision, points| {
+                .at_point(&[shard], 0, |revision, points| {
                     let at = ReadAt {
                         revision,
                         index: points[0].index,
@@ -219,18 +221,17 @@ impl KvService {
                 })
                 .await;
         }
+        let reached = &keyspace.counter.reached;
+        let newest = validate::txn_newest_revision(&req).min(reached.member_revision());
         if newest == 0 {
             // One shard's own state is a cut at its own revision.
             return Ok(self.router.read_txn(shard, req, true, None).await?);
         }
-        // Once this member's shards have reached every revision it names.
-        keyspace
-            .counter
-            .reached
-            .wait_for(&[shard], newest, REQUEST_TIMEOUT)
-            .await?;
+        // Once the shard has reached every revision it names that this
+        // member has (a range past the member's revision is a future one).
+        reached.wait_for(&[shard], newest, REQUEST_TIMEOUT).await?;
         let at = ReadAt {
-            revision: keyspace.counter.reached.cut(&[shard]),
+            revision: reached.cut(&[shard]),
             index: 0,
             term: 0,
         };

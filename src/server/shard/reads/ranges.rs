@@ -122,11 +122,7 @@ impl Shard {
                     point
                 };
                 at_point = RangeRequest {
-                    revision: if revision >= self.store.current_revision() {
-                        0
-                    } else {
-                        revision
-                    },
+                    revision: store_revision(revision, self.store.current_revision()),
                     ..request.clone()
                 };
                 &at_point
@@ -147,6 +143,18 @@ impl Shard {
                 tokio::task::spawn_local(read_rest(range, reply));
             }
         }
+    }
+}
+
+/// The revision a read at a point reads the store at: `revision`, or the
+/// store's own (0) when `revision` is at or past it. The shard has applied
+/// everything up to the point, so no write of it lies between its revision
+/// and the point's.
+pub(in crate::server::shard) fn store_revision(revision: i64, current: i64) -> i64 {
+    if revision >= current {
+        0
+    } else {
+        revision
     }
 }
 

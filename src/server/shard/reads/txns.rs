@@ -11,6 +11,8 @@ use crate::server::command::Reply;
 use crate::server::convert;
 use crate::server::shard::Shard;
 
+use super::ranges::store_revision;
+
 impl Shard {
     /// Reads `request` at the store's revision, or at `point` (several
     /// shards): then at the point's revision, or at the store's own when
@@ -24,19 +26,22 @@ impl Shard {
         point: Option<i64>,
     ) {
         let current = self.store.current_revision();
-        let revision = point.filter(|&p| p < current).unwrap_or(0);
         let mut txn = convert::txn_from_pb(request);
-        if let Some(point) = point {
-            // A range's revision between the store's and the point's names
-            // the store's state (nothing of this shard lies between).
-            for op in txn.success.iter_mut().chain(txn.failure.iter_mut()) {
-                if let mvcc::RequestOp::Range(r) = op {
-                    if r.revision > current && r.revision <= point {
-                        r.revision = 0;
+        let revision = match point {
+            None => 0,
+            Some(point) => {
+                // A range's revision up to the point names the store's
+                // state when it is past the store's (as the point does).
+                for op in txn.success.iter_mut().chain(txn.failure.iter_mut()) {
+                    if let mvcc::RequestOp::Range(r) = op {
+                        if r.revision <= point {
+                            r.revision = store_revision(r.revision, current);
+                        }
                     }
                 }
+                store_revision(point, current)
             }
-        }
+        };
         let answer = self
             .store
             .read_txn(&txn, revision)
