@@ -90,6 +90,27 @@ pub struct Snapshot {
     registry: Registry,
 }
 
+impl Clone for Snapshot {
+    /// Another reader of the same state, registered as the first is: the
+    /// pages it reads stay until both are dropped. Cheap: the open batch's
+    /// records are shared, not copied.
+    fn clone(&self) -> Snapshot {
+        *self.registry.borrow_mut().entry(self.txn).or_insert(0) += 1;
+        Snapshot {
+            src: self.src.clone(),
+            rev_root: self.rev_root,
+            committed_rev: self.committed_rev,
+            pending: self.pending.clone(),
+            index: self.index.clone(),
+            compact: self.compact.clone(),
+            revision: self.revision,
+            applied_index: self.applied_index,
+            txn: self.txn,
+            registry: self.registry.clone(),
+        }
+    }
+}
+
 impl Drop for Snapshot {
     fn drop(&mut self) {
         let mut reg = self.registry.borrow_mut();

@@ -647,7 +647,10 @@ fn a_snapshot_keeps_its_view_while_the_writer_overwrites_and_compacts() {
         t.put(&format!("k{i:03}"), &"old".repeat(50));
     }
     t.store.commit().unwrap();
-    let snap = t.store.snapshot();
+    // A clone pins the same state: dropping the first leaves it readable.
+    let first = t.store.snapshot();
+    let snap = first.clone();
+    drop(first);
     let at = snap.revision();
     for round in 0..5 {
         for i in 0..400 {
@@ -661,7 +664,7 @@ fn a_snapshot_keeps_its_view_while_the_writer_overwrites_and_compacts() {
         .kvs
         .iter()
         .all(|kv| kv.value == "old".repeat(50).as_bytes() && kv.mod_revision <= at));
-    // The writer's pages grew while the snapshot pinned the old ones...
+    // The writer's pages grew while the clone pinned the old ones...
     let pinned = t.store.size_in_use_bytes();
     drop(snap);
     let cur = t.store.current_revision();

@@ -62,14 +62,9 @@ impl Store {
     /// reads further back, and one past `revision` is a future revision. A
     /// txn with any other op is refused: writes are applied, not read.
     pub fn read_txn(&self, t: &TxnRequest, revision: i64) -> Result<TxnResponse, ReadError> {
-        let read_only = |ops: &[RequestOp]| ops.iter().all(|op| matches!(op, RequestOp::Range(_)));
-        if !read_only(&t.success) || !read_only(&t.failure) {
-            return Err(ReadError::NotReadOnly);
-        }
+        let (at, succeeded) = self.txn_branch(t, revision)?;
         let idx = self.index.borrow();
-        let at = self.view(&idx, self.current_rev).check_rev(revision)?;
         let v = self.view(&idx, at);
-        let succeeded = v.compares_hold(&t.compare)?;
         let ops = if succeeded { &t.success } else { &t.failure };
         let mut responses = Vec::with_capacity(ops.len());
         for op in ops {
@@ -82,6 +77,21 @@ impl Store {
             succeeded,
             responses,
         })
+    }
+
+    /// Which branch a read-only txn takes (true: `success`), its compares
+    /// read at `revision` (0: the current one), and the revision they were
+    /// read at, which its ranges read at too ([`Store::read_txn`]). Refused
+    /// as `read_txn` refuses.
+    pub fn txn_branch(&self, t: &TxnRequest, revision: i64) -> Result<(i64, bool), ReadError> {
+        let read_only = |ops: &[RequestOp]| ops.iter().all(|op| matches!(op, RequestOp::Range(_)));
+        if !read_only(&t.success) || !read_only(&t.failure) {
+            return Err(ReadError::NotReadOnly);
+        }
+        let idx = self.index.borrow();
+        let at = self.view(&idx, self.current_rev).check_rev(revision)?;
+        let succeeded = self.view(&idx, at).compares_hold(&t.compare)?;
+        Ok((at, succeeded))
     }
 
     /// Whether the range of `req` holds more than `n` keys at the revision it

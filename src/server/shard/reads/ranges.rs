@@ -188,16 +188,33 @@ pub(in crate::server::shard) fn start_range(
     if reads_at_most_one_chunk(store, &req, chunk_keys) {
         return RangeStart::Answered(read_whole(store, &req, header, shard));
     }
+    // Nothing is applied between the snapshot and a read of the store.
+    from_snapshot(store.snapshot(), request, header, chunk_keys, shard)
+}
+
+/// Serves `request` from `snap` as [`start_range`] does from a store: its
+/// first chunk at once, the rest by [`read_rest`]. A range that cannot be
+/// streamed (sorted by anything but the key) is read whole from `snap`.
+pub(in crate::server::shard) fn from_snapshot(
+    snap: mvcc::Snapshot,
+    request: &RangeRequest,
+    header: pb::ResponseHeader,
+    chunk_keys: usize,
+    shard: ShardId,
+) -> RangeStart {
+    let req = convert::range_from_pb(request);
+    // Only key order streams (a count has none).
+    if !req.count_only && req.sort_target != mvcc::SortTarget::Key {
+        return RangeStart::Answered(
+            snap.range(&req)
+                .map(|r| convert::range_to_pb(r, header))
+                .map_err(|e| read_error_to_api(shard, e)),
+        );
+    }
     let limit = usize::try_from(req.limit).unwrap_or(0);
     let may_leave_out = req.count_only || has_revision_filters(&req);
-    let stream = match store.snapshot().range_stream(req, chunk_keys) {
+    let stream = match snap.range_stream(req, chunk_keys) {
         Ok(stream) => stream,
-        // Nothing was applied since the snapshot: the store reads at its
-        // revision.
-        Err(mvcc::ReadError::NotStreamable(_)) => {
-            let req = convert::range_from_pb(request);
-            return RangeStart::Answered(read_whole(store, &req, header, shard));
-        }
         Err(e) => return RangeStart::Answered(Err(read_error_to_api(shard, e))),
     };
     let mut range = ChunkedRange {
@@ -263,7 +280,7 @@ fn read_whole(
 }
 
 /// What reading one chunk gave.
-enum Step {
+pub(in crate::server::shard) enum Step {
     Answered(Result<RangeResponse, ApiError>),
     More,
 }
@@ -273,7 +290,7 @@ impl ChunkedRange {
     /// same turn as the last step) reads a chunk. When a chunk leaves nothing
     /// to read (it is short of `chunk_keys`, or reached `limit`) the stream
     /// is asked again, which then reads nothing and makes its `more` final.
-    fn read_chunk(&mut self) -> Step {
+    pub(in crate::server::shard) fn read_chunk(&mut self) -> Step {
         let count = match self.count {
             Some(count) => count,
             None => match self
@@ -311,6 +328,11 @@ impl ChunkedRange {
                 Err(e) => return Step::Answered(Err(read_error_to_api(self.shard, e))),
             }
         }
+    }
+
+    /// Chunks read so far.
+    pub(in crate::server::shard) fn chunks(&self) -> usize {
+        self.chunks
     }
 
     /// Whether the answer holds the `limit` keys asked for, so that nothing
