@@ -6,7 +6,8 @@
 //! member; new ones are refused at once; a stream opened without the
 //! metadata stays open, as etcd leaves it. Unary calls that require a
 //! leader are refused too, and a call that outlives its deadline there is
-//! answered DeadlineExceeded, the code a client's own deadline gives. Once
+//! answered DeadlineExceeded, the code a client's own deadline gives; so
+//! is a gateway call with a `Grpc-Metadata-Hasleader` header. Once
 //! the cluster is back,
 //! the member serves such streams again.
 
@@ -124,6 +125,31 @@ async fn streams_that_require_a_leader_end_when_the_member_loses_it() {
         .get("/leader/", serializable())
         .await
         .expect("a plain serializable read");
+    // Through the HTTP/JSON gateway too: a `Grpc-Metadata-Hasleader` header
+    // is the call's `hasleader` metadata, as etcd's gateway passes it on.
+    let read = r#"{"key": "L2xlYWRlci8=", "serializable": true}"#;
+    let gateway = |headers: &[(&str, &str)]| {
+        crate::gateway_http::request_with(
+            &endpoint,
+            "POST",
+            "/v3/kv/range",
+            read.as_bytes(),
+            headers,
+        )
+    };
+    let refused = gateway(&[("Grpc-Metadata-Hasleader", "true")]);
+    let body = refused.json();
+    assert_eq!(
+        (
+            refused.status,
+            body["code"].as_i64(),
+            body["error"].as_str()
+        ),
+        (503, Some(14), Some("etcdserver: no leader")),
+        "{body}"
+    );
+    let served = gateway(&[]);
+    assert_eq!(served.status, 200, "{}", served.text());
     // A put cannot commit: at its deadline the member answers with the
     // code the client's own deadline gives. Written by hand, as a client
     // library's own timer would answer first.

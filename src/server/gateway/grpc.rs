@@ -8,7 +8,7 @@
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http_body_util::BodyExt;
-use hyper::header::{HeaderMap, HeaderValue, AUTHORIZATION, CONTENT_TYPE, TE};
+use hyper::header::{HeaderMap, AUTHORIZATION, CONTENT_TYPE, TE};
 use hyper::{Method, Request};
 use tonic::service::Routes;
 use tonic::{Code, Status};
@@ -28,12 +28,42 @@ pub fn frame(message: &[u8]) -> Bytes {
     out.freeze()
 }
 
+/// The gRPC metadata of a call made through the gateway, as etcd's gateway
+/// (grpc-gateway) makes it from the HTTP request's headers: `Authorization`,
+/// and every `Grpc-Metadata-<key>` header as `<key>` (so
+/// `Grpc-Metadata-Hasleader: true` requires a leader, as etcd's clients ask
+/// with `hasleader`). Keys that gRPC reserves for itself (`grpc-*`, `te`,
+/// `content-type`) are not taken.
+pub fn call_metadata(headers: &HeaderMap) -> HeaderMap {
+    let mut metadata = HeaderMap::new();
+    if let Some(token) = headers.get(AUTHORIZATION) {
+        metadata.insert(AUTHORIZATION, token.clone());
+    }
+    for (name, value) in headers {
+        let Some(key) = name.as_str().strip_prefix(METADATA_HEADER_PREFIX) else {
+            continue;
+        };
+        if key.starts_with("grpc-") || key == "te" || key == "content-type" {
+            continue;
+        }
+        if let Ok(key) = http::HeaderName::from_bytes(key.as_bytes()) {
+            metadata.append(key, value.clone());
+        }
+    }
+    metadata
+}
+
+/// grpc-gateway's prefix of the HTTP headers it passes on as metadata
+/// (header names arrive lower-cased).
+const METADATA_HEADER_PREFIX: &str = "grpc-metadata-";
+
 /// Starts one call of `grpc_path` with `body` as its request stream and
-/// returns its response, whose first frames may still be on their way.
+/// `metadata` ([`call_metadata`]), and returns its response, whose first
+/// frames may still be on their way.
 pub async fn call<B>(
     routes: &Routes,
     grpc_path: &str,
-    authorization: Option<&HeaderValue>,
+    metadata: &HeaderMap,
     body: B,
 ) -> Result<ResponseFrames, Status>
 where
@@ -45,8 +75,8 @@ where
         .uri(grpc_path)
         .header(CONTENT_TYPE, "application/grpc")
         .header(TE, "trailers");
-    if let Some(token) = authorization {
-        request = request.header(AUTHORIZATION, token.clone());
+    for (name, value) in metadata {
+        request = request.header(name, value.clone());
     }
     let request = request
         .body(body)
@@ -141,5 +171,38 @@ mod tests {
         let f = frame(b"abc");
         assert_eq!(&f[..], &[0, 0, 0, 0, 3, b'a', b'b', b'c']);
         assert_eq!(frame(b"").len(), FRAME_HEADER_BYTES);
+    }
+
+    #[test]
+    fn metadata_is_taken_from_grpc_gateways_headers() {
+        let mut headers = HeaderMap::new();
+        for (name, value) in [
+            ("authorization", "token.1"),
+            ("grpc-metadata-hasleader", "true"),
+            ("grpc-metadata-token", "token.2"),
+            ("grpc-metadata-grpc-timeout", "1S"),
+            ("grpc-metadata-te", "x"),
+            ("content-type", "application/json"),
+            ("user-agent", "curl"),
+        ] {
+            headers.insert(
+                http::HeaderName::from_static(name),
+                http::HeaderValue::from_static(value),
+            );
+        }
+        let metadata = call_metadata(&headers);
+        let mut got: Vec<(&str, &str)> = metadata
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.to_str().unwrap()))
+            .collect();
+        got.sort();
+        assert_eq!(
+            got,
+            [
+                ("authorization", "token.1"),
+                ("hasleader", "true"),
+                ("token", "token.2")
+            ]
+        );
     }
 }

@@ -26,7 +26,7 @@ use bytes::Bytes;
 use futures::future::BoxFuture;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE};
+use hyper::header::{HeaderValue, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
 use tonic::service::Routes;
 use tonic::Code;
@@ -66,7 +66,8 @@ pub struct Gateway {
     /// as etcd's gRPC server refuses it.
     max_message_bytes: usize,
     /// The calls refused before they start, through the gateway as over
-    /// gRPC (a learner's; the gateway forwards no `hasleader` metadata).
+    /// gRPC (a learner's, and those that require a leader through a
+    /// `Grpc-Metadata-Hasleader` header while the member knows none).
     gate: CallGate,
 }
 
@@ -122,14 +123,14 @@ impl Gateway {
         if req.method() != Method::POST {
             return plain(StatusCode::METHOD_NOT_ALLOWED, "Method Not Allowed\n");
         }
-        let no_metadata = hyper::HeaderMap::new();
-        if let Some(status) = self.gate.refusal(route.grpc_path.as_bytes(), &no_metadata) {
+        let metadata = grpc::call_metadata(req.headers());
+        if let Some(status) = self.gate.refusal(route.grpc_path.as_bytes(), &metadata) {
             return error(status.code(), status.message());
         }
         if route.client_streaming {
-            self.streaming_call(route, req).await
+            self.streaming_call(route, req, &metadata).await
         } else {
-            self.unary_request_call(route, req).await
+            self.unary_request_call(route, req, &metadata).await
         }
     }
 
@@ -138,6 +139,7 @@ impl Gateway {
         &self,
         route: &Route,
         req: Request<Incoming>,
+        metadata: &hyper::HeaderMap,
     ) -> Response<FallbackBody> {
         let (parts, body) = req.into_parts();
         let body = match Limited::new(body, self.max_body_bytes).collect().await {
@@ -158,7 +160,7 @@ impl Gateway {
         let frames = match grpc::call(
             &self.routes,
             &route.grpc_path,
-            parts.headers.get(AUTHORIZATION),
+            metadata,
             Full::new(grpc::frame(&message)),
         )
         .await
@@ -180,6 +182,7 @@ impl Gateway {
         &self,
         route: &Route,
         req: Request<Incoming>,
+        metadata: &hyper::HeaderMap,
     ) -> Response<FallbackBody> {
         let (parts, body) = req.into_parts();
         let mut messages = JsonMessages::new(
@@ -199,14 +202,7 @@ impl Gateway {
             }
         };
         let body = stream::forward_requests(messages, first);
-        let frames = match grpc::call(
-            &self.routes,
-            &route.grpc_path,
-            parts.headers.get(AUTHORIZATION),
-            body,
-        )
-        .await
-        {
+        let frames = match grpc::call(&self.routes, &route.grpc_path, metadata, body).await {
             Ok(frames) => frames,
             Err(status) => return error(status.code(), status.message()),
         };
