@@ -402,9 +402,9 @@ async fn read(
         key: key.clone(),
         ..Default::default()
     };
-    // Keys ending in an odd byte are read through etcd's read-only txn (one
-    // range, read as a range is and not through the log), as the API layer
-    // reads one; the others through a range.
+    // Keys ending in an odd byte are read through etcd's read-only txn (a
+    // compare and one range, read as a range is and not through the log),
+    // as the API layer reads one; the others through a range.
     let as_txn = key.last().is_some_and(|b| b % 2 == 1);
     if world.shards() == 1 {
         if as_txn {
@@ -445,9 +445,20 @@ async fn read(
     Ok(r.kvs.into_iter().next())
 }
 
-/// A txn of no compare and one range.
+/// A txn that reads its range's key if the key exists: a compare on the
+/// key's version, the range on the branch it takes when the key exists and
+/// nothing on the other. So the compare decides what the read answers
+/// ([`first_kv`]), and a compare read at another revision than the range
+/// shows as a read of the wrong state.
 fn one_range_txn(request: pb::RangeRequest) -> pb::TxnRequest {
     pb::TxnRequest {
+        compare: vec![pb::Compare {
+            result: pb::compare::CompareResult::Greater as i32,
+            target: pb::compare::CompareTarget::Version as i32,
+            key: request.key.clone(),
+            target_union: Some(pb::compare::TargetUnion::Version(0)),
+            ..Default::default()
+        }],
         success: vec![pb::RequestOp {
             request: Some(pb::request_op::Request::RequestRange(request)),
         }],
@@ -455,8 +466,11 @@ fn one_range_txn(request: pb::RangeRequest) -> pb::TxnRequest {
     }
 }
 
-/// The first key of a [`one_range_txn`]'s answer.
+/// The key a [`one_range_txn`] read: none when its compare found no key.
 fn first_kv(r: pb::TxnResponse) -> Option<cairn_proto::mvccpb::KeyValue> {
+    if !r.succeeded {
+        return None;
+    }
     match r.responses.into_iter().next()?.response? {
         pb::response_op::Response::ResponseRange(r) => r.kvs.into_iter().next(),
         _ => None,
