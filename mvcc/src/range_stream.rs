@@ -27,6 +27,11 @@ impl Snapshot {
         } else {
             effective_sort(&req)
         };
+        debug_assert_eq!(
+            req.streamable(),
+            matches!(sort, None | Some((SortTarget::Key, _))),
+            "RangeRequest::streamable names the ranges streamed: {req:?}"
+        );
         let reverse = match sort {
             None => false,
             Some((SortTarget::Key, true)) => true,

@@ -92,10 +92,14 @@ pub struct Snapshot {
 
 impl Clone for Snapshot {
     /// Another reader of the same state, registered as the first is: the
-    /// pages it reads stay until both are dropped. Cheap: the open batch's
-    /// records are shared, not copied.
+    /// pages it reads stay until both are dropped. It copies the list of
+    /// the open batch's records (not the records).
     fn clone(&self) -> Snapshot {
-        *self.registry.borrow_mut().entry(self.txn).or_insert(0) += 1;
+        *self
+            .registry
+            .borrow_mut()
+            .get_mut(&self.txn)
+            .expect("snapshot registered") += 1;
         Snapshot {
             src: self.src.clone(),
             rev_root: self.rev_root,

@@ -56,6 +56,15 @@ pub struct RangeRequest {
     pub max_create_revision: i64,
 }
 
+impl RangeRequest {
+    /// Whether [`crate::Snapshot::range_stream`] streams this range: a
+    /// count, or keys in key order (either way). Any other order needs
+    /// every key before the first.
+    pub fn streamable(&self) -> bool {
+        self.count_only || self.sort_target == SortTarget::Key
+    }
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RangeResponse {
     /// The store's revision when the range was served (etcd's header revision).

@@ -81,8 +81,10 @@ impl Store {
 
     /// Which branch a read-only txn takes (true: `success`), its compares
     /// read at `revision` (0: the current one), and the revision they were
-    /// read at, which its ranges read at too ([`Store::read_txn`]). Refused
-    /// as `read_txn` refuses.
+    /// read at, which its ranges read at too ([`Store::read_txn`]). The
+    /// ranges of that branch are checked first, as etcd checks them before
+    /// reading any: the first with no key, or a revision compacted or past
+    /// the txn's, refuses the txn. Refused as `read_txn` refuses.
     pub fn txn_branch(&self, t: &TxnRequest, revision: i64) -> Result<(i64, bool), ReadError> {
         let read_only = |ops: &[RequestOp]| ops.iter().all(|op| matches!(op, RequestOp::Range(_)));
         if !read_only(&t.success) || !read_only(&t.failure) {
@@ -90,7 +92,16 @@ impl Store {
         }
         let idx = self.index.borrow();
         let at = self.view(&idx, self.current_rev).check_rev(revision)?;
-        let succeeded = self.view(&idx, at).compares_hold(&t.compare)?;
+        let v = self.view(&idx, at);
+        let succeeded = v.compares_hold(&t.compare)?;
+        for op in if succeeded { &t.success } else { &t.failure } {
+            if let RequestOp::Range(r) = op {
+                if r.key.is_empty() {
+                    return Err(ReadError::EmptyKey);
+                }
+                v.check_rev(r.revision)?;
+            }
+        }
         Ok((at, succeeded))
     }
 

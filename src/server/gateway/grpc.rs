@@ -33,7 +33,8 @@ pub fn frame(message: &[u8]) -> Bytes {
 /// and every `Grpc-Metadata-<key>` header as `<key>` (so
 /// `Grpc-Metadata-Hasleader: true` requires a leader, as etcd's clients ask
 /// with `hasleader`). Keys that gRPC reserves for itself (`grpc-*`, `te`,
-/// `content-type`) are not taken.
+/// `content-type`, `user-agent`) and HTTP's own (hop-by-hop and framing
+/// headers) are not taken.
 pub fn call_metadata(headers: &HeaderMap) -> HeaderMap {
     let mut metadata = HeaderMap::new();
     if let Some(token) = headers.get(AUTHORIZATION) {
@@ -43,7 +44,7 @@ pub fn call_metadata(headers: &HeaderMap) -> HeaderMap {
         let Some(key) = name.as_str().strip_prefix(METADATA_HEADER_PREFIX) else {
             continue;
         };
-        if key.starts_with("grpc-") || key == "te" || key == "content-type" {
+        if key.starts_with("grpc-") || NOT_METADATA.contains(&key) {
             continue;
         }
         if let Ok(key) = http::HeaderName::from_bytes(key.as_bytes()) {
@@ -52,6 +53,22 @@ pub fn call_metadata(headers: &HeaderMap) -> HeaderMap {
     }
     metadata
 }
+
+/// Keys never taken as metadata: gRPC's and HTTP's own.
+const NOT_METADATA: &[&str] = &[
+    "te",
+    "content-type",
+    "user-agent",
+    "host",
+    "content-length",
+    "connection",
+    "keep-alive",
+    "transfer-encoding",
+    "upgrade",
+    "trailer",
+    "proxy-authorization",
+    "proxy-connection",
+];
 
 /// grpc-gateway's prefix of the HTTP headers it passes on as metadata
 /// (header names arrive lower-cased).
@@ -182,6 +199,8 @@ mod tests {
             ("grpc-metadata-token", "token.2"),
             ("grpc-metadata-grpc-timeout", "1S"),
             ("grpc-metadata-te", "x"),
+            ("grpc-metadata-content-length", "7"),
+            ("grpc-metadata-host", "elsewhere"),
             ("content-type", "application/json"),
             ("user-agent", "curl"),
         ] {

@@ -445,36 +445,42 @@ async fn read(
     Ok(r.kvs.into_iter().next())
 }
 
-/// A txn that reads its range's key if the key exists: a compare on the
-/// key's version, the range on the branch it takes when the key exists and
-/// nothing on the other. So the compare decides what the read answers
-/// ([`first_kv`]), and a compare read at another revision than the range
-/// shows as a read of the wrong state.
+/// A txn that reads its range's key on either branch of a compare on the
+/// key's existence (its version), so that what the compare saw and what
+/// the range read must agree ([`first_kv`]) whatever happened meanwhile:
+/// both are read at one revision.
 fn one_range_txn(request: pb::RangeRequest) -> pb::TxnRequest {
+    let read = pb::RequestOp {
+        request: Some(pb::request_op::Request::RequestRange(request.clone())),
+    };
     pb::TxnRequest {
         compare: vec![pb::Compare {
             result: pb::compare::CompareResult::Greater as i32,
             target: pb::compare::CompareTarget::Version as i32,
-            key: request.key.clone(),
+            key: request.key,
             target_union: Some(pb::compare::TargetUnion::Version(0)),
             ..Default::default()
         }],
-        success: vec![pb::RequestOp {
-            request: Some(pb::request_op::Request::RequestRange(request)),
-        }],
-        ..Default::default()
+        success: vec![read.clone()],
+        failure: vec![read],
     }
 }
 
-/// The key a [`one_range_txn`] read: none when its compare found no key.
+/// The key a [`one_range_txn`] read. A compare that found the key where the
+/// range found none (or the other way round) read two states: the seed
+/// fails (a panicking client fails it).
 fn first_kv(r: pb::TxnResponse) -> Option<cairn_proto::mvccpb::KeyValue> {
-    if !r.succeeded {
-        return None;
-    }
-    match r.responses.into_iter().next()?.response? {
+    let succeeded = r.succeeded;
+    let kv = match r.responses.into_iter().next()?.response? {
         pb::response_op::Response::ResponseRange(r) => r.kvs.into_iter().next(),
         _ => None,
-    }
+    };
+    assert_eq!(
+        succeeded,
+        kv.is_some(),
+        "a read-only txn's compare and range read different states: {kv:?}"
+    );
+    kv
 }
 
 /// Reads `request` through a one-range read-only txn on a member's driver of

@@ -203,8 +203,7 @@ pub(in crate::server::shard) fn from_snapshot(
     shard: ShardId,
 ) -> RangeStart {
     let req = convert::range_from_pb(request);
-    // Only key order streams (a count has none).
-    if !req.count_only && req.sort_target != mvcc::SortTarget::Key {
+    if !req.streamable() {
         return RangeStart::Answered(
             snap.range(&req)
                 .map(|r| convert::range_to_pb(r, header))

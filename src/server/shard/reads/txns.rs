@@ -3,14 +3,16 @@
 //! linearizable after a ReadIndex round unless every range is serializable.
 //!
 //! The compares are read at once, at one revision; the ranges of the branch
-//! they choose are read at that revision as ranges are (`ranges`): in
-//! chunks, so that a txn of long ranges does not hold the core every shard
-//! on it shares. Ranges are started at once while they come to less than a
-//! chunk's keys between them (a txn of a few small ranges is answered in
-//! the turn it arrived, as before); the rest are read from a snapshot taken
-//! then, a chunk a turn, by a task on the core's `LocalSet`. Every range
-//! names the txn's revision, so a write applied meanwhile is never seen,
-//! and a compaction past it fails the txn with etcd's "compacted".
+//! they choose are checked first, as etcd checks them (a revision past the
+//! txn's or compacted refuses the txn), then read at that revision as
+//! ranges are (`ranges`): in chunks, so that a txn of long ranges does not
+//! hold the core every shard on it shares. Ranges are started at once while
+//! the keys they walked (counted or read) come to less than a chunk's (a
+//! txn of a few small ranges is answered in the turn it arrived, as
+//! before); the rest are read from a snapshot taken then, a chunk a turn,
+//! by a task on the core's `LocalSet`. Every range names the txn's revision
+//! or an earlier one, so a write applied meanwhile is never seen, and a
+//! compaction past it fails the txn with etcd's "compacted".
 
 use std::collections::VecDeque;
 
@@ -128,7 +130,12 @@ pub(in crate::server::shard) fn start_txn(
         };
         match start_range(store, &range, header, chunk_keys, shard) {
             RangeStart::Answered(Ok(r)) => {
-                keys_read += r.kvs.len().max(1);
+                // A count, or a sorted range read whole, walked every key
+                // it counted.
+                keys_read += usize::try_from(r.count)
+                    .unwrap_or(0)
+                    .max(r.kvs.len())
+                    .max(1);
                 done.push(r);
             }
             RangeStart::Answered(Err(e)) => return TxnStart::Answered(Err(e)),
@@ -204,16 +211,22 @@ impl ChunkedTxn {
                 }
             },
             None => {
-                let (Some(request), Some(snap)) = (self.rest.pop_front(), &self.snap) else {
+                let Some(request) = self.rest.pop_front() else {
                     return Some(Ok(self.answer()));
                 };
-                match from_snapshot(
-                    snap.clone(),
-                    &request,
-                    self.header,
-                    self.chunk_keys,
-                    self.shard,
-                ) {
+                // The last range takes the snapshot itself.
+                let snap = if self.rest.is_empty() {
+                    self.snap.take()
+                } else {
+                    self.snap.clone()
+                };
+                let Some(snap) = snap else {
+                    return Some(Err(ApiError::Storage {
+                        shard: self.shard,
+                        reason: "a read-only txn lost its snapshot".into(),
+                    }));
+                };
+                match from_snapshot(snap, &request, self.header, self.chunk_keys, self.shard) {
                     RangeStart::Answered(answer) => answer,
                     RangeStart::Chunked(range) => {
                         self.current = Some(range);

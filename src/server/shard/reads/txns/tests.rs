@@ -142,6 +142,16 @@ fn txn_matrix(compacted: i64, past: i64, current: i64) -> Vec<(String, TxnReques
                 ..range("/a/0001", "")
             }],
         ),
+        (
+            "a long range, then the store's revision",
+            vec![
+                long_a.clone(),
+                RangeRequest {
+                    revision: current,
+                    ..long_b.clone()
+                },
+            ],
+        ),
     ];
     let mut out = Vec::new();
     for (name, ranges) in lists {
@@ -214,7 +224,9 @@ fn chunked_txns_answer_as_the_whole_txn_does() {
     let txns = txn_matrix(compacted, past, current);
     let mut tasks = [0usize; 2];
     for chunk_keys in [1, 7, 1_000] {
-        for point in [None, Some(current + 9)] {
+        // A point past the store's, and one before it (a range at the
+        // store's revision is then in the txn's future).
+        for point in [None, Some(current + 9), Some(past + 3)] {
             for (name, txn) in &txns {
                 let expected = whole(&f.store, txn, point);
                 let (got, took_task) = chunked(&f.store, txn, point, chunk_keys);
