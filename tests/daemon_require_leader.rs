@@ -58,6 +58,22 @@ async fn streams_that_require_a_leader_end_when_the_member_loses_it() {
             .expect("a response");
         assert!(created.created(), "{created:?}");
     }
+    // A watch through the HTTP/JSON gateway that requires a leader.
+    let gateway_endpoint = endpoint.clone();
+    let mut gateway_watch = tokio::task::spawn_blocking(move || {
+        let create = r#"{"create_request": {"key": "L2xlYWRlci8=", "range_end": "L2xlYWRlcjA="}}"#;
+        let mut w = crate::gateway_http::open_stream_with(
+            &gateway_endpoint,
+            "/v3/watch",
+            create,
+            &[("Grpc-Metadata-Hasleader", "true")],
+        );
+        let created = w.lines(1);
+        assert_eq!(created[0]["result"]["created"], true, "{created:?}");
+        w
+    })
+    .await
+    .expect("a gateway watch");
     let lease = c.lease_grant(60, None).await.expect("a lease").id();
     let (mut keeper, mut acks) = c.lease_keep_alive(lease).await.expect("keep-alive");
     keeper.keep_alive().await.expect("a keep-alive sent");
@@ -86,6 +102,17 @@ async fn streams_that_require_a_leader_end_when_the_member_loses_it() {
         (tonic::Code::Unavailable, "etcdserver: no leader")
     );
     let noticed = lost_at.elapsed();
+    let ended = tokio::task::spawn_blocking(move || gateway_watch.lines(1))
+        .await
+        .expect("the gateway watch's last line");
+    assert_eq!(
+        (
+            ended[0]["error"]["grpc_code"].as_i64(),
+            ended[0]["error"]["message"].as_str()
+        ),
+        (Some(14), Some("etcdserver: no leader")),
+        "{ended:?}"
+    );
     let keep_alive_end = tokio::time::timeout(NOTICE_WITHIN, acks.message())
         .await
         .expect("the keep-alive stream ends");

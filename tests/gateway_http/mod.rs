@@ -182,8 +182,18 @@ pub fn post(endpoint: &str, path: &str, body: &str) -> Answer {
 
 /// Opens a streaming call: sends `body` and returns the response to read.
 pub fn open_stream(endpoint: &str, path: &str, body: &str) -> Streamed {
+    open_stream_with(endpoint, path, body, &[])
+}
+
+/// [`open_stream`] with extra request headers.
+pub fn open_stream_with(
+    endpoint: &str,
+    path: &str,
+    body: &str,
+    headers: &[(&str, &str)],
+) -> Streamed {
     let mut stream = connect(endpoint);
-    send(&mut stream, "POST", path, body.as_bytes(), &[]);
+    send(&mut stream, "POST", path, body.as_bytes(), headers);
     let sent = std::time::Instant::now();
     let mut reader = BufReader::new(stream);
     let (status, headers) = read_head(&mut reader, &format!("POST {endpoint}{path}"), sent);
