@@ -18,12 +18,7 @@ fn random_compare(rng: &mut SmallRng, rev: i64) -> Compare {
         3 => CompareTarget::CreateRevision(rng.gen_range(0..rev + 2)),
         _ => CompareTarget::Lease(rng.gen_range(0i64..3)),
     };
-    let result = match rng.gen_range(0..4) {
-        0 => CompareResult::Equal,
-        1 => CompareResult::NotEqual,
-        2 => CompareResult::Greater,
-        _ => CompareResult::Less,
-    };
+    let result = compare_result(rng);
     let k = key(rng);
     Compare {
         result,

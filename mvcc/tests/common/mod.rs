@@ -452,6 +452,16 @@ pub fn range_end(rng: &mut SmallRng, k: &[u8]) -> Vec<u8> {
     }
 }
 
+/// Any of a compare's four results.
+pub fn compare_result(rng: &mut SmallRng) -> CompareResult {
+    match rng.gen_range(0..4) {
+        0 => CompareResult::Equal,
+        1 => CompareResult::NotEqual,
+        2 => CompareResult::Greater,
+        _ => CompareResult::Less,
+    }
+}
+
 /// A random write for the current model state.
 pub fn random_op(rng: &mut SmallRng, m: &Model) -> Op {
     match rng.gen_range(0..100) {
@@ -486,12 +496,7 @@ pub fn random_op(rng: &mut SmallRng, m: &Model) -> Op {
                 3 => CompareTarget::CreateRevision(rng.gen_range(0..m.rev + 2)),
                 _ => CompareTarget::Lease(0),
             };
-            let result = match rng.gen_range(0..4) {
-                0 => CompareResult::Equal,
-                1 => CompareResult::NotEqual,
-                2 => CompareResult::Greater,
-                _ => CompareResult::Less,
-            };
+            let result = compare_result(rng);
             let a = key(rng);
             let mut b = key(rng);
             while b == a {
