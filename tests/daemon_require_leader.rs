@@ -177,6 +177,21 @@ async fn streams_that_require_a_leader_end_when_the_member_loses_it() {
     );
     let served = gateway(&[]);
     assert_eq!(served.status, 200, "{}", served.text());
+    // A gateway put past its `Grpc-Timeout` (it cannot commit here): the
+    // code a gRPC client's own deadline gives, as through etcd's gateway.
+    let late = crate::gateway_http::request_with(
+        &endpoint,
+        "POST",
+        "/v3/kv/put",
+        br#"{"key": "L2xlYWRlci9sYXRl", "value": "dg=="}"#,
+        &[("Grpc-Timeout", "300m")],
+    );
+    let body = late.json();
+    assert_eq!(
+        (late.status, body["code"].as_i64(), body["error"].as_str()),
+        (504, Some(4), Some("context deadline exceeded")),
+        "{body}"
+    );
     // A put cannot commit: at its deadline the member answers with the
     // code the client's own deadline gives. Written by hand, as a client
     // library's own timer would answer first.

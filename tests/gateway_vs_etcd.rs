@@ -506,6 +506,36 @@ fn gateway_answers_as_etcd_does() {
         same(path, &ea, &ca);
     }
 
+    // grpc-gateway's headers: `Grpc-Timeout` is the call's deadline (a
+    // malformed one refused before the call), and `Grpc-Metadata-<key>` is
+    // metadata `<key>` (`hasleader` with a leader known: served).
+    let with = |endpoint: &str, headers: &[(&str, &str)]| {
+        gateway_http::request_with(
+            endpoint,
+            "POST",
+            "/v3/kv/range",
+            br#"{"key":"Zm9v"}"#,
+            headers,
+        )
+    };
+    let malformed = [("Grpc-Timeout", "abc")];
+    same_error(
+        "a malformed Grpc-Timeout",
+        &with(e, &malformed),
+        &with(c, &malformed),
+        true,
+    );
+    for headers in [
+        [("Grpc-Timeout", "5S")],
+        [("Grpc-Metadata-Hasleader", "true")],
+    ] {
+        same(
+            &format!("a range with {headers:?}"),
+            &with(e, &headers),
+            &with(c, &headers),
+        );
+    }
+
     // Neither member was hurt by any of it.
     wait_serving(e);
     wait_serving(c);

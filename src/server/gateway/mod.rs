@@ -123,14 +123,35 @@ impl Gateway {
         if req.method() != Method::POST {
             return plain(StatusCode::METHOD_NOT_ALLOWED, "Method Not Allowed\n");
         }
+        // grpc-gateway's deadline: a `Grpc-Timeout` header in gRPC's form.
+        let deadline = match req.headers().get("grpc-timeout") {
+            None => None,
+            Some(value) => match crate::grpc::request::parse_timeout(value.as_bytes()) {
+                Some(timeout) => Some(timeout),
+                None => {
+                    let value = String::from_utf8_lossy(value.as_bytes());
+                    return error(
+                        Code::InvalidArgument,
+                        &format!("invalid grpc-timeout: {value}"),
+                    );
+                }
+            },
+        };
         let metadata = grpc::call_metadata(req.headers());
         if let Some(status) = self.gate.refusal(route.grpc_path.as_bytes(), &metadata) {
             return error(status.code(), status.message());
         }
         if route.client_streaming {
-            self.streaming_call(route, req, &metadata).await
-        } else {
-            self.unary_request_call(route, req, &metadata).await
+            return self.streaming_call(route, req, &metadata).await;
+        }
+        let call = self.unary_request_call(route, req, &metadata);
+        match deadline {
+            // A call whose answer is one message ends at its deadline with
+            // the code a gRPC client's own deadline gives.
+            Some(timeout) if !route.server_streaming => tokio::time::timeout(timeout, call)
+                .await
+                .unwrap_or_else(|_| error(Code::DeadlineExceeded, "context deadline exceeded")),
+            _ => call.await,
         }
     }
 
