@@ -57,6 +57,38 @@ pub struct KvService {
     pub peers: peer_client::PeerClient,
 }
 
+/// A linearizable read at one point of the revision order: a point from
+/// `read_point`, then `read` with the point's revision and each shard's
+/// part, taken again (up to [`POINT_TRIES`]) when a leader change replaced
+/// a point's entry before it was read. A read of a revision past the point
+/// (`newest`) is a future revision. Answers the point's revision and what
+/// `read` gave.
+pub async fn read_at_point<T, P, PFut, F, Fut>(
+    read_point: P,
+    newest: i64,
+    read: F,
+) -> Result<(i64, T), Status>
+where
+    P: Fn() -> PFut,
+    PFut: std::future::Future<Output = Result<(i64, Vec<ShardPoint>), Status>>,
+    F: Fn(i64, Vec<ShardPoint>) -> Fut,
+    Fut: std::future::Future<Output = Result<T, ApiError>>,
+{
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let (revision, points) = read_point().await?;
+        if newest > revision {
+            return Err(ApiError::FutureRev.into());
+        }
+        match read(revision, points).await {
+            Ok(r) => return Ok((revision, r)),
+            Err(ApiError::LeaderChanged) if tries < POINT_TRIES => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
 /// Asks the keyspace leader at `url` to run a txn over several shards.
 async fn forward_txn(
     peers: &peer_client::PeerClient,
@@ -168,10 +200,7 @@ impl KvService {
     }
 
     /// A linearizable read over `shards` at one point of the revision
-    /// order: `read` with the point's revision and each shard's part,
-    /// taken again when a leader change replaced a point's entry before it
-    /// was read. A read of a revision past the point (`newest`) is a future
-    /// revision.
+    /// order ([`read_at_point`], the point asked of the keyspace leader).
     async fn at_point<T, F, Fut>(
         &self,
         shards: &[ShardId],
@@ -182,19 +211,9 @@ impl KvService {
         F: Fn(i64, Vec<ShardPoint>) -> Fut,
         Fut: std::future::Future<Output = Result<T, ApiError>>,
     {
-        let mut tries = 0;
-        loop {
-            tries += 1;
-            let (revision, points) = self.read_point(shards).await?;
-            if newest > revision {
-                return Err(ApiError::FutureRev.into());
-            }
-            match read(revision, points).await {
-                Ok(r) => return Ok(r),
-                Err(ApiError::LeaderChanged) if tries < POINT_TRIES => continue,
-                Err(e) => return Err(e.into()),
-            }
-        }
+        read_at_point(|| self.read_point(shards), newest, read)
+            .await
+            .map(|(_, r)| r)
     }
 
     /// etcd's read-only txn on one shard, read as a range is and not

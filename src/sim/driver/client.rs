@@ -15,7 +15,7 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::routing::ShardId;
-use crate::server::api::kv::POINT_TRIES;
+use crate::server::api::kv::read_at_point;
 use crate::server::command::{ReadAt, ShardCommand, ShardPoint, WriteResult, REQUEST_TIMEOUT};
 use crate::server::errors::ApiError;
 use crate::server::keyspace::cross_txn;
@@ -557,10 +557,9 @@ async fn range_at_point(
     .await
 }
 
-/// A linearizable read over `shards` at one read point, as
-/// `KvService::at_point` takes it: `read` at the point, taken again when a
-/// later leader replaced a point's entry. Answers the point's revision and
-/// what `read` gave, or the error's text.
+/// A linearizable read over `shards` at one read point, taken as the API
+/// layer takes it ([`read_at_point`]), the point from [`read_point`].
+/// Answers the point's revision and what `read` gave, or the error's text.
 async fn at_point<T, F, Fut>(
     world: &World,
     member: u64,
@@ -572,16 +571,14 @@ where
     F: Fn(i64, Vec<ShardPoint>) -> Fut,
     Fut: std::future::Future<Output = Result<T, ApiError>>,
 {
-    let mut tries = 0;
-    loop {
-        tries += 1;
-        let (revision, points) = read_point(world, member, router, shards).await?;
-        match read(revision, points).await {
-            Ok(r) => return Ok((revision, r)),
-            Err(ApiError::LeaderChanged) if tries < POINT_TRIES => continue,
-            Err(e) => return Err(e.to_string()),
-        }
-    }
+    let point = || async {
+        read_point(world, member, router, shards)
+            .await
+            .map_err(tonic::Status::unavailable)
+    };
+    read_at_point(point, 0, read)
+        .await
+        .map_err(|status| status.message().to_string())
 }
 
 /// The read point of `shards` from the keyspace leader, through the API

@@ -96,26 +96,27 @@ pub(in crate::server::shard) fn start_txn(
     chunk_keys: usize,
     shard: ShardId,
 ) -> TxnStart {
-    let mut request = request.clone();
+    // Copied only to be changed for a point.
+    let mut request = std::borrow::Cow::Borrowed(request);
     let revision = point.map_or(0, |point| {
-        read_at_point(&mut request, point, store.current_revision())
+        read_at_point(request.to_mut(), point, store.current_revision())
     });
     let (at, succeeded) = match store.txn_branch(&convert::txn_from_pb(&request), revision) {
         Ok(branch) => branch,
         Err(e) => return TxnStart::Answered(Err(read_error_to_api(shard, e))),
     };
     let ops = if succeeded {
-        request.success
+        &request.success
     } else {
-        request.failure
+        &request.failure
     };
     // Each range reads at the txn's revision unless it names its own.
     let mut rest: VecDeque<RangeRequest> = ops
-        .into_iter()
-        .filter_map(|op| match op.request {
+        .iter()
+        .filter_map(|op| match &op.request {
             Some(request_op::Request::RequestRange(r)) => Some(RangeRequest {
                 revision: if r.revision == 0 { at } else { r.revision },
-                ..r
+                ..r.clone()
             }),
             _ => None,
         })
