@@ -1,7 +1,10 @@
 //! etcd's read-only txns (every op of both branches a range), against 3
 //! real members with one shard and with several: they are read as ranges
-//! are, never written to the Raft log. Each such txn answers as before
-//! (compares on both branches, a range at an old revision, a prefix); a
+//! are, never written to the Raft log. Most txns name keys of two routing
+//! prefixes, so with several shards they are read over two shards at one
+//! revision. Each such txn answers as etcd would (compares on both
+//! branches, a range at an old revision, a prefix, a range over both
+//! prefixes, compares alone, on ranges over both and on no key); a
 //! hundred of them leave every shard's commit index where it was (but for
 //! an election's entries), where five txns that write move it; a
 //! linearizable one on a follower sees the put just made through the
@@ -15,6 +18,7 @@ use crate::promtext;
 
 use std::time::Duration;
 
+use cairn::routing::RoutingTable;
 use common::{client, http_get, shard0_leader, status_of, wait_writable, Cluster};
 use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp, TxnOpResponse, TxnResponse};
 
@@ -22,12 +26,25 @@ use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp, TxnOpResponse, Txn
 /// read while it waits for one (5 s), with slack for a busy machine.
 const REFUSED_WITHIN: Duration = Duration::from_secs(60);
 
-/// Every key the tests touch shares one routing prefix, so each txn stays
-/// on one shard whatever the shard count.
+/// Most keys the tests touch share one routing prefix; `far` keys have
+/// another, on another shard when there are several, so a txn naming both
+/// is read over two shards (at one revision of the keyspace).
 const PREFIX: &str = "/rt/x/";
 
 fn key(name: &str) -> String {
     format!("{PREFIX}{name}")
+}
+
+/// A key of a routing prefix after [`PREFIX`] in key order, on another
+/// shard than it of four.
+fn far(name: &str) -> String {
+    let routing = RoutingTable::new(4, 1);
+    let home = routing.shard_for_key(PREFIX.as_bytes());
+    let prefix = (0..)
+        .map(|i| format!("/rt/y{i}/"))
+        .find(|p| routing.shard_for_key(p.as_bytes()) != home)
+        .expect("some prefix is on another shard");
+    format!("{prefix}{name}")
 }
 
 /// Entries committed on every shard of a member, summed (`0` when the
@@ -93,14 +110,14 @@ fn values(r: &TxnResponse) -> Vec<Vec<String>> {
         .collect()
 }
 
-fn value_is(k: &str, v: &str) -> Compare {
-    Compare::value(key(k), CompareOp::Equal, v)
+fn value_is(k: String, v: &str) -> Compare {
+    Compare::value(k, CompareOp::Equal, v)
 }
 
-fn get(k: &str, serializable: bool) -> TxnOp {
+fn get(k: String, serializable: bool) -> TxnOp {
     let options = GetOptions::new();
     TxnOp::get(
-        key(k),
+        k,
         Some(if serializable {
             options.with_serializable()
         } else {
@@ -121,38 +138,114 @@ async fn read_only_txns_with(shards: &str) {
     let mut c2 = client(&cluster.members[follower].endpoint()).await;
     let first = c0.put(key("a"), "1", None).await.unwrap();
     let first_rev = first.header().unwrap().revision();
-    c0.put(key("b"), "2", None).await.unwrap();
+    c0.put(far("b"), "2", None).await.unwrap();
     let written = c0.put(key("a"), "3", None).await.unwrap();
     let now = written.header().unwrap().revision();
 
-    // Both branches, an old revision and a prefix; the header carries the
-    // revision read.
+    // Both branches, an old revision, a prefix and a range over both
+    // prefixes (whole, and limited); the header carries the revision read.
     let then = c2
         .txn(
             Txn::new()
-                .when([value_is("a", "3")])
+                .when([value_is(key("a"), "3")])
                 .and_then([
-                    get("a", false),
+                    get(key("a"), false),
                     TxnOp::get(key("a"), Some(GetOptions::new().with_revision(first_rev))),
                     TxnOp::get(PREFIX, Some(GetOptions::new().with_prefix())),
+                    TxnOp::get("/rt/", Some(GetOptions::new().with_prefix())),
+                    TxnOp::get("/rt/", Some(GetOptions::new().with_prefix().with_limit(2))),
                 ])
-                .or_else([get("b", false)]),
+                .or_else([get(far("b"), false)]),
         )
         .await
         .unwrap();
     assert!(then.succeeded());
     assert_eq!(
         values(&then),
-        vec![vec!["3"], vec!["1"], vec!["3", "2", "ready"]],
+        vec![
+            vec!["3"],
+            vec!["1"],
+            vec!["3", "ready"],
+            vec!["3", "ready", "2"],
+            vec!["3", "ready"]
+        ],
         "{then:?}"
     );
+    match &then.op_responses()[4] {
+        TxnOpResponse::Get(g) => assert!(g.more() && g.count() == 3, "{g:?}"),
+        other => panic!("{other:?}"),
+    }
     assert_eq!(then.header().unwrap().revision(), now);
+    // Compares alone, on keys of both prefixes and on a range over both:
+    // every compare must hold on every shard holding a key of its range,
+    // and a range holding none follows etcd's rule for a missing key.
+    let over_both = |c: Compare| c.with_prefix();
+    for (compares, holds) in [
+        (vec![value_is(key("a"), "3"), value_is(far("b"), "2")], true),
+        (
+            vec![value_is(key("a"), "3"), value_is(far("b"), "3")],
+            false,
+        ),
+        (
+            vec![over_both(Compare::version("/rt/", CompareOp::Greater, 0))],
+            true,
+        ),
+        (
+            vec![over_both(Compare::version("/rt/", CompareOp::Equal, 1))],
+            false,
+        ),
+        (
+            vec![over_both(Compare::mod_revision(
+                "/rt/",
+                CompareOp::Less,
+                now + 1,
+            ))],
+            true,
+        ),
+        (
+            vec![over_both(Compare::version("/none/", CompareOp::Equal, 0))],
+            true,
+        ),
+        (
+            vec![over_both(Compare::value("/none/", CompareOp::Equal, ""))],
+            false,
+        ),
+    ] {
+        let r = c2
+            .txn(
+                Txn::new()
+                    .when(compares.clone())
+                    .and_then([get(key("a"), false)])
+                    .or_else([get(far("b"), false)]),
+            )
+            .await
+            .unwrap();
+        assert_eq!(r.succeeded(), holds, "{compares:?}");
+        let want = if holds { "3" } else { "2" };
+        assert_eq!(values(&r), vec![vec![want]], "{compares:?}");
+        assert_eq!(r.header().unwrap().revision(), now, "{compares:?}");
+    }
+    // A serializable read over several shards is read at the cut this
+    // member's shards reached (docs/KEYSPACE.md), which the keyspace
+    // leader's close of the idle shard moves to `now` shortly after; a
+    // serializable range at `now` waits for that.
+    c2.get(
+        "/rt/",
+        Some(
+            GetOptions::new()
+                .with_prefix()
+                .with_serializable()
+                .with_revision(now),
+        ),
+    )
+    .await
+    .unwrap();
     let otherwise = c2
         .txn(
             Txn::new()
-                .when([value_is("a", "1")])
-                .and_then([get("a", true)])
-                .or_else([get("b", true)]),
+                .when([value_is(key("a"), "1")])
+                .and_then([get(key("a"), true)])
+                .or_else([get(far("b"), true)]),
         )
         .await
         .unwrap();
@@ -167,8 +260,8 @@ async fn read_only_txns_with(shards: &str) {
         let r = c
             .txn(
                 Txn::new()
-                    .when([value_is("b", "2")])
-                    .and_then([get("a", i % 4 < 2), get("b", i % 4 < 2)]),
+                    .when([value_is(far("b"), "2")])
+                    .and_then([get(key("a"), i % 4 < 2), get(far("b"), i % 4 < 2)]),
             )
             .await
             .unwrap();
@@ -193,10 +286,18 @@ async fn read_only_txns_with(shards: &str) {
     for i in 0..20 {
         c0.put(key("lin"), i.to_string(), None).await.unwrap();
         let r = c2
-            .txn(Txn::new().and_then([get("lin", false)]))
+            .txn(
+                Txn::new()
+                    .when([value_is(far("b"), "2")])
+                    .and_then([get(key("lin"), false), get(far("b"), false)]),
+            )
             .await
             .unwrap();
-        assert_eq!(values(&r), vec![vec![i.to_string()]], "round {i}");
+        assert_eq!(
+            values(&r),
+            vec![vec![i.to_string()], vec!["2".to_string()]],
+            "round {i}"
+        );
     }
 
     // Writes on other shards (with several) put the read point past the
@@ -210,14 +311,18 @@ async fn read_only_txns_with(shards: &str) {
     for serializable in [false, true] {
         let options = GetOptions::new().with_revision(elsewhere);
         let r = c2
-            .txn(Txn::new().when([value_is("b", "2")]).and_then([TxnOp::get(
-                key("a"),
-                Some(if serializable {
-                    options.with_serializable()
-                } else {
-                    options
-                }),
-            )]))
+            .txn(
+                Txn::new()
+                    .when([value_is(far("b"), "2")])
+                    .and_then([TxnOp::get(
+                        key("a"),
+                        Some(if serializable {
+                            options.with_serializable()
+                        } else {
+                            options
+                        }),
+                    )]),
+            )
             .await
             .unwrap();
         assert_eq!(values(&r), vec![vec!["3"]], "serializable {serializable}");
@@ -241,8 +346,8 @@ async fn read_only_txns_with(shards: &str) {
         let r = c2
             .txn(
                 Txn::new()
-                    .when([value_is("b", "2")])
-                    .and_then([get("b", serializable)])
+                    .when([value_is(far("b"), "2")])
+                    .and_then([get(far("b"), serializable)])
                     .or_else([ahead()]),
             )
             .await
@@ -251,9 +356,9 @@ async fn read_only_txns_with(shards: &str) {
         let refused = c2
             .txn(
                 Txn::new()
-                    .when([value_is("b", "2")])
+                    .when([value_is(far("b"), "2")])
                     .and_then([ahead()])
-                    .or_else([get("b", serializable)]),
+                    .or_else([get(far("b"), serializable)]),
             )
             .await
             .map(|_| ());
@@ -277,8 +382,8 @@ async fn read_only_txns_with(shards: &str) {
     let served = c2
         .txn(
             Txn::new()
-                .when([value_is("b", "2")])
-                .and_then([get("lin", true), get("a", true)]),
+                .when([value_is(far("b"), "2")])
+                .and_then([get(key("lin"), true), get(key("a"), true)]),
         )
         .await
         .expect("a serializable read-only txn without a leader");
@@ -286,7 +391,11 @@ async fn read_only_txns_with(shards: &str) {
     assert_eq!(values(&served), vec![vec!["19"], vec!["3"]]);
     let refused = tokio::time::timeout(
         REFUSED_WITHIN,
-        c2.txn(Txn::new().and_then([get("lin", false)])),
+        c2.txn(
+            Txn::new()
+                .when([value_is(far("b"), "2")])
+                .and_then([get(key("lin"), false)]),
+        ),
     )
     .await
     .expect("refused in time");

@@ -45,6 +45,10 @@ pub enum Preset {
     /// route to every shard of a Cairn member with several), 100 clients
     /// over 10 connections.
     RangeAll,
+    /// `range-all` sent as etcd's read-only txn (a compare on its first
+    /// key, the range on either branch): with several shards, a read-only
+    /// txn over every shard.
+    TxnRangeAll,
     /// compare-and-swap txn, 100 clients over 10 connections.
     TxnPut,
     /// `txn-put`'s compare-and-swap over two keys of one routing prefix
@@ -72,6 +76,7 @@ impl Preset {
             Preset::RangeS => "range-s",
             Preset::TxnRange => "txn-range",
             Preset::RangeAll => "range-all",
+            Preset::TxnRangeAll => "txn-range-all",
             Preset::TxnPut => "txn-put",
             Preset::TxnOne => "txn-one",
             Preset::TxnCross => "txn-cross",
@@ -113,13 +118,15 @@ impl Preset {
                 v.push("--in-txn".into());
                 (100, 10, v)
             }
-            Preset::RangeAll => (
-                100,
-                10,
-                ["range", RANGE_KEY, RANGE_ALL_END, "--consistency", "l"]
+            Preset::RangeAll | Preset::TxnRangeAll => {
+                let mut v = ["range", RANGE_KEY, RANGE_ALL_END, "--consistency", "l"]
                     .map(String::from)
-                    .to_vec(),
-            ),
+                    .to_vec();
+                if self == Preset::TxnRangeAll {
+                    v.push("--in-txn".into());
+                }
+                (100, 10, v)
+            }
             Preset::TxnPut => (100, 10, keys("txn-put")),
             Preset::TxnOne | Preset::TxnCross => {
                 let mut v = keys(self.name());

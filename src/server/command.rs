@@ -137,6 +137,15 @@ pub enum ShardCommand {
         at: Option<ReadAt>,
         reply: Reply<TxnResponse>,
     },
+    /// With several shards, the compares of a read-only txn over several
+    /// shards: each over the keys of its range held by this shard (None
+    /// where it holds none), read as `ReadTxn` reads (at `at` when given).
+    ReadCompares {
+        compares: Vec<pb::Compare>,
+        serializable: bool,
+        at: Option<ReadAt>,
+        reply: Reply<Vec<Option<bool>>>,
+    },
     /// With several shards: confirms through ReadIndex that this member
     /// leads the shard, and answers the index every entry proposed before the
     /// command arrived is at or below (see [`ReadAt`]).

@@ -15,8 +15,20 @@ impl Store {
     /// it. A compare over keys of several stores holds when it holds on
     /// every store holding some; on none, [`crate::compare_absent`] decides.
     pub fn compare_present(&self, compares: &[Compare]) -> Result<Vec<Option<bool>>, ReadError> {
+        self.compare_present_at(compares, 0)
+    }
+
+    /// [`Store::compare_present`] at `revision` (0: the current one): what
+    /// a read-only txn over several shards asks of each at its read point.
+    /// Refused as a range at `revision` is (compacted, or a future one).
+    pub fn compare_present_at(
+        &self,
+        compares: &[Compare],
+        revision: i64,
+    ) -> Result<Vec<Option<bool>>, ReadError> {
         let idx = self.index.borrow();
-        let v = self.view(&idx, self.current_rev);
+        let at = self.view(&idx, self.current_rev).check_rev(revision)?;
+        let v = self.view(&idx, at);
         compares.iter().map(|c| v.compare_present(c)).collect()
     }
 
@@ -53,7 +65,7 @@ impl Store {
 mod tests {
     use crate::storage::MemStorage;
     use crate::types::*;
-    use crate::{compare_absent, Config, Store};
+    use crate::{compare_absent, Config, ReadError, Store};
 
     fn store() -> Store {
         Store::open_with(Box::new(MemStorage::new()), "parts-test", Config::default())
@@ -97,6 +109,41 @@ mod tests {
             target: CompareTarget::Value(Vec::new()),
             ..version_is("b/1", "", 0)
         }));
+    }
+
+    #[test]
+    fn compares_at_a_revision_see_the_keys_as_they_were_then() {
+        let mut s = store();
+        s.apply_at(1, 10, &Op::Put(put("a/1", "x", 0))).unwrap();
+        s.apply_at(2, 20, &Op::Put(put("a/1", "y", 0))).unwrap();
+        s.apply_at(3, 30, &Op::Put(put("a/2", "z", 0))).unwrap();
+        let compares = [
+            version_is("a/1", "", 1),
+            version_is("a/2", "", 1),
+            version_is("a/", "a0", 1),
+        ];
+        let at = |revision| s.compare_present_at(&compares, revision).unwrap();
+        assert_eq!(at(10), vec![Some(true), None, Some(true)]);
+        assert_eq!(at(20), vec![Some(false), None, Some(false)]);
+        assert_eq!(at(30), vec![Some(false), Some(true), Some(false)]);
+        assert_eq!(at(0), at(30));
+        assert!(matches!(
+            s.compare_present_at(&compares, 31),
+            Err(ReadError::FutureRevision { .. })
+        ));
+        s.apply_at(4, 31, &Op::Compact(CompactionRequest { revision: 20 }))
+            .unwrap();
+        while s.compaction_running() {
+            s.compaction_step();
+        }
+        assert!(matches!(
+            s.compare_present_at(&compares, 10),
+            Err(ReadError::Compacted { .. })
+        ));
+        assert_eq!(
+            s.compare_present_at(&compares, 20).unwrap(),
+            vec![Some(false), None, Some(false)]
+        );
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! that own their keys, and answered with etcd's response header. A range over
 //! several shards is answered by all of them and merged in key order; a txn or
 //! a delete over several shards runs as one txn at one revision
-//! (`cross_txn`).
+//! (`cross_txn`), and a read-only txn over several shards is read at one
+//! revision (`cross_read`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -24,9 +25,9 @@ use crate::routing::ShardId;
 use crate::server::auth::{caller_of, check, AuthStore};
 use crate::server::command::{ReadAt, ShardPoint, WriteResult, REQUEST_TIMEOUT};
 use crate::server::errors::ApiError;
-use crate::server::keyspace::cross_txn;
 use crate::server::keyspace::merge::merge_ranges;
 use crate::server::keyspace::router::Router;
+use crate::server::keyspace::{cross_read, cross_txn};
 use crate::server::members::MemberRegistry;
 use crate::server::peer_client;
 use crate::server::shard::LEADERLESS_WAIT;
@@ -257,6 +258,51 @@ impl KvService {
         Ok(self.router.read_txn(shard, req, true, Some(at)).await?)
     }
 
+    /// etcd's read-only txn over several shards, read at one revision of
+    /// the keyspace and not through the logs ([`cross_read`]): a read
+    /// point's when linearizable, else the cut this member's shards
+    /// reached, once they reached every revision it names that this member
+    /// has (as on one shard).
+    async fn read_txn_across(&self, req: TxnRequest) -> Result<TxnResponse, Status> {
+        let Some(keyspace) = &self.router.keyspace else {
+            return Err(ApiError::Unsupported("a txn over several shards with one shard").into());
+        };
+        let shards: Vec<ShardId> = validate::txn_shards(&req, &self.router.routing)
+            .into_iter()
+            .collect();
+        if !validate::txn_is_serializable(&req) {
+            if self.members.local_is_learner() {
+                return Err(ApiError::NotSupportedForLearner.into());
+            }
+            // The shards refuse a range past the point on the branch taken.
+            return self
+                .at_point(&shards, 0, |revision, points| {
+                    let at = cross_read::point_places(&shards, revision, points);
+                    let req = &req;
+                    async move { cross_read::read_txn_at(&self.router, req, false, revision, &at).await }
+                })
+                .await;
+        }
+        let reached = &keyspace.counter.reached;
+        let newest = validate::txn_newest_revision(&req).min(reached.member_revision());
+        if newest > 0 {
+            reached.wait_for(&shards, newest, REQUEST_TIMEOUT).await?;
+        }
+        let revision = reached.cut(&shards);
+        let at = shards
+            .iter()
+            .map(|&s| {
+                let at = ReadAt {
+                    revision,
+                    index: 0,
+                    term: 0,
+                };
+                (s, at)
+            })
+            .collect();
+        Ok(cross_read::read_txn_at(&self.router, &req, true, revision, &at).await?)
+    }
+
     /// The read point of a linearizable read over `shards`, from the keyspace
     /// leader: this member, or asked over the peer port.
     async fn read_point(&self, shards: &[ShardId]) -> Result<(i64, Vec<ShardPoint>), Status> {
@@ -482,7 +528,11 @@ impl Kv for KvService {
             check::lease_keys(&self.auth, caller.as_ref(), &self.router, lease).await?;
         }
         let Some(shard) = validate::txn_shard(&req, &self.router.routing) else {
-            let mut r = self.txn_across(req).await?;
+            let mut r = if validate::txn_is_read_only(&req) {
+                self.read_txn_across(req).await?
+            } else {
+                self.txn_across(req).await?
+            };
             self.identity.stamp(&mut r.header);
             return Ok(Response::new(r));
         };

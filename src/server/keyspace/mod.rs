@@ -1,13 +1,14 @@
 //! The keyspace layer: requests routed to shards and answers merged
 //! (`router`, `merge`, watches over several shards in `watch_shards` and
-//! `watch_merge`), and txns over several shards (`cross_plan`, `cross_txn`,
-//! `txn_batch`, `hold_table`), on the revision counter below the shards
+//! `watch_merge`), txns over several shards (`cross_plan`, `cross_txn`,
+//! `txn_batch`, `hold_table`) and read-only ones (`cross_read`), on the revision counter below the shards
 //! ([`crate::server::revisions`]).
 //!
 //! One [`Keyspace`] per member, shared by its cores, when it runs several
 //! shards.
 
 pub mod cross_plan;
+pub mod cross_read;
 pub mod cross_txn;
 pub mod hold_table;
 pub mod merge;

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cairn_proto::cairnpb::shard_request;
-use cairn_proto::etcdserverpb::{RangeRequest, RangeResponse, TxnRequest, TxnResponse};
+use cairn_proto::etcdserverpb::{Compare, RangeRequest, RangeResponse, TxnRequest, TxnResponse};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::ops::server_metrics::CoreRecorder;
@@ -198,6 +198,25 @@ impl Router {
     ) -> Result<TxnResponse, ApiError> {
         self.ask(shard, |reply| ShardCommand::ReadTxn {
             request,
+            serializable,
+            at,
+            reply,
+        })
+        .await
+    }
+
+    /// The compares of a read-only txn over several shards, over `shard`'s
+    /// keys ([`ShardCommand::ReadCompares`]), read as [`Router::read_txn`]
+    /// reads.
+    pub async fn read_compares(
+        &self,
+        shard: ShardId,
+        compares: Vec<Compare>,
+        serializable: bool,
+        at: Option<ReadAt>,
+    ) -> Result<Vec<Option<bool>>, ApiError> {
+        self.ask(shard, |reply| ShardCommand::ReadCompares {
+            compares,
             serializable,
             at,
             reply,

@@ -636,6 +636,12 @@ impl Shard {
                 at,
                 reply,
             } => self.read(Read::Txn(request, reply), serializable, at),
+            ShardCommand::ReadCompares {
+                compares,
+                serializable,
+                at,
+                reply,
+            } => self.read(Read::Compares(compares, reply), serializable, at),
             ShardCommand::ReadPoint { reply } => self.read_point(reply),
             ShardCommand::Status { reply } => {
                 let _ = reply.send(Ok(self.status()));

@@ -10,7 +10,7 @@
 
 use super::*;
 use crate::server::command::ReadAt;
-use cairn_proto::etcdserverpb::{TxnRequest, TxnResponse};
+use cairn_proto::etcdserverpb::{Compare, TxnRequest, TxnResponse};
 
 mod hash_kv;
 mod ranges;
@@ -26,10 +26,12 @@ pub(super) struct PendingRead {
     pub(super) at: Option<crate::server::command::ReadAt>,
 }
 
-/// What a read reads: a range, or etcd's read-only txn.
+/// What a read reads: a range, etcd's read-only txn, or the compares of
+/// one over several shards.
 pub(super) enum Read {
     Range(RangeRequest, Reply<RangeResponse>),
     Txn(TxnRequest, Reply<TxnResponse>),
+    Compares(Vec<Compare>, Reply<Vec<Option<bool>>>),
 }
 
 impl PendingRead {
@@ -40,6 +42,9 @@ impl PendingRead {
                 let _ = reply.send(Err(e));
             }
             Read::Txn(_, reply) => {
+                let _ = reply.send(Err(e));
+            }
+            Read::Compares(_, reply) => {
                 let _ = reply.send(Err(e));
             }
         }
@@ -303,6 +308,7 @@ impl Shard {
         match read.read {
             Read::Range(request, reply) => self.serve_range(&request, reply, point),
             Read::Txn(request, reply) => self.serve_txn(&request, reply, point),
+            Read::Compares(compares, reply) => self.serve_compares(&compares, reply, point),
         }
     }
 }

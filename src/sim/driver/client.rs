@@ -18,11 +18,12 @@ use crate::routing::ShardId;
 use crate::server::api::kv::read_at_point;
 use crate::server::command::{ReadAt, ShardCommand, ShardPoint, WriteResult, REQUEST_TIMEOUT};
 use crate::server::errors::ApiError;
-use crate::server::keyspace::cross_txn;
 use crate::server::keyspace::merge::merge_ranges;
 use crate::server::keyspace::router::Router;
+use crate::server::keyspace::{cross_read, cross_txn};
 use crate::server::peer_client::{self, Forwarded};
 use crate::server::shard::LEADERLESS_WAIT;
+use crate::server::validate;
 
 use super::world::{self, World};
 
@@ -40,8 +41,12 @@ pub enum Op {
         key: Bytes,
     },
     /// A linearizable read of every client key, over every shard at one
-    /// read point (several shards only).
-    ReadAll,
+    /// read point (several shards only): a range, or (`as_txn`) etcd's
+    /// read-only txn of a compare over every client key and that range on
+    /// both branches, read over the shards as the API layer reads one.
+    ReadAll {
+        as_txn: bool,
+    },
     /// A txn (several shards only): if `compare`'s key holds its value
     /// (or with no compare), the puts of `success`, else those of
     /// `failure`; each branch puts distinct keys, and the txn runs over
@@ -58,7 +63,7 @@ impl Op {
     pub fn puts(&self) -> Vec<(&Bytes, &Bytes)> {
         match self {
             Op::Put { key, value } => vec![(key, value)],
-            Op::Read { .. } | Op::ReadAll => Vec::new(),
+            Op::Read { .. } | Op::ReadAll { .. } => Vec::new(),
             Op::Txn {
                 success, failure, ..
             } => success.iter().chain(failure).map(|(k, v)| (k, v)).collect(),
@@ -192,7 +197,9 @@ pub async fn run_clients(world: Rc<World>, history: History, until: Instant) {
             last_sent.insert(k.clone(), v.clone());
             Op::Put { key: k, value: v }
         } else if world.shards() > 1 && world.chance(200) {
-            Op::ReadAll
+            Op::ReadAll {
+                as_txn: calls % 2 == 1,
+            }
         } else {
             Op::Read {
                 key: key(world.gen_range(0..KEYS)),
@@ -227,7 +234,7 @@ pub async fn run_clients(world: Rc<World>, history: History, until: Instant) {
 pub async fn call(world: &World, member: u64, op: Op) -> Option<Call> {
     let key = match &op {
         Op::Put { key, .. } | Op::Read { key } => key,
-        Op::ReadAll => &CLIENT_KEYS.0,
+        Op::ReadAll { .. } => &CLIENT_KEYS.0,
         Op::Txn { success, .. } => &success[0].0,
     };
     let commands = world.commands_for(member, key)?;
@@ -253,7 +260,7 @@ pub async fn call(world: &World, member: u64, op: Op) -> Option<Call> {
             success,
             failure,
         } => txn(world, member, &commands, compare, success, failure).await,
-        Op::ReadAll => match read_all(world, member).await {
+        Op::ReadAll { as_txn } => match read_all(world, member, *as_txn).await {
             Ok((revision, kvs)) => Answer::ReadAll { revision, kvs },
             Err(e) => Answer::Failed(e),
         },
@@ -506,18 +513,65 @@ async fn read_txn(
 pub(super) const CLIENT_KEYS: (Bytes, Bytes) = (Bytes::from_static(b"k"), Bytes::from_static(b"l"));
 
 /// A linearizable range of every client key through `member`, over every
-/// shard at one read point.
-async fn read_all(world: &World, member: u64) -> Result<(i64, Vec<(Bytes, Bytes)>), String> {
+/// shard at one read point: a range, or a read-only txn ([`all_by_txn`]).
+async fn read_all(
+    world: &World,
+    member: u64,
+    as_txn: bool,
+) -> Result<(i64, Vec<(Bytes, Bytes)>), String> {
     let request = pb::RangeRequest {
         key: CLIENT_KEYS.0.clone(),
         range_end: CLIENT_KEYS.1.clone(),
         ..Default::default()
     };
-    let (revision, r) = range_at_point(world, member, request).await?;
+    let (revision, r) = if as_txn {
+        all_by_txn(world, member, request).await?
+    } else {
+        range_at_point(world, member, request).await?
+    };
     Ok((
         revision,
         r.kvs.into_iter().map(|kv| (kv.key, kv.value)).collect(),
     ))
+}
+
+/// `request` (over every shard) read through etcd's read-only txn as
+/// `KvService` reads one over several shards ([`cross_read::read_txn_at`]
+/// at a read point): a compare over the range's keys that holds when one
+/// exists, the range on both branches. A compare that chose its branch
+/// from another state than the range read fails the seed ([`first_kv`]'s
+/// rule, over every key).
+async fn all_by_txn(
+    world: &World,
+    member: u64,
+    request: pb::RangeRequest,
+) -> Result<(i64, pb::RangeResponse), String> {
+    let router = world.router(member).ok_or("the member stopped")?;
+    let range_end = request.range_end.clone();
+    let mut txn = one_range_txn(request);
+    txn.compare[0].range_end = range_end;
+    let shards: Vec<ShardId> = validate::txn_shards(&txn, &world.routing)
+        .into_iter()
+        .collect();
+    let (router, txn, shards) = (&router, &txn, &shards);
+    let (revision, r) = at_point(world, member, router, shards, |revision, points| {
+        let at = cross_read::point_places(shards, revision, points);
+        async move { cross_read::read_txn_at(router, txn, false, revision, &at).await }
+    })
+    .await?;
+    let succeeded = r.succeeded;
+    let range = match r.responses.into_iter().next().and_then(|op| op.response) {
+        Some(pb::response_op::Response::ResponseRange(range)) => range,
+        other => return Err(format!("a read-only txn answered {other:?}")),
+    };
+    assert_eq!(
+        succeeded,
+        !range.kvs.is_empty(),
+        "a read-only txn over every shard chose its branch from another state than its \
+         range read: {:?}",
+        range.kvs
+    );
+    Ok((revision, range))
 }
 
 /// A linearizable range through `member` over the shards it covers, as

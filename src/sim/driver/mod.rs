@@ -474,8 +474,8 @@ async fn run_world(world: &Rc<World>, stats: &mut DriverSimStats) -> Result<(), 
             (Op::Put { .. }, _) => stats.puts_failed += 1,
             (Op::Read { .. }, Answer::Read { .. }) => stats.reads_served += 1,
             (Op::Read { .. }, _) => stats.reads_failed += 1,
-            (Op::ReadAll, Answer::ReadAll { .. }) => stats.reads_over_shards += 1,
-            (Op::ReadAll, _) => stats.reads_failed += 1,
+            (Op::ReadAll { .. }, Answer::ReadAll { .. }) => stats.reads_over_shards += 1,
+            (Op::ReadAll { .. }, _) => stats.reads_failed += 1,
             (Op::Txn { .. }, Answer::Txn { succeeded, .. }) => {
                 stats.txns_acknowledged += 1;
                 stats.txns_compare_failed += u64::from(!succeeded);

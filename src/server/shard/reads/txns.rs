@@ -86,6 +86,29 @@ impl Shard {
     }
 }
 
+impl Shard {
+    /// Reads `compares` over this shard's keys (see
+    /// [`mvcc::Store::compare_present_at`]) at the store's revision, or at
+    /// `point`, as [`Shard::serve_txn`] reads its compares: the compares of
+    /// a read-only txn over several shards, whose answers decide its branch.
+    pub(in crate::server::shard) fn serve_compares(
+        &self,
+        compares: &[pb::Compare],
+        reply: Reply<Vec<Option<bool>>>,
+        point: Option<i64>,
+    ) {
+        let revision = point.map_or(0, |point| {
+            store_revision(point, self.store.current_revision())
+        });
+        let compares: Vec<mvcc::Compare> = compares.iter().map(convert::compare_from_pb).collect();
+        let answer = self
+            .store
+            .compare_present_at(&compares, revision)
+            .map_err(|e| read_error_to_api(self.id, e));
+        let _ = reply.send(answer);
+    }
+}
+
 /// Reads the compares of `request` from `store`, and its ranges as far as
 /// a chunk's keys go; see the module's doc.
 pub(in crate::server::shard) fn start_txn(
