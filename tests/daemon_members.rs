@@ -10,7 +10,7 @@ use crate::common;
 use std::time::{Duration, Instant};
 
 use common::{client, etcdctl, wait_writable, Cluster};
-use etcd_client::GetOptions;
+use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
 
 async fn member_names(c: &mut etcd_client::Client) -> Vec<(u64, String, bool, Vec<String>)> {
     let list = c.member_list().await.expect("member list");
@@ -206,6 +206,31 @@ async fn learner_joins_is_promoted_and_members_are_removed() {
         get.to_string().contains("not supported for learner"),
         "{get}"
     );
+    // Any txn, even a read-only serializable one over both shards (a
+    // compare on one key, a range over keys of each), as etcd 3.4's
+    // learners refuse every txn.
+    for serializable in [false, true] {
+        let options = GetOptions::new().with_prefix();
+        let read_only = Txn::new()
+            .when([Compare::version("/a/k0001", CompareOp::Greater, 0)])
+            .and_then([TxnOp::get(
+                "/b/k039",
+                Some(if serializable {
+                    options.with_serializable()
+                } else {
+                    options
+                }),
+            )]);
+        let s = common::status_of(c3.txn(read_only).await.unwrap_err());
+        assert_eq!(
+            (s.code(), s.message()),
+            (
+                tonic::Code::Unavailable,
+                "etcdserver: rpc not supported for learner"
+            ),
+            "serializable {serializable}"
+        );
+    }
     let Err(watch) = c3.watch("/a/", None).await else {
         panic!("a learner accepted Watch");
     };

@@ -4,14 +4,15 @@
 //! prefixes, so with several shards they are read over two shards at one
 //! revision. Each such txn answers as etcd would (compares on both
 //! branches, a range at an old revision, a prefix, a range over both
-//! prefixes, compares alone, on ranges over both and on no key); a
+//! prefixes, compares on ranges over both and on no key); a
 //! hundred of them leave every shard's commit index where it was (but for
 //! an election's entries), where five txns that write move it; a
 //! linearizable one on a follower sees the put just made through the
 //! leader; a range at a revision between the shard's and the read point's
-//! reads the shard's state; a future revision fails only on the branch
-//! taken; and on a member cut off from the others, a serializable one is
-//! still served while a linearizable one is refused, as etcd serves them.
+//! reads the shard's state; a future or compacted revision fails only on
+//! the branch taken; and on a member cut off from the others, a
+//! serializable one is still served while a linearizable one is refused,
+//! as etcd serves them.
 
 use crate::common;
 use crate::promtext;
@@ -36,7 +37,8 @@ fn key(name: &str) -> String {
 }
 
 /// A key of a routing prefix after [`PREFIX`] in key order, on another
-/// shard than it of four.
+/// shard than it of four (a key's shard depends on the shard count only,
+/// not on the cores).
 fn far(name: &str) -> String {
     let routing = RoutingTable::new(4, 1);
     let home = routing.shard_for_key(PREFIX.as_bytes());
@@ -368,6 +370,52 @@ async fn read_only_txns_with(shards: &str) {
             (
                 tonic::Code::OutOfRange,
                 "etcdserver: mvcc: required revision is a future revision"
+            ),
+            "serializable {serializable}"
+        );
+    }
+
+    // So is a compacted revision: on the branch taken it fails the txn
+    // (the serializable one asked of the leader, which answered the
+    // compaction once it applied it), on the other it fails nothing.
+    c0.compact(now, None).await.unwrap();
+    for serializable in [false, true] {
+        let c = if serializable { &mut c0 } else { &mut c2 };
+        let gone = || {
+            let options = GetOptions::new().with_revision(first_rev);
+            TxnOp::get(
+                key("a"),
+                Some(if serializable {
+                    options.with_serializable()
+                } else {
+                    options
+                }),
+            )
+        };
+        let r = c
+            .txn(
+                Txn::new()
+                    .when([value_is(far("b"), "2")])
+                    .and_then([get(far("b"), serializable)])
+                    .or_else([gone()]),
+            )
+            .await
+            .unwrap();
+        assert_eq!(values(&r), vec![vec!["2"]], "serializable {serializable}");
+        let refused = c
+            .txn(
+                Txn::new()
+                    .when([value_is(far("b"), "2")])
+                    .and_then([gone(), get(far("b"), serializable)]),
+            )
+            .await
+            .map(|_| ());
+        let s = status_of(refused.expect_err("a compacted revision on the branch taken"));
+        assert_eq!(
+            (s.code(), s.message()),
+            (
+                tonic::Code::OutOfRange,
+                "etcdserver: mvcc: required revision has been compacted"
             ),
             "serializable {serializable}"
         );

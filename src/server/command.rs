@@ -45,6 +45,28 @@ pub struct ReadAt {
     pub term: u64,
 }
 
+impl ReadAt {
+    /// At `revision` with no index to wait for and no term to check: a cut
+    /// this member's shards reached (a serializable read), or a state the
+    /// caller holds still.
+    pub fn cut(revision: i64) -> ReadAt {
+        ReadAt {
+            revision,
+            index: 0,
+            term: 0,
+        }
+    }
+
+    /// At a read point's `revision`, where a shard's part of it is `p`.
+    pub fn point(revision: i64, p: ShardPoint) -> ReadAt {
+        ReadAt {
+            revision,
+            index: p.index,
+            term: p.term,
+        }
+    }
+}
+
 /// A shard leader's part of a read point: the index every entry proposed
 /// before the point is at or below, and the term of its entry there.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -154,17 +154,11 @@ impl KvService {
                 // One shard's own state is a cut at its own revision.
                 self.router.range(shards[0], req).await?
             } else {
-                let parts = join_all(shards.iter().map(|&s| {
-                    self.router.range_at(
-                        s,
-                        req.clone(),
-                        ReadAt {
-                            revision,
-                            index: 0,
-                            term: 0,
-                        },
-                    )
-                }))
+                let parts = join_all(
+                    shards
+                        .iter()
+                        .map(|&s| self.router.range_at(s, req.clone(), ReadAt::cut(revision))),
+                )
                 .await;
                 let parts: Result<Vec<_>, _> = parts.into_iter().collect();
                 merge_ranges(&req, parts?)
@@ -186,11 +180,7 @@ impl KvService {
     ) -> Result<RangeResponse, Status> {
         self.at_point(shards, req.revision, |revision, points| async move {
             let parts = join_all(shards.iter().zip(points).map(|(&s, p)| {
-                let at = ReadAt {
-                    revision,
-                    index: p.index,
-                    term: p.term,
-                };
+                let at = ReadAt::point(revision, p);
                 self.router.range_at(s, req.clone(), at)
             }))
             .await;
@@ -232,11 +222,7 @@ impl KvService {
             // The shard refuses a range past the point on the branch taken.
             return self
                 .at_point(&[shard], 0, |revision, points| {
-                    let at = ReadAt {
-                        revision,
-                        index: points[0].index,
-                        term: points[0].term,
-                    };
+                    let at = ReadAt::point(revision, points[0]);
                     self.router.read_txn(shard, req.clone(), false, Some(at))
                 })
                 .await;
@@ -250,11 +236,7 @@ impl KvService {
         // Once the shard has reached every revision it names that this
         // member has (a range past the member's revision is a future one).
         reached.wait_for(&[shard], newest, REQUEST_TIMEOUT).await?;
-        let at = ReadAt {
-            revision: reached.cut(&[shard]),
-            index: 0,
-            term: 0,
-        };
+        let at = ReadAt::cut(reached.cut(&[shard]));
         Ok(self.router.read_txn(shard, req, true, Some(at)).await?)
     }
 
@@ -271,9 +253,6 @@ impl KvService {
             .into_iter()
             .collect();
         if !validate::txn_is_serializable(&req) {
-            if self.members.local_is_learner() {
-                return Err(ApiError::NotSupportedForLearner.into());
-            }
             // The shards refuse a range past the point on the branch taken.
             return self
                 .at_point(&shards, 0, |revision, points| {
@@ -289,17 +268,7 @@ impl KvService {
             reached.wait_for(&shards, newest, REQUEST_TIMEOUT).await?;
         }
         let revision = reached.cut(&shards);
-        let at = shards
-            .iter()
-            .map(|&s| {
-                let at = ReadAt {
-                    revision,
-                    index: 0,
-                    term: 0,
-                };
-                (s, at)
-            })
-            .collect();
+        let at = shards.iter().map(|&s| (s, ReadAt::cut(revision))).collect();
         Ok(cross_read::read_txn_at(&self.router, &req, true, revision, &at).await?)
     }
 
@@ -527,8 +496,10 @@ impl Kv for KvService {
         for lease in check::txn(&self.auth, caller.as_ref(), &req)? {
             check::lease_keys(&self.auth, caller.as_ref(), &self.router, lease).await?;
         }
+        // A learner's call gate refused the txn, as etcd 3.4's refuses any.
+        let read_only = validate::txn_is_read_only(&req);
         let Some(shard) = validate::txn_shard(&req, &self.router.routing) else {
-            let mut r = if validate::txn_is_read_only(&req) {
+            let mut r = if read_only {
                 self.read_txn_across(req).await?
             } else {
                 self.txn_across(req).await?
@@ -536,7 +507,7 @@ impl Kv for KvService {
             self.identity.stamp(&mut r.header);
             return Ok(Response::new(r));
         };
-        if validate::txn_is_read_only(&req) {
+        if read_only {
             let mut r = self.read_txn(shard, req).await?;
             self.identity.stamp(&mut r.header);
             return Ok(Response::new(r));

@@ -1,6 +1,6 @@
-//! etcd's read-only txns over several shards (docs/KEYSPACE.md, "Read-only
-//! txns"), read at one revision of the keyspace and never written to a
-//! log, as a read-only txn on one shard is:
+//! etcd's read-only txns over several shards (docs/KEYSPACE.md,
+//! "Consistent reads"), read at one revision of the keyspace and never
+//! written to a log, as a read-only txn on one shard is:
 //!
 //! 1. each shard a compare's range touches answers every compare over its
 //!    own keys at that revision (`ShardCommand::ReadCompares`);
@@ -10,7 +10,7 @@
 //! 3. each shard with a part reads it at the same revision as a read-only
 //!    txn of those ranges alone (so its checks refuse a compacted or future
 //!    revision as on one shard), and the parts merge into one etcd answer
-//!    at that revision.
+//!    at that revision, with the highest Raft term the parts carried.
 //!
 //! The revision and each shard's place come from the caller: a read point
 //! for a linearizable txn, the cut this member's shards reached for a
@@ -70,11 +70,22 @@ pub async fn read_txn_at(
         let read = router
             .read_txn(shard, part, serializable, Some(place(shard)?))
             .await?;
-        Ok::<_, ApiError>((shard, read.responses))
+        let term = read.header.map_or(0, |h| h.raft_term);
+        Ok::<_, ApiError>((shard, (read.responses, term)))
     }))
     .await;
-    let answers = parts.into_iter().collect::<Result<BTreeMap<_, _>, _>>()?;
-    Ok(plan.answer(answers, revision))
+    let mut answers = BTreeMap::new();
+    let mut raft_term = 0;
+    for part in parts {
+        let (shard, (responses, term)) = part?;
+        raft_term = raft_term.max(term);
+        answers.insert(shard, responses);
+    }
+    let mut answer = plan.answer(answers, revision);
+    if let Some(h) = answer.header.as_mut() {
+        h.raft_term = raft_term;
+    }
+    Ok(answer)
 }
 
 /// Each shard's place at a read point at `revision`, from the points of
@@ -88,11 +99,7 @@ pub fn point_places(
         .iter()
         .zip(points)
         .map(|(&shard, p)| {
-            let at = ReadAt {
-                revision,
-                index: p.index,
-                term: p.term,
-            };
+            let at = ReadAt::point(revision, p);
             (shard, at)
         })
         .collect()

@@ -371,15 +371,9 @@ async fn prepare(
     let mut answers: BTreeMap<ShardId, Vec<ResponseOp>> = BTreeMap::new();
     for (&s, ops) in plan.ops.iter().filter(|(s, _)| !plan.written.contains(s)) {
         let ranges = join_all(ops.iter().map(|op| match &op.request {
-            Some(request_op::Request::RequestRange(r)) => router.range_at(
-                s,
-                r.clone(),
-                ReadAt {
-                    revision: revision - 1,
-                    index: 0,
-                    term: 0,
-                },
-            ),
+            Some(request_op::Request::RequestRange(r)) => {
+                router.range_at(s, r.clone(), ReadAt::cut(revision - 1))
+            }
             _ => unreachable!("a shard the txn does not write has only ranges"),
         }))
         .await;
