@@ -6,6 +6,7 @@
 //!   (`--grpc-server tonic`), member beside member, but for a message over
 //!   gRPC's limit, refused as etcd refuses it, by every service (compared
 //!   with a real etcd);
+//! - a Watch stream's error delivered after what its client left queued;
 //! - raw frames that break the protocol: each closes its connection with the
 //!   GOAWAY code RFC 9113 names, or resets only its stream, and the member
 //!   goes on serving (what one connection may hold: `grpc_limits.rs`).
@@ -247,6 +248,63 @@ async fn every_service_caps_messages_as_etcds() {
     );
     let watched = watch_error(&mut c, huge).await;
     assert_eq!(watched.0, tonic::Code::OutOfRange, "{watched:?}");
+}
+
+/// A Watch stream whose client stopped reading while events filled its
+/// queue, then sent a create over the message cap: reading again, the
+/// client gets the events queued and then the stream's error, never a
+/// stream that just ends (the error needs no room in the queue).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_streams_error_follows_what_a_client_that_stopped_reading_left_queued() {
+    let cluster = Cluster::start(1, &[]);
+    let mut c = client(&cluster.endpoints()[0]).await;
+    wait_writable(&mut c, "/ready").await;
+    let mut stream = c
+        .watch("/full/", Some(WatchOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    let created = tokio::time::timeout(TIMEOUT, stream.message())
+        .await
+        .expect("created in time")
+        .unwrap()
+        .expect("a created answer");
+    assert!(created.created(), "{created:?}");
+    // Far more than the stream's queue (256 answers) and the connection's
+    // flow-control windows hold, each put its own answer.
+    let value = vec![b'v'; 64 * 1024];
+    for i in 0..600 {
+        c.put(format!("/full/{i:04}"), value.clone(), None)
+            .await
+            .unwrap();
+    }
+    stream
+        .watch(vec![b'n'; 2_200_000], None)
+        .await
+        .expect("the create is sent");
+    // The create's bytes reach the member while nothing is read; then a
+    // slow reader, one answer at a time, so the stream's task meets the
+    // create's error while the queue is full again.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut events = 0;
+    let mut answers = 0;
+    let status = loop {
+        answers += 1;
+        if answers <= 20 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        match tokio::time::timeout(TIMEOUT, stream.message())
+            .await
+            .expect("an answer in time")
+        {
+            Ok(Some(resp)) => events += resp.events().len(),
+            Ok(None) => panic!("the stream ended without its error, after {events} events"),
+            Err(e) => break status_of(e),
+        }
+    };
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+    assert!(events > 0, "no event before the error");
+    // The connection serves on.
+    c.put("/after", "v", None).await.expect("a put after");
 }
 
 /// What a raw connection sends to break the protocol.

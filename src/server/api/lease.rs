@@ -54,14 +54,13 @@ use cairn_proto::etcdserverpb::{
 };
 use futures::future::join_all;
 use prost::Message as _;
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::routing::ShardId;
 use crate::server::api::kv::Identity;
 use crate::server::api::lease_renewals::Renewals;
 use crate::server::api::require_leader::{self, LeaderLoss};
+use crate::server::api::stream_end::{self, EndingStream};
 use crate::server::command::{LeaseInfo, WriteResult};
 use crate::server::errors::ApiError;
 use crate::server::keyspace::router::Router;
@@ -401,7 +400,7 @@ impl Lease for LeaseService {
         }))
     }
 
-    type LeaseKeepAliveStream = ReceiverStream<Result<LeaseKeepAliveResponse, Status>>;
+    type LeaseKeepAliveStream = EndingStream<LeaseKeepAliveResponse>;
 
     async fn lease_keep_alive(
         &self,
@@ -413,7 +412,7 @@ impl Lease for LeaseService {
         }
         let mut leader = self.leader_loss.open(request.metadata())?;
         let mut inbound = request.into_inner();
-        let (tx, rx) = mpsc::channel(16);
+        let (tx, end, stream) = stream_end::channel(16);
         let this = self.clone();
         tokio::spawn(async move {
             // One renewal at a time per stream, answered in order (etcd's way).
@@ -422,15 +421,16 @@ impl Lease for LeaseService {
                     req = inbound.message() => match req {
                         Ok(Some(req)) => req,
                         Ok(None) => break,
-                        // A request that could not be read: the client is told.
+                        // A request that could not be read: the client is
+                        // told, after the answers queued for it.
                         Err(status) => {
-                            let _ = tx.try_send(Err(status));
+                            end.fail(status);
                             break;
                         }
                     },
                     // The member lost its leader: the client is told.
                     () = leader.lost() => {
-                        let _ = tx.send(Err(require_leader::no_leader())).await;
+                        end.fail(require_leader::no_leader());
                         break;
                     }
                 };
@@ -448,7 +448,7 @@ impl Lease for LeaseService {
                 }
             }
         });
-        Ok(Response::new(ReceiverStream::new(rx)))
+        Ok(Response::new(stream))
     }
 
     async fn lease_time_to_live(

@@ -8,5 +8,6 @@ pub mod lease;
 pub mod lease_renewals;
 pub mod maintenance;
 pub mod require_leader;
+pub mod stream_end;
 pub mod watch;
 pub mod watch_stream;

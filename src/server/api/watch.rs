@@ -21,12 +21,12 @@ use cairn_proto::etcdserverpb::{
     WatchResponse,
 };
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::ops::server_metrics::CoreRecorder;
 use crate::server::api::kv::Identity;
 use crate::server::api::require_leader::{self, LeaderLoss};
+use crate::server::api::stream_end::{self, EndingStream};
 use crate::server::api::watch_stream::{Refused, StreamWatches};
 use crate::server::command::{ShardCommand, WatchBatch, WatchSpec};
 use crate::server::key_ranges::holds_no_key;
@@ -114,7 +114,7 @@ fn create_id(
 
 #[tonic::async_trait]
 impl Watch for WatchService {
-    type WatchStream = ReceiverStream<Result<WatchResponse, Status>>;
+    type WatchStream = EndingStream<WatchResponse>;
 
     async fn watch(
         &self,
@@ -133,8 +133,7 @@ impl Watch for WatchService {
         let common_name =
             crate::server::auth::conn_info(&request).and_then(|i| i.common_name.clone());
         let mut incoming = request.into_inner();
-        let (out_tx, out_rx) =
-            mpsc::channel::<Result<WatchResponse, Status>>(WATCH_STREAM_QUEUE_BATCHES);
+        let (out_tx, end, out_stream) = stream_end::channel(WATCH_STREAM_QUEUE_BATCHES);
         let (batch_tx, mut batch_rx) = mpsc::channel::<WatchBatch>(WATCH_STREAM_QUEUE_BATCHES);
         let stream_id = self.next_stream.fetch_add(1, Ordering::Relaxed);
         let svc = self.clone();
@@ -154,11 +153,12 @@ impl Watch for WatchService {
                                 continue;
                             }
                             // A request that could not be read (one over the
-                            // message cap): the stream ends with why, as etcd's.
-                            // Not waited for: a client that does not read
-                            // must not hold the stream's watchers.
+                            // message cap): the stream ends with why, as
+                            // etcd's, after what is queued. Not waited for: a
+                            // client that does not read must not hold the
+                            // stream's watchers.
                             Err(status) => {
-                                let _ = out_tx.try_send(Err(status));
+                                end.fail(status);
                                 break;
                             }
                         };
@@ -305,7 +305,7 @@ impl Watch for WatchService {
                     // The member lost its leader: the client is told, and
                     // moves to another member.
                     () = leader.lost() => {
-                        let _ = out_tx.send(Err(require_leader::no_leader())).await;
+                        end.fail(require_leader::no_leader());
                         break;
                     }
                 }
@@ -313,7 +313,7 @@ impl Watch for WatchService {
             // The client went away: the shards drop these watchers when they
             // find the stream's queue closed.
         });
-        Ok(Response::new(ReceiverStream::new(out_rx)))
+        Ok(Response::new(out_stream))
     }
 }
 
