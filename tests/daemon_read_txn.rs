@@ -128,6 +128,51 @@ fn get(k: String, serializable: bool) -> TxnOp {
     )
 }
 
+/// A range of `key("a")` at `revision`, which `refusal` refuses, fails a
+/// txn over two shards on the branch taken only.
+async fn only_the_branch_taken_is_checked(
+    c: &mut etcd_client::Client,
+    revision: i64,
+    serializable: bool,
+    refusal: &str,
+) {
+    let at = || {
+        let options = GetOptions::new().with_revision(revision);
+        TxnOp::get(
+            key("a"),
+            Some(if serializable {
+                options.with_serializable()
+            } else {
+                options
+            }),
+        )
+    };
+    let b_is_2 = || Txn::new().when([value_is(far("b"), "2")]);
+    let r = c
+        .txn(
+            b_is_2()
+                .and_then([get(far("b"), serializable)])
+                .or_else([at()]),
+        )
+        .await
+        .unwrap();
+    assert_eq!(values(&r), vec![vec!["2"]], "serializable {serializable}");
+    let refused = c
+        .txn(
+            b_is_2()
+                .and_then([at(), get(far("b"), serializable)])
+                .or_else([get(far("b"), serializable)]),
+        )
+        .await
+        .map(|_| ());
+    let s = status_of(refused.expect_err(refusal));
+    assert_eq!(
+        (s.code(), s.message()),
+        (tonic::Code::OutOfRange, refusal),
+        "serializable {serializable}"
+    );
+}
+
 async fn read_only_txns_with(shards: &str) {
     let mut cluster = Cluster::start(3, &["--shards", shards, "--cores", "1"]);
     let mut c0 = client(&cluster.members[0].endpoint()).await;
@@ -334,91 +379,25 @@ async fn read_only_txns_with(shards: &str) {
     // future revision on the other one fails nothing.
     let future = elsewhere + 1000;
     for serializable in [false, true] {
-        let ahead = || {
-            let options = GetOptions::new().with_revision(future);
-            TxnOp::get(
-                key("a"),
-                Some(if serializable {
-                    options.with_serializable()
-                } else {
-                    options
-                }),
-            )
-        };
-        let r = c2
-            .txn(
-                Txn::new()
-                    .when([value_is(far("b"), "2")])
-                    .and_then([get(far("b"), serializable)])
-                    .or_else([ahead()]),
-            )
-            .await
-            .unwrap();
-        assert_eq!(values(&r), vec![vec!["2"]], "serializable {serializable}");
-        let refused = c2
-            .txn(
-                Txn::new()
-                    .when([value_is(far("b"), "2")])
-                    .and_then([ahead()])
-                    .or_else([get(far("b"), serializable)]),
-            )
-            .await
-            .map(|_| ());
-        let s = status_of(refused.expect_err("a future revision on the branch taken"));
-        assert_eq!(
-            (s.code(), s.message()),
-            (
-                tonic::Code::OutOfRange,
-                "etcdserver: mvcc: required revision is a future revision"
-            ),
-            "serializable {serializable}"
-        );
+        only_the_branch_taken_is_checked(
+            &mut c2,
+            future,
+            serializable,
+            "etcdserver: mvcc: required revision is a future revision",
+        )
+        .await;
     }
-
-    // So is a compacted revision: on the branch taken it fails the txn
-    // (the serializable one asked of the leader, which answered the
-    // compaction once it applied it), on the other it fails nothing.
+    // So is a compacted revision (the serializable txn asked of the
+    // leader, which answered the compaction once it applied it).
     c0.compact(now, None).await.unwrap();
     for serializable in [false, true] {
-        let c = if serializable { &mut c0 } else { &mut c2 };
-        let gone = || {
-            let options = GetOptions::new().with_revision(first_rev);
-            TxnOp::get(
-                key("a"),
-                Some(if serializable {
-                    options.with_serializable()
-                } else {
-                    options
-                }),
-            )
-        };
-        let r = c
-            .txn(
-                Txn::new()
-                    .when([value_is(far("b"), "2")])
-                    .and_then([get(far("b"), serializable)])
-                    .or_else([gone()]),
-            )
-            .await
-            .unwrap();
-        assert_eq!(values(&r), vec![vec!["2"]], "serializable {serializable}");
-        let refused = c
-            .txn(
-                Txn::new()
-                    .when([value_is(far("b"), "2")])
-                    .and_then([gone(), get(far("b"), serializable)]),
-            )
-            .await
-            .map(|_| ());
-        let s = status_of(refused.expect_err("a compacted revision on the branch taken"));
-        assert_eq!(
-            (s.code(), s.message()),
-            (
-                tonic::Code::OutOfRange,
-                "etcdserver: mvcc: required revision has been compacted"
-            ),
-            "serializable {serializable}"
-        );
+        only_the_branch_taken_is_checked(
+            if serializable { &mut c0 } else { &mut c2 },
+            first_rev,
+            serializable,
+            "etcdserver: mvcc: required revision has been compacted",
+        )
+        .await;
     }
 
     // Cut off: served serializable, refused linearizable.
