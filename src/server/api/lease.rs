@@ -54,13 +54,15 @@ use cairn_proto::etcdserverpb::{
 };
 use futures::future::join_all;
 use prost::Message as _;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::routing::ShardId;
 use crate::server::api::kv::Identity;
 use crate::server::api::lease_renewals::Renewals;
 use crate::server::api::require_leader::{self, LeaderLoss};
-use crate::server::api::stream_end::{self, EndingStream};
+use crate::server::api::stream_end;
 use crate::server::command::{LeaseInfo, WriteResult};
 use crate::server::errors::ApiError;
 use crate::server::keyspace::router::Router;
@@ -400,7 +402,7 @@ impl Lease for LeaseService {
         }))
     }
 
-    type LeaseKeepAliveStream = EndingStream<LeaseKeepAliveResponse>;
+    type LeaseKeepAliveStream = ReceiverStream<Result<LeaseKeepAliveResponse, Status>>;
 
     async fn lease_keep_alive(
         &self,
@@ -412,7 +414,7 @@ impl Lease for LeaseService {
         }
         let mut leader = self.leader_loss.open(request.metadata())?;
         let mut inbound = request.into_inner();
-        let (tx, end, stream) = stream_end::channel(16);
+        let (tx, rx) = mpsc::channel(16);
         let this = self.clone();
         tokio::spawn(async move {
             // One renewal at a time per stream, answered in order (etcd's way).
@@ -424,13 +426,13 @@ impl Lease for LeaseService {
                         // A request that could not be read: the client is
                         // told, after the answers queued for it.
                         Err(status) => {
-                            end.fail(status);
+                            stream_end::end_with(&tx, status).await;
                             break;
                         }
                     },
                     // The member lost its leader: the client is told.
                     () = leader.lost() => {
-                        end.fail(require_leader::no_leader());
+                        stream_end::end_with(&tx, require_leader::no_leader()).await;
                         break;
                     }
                 };
@@ -448,7 +450,7 @@ impl Lease for LeaseService {
                 }
             }
         });
-        Ok(Response::new(stream))
+        Ok(Response::new(ReceiverStream::new(rx)))
     }
 
     async fn lease_time_to_live(

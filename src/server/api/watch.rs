@@ -21,12 +21,13 @@ use cairn_proto::etcdserverpb::{
     WatchResponse,
 };
 use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::ops::server_metrics::CoreRecorder;
 use crate::server::api::kv::Identity;
 use crate::server::api::require_leader::{self, LeaderLoss};
-use crate::server::api::stream_end::{self, EndingStream};
+use crate::server::api::stream_end;
 use crate::server::api::watch_stream::{Refused, StreamWatches};
 use crate::server::command::{ShardCommand, WatchBatch, WatchSpec};
 use crate::server::key_ranges::holds_no_key;
@@ -114,7 +115,7 @@ fn create_id(
 
 #[tonic::async_trait]
 impl Watch for WatchService {
-    type WatchStream = EndingStream<WatchResponse>;
+    type WatchStream = ReceiverStream<Result<WatchResponse, Status>>;
 
     async fn watch(
         &self,
@@ -133,7 +134,8 @@ impl Watch for WatchService {
         let common_name =
             crate::server::auth::conn_info(&request).and_then(|i| i.common_name.clone());
         let mut incoming = request.into_inner();
-        let (out_tx, end, out_stream) = stream_end::channel(WATCH_STREAM_QUEUE_BATCHES);
+        let (out_tx, out_rx) =
+            mpsc::channel::<Result<WatchResponse, Status>>(WATCH_STREAM_QUEUE_BATCHES);
         let (batch_tx, mut batch_rx) = mpsc::channel::<WatchBatch>(WATCH_STREAM_QUEUE_BATCHES);
         let stream_id = self.next_stream.fetch_add(1, Ordering::Relaxed);
         let svc = self.clone();
@@ -143,6 +145,8 @@ impl Watch for WatchService {
             // watchers: events flow until it goes away (an HTTP/JSON gateway
             // client always sends its whole body first).
             let mut requests_ended = false;
+            // Why the stream ends, when the client is to be told.
+            let mut ending = None;
             loop {
                 tokio::select! {
                     req = incoming.message(), if !requests_ended => {
@@ -154,11 +158,9 @@ impl Watch for WatchService {
                             }
                             // A request that could not be read (one over the
                             // message cap): the stream ends with why, as
-                            // etcd's, after what is queued. Not waited for: a
-                            // client that does not read must not hold the
-                            // stream's watchers.
+                            // etcd's, after what is queued.
                             Err(status) => {
-                                end.fail(status);
+                                ending = Some(status);
                                 break;
                             }
                         };
@@ -305,15 +307,22 @@ impl Watch for WatchService {
                     // The member lost its leader: the client is told, and
                     // moves to another member.
                     () = leader.lost() => {
-                        end.fail(require_leader::no_leader());
+                        ending = Some(require_leader::no_leader());
                         break;
                     }
                 }
             }
+            if let Some(status) = ending {
+                // The watchers go first: a client that does not read must
+                // not hold them while its error waits for room.
+                drop(watches);
+                drop(batch_rx);
+                stream_end::end_with(&out_tx, status).await;
+            }
             // The client went away: the shards drop these watchers when they
             // find the stream's queue closed.
         });
-        Ok(Response::new(out_stream))
+        Ok(Response::new(ReceiverStream::new(out_rx)))
     }
 }
 
