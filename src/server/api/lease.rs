@@ -417,6 +417,8 @@ impl Lease for LeaseService {
         let (tx, rx) = mpsc::channel(16);
         let this = self.clone();
         tokio::spawn(async move {
+            // Why the stream ends, when the client is to be told.
+            let mut ending = None;
             // One renewal at a time per stream, answered in order (etcd's way).
             loop {
                 let req = tokio::select! {
@@ -426,13 +428,13 @@ impl Lease for LeaseService {
                         // A request that could not be read: the client is
                         // told, after the answers queued for it.
                         Err(status) => {
-                            stream_end::end_with(&tx, status).await;
+                            ending = Some(status);
                             break;
                         }
                     },
                     // The member lost its leader: the client is told.
                     () = leader.lost() => {
-                        stream_end::end_with(&tx, require_leader::no_leader()).await;
+                        ending = Some(require_leader::no_leader());
                         break;
                     }
                 };
@@ -448,6 +450,11 @@ impl Lease for LeaseService {
                 if tx.send(answer).await.is_err() || failed {
                     break;
                 }
+            }
+            if let Some(status) = ending {
+                // What is left of the request body is not held meanwhile.
+                drop(inbound);
+                stream_end::end_with(&tx, status).await;
             }
         });
         Ok(Response::new(ReceiverStream::new(rx)))

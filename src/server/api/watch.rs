@@ -313,10 +313,12 @@ impl Watch for WatchService {
                 }
             }
             if let Some(status) = ending {
-                // The watchers go first: a client that does not read must
-                // not hold them while its error waits for room.
+                // The watchers go first, and what is left of the request
+                // body: a client that does not read must not hold them
+                // while its error waits for room.
                 drop(watches);
                 drop(batch_rx);
+                drop(incoming);
                 stream_end::end_with(&out_tx, status).await;
             }
             // The client went away: the shards drop these watchers when they
