@@ -117,7 +117,12 @@ fn value_is(k: String, v: &str) -> Compare {
 }
 
 fn get(k: String, serializable: bool) -> TxnOp {
-    let options = GetOptions::new();
+    get_at(k, 0, serializable)
+}
+
+/// A range of `k` at `revision` (0: the txn's own).
+fn get_at(k: String, revision: i64, serializable: bool) -> TxnOp {
+    let options = GetOptions::new().with_revision(revision);
     TxnOp::get(
         k,
         Some(if serializable {
@@ -136,17 +141,7 @@ async fn only_the_branch_taken_is_checked(
     serializable: bool,
     refusal: &str,
 ) {
-    let at = || {
-        let options = GetOptions::new().with_revision(revision);
-        TxnOp::get(
-            key("a"),
-            Some(if serializable {
-                options.with_serializable()
-            } else {
-                options
-            }),
-        )
-    };
+    let at = || get_at(key("a"), revision, serializable);
     let b_is_2 = || Txn::new().when([value_is(far("b"), "2")]);
     let r = c
         .txn(
@@ -356,20 +351,12 @@ async fn read_only_txns_with(shards: &str) {
         elsewhere = r.header().unwrap().revision();
     }
     for serializable in [false, true] {
-        let options = GetOptions::new().with_revision(elsewhere);
         let r = c2
-            .txn(
-                Txn::new()
-                    .when([value_is(far("b"), "2")])
-                    .and_then([TxnOp::get(
-                        key("a"),
-                        Some(if serializable {
-                            options.with_serializable()
-                        } else {
-                            options
-                        }),
-                    )]),
-            )
+            .txn(Txn::new().when([value_is(far("b"), "2")]).and_then([get_at(
+                key("a"),
+                elsewhere,
+                serializable,
+            )]))
             .await
             .unwrap();
         assert_eq!(values(&r), vec![vec!["3"]], "serializable {serializable}");

@@ -253,7 +253,7 @@ async fn every_service_caps_messages_as_etcds() {
 /// A Watch stream whose client stopped reading while events filled its
 /// queue, then sent a create over the message cap: reading again, the
 /// client gets the events queued and then the stream's error, never a
-/// stream that just ends (the error needs no room in the queue).
+/// stream that just ends (the error waits for room in the queue).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watch_streams_error_follows_what_a_client_that_stopped_reading_left_queued() {
     let cluster = Cluster::start(1, &[]);

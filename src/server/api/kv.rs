@@ -25,8 +25,8 @@ use crate::routing::ShardId;
 use crate::server::auth::{caller_of, check, AuthStore};
 use crate::server::command::{ReadAt, ShardPoint, WriteResult, REQUEST_TIMEOUT};
 use crate::server::errors::ApiError;
-use crate::server::keyspace::merge::merge_ranges;
 use crate::server::keyspace::router::Router;
+use crate::server::keyspace::Keyspace;
 use crate::server::keyspace::{cross_read, cross_txn};
 use crate::server::members::MemberRegistry;
 use crate::server::peer_client;
@@ -88,6 +88,25 @@ where
             Err(e) => return Err(e.into()),
         }
     }
+}
+
+/// The revision a serializable read-only txn over `shards` is read at when
+/// its ranges name a revision this member has: the cut its shards reached,
+/// once they reached every such revision (a range past the member's
+/// revision is a future one, which the shards refuse). None when they name
+/// none: any cut will do.
+async fn txn_cut(
+    keyspace: &Keyspace,
+    shards: &[ShardId],
+    req: &TxnRequest,
+) -> Result<Option<i64>, ApiError> {
+    let reached = &keyspace.counter.reached;
+    let newest = validate::txn_newest_revision(req).min(reached.member_revision());
+    if newest == 0 {
+        return Ok(None);
+    }
+    reached.wait_for(shards, newest, REQUEST_TIMEOUT).await?;
+    Ok(Some(reached.cut(shards)))
 }
 
 /// Asks the keyspace leader at `url` to run a txn over several shards.
@@ -154,14 +173,8 @@ impl KvService {
                 // One shard's own state is a cut at its own revision.
                 self.router.range(shards[0], req).await?
             } else {
-                let parts = join_all(
-                    shards
-                        .iter()
-                        .map(|&s| self.router.range_at(s, req.clone(), ReadAt::cut(revision))),
-                )
-                .await;
-                let parts: Result<Vec<_>, _> = parts.into_iter().collect();
-                merge_ranges(&req, parts?)
+                let places = cross_read::cut_places(&shards, revision);
+                cross_read::range_at(&self.router, &req, &places).await?
             }
         } else {
             self.router.range(shards[0], req).await?
@@ -179,13 +192,8 @@ impl KvService {
         shards: &[ShardId],
     ) -> Result<RangeResponse, Status> {
         self.at_point(shards, req.revision, |revision, points| async move {
-            let parts = join_all(shards.iter().zip(points).map(|(&s, p)| {
-                let at = ReadAt::point(revision, p);
-                self.router.range_at(s, req.clone(), at)
-            }))
-            .await;
-            let parts = parts.into_iter().collect::<Result<Vec<_>, _>>()?;
-            Ok(merge_ranges(req, parts))
+            let places = cross_read::point_places(shards, revision, points);
+            cross_read::range_at(&self.router, req, &places).await
         })
         .await
     }
@@ -227,17 +235,10 @@ impl KvService {
                 })
                 .await;
         }
-        let reached = &keyspace.counter.reached;
-        let newest = validate::txn_newest_revision(&req).min(reached.member_revision());
-        if newest == 0 {
-            // One shard's own state is a cut at its own revision.
-            return Ok(self.router.read_txn(shard, req, true, None).await?);
-        }
-        // Once the shard has reached every revision it names that this
-        // member has (a range past the member's revision is a future one).
-        reached.wait_for(&[shard], newest, REQUEST_TIMEOUT).await?;
-        let at = ReadAt::cut(reached.cut(&[shard]));
-        Ok(self.router.read_txn(shard, req, true, Some(at)).await?)
+        // Without a revision named, one shard's own state is a cut at its
+        // own revision.
+        let at = txn_cut(keyspace, &[shard], &req).await?.map(ReadAt::cut);
+        Ok(self.router.read_txn(shard, req, true, at).await?)
     }
 
     /// etcd's read-only txn over several shards, read at one revision of
@@ -262,13 +263,11 @@ impl KvService {
                 })
                 .await;
         }
-        let reached = &keyspace.counter.reached;
-        let newest = validate::txn_newest_revision(&req).min(reached.member_revision());
-        if newest > 0 {
-            reached.wait_for(&shards, newest, REQUEST_TIMEOUT).await?;
-        }
-        let revision = reached.cut(&shards);
-        let at = shards.iter().map(|&s| (s, ReadAt::cut(revision))).collect();
+        let revision = match txn_cut(keyspace, &shards, &req).await? {
+            Some(revision) => revision,
+            None => keyspace.counter.reached.cut(&shards),
+        };
+        let at = cross_read::cut_places(&shards, revision);
         Ok(cross_read::read_txn_at(&self.router, &req, true, revision, &at).await?)
     }
 
@@ -496,7 +495,8 @@ impl Kv for KvService {
         for lease in check::txn(&self.auth, caller.as_ref(), &req)? {
             check::lease_keys(&self.auth, caller.as_ref(), &self.router, lease).await?;
         }
-        // A learner's call gate refused the txn, as etcd 3.4's refuses any.
+        // No learner gets here: its call gate refuses every txn, as etcd
+        // 3.4's refuses them.
         let read_only = validate::txn_is_read_only(&req);
         let Some(shard) = validate::txn_shard(&req, &self.router.routing) else {
             let mut r = if read_only {

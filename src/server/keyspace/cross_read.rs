@@ -1,6 +1,7 @@
-//! etcd's read-only txns over several shards (docs/KEYSPACE.md,
-//! "Consistent reads"), read at one revision of the keyspace and never
-//! written to a log, as a read-only txn on one shard is:
+//! Reads over several shards at one revision of the keyspace
+//! (docs/KEYSPACE.md, "Consistent reads"): a range ([`range_at`]), and
+//! etcd's read-only txns ([`read_txn_at`]), never written to a log, as a
+//! read-only txn on one shard is:
 //!
 //! 1. each shard a compare's range touches answers every compare over its
 //!    own keys at that revision (`ShardCommand::ReadCompares`);
@@ -13,19 +14,37 @@
 //!    at that revision, with the highest Raft term the parts carried.
 //!
 //! The revision and each shard's place come from the caller: a read point
-//! for a linearizable txn, the cut this member's shards reached for a
-//! serializable one.
+//! for a linearizable read ([`point_places`]), the cut this member's shards
+//! reached for a serializable one ([`cut_places`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use cairn_proto::etcdserverpb::{TxnRequest, TxnResponse};
+use cairn_proto::etcdserverpb::{RangeRequest, RangeResponse, TxnRequest, TxnResponse};
 use futures::future::join_all;
 
 use crate::routing::ShardId;
 use crate::server::command::{ReadAt, ShardPoint};
 use crate::server::errors::ApiError;
 use crate::server::keyspace::cross_plan::{combine, Plan};
+use crate::server::keyspace::merge::merge_ranges;
 use crate::server::keyspace::router::Router;
+
+/// `req` read on each shard of `places` at its place, the answers merged
+/// as one keyspace would answer it (`merge_ranges`).
+pub async fn range_at(
+    router: &Router,
+    req: &RangeRequest,
+    places: &BTreeMap<ShardId, ReadAt>,
+) -> Result<RangeResponse, ApiError> {
+    let parts = join_all(
+        places
+            .iter()
+            .map(|(&shard, &at)| router.range_at(shard, req.clone(), at)),
+    )
+    .await;
+    let parts = parts.into_iter().collect::<Result<Vec<_>, _>>()?;
+    Ok(merge_ranges(req, parts))
+}
 
 /// Reads `req`, a read-only txn ([`crate::server::validate::txn_is_read_only`])
 /// over several shards, at `revision`: each shard it touches at its place
@@ -89,7 +108,7 @@ pub async fn read_txn_at(
 }
 
 /// Each shard's place at a read point at `revision`, from the points of
-/// `shards` in their order (what [`read_txn_at`] takes when linearizable).
+/// `shards` in their order (a linearizable read).
 pub fn point_places(
     shards: &[ShardId],
     revision: i64,
@@ -102,5 +121,14 @@ pub fn point_places(
             let at = ReadAt::point(revision, p);
             (shard, at)
         })
+        .collect()
+}
+
+/// Each of `shards` at `revision` of a cut this member's shards reached (a
+/// serializable read).
+pub fn cut_places(shards: &[ShardId], revision: i64) -> BTreeMap<ShardId, ReadAt> {
+    shards
+        .iter()
+        .map(|&shard| (shard, ReadAt::cut(revision)))
         .collect()
 }

@@ -13,11 +13,9 @@ use crate::server::api::kv::read_at_point;
 use crate::server::command::{ReadAt, ShardCommand, ShardPoint};
 use crate::server::errors::ApiError;
 use crate::server::keyspace::cross_read;
-use crate::server::keyspace::merge::merge_ranges;
 use crate::server::keyspace::router::Router;
 use crate::server::peer_client::{self, Forwarded};
 use crate::server::shard::LEADERLESS_WAIT;
-use crate::server::validate;
 use crate::sim::driver::world::{self, World};
 
 /// A linearizable read of `key` through `member`, as the API layer makes it:
@@ -79,17 +77,23 @@ pub(super) async fn read(
 /// the range read must agree ([`first_kv`]) whatever happened meanwhile:
 /// both are read at one revision.
 fn one_range_txn(request: pb::RangeRequest) -> pb::TxnRequest {
+    let compare = pb::Compare {
+        result: pb::compare::CompareResult::Greater as i32,
+        target: pb::compare::CompareTarget::Version as i32,
+        key: request.key.clone(),
+        target_union: Some(pb::compare::TargetUnion::Version(0)),
+        ..Default::default()
+    };
+    range_either_way(compare, request)
+}
+
+/// A read-only txn of `compare` with `request` on both branches.
+fn range_either_way(compare: pb::Compare, request: pb::RangeRequest) -> pb::TxnRequest {
     let read = pb::RequestOp {
-        request: Some(pb::request_op::Request::RequestRange(request.clone())),
+        request: Some(pb::request_op::Request::RequestRange(request)),
     };
     pb::TxnRequest {
-        compare: vec![pb::Compare {
-            result: pb::compare::CompareResult::Greater as i32,
-            target: pb::compare::CompareTarget::Version as i32,
-            key: request.key,
-            target_union: Some(pb::compare::TargetUnion::Version(0)),
-            ..Default::default()
-        }],
+        compare: vec![compare],
         success: vec![read.clone()],
         failure: vec![read],
     }
@@ -173,24 +177,19 @@ async fn all_by_txn(
 ) -> Result<(i64, pb::RangeResponse), String> {
     let router = world.router(member).ok_or("the member stopped")?;
     let txn_at = |revision: i64| {
-        let read = pb::RequestOp {
-            request: Some(pb::request_op::Request::RequestRange(request.clone())),
+        let compare = pb::Compare {
+            result: pb::compare::CompareResult::Less as i32,
+            target: pb::compare::CompareTarget::Mod as i32,
+            key: request.key.clone(),
+            range_end: request.range_end.clone(),
+            target_union: Some(pb::compare::TargetUnion::ModRevision(revision - lag + 1)),
         };
-        pb::TxnRequest {
-            compare: vec![pb::Compare {
-                result: pb::compare::CompareResult::Less as i32,
-                target: pb::compare::CompareTarget::Mod as i32,
-                key: request.key.clone(),
-                range_end: request.range_end.clone(),
-                target_union: Some(pb::compare::TargetUnion::ModRevision(revision - lag + 1)),
-            }],
-            success: vec![read.clone()],
-            failure: vec![read],
-        }
+        range_either_way(compare, request.clone())
     };
-    let shards: Vec<ShardId> = validate::txn_shards(&txn_at(0), &world.routing)
-        .into_iter()
-        .collect();
+    // The compare and the range cover the same keys.
+    let shards = world
+        .routing
+        .shards_for_range(&request.key, &request.range_end);
     let (router, shards, txn_at) = (&router, &shards, &txn_at);
     let (revision, r) = at_point(world, member, router, shards, |revision, points| {
         let at = cross_read::point_places(shards, revision, points);
@@ -235,13 +234,8 @@ async fn range_at_point(
         router,
         shards,
         |revision, points| async move {
-            let parts = futures::future::join_all(shards.iter().zip(points).map(|(&s, p)| {
-                let at = ReadAt::point(revision, p);
-                router.range_at(s, request.clone(), at)
-            }))
-            .await;
-            let parts = parts.into_iter().collect::<Result<Vec<_>, _>>()?;
-            Ok(merge_ranges(request, parts))
+            let places = cross_read::point_places(shards, revision, points);
+            cross_read::range_at(router, request, &places).await
         },
     )
     .await
