@@ -6,6 +6,9 @@
 //! was told, and the members agree on every key. Linearizable reads over
 //! every shard, through any member, are one cut of that order at their
 //! header revision, and a compaction compacts every shard at one revision.
+//! A member's serializable reads over several shards see every write it
+//! acknowledged, also a txn over several shards a slow follower handed to
+//! the keyspace leader, and never show a key older than before.
 
 use crate::common;
 
@@ -615,4 +618,139 @@ async fn a_delete_over_several_shards_is_watched_in_key_order_at_one_revision() 
         }
     }
     assert_eq!(seen, keys, "the deletes in key order");
+}
+
+/// A member's serializable reads over several shards see every write it
+/// acknowledged before they began and never go back, as etcd's serializable
+/// reads on one member do. Through each member in turn: a put to one shard
+/// (or a txn over two, which a follower hands to the keyspace leader), then
+/// at once a serializable read of every key, over every shard. Read at the
+/// lowest revision the shards had reached, such a read missed the write
+/// until the keyspace leader's close moved the idle shards on (up to 5 ms
+/// later), and after a forwarded txn a follower's read of one of its shards
+/// could miss it until that member applied it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_members_serializable_reads_over_every_shard_see_what_it_acknowledged() {
+    let flags = [
+        "--shards",
+        "4",
+        "--cores",
+        "1",
+        "--test-disk-faults",
+        "faults",
+    ];
+    let cluster = Cluster::start(3, &flags);
+    let mut c = client(&cluster.members[0].endpoint()).await;
+    wait_writable(&mut c, "/keyspace/ready").await;
+    let leader = wait_keyspace_leader(&cluster).await;
+    let routing = cairn::routing::RoutingTable::new(SHARDS as usize, 1);
+    let keys: Vec<String> = (0..8).map(|i| format!("ryw-{i}")).collect();
+    let shard = |k: &String| routing.shard_for_key(k.as_bytes());
+    let spread: std::collections::BTreeSet<u32> = keys.iter().map(shard).collect();
+    assert!(spread.len() >= 3, "the keys reach most shards: {spread:?}");
+    let other = keys
+        .iter()
+        .find(|k| shard(k) != shard(&keys[0]))
+        .expect("a key on another shard")
+        .clone();
+    let serializable = || etcd_client::GetOptions::new().with_serializable();
+
+    for (m, member) in cluster.members.iter().enumerate() {
+        let mut c = client(&member.endpoint()).await;
+        let mut last = 0;
+        let mut seen: BTreeMap<String, i64> = BTreeMap::new();
+        for n in 0..40 {
+            let value = format!("{m}-{n}");
+            // Every fourth write is a txn over two shards.
+            let (written, revision) = if n % 4 == 3 {
+                let txn = etcd_client::Txn::new().and_then([
+                    etcd_client::TxnOp::put(keys[0].as_str(), value.as_str(), None),
+                    etcd_client::TxnOp::put(other.as_str(), value.as_str(), None),
+                ]);
+                let r = c.txn(txn).await.expect("txn");
+                assert!(r.header().unwrap().raft_term() > 0, "{:?}", r.header());
+                (
+                    vec![keys[0].clone(), other.clone()],
+                    r.header().unwrap().revision(),
+                )
+            } else {
+                let k = keys[n % keys.len()].clone();
+                let r = c.put(k.as_str(), value.as_str(), None).await.expect("put");
+                (vec![k], r.header().unwrap().revision())
+            };
+            let what = format!("member {m} (leader {leader}), write {n} at {revision}");
+            // The written keys alone: one shard's own state.
+            for k in &written {
+                let r = c.get(k.as_str(), Some(serializable())).await.expect("get");
+                let got = kvs_of(&r).remove(k);
+                assert_eq!(got, Some((revision, value.clone())), "{what}: {k} alone");
+            }
+            // Every key, over every shard: one cut.
+            let r = c
+                .get("ryw-", Some(serializable().with_prefix()))
+                .await
+                .expect("get");
+            let header = r.header().unwrap().revision();
+            let kvs = kvs_of(&r);
+            for k in &written {
+                assert_eq!(
+                    kvs.get(k),
+                    Some(&(revision, value.clone())),
+                    "{what}: the read over every shard at {header} missed {k}"
+                );
+            }
+            assert!(
+                header >= last,
+                "{what}: read at {header} after one at {last}"
+            );
+            // A txn of compares alone over both shards: read, at a cut no
+            // lower, with a term in its header as every answer has.
+            let compares = etcd_client::Txn::new().when([
+                etcd_client::Compare::version(keys[0].as_str(), etcd_client::CompareOp::Greater, 0),
+                etcd_client::Compare::version(other.as_str(), etcd_client::CompareOp::Greater, 0),
+            ]);
+            let t = c.txn(compares).await.expect("txn of compares");
+            let t_header = t.header().unwrap();
+            let both = kvs.contains_key(&keys[0]) && kvs.contains_key(&other);
+            assert_eq!(t.succeeded(), both, "{what}: {t_header:?}, read {kvs:?}");
+            assert!(t_header.raft_term() > 0, "{what}: {t_header:?}");
+            assert!(
+                t_header.revision() >= header,
+                "{what}: {t_header:?} after {header}"
+            );
+            for (k, (mod_revision, _)) in &kvs {
+                let before = seen.insert(k.clone(), *mod_revision).unwrap_or(0);
+                assert!(
+                    *mod_revision >= before,
+                    "{what}: {k} went back from {before} to {mod_revision}"
+                );
+            }
+            last = header;
+        }
+    }
+
+    // A follower whose WAL writes and syncs each take 150 ms applies what
+    // the other two commit late; a txn over two shards through it is
+    // answered once it applied the txn all the same.
+    let slow = (0..3).find(|&i| i != leader).expect("a follower");
+    let faults = cluster.members[slow].data_dir.join("faults");
+    common::replace_file(&faults, "stall 150");
+    let mut c = client(&cluster.members[slow].endpoint()).await;
+    for n in 0..3 {
+        let value = format!("slow-{n}");
+        let txn = etcd_client::Txn::new().and_then([
+            etcd_client::TxnOp::put(keys[0].as_str(), value.as_str(), None),
+            etcd_client::TxnOp::put(other.as_str(), value.as_str(), None),
+        ]);
+        let revision = c.txn(txn).await.expect("txn").header().unwrap().revision();
+        for k in [&keys[0], &other] {
+            let r = c.get(k.as_str(), Some(serializable())).await.expect("get");
+            assert_eq!(
+                kvs_of(&r).remove(k),
+                Some((revision, value.clone())),
+                "{k} through the slow member {slow} after its txn at {revision}"
+            );
+        }
+    }
+    common::replace_file(&faults, "none");
 }

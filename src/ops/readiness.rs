@@ -209,6 +209,16 @@ impl Readiness {
         self.has_leader.iter().all(|f| f.load(Ordering::Acquire))
     }
 
+    /// Whether the Raft group of each of `shards` knows a leader (a shard
+    /// not declared counts as having none).
+    pub fn shards_have_leader(&self, shards: &[u32]) -> bool {
+        shards.iter().all(|s| {
+            self.shards
+                .binary_search(s)
+                .is_ok_and(|i| self.has_leader[i].load(Ordering::Acquire))
+        })
+    }
+
     /// Resolves once the member is ready (at once if it already is). The daemon
     /// awaits this before sending systemd `READY=1`.
     pub async fn wait_ready(&self) {
@@ -240,6 +250,9 @@ mod tests {
         r.set_shard_has_leader(2, true);
         let report = r.report();
         assert_eq!(report.shards_without_leader, vec![1]);
+        assert!(r.shards_have_leader(&[0, 2]));
+        assert!(!r.shards_have_leader(&[0, 1]));
+        assert!(!r.shards_have_leader(&[7]), "a shard not declared");
         assert_eq!(report.health_reason(), "RAFT NO LEADER (shards 1)");
         r.set_shard_has_leader(1, true);
         assert!(r.is_ready());

@@ -51,10 +51,16 @@ impl Identity {
         self.header_now(self.revision.load(Ordering::Relaxed))
     }
 
-    /// Fills in the member fields of a header a shard produced.
+    /// Fills in the member fields of a header a shard produced, and the
+    /// member's term where no shard's answer gave one (a txn over several
+    /// shards, which the keyspace leader answers for them all; a read-only
+    /// one that read no range).
     pub fn stamp(&self, header: &mut Option<ResponseHeader>) {
         let h = header.get_or_insert_with(Default::default);
         h.cluster_id = self.cluster_id;
         h.member_id = self.member_id;
+        if h.raft_term == 0 {
+            h.raft_term = self.raft_term.load(Ordering::Relaxed);
+        }
     }
 }

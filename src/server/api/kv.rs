@@ -21,6 +21,7 @@ use futures::future::join_all;
 use prost::Message;
 use tonic::{Request, Response, Status};
 
+use crate::ops::readiness::Readiness;
 use crate::routing::ShardId;
 use crate::server::auth::{caller_of, check, AuthStore};
 use crate::server::command::{ReadAt, ShardPoint, WriteResult, REQUEST_TIMEOUT};
@@ -56,6 +57,9 @@ pub struct KvService {
     /// Where the keyspace leader is found for a read point.
     pub members: Arc<MemberRegistry>,
     pub peers: peer_client::PeerClient,
+    /// Which shards know a leader: a serializable read over several waits
+    /// for them to reach the revision one of them reached only while each does.
+    pub readiness: Arc<Readiness>,
 }
 
 /// A linearizable read at one point of the revision order: a point from
@@ -90,23 +94,18 @@ where
     }
 }
 
-/// The revision a serializable read-only txn over `shards` is read at when
-/// its ranges name a revision this member has: the cut its shards reached,
-/// once they reached every such revision (a range past the member's
-/// revision is a future one, which the shards refuse). None when they name
-/// none: any cut will do.
-async fn txn_cut(
-    keyspace: &Keyspace,
-    shards: &[ShardId],
-    req: &TxnRequest,
-) -> Result<Option<i64>, ApiError> {
-    let reached = &keyspace.counter.reached;
-    let newest = validate::txn_newest_revision(req).min(reached.member_revision());
-    if newest == 0 {
-        return Ok(None);
-    }
-    reached.wait_for(shards, newest, REQUEST_TIMEOUT).await?;
-    Ok(Some(reached.cut(shards)))
+/// How long a serializable read over several shards waits at a time for
+/// them all to reach the revision one of them reached before it looks
+/// again whether each still has a leader, whose closes move an idle shard
+/// on.
+const CUT_WAIT_SLICE: Duration = Duration::from_millis(50);
+
+/// The newest revision a serializable read-only txn's ranges name that this
+/// member has, 0 when they name none: its shards must reach it before it is
+/// read (a range past the member's revision is a future one, which the
+/// shards refuse).
+fn txn_named_revision(keyspace: &Keyspace, req: &TxnRequest) -> i64 {
+    validate::txn_newest_revision(req).min(keyspace.counter.reached.member_revision())
 }
 
 /// Asks the keyspace leader at `url` to run a txn over several shards.
@@ -159,20 +158,20 @@ impl KvService {
         } else if let Some(keyspace) = &self.router.keyspace {
             // Serializable, several shards per member: read at a cut of the
             // revision order this member's shards have reached.
-            let revision = if req.revision > 0 {
-                keyspace
-                    .counter
-                    .reached
-                    .wait_for(&shards, req.revision, REQUEST_TIMEOUT)
-                    .await?;
-                req.revision
-            } else {
-                keyspace.counter.reached.cut(&shards)
-            };
             if shards.len() == 1 && req.revision == 0 {
                 // One shard's own state is a cut at its own revision.
                 self.router.range(shards[0], req).await?
             } else {
+                let revision = if req.revision > 0 {
+                    keyspace
+                        .counter
+                        .reached
+                        .wait_for(&shards, req.revision, REQUEST_TIMEOUT)
+                        .await?;
+                    req.revision
+                } else {
+                    self.current_cut(keyspace, &shards, 0).await?
+                };
                 let places = cross_read::cut_places(&shards, revision);
                 cross_read::range_at(&self.router, &req, &places).await?
             }
@@ -237,7 +236,14 @@ impl KvService {
         }
         // Without a revision named, one shard's own state is a cut at its
         // own revision.
-        let at = txn_cut(keyspace, &[shard], &req).await?.map(ReadAt::cut);
+        let reached = &keyspace.counter.reached;
+        let at = match txn_named_revision(keyspace, &req) {
+            0 => None,
+            named => {
+                reached.wait_for(&[shard], named, REQUEST_TIMEOUT).await?;
+                Some(ReadAt::cut(reached.cut(&[shard])))
+            }
+        };
         Ok(self.router.read_txn(shard, req, true, at).await?)
     }
 
@@ -263,12 +269,46 @@ impl KvService {
                 })
                 .await;
         }
-        let revision = match txn_cut(keyspace, &shards, &req).await? {
-            Some(revision) => revision,
-            None => keyspace.counter.reached.cut(&shards),
-        };
+        let named = txn_named_revision(keyspace, &req);
+        let revision = self.current_cut(keyspace, &shards, named).await?;
         let at = cross_read::cut_places(&shards, revision);
         Ok(cross_read::read_txn_at(&self.router, &req, true, revision, &at).await?)
+    }
+
+    /// The revision a serializable read over several `shards` is read at:
+    /// the cut they reached, once they reached `named` (a revision the read
+    /// names that this member has, else 0) and the highest revision any of
+    /// them had reached when the read began. So such a read sees every write
+    /// to its keys that this member acknowledged before it began, and
+    /// nothing older than an earlier read of this member showed of them, as
+    /// etcd's serializable reads on one member do: a member acknowledges a
+    /// write once its shard has applied it, and the other shards get past
+    /// it by applying their own entries, or an idle shard by the keyspace
+    /// leader's next close (within a close interval and a commit). A shard
+    /// that knows no leader gets no closes: the read is then served at the
+    /// cut reached, stale as a cut-off etcd member's serializable read.
+    async fn current_cut(
+        &self,
+        keyspace: &Keyspace,
+        shards: &[ShardId],
+        named: i64,
+    ) -> Result<i64, ApiError> {
+        let reached = &keyspace.counter.reached;
+        if named > 0 {
+            reached.wait_for(shards, named, REQUEST_TIMEOUT).await?;
+        }
+        let highest = reached.highest(shards);
+        let deadline = Instant::now() + REQUEST_TIMEOUT;
+        while reached.cut(shards) < highest && self.readiness.shards_have_leader(shards) {
+            match reached.wait_for(shards, highest, CUT_WAIT_SLICE).await {
+                Err(ApiError::Timeout) if Instant::now() < deadline => {}
+                waited => {
+                    waited?;
+                    break;
+                }
+            }
+        }
+        Ok(reached.cut(shards))
     }
 
     /// The read point of a linearizable read over `shards`, from the keyspace
@@ -315,7 +355,10 @@ impl KvService {
                 .and_then(|m| m.peer_urls.first().cloned());
             if let Some(url) = url {
                 match forward_txn(&self.peers, &url, self.members.cluster_id(), &req).await {
-                    peer_client::Forwarded::Ok(r) => return Ok(r),
+                    peer_client::Forwarded::Ok(r) => {
+                        self.applied_here(&req, &r).await;
+                        return Ok(r);
+                    }
                     peer_client::Forwarded::NotLeader(_) => {}
                     // Not retried: the leader may have proposed it.
                     peer_client::Forwarded::Refused(s) | peer_client::Forwarded::Failed(s) => {
@@ -327,6 +370,32 @@ impl KvService {
                 return Err(last);
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Before a txn over several shards that the keyspace leader ran is
+    /// answered here: waits until this member's shards of the txn applied
+    /// it, as a write this member proposes is answered once applied here,
+    /// so the client's next serializable read here sees it (etcd's member
+    /// answers a write once it applied it). Bounded: the txn is committed,
+    /// and a member too far behind answers without it.
+    async fn applied_here(&self, req: &TxnRequest, resp: &TxnResponse) {
+        let (Some(keyspace), Some(header)) = (&self.router.keyspace, &resp.header) else {
+            return;
+        };
+        let shards: Vec<ShardId> = validate::txn_shards(req, &self.router.routing)
+            .into_iter()
+            .collect();
+        if !keyspace
+            .counter
+            .reached
+            .reach(&shards, header.revision, REQUEST_TIMEOUT)
+            .await
+        {
+            tracing::debug!(
+                revision = header.revision,
+                "a txn over several shards answered before this member applied it"
+            );
         }
     }
 

@@ -521,6 +521,7 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
             auth: shared.auth.clone(),
             members: shared.members.clone(),
             peers: peers.clone(),
+            readiness: shared.readiness.clone(),
         };
         let maintenance = MaintenanceService {
             router: shared.routers[core].clone(),

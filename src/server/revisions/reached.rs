@@ -71,6 +71,17 @@ impl Reached {
             .unwrap_or(0)
     }
 
+    /// The highest revision a shard of `shards` has reached: every write
+    /// to their keys this member has applied is at or below it.
+    pub fn highest(&self, shards: &[ShardId]) -> i64 {
+        shards
+            .iter()
+            .filter_map(|&s| self.revisions.get(s as usize))
+            .map(|r| r.load(Ordering::Acquire))
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Waits until every shard of `shards` has reached `revision`, which
     /// some shard of this member has: an idle shard is moved past it by the
     /// keyspace leader's closes. Refused with [`ApiError::FutureRev`] when
@@ -87,6 +98,20 @@ impl Reached {
         if revision > self.member_revision() {
             return Err(ApiError::FutureRev);
         }
+        if self.reach(shards, revision, within).await {
+            Ok(())
+        } else {
+            Err(ApiError::Timeout)
+        }
+    }
+
+    /// Waits until every shard of `shards` has reached `revision`, whether
+    /// or not any shard of this member has yet: false if they have not
+    /// after `within`.
+    pub async fn reach(&self, shards: &[ShardId], revision: i64, within: Duration) -> bool {
+        if self.cut(shards) >= revision {
+            return true;
+        }
         self.waiting.fetch_add(1, Ordering::AcqRel);
         let waited = tokio::time::timeout(within, async {
             loop {
@@ -102,7 +127,7 @@ impl Reached {
         })
         .await;
         self.waiting.fetch_sub(1, Ordering::AcqRel);
-        waited.map_err(|_| ApiError::Timeout)
+        waited.is_ok()
     }
 }
 
@@ -120,6 +145,8 @@ mod tests {
         assert_eq!(r.cut(&[0, 1]), 7);
         assert_eq!(r.cut(&[0]), 10);
         assert_eq!(r.member_revision(), 10);
+        assert_eq!(r.highest(&[1, 2]), 7);
+        assert_eq!(r.highest(&[0, 1]), 10);
     }
 
     #[tokio::test]
@@ -143,5 +170,16 @@ mod tests {
             r.wait_for(&[1], 20, Duration::from_millis(30)).await,
             Err(ApiError::Timeout)
         );
+        // A revision no shard has reached yet is waited for all the same.
+        let reaching = {
+            let r = r.clone();
+            tokio::spawn(async move { r.reach(&[0, 1], 25, Duration::from_secs(5)).await })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        r.publish(0, 25);
+        assert!(!reaching.is_finished(), "shard 1 is still at 19");
+        r.publish(1, 26);
+        assert!(reaching.await.unwrap());
+        assert!(!r.reach(&[0], 30, Duration::from_millis(30)).await);
     }
 }
