@@ -7,8 +7,9 @@
 //! every shard, through any member, are one cut of that order at their
 //! header revision, and a compaction compacts every shard at one revision.
 //! A member's serializable reads over several shards see every write it
-//! acknowledged, also a txn over several shards a slow follower handed to
-//! the keyspace leader, and never show a key older than before.
+//! acknowledged, also a txn over several shards or a lease revoke that a
+//! slow follower handed to the keyspace leader, and never show a key older
+//! than before.
 
 use crate::common;
 
@@ -751,6 +752,23 @@ async fn a_members_serializable_reads_over_every_shard_see_what_it_acknowledged(
                 "{k} through the slow member {slow} after its txn at {revision}"
             );
         }
+    }
+    // So is a lease revoke: the lease's keys, on two shards, are gone from
+    // its next serializable read.
+    let lease = c.lease_grant(60, None).await.expect("grant").id();
+    for k in [&keys[0], &other] {
+        let opts = etcd_client::PutOptions::new().with_lease(lease);
+        c.put(k.as_str(), "leased", Some(opts)).await.expect("put");
+    }
+    let revoked = c.lease_revoke(lease).await.expect("revoke");
+    let revision = revoked.header().unwrap().revision();
+    for k in [&keys[0], &other] {
+        let r = c.get(k.as_str(), Some(serializable())).await.expect("get");
+        assert_eq!(
+            kvs_of(&r).remove(k),
+            None,
+            "{k} through the slow member {slow} after the revoke at {revision}"
+        );
     }
     common::replace_file(&faults, "none");
 }

@@ -5,8 +5,8 @@
 use std::collections::BTreeSet;
 
 use cairn_proto::etcdserverpb::{
-    range_request, request_op, Compare, DeleteRangeRequest, PutRequest, RangeRequest, RequestOp,
-    TxnRequest,
+    range_request, request_op, response_op, Compare, DeleteRangeRequest, PutRequest, RangeRequest,
+    RequestOp, ResponseOp, TxnRequest, TxnResponse,
 };
 
 use crate::routing::{RoutingTable, ShardId};
@@ -218,6 +218,51 @@ fn add_txn_shards(t: &TxnRequest, routing: &RoutingTable, out: &mut BTreeSet<Sha
     }
 }
 
+/// The shards the writes of the branch a txn took touch, as its answer
+/// `resp` tells the branch (a nested txn's by its own answer; both of its
+/// branches where the answer has none).
+pub fn txn_written_shards(
+    t: &TxnRequest,
+    resp: &TxnResponse,
+    routing: &RoutingTable,
+) -> BTreeSet<ShardId> {
+    let mut shards = BTreeSet::new();
+    add_written_shards(t, resp.succeeded, &resp.responses, routing, &mut shards);
+    shards
+}
+
+fn add_written_shards(
+    t: &TxnRequest,
+    succeeded: bool,
+    responses: &[ResponseOp],
+    routing: &RoutingTable,
+    out: &mut BTreeSet<ShardId>,
+) {
+    let ops = if succeeded { &t.success } else { &t.failure };
+    for (i, op) in ops.iter().enumerate() {
+        match &op.request {
+            Some(request_op::Request::RequestPut(p)) => {
+                out.insert(routing.shard_for_key(&p.key));
+            }
+            Some(request_op::Request::RequestDeleteRange(d)) => {
+                out.extend(routing.shards_for_range(&d.key, &d.range_end))
+            }
+            Some(request_op::Request::RequestTxn(inner)) => {
+                match responses.get(i).and_then(|r| r.response.as_ref()) {
+                    Some(response_op::Response::ResponseTxn(r)) => {
+                        add_written_shards(inner, r.succeeded, &r.responses, routing, out)
+                    }
+                    _ => {
+                        add_written_shards(inner, true, &[], routing, out);
+                        add_written_shards(inner, false, &[], routing, out);
+                    }
+                }
+            }
+            Some(request_op::Request::RequestRange(_)) | None => {}
+        }
+    }
+}
+
 /// The one shard a txn touches (a txn that touches no key at all, only
 /// empty ops, is answered by shard 0), or None when it touches several:
 /// then it runs as a txn over several shards (`cross_txn`).
@@ -393,6 +438,53 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(txn_shard(&t, &routing), Some(a));
+
+        // The shards written: the branch taken's, a nested txn's by its
+        // answer, both of its branches without one.
+        let (ka, kb) = ("/x0/a/k".to_string(), format!("/x{b}/a/k"));
+        let nested = |answer: Option<bool>| {
+            let t = TxnRequest {
+                success: vec![get(&kb, false, 0), put(&ka)],
+                failure: vec![RequestOp {
+                    request: Some(request_op::Request::RequestTxn(TxnRequest {
+                        success: vec![put(&kb)],
+                        failure: vec![],
+                        ..Default::default()
+                    })),
+                }],
+                ..Default::default()
+            };
+            let inner = answer.map(|succeeded| ResponseOp {
+                response: Some(response_op::Response::ResponseTxn(TxnResponse {
+                    succeeded,
+                    ..Default::default()
+                })),
+            });
+            let resp = TxnResponse {
+                succeeded: false,
+                responses: inner.into_iter().collect(),
+                ..Default::default()
+            };
+            (t, resp)
+        };
+        let (t, mut resp) = nested(Some(true));
+        assert_eq!(
+            txn_written_shards(&t, &resp, &routing),
+            BTreeSet::from([b_shard(&routing, b)])
+        );
+        resp.succeeded = true;
+        assert_eq!(txn_written_shards(&t, &resp, &routing), BTreeSet::from([a]));
+        let (t, resp) = nested(Some(false));
+        assert!(txn_written_shards(&t, &resp, &routing).is_empty());
+        let (t, resp) = nested(None);
+        assert_eq!(
+            txn_written_shards(&t, &resp, &routing),
+            BTreeSet::from([b_shard(&routing, b)])
+        );
+    }
+
+    fn b_shard(routing: &RoutingTable, b: usize) -> ShardId {
+        routing.shard_for_key(format!("/x{b}/a/k").as_bytes())
     }
 
     fn get(k: &str, serializable: bool, revision: i64) -> RequestOp {

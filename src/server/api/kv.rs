@@ -100,6 +100,13 @@ where
 /// on.
 const CUT_WAIT_SLICE: Duration = Duration::from_millis(50);
 
+/// How long a serializable read over several shards waits at most for them
+/// all to reach the revision one of them reached: far above a close
+/// interval and a commit. Past it (the keyspace not open, a shard far
+/// behind) the read is served at the cut reached, stale as serializable
+/// reads may be, rather than refused.
+const CUT_CATCH_UP_WAIT: Duration = Duration::from_secs(2);
+
 /// The newest revision a serializable read-only txn's ranges name that this
 /// member has, 0 when they name none: its shards must reach it before it is
 /// read (a range past the member's revision is a future one, which the
@@ -286,7 +293,8 @@ impl KvService {
     /// it by applying their own entries, or an idle shard by the keyspace
     /// leader's next close (within a close interval and a commit). A shard
     /// that knows no leader gets no closes: the read is then served at the
-    /// cut reached, stale as a cut-off etcd member's serializable read.
+    /// cut reached, stale as a cut-off etcd member's serializable read, as
+    /// it is after [`CUT_CATCH_UP_WAIT`].
     async fn current_cut(
         &self,
         keyspace: &Keyspace,
@@ -298,15 +306,18 @@ impl KvService {
             reached.wait_for(shards, named, REQUEST_TIMEOUT).await?;
         }
         let highest = reached.highest(shards);
-        let deadline = Instant::now() + REQUEST_TIMEOUT;
+        let until = Instant::now() + CUT_CATCH_UP_WAIT;
         while reached.cut(shards) < highest && self.readiness.shards_have_leader(shards) {
-            match reached.wait_for(shards, highest, CUT_WAIT_SLICE).await {
-                Err(ApiError::Timeout) if Instant::now() < deadline => {}
-                waited => {
-                    waited?;
-                    break;
-                }
+            if Instant::now() >= until {
+                tracing::debug!(
+                    highest,
+                    cut = reached.cut(shards),
+                    "a serializable read over several shards served before they caught up"
+                );
+                break;
             }
+            // Each slice ends with a fresh look at the shards' leaders.
+            let _ = reached.wait_for(shards, highest, CUT_WAIT_SLICE).await;
         }
         Ok(reached.cut(shards))
     }
@@ -374,7 +385,7 @@ impl KvService {
     }
 
     /// Before a txn over several shards that the keyspace leader ran is
-    /// answered here: waits until this member's shards of the txn applied
+    /// answered here: waits until this member's shards it wrote applied
     /// it, as a write this member proposes is answered once applied here,
     /// so the client's next serializable read here sees it (etcd's member
     /// answers a write once it applied it). Bounded: the txn is committed,
@@ -383,9 +394,12 @@ impl KvService {
         let (Some(keyspace), Some(header)) = (&self.router.keyspace, &resp.header) else {
             return;
         };
-        let shards: Vec<ShardId> = validate::txn_shards(req, &self.router.routing)
+        let shards: Vec<ShardId> = validate::txn_written_shards(req, resp, &self.router.routing)
             .into_iter()
             .collect();
+        if shards.is_empty() {
+            return;
+        }
         if !keyspace
             .counter
             .reached

@@ -63,7 +63,7 @@ use crate::server::api::kv::Identity;
 use crate::server::api::lease_renewals::Renewals;
 use crate::server::api::require_leader::{self, LeaderLoss};
 use crate::server::api::stream_end;
-use crate::server::command::{LeaseInfo, WriteResult};
+use crate::server::command::{LeaseInfo, WriteResult, REQUEST_TIMEOUT};
 use crate::server::errors::ApiError;
 use crate::server::keyspace::router::Router;
 use crate::server::members::MemberRegistry;
@@ -230,29 +230,55 @@ impl LeaseService {
                 .await?);
         }
         let body = Bytes::from(LeaseRevokeRequest { id }.encode_to_vec());
-        self.at_leader(
-            || async {
-                tokio::spawn(crate::server::keyspace::cross_txn::revoke_lease(
-                    self.router.clone(),
-                    id,
-                ))
-                .await
-                .unwrap_or(Err(ApiError::Stopped))
-            },
-            |url| {
-                let body = body.clone();
-                async move {
-                    self.post(&url, "/cairn/lease-revoke", 0, body)
-                        .await
-                        .and_decode(|b: Bytes| {
-                            LeaseRevokeResponse::decode(b)
-                                .map(|r| r.header.map_or(0, |h| h.revision))
-                                .map_err(|e| format!("{url}: revoke answer: {e}"))
-                        })
-                }
-            },
-        )
-        .await
+        let revision = self
+            .at_leader(
+                || async {
+                    tokio::spawn(crate::server::keyspace::cross_txn::revoke_lease(
+                        self.router.clone(),
+                        id,
+                    ))
+                    .await
+                    .unwrap_or(Err(ApiError::Stopped))
+                },
+                |url| {
+                    let body = body.clone();
+                    async move {
+                        self.post(&url, "/cairn/lease-revoke", 0, body)
+                            .await
+                            .and_decode(|b: Bytes| {
+                                LeaseRevokeResponse::decode(b)
+                                    .map(|r| r.header.map_or(0, |h| h.revision))
+                                    .map_err(|e| format!("{url}: revoke answer: {e}"))
+                            })
+                    }
+                },
+            )
+            .await?;
+        self.applied_here(revision).await;
+        Ok(revision)
+    }
+
+    /// Before a revoke the keyspace leader ran is answered here: waits
+    /// until this member's shards applied it (each has an entry at its
+    /// revision), as a write this member proposes is answered once applied
+    /// here, so the client's next serializable read here no longer sees
+    /// the lease's keys. Bounded: the revoke is committed, and a member too
+    /// far behind answers without it.
+    async fn applied_here(&self, revision: i64) {
+        let Some(keyspace) = &self.router.keyspace else {
+            return;
+        };
+        if !keyspace
+            .counter
+            .reached
+            .reach(&self.shards(), revision, REQUEST_TIMEOUT)
+            .await
+        {
+            tracing::debug!(
+                revision,
+                "a lease revoke answered before this member applied it"
+            );
+        }
     }
 
     /// Proposes `request()` on every shard at once. A shard answering

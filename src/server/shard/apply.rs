@@ -296,6 +296,10 @@ impl Shard {
                         self.physical_compactions.push((revision, w.reply, result));
                     }
                     _ => {
+                        // Published before the answer, which may leave
+                        // before the step ends: a read the client sends
+                        // next must find the shard at this revision.
+                        self.publish_revision();
                         let _ = w.reply.send(result);
                     }
                 }

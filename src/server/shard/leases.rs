@@ -103,9 +103,11 @@ impl Shard {
                 revision,
             }
             .encode_to_vec();
-            self.proposed_revision(revision);
             match self.node.propose(Bytes::from(data)) {
-                Ok(()) => tracing::debug!(shard = self.id, lease = id, "lease expired; revoking"),
+                Ok(()) => {
+                    self.proposed_revision(revision);
+                    tracing::debug!(shard = self.id, lease = id, "lease expired; revoking")
+                }
                 Err(e) => {
                     tracing::debug!(shard = self.id, lease = id, error = %e, "proposing an expired lease's revoke failed; retried later")
                 }

@@ -189,9 +189,13 @@ impl Shard {
             }
             .encode_to_vec(),
         );
-        self.proposed_revision(revision);
         match self.node.propose(data.clone()) {
-            Ok(()) => self.proposed(id, reply, data),
+            Ok(()) => {
+                self.proposed_revision(revision);
+                self.proposed(id, reply, data)
+            }
+            // Not noted as proposed: the shard's next close covers the
+            // revision it took (see `maybe_close_revision`).
             Err(e) => {
                 let _ = reply.send(Err(self.refused(e)));
             }
