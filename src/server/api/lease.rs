@@ -230,7 +230,9 @@ impl LeaseService {
                 .await?);
         }
         let body = Bytes::from(LeaseRevokeRequest { id }.encode_to_vec());
-        let revision = self
+        // Whether the keyspace leader answered from elsewhere: then this
+        // member waits until it applied the revoke too.
+        let (revision, forwarded) = self
             .at_leader(
                 || async {
                     tokio::spawn(crate::server::keyspace::cross_txn::revoke_lease(
@@ -239,6 +241,7 @@ impl LeaseService {
                     ))
                     .await
                     .unwrap_or(Err(ApiError::Stopped))
+                    .map(|revision| (revision, false))
                 },
                 |url| {
                     let body = body.clone();
@@ -247,23 +250,26 @@ impl LeaseService {
                             .await
                             .and_decode(|b: Bytes| {
                                 LeaseRevokeResponse::decode(b)
-                                    .map(|r| r.header.map_or(0, |h| h.revision))
+                                    .map(|r| (r.header.map_or(0, |h| h.revision), true))
                                     .map_err(|e| format!("{url}: revoke answer: {e}"))
                             })
                     }
                 },
             )
             .await?;
-        self.applied_here(revision).await;
+        if forwarded {
+            self.applied_here(revision).await;
+        }
         Ok(revision)
     }
 
-    /// Before a revoke the keyspace leader ran is answered here: waits
-    /// until this member's shards applied it (each has an entry at its
-    /// revision), as a write this member proposes is answered once applied
-    /// here, so the client's next serializable read here no longer sees
-    /// the lease's keys. Bounded: the revoke is committed, and a member too
-    /// far behind answers without it.
+    /// Before a revoke the keyspace leader ran elsewhere is answered here:
+    /// waits until this member's shards applied it (those that held the
+    /// lease, granted on every shard, have an entry at its revision; one
+    /// that did not gets there by a close), as a write this member proposes
+    /// is answered once applied here, so the client's next serializable
+    /// read here no longer sees the lease's keys. Bounded: the revoke is
+    /// committed, and a member too far behind answers without it.
     async fn applied_here(&self, revision: i64) {
         let Some(keyspace) = &self.router.keyspace else {
             return;

@@ -299,7 +299,9 @@ impl Shard {
                         // Published before the answer, which may leave
                         // before the step ends: a read the client sends
                         // next must find the shard at this revision.
-                        self.publish_revision();
+                        if self.failed.is_none() {
+                            self.publish_revision();
+                        }
                         let _ = w.reply.send(result);
                     }
                 }

@@ -48,18 +48,27 @@ impl Shard {
         if self.strict_reconfig {
             self.peer_heard.insert(msg.from, std::time::Instant::now());
         }
-        if msg.msg_type == raft::MessageType::MsgProp as i32
-            && (!self.takes_proposals() || !self.stamp_forwarded(&mut msg))
-        {
-            let from = msg.from;
-            if let Some(HeldWrite::Forwarded(_)) = self.hold_write(HeldWrite::Forwarded(msg)) {
-                tracing::warn!(
-                    shard = self.id,
-                    from,
-                    "forwarded proposal dropped: too many waiting for a leader"
-                );
-            }
-            return;
+        // The revision the last write of a forwarded proposal took, noted
+        // once Raft took it.
+        let mut stamped = 0;
+        if msg.msg_type == raft::MessageType::MsgProp as i32 {
+            let stamp = if self.takes_proposals() {
+                self.stamp_forwarded(&mut msg)
+            } else {
+                None
+            };
+            let Some(last) = stamp else {
+                let from = msg.from;
+                if let Some(HeldWrite::Forwarded(_)) = self.hold_write(HeldWrite::Forwarded(msg)) {
+                    tracing::warn!(
+                        shard = self.id,
+                        from,
+                        "forwarded proposal dropped: too many waiting for a leader"
+                    );
+                }
+                return;
+            };
+            stamped = last;
         }
         // A proposal forwarded to this keyspace leader: what it touches
         // matters to txns over several shards.
@@ -73,6 +82,7 @@ impl Shard {
             });
         match self.node.step(msg) {
             Ok(()) => {
+                self.proposed_revision(stamped);
                 if let Some(data) = forwarded {
                     self.note_proposed(data.into_iter());
                 }

@@ -49,30 +49,29 @@ impl Shard {
         }
     }
 
-    /// Gives each write of a proposal forwarded to this leader its revision.
-    /// False when this member assigns no revisions now: the proposal waits
-    /// (stamped again when released; the last stamp is the one read).
-    pub(super) fn stamp_forwarded(&mut self, msg: &mut raft::Message) -> bool {
+    /// Gives each write of a proposal forwarded to this leader its revision:
+    /// the last one given (0 when none is), which the caller notes once
+    /// Raft took the proposal. None when this member assigns no revisions
+    /// now: the proposal waits (stamped again when released; the last
+    /// stamp is the one read).
+    pub(super) fn stamp_forwarded(&mut self, msg: &mut raft::Message) -> Option<i64> {
         let Some(k) = &self.keyspace else {
-            return true;
+            return Some(0);
         };
         if self.node.leader_id() != self.member_id {
             // Raft passes it on to the leader, which stamps it.
-            return true;
+            return Some(0);
         }
         let mut last = 0;
         for e in &mut msg.entries {
             if e.entry_type != EntryType::EntryNormal as i32 || e.data.is_empty() {
                 continue;
             }
-            let Some(revision) = k.next_revision() else {
-                return false;
-            };
+            let revision = k.next_revision()?;
             e.data = entry::with_revision(&e.data, revision);
             last = revision;
         }
-        self.proposed_revision(last);
-        true
+        Some(last)
     }
 
     /// Notes a revision this leader gave an entry of the shard: no later
