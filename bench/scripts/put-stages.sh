@@ -40,17 +40,9 @@ for m in a:1 b:2 c:3; do
     --initial-cluster "$CLUSTER" --initial-cluster-token put-stages "$@" > "$DIR/$n.log" 2>&1 &
   pids+=($!)
 done
-leader=""
-for _ in $(seq 300); do
-  for p in 1 2 3; do
-    if curl -sf "127.0.0.1:${p}2379/metrics" 2>/dev/null \
-      | grep -Eq '^cairn_shard_is_leader\{[^}]*shard="0"[^}]*\} 1'; then
-      leader=$p
-    fi
-  done
-  [ -n "$leader" ] && break
-  sleep 0.1
-done
+# shellcheck source=members.sh
+. "$HERE/members.sh"
+leader=$(leader_of '^cairn_shard_is_leader\{[^}]*shard="0"[^}]*\} 1' 30)
 [ -n "$leader" ] || { echo "no leader of shard 0 after 30 s; logs in $LOGS" >&2; exit 1; }
 echo "leader: member on 127.0.0.1:${leader}2379"
 PUT="put --key-size 8 --val-size 256 --key-space-size 100000"

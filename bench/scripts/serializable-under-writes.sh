@@ -17,6 +17,9 @@
 # target/release/cairn-bench).
 set -euo pipefail
 ROUNDS=$1; shift
+HERE=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=members.sh
+. "$HERE/members.sh"
 BENCH=${CAIRN_BENCH:-target/release/cairn-bench}
 CLUSTER=a=http://127.0.0.1:12380,b=http://127.0.0.1:22380,c=http://127.0.0.1:32380
 pids=()
@@ -44,17 +47,8 @@ one() {
       --initial-cluster "$CLUSTER" --initial-cluster-token serializable-writes > "$DIR/$n.log" 2>&1 &
     pids+=($!)
   done
-  local leader=""
-  for _ in $(seq 600); do
-    for p in 1 2 3; do
-      if curl -sf "127.0.0.1:${p}2379/metrics" 2>/dev/null \
-        | grep -Eq "$leads"; then
-        leader=$p
-      fi
-    done
-    [ -n "$leader" ] && break
-    sleep 0.1
-  done
+  local leader
+  leader=$(leader_of "$leads" 60)
   [ -n "$leader" ] || { echo "no leader of every shard after 60 s" >&2; exit 1; }
   local ep="http://127.0.0.1:${leader}2379"
   # The ten keys the range reads, on every shard.
