@@ -7,6 +7,7 @@
 //!   gRPC's limit, refused as etcd refuses it, by every service (compared
 //!   with a real etcd);
 //! - a Watch stream's error delivered after what its client left queued;
+//! - etcd's gauges of Watch streams and live watches;
 //! - raw frames that break the protocol: each closes its connection with the
 //!   GOAWAY code RFC 9113 names, or resets only its stream, and the member
 //!   goes on serving (what one connection may hold: `grpc_limits.rs`).
@@ -305,6 +306,58 @@ async fn a_watch_streams_error_follows_what_a_client_that_stopped_reading_left_q
     assert!(events > 0, "no event before the error");
     // The connection serves on.
     c.put("/after", "v", None).await.expect("a put after");
+}
+
+/// etcd's watch gauges on `/metrics`: (streams, live watches).
+fn watch_gauges(port: u16) -> (Option<f64>, Option<f64>) {
+    let (code, body) = common::http_get(port, "/metrics");
+    assert_eq!(code, 200, "{body}");
+    let e = crate::promtext::parse(&body).expect("metrics parse");
+    (
+        e.value("etcd_debugging_mvcc_watch_stream_total", &[]),
+        e.value("etcd_debugging_mvcc_watcher_total", &[]),
+    )
+}
+
+/// etcd's `etcd_debugging_mvcc_watch_stream_total` and
+/// `etcd_debugging_mvcc_watcher_total` count a member's open Watch streams
+/// and their live watches: up with each create, down with a cancel and with
+/// the end of a stream, whatever it still had.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcds_watch_gauges_count_streams_and_live_watches() {
+    let cluster = Cluster::start(1, &[]);
+    let port = cluster.members[0].client_port;
+    let mut c = client(&cluster.endpoints()[0]).await;
+    wait_writable(&mut c, "/ready").await;
+    assert_eq!(watch_gauges(port), (Some(0.0), Some(0.0)));
+    let created = |resp: Option<etcd_client::WatchResponse>| {
+        let resp = resp.expect("an answer");
+        assert!(resp.created(), "{resp:?}");
+        resp.watch_id()
+    };
+    let mut first = c.watch("/gauge/a", None).await.unwrap();
+    let a = created(first.message().await.unwrap());
+    first.watch("/gauge/b", None).await.unwrap();
+    created(first.message().await.unwrap());
+    let mut second = c
+        .watch("/gauge/", Some(WatchOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    created(second.message().await.unwrap());
+    assert_eq!(watch_gauges(port), (Some(2.0), Some(3.0)));
+    first.cancel(a).await.unwrap();
+    let cancelled = first.message().await.unwrap().expect("an answer");
+    assert!(cancelled.canceled(), "{cancelled:?}");
+    assert_eq!(watch_gauges(port), (Some(2.0), Some(2.0)));
+    // The client goes away: its streams end with whatever they had.
+    drop((first, second, c));
+    common::eventually("the streams' ends counted", TIMEOUT, || async {
+        match watch_gauges(port) {
+            (Some(0.0), Some(0.0)) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
 }
 
 /// What a raw connection sends to break the protocol.

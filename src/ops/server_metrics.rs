@@ -69,6 +69,8 @@ struct Ids {
     idle_poll_time: CoreHistogram,
     auth_failures_limited: CoreCounter,
     watch_merge_held: CoreGauge,
+    watch_streams: CoreGauge,
+    watchers: CoreGauge,
     has_leader: ShardGauge,
     is_leader: ShardGauge,
     leader_changes: ShardCounter,
@@ -167,6 +169,31 @@ impl Ids {
                  of the watch has sent as far (at most a window of revisions past what each \
                  watch released; a shard further ahead waits and reads from its store).",
             ))?,
+            watch_streams: b.core_gauge(
+                MetricSpec::new(
+                    "cairn_core_watch_streams",
+                    "Watch streams open on this core's client connections.",
+                )
+                .with_member(member(
+                    "etcd_debugging_mvcc_watch_stream_total",
+                    "Total number of watch streams.",
+                    Gauge,
+                    Sum,
+                )),
+            )?,
+            watchers: b.core_gauge(
+                MetricSpec::new(
+                    "cairn_core_watchers",
+                    "Watches live on this core's watch streams (created, not cancelled, not \
+                     ended by a compaction).",
+                )
+                .with_member(member(
+                    "etcd_debugging_mvcc_watcher_total",
+                    "Total number of watchers.",
+                    Gauge,
+                    Sum,
+                )),
+            )?,
             idle_polls: b.core_counter(MetricSpec::new(
                 "cairn_core_idle_polls_total",
                 "Times this core polled for work before sleeping (--idle-poll-us).",
@@ -412,6 +439,16 @@ impl CoreRecorder {
     /// down by `delta`.
     pub fn watch_merge_held(&self, delta: i64) {
         self.metrics.gauge_add(self.ids.watch_merge_held, delta);
+    }
+
+    /// A watch stream opened (1) or ended (-1) on this core.
+    pub fn watch_streams(&self, delta: i64) {
+        self.metrics.gauge_add(self.ids.watch_streams, delta);
+    }
+
+    /// Watches live on this core's streams went up or down by `delta`.
+    pub fn watchers(&self, delta: i64) {
+        self.metrics.gauge_add(self.ids.watchers, delta);
     }
 
     /// After each WAL data sync (fdatasync, or the completion of an O_DSYNC

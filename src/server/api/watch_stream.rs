@@ -43,13 +43,18 @@ pub struct StreamWatches {
     next_number: i64,
     /// The id Cairn assigns next when a create names none.
     next_id: i64,
-    held: HeldEvents,
+    counted: Counted,
 }
 
 impl StreamWatches {
-    /// The watches of stream `stream`; what their merges hold is counted on
-    /// `metrics`' `cairn_core_watch_merge_held_events`.
+    /// The watches of stream `stream`, counted on `metrics`: the stream
+    /// (`etcd_debugging_mvcc_watch_stream_total`) while this lives, its
+    /// live watches (`etcd_debugging_mvcc_watcher_total`), and what their
+    /// merges hold (`cairn_core_watch_merge_held_events`).
     pub fn new(stream: u64, metrics: Option<CoreRecorder>) -> StreamWatches {
+        if let Some(m) = &metrics {
+            m.watch_streams(1);
+        }
         StreamWatches {
             stream,
             by_id: HashMap::new(),
@@ -57,7 +62,11 @@ impl StreamWatches {
             compacted: HashSet::new(),
             next_number: 0,
             next_id: 0,
-            held: HeldEvents { metrics, held: 0 },
+            counted: Counted {
+                metrics,
+                held: 0,
+                watches: 0,
+            },
         }
     }
 
@@ -104,6 +113,7 @@ impl StreamWatches {
             ShardsWatch::create(router, key, spec, start_revision, tx, window_revisions).await?;
         self.by_id.insert(id, (number, watch));
         self.id_of.insert(number, id);
+        self.counted.watches_changed(1);
         Ok(revision)
     }
 
@@ -119,7 +129,8 @@ impl StreamWatches {
             return false;
         };
         self.id_of.remove(&number);
-        self.held.changed(watch.held_events(), 0);
+        self.counted.changed(watch.held_events(), 0);
+        self.counted.watches_changed(-1);
         watch.cancel(router, (self.stream, number)).await;
         true
     }
@@ -132,7 +143,7 @@ impl StreamWatches {
         let (_, watch) = self.by_id.get_mut(&id)?;
         let before = watch.held_events();
         let delivery = watch.take(batch);
-        self.held.changed(before, watch.held_events());
+        self.counted.changed(before, watch.held_events());
         let delivery = delivery?;
         if let Delivery::Compacted { .. } = delivery {
             self.end(router, id).await;
@@ -160,14 +171,24 @@ impl StreamWatches {
     }
 }
 
-/// One stream's share of its core's `cairn_core_watch_merge_held_events`:
-/// what its watches over several shards hold, given back when it ends.
-struct HeldEvents {
+/// One stream's share of its core's watch gauges, given back when it ends:
+/// the stream itself, its live watches, and what its watches over several
+/// shards hold (`cairn_core_watch_merge_held_events`).
+struct Counted {
     metrics: Option<CoreRecorder>,
     held: i64,
+    watches: i64,
 }
 
-impl HeldEvents {
+impl Counted {
+    /// The stream's live watches went up or down by `delta`.
+    fn watches_changed(&mut self, delta: i64) {
+        self.watches += delta;
+        if let Some(m) = &self.metrics {
+            m.watchers(delta);
+        }
+    }
+
     /// A watch's held events went from `before` to `after`.
     fn changed(&mut self, before: usize, after: usize) {
         let delta = after as i64 - before as i64;
@@ -180,9 +201,13 @@ impl HeldEvents {
     }
 }
 
-impl Drop for HeldEvents {
+impl Drop for Counted {
     fn drop(&mut self) {
         self.changed(self.held as usize, 0);
+        self.watches_changed(-self.watches);
+        if let Some(m) = &self.metrics {
+            m.watch_streams(-1);
+        }
     }
 }
 
@@ -279,18 +304,27 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn what_the_merges_hold_is_counted_and_given_back_on_every_end() {
+    async fn streams_watches_and_what_their_merges_hold_are_counted_and_given_back_on_every_end() {
         let (registry, cores) =
             crate::ops::server_metrics::server_metrics(1, &[(0, 0), (1, 0)]).unwrap();
-        let held = || {
+        let gauge = |name: &str| {
             let text = registry.render();
             let line = text
                 .lines()
-                .find(|l| l.starts_with("cairn_core_watch_merge_held_events{"))
-                .unwrap_or_else(|| panic!("no gauge in {text}"))
+                .find(|l| l.starts_with(name))
+                .unwrap_or_else(|| panic!("no {name} in {text}"))
                 .to_string();
             line.rsplit(' ').next().unwrap().parse::<i64>().unwrap()
         };
+        let held = || gauge("cairn_core_watch_merge_held_events{");
+        // etcd's names, for the member.
+        let live = || {
+            (
+                gauge("etcd_debugging_mvcc_watch_stream_total "),
+                gauge("etcd_debugging_mvcc_watcher_total "),
+            )
+        };
+        assert_eq!(live(), (0, 0));
         let (router, mut inboxes) = router(2, true);
         let mut watches = StreamWatches::new(1, Some(cores[0].clone()));
         let every = || WatchSpec::every_change(b"\0", b"\0");
@@ -299,7 +333,9 @@ mod tests {
             watcher: number,
             ..batch(1, 8, &[6, 7, 8])
         };
+        assert_eq!(live(), (1, 0));
         let first = create(&mut watches, &router, &mut inboxes, 1, every()).await;
+        assert_eq!(live(), (1, 1));
         assert_eq!(watches.take(&router, holding(first)).await, None);
         assert_eq!(held(), 3);
         // A client's cancel gives them back.
@@ -309,6 +345,7 @@ mod tests {
             shards_answer(&mut inboxes, &[(0, Ok(0)), (1, Ok(0))])
         );
         assert_eq!(held(), 0);
+        assert_eq!(live(), (1, 0));
         // So does a compaction found by the other shard.
         let second = create(&mut watches, &router, &mut inboxes, 2, every()).await;
         assert_eq!(watches.take(&router, holding(second)).await, None);
@@ -325,12 +362,15 @@ mod tests {
             "{taken:?}"
         );
         assert_eq!(held(), 0);
+        assert_eq!(live(), (1, 0), "a watch a compaction ended is not live");
         // And the stream's end.
         let third = create(&mut watches, &router, &mut inboxes, 3, every()).await;
         assert_eq!(watches.take(&router, holding(third)).await, None);
         assert_eq!(held(), 3);
+        assert_eq!(live(), (1, 1));
         drop(watches);
         assert_eq!(held(), 0);
+        assert_eq!(live(), (0, 0));
     }
 
     #[tokio::test]
