@@ -317,7 +317,7 @@ impl KvService {
                 break;
             }
             // Each slice ends with a fresh look at the shards' leaders.
-            let _ = reached.wait_for(shards, highest, CUT_WAIT_SLICE).await;
+            reached.reach(shards, highest, CUT_WAIT_SLICE).await;
         }
         Ok(reached.cut(shards))
     }
@@ -385,11 +385,8 @@ impl KvService {
     }
 
     /// Before a txn over several shards that the keyspace leader ran is
-    /// answered here: waits until this member's shards it wrote applied
-    /// it, as a write this member proposes is answered once applied here,
-    /// so the client's next serializable read here sees it (etcd's member
-    /// answers a write once it applied it). Bounded: the txn is committed,
-    /// and a member too far behind answers without it.
+    /// answered here: waits until the shards it wrote applied it here
+    /// ([`Reached::applied_here`](crate::server::revisions::reached::Reached::applied_here)).
     async fn applied_here(&self, req: &TxnRequest, resp: &TxnResponse) {
         let (Some(keyspace), Some(header)) = (&self.router.keyspace, &resp.header) else {
             return;
@@ -397,20 +394,16 @@ impl KvService {
         let shards: Vec<ShardId> = validate::txn_written_shards(req, resp, &self.router.routing)
             .into_iter()
             .collect();
-        if shards.is_empty() {
-            return;
-        }
-        if !keyspace
+        keyspace
             .counter
             .reached
-            .reach(&shards, header.revision, REQUEST_TIMEOUT)
-            .await
-        {
-            tracing::debug!(
-                revision = header.revision,
-                "a txn over several shards answered before this member applied it"
-            );
-        }
+            .applied_here(
+                &shards,
+                header.revision,
+                REQUEST_TIMEOUT,
+                "a txn over several shards",
+            )
+            .await;
     }
 
     async fn delete_across(&self, req: DeleteRangeRequest) -> Result<DeleteRangeResponse, Status> {

@@ -257,34 +257,17 @@ impl LeaseService {
                 },
             )
             .await?;
-        if forwarded {
-            self.applied_here(revision).await;
+        if let (true, Some(keyspace)) = (forwarded, &self.router.keyspace) {
+            // Every shard: the lease was granted on each, so each holder has
+            // an entry at the revision (one that no longer held it gets
+            // there by a close).
+            keyspace
+                .counter
+                .reached
+                .applied_here(&self.shards(), revision, REQUEST_TIMEOUT, "a lease revoke")
+                .await;
         }
         Ok(revision)
-    }
-
-    /// Before a revoke the keyspace leader ran elsewhere is answered here:
-    /// waits until this member's shards applied it (those that held the
-    /// lease, granted on every shard, have an entry at its revision; one
-    /// that did not gets there by a close), as a write this member proposes
-    /// is answered once applied here, so the client's next serializable
-    /// read here no longer sees the lease's keys. Bounded: the revoke is
-    /// committed, and a member too far behind answers without it.
-    async fn applied_here(&self, revision: i64) {
-        let Some(keyspace) = &self.router.keyspace else {
-            return;
-        };
-        if !keyspace
-            .counter
-            .reached
-            .reach(&self.shards(), revision, REQUEST_TIMEOUT)
-            .await
-        {
-            tracing::debug!(
-                revision,
-                "a lease revoke answered before this member applied it"
-            );
-        }
     }
 
     /// Proposes `request()` on every shard at once. A shard answering

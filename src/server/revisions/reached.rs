@@ -105,6 +105,26 @@ impl Reached {
         }
     }
 
+    /// Before a write the keyspace leader ran elsewhere is answered here:
+    /// waits until `shards` of this member applied it at `revision`, as a
+    /// write this member proposes is answered once applied here, so the
+    /// client's next serializable read here sees it (etcd's member answers
+    /// a write once it applied it). Bounded by `within`: the write is
+    /// committed, and a member that far behind answers without it (`what`
+    /// names the write in the debug line that says so).
+    pub async fn applied_here(
+        &self,
+        shards: &[ShardId],
+        revision: i64,
+        within: Duration,
+        what: &'static str,
+    ) {
+        // A txn whose branch wrote nothing has nothing to wait for.
+        if !shards.is_empty() && !self.reach(shards, revision, within).await {
+            tracing::debug!(revision, what, "answered before this member applied it");
+        }
+    }
+
     /// Waits until every shard of `shards` has reached `revision`, whether
     /// or not any shard of this member has yet: false if they have not
     /// after `within`.
@@ -181,5 +201,10 @@ mod tests {
         r.publish(1, 26);
         assert!(reaching.await.unwrap());
         assert!(!r.reach(&[0], 30, Duration::from_millis(30)).await);
+        // A write that touched no shard is not waited for.
+        let none = r.applied_here(&[], 99, Duration::from_secs(5), "nothing");
+        assert!(tokio::time::timeout(Duration::from_millis(500), none)
+            .await
+            .is_ok());
     }
 }

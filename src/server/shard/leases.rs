@@ -88,26 +88,19 @@ impl Shard {
             return;
         }
         for id in self.lease_clock.due(Instant::now()) {
-            let Some(revision) = self.proposal_revision() else {
-                // No revisions assigned here now: the lease comes due again
-                // after the retry delay.
-                continue;
-            };
-            // No client waits on it: request id 0.
+            // No client waits on it: request id 0. Revision 0: with one
+            // shard the store numbers its own writes.
             let data = ShardRequest {
                 id: 0,
                 member: self.member_id,
                 request: Some(shard_request::Request::LeaseRevoke(
                     pb::LeaseRevokeRequest { id },
                 )),
-                revision,
+                revision: 0,
             }
             .encode_to_vec();
             match self.node.propose(Bytes::from(data)) {
-                Ok(()) => {
-                    self.proposed_revision(revision);
-                    tracing::debug!(shard = self.id, lease = id, "lease expired; revoking")
-                }
+                Ok(()) => tracing::debug!(shard = self.id, lease = id, "lease expired; revoking"),
                 Err(e) => {
                     tracing::debug!(shard = self.id, lease = id, error = %e, "proposing an expired lease's revoke failed; retried later")
                 }
