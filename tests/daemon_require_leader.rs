@@ -9,7 +9,8 @@
 //! answered DeadlineExceeded, the code a client's own deadline gives; so
 //! is a gateway call with a `Grpc-Metadata-Hasleader` header. Once
 //! the cluster is back,
-//! the member serves such streams again.
+//! the member serves such streams again. A Watch stream whose client has
+//! stopped reading lets go of its watches at the loss all the same.
 
 use crate::common;
 
@@ -266,4 +267,84 @@ async fn streams_that_require_a_leader_end_when_the_member_loses_it() {
         matches!(&created, Ok(Some(r)) if r.created() && !r.canceled()),
         "{created:?}"
     );
+}
+
+/// Watches live on member `port` (etcd's `etcd_debugging_mvcc_watcher_total`).
+fn watchers(port: u16) -> f64 {
+    let (code, body) = common::http_get(port, "/metrics");
+    assert_eq!(code, 200, "{body}");
+    crate::promtext::parse(&body)
+        .expect("metrics parse")
+        .value("etcd_debugging_mvcc_watcher_total", &[])
+        .expect("the watcher gauge")
+}
+
+/// A Watch stream that requires a leader, whose client has stopped reading
+/// and left its queue full, lets go of its watches as soon as the member
+/// loses its leader; the client, reading again, gets the events queued
+/// and then the error. (A stream's task that waited for room to send an
+/// event saw the loss only once its client read again.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_watch_that_requires_a_leader_lets_go_of_its_watches_when_the_leader_is_lost() {
+    let mut cluster = Cluster::start(3, &["--shards", "1"]);
+    let survivor = 2;
+    let endpoint = cluster.members[survivor].endpoint();
+    let port = cluster.members[survivor].client_port;
+    let mut plain = client(&endpoint).await;
+    wait_writable(&mut plain, "/stall/ready").await;
+    let mut c = requiring_leader(&endpoint).await;
+    let mut stream = c
+        .watch("/stall/", Some(WatchOptions::new().with_prefix()))
+        .await
+        .expect("a watch that requires a leader");
+    let created = tokio::time::timeout(NOTICE_WITHIN, stream.message())
+        .await
+        .expect("created in time")
+        .expect("created")
+        .expect("a response");
+    assert!(created.created(), "{created:?}");
+    // Far more than the stream's queue (256 answers) and the connection's
+    // flow-control windows hold, each put its own answer; nothing is read.
+    let value = vec![b'v'; 64 * 1024];
+    for i in 0..600 {
+        plain
+            .put(format!("/stall/{i:04}"), value.clone(), None)
+            .await
+            .expect("a put");
+    }
+    assert_eq!(watchers(port), 1.0);
+
+    for (i, m) in cluster.members.iter_mut().enumerate() {
+        if i != survivor {
+            m.kill9();
+        }
+    }
+    common::eventually(
+        "the stalled stream lets go of its watch",
+        NOTICE_WITHIN,
+        || async {
+            match watchers(port) {
+                0.0 => Ok(()),
+                n => Err(format!("{n} watches live")),
+            }
+        },
+    )
+    .await;
+
+    let mut events = 0;
+    let status = loop {
+        match tokio::time::timeout(NOTICE_WITHIN, stream.message())
+            .await
+            .expect("an answer in time")
+        {
+            Ok(Some(resp)) => events += resp.events().len(),
+            Ok(None) => panic!("the stream ended without its error, after {events} events"),
+            Err(e) => break status_of(e),
+        }
+    };
+    assert_eq!(
+        (status.code(), status.message()),
+        (tonic::Code::Unavailable, "etcdserver: no leader")
+    );
+    assert!(events > 0, "no event before the error");
 }

@@ -62,7 +62,7 @@ use crate::routing::ShardId;
 use crate::server::api::kv::Identity;
 use crate::server::api::lease_renewals::Renewals;
 use crate::server::api::require_leader::{self, LeaderLoss};
-use crate::server::api::stream_end;
+use crate::server::api::stream_end::{self, Sent};
 use crate::server::command::{LeaseInfo, WriteResult, REQUEST_TIMEOUT};
 use crate::server::errors::ApiError;
 use crate::server::keyspace::router::Router;
@@ -434,6 +434,9 @@ impl Lease for LeaseService {
         tokio::spawn(async move {
             // Why the stream ends, when the client is to be told.
             let mut ending = None;
+            // The answer a full queue had no room for when the leader was
+            // lost: it goes out before the error.
+            let mut set_aside = None;
             // One renewal at a time per stream, answered in order (etcd's way).
             loop {
                 let req = tokio::select! {
@@ -462,14 +465,25 @@ impl Lease for LeaseService {
                         ttl,
                     });
                 let failed = answer.is_err();
-                if tx.send(answer).await.is_err() || failed {
-                    break;
+                match stream_end::send_unless_lost(&tx, answer, leader.lost()).await {
+                    Sent::Queued if !failed => {}
+                    Sent::Queued | Sent::Gone => break,
+                    // A refused renewal is the stream's last word itself.
+                    Sent::LeaderLost(Err(status)) => {
+                        ending = Some(status);
+                        break;
+                    }
+                    Sent::LeaderLost(answer) => {
+                        set_aside = Some(answer);
+                        ending = Some(require_leader::no_leader());
+                        break;
+                    }
                 }
             }
             if let Some(status) = ending {
                 // What is left of the request body is not held meanwhile.
                 drop(inbound);
-                stream_end::end_with(&tx, status).await;
+                stream_end::end_with(&tx, set_aside, status).await;
             }
         });
         Ok(Response::new(ReceiverStream::new(rx)))

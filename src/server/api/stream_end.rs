@@ -9,11 +9,15 @@
 //! what it holds (a Watch stream's watchers, the rest of the request
 //! body), then waits for room at most [`STREAM_ERROR_WAIT`].
 //!
-//! This bounds the wait for the error only. A stream's task that is
-//! sending an ordinary message to a client that does not read waits for
-//! room without a bound, and meanwhile reads neither requests nor the
-//! leader's loss (its watchers are bounded in memory: a shard moves a
-//! watcher whose stream queue is full to catch-up).
+//! An ordinary message (a Watch stream's events, a keep-alive's answer)
+//! goes with [`send_unless_lost`]: into the queue at once when it has room,
+//! as before. Only when the queue is full does the task wait for room and,
+//! meanwhile, for the member's lost leader. Before, a task waiting for room
+//! saw the loss only once its client read again, so a Watch stream whose
+//! client had stopped reading held its watches for as long as the client
+//! stayed. The message the queue had no room for goes out before the
+//! error. While a task waits it takes no more events, so a shard moves its
+//! watchers to catch-up: their memory stays bounded.
 //!
 //! The stream stays a plain queue: a response stream that yields a set-aside
 //! error once its queue closes was measured and raised the `watch`
@@ -21,9 +25,11 @@
 //! rounds, BENCHMARKS.md), a cost on every event for the sake of the last
 //! one.
 
+use std::future::Future;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
+use tokio::sync::mpsc::error::TrySendError;
 use tonic::Status;
 
 /// Longest a stream's error waits for room in its queue: a client that
@@ -31,13 +37,24 @@ use tonic::Status;
 pub const STREAM_ERROR_WAIT: Duration = Duration::from_secs(30);
 
 /// Queues `status` as the last word of the stream `tx` feeds, after what is
-/// queued, waiting at most [`STREAM_ERROR_WAIT`] for room; false when the
+/// queued and after `set_aside` (a message the queue had no room for),
+/// waiting at most [`STREAM_ERROR_WAIT`] for room in all; false when the
 /// client went away or did not read in time.
-pub async fn end_with<T>(tx: &mpsc::Sender<Result<T, Status>>, status: Status) -> bool {
+pub async fn end_with<T>(
+    tx: &mpsc::Sender<Result<T, Status>>,
+    set_aside: Option<Result<T, Status>>,
+    status: Status,
+) -> bool {
     let code = status.code();
+    let send_all = async {
+        if let Some(message) = set_aside {
+            tx.send(message).await.ok()?;
+        }
+        tx.send(Err(status)).await.ok()
+    };
     let sent = matches!(
-        tokio::time::timeout(STREAM_ERROR_WAIT, tx.send(Err(status))).await,
-        Ok(Ok(()))
+        tokio::time::timeout(STREAM_ERROR_WAIT, send_all).await,
+        Ok(Some(()))
     );
     if !sent {
         tracing::debug!(
@@ -48,12 +65,48 @@ pub async fn end_with<T>(tx: &mpsc::Sender<Result<T, Status>>, status: Status) -
     sent
 }
 
+/// What became of a message given to [`send_unless_lost`].
+#[derive(Debug)]
+pub enum Sent<T> {
+    /// In the stream's queue.
+    Queued,
+    /// The client went away.
+    Gone,
+    /// The member lost its leader while the queue was full; the message is
+    /// handed back, to go out before the stream's error.
+    LeaderLost(Result<T, Status>),
+}
+
+/// Queues `message` on `tx`. When the queue is full, waits for room only
+/// until `lost` resolves (the stream's `require_leader::Stream::lost`).
+pub async fn send_unless_lost<T>(
+    tx: &mpsc::Sender<Result<T, Status>>,
+    message: Result<T, Status>,
+    lost: impl Future<Output = ()>,
+) -> Sent<T> {
+    let message = match tx.try_send(message) {
+        Ok(()) => return Sent::Queued,
+        Err(TrySendError::Closed(_)) => return Sent::Gone,
+        Err(TrySendError::Full(message)) => message,
+    };
+    tokio::select! {
+        room = tx.reserve() => match room {
+            Ok(permit) => {
+                permit.send(message);
+                Sent::Queued
+            }
+            Err(_) => Sent::Gone,
+        },
+        () = lost => Sent::LeaderLost(message),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[tokio::test]
-    async fn the_error_follows_every_queued_message_once_the_client_reads() {
+    async fn the_error_follows_every_queued_and_set_aside_message_once_the_client_reads() {
         let (tx, mut rx) = mpsc::channel::<Result<u32, Status>>(2);
         tx.send(Ok(1)).await.unwrap();
         tx.send(Ok(2)).await.unwrap();
@@ -66,13 +119,13 @@ mod tests {
             got
         });
         let started = tokio::time::Instant::now();
-        assert!(end_with(&tx, Status::resource_exhausted("too large")).await);
+        assert!(end_with(&tx, Some(Ok(3)), Status::resource_exhausted("too large")).await);
         // It waited for the reader to make room.
         assert!(started.elapsed() >= Duration::from_millis(50));
         drop(tx);
         assert_eq!(
             reader.await.unwrap(),
-            vec![Ok(1), Ok(2), Err(tonic::Code::ResourceExhausted)]
+            vec![Ok(1), Ok(2), Ok(3), Err(tonic::Code::ResourceExhausted)]
         );
     }
 
@@ -81,7 +134,7 @@ mod tests {
         let (tx, _rx) = mpsc::channel::<Result<u32, Status>>(1);
         tx.send(Ok(1)).await.unwrap();
         let started = tokio::time::Instant::now();
-        assert!(!end_with(&tx, Status::unavailable("no leader")).await);
+        assert!(!end_with(&tx, None, Status::unavailable("no leader")).await);
         assert!(started.elapsed() >= STREAM_ERROR_WAIT);
     }
 
@@ -89,6 +142,71 @@ mod tests {
     async fn a_client_gone_is_not_waited_for() {
         let (tx, rx) = mpsc::channel::<Result<u32, Status>>(1);
         drop(rx);
-        assert!(!end_with(&tx, Status::unavailable("no leader")).await);
+        assert!(!end_with(&tx, None, Status::unavailable("no leader")).await);
+    }
+
+    #[tokio::test]
+    async fn a_message_with_room_is_queued_without_waiting() {
+        let (tx, mut rx) = mpsc::channel::<Result<u32, Status>>(1);
+        let sent = send_unless_lost(&tx, Ok(7), std::future::pending()).await;
+        assert!(matches!(sent, Sent::Queued), "{sent:?}");
+        assert_eq!(rx.recv().await.map(Result::ok), Some(Some(7)));
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_is_waited_for_until_the_client_reads() {
+        let (tx, mut rx) = mpsc::channel::<Result<u32, Status>>(1);
+        tx.send(Ok(1)).await.unwrap();
+        let reader = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let mut got = Vec::new();
+            while let Some(m) = rx.recv().await {
+                got.push(m.ok());
+            }
+            got
+        });
+        let sent = send_unless_lost(&tx, Ok(2), std::future::pending()).await;
+        assert!(matches!(sent, Sent::Queued), "{sent:?}");
+        drop(tx);
+        assert_eq!(reader.await.unwrap(), vec![Some(1), Some(2)]);
+    }
+
+    #[tokio::test]
+    async fn a_lost_leader_ends_the_wait_for_room_and_hands_the_message_back() {
+        let (tx, mut rx) = mpsc::channel::<Result<u32, Status>>(1);
+        tx.send(Ok(1)).await.unwrap();
+        let (lose, lost) = tokio::sync::oneshot::channel::<()>();
+        let sending = tokio::spawn(async move {
+            let sent = send_unless_lost(&tx, Ok(2), async {
+                let _ = lost.await;
+            })
+            .await;
+            (sent, tx)
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!sending.is_finished(), "it did not wait for room");
+        lose.send(()).unwrap();
+        let (sent, tx) = sending.await.unwrap();
+        let Sent::LeaderLost(back) = sent else {
+            panic!("{sent:?}");
+        };
+        assert_eq!(back.ok(), Some(2));
+        // Nothing was queued meanwhile: the client still has only the first.
+        drop(tx);
+        assert_eq!(rx.recv().await.map(Result::ok), Some(Some(1)));
+        assert!(rx.recv().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_client_gone_while_waiting_ends_the_wait() {
+        let (tx, rx) = mpsc::channel::<Result<u32, Status>>(1);
+        tx.send(Ok(1)).await.unwrap();
+        let closing = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            drop(rx);
+        });
+        let sent = send_unless_lost(&tx, Ok(2), std::future::pending()).await;
+        assert!(matches!(sent, Sent::Gone), "{sent:?}");
+        closing.await.unwrap();
     }
 }

@@ -27,7 +27,7 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::ops::server_metrics::CoreRecorder;
 use crate::server::api::kv::Identity;
 use crate::server::api::require_leader::{self, LeaderLoss};
-use crate::server::api::stream_end;
+use crate::server::api::stream_end::{self, Sent};
 use crate::server::api::watch_stream::{Refused, StreamWatches};
 use crate::server::command::{ShardCommand, WatchBatch, WatchSpec};
 use crate::server::key_ranges::holds_no_key;
@@ -147,6 +147,9 @@ impl Watch for WatchService {
             let mut requests_ended = false;
             // Why the stream ends, when the client is to be told.
             let mut ending = None;
+            // The events a full queue had no room for when the leader was
+            // lost: they go out before the error.
+            let mut set_aside = None;
             loop {
                 tokio::select! {
                     req = incoming.message(), if !requests_ended => {
@@ -299,8 +302,16 @@ impl Watch for WatchService {
                         let Some(resp) = batch_response(&svc, &mut watches, batch).await else {
                             continue;
                         };
-                        if out_tx.send(Ok(resp)).await.is_err() {
-                            break;
+                        // A client that stopped reading leaves the queue
+                        // full: the loss of the leader still ends the wait.
+                        match stream_end::send_unless_lost(&out_tx, Ok(resp), leader.lost()).await {
+                            Sent::Queued => {}
+                            Sent::Gone => break,
+                            Sent::LeaderLost(resp) => {
+                                set_aside = Some(resp);
+                                ending = Some(require_leader::no_leader());
+                                break;
+                            }
                         }
                     }
                     () = out_tx.closed(), if requests_ended => break,
@@ -319,7 +330,7 @@ impl Watch for WatchService {
                 drop(watches);
                 drop(batch_rx);
                 drop(incoming);
-                stream_end::end_with(&out_tx, status).await;
+                stream_end::end_with(&out_tx, set_aside, status).await;
             }
             // The client went away: the shards drop these watchers when they
             // find the stream's queue closed.
