@@ -194,7 +194,14 @@ fn etcdctl_works_against_a_default_cairn() {
     ok(&["put", "gone", "soon"]);
     assert_eq!(ok(&["del", "gone", "--prev-kv"]), "1\ngone\nsoon\n");
 
-    // compaction: older revisions go away.
+    // compaction: older revisions go away. HashKV's compact revision is
+    // etcd's: -1 before any compaction, then the revision compacted.
+    let hashkv_compacted = || {
+        json(&["endpoint", "hashkv"])[0]["HashKV"]["compact_revision"]
+            .as_i64()
+            .unwrap_or(0)
+    };
+    assert_eq!(hashkv_compacted(), -1);
     let rev = json(&["put", "foo", "latest"])["header"]["revision"]
         .as_i64()
         .unwrap();
@@ -202,6 +209,7 @@ fn etcdctl_works_against_a_default_cairn() {
         ok(&["compaction", &rev.to_string()]).trim(),
         format!("compacted revision {rev}")
     );
+    assert_eq!(hashkv_compacted(), rev);
     let (success, out) = ctl(&["get", "foo", "--rev", &rev_baz.to_string()], None);
     assert!(
         !success && out.contains("required revision has been compacted"),

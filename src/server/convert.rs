@@ -166,48 +166,57 @@ pub fn txn_from_pb(t: &pb::TxnRequest) -> mvcc::TxnRequest {
     }
 }
 
-fn op_to_pb(op: mvcc::ResponseOp, header: &pb::ResponseHeader) -> pb::ResponseOp {
+/// An op's answer inside a txn. As etcd answers, its header carries its
+/// revision alone (the `*_to_pb` set it), and a nested txn's header is
+/// empty.
+fn op_to_pb(op: mvcc::ResponseOp) -> pb::ResponseOp {
     use pb::response_op::Response as R;
+    let header = pb::ResponseHeader::default();
     pb::ResponseOp {
         response: Some(match op {
-            mvcc::ResponseOp::Range(r) => R::ResponseRange(range_to_pb(r, *header)),
-            mvcc::ResponseOp::Put(r) => R::ResponsePut(put_to_pb(r, *header)),
-            mvcc::ResponseOp::DeleteRange(r) => R::ResponseDeleteRange(delete_to_pb(r, *header)),
-            mvcc::ResponseOp::Txn(r) => R::ResponseTxn(txn_to_pb(r, *header)),
+            mvcc::ResponseOp::Range(r) => R::ResponseRange(range_to_pb(r, header)),
+            mvcc::ResponseOp::Put(r) => R::ResponsePut(put_to_pb(r, header)),
+            mvcc::ResponseOp::DeleteRange(r) => R::ResponseDeleteRange(delete_to_pb(r, header)),
+            mvcc::ResponseOp::Txn(r) => R::ResponseTxn(pb::TxnResponse {
+                header: Some(header),
+                succeeded: r.succeeded,
+                responses: r.responses.into_iter().map(op_to_pb).collect(),
+            }),
         }),
     }
 }
 
+/// A txn's answer: `header` (the shard's, with its Raft term) at the txn's
+/// revision, and its ops' answers (`op_to_pb`).
 pub fn txn_to_pb(r: mvcc::TxnResponse, header: pb::ResponseHeader) -> pb::TxnResponse {
-    let header = pb::ResponseHeader {
-        revision: r.revision,
-        ..header
-    };
     pb::TxnResponse {
-        header: Some(header),
+        header: Some(pb::ResponseHeader {
+            revision: r.revision,
+            ..header
+        }),
         succeeded: r.succeeded,
-        responses: r
-            .responses
-            .into_iter()
-            .map(|op| op_to_pb(op, &header))
-            .collect(),
+        responses: r.responses.into_iter().map(op_to_pb).collect(),
     }
 }
 
-/// Sets the revision of a txn's answer and of every answer in it (their
-/// headers), nested txns included.
+/// Sets the revision of a txn's answer and of every op's answer in it,
+/// nested txns' included (a nested txn's own header stays empty).
 pub fn set_txn_revision(r: &mut pb::TxnResponse, revision: i64) {
-    use pb::response_op::Response as R;
     if let Some(h) = r.header.as_mut() {
         h.revision = revision;
     }
-    for op in &mut r.responses {
+    set_ops_revision(&mut r.responses, revision);
+}
+
+fn set_ops_revision(ops: &mut [pb::ResponseOp], revision: i64) {
+    use pb::response_op::Response as R;
+    for op in ops {
         let header = match &mut op.response {
             Some(R::ResponseRange(x)) => x.header.as_mut(),
             Some(R::ResponsePut(x)) => x.header.as_mut(),
             Some(R::ResponseDeleteRange(x)) => x.header.as_mut(),
             Some(R::ResponseTxn(x)) => {
-                set_txn_revision(x, revision);
+                set_ops_revision(&mut x.responses, revision);
                 None
             }
             None => None,

@@ -192,7 +192,13 @@ impl Maintenance for MaintenanceService {
         Ok(Response::new(HashKvResponse {
             header: Some(summary_header(&self.identity, &statuses)),
             hash: Self::combine(&hashes),
-            compact_revision: hashes.iter().map(|h| h.compact_revision).max().unwrap_or(0),
+            // etcd answers -1 while its store was never compacted.
+            compact_revision: hashes
+                .iter()
+                .map(|h| h.compact_revision)
+                .max()
+                .filter(|&r| r > 0)
+                .unwrap_or(-1),
             hash_revision: hashes.iter().map(|h| h.revision).max().unwrap_or(0),
         }))
     }

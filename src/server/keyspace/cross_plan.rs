@@ -192,7 +192,10 @@ impl Plan {
             ..Default::default()
         };
         match answer_of(&self.top, &mut answers, &header) {
-            response_op::Response::ResponseTxn(t) => t,
+            response_op::Response::ResponseTxn(t) => TxnResponse {
+                header: Some(header),
+                ..t
+            },
             _ => unreachable!("the top slot is a txn"),
         }
     }
@@ -250,7 +253,9 @@ fn answer_of(
             R::ResponseRange(merged)
         }
         Slot::Txn { succeeded, slots } => R::ResponseTxn(TxnResponse {
-            header: Some(*header),
+            // etcd's nested txn answers with an empty header (`answer`
+            // gives the top one its revision).
+            header: Some(ResponseHeader::default()),
             succeeded: *succeeded,
             responses: slots
                 .iter()
@@ -368,11 +373,23 @@ mod tests {
             panic!("a put first: {resp:?}");
         };
         assert_eq!(p.prev_kv.as_ref().unwrap().key.as_ref(), b"ka");
+        // Inside the txn, etcd's headers: the revision alone, and a nested
+        // txn's empty.
+        let revision_only = Some(ResponseHeader {
+            revision: 77,
+            ..Default::default()
+        });
+        assert_eq!(p.header, revision_only);
         let Some(response_op::Response::ResponseTxn(inner)) = &resp.responses[1].response else {
             panic!("then the nested txn: {resp:?}");
         };
         assert!(!inner.succeeded);
+        assert_eq!(inner.header, Some(ResponseHeader::default()));
         assert_eq!(inner.responses.len(), 1);
+        let Some(response_op::Response::ResponsePut(p)) = &inner.responses[0].response else {
+            panic!("a put in the nested txn: {inner:?}");
+        };
+        assert_eq!(p.header, revision_only);
     }
 
     #[test]
