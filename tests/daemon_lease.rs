@@ -623,3 +623,43 @@ async fn keep_alives_forwarded_together_each_get_their_own_answer() {
         assert_eq!((answer.id(), answer.ttl()), (*id, *ttl));
     }
 }
+
+// A lease granted through a follower is answered once that follower applied
+// the grant, which can be before the shard's leader has: two followers make
+// an entry committed while the leader's own write is still under way, and
+// the leader applies only what its log holds. A keep-alive sent at once is
+// renewed by the leader all the same: it waits for the leader to apply what
+// was committed when it came, as etcd's leader waits for its applied index.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keep_alive_right_after_a_grant_through_a_follower_finds_the_lease() {
+    let cluster = Cluster::start(3, &["--shards", "1", "--test-disk-faults", "faults"]);
+    let eps = cluster.endpoints();
+    let mut c0 = client(&eps[0]).await;
+    wait_writable(&mut c0, "/lease/ready").await;
+    let leader = shard0_leader(&cluster).await;
+    let follower = (0..3).find(|&i| i != leader).expect("a follower");
+    let faults = cluster.members[leader].data_dir.join("faults");
+    // The leader's WAL writes and syncs take 300 ms each.
+    common::replace_file(&faults, "stall 300");
+    let mut c = client(&eps[follower]).await;
+    for round in 0..3 {
+        let id = c.lease_grant(60, None).await.expect("grant").id();
+        // The stream's first keep-alive goes with its opening.
+        let (mut keeper, mut answers) = c
+            .lease_keep_alive(id)
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: the lease just granted: {e}"));
+        keeper.keep_alive().await.expect("send keep-alive");
+        let answer = tokio::time::timeout(Duration::from_secs(20), answers.message())
+            .await
+            .expect("a keep-alive answer in time")
+            .expect("keep-alive answer")
+            .expect("stream open");
+        assert_eq!(
+            (answer.id(), answer.ttl()),
+            (id, 60),
+            "round {round}: the leader did not find the lease just granted"
+        );
+    }
+    common::replace_file(&faults, "none");
+}

@@ -344,6 +344,12 @@ pub struct Shard {
     next_read_ctx: u64,
     /// Confirmed reads by the index that must be applied first.
     confirmed_reads: BTreeMap<u64, Vec<PendingRead>>,
+    /// Keep-alives a round confirmed, with the round's start, by the index
+    /// that must be applied first: the leader renews only leases it has
+    /// applied, and a grant a follower already answered may be committed
+    /// but not yet applied here (etcd's leader waits for its applied index
+    /// likewise).
+    confirmed_renewals: BTreeMap<u64, Vec<(Instant, PendingRenewal)>>,
     /// A hard state that changed only in its commit index is not synced on its
     /// own (Raft does not need it durable); it rides with the next append.
     unsynced_hard_state: Option<HardState>,
@@ -594,7 +600,9 @@ impl Shard {
         for r in self.reads_this_turn.drain(..) {
             r.fail(err.clone());
         }
-        for r in self.renewals_this_turn.drain(..) {
+        let confirmed = std::mem::take(&mut self.confirmed_renewals);
+        let confirmed = confirmed.into_values().flatten().map(|(_, r)| r);
+        for r in self.renewals_this_turn.drain(..).chain(confirmed) {
             let _ = r.reply.send(Err(err.clone()));
         }
         for p in self.points_this_turn.drain(..) {

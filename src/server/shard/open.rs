@@ -240,6 +240,7 @@ impl Shard {
             read_rounds: BTreeMap::new(),
             next_read_ctx: 1,
             confirmed_reads: BTreeMap::new(),
+            confirmed_renewals: BTreeMap::new(),
             unsynced_hard_state: None,
             durable: setup.wal.durable_watch(),
             in_flight: std::collections::VecDeque::new(),

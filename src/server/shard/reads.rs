@@ -172,8 +172,8 @@ impl Shard {
     }
 
     /// A ReadIndex round came back: a quorum acknowledged this member as
-    /// leader after the round started. Its reads wait for the index to be
-    /// applied; its renewals take effect now, counted from the round's start
+    /// leader after the round started. Its reads, and its renewals, wait for
+    /// the index to be applied; the renewals count from the round's start
     /// (any leader elected later starts every TTL afresh after that).
     pub(super) fn round_confirmed(&mut self, index: u64, round: ReadRound) {
         self.renew_keyspace_lease(round.since);
@@ -183,14 +183,16 @@ impl Shard {
                 .or_default()
                 .extend(round.reads);
         }
-        for r in round.renewals {
-            let renewed = self.lease_leader_check().map(|()| {
-                r.ids
-                    .iter()
-                    .map(|&id| self.lease_clock.renew(id, round.since))
-                    .collect()
-            });
-            let _ = r.reply.send(renewed);
+        if index <= self.node.applied_index() {
+            for r in round.renewals {
+                self.renew(r, round.since);
+            }
+        } else if !round.renewals.is_empty() {
+            let since = round.since;
+            self.confirmed_renewals
+                .entry(index)
+                .or_default()
+                .extend(round.renewals.into_iter().map(|r| (since, r)));
         }
         for p in round.points {
             let index = index.max(p.last_index);
@@ -292,6 +294,30 @@ impl Shard {
                 self.serve_read(r);
             }
         }
+    }
+
+    pub(super) fn serve_confirmed_renewals(&mut self) {
+        let applied = self.node.applied_index();
+        while let Some(entry) = self.confirmed_renewals.first_entry() {
+            if *entry.key() > applied {
+                break;
+            }
+            for (since, r) in entry.remove() {
+                self.renew(r, since);
+            }
+        }
+    }
+
+    /// Renews the leases of a confirmed keep-alive from `since`, the start
+    /// of the round that confirmed it, and answers it.
+    fn renew(&mut self, r: PendingRenewal, since: Instant) {
+        let renewed = self.lease_leader_check().map(|()| {
+            r.ids
+                .iter()
+                .map(|&id| self.lease_clock.renew(id, since))
+                .collect()
+        });
+        let _ = r.reply.send(renewed);
     }
 
     /// Serves a read whose index is applied; one at a point whose entry
