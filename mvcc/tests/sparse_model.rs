@@ -168,28 +168,53 @@ fn sparse_txn(rng: &mut SmallRng, m: &Model, next: i64) -> Op {
     })
 }
 
-/// Every revision an answer carries.
-fn result_revisions(r: &OpResult, out: &mut Vec<i64>) {
-    fn txn(t: &TxnResponse, out: &mut Vec<i64>) {
-        out.push(t.revision);
+/// Every revision an answer carries, with the one each must be for an
+/// entry at `next`: `next`, but inside a txn that writes, as etcd's, an op
+/// before the txn's first change (a range, a delete of nothing) answers
+/// the revision before.
+fn result_revisions(r: &OpResult, next: i64) -> (Vec<i64>, Vec<i64>) {
+    fn ops(
+        t: &TxnResponse,
+        next: i64,
+        changed: &mut bool,
+        got: &mut Vec<i64>,
+        want: &mut Vec<i64>,
+    ) {
         for r in &t.responses {
-            match r {
-                ResponseOp::Range(x) => out.push(x.revision),
-                ResponseOp::Put(x) => out.push(x.revision),
-                ResponseOp::DeleteRange(x) => out.push(x.revision),
-                ResponseOp::Txn(x) => txn(x, out),
-            }
+            let (rev, changes) = match r {
+                ResponseOp::Range(x) => (x.revision, false),
+                ResponseOp::Put(x) => (x.revision, true),
+                ResponseOp::DeleteRange(x) => (x.revision, x.deleted > 0),
+                ResponseOp::Txn(x) => {
+                    ops(x, next, changed, got, want);
+                    (x.revision, false)
+                }
+            };
+            *changed |= changes;
+            got.push(rev);
+            want.push(if *changed { next } else { next - 1 });
         }
     }
+    let (mut got, mut want) = (Vec::new(), Vec::new());
     match r {
-        OpResult::Put(x) => out.push(x.revision),
-        OpResult::DeleteRange(x) => out.push(x.revision),
-        OpResult::Txn(x) => txn(x, out),
-        OpResult::Compact(x) => out.push(x.revision),
+        OpResult::Txn(t) => {
+            let mut changed = false;
+            ops(t, next, &mut changed, &mut got, &mut want);
+            if !changed {
+                // A txn that wrote nothing answers one revision throughout.
+                want.iter_mut().for_each(|w| *w = next);
+            }
+            got.push(t.revision);
+        }
+        OpResult::Put(x) => got.push(x.revision),
+        OpResult::DeleteRange(x) => got.push(x.revision),
+        OpResult::Compact(x) => got.push(x.revision),
         OpResult::LeaseGrant { revision }
         | OpResult::LeaseRevoke { revision, .. }
-        | OpResult::LeaseCheckpoint { revision } => out.push(*revision),
+        | OpResult::LeaseCheckpoint { revision } => got.push(*revision),
     }
+    want.resize(got.len(), next);
+    (got, want)
 }
 
 /// The ranges a txn answered match the model after the entry: each read the
@@ -210,7 +235,12 @@ fn check_txn_ranges(t: &TxnRequest, resp: &TxnResponse, after: &Model, next: i64
                     0 => next - 1,
                     r => r,
                 };
-                assert_eq!(*got, after.range_at(req, at), "{ctx}: txn range {req:?}");
+                // Its revision is checked with every other answer's.
+                let want = RangeResponse {
+                    revision: got.revision,
+                    ..after.range_at(req, at)
+                };
+                assert_eq!(*got, want, "{ctx}: txn range {req:?}");
             }
             (RequestOp::Put(_), _) => wrote = true,
             (RequestOp::DeleteRange(_), ResponseOp::DeleteRange(d)) => wrote |= d.deleted > 0,
@@ -292,12 +322,8 @@ impl Run {
             _ => panic!("{ctx}: store {r:?}, twin {t:?}"),
         }
         if let Ok(res) = &r {
-            let mut revs = Vec::new();
-            result_revisions(res, &mut revs);
-            assert!(
-                revs.iter().all(|r| *r == next),
-                "{ctx}: answer revisions {revs:?}, entry at {next}"
-            );
+            let (got, want) = result_revisions(res, next);
+            assert_eq!(got, want, "{ctx}: answer revisions, entry at {next}");
             if let (Op::Txn(req), OpResult::Txn(resp)) = (&op, res) {
                 assert_eq!(resp.succeeded, succeeds, "{ctx}: txn branch");
                 check_txn_ranges(req, resp, &self.m, next, ctx);

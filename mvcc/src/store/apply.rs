@@ -529,7 +529,12 @@ impl Store {
         self.check_txn_path(tx, t, &path, &mut pos)?;
         let mut pos = 0;
         let mut resp = self.do_txn(tx, t, &path, &mut pos)?;
-        set_txn_revision(&mut resp, tx.result_rev());
+        if tx.wrote() {
+            resp.revision = tx.result_rev();
+        } else {
+            // A txn that wrote nothing answers one revision throughout.
+            set_txn_revision(&mut resp, tx.result_rev());
+        }
         Ok(resp)
     }
 
@@ -579,18 +584,27 @@ impl Store {
                 tx.sub = tx.sub.max(sub);
             }
             responses.push(match op {
+                // As etcd's, each op answers the revision it read or wrote
+                // at: one that comes before the txn's first write (a range,
+                // a delete of nothing), the revision before the txn's.
                 RequestOp::Range(r) => {
                     let at = tx.read_rev();
                     let idx = self.index.borrow();
-                    ResponseOp::Range(self.view(&idx, at).range(r)?)
+                    let mut range = self.view(&idx, at).range(r)?;
+                    range.revision = at;
+                    ResponseOp::Range(range)
                 }
                 RequestOp::Put(p) => ResponseOp::Put(self.do_put(tx, p)?),
-                RequestOp::DeleteRange(d) => ResponseOp::DeleteRange(self.do_delete(tx, d)?),
+                RequestOp::DeleteRange(d) => {
+                    let mut deleted = self.do_delete(tx, d)?;
+                    deleted.revision = tx.read_rev();
+                    ResponseOp::DeleteRange(deleted)
+                }
                 RequestOp::Txn(nested) => ResponseOp::Txn(self.do_txn(tx, nested, path, pos)?),
             });
         }
         Ok(TxnResponse {
-            revision: 0,
+            revision: tx.read_rev(),
             succeeded,
             responses,
         })

@@ -191,13 +191,47 @@ impl Plan {
             revision,
             ..Default::default()
         };
-        match answer_of(&self.top, &mut answers, &header) {
+        let mut at = OpRevisions {
+            revision,
+            // A txn that writes no shard reads everything at `revision`.
+            before: if self.written.is_empty() {
+                revision
+            } else {
+                revision - 1
+            },
+            changed: false,
+        };
+        match answer_of(&self.top, &mut answers, &mut at) {
             response_op::Response::ResponseTxn(t) => TxnResponse {
                 header: Some(header),
                 ..t
             },
             _ => unreachable!("the top slot is a txn"),
         }
+    }
+}
+
+/// The revision each op of a txn answers, as etcd's: the txn's once an op
+/// before it (or the op itself) changed a key, the one before the txn's
+/// until then.
+struct OpRevisions {
+    revision: i64,
+    before: i64,
+    changed: bool,
+}
+
+impl OpRevisions {
+    /// The header of the op answered now, after its own change if `changes`.
+    fn header(&mut self, changes: bool) -> Option<ResponseHeader> {
+        self.changed |= changes;
+        Some(ResponseHeader {
+            revision: if self.changed {
+                self.revision
+            } else {
+                self.before
+            },
+            ..Default::default()
+        })
     }
 }
 
@@ -215,41 +249,40 @@ fn take(
 fn answer_of(
     slot: &Slot,
     answers: &mut BTreeMap<ShardId, Vec<ResponseOp>>,
-    header: &ResponseHeader,
+    at: &mut OpRevisions,
 ) -> response_op::Response {
     use response_op::Response as R;
     match slot {
-        Slot::Put { shard, at } => match take(answers, *shard, *at) {
-            Some(R::ResponsePut(mut p)) => {
-                p.header = Some(*header);
-                R::ResponsePut(p)
-            }
-            _ => R::ResponsePut(Default::default()),
-        },
-        Slot::Delete { parts } => {
-            let mut merged = DeleteRangeResponse {
-                header: Some(*header),
-                ..Default::default()
+        Slot::Put { shard, at: place } => {
+            let mut p = match take(answers, *shard, *place) {
+                Some(R::ResponsePut(p)) => p,
+                _ => Default::default(),
             };
-            for &(s, at) in parts {
-                if let Some(R::ResponseDeleteRange(d)) = take(answers, s, at) {
+            p.header = at.header(true);
+            R::ResponsePut(p)
+        }
+        Slot::Delete { parts } => {
+            let mut merged = DeleteRangeResponse::default();
+            for &(s, place) in parts {
+                if let Some(R::ResponseDeleteRange(d)) = take(answers, s, place) {
                     merged.deleted += d.deleted;
                     merged.prev_kvs.extend(d.prev_kvs);
                 }
             }
             merged.prev_kvs.sort_by(|a, b| a.key.cmp(&b.key));
+            merged.header = at.header(merged.deleted > 0);
             R::ResponseDeleteRange(merged)
         }
         Slot::Range { req, parts } => {
             let got: Vec<RangeResponse> = parts
                 .iter()
-                .filter_map(|&(s, at)| match take(answers, s, at) {
+                .filter_map(|&(s, place)| match take(answers, s, place) {
                     Some(R::ResponseRange(r)) => Some(r),
                     _ => None,
                 })
                 .collect();
             let mut merged = merge_ranges(req, got);
-            merged.header = Some(*header);
+            merged.header = at.header(false);
             R::ResponseRange(merged)
         }
         Slot::Txn { succeeded, slots } => R::ResponseTxn(TxnResponse {
@@ -260,7 +293,7 @@ fn answer_of(
             responses: slots
                 .iter()
                 .map(|s| ResponseOp {
-                    response: Some(answer_of(s, answers, header)),
+                    response: Some(answer_of(s, answers, at)),
                 })
                 .collect(),
         }),
@@ -442,5 +475,86 @@ mod tests {
         assert_eq!(d.deleted, 4);
         let keys: Vec<&[u8]> = d.prev_kvs.iter().map(|kv| kv.key.as_ref()).collect();
         assert_eq!(keys, vec![b"a" as &[u8], b"b", b"c", b"d"]);
+    }
+
+    #[test]
+    fn each_op_answers_the_revision_it_read_or_wrote_at_as_etcds() {
+        let r = routing();
+        let (a, b) = two_prefixes(&r);
+        let (sa, sb) = (r.shard_for_key(a.as_bytes()), r.shard_for_key(b.as_bytes()));
+        let key = |p: &str| Bytes::copy_from_slice(format!("{p}k").as_bytes());
+        let get = |p: &str| RequestOp {
+            request: Some(request_op::Request::RequestRange(RangeRequest {
+                key: key(p),
+                ..Default::default()
+            })),
+        };
+        let delete = |p: &str| RequestOp {
+            request: Some(request_op::Request::RequestDeleteRange(
+                DeleteRangeRequest {
+                    key: key(p),
+                    ..Default::default()
+                },
+            )),
+        };
+        let revisions = |resp: &TxnResponse| -> Vec<i64> {
+            resp.responses
+                .iter()
+                .map(|op| match &op.response {
+                    Some(response_op::Response::ResponseRange(x)) => x.header,
+                    Some(response_op::Response::ResponsePut(x)) => x.header,
+                    Some(response_op::Response::ResponseDeleteRange(x)) => x.header,
+                    other => panic!("{other:?}"),
+                })
+                .map(|h| h.expect("a header").revision)
+                .collect()
+        };
+        let range = || ResponseOp {
+            response: Some(response_op::Response::ResponseRange(Default::default())),
+        };
+        let deleted = |n: i64| ResponseOp {
+            response: Some(response_op::Response::ResponseDeleteRange(
+                DeleteRangeResponse {
+                    deleted: n,
+                    ..Default::default()
+                },
+            )),
+        };
+        let written = || ResponseOp {
+            response: Some(response_op::Response::ResponsePut(Default::default())),
+        };
+
+        // Before the first change, the revision before the txn's; a delete
+        // of nothing changes nothing, one that deletes does.
+        let t = TxnRequest {
+            success: vec![get(&b), delete(&b), put(&a), get(&b), delete(&a)],
+            ..Default::default()
+        };
+        let plan = Plan::of(&t, &[true], &r);
+        let answers = BTreeMap::from([
+            (sa, vec![written(), deleted(0)]),
+            (sb, vec![range(), deleted(0), range()]),
+        ]);
+        let resp = plan.answer(answers, 50);
+        assert_eq!(revisions(&resp), vec![49, 49, 50, 50, 50]);
+        let t = TxnRequest {
+            success: vec![get(&a), delete(&b), get(&a)],
+            ..Default::default()
+        };
+        let plan = Plan::of(&t, &[true], &r);
+        let answers = BTreeMap::from([(sa, vec![range(), range()]), (sb, vec![deleted(1)])]);
+        let resp = plan.answer(answers, 50);
+        assert_eq!(revisions(&resp), vec![49, 50, 50]);
+        assert_eq!(resp.header.unwrap().revision, 50);
+
+        // A txn that writes no shard: everything at its read point.
+        let t = TxnRequest {
+            success: vec![get(&a), get(&b)],
+            ..Default::default()
+        };
+        let plan = Plan::of(&t, &[true], &r);
+        let answers = BTreeMap::from([(sa, vec![range()]), (sb, vec![range()])]);
+        let resp = plan.answer(answers, 50);
+        assert_eq!(revisions(&resp), vec![50, 50]);
     }
 }
