@@ -346,5 +346,10 @@ async fn a_stalled_watch_that_requires_a_leader_lets_go_of_its_watches_when_the_
         (status.code(), status.message()),
         (tonic::Code::Unavailable, "etcdserver: no leader")
     );
-    assert!(events > 0, "no event before the error");
+    // Some events went out before the error, not all: the stream's task
+    // took no more while its queue was full, and its watch fell behind.
+    assert!(
+        events > 0 && events < 600,
+        "{events} of 600 events before the error"
+    );
 }

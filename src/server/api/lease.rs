@@ -62,7 +62,7 @@ use crate::routing::ShardId;
 use crate::server::api::kv::Identity;
 use crate::server::api::lease_renewals::Renewals;
 use crate::server::api::require_leader::{self, LeaderLoss};
-use crate::server::api::stream_end::{self, Sent};
+use crate::server::api::stream_end::{self, Ending};
 use crate::server::command::{LeaseInfo, WriteResult, REQUEST_TIMEOUT};
 use crate::server::errors::ApiError;
 use crate::server::keyspace::router::Router;
@@ -432,11 +432,7 @@ impl Lease for LeaseService {
         let (tx, rx) = mpsc::channel(16);
         let this = self.clone();
         tokio::spawn(async move {
-            // Why the stream ends, when the client is to be told.
-            let mut ending = None;
-            // The answer a full queue had no room for when the leader was
-            // lost: it goes out before the error.
-            let mut set_aside = None;
+            let mut ending = Ending::default();
             // One renewal at a time per stream, answered in order (etcd's way).
             loop {
                 let req = tokio::select! {
@@ -446,13 +442,13 @@ impl Lease for LeaseService {
                         // A request that could not be read: the client is
                         // told, after the answers queued for it.
                         Err(status) => {
-                            ending = Some(status);
+                            ending.set(status);
                             break;
                         }
                     },
                     // The member lost its leader: the client is told.
                     () = leader.lost() => {
-                        ending = Some(require_leader::no_leader());
+                        ending.set(require_leader::no_leader());
                         break;
                     }
                 };
@@ -465,25 +461,15 @@ impl Lease for LeaseService {
                         ttl,
                     });
                 let failed = answer.is_err();
-                match stream_end::send_unless_lost(&tx, answer, leader.lost()).await {
-                    Sent::Queued if !failed => {}
-                    Sent::Queued | Sent::Gone => break,
-                    // A refused renewal is the stream's last word itself.
-                    Sent::LeaderLost(Err(status)) => {
-                        ending = Some(status);
-                        break;
-                    }
-                    Sent::LeaderLost(answer) => {
-                        set_aside = Some(answer);
-                        ending = Some(require_leader::no_leader());
-                        break;
-                    }
+                let sent = stream_end::send_unless_lost(&tx, answer, leader.lost()).await;
+                if ending.ends(sent) || failed {
+                    break;
                 }
             }
-            if let Some(status) = ending {
+            if ending.is_set() {
                 // What is left of the request body is not held meanwhile.
                 drop(inbound);
-                stream_end::end_with(&tx, set_aside, status).await;
+                ending.tell(&tx).await;
             }
         });
         Ok(Response::new(ReceiverStream::new(rx)))

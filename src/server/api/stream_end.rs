@@ -9,10 +9,12 @@
 //! what it holds (a Watch stream's watchers, the rest of the request
 //! body), then waits for room at most [`STREAM_ERROR_WAIT`].
 //!
-//! An ordinary message (a Watch stream's events, a keep-alive's answer)
-//! goes with [`send_unless_lost`]: into the queue at once when it has room,
-//! as before. Only when the queue is full does the task wait for room and,
-//! meanwhile, for the member's lost leader. Before, a task waiting for room
+//! Every other message (a Watch stream's events and its answers to
+//! creates, cancels and progress requests, a keep-alive's answer) goes
+//! with [`send_unless_lost`]: into the queue at once when it has room, as
+//! before. Only when the queue is full does the task wait for room and,
+//! meanwhile, for the member's lost leader ([`Ending`] keeps what is then
+//! left to tell the client). Before, a task waiting for room
 //! saw the loss only once its client read again, so a Watch stream whose
 //! client had stopped reading held its watches for as long as the client
 //! stayed. The message the queue had no room for goes out before the
@@ -31,6 +33,8 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::sync::mpsc::error::TrySendError;
 use tonic::Status;
+
+use crate::server::api::require_leader::no_leader;
 
 /// Longest a stream's error waits for room in its queue: a client that
 /// reads nothing for this long is not told why its stream ended.
@@ -63,6 +67,62 @@ pub async fn end_with<T>(
         );
     }
     sent
+}
+
+/// Why a stream ends, when its client is to be told, and the message its
+/// full queue had no room for when the member lost its leader.
+pub struct Ending<T> {
+    status: Option<Status>,
+    set_aside: Option<Result<T, Status>>,
+}
+
+impl<T> Default for Ending<T> {
+    fn default() -> Self {
+        Ending {
+            status: None,
+            set_aside: None,
+        }
+    }
+}
+
+impl<T> Ending<T> {
+    /// The stream ends with `status`.
+    pub fn set(&mut self, status: Status) {
+        self.status = Some(status);
+    }
+
+    /// Whether what became of a message ends the stream: its client went
+    /// away, or the member lost its leader (the message is kept to go out
+    /// first; a refusal is the stream's last word itself).
+    pub fn ends(&mut self, sent: Sent<T>) -> bool {
+        match sent {
+            Sent::Queued => false,
+            Sent::Gone => true,
+            Sent::LeaderLost(Err(status)) => {
+                self.status = Some(status);
+                true
+            }
+            Sent::LeaderLost(message) => {
+                self.set_aside = Some(message);
+                self.status = Some(no_leader());
+                true
+            }
+        }
+    }
+
+    /// Whether the client is to be told why the stream ends.
+    pub fn is_set(&self) -> bool {
+        self.status.is_some()
+    }
+
+    /// Tells the client, as [`end_with`] does; false when there was nothing
+    /// to tell or it could not be told.
+    pub async fn tell(self, tx: &mpsc::Sender<Result<T, Status>>) -> bool {
+        match self.status {
+            Some(status) => end_with(tx, self.set_aside, status).await,
+            None => false,
+        }
+    }
 }
 
 /// What became of a message given to [`send_unless_lost`].

@@ -27,7 +27,7 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::ops::server_metrics::CoreRecorder;
 use crate::server::api::kv::Identity;
 use crate::server::api::require_leader::{self, LeaderLoss};
-use crate::server::api::stream_end::{self, Sent};
+use crate::server::api::stream_end::{self, Ending};
 use crate::server::api::watch_stream::{Refused, StreamWatches};
 use crate::server::command::{ShardCommand, WatchBatch, WatchSpec};
 use crate::server::key_ranges::holds_no_key;
@@ -145,11 +145,11 @@ impl Watch for WatchService {
             // watchers: events flow until it goes away (an HTTP/JSON gateway
             // client always sends its whole body first).
             let mut requests_ended = false;
-            // Why the stream ends, when the client is to be told.
-            let mut ending = None;
-            // The events a full queue had no room for when the leader was
-            // lost: they go out before the error.
-            let mut set_aside = None;
+            // Why the stream ends, when the client is to be told. Every
+            // message goes through `deliver`: a client that stopped reading
+            // leaves the queue full, and the loss of the leader still ends
+            // the wait for room.
+            let mut ending = Ending::default();
             loop {
                 tokio::select! {
                     req = incoming.message(), if !requests_ended => {
@@ -163,7 +163,7 @@ impl Watch for WatchService {
                             // message cap): the stream ends with why, as
                             // etcd's, after what is queued.
                             Err(status) => {
-                                ending = Some(status);
+                                ending.set(status);
                                 break;
                             }
                         };
@@ -179,14 +179,17 @@ impl Watch for WatchService {
                                 let id = match refused {
                                     Ok(id) => id,
                                     Err(reason) => {
-                                        let _ = out_tx.send(Ok(WatchResponse {
+                                        let refusal = WatchResponse {
                                             header: Some(svc.identity.header_current()),
                                             watch_id: -1,
                                             created: true,
                                             canceled: true,
                                             cancel_reason: reason,
                                             ..Default::default()
-                                        })).await;
+                                        };
+                                        if deliver(&out_tx, refusal, &mut leader, &mut ending).await {
+                                            break;
+                                        }
                                         continue;
                                     }
                                 };
@@ -214,25 +217,27 @@ impl Watch for WatchService {
                                         // Cancelled on every shard: the
                                         // client is told why.
                                         tracing::warn!(watch = id, error = %e, "a watch could not be created");
-                                        if out_tx.send(Ok(WatchResponse {
+                                        let refusal = WatchResponse {
                                             header: Some(svc.identity.header_current()),
                                             watch_id: id,
                                             created: true,
                                             canceled: true,
                                             cancel_reason: cancel_reason(e),
                                             ..Default::default()
-                                        })).await.is_err() {
+                                        };
+                                        if deliver(&out_tx, refusal, &mut leader, &mut ending).await {
                                             break;
                                         }
                                         continue;
                                     }
                                 };
-                                if out_tx.send(Ok(WatchResponse {
+                                let created = WatchResponse {
                                     header: svc.header(revision),
                                     watch_id: id,
                                     created: true,
                                     ..Default::default()
-                                })).await.is_err() {
+                                };
+                                if deliver(&out_tx, created, &mut leader, &mut ending).await {
                                     break;
                                 }
                             }
@@ -241,12 +246,15 @@ impl Watch for WatchService {
                                 // is not answered.
                                 let cancelled = watches.cancel(&svc.router, c.watch_id).await;
                                 if cancelled {
-                                    let _ = out_tx.send(Ok(WatchResponse {
+                                    let answer = WatchResponse {
                                         header: Some(svc.identity.header_current()),
                                         watch_id: c.watch_id,
                                         canceled: true,
                                         ..Default::default()
-                                    })).await;
+                                    };
+                                    if deliver(&out_tx, answer, &mut leader, &mut ending).await {
+                                        break;
+                                    }
                                 }
                             }
                             Some(watch_request::RequestUnion::ProgressRequest(_)) => {
@@ -274,26 +282,31 @@ impl Watch for WatchService {
                                         }
                                     }
                                 }
-                                let mut closed = false;
-                                while let Ok(batch) = batch_rx.try_recv() {
+                                let mut ends = false;
+                                while let (false, Ok(batch)) = (ends, batch_rx.try_recv()) {
                                     if let Some(resp) = batch_response(&svc, &mut watches, batch).await {
-                                        closed |= out_tx.send(Ok(resp)).await.is_err();
+                                        ends = deliver(&out_tx, resp, &mut leader, &mut ending).await;
                                     }
+                                }
+                                if ends {
+                                    break;
                                 }
                                 // Events a merge holds back are not sent yet.
                                 if let (Some(held), false) = (watches.released(), revision == i64::MAX) {
                                     revision = revision.min(held);
                                 }
-                                if revision == i64::MAX || closed {
-                                    // A shard did not answer, or the client is
-                                    // gone: promise nothing.
+                                if revision == i64::MAX {
+                                    // A shard did not answer: promise nothing.
                                     continue;
                                 }
-                                let _ = out_tx.send(Ok(WatchResponse {
+                                let progress = WatchResponse {
                                     header: svc.header(revision),
                                     watch_id: -1,
                                     ..Default::default()
-                                })).await;
+                                };
+                                if deliver(&out_tx, progress, &mut leader, &mut ending).await {
+                                    break;
+                                }
                             }
                             None => {}
                         }
@@ -302,41 +315,45 @@ impl Watch for WatchService {
                         let Some(resp) = batch_response(&svc, &mut watches, batch).await else {
                             continue;
                         };
-                        // A client that stopped reading leaves the queue
-                        // full: the loss of the leader still ends the wait.
-                        match stream_end::send_unless_lost(&out_tx, Ok(resp), leader.lost()).await {
-                            Sent::Queued => {}
-                            Sent::Gone => break,
-                            Sent::LeaderLost(resp) => {
-                                set_aside = Some(resp);
-                                ending = Some(require_leader::no_leader());
-                                break;
-                            }
+                        if deliver(&out_tx, resp, &mut leader, &mut ending).await {
+                            break;
                         }
                     }
                     () = out_tx.closed(), if requests_ended => break,
                     // The member lost its leader: the client is told, and
                     // moves to another member.
                     () = leader.lost() => {
-                        ending = Some(require_leader::no_leader());
+                        ending.set(require_leader::no_leader());
                         break;
                     }
                 }
             }
-            if let Some(status) = ending {
+            if ending.is_set() {
                 // The watchers go first, and what is left of the request
                 // body: a client that does not read must not hold them
                 // while its error waits for room.
                 drop(watches);
                 drop(batch_rx);
                 drop(incoming);
-                stream_end::end_with(&out_tx, set_aside, status).await;
+                ending.tell(&out_tx).await;
             }
             // The client went away: the shards drop these watchers when they
             // find the stream's queue closed.
         });
         Ok(Response::new(ReceiverStream::new(out_rx)))
     }
+}
+
+/// Queues `resp` for the client, waiting for room only until the member
+/// loses its leader (`stream_end::send_unless_lost`): true when the stream
+/// is to end, the client gone or `ending` set.
+async fn deliver(
+    out_tx: &mpsc::Sender<Result<WatchResponse, Status>>,
+    resp: WatchResponse,
+    leader: &mut require_leader::Stream,
+    ending: &mut Ending<WatchResponse>,
+) -> bool {
+    ending.ends(stream_end::send_unless_lost(out_tx, Ok(resp), leader.lost()).await)
 }
 
 /// The response a shard's batch becomes on its stream: none for a watch
