@@ -561,6 +561,19 @@ async fn many_leases_expire_leases_survive_a_restart_and_bad_peer_requests_are_r
     wait_keys_everywhere(&cluster, "r", &[], Duration::from_secs(5)).await;
 }
 
+/// Sends one keep-alive on an open stream and waits (bounded) for its answer.
+async fn keep_alive_once(
+    keeper: &mut etcd_client::LeaseKeeper,
+    answers: &mut etcd_client::LeaseKeepAliveStream,
+) -> etcd_client::LeaseKeepAliveResponse {
+    keeper.keep_alive().await.expect("send keep-alive");
+    tokio::time::timeout(Duration::from_secs(20), answers.message())
+        .await
+        .expect("a keep-alive answer in time")
+        .expect("keep-alive answer")
+        .expect("stream open")
+}
+
 // Keep-alives that followers forward to a shard's leader go together, as one
 // request per leader and shard at a time from each core: every stream must
 // still get its own lease's answer, and a lease that is gone its own refusal.
@@ -592,12 +605,7 @@ async fn keep_alives_forwarded_together_each_get_their_own_answer() {
         let sends = streams
             .iter_mut()
             .map(|(id, ttl, keeper, answers)| async move {
-                keeper.keep_alive().await.expect("send keep-alive");
-                let answer = tokio::time::timeout(Duration::from_secs(20), answers.message())
-                    .await
-                    .expect("a keep-alive answer in time")
-                    .expect("keep-alive answer")
-                    .expect("stream open");
+                let answer = keep_alive_once(keeper, answers).await;
                 assert_eq!(
                     (answer.id(), answer.ttl()),
                     (*id, *ttl),
@@ -649,12 +657,7 @@ async fn a_keep_alive_right_after_a_grant_through_a_follower_finds_the_lease() {
             .lease_keep_alive(id)
             .await
             .unwrap_or_else(|e| panic!("round {round}: the lease just granted: {e}"));
-        keeper.keep_alive().await.expect("send keep-alive");
-        let answer = tokio::time::timeout(Duration::from_secs(20), answers.message())
-            .await
-            .expect("a keep-alive answer in time")
-            .expect("keep-alive answer")
-            .expect("stream open");
+        let answer = keep_alive_once(&mut keeper, &mut answers).await;
         assert_eq!(
             (answer.id(), answer.ttl()),
             (id, 60),
