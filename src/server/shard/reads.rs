@@ -296,6 +296,7 @@ impl Shard {
         }
     }
 
+    /// Answers the confirmed keep-alives whose index is applied.
     pub(super) fn serve_confirmed_renewals(&mut self) {
         let applied = self.node.applied_index();
         while let Some(entry) = self.confirmed_renewals.first_entry() {
