@@ -201,13 +201,18 @@ impl Plan {
             },
             changed: false,
         };
-        match answer_of(&self.top, &mut answers, &mut at) {
+        let mut answer = match answer_of(&self.top, &mut answers, &mut at) {
             response_op::Response::ResponseTxn(t) => TxnResponse {
                 header: Some(header),
                 ..t
             },
             _ => unreachable!("the top slot is a txn"),
+        };
+        if !at.changed {
+            // A txn that changed nothing answers one revision throughout.
+            convert::set_txn_revision(&mut answer, revision);
         }
+        answer
     }
 }
 
@@ -546,6 +551,17 @@ mod tests {
         let resp = plan.answer(answers, 50);
         assert_eq!(revisions(&resp), vec![49, 50, 50]);
         assert_eq!(resp.header.unwrap().revision, 50);
+
+        // A txn that writes shards but changes nothing: one revision
+        // throughout, as the shards it wrote moved there.
+        let t = TxnRequest {
+            success: vec![delete(&a), get(&b)],
+            ..Default::default()
+        };
+        let plan = Plan::of(&t, &[true], &r);
+        let answers = BTreeMap::from([(sa, vec![deleted(0)]), (sb, vec![range()])]);
+        let resp = plan.answer(answers, 50);
+        assert_eq!(revisions(&resp), vec![50, 50]);
 
         // A txn that writes no shard: everything at its read point.
         let t = TxnRequest {
