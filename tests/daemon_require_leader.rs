@@ -269,16 +269,6 @@ async fn streams_that_require_a_leader_end_when_the_member_loses_it() {
     );
 }
 
-/// Watches live on member `port` (etcd's `etcd_debugging_mvcc_watcher_total`).
-fn watchers(port: u16) -> f64 {
-    let (code, body) = common::http_get(port, "/metrics");
-    assert_eq!(code, 200, "{body}");
-    crate::promtext::parse(&body)
-        .expect("metrics parse")
-        .value("etcd_debugging_mvcc_watcher_total", &[])
-        .expect("the watcher gauge")
-}
-
 /// A Watch stream that requires a leader, whose client has stopped reading
 /// and left its queue full, lets go of its watches as soon as the member
 /// loses its leader; the client, reading again, gets the events queued
@@ -312,7 +302,10 @@ async fn a_stalled_watch_that_requires_a_leader_lets_go_of_its_watches_when_the_
             .await
             .expect("a put");
     }
-    assert_eq!(watchers(port), 1.0);
+    assert_eq!(
+        common::watch_gauges(port).1.expect("the watcher gauge"),
+        1.0
+    );
 
     for (i, m) in cluster.members.iter_mut().enumerate() {
         if i != survivor {
@@ -323,7 +316,7 @@ async fn a_stalled_watch_that_requires_a_leader_lets_go_of_its_watches_when_the_
         "the stalled stream lets go of its watch",
         NOTICE_WITHIN,
         || async {
-            match watchers(port) {
+            match common::watch_gauges(port).1.expect("the watcher gauge") {
                 0.0 => Ok(()),
                 n => Err(format!("{n} watches live")),
             }

@@ -308,17 +308,6 @@ async fn a_watch_streams_error_follows_what_a_client_that_stopped_reading_left_q
     c.put("/after", "v", None).await.expect("a put after");
 }
 
-/// etcd's watch gauges on `/metrics`: (streams, live watches).
-fn watch_gauges(port: u16) -> (Option<f64>, Option<f64>) {
-    let (code, body) = common::http_get(port, "/metrics");
-    assert_eq!(code, 200, "{body}");
-    let e = crate::promtext::parse(&body).expect("metrics parse");
-    (
-        e.value("etcd_debugging_mvcc_watch_stream_total", &[]),
-        e.value("etcd_debugging_mvcc_watcher_total", &[]),
-    )
-}
-
 /// etcd's `etcd_debugging_mvcc_watch_stream_total` and
 /// `etcd_debugging_mvcc_watcher_total` count a member's open Watch streams
 /// and their live watches: up with each create, down with a cancel and with
@@ -329,7 +318,7 @@ async fn etcds_watch_gauges_count_streams_and_live_watches() {
     let port = cluster.members[0].client_port;
     let mut c = client(&cluster.endpoints()[0]).await;
     wait_writable(&mut c, "/ready").await;
-    assert_eq!(watch_gauges(port), (Some(0.0), Some(0.0)));
+    assert_eq!(common::watch_gauges(port), (Some(0.0), Some(0.0)));
     let created = |resp: Option<etcd_client::WatchResponse>| {
         let resp = resp.expect("an answer");
         assert!(resp.created(), "{resp:?}");
@@ -344,15 +333,15 @@ async fn etcds_watch_gauges_count_streams_and_live_watches() {
         .await
         .unwrap();
     created(second.message().await.unwrap());
-    assert_eq!(watch_gauges(port), (Some(2.0), Some(3.0)));
+    assert_eq!(common::watch_gauges(port), (Some(2.0), Some(3.0)));
     first.cancel(a).await.unwrap();
     let cancelled = first.message().await.unwrap().expect("an answer");
     assert!(cancelled.canceled(), "{cancelled:?}");
-    assert_eq!(watch_gauges(port), (Some(2.0), Some(2.0)));
+    assert_eq!(common::watch_gauges(port), (Some(2.0), Some(2.0)));
     // The client goes away: its streams end with whatever they had.
     drop((first, second, c));
     common::eventually("the streams' ends counted", TIMEOUT, || async {
-        match watch_gauges(port) {
+        match common::watch_gauges(port) {
             (Some(0.0), Some(0.0)) => Ok(()),
             other => Err(format!("{other:?}")),
         }

@@ -166,12 +166,20 @@ pub fn txn_from_pb(t: &pb::TxnRequest) -> mvcc::TxnRequest {
     }
 }
 
-/// An op's answer inside a txn. As etcd answers, its header carries its
-/// revision alone (the `*_to_pb` set it), and a nested txn's header is
-/// empty.
+/// The header an op's answer inside a txn starts from: as etcd answers,
+/// it carries the op's revision alone (the `*_to_pb` set it), and a nested
+/// txn's stays empty.
+pub const OP_HEADER: pb::ResponseHeader = pb::ResponseHeader {
+    cluster_id: 0,
+    member_id: 0,
+    revision: 0,
+    raft_term: 0,
+};
+
+/// An op's answer inside a txn, from [`OP_HEADER`].
 fn op_to_pb(op: mvcc::ResponseOp) -> pb::ResponseOp {
     use pb::response_op::Response as R;
-    let header = pb::ResponseHeader::default();
+    let header = OP_HEADER;
     pb::ResponseOp {
         response: Some(match op {
             mvcc::ResponseOp::Range(r) => R::ResponseRange(range_to_pb(r, header)),

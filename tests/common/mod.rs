@@ -701,6 +701,18 @@ pub fn status_of(e: etcd_client::Error) -> tonic::Status {
 
 /// A plain HTTP/1.1 GET of `path` on 127.0.0.1:`port`: the status code (0
 /// when nothing listens yet, so the caller retries) and the body.
+/// etcd's watch gauges on member `port`'s `/metrics`: (open Watch streams,
+/// live watches).
+pub fn watch_gauges(port: u16) -> (Option<f64>, Option<f64>) {
+    let (code, body) = http_get(port, "/metrics");
+    assert_eq!(code, 200, "{body}");
+    let e = crate::promtext::parse(&body).expect("metrics parse");
+    (
+        e.value("etcd_debugging_mvcc_watch_stream_total", &[]),
+        e.value("etcd_debugging_mvcc_watcher_total", &[]),
+    )
+}
+
 pub fn http_get(port: u16, path: &str) -> (u16, String) {
     http_request(port, &format!("GET {path} HTTP/1.1\r\n"), "")
 }

@@ -293,7 +293,7 @@ fn answer_of(
         Slot::Txn { succeeded, slots } => R::ResponseTxn(TxnResponse {
             // etcd's nested txn answers with an empty header (`answer`
             // gives the top one its revision).
-            header: Some(ResponseHeader::default()),
+            header: Some(convert::OP_HEADER),
             succeeded: *succeeded,
             responses: slots
                 .iter()

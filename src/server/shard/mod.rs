@@ -600,8 +600,7 @@ impl Shard {
         for r in self.reads_this_turn.drain(..) {
             r.fail(err.clone());
         }
-        let confirmed = std::mem::take(&mut self.confirmed_renewals);
-        let confirmed = confirmed.into_values().flatten().map(|(_, r)| r);
+        let confirmed = self.take_confirmed_renewals();
         for r in self.renewals_this_turn.drain(..).chain(confirmed) {
             let _ = r.reply.send(Err(err.clone()));
         }

@@ -47,9 +47,8 @@ impl Shard {
             // A leader change drops ReadIndex rounds in flight; asking again is
             // always safe. A read point is the leader's only: its asker goes
             // to the new leader.
-            let confirmed = std::mem::take(&mut self.confirmed_renewals);
-            self.renewals_this_turn
-                .extend(confirmed.into_values().flatten().map(|(_, r)| r));
+            let confirmed = self.take_confirmed_renewals();
+            self.renewals_this_turn.extend(confirmed);
             for round in std::mem::take(&mut self.read_rounds).into_values() {
                 self.reads_this_turn.extend(round.reads);
                 self.renewals_this_turn.extend(round.renewals);
@@ -379,8 +378,7 @@ impl Shard {
             let _ = w.reply.send(Err(err.clone()));
         }
         let mut renewals = std::mem::take(&mut self.renewals_this_turn);
-        let confirmed = std::mem::take(&mut self.confirmed_renewals);
-        renewals.extend(confirmed.into_values().flatten().map(|(_, r)| r));
+        renewals.extend(self.take_confirmed_renewals());
         let mut points = std::mem::take(&mut self.points_this_turn);
         let reads = std::mem::take(&mut self.read_rounds)
             .into_values()

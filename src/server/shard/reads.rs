@@ -296,6 +296,15 @@ impl Shard {
         }
     }
 
+    /// Every confirmed keep-alive still waiting for its index, taken to be
+    /// refused or asked again.
+    pub(super) fn take_confirmed_renewals(&mut self) -> impl Iterator<Item = PendingRenewal> {
+        std::mem::take(&mut self.confirmed_renewals)
+            .into_values()
+            .flatten()
+            .map(|(_, r)| r)
+    }
+
     /// Answers the confirmed keep-alives whose index is applied.
     pub(super) fn serve_confirmed_renewals(&mut self) {
         let applied = self.node.applied_index();

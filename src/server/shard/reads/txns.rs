@@ -109,14 +109,6 @@ impl Shard {
     }
 }
 
-/// A range's header inside a txn: its revision alone, as etcd answers.
-const OP_HEADER: pb::ResponseHeader = pb::ResponseHeader {
-    cluster_id: 0,
-    member_id: 0,
-    revision: 0,
-    raft_term: 0,
-};
-
 /// Reads the compares of `request` from `store`, and its ranges as far as
 /// a chunk's keys go; see the module's doc.
 pub(in crate::server::shard) fn start_txn(
@@ -160,7 +152,7 @@ pub(in crate::server::shard) fn start_txn(
         let Some(range) = rest.pop_front() else {
             break;
         };
-        match start_range(store, &range, OP_HEADER, chunk_keys, shard) {
+        match start_range(store, &range, convert::OP_HEADER, chunk_keys, shard) {
             RangeStart::Answered(Ok(r)) => {
                 // A count, or a sorted range read whole, walked every key
                 // it counted.
@@ -258,7 +250,13 @@ impl ChunkedTxn {
                         reason: "a read-only txn lost its snapshot".into(),
                     }));
                 };
-                match from_snapshot(snap, &request, OP_HEADER, self.chunk_keys, self.shard) {
+                match from_snapshot(
+                    snap,
+                    &request,
+                    convert::OP_HEADER,
+                    self.chunk_keys,
+                    self.shard,
+                ) {
                     RangeStart::Answered(answer) => answer,
                     RangeStart::Chunked(range) => {
                         self.current = Some(range);
