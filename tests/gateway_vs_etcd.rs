@@ -186,6 +186,20 @@ fn gateway_answers_as_etcd_does() {
             "/v3/kv/put",
             r#"{"key":"bGVhc2Vk","value":"eQ==","lease":"77"}"#,
         ),
+        // etcd's Lock and Election services, on lease 77 (0x4d): keys
+        // `l/4d` and `e/4d`. A resign naming another revision changes
+        // nothing.
+        ("/v3/lock/lock", r#"{"name":"bA==","lease":"77"}"#),
+        ("/v3/lock/unlock", r#"{"key":"bC80ZA=="}"#),
+        (
+            "/v3/election/campaign",
+            r#"{"name":"ZQ==","lease":77,"value":"djE="}"#,
+        ),
+        ("/v3/election/leader", r#"{"name":"ZQ=="}"#),
+        (
+            "/v3/election/resign",
+            r#"{"leader":{"name":"ZQ==","key":"ZS80ZA==","rev":"1","lease":77}}"#,
+        ),
         ("/v3/lease/leases", "{}"),
         ("/v3/kv/lease/leases", ""),
         ("/v3/lease/revoke", r#"{"ID":78}"#),
@@ -261,6 +275,14 @@ fn gateway_answers_as_etcd_does() {
         ),
         // A txn op with no request in it.
         ("/v3/kv/txn", r#"{"success":[{}]}"#),
+        ("/v3/lock/lock", r#"{"name":"bA==","lease":"12345"}"#),
+        ("/v3/election/leader", r#"{"name":"bm9uZQ=="}"#),
+        ("/v3/election/proclaim", r#"{"value":"eA=="}"#),
+        ("/v3/election/resign", "{}"),
+        (
+            "/v3/election/proclaim",
+            r#"{"leader":{"name":"ZQ==","key":"ZS80ZA==","rev":"1","lease":77},"value":"eA=="}"#,
+        ),
         ("/v3/lease/revoke", r#"{"ID":79}"#),
         ("/v3/lease/grant", r#"{"TTL":60,"ID":80}"#),
         ("/v3/lease/grant", r#"{"TTL":60,"ID":80}"#),

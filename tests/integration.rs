@@ -36,6 +36,7 @@ mod daemon_members;
 mod daemon_move_leader;
 mod daemon_ops;
 mod daemon_read_txn;
+mod daemon_recipes_api;
 mod daemon_reconfig;
 mod daemon_require_leader;
 mod daemon_slow_store;

@@ -18,6 +18,16 @@ pub mod etcdserverpb {
     include!(concat!(env!("OUT_DIR"), "/etcdserverpb.rs"));
 }
 
+/// etcd's Lock service (`proto/etcd/v3lock.proto`).
+pub mod v3lockpb {
+    include!(concat!(env!("OUT_DIR"), "/v3lockpb.rs"));
+}
+
+/// etcd's Election service (`proto/etcd/v3election.proto`).
+pub mod v3electionpb {
+    include!(concat!(env!("OUT_DIR"), "/v3electionpb.rs"));
+}
+
 /// Cairn's Raft messages, entries, hard state and membership (`proto/raftpb.proto`).
 pub mod raftpb {
     include!(concat!(env!("OUT_DIR"), "/raftpb.rs"));

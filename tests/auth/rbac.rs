@@ -1,18 +1,19 @@
 //! Every API checked against the caller's permissions, through the
 //! etcd-client crate: KV (a txn's compares and both its branches, `prev_kv`),
-//! Watch, Lease, Cluster, Maintenance and the Auth service itself. Guards
+//! Watch, Lease, Cluster, Maintenance, Lock and Election, and the Auth
+//! service itself. Guards
 //! against a user reaching through any call what no role grants, and against
 //! refusals whose gRPC code or message etcd's clients would not recognise.
 
 use etcd_client::{
-    Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, PutOptions, Txn, TxnOp,
-    WatchOptions,
+    Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, LockOptions, PutOptions, Txn,
+    TxnOp, WatchOptions,
 };
 use tonic::Code;
 
 use super::{
     assert_refused, connect, connect_as, denied, enable_auth, maintenance_denied, set_up_alice,
-    wait_serving, Target, AUTH_FAILED, FAST_BCRYPT, PATIENCE, USER_EMPTY,
+    wait_serving, Target, AUTH_FAILED, FAST_BCRYPT, PATIENCE, PERMISSION_DENIED, USER_EMPTY,
 };
 use crate::common;
 
@@ -244,6 +245,31 @@ pub async fn every_api_checks_the_callers_permissions(target: Target) {
     root.hash_kv(0).await.unwrap();
     let mut stream = root.snapshot().await.unwrap();
     assert!(!stream.message().await.unwrap().unwrap().blob().is_empty());
+
+    // Lock and Election act with the caller's permissions on the keys under
+    // their name; etcd's services pass a refusal on as code Unknown.
+    let lease = alice.lease_grant(30, None).await.unwrap().id();
+    let with_lease = || Some(LockOptions::new().with_lease(lease));
+    let held = alice.lock("/a/lock", with_lease()).await.unwrap();
+    assert!(held.key().starts_with(b"/a/lock/"));
+    alice.unlock(held.key()).await.unwrap();
+    let recipe_denied = |what: &str, r| assert_refused(what, r, Code::Unknown, PERMISSION_DENIED);
+    recipe_denied(
+        "lock under /secret",
+        alice.lock("/secret/lock", with_lease()).await.map(drop),
+    );
+    recipe_denied(
+        "lock under /ro",
+        alice.lock("/ro/lock", with_lease()).await.map(drop),
+    );
+    recipe_denied(
+        "campaign under /ro",
+        alice.campaign("/ro/el", "v", lease).await.map(drop),
+    );
+    recipe_denied("leader under /wo", alice.leader("/wo/el").await.map(drop));
+    alice.campaign("/a/el", "v", lease).await.unwrap();
+    let leader = alice.leader("/a/el").await.unwrap();
+    assert_eq!(leader.kv().map(|kv| kv.value()), Some(&b"v"[..]));
 
     // The Auth service: a user may read itself and its roles, nothing else.
     let me = alice.user_get("alice").await.unwrap();

@@ -39,11 +39,45 @@ impl CallGate {
     }
 }
 
+/// The path prefixes of etcd's API: its v3 services, Lock and Election.
+const ETCD_API: &[&[u8]] = &[b"/etcdserverpb.", b"/v3lockpb.", b"/v3electionpb."];
+
 /// Whether a learner serves a call to `path` (etcd 3.4's learners serve
 /// Status and serializable ranges; calls outside etcd's API are not theirs
 /// to refuse).
 fn learner_serves(path: &[u8]) -> bool {
-    !path.starts_with(b"/etcdserverpb.")
+    !ETCD_API.iter().any(|api| path.starts_with(api))
         || path == b"/etcdserverpb.KV/Range"
         || path == b"/etcdserverpb.Maintenance/Status"
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_learner_serves_status_and_ranges_of_etcds_api_and_what_is_not_etcds() {
+        for served in [
+            &b"/etcdserverpb.KV/Range"[..],
+            b"/etcdserverpb.Maintenance/Status",
+            b"/grpc.health.v1.Health/Check",
+        ] {
+            assert!(
+                learner_serves(served),
+                "{}",
+                String::from_utf8_lossy(served)
+            );
+        }
+        for refused in [
+            &b"/etcdserverpb.KV/Put"[..],
+            b"/v3lockpb.Lock/Lock",
+            b"/v3electionpb.Election/Observe",
+        ] {
+            assert!(
+                !learner_serves(refused),
+                "{}",
+                String::from_utf8_lossy(refused)
+            );
+        }
+    }
 }

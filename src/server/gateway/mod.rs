@@ -33,6 +33,7 @@ use tonic::Code;
 
 use crate::ops::http::{ConnectionCut, FallbackBody, Http1Fallback};
 use crate::server::api::call_gate::CallGate;
+use crate::server::api::in_process;
 use routes::{Route, RouteTable};
 use stream::{FirstMessageError, JsonMessages};
 
@@ -178,11 +179,11 @@ impl Gateway {
             let status = crate::grpc::dispatch::too_large(message.len(), self.max_message_bytes);
             return error(status.code(), status.message());
         }
-        let frames = match grpc::call(
+        let frames = match in_process::call(
             &self.routes,
             &route.grpc_path,
             metadata,
-            Full::new(grpc::frame(&message)),
+            Full::new(in_process::frame(&message)),
         )
         .await
         {
@@ -223,7 +224,7 @@ impl Gateway {
             }
         };
         let body = stream::forward_requests(messages, first);
-        let frames = match grpc::call(&self.routes, &route.grpc_path, metadata, body).await {
+        let frames = match in_process::call(&self.routes, &route.grpc_path, metadata, body).await {
             Ok(frames) => frames,
             Err(status) => return error(status.code(), status.message()),
         };
@@ -250,7 +251,10 @@ impl Http1Fallback for Gateway {
 }
 
 /// Reads the one response message and the call's status.
-async fn unary_response(mut frames: grpc::ResponseFrames, route: &Route) -> Response<FallbackBody> {
+async fn unary_response(
+    mut frames: in_process::ResponseFrames,
+    route: &Route,
+) -> Response<FallbackBody> {
     let message = match frames.next().await {
         Ok(Some(message)) => message,
         Ok(None) => return error(Code::Internal, "the call answered no message"),

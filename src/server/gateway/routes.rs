@@ -11,6 +11,7 @@ use super::json::pool;
 
 /// Path (after the version prefix), gRPC service, method: as etcd 3.4.
 /// `HashKV` and `Downgrade` have no path in etcd 3.4's gateway, so none here.
+/// The services of `etcdserverpb`; etcd 3.4 serves them under every prefix.
 const BINDINGS: &[(&str, &str, &str)] = &[
     ("kv/range", "KV", "Range"),
     ("kv/put", "KV", "Put"),
@@ -60,6 +61,18 @@ const BINDINGS: &[(&str, &str, &str)] = &[
     ("auth/role/revoke", "Auth", "RoleRevokePermission"),
 ];
 
+/// Path (after `/v3/`), gRPC service by its full name, method: etcd 3.4's
+/// Lock and Election services, which its gateway serves under `/v3/` only.
+const V3_BINDINGS: &[(&str, &str, &str)] = &[
+    ("lock/lock", "v3lockpb.Lock", "Lock"),
+    ("lock/unlock", "v3lockpb.Lock", "Unlock"),
+    ("election/campaign", "v3electionpb.Election", "Campaign"),
+    ("election/proclaim", "v3electionpb.Election", "Proclaim"),
+    ("election/leader", "v3electionpb.Election", "Leader"),
+    ("election/observe", "v3electionpb.Election", "Observe"),
+    ("election/resign", "v3electionpb.Election", "Resign"),
+];
+
 /// The version prefixes etcd 3.4 serves the gateway under.
 pub const PREFIXES: &[&str] = &["/v3/", "/v3beta/"];
 
@@ -85,12 +98,19 @@ impl RouteTable {
     /// the schema lacks is a build mistake, caught by this module's test.
     pub fn build() -> RouteTable {
         let mut routes = HashMap::new();
-        for &(path, service, method) in BINDINGS {
-            let Some(route) = route_for(service, method) else {
+        let etcd = BINDINGS
+            .iter()
+            .map(|&(path, service, method)| (path, format!("etcdserverpb.{service}"), method));
+        let v3 = V3_BINDINGS
+            .iter()
+            .map(|&(path, service, method)| (path, service.to_string(), method));
+        for (path, service, method) in etcd.chain(v3) {
+            let Some(route) = route_for(&service, method) else {
                 tracing::error!(service, method, "gateway binding names no compiled method");
                 continue;
             };
-            for prefix in PREFIXES {
+            let v3_only = V3_BINDINGS.iter().any(|b| b.0 == path);
+            for prefix in PREFIXES.iter().filter(|p| !v3_only || **p == "/v3/") {
                 routes.insert(format!("{prefix}{path}"), route.clone());
             }
         }
@@ -109,7 +129,7 @@ impl RouteTable {
 }
 
 fn route_for(service: &str, method: &str) -> Option<Route> {
-    let service = pool().get_service_by_name(&format!("etcdserverpb.{service}"))?;
+    let service = pool().get_service_by_name(service)?;
     let method = service.methods().find(|m| m.name() == method)?;
     Some(Route {
         grpc_path: format!("/{}/{}", service.full_name(), method.name()),
@@ -128,8 +148,14 @@ mod tests {
     fn every_binding_names_a_compiled_method() {
         for &(path, service, method) in BINDINGS {
             assert!(
-                route_for(service, method).is_some(),
+                route_for(&format!("etcdserverpb.{service}"), method).is_some(),
                 "{path}: etcdserverpb.{service}/{method} is not in the schema"
+            );
+        }
+        for &(path, service, method) in V3_BINDINGS {
+            assert!(
+                route_for(service, method).is_some(),
+                "{path}: {service}/{method} is not in the schema"
             );
         }
         let table = RouteTable::build();
@@ -141,5 +167,10 @@ mod tests {
         assert!(!put.client_streaming && !put.server_streaming);
         assert!(table.get("/v3alpha/kv/put").is_none());
         assert!(table.get("/v3/maintenance/hashkv").is_none());
+        let observe = table.get("/v3/election/observe").expect("observe bound");
+        assert_eq!(observe.grpc_path, "/v3electionpb.Election/Observe");
+        assert!(!observe.client_streaming && observe.server_streaming);
+        assert!(table.get("/v3/lock/lock").is_some());
+        assert!(table.get("/v3beta/lock/lock").is_none());
     }
 }

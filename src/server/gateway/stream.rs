@@ -24,10 +24,10 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::Code;
 
 use super::errors::stream_error_line;
-use super::grpc::{frame, ResponseFrames};
 use super::json::{message_from_value, response_to_json, JsonError};
 use super::json_split::JsonSplitter;
 use crate::ops::http::ConnectionCut;
+use crate::server::api::in_process::{frame, ResponseFrames};
 
 /// Response lines queued for a slow reader before it counts as stalled.
 pub const STREAM_QUEUE_MESSAGES: usize = 64;

@@ -15,6 +15,8 @@ use cairn_proto::etcdserverpb::kv_server::KvServer;
 use cairn_proto::etcdserverpb::lease_server::LeaseServer;
 use cairn_proto::etcdserverpb::maintenance_server::MaintenanceServer;
 use cairn_proto::etcdserverpb::watch_server::WatchServer;
+use cairn_proto::v3electionpb::election_server::ElectionServer;
+use cairn_proto::v3lockpb::lock_server::LockServer;
 use tokio::sync::{mpsc, watch};
 
 use crate::config::Config;
@@ -581,12 +583,23 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
                     .max_encoding_message_size(usize::MAX)
             };
         }
-        let services = tonic::service::Routes::new(capped!(KvServer::new(kv)))
+        let etcd_services = tonic::service::Routes::new(capped!(KvServer::new(kv)))
             .add_service(capped!(MaintenanceServer::new(maintenance)))
             .add_service(capped!(ClusterServer::new(cluster)))
             .add_service(capped!(WatchServer::new(watch)))
             .add_service(capped!(LeaseServer::new(lease)))
             .add_service(capped!(AuthServer::new(auth)));
+        // etcd's Lock and Election services call the others on their
+        // client's behalf.
+        let lock = crate::server::api::lock::LockService {
+            routes: etcd_services.clone(),
+        };
+        let election = crate::server::api::election::ElectionService {
+            routes: etcd_services.clone(),
+        };
+        let services = etcd_services
+            .add_service(capped!(LockServer::new(lock)))
+            .add_service(capped!(ElectionServer::new(election)));
         let gate = CallGate::new(shared.members.clone(), shared.leader_loss.clone());
         // HTTP/1 requests that are not operator endpoints go to the HTTP/JSON
         // gateway, which calls the same services in-process.
