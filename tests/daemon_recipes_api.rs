@@ -228,6 +228,57 @@ async fn lock_passes_on_unlock(c: &mut Client) -> Vec<String> {
     out
 }
 
+/// Scenario 1b: three lockers; the middle one gives up while it waits (its
+/// call dropped, as a client's deadline or cancel drops it), and its key
+/// leaves the queue with it, so the third gets the lock when the first
+/// unlocks.
+async fn a_waiter_that_gives_up_leaves_the_queue(c: &mut Client) -> Vec<String> {
+    let mut leases = Leases::default();
+    let a = leases.grant(c, "a", 30).await;
+    let b = leases.grant(c, "b", 30).await;
+    let d = leases.grant(c, "d", 30).await;
+    let key_a = lock(c, "Q", a).await;
+    let b_locks = waiting("B's lock of Q while A holds it", lock_call(c, "Q", b)).await;
+    wait_under(
+        c,
+        "Q/",
+        &leases,
+        &[r#"Q/<a>="" lease <a>"#, r#"Q/<b>="" lease <b>"#],
+    )
+    .await;
+    let d_locks = waiting("D's lock of Q behind A and B", lock_call(c, "Q", d)).await;
+    wait_under(
+        c,
+        "Q/",
+        &leases,
+        &[
+            r#"Q/<a>="" lease <a>"#,
+            r#"Q/<b>="" lease <b>"#,
+            r#"Q/<d>="" lease <d>"#,
+        ],
+    )
+    .await;
+    b_locks.abort();
+    // The server sees the call go and takes B's key back.
+    wait_under(
+        c,
+        "Q/",
+        &leases,
+        &[r#"Q/<a>="" lease <a>"#, r#"Q/<d>="" lease <d>"#],
+    )
+    .await;
+    let mut out = vec!["A holds Q, B and D wait; B gives up and its key goes".to_string()];
+    unlock(c, &key_a).await;
+    let answer = returns("D's lock of Q after A's unlock", d_locks).await;
+    assert_eq!(answer.key(), format!("Q/{d:x}").as_bytes(), "D's lock key");
+    out.push(format!(
+        "after A unlocks, D locks Q: {}",
+        leases.key(answer.key())
+    ));
+    unlock(c, &format!("Q/{d:x}")).await;
+    out
+}
+
 /// Scenario 2: a lock is released when its holder's lease expires.
 async fn lock_released_by_expiry(c: &mut Client) -> Vec<String> {
     let mut leases = Leases::default();
@@ -462,6 +513,7 @@ async fn recipes(endpoint: String) -> Vec<String> {
     let mut c = client(&endpoint).await;
     wait_writable(&mut c, "recipes-ready").await;
     let mut out = lock_passes_on_unlock(&mut c).await;
+    out.extend(a_waiter_that_gives_up_leaves_the_queue(&mut c).await);
     out.extend(lock_released_by_expiry(&mut c).await);
     out.extend(lock_leases(&mut c).await);
     out.extend(election(&mut c).await);

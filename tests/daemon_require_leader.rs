@@ -83,6 +83,20 @@ async fn streams_that_require_a_leader_end_when_the_member_loses_it() {
         .expect("acked in time")
         .expect("acked");
     assert!(ack.is_some_and(|a| a.ttl() > 0));
+    // An Observe stream (etcd's Election service) that requires a leader,
+    // following a campaign.
+    let campaigner = plain.lease_grant(60, None).await.expect("a lease").id();
+    plain
+        .campaign("/leader-el", "v", campaigner)
+        .await
+        .expect("a campaign");
+    let mut observer = c.observe("/leader-el").await.expect("an observer");
+    let seen = tokio::time::timeout(NOTICE_WITHIN, observer.message())
+        .await
+        .expect("observed in time")
+        .expect("observed")
+        .expect("the leader");
+    assert_eq!(seen.kv().map(|kv| kv.value()), Some(&b"v"[..]));
 
     // The two other members go: no quorum, no leader.
     for (i, m) in cluster.members.iter_mut().enumerate() {
@@ -121,6 +135,14 @@ async fn streams_that_require_a_leader_end_when_the_member_loses_it() {
         matches!(&keep_alive_end, Err(etcd_client::Error::GRpcStatus(s))
             if s.code() == tonic::Code::Unavailable && s.message() == "etcdserver: no leader"),
         "{keep_alive_end:?}"
+    );
+    let observe_end = tokio::time::timeout(NOTICE_WITHIN, observer.message())
+        .await
+        .expect("the Observe stream ends");
+    assert!(
+        matches!(&observe_end, Err(etcd_client::Error::GRpcStatus(s))
+            if s.code() == tonic::Code::Unavailable && s.message() == "etcdserver: no leader"),
+        "{observe_end:?}"
     );
     // A new one is refused at once; the plain watch stays open.
     let refused = c.watch("/leader/", None).await.map(|_| ());

@@ -191,6 +191,9 @@ fn gateway_answers_as_etcd_does() {
         // nothing.
         ("/v3/lock/lock", r#"{"name":"bA==","lease":"77"}"#),
         ("/v3/lock/unlock", r#"{"key":"bC80ZA=="}"#),
+        // etcd takes `/v3beta/` for `/v3/` on every path.
+        ("/v3beta/lock/lock", r#"{"name":"bA==","lease":"77"}"#),
+        ("/v3beta/lock/unlock", r#"{"key":"bC80ZA=="}"#),
         (
             "/v3/election/campaign",
             r#"{"name":"ZQ==","lease":77,"value":"djE="}"#,

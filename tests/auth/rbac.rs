@@ -267,9 +267,11 @@ pub async fn every_api_checks_the_callers_permissions(target: Target) {
         alice.campaign("/ro/el", "v", lease).await.map(drop),
     );
     recipe_denied("leader under /wo", alice.leader("/wo/el").await.map(drop));
-    alice.campaign("/a/el", "v", lease).await.unwrap();
+    let mut campaign = alice.campaign("/a/el", "v", lease).await.unwrap();
     let leader = alice.leader("/a/el").await.unwrap();
     assert_eq!(leader.kv().map(|kv| kv.value()), Some(&b"v"[..]));
+    let resign = etcd_client::ResignOptions::new().with_leader(campaign.take_leader().unwrap());
+    alice.resign(Some(resign)).await.unwrap();
 
     // The Auth service: a user may read itself and its roles, nothing else.
     let me = alice.user_get("alice").await.unwrap();

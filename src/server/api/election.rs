@@ -7,6 +7,7 @@
 
 use bytes::Bytes;
 use cairn_proto::etcdserverpb::{RangeRequest, ResponseHeader, TxnRequest, WatchCreateRequest};
+use cairn_proto::mvccpb::event::EventType;
 use cairn_proto::mvccpb::KeyValue;
 use cairn_proto::v3electionpb::election_server::Election;
 use cairn_proto::v3electionpb::{
@@ -20,16 +21,20 @@ use tonic::{Request, Response, Status};
 
 use super::in_process::Caller;
 use super::recipes::{self, Withdrawal};
+use super::require_leader::{self, LeaderLoss};
 
 /// Answers an Observe stream holds for a client that reads slowly; the
 /// task following the election waits while it is full.
-const OBSERVE_QUEUE: usize = 16;
+const OBSERVE_QUEUE_MESSAGES: usize = 16;
 
 #[derive(Clone)]
 pub struct ElectionService {
     /// The member's KV, Lease and Watch services, called on the client's
     /// behalf.
     pub routes: Routes,
+    /// Ends the Observe streams that require a leader when the member has
+    /// none.
+    pub leader_loss: LeaderLoss,
 }
 
 /// etcd's answer to a Proclaim by a campaigner that does not lead.
@@ -75,7 +80,7 @@ impl Election for ElectionService {
         &self,
         request: Request<CampaignRequest>,
     ) -> Result<Response<CampaignResponse>, Status> {
-        let caller = Caller::new(self.routes.clone(), request.metadata());
+        let caller = Caller::new(self.routes.clone(), &request);
         let req = request.into_inner();
         let lease = recipes::session_lease(&caller, req.lease).await?;
         let prefix = recipes::contenders_prefix(&req.name);
@@ -128,7 +133,7 @@ impl Election for ElectionService {
         &self,
         request: Request<ProclaimRequest>,
     ) -> Result<Response<ProclaimResponse>, Status> {
-        let caller = Caller::new(self.routes.clone(), request.metadata());
+        let caller = Caller::new(self.routes.clone(), &request);
         let req = request.into_inner();
         let leader = req.leader.ok_or_else(missing_leader_key)?;
         let lease = recipes::session_lease(&caller, leader.lease).await?;
@@ -140,7 +145,7 @@ impl Election for ElectionService {
         &self,
         request: Request<LeaderRequest>,
     ) -> Result<Response<LeaderResponse>, Status> {
-        let caller = Caller::new(self.routes.clone(), request.metadata());
+        let caller = Caller::new(self.routes.clone(), &request);
         let prefix = recipes::contenders_prefix(&request.into_inner().name);
         let mut found = recipes::range(&caller, recipes::one_contender(&prefix, None)).await?;
         if found.kvs.is_empty() {
@@ -158,16 +163,24 @@ impl Election for ElectionService {
         &self,
         request: Request<LeaderRequest>,
     ) -> Result<Response<Self::ObserveStream>, Status> {
-        let caller = Caller::new(self.routes.clone(), request.metadata());
+        let mut leader = self.leader_loss.open(request.metadata())?;
+        let caller = Caller::new(self.routes.clone(), &request);
         let prefix = recipes::contenders_prefix(&request.into_inner().name);
-        let (tx, rx) = mpsc::channel(OBSERVE_QUEUE);
+        let (tx, rx) = mpsc::channel(OBSERVE_QUEUE_MESSAGES);
         tokio::spawn(async move {
             tokio::select! {
                 // The client went away: the watches go with this task.
                 _ = tx.closed() => {}
+                // As etcd's stream interceptor ends it.
+                () = leader.lost() => {
+                    let _ = tx.send(Err(require_leader::no_leader())).await;
+                }
                 ended = observe(&caller, &prefix, &tx) => {
+                    // As etcd's, a stream whose follow failed (a read
+                    // refused, a watch ended or cancelled) ends without an
+                    // error: etcd's Observe closes its channel then.
                     if let Err(status) = ended {
-                        let _ = tx.send(Err(status)).await;
+                        tracing::debug!(%status, "an Observe stream ended");
                     }
                 }
             }
@@ -179,7 +192,7 @@ impl Election for ElectionService {
         &self,
         request: Request<ResignRequest>,
     ) -> Result<Response<ResignResponse>, Status> {
-        let caller = Caller::new(self.routes.clone(), request.metadata());
+        let caller = Caller::new(self.routes.clone(), &request);
         let leader = request.into_inner().leader.ok_or_else(missing_leader_key)?;
         let header = recipes::resign(&caller, &leader.key, leader.rev).await?;
         Ok(Response::new(ResignResponse { header }))
@@ -230,7 +243,7 @@ async fn observe(
                 return Err(recipes::watch_refused(&answer));
             }
             for e in answer.events {
-                if e.r#type == cairn_proto::mvccpb::event::EventType::Delete as i32 {
+                if e.r#type == EventType::Delete as i32 {
                     break 'leader;
                 }
                 let update = LeaderResponse {
@@ -269,7 +282,7 @@ async fn first_put(
         let put = answer
             .events
             .into_iter()
-            .find(|e| e.r#type == cairn_proto::mvccpb::event::EventType::Put as i32)
+            .find(|e| e.r#type == EventType::Put as i32)
             .and_then(|e| e.kv);
         if let Some(kv) = put {
             let mut header = answer.header;

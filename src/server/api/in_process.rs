@@ -15,10 +15,11 @@ use hyper::{Method, Request};
 use prost::Message;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::metadata::MetadataMap;
 use tonic::service::Routes;
 use tonic::{Code, Status};
 use tower_service::Service;
+
+use crate::tls::ClientConnInfo;
 
 /// Length of a gRPC message frame's header: compressed flag, then a
 /// big-endian u32 length.
@@ -35,12 +36,15 @@ pub fn frame(message: &[u8]) -> Bytes {
 }
 
 /// Starts one call of `grpc_path` with `body` as its request stream and
-/// `metadata` ([`call_metadata`]), and returns its response, whose first
+/// `metadata` (the gateway's, or a client's call's), as the connection `conn`
+/// (a client certificate's name stands for its user) when given, and
+/// returns its response, whose first
 /// frames may still be on their way.
 pub async fn call<B>(
     routes: &Routes,
     grpc_path: &str,
     metadata: &HeaderMap,
+    conn: Option<&ClientConnInfo>,
     body: B,
 ) -> Result<ResponseFrames, Status>
 where
@@ -55,9 +59,12 @@ where
     for (name, value) in metadata {
         request = request.header(name, value.clone());
     }
-    let request = request
+    let mut request = request
         .body(body)
         .map_err(|e| Status::internal(format!("building a call of {grpc_path}: {e}")))?;
+    if let Some(conn) = conn {
+        request.extensions_mut().insert(conn.clone());
+    }
     let mut routes = routes.clone();
     let Ok(()) =
         std::future::poll_fn(|cx| Service::<Request<B>>::poll_ready(&mut routes, cx)).await;
@@ -141,8 +148,10 @@ impl ResponseFrames {
 
 /// The metadata keys a call made on a client's behalf carries over from the
 /// client's own call: its credentials (`token`, or `authorization` as the
-/// gateway passes them) and whether it requires a leader.
-const CARRIED_METADATA: &[&str] = &["token", "authorization", "hasleader"];
+/// gateway passes them). Not `hasleader`: as etcd's, the client's call is
+/// checked for a leader where it arrives, and the calls made for it wait
+/// for one as any call does.
+const CARRIED_METADATA: &[&str] = &["token", "authorization"];
 
 /// Calls of the member's own services made on behalf of one client's call,
 /// with that call's credentials: the services built on the others (Lock and
@@ -153,6 +162,9 @@ const CARRIED_METADATA: &[&str] = &["token", "authorization", "hasleader"];
 pub struct Caller {
     routes: Routes,
     metadata: HeaderMap,
+    /// The client's connection: its certificate's name, when auth takes
+    /// the user from it.
+    conn: Option<ClientConnInfo>,
 }
 
 /// The request stream of an in-process streaming call: kept open while the
@@ -160,9 +172,9 @@ pub struct Caller {
 type StreamedRequests = StreamBody<ReceiverStream<Result<Frame<Bytes>, Status>>>;
 
 impl Caller {
-    /// Calls of `routes` on behalf of a call that carried `metadata`.
-    pub fn new(routes: Routes, metadata: &MetadataMap) -> Caller {
-        let headers = metadata.clone().into_headers();
+    /// Calls of `routes` on behalf of `request`.
+    pub fn new<T>(routes: Routes, request: &tonic::Request<T>) -> Caller {
+        let headers = request.metadata().clone().into_headers();
         let mut carried = HeaderMap::new();
         for key in CARRIED_METADATA {
             for value in headers.get_all(*key) {
@@ -172,6 +184,7 @@ impl Caller {
         Caller {
             routes,
             metadata: carried,
+            conn: request.extensions().get::<ClientConnInfo>().cloned(),
         }
     }
 
@@ -182,9 +195,15 @@ impl Caller {
         request: &Q,
     ) -> Result<A, Status> {
         let body = Full::new(frame(&request.encode_to_vec()));
-        let mut frames = call(&self.routes, grpc_path, &self.metadata, body)
-            .await
-            .map_err(as_etcd_answers)?;
+        let mut frames = call(
+            &self.routes,
+            grpc_path,
+            &self.metadata,
+            self.conn.as_ref(),
+            body,
+        )
+        .await
+        .map_err(as_etcd_answers)?;
         let Some(message) = frames.next().await.map_err(as_etcd_answers)? else {
             return Err(Status::internal(format!("{grpc_path} answered nothing")));
         };
@@ -203,9 +222,15 @@ impl Caller {
             .try_send(Ok(Frame::data(frame(&first.encode_to_vec()))))
             .expect("a new channel has room for one message");
         let body: StreamedRequests = StreamBody::new(ReceiverStream::new(rx));
-        let frames = call(&self.routes, WATCH_PATH, &self.metadata, body)
-            .await
-            .map_err(as_etcd_answers)?;
+        let frames = call(
+            &self.routes,
+            WATCH_PATH,
+            &self.metadata,
+            self.conn.as_ref(),
+            body,
+        )
+        .await
+        .map_err(as_etcd_answers)?;
         Ok(WatchEvents {
             _requests: requests,
             frames,
@@ -258,6 +283,23 @@ mod tests {
         assert_eq!(denied.message(), "etcdserver: permission denied");
         let other = as_etcd_answers(Status::deadline_exceeded("context deadline exceeded"));
         assert_eq!(other.code(), tonic::Code::DeadlineExceeded);
+    }
+
+    #[test]
+    fn a_caller_carries_its_clients_credentials_and_certificate_name_only() {
+        let mut request = tonic::Request::new(());
+        for (key, value) in [("token", "t.1"), ("hasleader", "true"), ("other", "x")] {
+            request.metadata_mut().insert(key, value.parse().unwrap());
+        }
+        request.extensions_mut().insert(ClientConnInfo {
+            remote_addr: None,
+            common_name: Some("alice".into()),
+        });
+        let caller = Caller::new(Routes::default(), &request);
+        let carried: Vec<&str> = caller.metadata.keys().map(|k| k.as_str()).collect();
+        assert_eq!(carried, ["token"]);
+        let name = caller.conn.as_ref().and_then(|c| c.common_name.as_deref());
+        assert_eq!(name, Some("alice"));
     }
 
     #[test]

@@ -23,7 +23,7 @@ pub struct LockService {
 #[tonic::async_trait]
 impl Lock for LockService {
     async fn lock(&self, request: Request<LockRequest>) -> Result<Response<LockResponse>, Status> {
-        let caller = Caller::new(self.routes.clone(), request.metadata());
+        let caller = Caller::new(self.routes.clone(), &request);
         let req = request.into_inner();
         let lease = recipes::session_lease(&caller, req.lease).await?;
         let prefix = recipes::contenders_prefix(&req.name);
@@ -76,7 +76,7 @@ impl Lock for LockService {
         &self,
         request: Request<UnlockRequest>,
     ) -> Result<Response<UnlockResponse>, Status> {
-        let caller = Caller::new(self.routes.clone(), request.metadata());
+        let caller = Caller::new(self.routes.clone(), &request);
         let header = recipes::delete(&caller, &request.into_inner().key).await?;
         Ok(Response::new(UnlockResponse { header }))
     }

@@ -14,6 +14,7 @@ use cairn_proto::etcdserverpb::{
     LeaseGrantRequest, LeaseGrantResponse, PutRequest, RangeRequest, RangeResponse, RequestOp,
     ResponseHeader, ResponseOp, TxnRequest, TxnResponse, WatchCreateRequest,
 };
+use cairn_proto::mvccpb::event::EventType;
 use tonic::Status;
 
 use super::in_process::Caller;
@@ -270,7 +271,7 @@ async fn wait_delete(caller: &Caller, key: &[u8], from: i64) -> Result<(), Statu
         if answer
             .events
             .iter()
-            .any(|e| e.r#type == cairn_proto::mvccpb::event::EventType::Delete as i32)
+            .any(|e| e.r#type == EventType::Delete as i32)
         {
             return Ok(());
         }
@@ -284,7 +285,9 @@ async fn wait_delete(caller: &Caller, key: &[u8], from: i64) -> Result<(), Statu
 /// Why a watch a recipe opened was cancelled by the member.
 pub fn watch_refused(answer: &cairn_proto::etcdserverpb::WatchResponse) -> Status {
     if answer.compact_revision > 0 {
-        return Status::out_of_range("etcdserver: mvcc: required revision has been compacted");
+        // etcd's client turns the refusal into a plain error, which its
+        // services pass on as code Unknown.
+        return Status::unknown("etcdserver: mvcc: required revision has been compacted");
     }
     if answer.cancel_reason.is_empty() {
         Status::unknown("watch canceled")

@@ -183,6 +183,7 @@ impl Gateway {
             &self.routes,
             &route.grpc_path,
             metadata,
+            None,
             Full::new(in_process::frame(&message)),
         )
         .await
@@ -224,10 +225,11 @@ impl Gateway {
             }
         };
         let body = stream::forward_requests(messages, first);
-        let frames = match in_process::call(&self.routes, &route.grpc_path, metadata, body).await {
-            Ok(frames) => frames,
-            Err(status) => return error(status.code(), status.message()),
-        };
+        let frames =
+            match in_process::call(&self.routes, &route.grpc_path, metadata, None, body).await {
+                Ok(frames) => frames,
+                Err(status) => return error(status.code(), status.message()),
+            };
         let cut = parts.extensions.get::<ConnectionCut>().cloned();
         streamed(stream::stream_response(frames, route.output.clone(), cut))
     }

@@ -61,9 +61,10 @@ const BINDINGS: &[(&str, &str, &str)] = &[
     ("auth/role/revoke", "Auth", "RoleRevokePermission"),
 ];
 
-/// Path (after `/v3/`), gRPC service by its full name, method: etcd 3.4's
-/// Lock and Election services, which its gateway serves under `/v3/` only.
-const V3_BINDINGS: &[(&str, &str, &str)] = &[
+/// Path (after the version prefix), gRPC service by its full name, method:
+/// etcd 3.4's Lock and Election services (etcd 3.4 takes `/v3beta/` for
+/// `/v3/` on every path, these too).
+const RECIPE_BINDINGS: &[(&str, &str, &str)] = &[
     ("lock/lock", "v3lockpb.Lock", "Lock"),
     ("lock/unlock", "v3lockpb.Lock", "Unlock"),
     ("election/campaign", "v3electionpb.Election", "Campaign"),
@@ -101,16 +102,15 @@ impl RouteTable {
         let etcd = BINDINGS
             .iter()
             .map(|&(path, service, method)| (path, format!("etcdserverpb.{service}"), method));
-        let v3 = V3_BINDINGS
+        let recipes = RECIPE_BINDINGS
             .iter()
             .map(|&(path, service, method)| (path, service.to_string(), method));
-        for (path, service, method) in etcd.chain(v3) {
+        for (path, service, method) in etcd.chain(recipes) {
             let Some(route) = route_for(&service, method) else {
                 tracing::error!(service, method, "gateway binding names no compiled method");
                 continue;
             };
-            let v3_only = V3_BINDINGS.iter().any(|b| b.0 == path);
-            for prefix in PREFIXES.iter().filter(|p| !v3_only || **p == "/v3/") {
+            for prefix in PREFIXES {
                 routes.insert(format!("{prefix}{path}"), route.clone());
             }
         }
@@ -152,7 +152,7 @@ mod tests {
                 "{path}: etcdserverpb.{service}/{method} is not in the schema"
             );
         }
-        for &(path, service, method) in V3_BINDINGS {
+        for &(path, service, method) in RECIPE_BINDINGS {
             assert!(
                 route_for(service, method).is_some(),
                 "{path}: {service}/{method} is not in the schema"
@@ -171,6 +171,6 @@ mod tests {
         assert_eq!(observe.grpc_path, "/v3electionpb.Election/Observe");
         assert!(!observe.client_streaming && observe.server_streaming);
         assert!(table.get("/v3/lock/lock").is_some());
-        assert!(table.get("/v3beta/lock/lock").is_none());
+        assert!(table.get("/v3beta/lock/lock").is_some());
     }
 }

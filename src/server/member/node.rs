@@ -596,6 +596,7 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
         };
         let election = crate::server::api::election::ElectionService {
             routes: etcd_services.clone(),
+            leader_loss: shared.leader_loss.clone(),
         };
         let services = etcd_services
             .add_service(capped!(LockServer::new(lock)))
