@@ -50,6 +50,7 @@ mod etcdctl_recipes;
 mod faults;
 mod gateway_limits;
 mod gateway_vs_etcd;
+mod grpc_health;
 mod grpc_limits;
 mod grpc_server;
 mod keyspace_every_count;

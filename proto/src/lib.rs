@@ -28,6 +28,11 @@ pub mod v3electionpb {
     include!(concat!(env!("OUT_DIR"), "/v3electionpb.rs"));
 }
 
+/// gRPC's health service (`proto/grpc/health.proto`).
+pub mod grpc_health_v1 {
+    include!(concat!(env!("OUT_DIR"), "/grpc.health.v1.rs"));
+}
+
 /// Cairn's Raft messages, entries, hard state and membership (`proto/raftpb.proto`).
 pub mod raftpb {
     include!(concat!(env!("OUT_DIR"), "/raftpb.rs"));

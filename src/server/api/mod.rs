@@ -6,6 +6,7 @@
 pub mod call_gate;
 pub mod cluster;
 pub mod election;
+pub mod health;
 pub mod in_process;
 pub mod kv;
 pub mod lease;

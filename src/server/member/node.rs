@@ -15,6 +15,7 @@ use cairn_proto::etcdserverpb::kv_server::KvServer;
 use cairn_proto::etcdserverpb::lease_server::LeaseServer;
 use cairn_proto::etcdserverpb::maintenance_server::MaintenanceServer;
 use cairn_proto::etcdserverpb::watch_server::WatchServer;
+use cairn_proto::grpc_health_v1::health_server::HealthServer;
 use cairn_proto::v3electionpb::election_server::ElectionServer;
 use cairn_proto::v3lockpb::lock_server::LockServer;
 use tokio::sync::{mpsc, watch};
@@ -600,7 +601,10 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
         };
         let services = etcd_services
             .add_service(capped!(LockServer::new(lock)))
-            .add_service(capped!(ElectionServer::new(election)));
+            .add_service(capped!(ElectionServer::new(election)))
+            .add_service(capped!(HealthServer::new(
+                crate::server::api::health::HealthService
+            )));
         let gate = CallGate::new(shared.members.clone(), shared.leader_loss.clone());
         // HTTP/1 requests that are not operator endpoints go to the HTTP/JSON
         // gateway, which calls the same services in-process.
