@@ -267,6 +267,11 @@ pub async fn every_api_checks_the_callers_permissions(target: Target) {
         alice.campaign("/ro/el", "v", lease).await.map(drop),
     );
     recipe_denied("leader under /wo", alice.leader("/wo/el").await.map(drop));
+    // An Observe the user may not read ends at once without an error, as
+    // etcd's does.
+    let mut observer = alice.observe("/wo/el").await.unwrap();
+    let observed = observer.message().await;
+    assert!(matches!(observed, Ok(None)), "observe /wo/el: {observed:?}");
     let mut campaign = alice.campaign("/a/el", "v", lease).await.unwrap();
     let leader = alice.leader("/a/el").await.unwrap();
     assert_eq!(leader.kv().map(|kv| kv.value()), Some(&b"v"[..]));
