@@ -39,8 +39,15 @@ impl CallGate {
     }
 }
 
-/// The path prefixes of etcd's API: its v3 services, Lock and Election.
-const ETCD_API: &[&[u8]] = &[b"/etcdserverpb.", b"/v3lockpb.", b"/v3electionpb."];
+/// The path prefixes of the services etcd's interceptors guard: its v3
+/// services, Lock, Election and gRPC's health service (every service of
+/// etcd's gRPC server).
+const ETCD_API: &[&[u8]] = &[
+    b"/etcdserverpb.",
+    b"/v3lockpb.",
+    b"/v3electionpb.",
+    b"/grpc.health.v1.",
+];
 
 /// Whether a learner serves a call to `path` (etcd 3.4's learners serve
 /// Status and serializable ranges; calls outside etcd's API are not theirs
@@ -56,11 +63,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_learner_serves_status_and_ranges_of_etcds_api_and_what_is_not_etcds() {
+    fn a_learner_serves_status_and_ranges_of_etcds_services_and_no_other_of_them() {
         for served in [
             &b"/etcdserverpb.KV/Range"[..],
             b"/etcdserverpb.Maintenance/Status",
-            b"/grpc.health.v1.Health/Check",
+            b"/cairn.Other/Call",
         ] {
             assert!(
                 learner_serves(served),
@@ -72,6 +79,7 @@ mod tests {
             &b"/etcdserverpb.KV/Put"[..],
             b"/v3lockpb.Lock/Lock",
             b"/v3electionpb.Election/Observe",
+            b"/grpc.health.v1.Health/Check",
         ] {
             assert!(
                 !learner_serves(refused),

@@ -3,7 +3,9 @@
 //! port answers, which is what etcd sets once its gRPC server starts; any
 //! other service name is unknown. Load balancers, Kubernetes' gRPC probes
 //! and grpc_health_probe ask it. Whether the member can serve writes is
-//! `/health` and `/readyz` (README, Operations).
+//! `/health` and `/readyz` (README, Operations). On a learner the service
+//! is refused, as etcd's interceptors refuse every service of its gRPC
+//! server there ([`super::call_gate`]).
 
 use cairn_proto::grpc_health_v1::health_check_response::ServingStatus;
 use cairn_proto::grpc_health_v1::health_server::Health;
@@ -14,9 +16,11 @@ use tonic::{Request, Response, Status};
 /// The service name that stands for the whole server.
 const WHOLE_SERVER: &str = "";
 
+/// The health service of one core's client port; it holds nothing.
 #[derive(Debug, Clone, Default)]
 pub struct HealthService;
 
+/// An answer carrying `status`.
 fn answer(status: ServingStatus) -> HealthCheckResponse {
     HealthCheckResponse {
         status: status as i32,
