@@ -17,6 +17,9 @@ use crate::common;
 use std::time::{Duration, Instant};
 
 use cairn_proto::etcdserverpb::PutRequest;
+use cairn_proto::grpc_health_v1::health_check_response::ServingStatus;
+use cairn_proto::grpc_health_v1::health_client::HealthClient;
+use cairn_proto::grpc_health_v1::HealthCheckRequest;
 use cairn_proto::h2::frame;
 use cairn_proto::h2::hpack::{self, Block};
 use common::raw_h2::{grpc_message, header_block, request_fields, Raw};
@@ -98,6 +101,27 @@ async fn streams_that_require_a_leader_end_when_the_member_loses_it() {
         .expect("the leader");
     assert_eq!(seen.kv().map(|kv| kv.value()), Some(&b"v"[..]));
 
+    // A health Watch (gRPC's health service) that requires a leader.
+    let mut health = HealthClient::connect(endpoint.clone())
+        .await
+        .expect("a health client");
+    let mut ask = tonic::Request::new(HealthCheckRequest {
+        service: String::new(),
+    });
+    ask.metadata_mut()
+        .insert("hasleader", "true".parse().expect("metadata"));
+    let mut health_watch = health
+        .watch(ask)
+        .await
+        .expect("a health watch")
+        .into_inner();
+    let serving = tokio::time::timeout(NOTICE_WITHIN, health_watch.message())
+        .await
+        .expect("health in time")
+        .expect("health")
+        .expect("a status");
+    assert_eq!(serving.status, ServingStatus::Serving as i32);
+
     // The two other members go: no quorum, no leader.
     for (i, m) in cluster.members.iter_mut().enumerate() {
         if i != survivor {
@@ -143,6 +167,14 @@ async fn streams_that_require_a_leader_end_when_the_member_loses_it() {
         matches!(&observe_end, Err(etcd_client::Error::GRpcStatus(s))
             if s.code() == tonic::Code::Unavailable && s.message() == "etcdserver: no leader"),
         "{observe_end:?}"
+    );
+    let health_end = tokio::time::timeout(NOTICE_WITHIN, health_watch.message())
+        .await
+        .expect("the health Watch ends");
+    assert!(
+        matches!(&health_end, Err(s)
+            if s.code() == tonic::Code::Unavailable && s.message() == "etcdserver: no leader"),
+        "{health_end:?}"
     );
     // A new one is refused at once; the plain watch stays open.
     let refused = c.watch("/leader/", None).await.map(|_| ());

@@ -13,12 +13,18 @@ use cairn_proto::grpc_health_v1::{HealthCheckRequest, HealthCheckResponse};
 use futures::stream::{self, BoxStream, StreamExt};
 use tonic::{Request, Response, Status};
 
+use super::require_leader::{self, LeaderLoss};
+
 /// The service name that stands for the whole server.
 const WHOLE_SERVER: &str = "";
 
-/// The health service of one core's client port; it holds nothing.
-#[derive(Debug, Clone, Default)]
-pub struct HealthService;
+/// The health service of one core's client port.
+#[derive(Debug, Clone)]
+pub struct HealthService {
+    /// Ends the Watch streams that require a leader when the member has
+    /// none, as etcd's stream interceptor ends every stream that does.
+    pub leader_loss: LeaderLoss,
+}
 
 /// An answer carrying `status`.
 fn answer(status: ServingStatus) -> HealthCheckResponse {
@@ -43,17 +49,23 @@ impl Health for HealthService {
     type WatchStream = BoxStream<'static, Result<HealthCheckResponse, Status>>;
 
     /// The status at once, then nothing: it never changes while the port
-    /// answers. The stream stays open until the client ends it.
+    /// answers. The stream stays open until the client ends it, or, for one
+    /// that requires a leader, until the member loses it.
     async fn watch(
         &self,
         request: Request<HealthCheckRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
+        let mut leader = self.leader_loss.open(request.metadata())?;
         let status = if request.into_inner().service == WHOLE_SERVER {
             ServingStatus::Serving
         } else {
             ServingStatus::ServiceUnknown
         };
         let now = stream::once(async move { Ok(answer(status)) });
-        Ok(Response::new(now.chain(stream::pending()).boxed()))
+        let lost = stream::once(async move {
+            leader.lost().await;
+            Err(require_leader::no_leader())
+        });
+        Ok(Response::new(now.chain(lost).boxed()))
     }
 }

@@ -3,11 +3,11 @@
 //! etcdctl and Kubernetes' watches use) is refused with "etcdserver: no
 //! leader" while the member knows no leader for some shard, unary or
 //! stream ([`LeaderLoss::refuses`], checked by the gRPC server as each call
-//! opens). An open Watch, LeaseKeepAlive or Observe stream that requires one ends
-//! with that status once the member has gone [`NO_LEADER_CHECKS`] election
-//! timeouts in a row without one: the client then moves to another member
-//! instead of waiting on a member cut off from the cluster. Calls made
-//! without it are left alone, as etcd leaves them.
+//! opens). An open Watch, LeaseKeepAlive, Observe or health Watch stream
+//! that requires one ends with that status once the member has gone
+//! [`NO_LEADER_CHECKS`] election timeouts in a row without one: the client
+//! then moves to another member instead of waiting on a member cut off from
+//! the cluster. Calls made without it are left alone, as etcd leaves them.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -603,7 +603,9 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
             .add_service(capped!(LockServer::new(lock)))
             .add_service(capped!(ElectionServer::new(election)))
             .add_service(capped!(HealthServer::new(
-                crate::server::api::health::HealthService
+                crate::server::api::health::HealthService {
+                    leader_loss: shared.leader_loss.clone(),
+                }
             )));
         let gate = CallGate::new(shared.members.clone(), shared.leader_loss.clone());
         // HTTP/1 requests that are not operator endpoints go to the HTTP/JSON
