@@ -6,7 +6,7 @@
 //! created first. See [`super::recipes`].
 
 use bytes::Bytes;
-use cairn_proto::etcdserverpb::{RangeRequest, ResponseHeader, TxnRequest, WatchCreateRequest};
+use cairn_proto::etcdserverpb::{ResponseHeader, TxnRequest, WatchCreateRequest};
 use cairn_proto::mvccpb::event::EventType;
 use cairn_proto::mvccpb::KeyValue;
 use cairn_proto::v3electionpb::election_server::Election;
@@ -85,36 +85,19 @@ impl Election for ElectionService {
         let lease = recipes::session_lease(&caller, req.lease).await?;
         let prefix = recipes::contenders_prefix(&req.name);
         let key = recipes::contender_key(&prefix, lease);
-        let answer = recipes::txn(
-            &caller,
-            TxnRequest {
-                compare: vec![recipes::created_at(&key, 0)],
-                success: vec![recipes::put_op(&key, &req.value, lease)],
-                failure: vec![recipes::range_op(RangeRequest {
-                    key: key.clone(),
-                    ..RangeRequest::default()
-                })],
-            },
-        )
-        .await?;
-        let mut leader = LeaderKey {
+        let entered = recipes::enter(&caller, &key, &req.value, lease, None).await?;
+        let leader = LeaderKey {
             name: req.name,
             key,
-            rev: answer.header.as_ref().map_or(0, |h| h.revision),
+            rev: entered.created,
             lease,
         };
-        if !answer.succeeded {
-            // This lease campaigns already: its key keeps its place, and
-            // takes this campaign's value.
-            let Some(kv) = recipes::ranged(answer.responses.first())?.kvs.first() else {
-                return Err(Status::internal("a campaign's key vanished within its txn"));
-            };
-            leader.rev = kv.create_revision;
-            if kv.value != req.value {
-                if let Err(status) = proclaim(&caller, &leader, lease, &req.value).await {
-                    let _ = recipes::resign(&caller, &leader.key, leader.rev).await;
-                    return Err(status);
-                }
+        // A lease that campaigns already keeps its key's place, and the key
+        // takes this campaign's value.
+        if entered.existing.is_some_and(|kv| kv.value != req.value) {
+            if let Err(status) = proclaim(&caller, &leader, lease, &req.value).await {
+                let _ = recipes::resign(&caller, &leader.key, leader.rev).await;
+                return Err(status);
             }
         }
         // A caller that goes away while waiting resigns; a wait that fails
@@ -124,7 +107,7 @@ impl Election for ElectionService {
         withdrawal.forget();
         waited?;
         Ok(Response::new(CampaignResponse {
-            header: answer.header,
+            header: entered.answer.header,
             leader: Some(leader),
         }))
     }
@@ -210,7 +193,7 @@ async fn observe(
     loop {
         let mut found = recipes::range(caller, recipes::one_contender(prefix, None)).await?;
         let (header, leader) = if found.kvs.is_empty() {
-            let from = found.header.as_ref().map_or(0, |h| h.revision);
+            let from = recipes::revision(&found.header);
             match first_put(caller, prefix, from).await? {
                 Some(first) => first,
                 None => return Ok(()),
@@ -218,7 +201,7 @@ async fn observe(
         } else {
             (found.header, found.kvs.swap_remove(0))
         };
-        let from = header.as_ref().map_or(0, |h| h.revision) + 1;
+        let from = recipes::revision(&header) + 1;
         let key = leader.key.clone();
         let answer = LeaderResponse {
             header,

@@ -4,7 +4,6 @@
 //! name created before it is deleted; the caller then holds the lock for
 //! as long as its key lives. Unlock deletes the key. See [`super::recipes`].
 
-use cairn_proto::etcdserverpb::TxnRequest;
 use cairn_proto::v3lockpb::lock_server::Lock;
 use cairn_proto::v3lockpb::{LockRequest, LockResponse, UnlockRequest, UnlockResponse};
 use tonic::service::Routes;
@@ -29,38 +28,16 @@ impl Lock for LockService {
         let prefix = recipes::contenders_prefix(&req.name);
         let key = recipes::contender_key(&prefix, lease);
         let holder = recipes::range_op(recipes::one_contender(&prefix, None));
-        let answer = recipes::txn(
-            &caller,
-            TxnRequest {
-                compare: vec![recipes::created_at(&key, 0)],
-                success: vec![recipes::put_op(&key, b"", lease), holder.clone()],
-                failure: vec![
-                    recipes::range_op(cairn_proto::etcdserverpb::RangeRequest {
-                        key: key.clone(),
-                        ..Default::default()
-                    }),
-                    holder,
-                ],
-            },
-        )
-        .await?;
-        let mine = if answer.succeeded {
-            answer.header.as_ref().map_or(0, |h| h.revision)
-        } else {
-            let found = recipes::ranged(answer.responses.first())?;
-            match found.kvs.first() {
-                Some(kv) => kv.create_revision,
-                None => return Err(Status::internal("a lock's key vanished within its txn")),
-            }
-        };
-        let holder = recipes::ranged(answer.responses.get(1))?;
+        let entered = recipes::enter(&caller, &key, b"", lease, Some(holder)).await?;
+        let mine = entered.created;
+        let holder = recipes::ranged(entered.answer.responses.get(1))?;
         if holder
             .kvs
             .first()
             .is_none_or(|kv| kv.create_revision == mine)
         {
             return Ok(Response::new(LockResponse {
-                header: answer.header,
+                header: entered.answer.header,
                 key,
             }));
         }

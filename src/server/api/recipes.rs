@@ -15,6 +15,7 @@ use cairn_proto::etcdserverpb::{
     ResponseHeader, ResponseOp, TxnRequest, TxnResponse, WatchCreateRequest,
 };
 use cairn_proto::mvccpb::event::EventType;
+use cairn_proto::mvccpb::KeyValue;
 use tonic::Status;
 
 use super::in_process::Caller;
@@ -116,6 +117,63 @@ pub fn delete_op(key: &[u8]) -> RequestOp {
             },
         )),
     }
+}
+
+/// A header's revision; 0 without one.
+pub fn revision(header: &Option<ResponseHeader>) -> i64 {
+    header.as_ref().map_or(0, |h| h.revision)
+}
+
+/// A contender's key after [`enter`]: put now, or found where its lease
+/// contends already.
+pub struct Entered {
+    /// The txn's answer: its header, and `also`'s answer second.
+    pub answer: TxnResponse,
+    /// The key's create revision: its place among the contenders.
+    pub created: i64,
+    /// The key as it was, when its lease contended already.
+    pub existing: Option<KeyValue>,
+}
+
+/// The first step of Lock and Campaign, one txn as etcd's recipes make it:
+/// puts `key` holding `value` under `lease` unless it exists, else reads
+/// it; `also` is read in the same txn either way (Lock reads the holder).
+pub async fn enter(
+    caller: &Caller,
+    key: &Bytes,
+    value: &[u8],
+    lease: i64,
+    also: Option<RequestOp>,
+) -> Result<Entered, Status> {
+    let own = range_op(RangeRequest {
+        key: key.clone(),
+        ..RangeRequest::default()
+    });
+    let answer = txn(
+        caller,
+        TxnRequest {
+            compare: vec![created_at(key, 0)],
+            success: std::iter::once(put_op(key, value, lease))
+                .chain(also.clone())
+                .collect(),
+            failure: std::iter::once(own).chain(also).collect(),
+        },
+    )
+    .await?;
+    let existing = if answer.succeeded {
+        None
+    } else {
+        let found = ranged(answer.responses.first())?.kvs.first().cloned();
+        Some(found.ok_or_else(|| Status::internal("a contender's key vanished within its txn"))?)
+    };
+    let created = existing
+        .as_ref()
+        .map_or_else(|| revision(&answer.header), |kv| kv.create_revision);
+    Ok(Entered {
+        answer,
+        created,
+        existing,
+    })
 }
 
 /// The range answer of a txn's op.
@@ -253,7 +311,7 @@ pub async fn wait_deletes(
         let Some(last) = ahead.kvs.first() else {
             return Ok(ahead.header);
         };
-        let from = ahead.header.as_ref().map_or(0, |h| h.revision);
+        let from = revision(&ahead.header);
         wait_delete(caller, &last.key, from).await?;
     }
 }
