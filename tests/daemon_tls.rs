@@ -14,45 +14,8 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::replace_file;
-use common::tls::{cluster_certs, mutual_tls_flags, s, Ca, Certs};
+use common::tls::{cluster_certs, ctl, ctl_eventually, get_value, mutual_tls_flags, s, Ca, Certs};
 use common::{require_tool, Cluster};
-
-/// etcdctl against `endpoint` with `tls` flags; (succeeded, output).
-fn ctl(endpoint: &str, tls: &[String], args: &[&str]) -> (bool, String) {
-    let out = Command::new("etcdctl")
-        .env("ETCDCTL_API", "3")
-        .arg(format!("--endpoints={endpoint}"))
-        .arg("--dial-timeout=3s")
-        .arg("--command-timeout=8s")
-        .args(tls)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run etcdctl");
-    let text =
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    (out.status.success(), text)
-}
-
-/// Retries `args` until it succeeds (the cluster starting), for at most 60 s.
-fn ctl_eventually(cluster: &Cluster, endpoint: &str, tls: &[String], args: &[&str]) -> String {
-    common::try_wait_until(
-        &format!("etcdctl {args:?} at {endpoint} succeeding"),
-        Duration::from_secs(60),
-        || match ctl(endpoint, tls, args) {
-            (true, out) => Ok(out),
-            (false, out) => Err(out),
-        },
-    )
-    .unwrap_or_else(|e| panic!("{e}\n{}", cluster.logs()))
-}
-
-fn get_value(endpoint: &str, tls: &[String], key: &str) -> Option<String> {
-    let (ok, out) = ctl(endpoint, tls, &["get", key, "--print-value-only"]);
-    assert!(ok, "get {key} at {endpoint}: {out}");
-    let v = out.trim().to_string();
-    (!v.is_empty()).then_some(v)
-}
 
 fn curl(args: &[&str]) -> (bool, String) {
     let out = Command::new("curl")
@@ -515,6 +478,49 @@ fn bad_certificates_and_keys_are_refused_at_start_naming_flag_and_file() {
             None,
         ),
         (peer_ok.to_vec(), "--listen-client-urls", None),
+        (
+            with_peer(
+                &[
+                    pair(&good.cert, &good.key),
+                    vec!["--peer-crl-file".into(), s(&garbage)],
+                ]
+                .concat(),
+            ),
+            "--peer-crl-file",
+            Some(&garbage),
+        ),
+        (
+            with_peer(
+                &[
+                    pair(&good.cert, &good.key),
+                    vec![
+                        "--trusted-ca-file".into(),
+                        s(&good.ca),
+                        "--client-crl-file".into(),
+                        s(&missing),
+                    ],
+                ]
+                .concat(),
+            ),
+            "--client-crl-file",
+            Some(&missing),
+        ),
+        (
+            with_peer(
+                &[
+                    pair(&good.cert, &good.key),
+                    vec![
+                        "--peer-cert-allowed-cn".into(),
+                        "peer".into(),
+                        "--peer-cert-allowed-hostname".into(),
+                        "localhost".into(),
+                    ],
+                ]
+                .concat(),
+            ),
+            "mutually exclusive",
+            None,
+        ),
         (
             with_peer(
                 &[

@@ -41,6 +41,7 @@ mod daemon_reconfig;
 mod daemon_require_leader;
 mod daemon_slow_store;
 mod daemon_tls;
+mod daemon_tls_checks;
 mod daemon_watch_ids;
 mod daemon_watch_lag;
 mod etcd3gw_client;

@@ -166,6 +166,17 @@ pub struct Flags {
     #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
     pub client_cert_auth: Option<bool>,
 
+    /// Revoked client certificates: a revocation list file (PEM "X509 CRL"
+    /// blocks or DER), re-read when it changes; a client certificate it
+    /// names (signed by the certificate's issuer) is refused.
+    #[arg(long, value_name = "FILE")]
+    pub client_crl_file: Option<PathBuf>,
+
+    /// The hostname or IP address a client certificate must be valid for
+    /// (its subject alternative names), besides being signed by --trusted-ca-file.
+    #[arg(long, value_name = "HOST")]
+    pub client_cert_allowed_hostname: Option<String>,
+
     /// Client port TLS with a self-signed certificate made in <data-dir>/fixtures/client
     /// (for tests; ignored when --cert-file is given).
     #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
@@ -187,6 +198,22 @@ pub struct Flags {
     /// Require a peer certificate signed by --peer-trusted-ca-file on https:// peer URLs.
     #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
     pub peer_client_cert_auth: Option<bool>,
+
+    /// Revoked peer certificates: a revocation list file (PEM "X509 CRL"
+    /// blocks or DER), re-read when it changes; checked both ways (a peer
+    /// dialing in, and a peer this member dials).
+    #[arg(long, value_name = "FILE")]
+    pub peer_crl_file: Option<PathBuf>,
+
+    /// The subject common name a peer's certificate must have, both ways
+    /// (exclusive with --peer-cert-allowed-hostname).
+    #[arg(long, value_name = "CN")]
+    pub peer_cert_allowed_cn: Option<String>,
+
+    /// The hostname or IP address a peer's certificate must be valid for,
+    /// both ways (exclusive with --peer-cert-allowed-cn).
+    #[arg(long, value_name = "HOST")]
+    pub peer_cert_allowed_hostname: Option<String>,
 
     /// Peer TLS with a self-signed certificate made in <data-dir>/fixtures/peer,
     /// not verified by peers (for tests; ignored when --peer-cert-file is given).
@@ -293,11 +320,20 @@ impl Flags {
             trusted_ca_file: self.trusted_ca_file.or(other.trusted_ca_file),
             client_cert_auth: self.client_cert_auth.or(other.client_cert_auth),
             auto_tls: self.auto_tls.or(other.auto_tls),
+            client_crl_file: self.client_crl_file.or(other.client_crl_file),
+            client_cert_allowed_hostname: self
+                .client_cert_allowed_hostname
+                .or(other.client_cert_allowed_hostname),
             peer_cert_file: self.peer_cert_file.or(other.peer_cert_file),
             peer_key_file: self.peer_key_file.or(other.peer_key_file),
             peer_trusted_ca_file: self.peer_trusted_ca_file.or(other.peer_trusted_ca_file),
             peer_client_cert_auth: self.peer_client_cert_auth.or(other.peer_client_cert_auth),
             peer_auto_tls: self.peer_auto_tls.or(other.peer_auto_tls),
+            peer_crl_file: self.peer_crl_file.or(other.peer_crl_file),
+            peer_cert_allowed_cn: self.peer_cert_allowed_cn.or(other.peer_cert_allowed_cn),
+            peer_cert_allowed_hostname: self
+                .peer_cert_allowed_hostname
+                .or(other.peer_cert_allowed_hostname),
             cipher_suites: self.cipher_suites.or(other.cipher_suites),
             test_disk_faults: self.test_disk_faults.or(other.test_disk_faults),
             test_clock_file: self.test_clock_file.or(other.test_clock_file),

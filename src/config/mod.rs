@@ -261,6 +261,9 @@ impl Config {
             trusted_ca_file: f.trusted_ca_file,
             client_cert_auth: f.client_cert_auth.unwrap_or(false),
             auto_tls: f.auto_tls.unwrap_or(false),
+            crl_file: f.client_crl_file,
+            allowed_cn: None,
+            allowed_hostname: f.client_cert_allowed_hostname,
         };
         let peer_tls = TlsFiles {
             cert_file: f.peer_cert_file,
@@ -268,6 +271,9 @@ impl Config {
             trusted_ca_file: f.peer_trusted_ca_file,
             client_cert_auth: f.peer_client_cert_auth.unwrap_or(false),
             auto_tls: f.peer_auto_tls.unwrap_or(false),
+            crl_file: f.peer_crl_file,
+            allowed_cn: f.peer_cert_allowed_cn,
+            allowed_hostname: f.peer_cert_allowed_hostname,
         };
         let test_disk_faults = f.test_disk_faults.map(|p| data_dir.join(p));
         let test_clock_file = f.test_clock_file.map(|p| data_dir.join(p));
@@ -469,13 +475,15 @@ impl Config {
         if https_client && !self.client_tls.can_serve() {
             return Err(invalid(
                 "listen-client-urls",
-                "TLS key/cert (--cert-file, --key-file) or --auto-tls must be provided for                  a client URL with the https scheme",
+                "TLS key/cert (--cert-file, --key-file) or --auto-tls must be provided for \
+                 a client URL with the https scheme",
             ));
         }
         if self.listen_peer_https.iter().any(|&h| h) && !self.peer_tls.can_serve() {
             return Err(invalid(
                 "listen-peer-urls",
-                "TLS key/cert (--peer-cert-file, --peer-key-file) or --peer-auto-tls must be                  provided for a peer URL with the https scheme",
+                "TLS key/cert (--peer-cert-file, --peer-key-file) or --peer-auto-tls must be \
+                 provided for a peer URL with the https scheme",
             ));
         }
         let https_peers = self

@@ -234,6 +234,29 @@ fn tls_flags_follow_etcds_rules() {
     .unwrap();
     assert!(c.client_tls.client_cert_auth && !c.peer_tls.client_cert_auth);
     assert_eq!(c.listen_client_https, [false], "http:// stays in clear");
+    // Revocation lists and allowed names, as etcd names them per side.
+    let c = parse(&[
+        "--client-crl-file",
+        "client.crl",
+        "--client-cert-allowed-hostname",
+        "app.example",
+        "--peer-crl-file",
+        "peer.crl",
+        "--peer-cert-allowed-cn",
+        "peer",
+    ])
+    .unwrap();
+    assert_eq!(
+        c.client_tls.crl_file.as_deref(),
+        Some(Path::new("client.crl"))
+    );
+    assert_eq!(
+        c.client_tls.allowed_hostname.as_deref(),
+        Some("app.example")
+    );
+    assert_eq!(c.client_tls.allowed_cn, None);
+    assert_eq!(c.peer_tls.crl_file.as_deref(), Some(Path::new("peer.crl")));
+    assert_eq!(c.peer_tls.allowed_cn.as_deref(), Some("peer"));
     let err = parse(&["--cipher-suites", "TLS_NOPE"]).unwrap_err();
     assert!(err.to_string().starts_with("--cipher-suites"), "{err}");
     // https:// peers need this member's peer TLS to reach them.

@@ -159,16 +159,9 @@ impl Connected for ClientConn {
                     common_name: session
                         .peer_certificates()
                         .and_then(|chain| chain.first())
-                        .and_then(|leaf| common_name(leaf.as_ref())),
+                        .and_then(|leaf| super::checks::common_name(leaf.as_ref())),
                 }
             }
         }
     }
-}
-
-/// The subject common name of a DER certificate.
-fn common_name(der: &[u8]) -> Option<String> {
-    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
-    let cn = cert.subject().iter_common_name().next()?;
-    cn.as_str().ok().map(str::to_string)
 }

@@ -3,7 +3,10 @@
 //!
 //! - [`TlsFiles`]: one port's flags (`--cert-file`, `--key-file`,
 //!   `--trusted-ca-file`, `--client-cert-auth`, `--auto-tls`, and the same
-//!   with `peer-`), and [`parse_cipher_suites`] for `--cipher-suites`.
+//!   with `peer-`; the revocation list and allowed name of [`checks`]), and
+//!   [`parse_cipher_suites`] for `--cipher-suites`.
+//! - [`checks`]: what a verified certificate must also pass, revocation
+//!   lists and the allowed name.
 //! - [`source`]: loads the files into rustls configs and re-reads them when
 //!   they change, checked at every handshake (etcd re-reads its certificate
 //!   per handshake), so certificates rotate without a restart.
@@ -23,6 +26,7 @@
 //! `--peer-client-cert-auth` is then ignored, as by etcd).
 
 pub mod auto;
+pub mod checks;
 pub mod client_port;
 pub mod source;
 
@@ -32,6 +36,7 @@ use std::sync::Arc;
 use rustls::crypto::CryptoProvider;
 use rustls::{CipherSuite, SupportedCipherSuite};
 
+pub use checks::AllowedName;
 pub use client_port::{ClientConn, ClientConnInfo, ClientPortTls};
 pub use source::CertSource;
 
@@ -43,6 +48,12 @@ pub struct TlsFiles {
     pub trusted_ca_file: Option<PathBuf>,
     pub client_cert_auth: bool,
     pub auto_tls: bool,
+    /// `--client-crl-file` / `--peer-crl-file`: revoked certificates.
+    pub crl_file: Option<PathBuf>,
+    /// `--peer-cert-allowed-cn` (peers only; no client flag in etcd 3.4).
+    pub allowed_cn: Option<String>,
+    /// `--client-cert-allowed-hostname` / `--peer-cert-allowed-hostname`.
+    pub allowed_hostname: Option<String>,
 }
 
 impl TlsFiles {
@@ -78,6 +89,30 @@ impl Side {
         match self {
             Side::Client => "--auto-tls",
             Side::Peer => "--peer-auto-tls",
+        }
+    }
+
+    /// `--client-crl-file` or `--peer-crl-file`.
+    pub fn crl_flag(self) -> &'static str {
+        match self {
+            Side::Client => "--client-crl-file",
+            Side::Peer => "--peer-crl-file",
+        }
+    }
+
+    /// `--peer-cert-allowed-cn` (etcd 3.4 has no client one).
+    pub fn allowed_cn_flag(self) -> &'static str {
+        match self {
+            Side::Client => "--client-cert-allowed-cn",
+            Side::Peer => "--peer-cert-allowed-cn",
+        }
+    }
+
+    /// `--client-cert-allowed-hostname` or `--peer-cert-allowed-hostname`.
+    pub fn allowed_hostname_flag(self) -> &'static str {
+        match self {
+            Side::Client => "--client-cert-allowed-hostname",
+            Side::Peer => "--peer-cert-allowed-hostname",
         }
     }
 
@@ -251,6 +286,16 @@ pub fn port_source(
         return Ok(None);
     }
     let tls12 = parse_cipher_suites(port.cipher_suites)?;
+    let allowed = AllowedName::from_flags(
+        files
+            .allowed_cn
+            .clone()
+            .map(|cn| (side.allowed_cn_flag().to_string(), cn)),
+        files
+            .allowed_hostname
+            .clone()
+            .map(|h| (side.allowed_hostname_flag().to_string(), h)),
+    )?;
     let alpn = match side {
         Side::Client => CLIENT_PORT_ALPN.iter().map(|p| p.to_vec()).collect(),
         Side::Peer => Vec::new(),
@@ -263,14 +308,26 @@ pub fn port_source(
                     "ignoring auto TLS since certs given"
                 );
             }
+            let require_client_cert = files.client_cert_auth || files.trusted_ca_file.is_some();
+            if !require_client_cert && side == Side::Client {
+                if let Some(flag) = checks_given(side, files, &allowed) {
+                    tracing::warn!(
+                        flag,
+                        "client certificates are not asked for (no --client-cert-auth or \
+                         --trusted-ca-file): the check is not made"
+                    );
+                }
+            }
             source::CertSpec {
                 side,
                 cert_file: cert.clone(),
                 key_file: key.clone(),
                 trusted_ca_file: files.trusted_ca_file.clone(),
-                require_client_cert: files.client_cert_auth || files.trusted_ca_file.is_some(),
+                require_client_cert,
                 self_signed: false,
                 alpn,
+                crl_file: files.crl_file.clone(),
+                allowed,
             }
         }
         (None, None) => {
@@ -282,6 +339,13 @@ pub fn port_source(
                     side.flag("trusted-ca-file")
                 );
             }
+            if let Some(flag) = checks_given(side, files, &allowed) {
+                tracing::warn!(
+                    flag,
+                    auto_flag = side.auto_flag(),
+                    "certificates are not checked with auto TLS: the check is not made"
+                );
+            }
             let (cert_file, key_file) = auto::self_cert(port.data_dir, side, port.hosts)?;
             source::CertSpec {
                 side,
@@ -291,6 +355,8 @@ pub fn port_source(
                 require_client_cert: false,
                 self_signed: true,
                 alpn,
+                crl_file: None,
+                allowed: None,
             }
         }
         (Some(_), None) => {
@@ -307,6 +373,15 @@ pub fn port_source(
         }
     };
     CertSource::new(spec, provider(&tls12)).map(|s| Some(Arc::new(s)))
+}
+
+/// The flag of a revocation list or allowed name given for `side`, if any:
+/// named in the warning when certificates are not checked.
+fn checks_given(side: Side, files: &TlsFiles, allowed: &Option<AllowedName>) -> Option<String> {
+    if files.crl_file.is_some() {
+        return Some(side.crl_flag().to_string());
+    }
+    allowed.as_ref().map(|a| a.flag().to_string())
 }
 
 #[cfg(test)]

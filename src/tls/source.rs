@@ -14,12 +14,15 @@ use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::client::WebPkiServerVerifier;
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::server::danger::ClientCertVerifier;
 use rustls::server::{ParsedCertificate, WebPkiClientVerifier};
 use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, ServerConfig, SignatureScheme};
 
+use super::checks::{self, AllowedName, NamedClientVerifier, NamedServerVerifier};
 use super::{Side, TlsError};
 
 /// Where the system's CA bundle is looked for, as Go's TLS does on Linux
@@ -45,6 +48,11 @@ pub struct CertSpec {
     pub self_signed: bool,
     /// ALPN protocols the server offers, in its order of preference.
     pub alpn: Vec<Vec<u8>>,
+    /// Revocation lists checked against the certificates this side is
+    /// shown (re-read when the file changes, as the certificates are).
+    pub crl_file: Option<PathBuf>,
+    /// The name those certificates must carry.
+    pub allowed: Option<AllowedName>,
 }
 
 /// A file's identity and contents' version, as far as metadata tells.
@@ -156,6 +164,9 @@ fn spec_stamps(spec: &CertSpec) -> Vec<Stamp> {
     let mut stamps = vec![stamp(&spec.cert_file), stamp(&spec.key_file)];
     if let Some(ca) = &spec.trusted_ca_file {
         stamps.push(stamp(ca));
+    }
+    if let Some(crl) = &spec.crl_file {
+        stamps.push(stamp(crl));
     }
     stamps
 }
@@ -280,6 +291,18 @@ fn build(spec: &CertSpec, provider: &Arc<CryptoProvider>) -> Result<Configs, Tls
         )
     };
 
+    let crls = match &spec.crl_file {
+        Some(path) => checks::load_crls(side.crl_flag(), path)?,
+        None => Vec::new(),
+    };
+    let crl_error = |reason: String| match &spec.crl_file {
+        Some(path) => file_error(side.crl_flag().to_string(), path, reason),
+        None => TlsError::Flag {
+            flag: ca_flag.clone(),
+            reason,
+        },
+    };
+
     let server = ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .map_err(versions)?;
@@ -290,11 +313,17 @@ fn build(spec: &CertSpec, provider: &Arc<CryptoProvider>) -> Result<Configs, Tls
         };
         let verifier =
             WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+                .with_crls(crls.iter().cloned())
+                .allow_unknown_revocation_status()
                 .build()
-                .map_err(|e| TlsError::Flag {
-                    flag: ca_flag.clone(),
-                    reason: format!("cannot verify client certificates: {e}"),
-                })?;
+                .map_err(|e| crl_error(format!("cannot verify client certificates: {e}")))?;
+        let verifier: Arc<dyn ClientCertVerifier> = match &spec.allowed {
+            Some(allowed) => Arc::new(NamedClientVerifier {
+                inner: verifier,
+                allowed: allowed.clone(),
+            }),
+            None => verifier,
+        };
         server.with_client_cert_verifier(verifier)
     } else {
         server.with_no_client_auth()
@@ -316,9 +345,23 @@ fn build(spec: &CertSpec, provider: &Arc<CryptoProvider>) -> Result<Configs, Tls
     } else {
         let roots = match roots {
             Some(r) => r,
-            None => system_roots(ca_flag)?,
+            None => system_roots(ca_flag.clone())?,
         };
-        client.with_root_certificates(roots)
+        let verifier =
+            WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+                .with_crls(crls)
+                .allow_unknown_revocation_status()
+                .build()
+                .map_err(|e| crl_error(format!("cannot verify peer certificates: {e}")))?;
+        match &spec.allowed {
+            Some(allowed) => client
+                .dangerous()
+                .with_custom_certificate_verifier(Arc::new(NamedServerVerifier {
+                    inner: verifier,
+                    allowed: allowed.clone(),
+                })),
+            None => client.with_webpki_verifier(verifier),
+        }
     };
     let client = client.with_client_auth_cert(certs, key).map_err(mismatch)?;
     Ok((Arc::new(server), Arc::new(client)))
@@ -417,6 +460,8 @@ mod tests {
             require_client_cert: true,
             self_signed: false,
             alpn: vec![b"h2".to_vec()],
+            crl_file: None,
+            allowed: None,
         };
         let (cert, key) = leaf(&ca);
         put(&spec.cert_file, &cert);
@@ -467,6 +512,8 @@ mod tests {
             require_client_cert: false,
             self_signed: true,
             alpn: Vec::new(),
+            crl_file: None,
+            allowed: None,
         };
         CertSource::new(spec.clone(), super::super::provider(&[])).unwrap();
         put(

@@ -252,9 +252,15 @@ pub struct Etcd {
 
 impl Etcd {
     pub fn start() -> Etcd {
+        Etcd::start_with("http", &[])
+    }
+
+    /// etcd serving clients on `scheme` ("http" or "https") URLs, with
+    /// `extra` flags (its TLS files, say).
+    pub fn start_with(scheme: &str, extra: &[String]) -> Etcd {
         let dir = tempdir();
         let (client, peer) = (free_port(), free_port());
-        let endpoint = format!("http://127.0.0.1:{client}");
+        let endpoint = format!("{scheme}://127.0.0.1:{client}");
         let peer_url = format!("http://127.0.0.1:{peer}");
         let log = std::fs::File::create(dir.path().join("etcd.log")).expect("etcd log");
         let child = Command::new("etcd")
@@ -272,6 +278,7 @@ impl Etcd {
             .arg(&peer_url)
             .arg("--initial-cluster")
             .arg(format!("m0={peer_url}"))
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("clone log"))
             .stderr(log)
