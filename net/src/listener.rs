@@ -217,6 +217,16 @@ async fn accept_tls(
                 peer_addr,
                 detail: e.to_string(),
             })?;
+        let leaf = session
+            .get_ref()
+            .1
+            .peer_certificates()
+            .and_then(|chain| chain.first())
+            .map(|leaf| leaf.clone().into_owned());
+        tls.0
+            .check_accepted(leaf, peer_addr)
+            .await
+            .map_err(|detail| HandshakeError::Tls { peer_addr, detail })?;
         let mut session = Box::new(session);
         session
             .get_mut()

@@ -25,7 +25,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use rustls::pki_types::ServerName;
+use rustls::pki_types::{CertificateDer, ServerName};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
@@ -36,7 +36,23 @@ pub trait TlsSource: Send + Sync + 'static {
     fn server_config(&self) -> Result<Arc<rustls::ServerConfig>, String>;
     /// The config for the next dialed connection.
     fn client_config(&self) -> Result<Arc<rustls::ClientConfig>, String>;
+    /// Checks an accepted connection once its handshake is done, before
+    /// anything is read from it: `leaf` is the certificate the peer
+    /// presented (if asked for one), `peer_addr` where it connected from.
+    /// An error ends the connection as a failed handshake. By default every
+    /// connection the config accepted passes.
+    fn check_accepted(
+        &self,
+        leaf: Option<CertificateDer<'static>>,
+        peer_addr: SocketAddr,
+    ) -> AcceptCheck {
+        let _ = (leaf, peer_addr);
+        Box::pin(std::future::ready(Ok(())))
+    }
 }
+
+/// What [`TlsSource::check_accepted`] decides, perhaps after a lookup.
+pub type AcceptCheck = Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>;
 
 /// Encrypted bytes a session may hold before a write waits for the socket.
 /// rustls's default (64 KiB) makes every vectored write of a batch stop at

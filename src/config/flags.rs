@@ -215,6 +215,11 @@ pub struct Flags {
     #[arg(long, value_name = "HOST")]
     pub peer_cert_allowed_hostname: Option<String>,
 
+    /// Do not check a peer's client certificate against the address it
+    /// connects from (its IP, or DNS, subject alternative names).
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    pub experimental_peer_skip_client_san_verification: Option<bool>,
+
     /// Peer TLS with a self-signed certificate made in <data-dir>/fixtures/peer,
     /// not verified by peers (for tests; ignored when --peer-cert-file is given).
     #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
@@ -330,6 +335,9 @@ impl Flags {
             peer_client_cert_auth: self.peer_client_cert_auth.or(other.peer_client_cert_auth),
             peer_auto_tls: self.peer_auto_tls.or(other.peer_auto_tls),
             peer_crl_file: self.peer_crl_file.or(other.peer_crl_file),
+            experimental_peer_skip_client_san_verification: self
+                .experimental_peer_skip_client_san_verification
+                .or(other.experimental_peer_skip_client_san_verification),
             peer_cert_allowed_cn: self.peer_cert_allowed_cn.or(other.peer_cert_allowed_cn),
             peer_cert_allowed_hostname: self
                 .peer_cert_allowed_hostname

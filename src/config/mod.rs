@@ -264,6 +264,7 @@ impl Config {
             crl_file: f.client_crl_file,
             allowed_cn: None,
             allowed_hostname: f.client_cert_allowed_hostname,
+            skip_client_san_verify: false,
         };
         let peer_tls = TlsFiles {
             cert_file: f.peer_cert_file,
@@ -274,6 +275,9 @@ impl Config {
             crl_file: f.peer_crl_file,
             allowed_cn: f.peer_cert_allowed_cn,
             allowed_hostname: f.peer_cert_allowed_hostname,
+            skip_client_san_verify: f
+                .experimental_peer_skip_client_san_verification
+                .unwrap_or(false),
         };
         let test_disk_faults = f.test_disk_faults.map(|p| data_dir.join(p));
         let test_clock_file = f.test_clock_file.map(|p| data_dir.join(p));

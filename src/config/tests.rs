@@ -257,6 +257,18 @@ fn tls_flags_follow_etcds_rules() {
     assert_eq!(c.client_tls.allowed_cn, None);
     assert_eq!(c.peer_tls.crl_file.as_deref(), Some(Path::new("peer.crl")));
     assert_eq!(c.peer_tls.allowed_cn.as_deref(), Some("peer"));
+    assert!(!c.peer_tls.skip_client_san_verify);
+    let c = parse(&[
+        "--peer-cert-allowed-hostname",
+        "node1.example",
+        "--experimental-peer-skip-client-san-verification",
+    ])
+    .unwrap();
+    assert_eq!(
+        c.peer_tls.allowed_hostname.as_deref(),
+        Some("node1.example")
+    );
+    assert!(c.peer_tls.skip_client_san_verify);
     let err = parse(&["--cipher-suites", "TLS_NOPE"]).unwrap_err();
     assert!(err.to_string().starts_with("--cipher-suites"), "{err}");
     // https:// peers need this member's peer TLS to reach them.

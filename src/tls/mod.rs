@@ -6,7 +6,8 @@
 //!   with `peer-`; the revocation list and allowed name of [`checks`]), and
 //!   [`parse_cipher_suites`] for `--cipher-suites`.
 //! - [`checks`]: what a verified certificate must also pass, revocation
-//!   lists and the allowed name.
+//!   lists and the allowed name; [`peer_addr`]: a peer's client certificate
+//!   against the address it connects from.
 //! - [`source`]: loads the files into rustls configs and re-reads them when
 //!   they change, checked at every handshake (etcd re-reads its certificate
 //!   per handshake), so certificates rotate without a restart.
@@ -28,6 +29,8 @@
 pub mod auto;
 pub mod checks;
 pub mod client_port;
+pub mod peer_addr;
+pub mod revocation;
 pub mod source;
 
 use std::path::PathBuf;
@@ -54,6 +57,8 @@ pub struct TlsFiles {
     pub allowed_cn: Option<String>,
     /// `--client-cert-allowed-hostname` / `--peer-cert-allowed-hostname`.
     pub allowed_hostname: Option<String>,
+    /// `--experimental-peer-skip-client-san-verification` (peers only).
+    pub skip_client_san_verify: bool,
 }
 
 impl TlsFiles {
@@ -100,14 +105,6 @@ impl Side {
         }
     }
 
-    /// `--peer-cert-allowed-cn` (etcd 3.4 has no client one).
-    pub fn allowed_cn_flag(self) -> &'static str {
-        match self {
-            Side::Client => "--client-cert-allowed-cn",
-            Side::Peer => "--peer-cert-allowed-cn",
-        }
-    }
-
     /// `--client-cert-allowed-hostname` or `--peer-cert-allowed-hostname`.
     pub fn allowed_hostname_flag(self) -> &'static str {
         match self {
@@ -138,6 +135,33 @@ pub enum TlsError {
     #[error("{flag}: {reason}")]
     Flag { flag: String, reason: String },
 }
+
+/// A handshake refusal with its reason in words (a revoked or misnamed
+/// certificate, one from another address).
+pub(crate) fn refusal(why: String) -> rustls::Error {
+    rustls::Error::InvalidCertificate(rustls::CertificateError::Other(rustls::OtherError(
+        Arc::new(Refusal(why)),
+    )))
+}
+
+/// Why a certificate was refused, as the handshake error carries it; rustls
+/// prints it inside `invalid peer certificate: Other(OtherError(...))`, with
+/// `Debug`, which is the plain text here.
+pub struct Refusal(pub String);
+
+impl std::fmt::Debug for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Refusal {}
 
 /// Cipher suites by the names etcd takes (Go's), each with the rustls suite
 /// it names. Go also spells the ChaCha20 ones without `_SHA256`.
@@ -286,11 +310,13 @@ pub fn port_source(
         return Ok(None);
     }
     let tls12 = parse_cipher_suites(port.cipher_suites)?;
+    // etcd 3.4 has an allowed CN for peers only; the config never sets
+    // one for clients.
     let allowed = AllowedName::from_flags(
         files
             .allowed_cn
             .clone()
-            .map(|cn| (side.allowed_cn_flag().to_string(), cn)),
+            .map(|cn| ("--peer-cert-allowed-cn".to_string(), cn)),
         files
             .allowed_hostname
             .clone()
@@ -309,14 +335,20 @@ pub fn port_source(
                 );
             }
             let require_client_cert = files.client_cert_auth || files.trusted_ca_file.is_some();
-            if !require_client_cert && side == Side::Client {
-                if let Some(flag) = checks_given(side, files, &allowed) {
-                    tracing::warn!(
-                        flag,
-                        "client certificates are not asked for (no --client-cert-auth or \
-                         --trusted-ca-file): the check is not made"
-                    );
-                }
+            let checks = checks_given(side, files, &allowed);
+            if !require_client_cert && !checks.is_empty() {
+                let why = match side {
+                    Side::Client => {
+                        "client certificates are not asked for (no --client-cert-auth \
+                                     or --trusted-ca-file): the checks are not made"
+                    }
+                    Side::Peer => {
+                        "peers dialing in are not asked for a certificate (no \
+                                   --peer-client-cert-auth or --peer-trusted-ca-file): the checks \
+                                   apply only to the peers this member dials"
+                    }
+                };
+                tracing::warn!(flags = %checks.join(", "), "{why}");
             }
             source::CertSpec {
                 side,
@@ -328,6 +360,9 @@ pub fn port_source(
                 alpn,
                 crl_file: files.crl_file.clone(),
                 allowed,
+                check_client_addr: side == Side::Peer
+                    && require_client_cert
+                    && !files.skip_client_san_verify,
             }
         }
         (None, None) => {
@@ -339,11 +374,12 @@ pub fn port_source(
                     side.flag("trusted-ca-file")
                 );
             }
-            if let Some(flag) = checks_given(side, files, &allowed) {
+            let checks = checks_given(side, files, &allowed);
+            if !checks.is_empty() {
                 tracing::warn!(
-                    flag,
+                    flags = %checks.join(", "),
                     auto_flag = side.auto_flag(),
-                    "certificates are not checked with auto TLS: the check is not made"
+                    "certificates are not checked with auto TLS: the checks are not made"
                 );
             }
             let (cert_file, key_file) = auto::self_cert(port.data_dir, side, port.hosts)?;
@@ -357,6 +393,7 @@ pub fn port_source(
                 alpn,
                 crl_file: None,
                 allowed: None,
+                check_client_addr: false,
             }
         }
         (Some(_), None) => {
@@ -375,13 +412,12 @@ pub fn port_source(
     CertSource::new(spec, provider(&tls12)).map(|s| Some(Arc::new(s)))
 }
 
-/// The flag of a revocation list or allowed name given for `side`, if any:
+/// The flags of the revocation list and allowed name given for `side`:
 /// named in the warning when certificates are not checked.
-fn checks_given(side: Side, files: &TlsFiles, allowed: &Option<AllowedName>) -> Option<String> {
-    if files.crl_file.is_some() {
-        return Some(side.crl_flag().to_string());
-    }
-    allowed.as_ref().map(|a| a.flag().to_string())
+fn checks_given(side: Side, files: &TlsFiles, allowed: &Option<AllowedName>) -> Vec<String> {
+    let list = files.crl_file.as_ref().map(|_| side.crl_flag().to_string());
+    let name = allowed.as_ref().map(|a| a.flag().to_string());
+    list.into_iter().chain(name).collect()
 }
 
 #[cfg(test)]

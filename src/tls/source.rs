@@ -1,7 +1,7 @@
 //! Certificate files into rustls configs, re-read when they change.
 //!
 //! Every handshake asks [`CertSource`] for its config; it looks at the
-//! files' metadata (three `stat` calls, a few microseconds against a
+//! files' metadata (up to four `stat` calls, a few microseconds against a
 //! handshake's hundreds) and rebuilds the configs when any file changed. A
 //! change that does not load (a key written before its certificate, a file
 //! half copied) keeps the configs in use and is logged once; the next change
@@ -9,12 +9,13 @@
 //! atomic rename), and the next handshake uses them.
 
 use std::io;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::client::WebPkiServerVerifier;
+use rustls::client::{VerifierBuilderError, WebPkiServerVerifier};
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
@@ -22,7 +23,9 @@ use rustls::server::danger::ClientCertVerifier;
 use rustls::server::{ParsedCertificate, WebPkiClientVerifier};
 use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, ServerConfig, SignatureScheme};
 
-use super::checks::{self, AllowedName, NamedClientVerifier, NamedServerVerifier};
+use super::checks::{AllowedName, CheckedClientVerifier, CheckedServerVerifier, Checks};
+use super::peer_addr::{CertNames, SystemResolver};
+use super::revocation::Lists;
 use super::{Side, TlsError};
 
 /// Where the system's CA bundle is looked for, as Go's TLS does on Linux
@@ -53,6 +56,9 @@ pub struct CertSpec {
     pub crl_file: Option<PathBuf>,
     /// The name those certificates must carry.
     pub allowed: Option<AllowedName>,
+    /// A peer's client certificate is checked against the address it
+    /// connects from ([`super::peer_addr`]).
+    pub check_client_addr: bool,
 }
 
 /// A file's identity and contents' version, as far as metadata tells.
@@ -128,8 +134,10 @@ impl CertSource {
                     tracing::info!(
                         cert_file = %self.spec.cert_file.display(),
                         key_file = %self.spec.key_file.display(),
+                        trusted_ca_file = ?self.spec.trusted_ca_file,
+                        crl_file = ?self.spec.crl_file,
                         side = ?self.spec.side,
-                        "TLS certificates changed on disk; new handshakes use them"
+                        "TLS files changed on disk; new handshakes use them"
                     );
                     loaded.server = server;
                     loaded.client = client;
@@ -157,6 +165,30 @@ impl cairn_net::TlsSource for CertSource {
 
     fn client_config(&self) -> Result<Arc<ClientConfig>, String> {
         Ok(CertSource::client_config(self))
+    }
+
+    fn check_accepted(
+        &self,
+        leaf: Option<CertificateDer<'static>>,
+        peer_addr: SocketAddr,
+    ) -> cairn_net::tls::AcceptCheck {
+        let decided = |r| -> cairn_net::tls::AcceptCheck { Box::pin(std::future::ready(r)) };
+        let (true, Some(leaf)) = (self.spec.check_client_addr, leaf) else {
+            return decided(Ok(()));
+        };
+        let names = match CertNames::of(leaf.as_ref()) {
+            Ok(names) => names,
+            Err(e) => return decided(Err(e)),
+        };
+        let remote = peer_addr.ip();
+        if let Some(answer) = names.by_address(remote) {
+            return decided(answer);
+        }
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || names.by_dns(remote, &SystemResolver))
+                .await
+                .unwrap_or_else(|e| Err(format!("peer address check failed: {e}")))
+        })
     }
 }
 
@@ -225,9 +257,12 @@ pub fn load_key(
     Ok(key)
 }
 
-/// A trust store from a PEM file of CA certificates.
-pub fn load_roots(flag: &str, path: &Path) -> Result<RootCertStore, TlsError> {
-    let certs = load_certs(flag, path)?;
+/// A trust store of the CA certificates `certs` of the file `path`.
+pub fn roots_of(
+    flag: &str,
+    path: &Path,
+    certs: Vec<CertificateDer<'static>>,
+) -> Result<RootCertStore, TlsError> {
     let mut roots = RootCertStore::empty();
     for (i, cert) in certs.into_iter().enumerate() {
         roots.add(cert).map_err(|e| {
@@ -271,10 +306,37 @@ fn build(spec: &CertSpec, provider: &Arc<CryptoProvider>) -> Result<Configs, Tls
     let certs = load_certs(&side.flag("cert-file"), &spec.cert_file)?;
     let key = load_key(&side.flag("key-file"), &spec.key_file, provider)?;
     let ca_flag = side.flag("trusted-ca-file");
-    let roots = match &spec.trusted_ca_file {
-        Some(path) => Some(load_roots(&ca_flag, path)?),
+    let trusted = match &spec.trusted_ca_file {
+        Some(path) => Some((path, load_certs(&ca_flag, path)?)),
         None => None,
     };
+    let lists = match &spec.crl_file {
+        Some(path) => {
+            let trusted_certs = trusted.as_ref().map_or(&[][..], |(_, c)| c.as_slice());
+            Lists::load(side.crl_flag(), path, trusted_certs)?
+        }
+        None => Lists::default(),
+    };
+    let roots = match trusted {
+        Some((path, certs)) => {
+            let kept = lists.unrevoked(certs);
+            if kept.is_empty() {
+                return Err(file_error(
+                    ca_flag,
+                    path,
+                    format!("every certificate of it is revoked by {}", side.crl_flag()),
+                ));
+            }
+            Some(roots_of(&ca_flag, path, kept)?)
+        }
+        None => None,
+    };
+    let checks = (spec.allowed.is_some() || spec.crl_file.is_some()).then(|| {
+        Arc::new(Checks {
+            allowed: spec.allowed.clone(),
+            lists: lists.clone(),
+        })
+    });
     let versions = |e: rustls::Error| TlsError::Flag {
         flag: "--cipher-suites".to_string(),
         reason: format!("no usable protocol version: {e}"),
@@ -290,17 +352,9 @@ fn build(spec: &CertSpec, provider: &Arc<CryptoProvider>) -> Result<Configs, Tls
             ),
         )
     };
-
-    let crls = match &spec.crl_file {
-        Some(path) => checks::load_crls(side.crl_flag(), path)?,
-        None => Vec::new(),
-    };
-    let crl_error = |reason: String| match &spec.crl_file {
-        Some(path) => file_error(side.crl_flag().to_string(), path, reason),
-        None => TlsError::Flag {
-            flag: ca_flag.clone(),
-            reason,
-        },
+    let unusable = |flag: String, whose: &str, e: VerifierBuilderError| TlsError::Flag {
+        flag,
+        reason: format!("cannot verify {whose} certificates: {e}"),
     };
 
     let server = ServerConfig::builder_with_provider(provider.clone())
@@ -313,14 +367,14 @@ fn build(spec: &CertSpec, provider: &Arc<CryptoProvider>) -> Result<Configs, Tls
         };
         let verifier =
             WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
-                .with_crls(crls.iter().cloned())
+                .with_crls(lists.ders())
                 .allow_unknown_revocation_status()
                 .build()
-                .map_err(|e| crl_error(format!("cannot verify client certificates: {e}")))?;
-        let verifier: Arc<dyn ClientCertVerifier> = match &spec.allowed {
-            Some(allowed) => Arc::new(NamedClientVerifier {
+                .map_err(|e| unusable(ca_flag.clone(), "client", e))?;
+        let verifier: Arc<dyn ClientCertVerifier> = match &checks {
+            Some(checks) => Arc::new(CheckedClientVerifier {
                 inner: verifier,
-                allowed: allowed.clone(),
+                checks: checks.clone(),
             }),
             None => verifier,
         };
@@ -347,20 +401,25 @@ fn build(spec: &CertSpec, provider: &Arc<CryptoProvider>) -> Result<Configs, Tls
             Some(r) => r,
             None => system_roots(ca_flag.clone())?,
         };
-        let verifier =
-            WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
-                .with_crls(crls)
-                .allow_unknown_revocation_status()
-                .build()
-                .map_err(|e| crl_error(format!("cannot verify peer certificates: {e}")))?;
-        match &spec.allowed {
-            Some(allowed) => client
-                .dangerous()
-                .with_custom_certificate_verifier(Arc::new(NamedServerVerifier {
-                    inner: verifier,
-                    allowed: allowed.clone(),
-                })),
-            None => client.with_webpki_verifier(verifier),
+        match &checks {
+            // A system bundle with no usable CA: nothing verifies, as before
+            // lists and names existed.
+            _ if roots.is_empty() => client.with_root_certificates(roots),
+            None => client.with_root_certificates(roots),
+            Some(checks) => {
+                let verifier =
+                    WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+                        .with_crls(lists.ders())
+                        .allow_unknown_revocation_status()
+                        .build()
+                        .map_err(|e| unusable(ca_flag.clone(), "peer", e))?;
+                client
+                    .dangerous()
+                    .with_custom_certificate_verifier(Arc::new(CheckedServerVerifier {
+                        inner: verifier,
+                        checks: checks.clone(),
+                    }))
+            }
         }
     };
     let client = client.with_client_auth_cert(certs, key).map_err(mismatch)?;
@@ -462,6 +521,7 @@ mod tests {
             alpn: vec![b"h2".to_vec()],
             crl_file: None,
             allowed: None,
+            check_client_addr: false,
         };
         let (cert, key) = leaf(&ca);
         put(&spec.cert_file, &cert);
@@ -514,6 +574,7 @@ mod tests {
             alpn: Vec::new(),
             crl_file: None,
             allowed: None,
+            check_client_addr: false,
         };
         CertSource::new(spec.clone(), super::super::provider(&[])).unwrap();
         put(
