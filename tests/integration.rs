@@ -22,6 +22,7 @@ mod promtext;
 
 // The tests, one module per file.
 mod daemon_auth;
+mod daemon_auto_compaction;
 mod daemon_backup;
 mod daemon_catch_up;
 mod daemon_cluster;

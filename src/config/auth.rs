@@ -115,7 +115,7 @@ pub fn parse_auth_token(value: &str) -> Result<TokenKind, String> {
 }
 
 /// A Go duration as etcd's flags write them: `300s`, `5m`, `1h30m`, `500ms`.
-fn parse_go_duration(s: &str) -> Result<Duration, String> {
+pub(super) fn parse_go_duration(s: &str) -> Result<Duration, String> {
     let bad = || format!("{s:?} is not a duration like 300s or 5m");
     let mut total = Duration::ZERO;
     let mut rest = s;

@@ -118,6 +118,16 @@ pub struct Flags {
     #[arg(long, value_name = "N")]
     pub snapshot_count: Option<u64>,
 
+    /// Automatic compaction: "periodic" (default; keep the history of the
+    /// retention's time) or "revision" (keep that many revisions).
+    #[arg(long, value_name = "MODE")]
+    pub auto_compaction_mode: Option<String>,
+
+    /// History automatic compaction keeps: hours or a duration ("30m",
+    /// "1h30m") with "periodic", revisions with "revision"; 0 (default) is off.
+    #[arg(long, value_name = "RETENTION")]
+    pub auto_compaction_retention: Option<String>,
+
     /// Refuse a membership change that could leave a shard without a quorum
     /// of started, connected members (default true, etcd's).
     #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
@@ -241,6 +251,12 @@ pub struct Flags {
     #[serde(skip)]
     pub test_disk_faults: Option<PathBuf>,
 
+    /// Test-only: how often `--auto-compaction-mode revision` looks at the
+    /// revision, in milliseconds (etcd's five minutes otherwise).
+    #[arg(long, value_name = "MS", hide = true)]
+    #[serde(skip)]
+    pub test_revision_compaction_interval_ms: Option<u64>,
+
     /// Test-only: the wall clock this member reads is moved by the offset
     /// in this control file (a path under --data-dir when relative):
     /// "offset <ms>", signed (see server/clock.rs). For fault tests; never
@@ -345,6 +361,13 @@ impl Flags {
             cipher_suites: self.cipher_suites.or(other.cipher_suites),
             test_disk_faults: self.test_disk_faults.or(other.test_disk_faults),
             test_clock_file: self.test_clock_file.or(other.test_clock_file),
+            test_revision_compaction_interval_ms: self
+                .test_revision_compaction_interval_ms
+                .or(other.test_revision_compaction_interval_ms),
+            auto_compaction_mode: self.auto_compaction_mode.or(other.auto_compaction_mode),
+            auto_compaction_retention: self
+                .auto_compaction_retention
+                .or(other.auto_compaction_retention),
             auth_token: self.auth_token.or(other.auth_token),
             auth_token_ttl: self.auth_token_ttl.or(other.auth_token_ttl),
             bcrypt_cost: self.bcrypt_cost.or(other.bcrypt_cost),

@@ -15,6 +15,7 @@ use crate::member_file::MemberFile;
 use crate::tls::TlsFiles;
 
 pub mod auth;
+pub mod compaction;
 mod flags;
 mod host_share;
 mod urls;
@@ -109,6 +110,11 @@ pub struct Config {
     pub heartbeat_interval_ms: u64,
     pub election_timeout_ms: u64,
     pub snapshot_count: u64,
+    /// `--auto-compaction-mode` and `--auto-compaction-retention`.
+    pub auto_compaction: compaction::AutoCompaction,
+    /// How often revision-mode compaction looks at the revision (etcd's five
+    /// minutes; `--test-revision-compaction-interval-ms` in tests).
+    pub revision_compaction_interval: Duration,
     pub strict_reconfig_check: bool,
     pub restore_snapshot: Option<PathBuf>,
     pub listen_metrics_addrs: Vec<SocketAddr>,
@@ -322,6 +328,14 @@ impl Config {
             heartbeat_interval_ms: f.heartbeat_interval.unwrap_or(100),
             election_timeout_ms: f.election_timeout.unwrap_or(1000),
             snapshot_count: f.snapshot_count.unwrap_or(100_000),
+            auto_compaction: compaction::from_flags(
+                f.auto_compaction_mode.as_deref(),
+                f.auto_compaction_retention.as_deref(),
+            )
+            .map_err(|(flag, reason)| invalid(flag, reason))?,
+            revision_compaction_interval: f
+                .test_revision_compaction_interval_ms
+                .map_or(Duration::from_secs(300), Duration::from_millis),
             strict_reconfig_check: f.strict_reconfig_check.unwrap_or(true),
             restore_snapshot: f.restore_snapshot,
             log_level: f.log_level.unwrap_or_else(|| "info".to_string()),

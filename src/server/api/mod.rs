@@ -3,6 +3,7 @@
 //! and Election services (`lock`, `election`, on `recipes`) are built on the
 //! others, called in-process on the client's behalf (`in_process`).
 
+pub mod auto_compaction;
 pub mod call_gate;
 pub mod cluster;
 pub mod election;

@@ -599,6 +599,17 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
             routes: etcd_services.clone(),
             leader_loss: shared.leader_loss.clone(),
         };
+        if core == 0 && index == 0 {
+            // etcd's automatic compaction calls Compact as a client would.
+            let compactor = crate::server::api::auto_compaction::AutoCompactor {
+                policy: config.auto_compaction,
+                revision_interval: config.revision_compaction_interval,
+                routes: etcd_services.clone(),
+                router: shared.routers[core].clone(),
+                identity: shared.identity.clone(),
+            };
+            tokio::task::spawn_local(compactor.run(shared.shutdown.clone()));
+        }
         let services = etcd_services
             .add_service(capped!(LockServer::new(lock)))
             .add_service(capped!(ElectionServer::new(election)))
