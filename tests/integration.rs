@@ -45,6 +45,7 @@ mod daemon_tls;
 mod daemon_tls_checks;
 mod daemon_watch_ids;
 mod daemon_watch_lag;
+mod daemon_watch_progress;
 mod etcd3gw_client;
 mod etcdctl_check_perf;
 mod etcdctl_endpoints;

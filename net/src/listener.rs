@@ -187,6 +187,10 @@ async fn sniff(stream: &tokio::net::TcpStream, policy: &AcceptPolicy, sniffer: S
     }
 }
 
+/// How long [`crate::TlsSource::check_accepted`] may take (name lookups
+/// against a slow resolver), apart from the handshake's own timeout.
+const ACCEPT_CHECK_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// The accept side on a TLS port: the TLS handshake (a connection that is not
 /// TLS, or whose certificate the config refuses, ends here), then the first
 /// plaintext bytes decide between the peer greeting and the other protocol.
@@ -205,28 +209,48 @@ async fn accept_tls(
         peer_addr,
         timeout_ms: config.handshake_timeout_ms,
     };
-    let started = async {
+    let log = |error: &HandshakeError| {
+        tracing::warn!(local_member = config.member_id, %peer_addr, %error, "peer TLS handshake failed");
+    };
+    let handshake = async {
         let server_config = tls
             .0
             .server_config()
             .map_err(|detail| HandshakeError::Tls { peer_addr, detail })?;
-        let session = tokio_rustls::TlsAcceptor::from(server_config)
+        tokio_rustls::TlsAcceptor::from(server_config)
             .accept(PeerSocket::new(stream))
             .await
             .map_err(|e| HandshakeError::Tls {
                 peer_addr,
                 detail: e.to_string(),
-            })?;
-        let leaf = session
-            .get_ref()
-            .1
-            .peer_certificates()
-            .and_then(|chain| chain.first())
-            .map(|leaf| leaf.clone().into_owned());
-        tls.0
-            .check_accepted(leaf, peer_addr)
-            .await
-            .map_err(|detail| HandshakeError::Tls { peer_addr, detail })?;
+            })
+    };
+    let session = match tokio::time::timeout(timeout, handshake).await {
+        Ok(result) => result,
+        Err(_) => Err(timed_out()),
+    }
+    .inspect_err(log)?;
+    // The source's check of the connection (its certificate against its
+    // address), with a bound of its own: it may wait for name lookups.
+    let leaf = session
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|chain| chain.first())
+        .map(|leaf| leaf.clone().into_owned());
+    match tokio::time::timeout(ACCEPT_CHECK_TIMEOUT, tls.0.check_accepted(leaf, peer_addr)).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(detail)) => Err(HandshakeError::Tls { peer_addr, detail }),
+        Err(_) => Err(HandshakeError::Tls {
+            peer_addr,
+            detail: format!(
+                "the check of the peer's certificate took over {} s",
+                ACCEPT_CHECK_TIMEOUT.as_secs()
+            ),
+        }),
+    }
+    .inspect_err(log)?;
+    let started = async {
         let mut session = Box::new(session);
         session
             .get_mut()
@@ -246,9 +270,7 @@ async fn accept_tls(
         Ok(result) => result,
         Err(_) => Err(timed_out()),
     };
-    let (session, prefix, n) = started.inspect_err(|error| {
-        tracing::warn!(local_member = config.member_id, %peer_addr, %error, "peer TLS handshake failed");
-    })?;
+    let (session, prefix, n) = started.inspect_err(log)?;
     if let Some(sniffer) = other {
         if n == SNIFF_BYTES && sniffer(&prefix) {
             let stream = OtherStream::Tls(Prefixed::new(Bytes::copy_from_slice(&prefix), session));

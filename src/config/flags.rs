@@ -118,6 +118,12 @@ pub struct Flags {
     #[arg(long, value_name = "N")]
     pub snapshot_count: Option<u64>,
 
+    /// How often a watch created with progress_notify that saw no event is
+    /// told the revision its stream reached (a duration, default 10m, at
+    /// least 100ms).
+    #[arg(long, value_name = "DURATION")]
+    pub experimental_watch_progress_notify_interval: Option<String>,
+
     /// Automatic compaction: "periodic" (default; keep the history of the
     /// retention's time) or "revision" (keep that many revisions).
     #[arg(long, value_name = "MODE")]
@@ -365,6 +371,9 @@ impl Flags {
                 .test_revision_compaction_interval_ms
                 .or(other.test_revision_compaction_interval_ms),
             auto_compaction_mode: self.auto_compaction_mode.or(other.auto_compaction_mode),
+            experimental_watch_progress_notify_interval: self
+                .experimental_watch_progress_notify_interval
+                .or(other.experimental_watch_progress_notify_interval),
             auto_compaction_retention: self
                 .auto_compaction_retention
                 .or(other.auto_compaction_retention),

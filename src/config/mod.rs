@@ -115,6 +115,9 @@ pub struct Config {
     /// How often revision-mode compaction looks at the revision (etcd's five
     /// minutes; `--test-revision-compaction-interval-ms` in tests).
     pub revision_compaction_interval: Duration,
+    /// `--experimental-watch-progress-notify-interval` (etcd's 10 minutes,
+    /// at least 100 ms).
+    pub watch_progress_notify_interval: Duration,
     pub strict_reconfig_check: bool,
     pub restore_snapshot: Option<PathBuf>,
     pub listen_metrics_addrs: Vec<SocketAddr>,
@@ -333,6 +336,10 @@ impl Config {
                 f.auto_compaction_retention.as_deref(),
             )
             .map_err(|(flag, reason)| invalid(flag, reason))?,
+            watch_progress_notify_interval: watch_progress_interval(
+                f.experimental_watch_progress_notify_interval.as_deref(),
+            )
+            .map_err(|reason| invalid("experimental-watch-progress-notify-interval", reason))?,
             revision_compaction_interval: f
                 .test_revision_compaction_interval_ms
                 .map_or(Duration::from_secs(300), Duration::from_millis),
@@ -521,6 +528,27 @@ impl Config {
         })?;
         Ok(())
     }
+}
+
+/// etcd's progress notification period: a Go duration, 10 minutes when not
+/// given (or 0), raised to 100 ms with a warning when below.
+fn watch_progress_interval(given: Option<&str>) -> Result<Duration, String> {
+    const MIN: Duration = Duration::from_millis(100);
+    let interval = match given {
+        Some(text) => auth::parse_go_duration(text)?,
+        None => Duration::ZERO,
+    };
+    if interval.is_zero() {
+        return Ok(Duration::from_secs(600));
+    }
+    if interval < MIN {
+        tracing::warn!(
+            given = ?interval,
+            "adjusting watch progress notify interval to its minimum of 100ms"
+        );
+        return Ok(MIN);
+    }
+    Ok(interval)
 }
 
 #[cfg(test)]

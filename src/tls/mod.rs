@@ -3,10 +3,12 @@
 //!
 //! - [`TlsFiles`]: one port's flags (`--cert-file`, `--key-file`,
 //!   `--trusted-ca-file`, `--client-cert-auth`, `--auto-tls`, and the same
-//!   with `peer-`; the revocation list and allowed name of [`checks`]), and
-//!   [`parse_cipher_suites`] for `--cipher-suites`.
-//! - [`checks`]: what a verified certificate must also pass, revocation
-//!   lists and the allowed name; [`peer_addr`]: a peer's client certificate
+//!   with `peer-`; the revocation list, the allowed name and the peer
+//!   address check), and [`parse_cipher_suites`] for `--cipher-suites`.
+//! - [`checks`]: what a verified certificate must also pass, wrapped around
+//!   rustls's verifiers: the allowed name, and the naming of a revoked
+//!   certificate; [`revocation`]: the revocation lists, loaded and checked
+//!   against the trusted CAs; [`peer_addr`]: a peer's client certificate
 //!   against the address it connects from.
 //! - [`source`]: loads the files into rustls configs and re-reads them when
 //!   they change, checked at every handshake (etcd re-reads its certificate

@@ -48,6 +48,12 @@ impl CertNames {
                         names.ips.push(IpAddr::from(v4));
                     } else if let Ok(v6) = <[u8; 16]>::try_from(*bytes) {
                         names.ips.push(IpAddr::from(v6));
+                    } else {
+                        // Go refuses such a certificate outright.
+                        return Err(format!(
+                            "peer certificate has an IP name of {} bytes",
+                            bytes.len()
+                        ));
                     }
                 }
                 _ => {}
@@ -86,8 +92,9 @@ impl CertNames {
             Ok(found) => {
                 for name in found {
                     let name = name.trim_end_matches('.');
+                    // Bytes, not chars: a name need not be ASCII.
                     let under = |w: &&String| {
-                        let suffix = &w[1..];
+                        let (name, suffix) = (name.as_bytes(), &w.as_bytes()[1..]);
                         name.len() > suffix.len()
                             && name[name.len() - suffix.len()..].eq_ignore_ascii_case(suffix)
                     };
@@ -117,6 +124,25 @@ impl CertNames {
             self.dns
         ))
     }
+}
+
+/// The check of an accepted peer's certificate `leaf` against `peer_addr`:
+/// decided at once by its IP names, else by lookups on the blocking pool.
+pub fn check(leaf: &[u8], peer_addr: SocketAddr) -> cairn_net::tls::AcceptCheck {
+    let decided = |r| -> cairn_net::tls::AcceptCheck { Box::pin(std::future::ready(r)) };
+    let names = match CertNames::of(leaf) {
+        Ok(names) => names,
+        Err(e) => return decided(Err(e)),
+    };
+    let remote = peer_addr.ip();
+    if let Some(answer) = names.by_address(remote) {
+        return decided(answer);
+    }
+    Box::pin(async move {
+        tokio::task::spawn_blocking(move || names.by_dns(remote, &SystemResolver))
+            .await
+            .unwrap_or_else(|e| Err(format!("peer address check failed: {e}")))
+    })
 }
 
 /// Name lookups, a seam for tests.
@@ -245,6 +271,8 @@ mod tests {
                 (ip("10.0.0.1"), "NODE1.example."),
                 (ip("10.0.0.7"), "m7.pool.example"),
                 (ip("10.0.0.8"), "pool.example"),
+                // Not ASCII where the wildcard's suffix would begin.
+                (ip("10.0.0.5"), "é.example"),
             ],
             forward: vec![("node1.example", ip("10.0.0.2"))],
         };
@@ -256,6 +284,11 @@ mod tests {
         // The wildcard's own domain is not under it; an unknown address fails
         // naming the lookup's error.
         assert!(c.by_dns(ip("10.0.0.8"), &resolver).is_err());
+        let short = names_of_cert(&["*.xexample"]);
+        assert!(
+            short.by_dns(ip("10.0.0.5"), &resolver).is_err(),
+            "no panic, no match"
+        );
         let err = c.by_dns(ip("10.0.0.9"), &resolver).unwrap_err();
         assert!(
             err.contains("does not match")

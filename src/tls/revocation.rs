@@ -2,9 +2,10 @@
 //! against the trusted CAs, and used to say which certificate was refused.
 //!
 //! A file holds PEM `X509 CRL` blocks, or one DER list. At load:
-//! - every list must parse, and at most one list per CA (its issuer name):
-//!   rustls consults the first list of an issuer only, so a second one would
-//!   be silently ignored;
+//! - every list must parse (v2 lists; delta and indirect lists are not
+//!   taken), and at most one list per CA (its issuer name): rustls consults
+//!   the first list that speaks for a certificate, so a second one of the
+//!   same CA would be silently ignored;
 //! - a list whose CA is in the trusted file must carry that CA's signature
 //!   (a list that does not would refuse every certificate of the CA at the
 //!   handshake); a list of a CA not in the file is kept with a warning, as
@@ -75,6 +76,10 @@ impl Lists {
             let n = i + 1;
             let (_, crl) = x509_parser::parse_x509_crl(der.as_ref())
                 .map_err(|e| bad(format!("revocation list {n} does not parse: {e}")))?;
+            // What the handshake's checker takes (v2 lists, no delta or
+            // indirect ones, nothing after the list).
+            webpki::BorrowedCertRevocationList::from_der(der.as_ref())
+                .map_err(|e| bad(format!("revocation list {n} cannot be used: {e:?}")))?;
             let issuer = crl.issuer().as_raw().to_vec();
             let issuer_text = crl.issuer().to_string();
             if let Some(first) = lists.iter().position(|l| l.issuer == issuer) {
@@ -84,25 +89,35 @@ impl Lists {
                     first + 1
                 )));
             }
-            let ca = trusted.iter().find_map(|c| {
-                let (_, cert) = x509_parser::parse_x509_certificate(c.as_ref()).ok()?;
-                (cert.subject().as_raw() == issuer.as_slice()).then_some(cert)
-            });
-            match ca {
-                Some(ca) => crl.verify_signature(ca.public_key()).map_err(|e| {
-                    bad(format!(
+            // Every trusted certificate of the list's issuer name (two, say,
+            // across a key rollover): one of them must have signed it.
+            let cas: Vec<_> = trusted
+                .iter()
+                .filter_map(|c| {
+                    let (_, cert) = x509_parser::parse_x509_certificate(c.as_ref()).ok()?;
+                    (cert.subject().as_raw() == issuer.as_slice()).then_some(cert)
+                })
+                .collect();
+            let refusals: Vec<_> = cas
+                .iter()
+                .filter_map(|ca| crl.verify_signature(ca.public_key()).err())
+                .collect();
+            if !cas.is_empty() {
+                if refusals.len() == cas.len() {
+                    return Err(bad(format!(
                         "revocation list {n} is not signed by its CA {issuer_text:?} of the \
-                         trusted CA file: {e}"
-                    ))
-                })?,
-                None if !trusted.is_empty() => tracing::warn!(
+                         trusted CA file: {}",
+                        refusals[0]
+                    )));
+                }
+            } else if !trusted.is_empty() {
+                tracing::warn!(
                     flag,
                     list = n,
                     issuer = %issuer_text,
                     "the revocation list's CA is not in the trusted CA file: it is used only \
                      for certificates an intermediate of that name issued"
-                ),
-                None => {}
+                );
             }
             let serials = crl
                 .iter_revoked_certificates()

@@ -24,7 +24,7 @@ use rustls::server::{ParsedCertificate, WebPkiClientVerifier};
 use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, ServerConfig, SignatureScheme};
 
 use super::checks::{AllowedName, CheckedClientVerifier, CheckedServerVerifier, Checks};
-use super::peer_addr::{CertNames, SystemResolver};
+use super::peer_addr;
 use super::revocation::Lists;
 use super::{Side, TlsError};
 
@@ -172,23 +172,10 @@ impl cairn_net::TlsSource for CertSource {
         leaf: Option<CertificateDer<'static>>,
         peer_addr: SocketAddr,
     ) -> cairn_net::tls::AcceptCheck {
-        let decided = |r| -> cairn_net::tls::AcceptCheck { Box::pin(std::future::ready(r)) };
-        let (true, Some(leaf)) = (self.spec.check_client_addr, leaf) else {
-            return decided(Ok(()));
-        };
-        let names = match CertNames::of(leaf.as_ref()) {
-            Ok(names) => names,
-            Err(e) => return decided(Err(e)),
-        };
-        let remote = peer_addr.ip();
-        if let Some(answer) = names.by_address(remote) {
-            return decided(answer);
+        match (self.spec.check_client_addr, leaf) {
+            (true, Some(leaf)) => peer_addr::check(leaf.as_ref(), peer_addr),
+            _ => Box::pin(std::future::ready(Ok(()))),
         }
-        Box::pin(async move {
-            tokio::task::spawn_blocking(move || names.by_dns(remote, &SystemResolver))
-                .await
-                .unwrap_or_else(|e| Err(format!("peer address check failed: {e}")))
-        })
     }
 }
 

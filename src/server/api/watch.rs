@@ -12,8 +12,10 @@
 //! (`keyspace::watch_shards`). With `--shards 1` ordering is exactly etcd's.
 //! A stream's watches are kept by `api::watch_stream`.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use cairn_proto::etcdserverpb::watch_server::Watch;
 use cairn_proto::etcdserverpb::{
@@ -21,6 +23,7 @@ use cairn_proto::etcdserverpb::{
     WatchResponse,
 };
 use tokio::sync::mpsc;
+use tokio::time::{Instant, MissedTickBehavior};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -51,6 +54,10 @@ pub struct WatchService {
     pub metrics: Option<CoreRecorder>,
     /// Ends the streams that require a leader when the member has none.
     pub leader_loss: LeaderLoss,
+    /// How often a watch created with `progress_notify` that saw no event
+    /// is told how far its stream got
+    /// (`--experimental-watch-progress-notify-interval`).
+    pub progress_interval: Duration,
 }
 
 impl WatchService {
@@ -150,6 +157,14 @@ impl Watch for WatchService {
             // leaves the queue full, and the loss of the leader still ends
             // the wait for room.
             let mut ending = Ending::default();
+            // Watches created with progress_notify: whether each saw no
+            // event since the last tick.
+            let mut quiet: HashMap<i64, bool> = HashMap::new();
+            // etcd adds up to a tenth at random, so that streams opened
+            // together do not tick together.
+            let period = svc.progress_interval + jitter(svc.progress_interval / 10);
+            let mut progress_ticks = tokio::time::interval_at(Instant::now() + period, period);
+            progress_ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
             loop {
                 tokio::select! {
                     req = incoming.message(), if !requests_ended => {
@@ -231,6 +246,9 @@ impl Watch for WatchService {
                                         continue;
                                     }
                                 };
+                                if c.progress_notify {
+                                    quiet.insert(id, true);
+                                }
                                 let created = WatchResponse {
                                     header: svc.header(revision),
                                     watch_id: id,
@@ -245,6 +263,7 @@ impl Watch for WatchService {
                                 // As etcd, an id the stream has no watch of
                                 // is not answered.
                                 let cancelled = watches.cancel(&svc.router, c.watch_id).await;
+                                quiet.remove(&c.watch_id);
                                 if cancelled {
                                     let answer = WatchResponse {
                                         header: Some(svc.identity.header_current()),
@@ -258,53 +277,18 @@ impl Watch for WatchService {
                                 }
                             }
                             Some(watch_request::RequestUnion::ProgressRequest(_)) => {
-                                // etcd's promise: every event up to the header's
-                                // revision has been sent on this stream. Each
-                                // shard says how far its watchers of this stream
-                                // got; batches it sent before answering are
-                                // already queued here and go out first.
-                                let mut shards = watches.shards();
-                                if shards.is_empty() {
-                                    shards = svc.router.routing.shard_ids().collect();
-                                }
-                                let mut revision = i64::MAX;
-                                for s in shards {
-                                    match svc.router.ask(s, |reply| ShardCommand::WatchProgress {
-                                        stream: stream_id,
-                                        reply,
-                                    }).await {
-                                        Ok(r) => revision = revision.min(r),
-                                        // A shard that cannot say how far it got
-                                        // allows no promise at all.
-                                        Err(_) => {
-                                            revision = i64::MAX;
-                                            break;
-                                        }
-                                    }
-                                }
-                                let mut ends = false;
-                                while let (false, Ok(batch)) = (ends, batch_rx.try_recv()) {
-                                    if let Some(resp) = batch_response(&svc, &mut watches, batch).await {
-                                        ends = deliver(&out_tx, resp, &mut leader, &mut ending).await;
-                                    }
-                                }
-                                if ends {
+                                let mut out = Out { tx: &out_tx, leader: &mut leader, ending: &mut ending, quiet: &mut quiet };
+                                let Ok(revision) = stream_progress(&svc, &mut watches, stream_id, &mut batch_rx, &mut out).await else {
                                     break;
-                                }
-                                // Events a merge holds back are not sent yet.
-                                if let (Some(held), false) = (watches.released(), revision == i64::MAX) {
-                                    revision = revision.min(held);
-                                }
-                                if revision == i64::MAX {
-                                    // A shard did not answer: promise nothing.
-                                    continue;
-                                }
+                                };
+                                // A shard that did not answer: promise nothing.
+                                let Some(revision) = revision else { continue };
                                 let progress = WatchResponse {
                                     header: svc.header(revision),
                                     watch_id: -1,
                                     ..Default::default()
                                 };
-                                if deliver(&out_tx, progress, &mut leader, &mut ending).await {
+                                if out.send(progress).await {
                                     break;
                                 }
                             }
@@ -315,7 +299,35 @@ impl Watch for WatchService {
                         let Some(resp) = batch_response(&svc, &mut watches, batch).await else {
                             continue;
                         };
-                        if deliver(&out_tx, resp, &mut leader, &mut ending).await {
+                        let mut out = Out { tx: &out_tx, leader: &mut leader, ending: &mut ending, quiet: &mut quiet };
+                        if out.send(resp).await {
+                            break;
+                        }
+                    }
+                    // etcd's progress notification: each watch created
+                    // with progress_notify that saw no event since the last
+                    // tick is told how far its stream got.
+                    _ = progress_ticks.tick(), if !quiet.is_empty() => {
+                        let mut out = Out { tx: &out_tx, leader: &mut leader, ending: &mut ending, quiet: &mut quiet };
+                        let Ok(revision) = stream_progress(&svc, &mut watches, stream_id, &mut batch_rx, &mut out).await else {
+                            break;
+                        };
+                        let due: Vec<i64> = quiet.iter().filter(|(_, q)| **q).map(|(id, _)| *id).collect();
+                        quiet.values_mut().for_each(|q| *q = true);
+                        let Some(revision) = revision else { continue };
+                        let mut ends = false;
+                        for watch_id in due {
+                            let progress = WatchResponse {
+                                header: svc.header(revision),
+                                watch_id,
+                                ..Default::default()
+                            };
+                            if deliver(&out_tx, progress, &mut leader, &mut ending).await {
+                                ends = true;
+                                break;
+                            }
+                        }
+                        if ends {
                             break;
                         }
                     }
@@ -342,6 +354,83 @@ impl Watch for WatchService {
         });
         Ok(Response::new(ReceiverStream::new(out_rx)))
     }
+}
+
+/// Where a stream's answers go, with what sending them changes.
+struct Out<'a> {
+    tx: &'a mpsc::Sender<Result<WatchResponse, Status>>,
+    leader: &'a mut require_leader::Stream,
+    ending: &'a mut Ending<WatchResponse>,
+    quiet: &'a mut HashMap<i64, bool>,
+}
+
+impl Out<'_> {
+    /// Delivers `resp` (see [`deliver`]); events make their watch not quiet.
+    async fn send(&mut self, resp: WatchResponse) -> bool {
+        if !resp.events.is_empty() {
+            if let Some(q) = self.quiet.get_mut(&resp.watch_id) {
+                *q = false;
+            }
+        }
+        deliver(self.tx, resp, self.leader, self.ending).await
+    }
+}
+
+/// How far the stream got: every event up to the answer's revision has
+/// been sent on it (etcd's promise of a progress notification). Each shard
+/// says how far its watchers of this stream got; batches they sent before
+/// answering are delivered first. `Ok(None)`: a shard could not say, so
+/// nothing is promised; `Err(())`: the stream ends.
+async fn stream_progress(
+    svc: &WatchService,
+    watches: &mut StreamWatches,
+    stream_id: u64,
+    batch_rx: &mut mpsc::Receiver<WatchBatch>,
+    out: &mut Out<'_>,
+) -> Result<Option<i64>, ()> {
+    let mut shards = watches.shards();
+    if shards.is_empty() {
+        shards = svc.router.routing.shard_ids().collect();
+    }
+    let mut revision = Some(i64::MAX);
+    for s in shards {
+        match svc
+            .router
+            .ask(s, |reply| ShardCommand::WatchProgress {
+                stream: stream_id,
+                reply,
+            })
+            .await
+        {
+            Ok(r) => revision = revision.map(|rev| rev.min(r)),
+            // A shard that cannot say how far it got allows no promise.
+            Err(_) => {
+                revision = None;
+                break;
+            }
+        }
+    }
+    while let Ok(batch) = batch_rx.try_recv() {
+        if let Some(resp) = batch_response(svc, watches, batch).await {
+            if out.send(resp).await {
+                return Err(());
+            }
+        }
+    }
+    // Events a merge holds back are not sent yet.
+    if let (Some(held), Some(rev)) = (watches.released(), revision) {
+        revision = Some(rev.min(held));
+    }
+    Ok(revision.filter(|&r| r != i64::MAX))
+}
+
+/// A random duration below `max`.
+fn jitter(max: Duration) -> Duration {
+    let nanos = max.as_nanos() as u64;
+    if nanos == 0 {
+        return Duration::ZERO;
+    }
+    Duration::from_nanos(rand::random::<u64>() % nanos)
 }
 
 /// Queues `resp` for the client, waiting for room only until the member

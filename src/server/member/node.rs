@@ -540,6 +540,7 @@ async fn run_core(ctx: CoreContext, shared: Arc<Shared>) -> Result<(), StartErro
             auth: shared.auth.clone(),
             metrics: Some(recorder.clone()),
             leader_loss: shared.leader_loss.clone(),
+            progress_interval: config.watch_progress_notify_interval,
         };
         let cluster = ClusterService {
             identity: shared.identity.clone(),
