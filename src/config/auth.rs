@@ -129,14 +129,15 @@ pub(super) fn parse_go_duration(s: &str) -> Result<Duration, String> {
         let unit_len = rest
             .find(|c: char| c.is_ascii_digit())
             .unwrap_or(rest.len());
+        let too_large = || format!("{s:?} is too long a duration");
         let unit = match &rest[..unit_len] {
             "ms" => Duration::from_millis(n),
             "s" => Duration::from_secs(n),
-            "m" => Duration::from_secs(n * 60),
-            "h" => Duration::from_secs(n * 3600),
+            "m" => Duration::from_secs(n.checked_mul(60).ok_or_else(too_large)?),
+            "h" => Duration::from_secs(n.checked_mul(3600).ok_or_else(too_large)?),
             _ => return Err(bad()),
         };
-        total += unit;
+        total = total.checked_add(unit).ok_or_else(too_large)?;
         rest = &rest[unit_len..];
     }
     Ok(total)

@@ -1,5 +1,7 @@
 //! `--auto-compaction-mode` and `--auto-compaction-retention`, read as etcd
-//! 3.4 reads them.
+//! 3.4 reads them but for two refusals: a duration in revision mode (etcd
+//! takes `1h` there as 3.6e12 revisions), and durations other than whole
+//! ms, s, m and h.
 
 use std::time::Duration;
 
@@ -38,7 +40,12 @@ pub fn from_flags(
     let whole: Option<u64> = retention.parse().ok();
     let policy = match (periodic, whole) {
         (_, Some(0)) => AutoCompaction::Off,
-        (true, Some(hours)) => AutoCompaction::Periodic(Duration::from_secs(hours * 3600)),
+        (true, Some(hours)) => {
+            AutoCompaction::Periodic(Duration::from_secs(hours.checked_mul(3600).ok_or((
+                "auto-compaction-retention",
+                format!("{retention:?} is too large"),
+            ))?))
+        }
         (false, Some(revisions)) => {
             AutoCompaction::Revisions(i64::try_from(revisions).map_err(|_| {
                 (

@@ -149,6 +149,38 @@ impl Checks {
     }
 }
 
+/// The methods both verifiers take from the rustls verifier they wrap
+/// unchanged: the handshake's signatures and the schemes that make them.
+macro_rules! signatures_of_inner {
+    () => {
+        fn verify_tls12_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            self.inner.verify_tls12_signature(message, cert, dss)
+        }
+
+        fn verify_tls13_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            self.inner.verify_tls13_signature(message, cert, dss)
+        }
+
+        fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+            self.inner.supported_verify_schemes()
+        }
+
+        fn requires_raw_public_keys(&self) -> bool {
+            self.inner.requires_raw_public_keys()
+        }
+    };
+}
+
 /// A client verifier with [`Checks`] after rustls's.
 #[derive(Debug)]
 pub struct CheckedClientVerifier {
@@ -181,31 +213,7 @@ impl ClientCertVerifier for CheckedClientVerifier {
         self.checks.after(verified, end_entity, intermediates)
     }
 
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.inner.supported_verify_schemes()
-    }
-
-    fn requires_raw_public_keys(&self) -> bool {
-        self.inner.requires_raw_public_keys()
-    }
+    signatures_of_inner!();
 }
 
 /// A server verifier (this member dialing a peer) with [`Checks`] after
@@ -235,31 +243,7 @@ impl ServerCertVerifier for CheckedServerVerifier {
         self.checks.after(verified, end_entity, intermediates)
     }
 
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.inner.supported_verify_schemes()
-    }
-
-    fn requires_raw_public_keys(&self) -> bool {
-        self.inner.requires_raw_public_keys()
-    }
+    signatures_of_inner!();
 
     fn root_hint_subjects(&self) -> Option<&[DistinguishedName]> {
         self.inner.root_hint_subjects()

@@ -74,7 +74,7 @@ impl AutoCompactor {
         // Revisions noted a tenth apart: the first is the one of a
         // retention ago.
         let kept = (period.as_nanos() / note_every.as_nanos().max(1)) as usize + 1;
-        let mut noted: VecDeque<i64> = VecDeque::with_capacity(kept + 1);
+        let mut noted: VecDeque<i64> = VecDeque::new();
         let mut last_done = Instant::now();
         let mut wait = period;
         loop {

@@ -159,7 +159,7 @@ impl Watch for WatchService {
             let mut ending = Ending::default();
             // Watches created with progress_notify: whether each saw no
             // event since the last tick.
-            let mut quiet: HashMap<i64, bool> = HashMap::new();
+            let mut quiet: HashMap<i64, Notified> = HashMap::new();
             // etcd adds up to a tenth at random, so that streams opened
             // together do not tick together.
             let period = svc.progress_interval + jitter(svc.progress_interval / 10);
@@ -247,7 +247,12 @@ impl Watch for WatchService {
                                     }
                                 };
                                 if c.progress_notify {
-                                    quiet.insert(id, true);
+                                    if quiet.is_empty() {
+                                        // A tick a whole period after this
+                                        // watch, not at once on an old stream.
+                                        progress_ticks.reset();
+                                    }
+                                    quiet.insert(id, Notified { quiet: true, seen: revision });
                                 }
                                 let created = WatchResponse {
                                     header: svc.header(revision),
@@ -312,17 +317,20 @@ impl Watch for WatchService {
                         let Ok(revision) = stream_progress(&svc, &mut watches, stream_id, &mut batch_rx, &mut out).await else {
                             break;
                         };
-                        let due: Vec<i64> = quiet.iter().filter(|(_, q)| **q).map(|(id, _)| *id).collect();
-                        quiet.values_mut().for_each(|q| *q = true);
+                        // A watch is told the stream's revision, or the
+                        // last its own answers carried if higher: never less
+                        // than it was already told.
+                        let due: Vec<(i64, i64)> = out.quiet.iter().filter(|(_, n)| n.quiet).map(|(id, n)| (*id, n.seen)).collect();
+                        out.quiet.values_mut().for_each(|n| n.quiet = true);
                         let Some(revision) = revision else { continue };
                         let mut ends = false;
-                        for watch_id in due {
+                        for (watch_id, seen) in due {
                             let progress = WatchResponse {
-                                header: svc.header(revision),
+                                header: svc.header(revision.max(seen)),
                                 watch_id,
                                 ..Default::default()
                             };
-                            if deliver(&out_tx, progress, &mut leader, &mut ending).await {
+                            if out.send(progress).await {
                                 ends = true;
                                 break;
                             }
@@ -356,21 +364,32 @@ impl Watch for WatchService {
     }
 }
 
+/// A watch created with `progress_notify`: whether it saw no event since
+/// the last tick, and the highest revision its answers carried.
+struct Notified {
+    quiet: bool,
+    seen: i64,
+}
+
 /// Where a stream's answers go, with what sending them changes.
 struct Out<'a> {
     tx: &'a mpsc::Sender<Result<WatchResponse, Status>>,
     leader: &'a mut require_leader::Stream,
     ending: &'a mut Ending<WatchResponse>,
-    quiet: &'a mut HashMap<i64, bool>,
+    quiet: &'a mut HashMap<i64, Notified>,
 }
 
 impl Out<'_> {
-    /// Delivers `resp` (see [`deliver`]); events make their watch not quiet.
+    /// Delivers `resp` (see [`deliver`]). Events make their watch not quiet;
+    /// a watch the server cancelled (compacted) is no longer notified.
     async fn send(&mut self, resp: WatchResponse) -> bool {
-        if !resp.events.is_empty() {
-            if let Some(q) = self.quiet.get_mut(&resp.watch_id) {
-                *q = false;
+        if resp.canceled {
+            self.quiet.remove(&resp.watch_id);
+        } else if let Some(n) = self.quiet.get_mut(&resp.watch_id) {
+            if !resp.events.is_empty() {
+                n.quiet = false;
             }
+            n.seen = n.seen.max(resp.header.as_ref().map_or(0, |h| h.revision));
         }
         deliver(self.tx, resp, self.leader, self.ending).await
     }
