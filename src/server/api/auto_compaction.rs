@@ -44,14 +44,6 @@ pub struct AutoCompactor {
     pub identity: Identity,
 }
 
-/// How one compaction went.
-enum Outcome {
-    Done,
-    Failed,
-    /// This member does not lead shard 0: nothing was tried.
-    NotLeader,
-}
-
 impl AutoCompactor {
     /// Runs until `stop` changes.
     pub async fn run(self, mut stop: watch::Receiver<bool>) {
@@ -87,12 +79,9 @@ impl AutoCompactor {
                 continue;
             }
             let revision = noted.front().copied().unwrap_or(0);
-            match self.compact(revision, "periodic").await {
-                Outcome::Done => {
-                    last_done = Instant::now();
-                    wait = compact_every;
-                }
-                Outcome::Failed | Outcome::NotLeader => {}
+            if self.compact(revision, "periodic").await {
+                last_done = Instant::now();
+                wait = compact_every;
             }
         }
     }
@@ -105,7 +94,7 @@ impl AutoCompactor {
             if revision <= 0 || revision == last {
                 continue;
             }
-            if let Outcome::Done = self.compact(revision, "revision").await {
+            if self.compact(revision, "revision").await {
                 last = revision;
             }
         }
@@ -116,14 +105,16 @@ impl AutoCompactor {
         self.identity.revision.load(Ordering::Acquire)
     }
 
-    /// Compacts at `revision` if this member leads shard 0.
-    async fn compact(&self, revision: i64, mode: &'static str) -> Outcome {
+    /// Compacts at `revision` if this member leads shard 0: whether the
+    /// history up to it is compacted now (a member that does not lead
+    /// tries nothing, as etcd's paused compactor).
+    async fn compact(&self, revision: i64, mode: &'static str) -> bool {
         if revision <= 0 {
-            return Outcome::Failed;
+            return false;
         }
         match self.router.status(0).await {
             Ok(status) if status.leader == self.identity.member_id => {}
-            _ => return Outcome::NotLeader,
+            _ => return false,
         }
         let caller = Caller::internal(self.routes.clone());
         let request = CompactionRequest {
@@ -142,14 +133,14 @@ impl AutoCompactor {
                     took_ms = started.elapsed().as_millis() as u64,
                     "completed auto compaction"
                 );
-                Outcome::Done
+                true
             }
             Err(status)
                 if status
                     .message()
                     .contains("required revision has been compacted") =>
             {
-                Outcome::Done
+                true
             }
             Err(status) => {
                 tracing::warn!(
@@ -158,7 +149,7 @@ impl AutoCompactor {
                     error = %status.message(),
                     "auto compaction failed; tried again later"
                 );
-                Outcome::Failed
+                false
             }
         }
     }
