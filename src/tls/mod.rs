@@ -35,7 +35,7 @@ pub mod peer_addr;
 pub mod revocation;
 pub mod source;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use rustls::crypto::CryptoProvider;
@@ -136,6 +136,21 @@ pub enum TlsError {
     },
     #[error("{flag}: {reason}")]
     Flag { flag: String, reason: String },
+}
+
+/// A file of a TLS flag that cannot be used.
+pub(crate) fn file_error(flag: String, path: &Path, reason: impl Into<String>) -> TlsError {
+    TlsError::File {
+        flag,
+        path: path.to_path_buf(),
+        reason: reason.into(),
+    }
+}
+
+/// The bytes of a file a TLS flag names.
+pub(crate) fn read(flag: &str, path: &Path) -> Result<Vec<u8>, TlsError> {
+    std::fs::read(path)
+        .map_err(|e: std::io::Error| file_error(flag.to_string(), path, e.to_string()))
 }
 
 /// A handshake refusal with its reason in words (a revoked or misnamed

@@ -25,7 +25,7 @@ use std::path::Path;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, CertificateRevocationListDer};
 
-use super::TlsError;
+use super::{file_error, read, TlsError};
 
 /// One list as loaded: its DER, its issuer's raw name, the serials it names.
 #[derive(Debug, Clone)]
@@ -51,12 +51,8 @@ impl Lists {
         path: &Path,
         trusted: &[CertificateDer<'static>],
     ) -> Result<Lists, TlsError> {
-        let bad = |reason: String| TlsError::File {
-            flag: flag.to_string(),
-            path: path.to_path_buf(),
-            reason,
-        };
-        let bytes = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
+        let bad = |reason: String| file_error(flag.to_string(), path, reason);
+        let bytes = read(flag, path)?;
         let ders = if bytes.first() == Some(&0x30) {
             // A DER SEQUENCE: one list as it is.
             vec![CertificateRevocationListDer::from(bytes)]

@@ -8,7 +8,6 @@
 //! is tried again. So rotating is: write the new files (ideally each with an
 //! atomic rename), and the next handshake uses them.
 
-use std::io;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -26,7 +25,7 @@ use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, ServerConfig, S
 use super::checks::{AllowedName, CheckedClientVerifier, CheckedServerVerifier, Checks};
 use super::peer_addr;
 use super::revocation::Lists;
-use super::{Side, TlsError};
+use super::{file_error, read, Side, TlsError};
 
 /// Where the system's CA bundle is looked for, as Go's TLS does on Linux
 /// (after `SSL_CERT_FILE`): etcd verifies against it when no CA file is given.
@@ -188,18 +187,6 @@ fn spec_stamps(spec: &CertSpec) -> Vec<Stamp> {
         stamps.push(stamp(crl));
     }
     stamps
-}
-
-fn file_error(flag: String, path: &Path, reason: impl Into<String>) -> TlsError {
-    TlsError::File {
-        flag,
-        path: path.to_path_buf(),
-        reason: reason.into(),
-    }
-}
-
-fn read(flag: &str, path: &Path) -> Result<Vec<u8>, TlsError> {
-    std::fs::read(path).map_err(|e: io::Error| file_error(flag.to_string(), path, e.to_string()))
 }
 
 /// Every certificate of a PEM file, each checked to be X.509 that rustls
